@@ -1,0 +1,44 @@
+/* dx_alloc: the project allocator.  Every heap allocation goes through here so
+ * that live bytes are counted (tests check for leaks by comparing counts) and
+ * so that a test can make the N-th allocation fail to exercise out-of-memory
+ * paths.  Large arenas (the KV pool) go through their own hook in the engine,
+ * not through here.
+ *
+ * All returned memory is at least 16-byte aligned; dx_aligned_alloc gives any
+ * power-of-two alignment and must be released with dx_aligned_free. */
+#ifndef DX_ALLOC_H
+#define DX_ALLOC_H
+
+#include <stddef.h>
+
+void *dx_malloc(size_t size);
+void *dx_calloc(size_t n, size_t size); /* checks n*size for overflow */
+void *dx_realloc(void *p, size_t size);
+void dx_free(void *p);
+char *dx_strdup(const char *s);
+char *dx_strndup(const char *s, size_t n);
+void *dx_memdup(const void *p, size_t n);
+
+void *dx_aligned_alloc(size_t align, size_t size); /* zeroed */
+void dx_aligned_free(void *p);
+
+/* Bytes currently allocated through this module (all threads). */
+size_t dx_alloc_live_bytes(void);
+/* Number of live allocations. */
+size_t dx_alloc_live_count(void);
+
+/* Fault injection for tests: the n-th allocation from now fails (n >= 1),
+ * and every later one too if `sticky`.  n = 0 disables. */
+void dx_alloc_fail_after(long n, int sticky);
+
+/* a*b with overflow check: returns 0 and sets *out, or -1 on overflow. */
+static inline int dx_mul_overflow(size_t a, size_t b, size_t *out)
+{
+    return __builtin_mul_overflow(a, b, out) ? -1 : 0;
+}
+static inline int dx_add_overflow(size_t a, size_t b, size_t *out)
+{
+    return __builtin_add_overflow(a, b, out) ? -1 : 0;
+}
+
+#endif

@@ -1,0 +1,68 @@
+/* dx_err: the one table of error codes, the per-thread error message, and
+ * the always-on assertion.
+ *
+ * Every fallible function returns 0 (or a count) on success and a negative
+ * DX_E* code on failure.  The code says what kind of failure; the message set
+ * with dx_errf() says what and where ("model.gguf: offset 1234: tensor
+ * 'blk.0.attn_q.weight' ends past end of file").  The message lives in a
+ * thread-local buffer so that no allocation is needed to report an error.
+ *
+ * DX_ASSERT is for broken invariants only (a bug, never bad input): it stays
+ * on in release builds and aborts with file and line. */
+#ifndef DX_ERR_H
+#define DX_ERR_H
+
+#include <stdarg.h>
+
+#define DX_ERRNO_MAP(X)                                                                            \
+    X(AGAIN, -1, "try again / partial result")                                                     \
+    X(NOMEM, -2, "out of memory")                                                                  \
+    X(INVAL, -3, "invalid argument")                                                               \
+    X(IO, -4, "input/output error")                                                                \
+    X(FORMAT, -5, "malformed data")                                                                \
+    X(UNSUPPORTED, -6, "not supported")                                                            \
+    X(RANGE, -7, "value out of range")                                                             \
+    X(NOENT, -8, "not found")                                                                      \
+    X(FULL, -9, "no space left (pool exhausted)")                                                  \
+    X(TIMEDOUT, -10, "timed out")                                                                  \
+    X(CLOSED, -11, "connection closed")                                                            \
+    X(MISMATCH, -12, "mismatch")                                                                   \
+    X(GONE, -13, "gone (expired, evicted or unknown)")                                             \
+    X(PROTO, -14, "protocol error")                                                                \
+    X(CANCELED, -15, "canceled")                                                                   \
+    X(EXIST, -16, "already exists")                                                                \
+    X(BUSY, -17, "busy")                                                                           \
+    X(TRANSPORT, -18, "transport error")                                                           \
+    X(TOOBIG, -19, "too large")
+
+enum {
+    DX_OK = 0,
+#define DX__ERR_ENUM(name, val, msg) DX_E##name = (val),
+    DX_ERRNO_MAP(DX__ERR_ENUM)
+#undef DX__ERR_ENUM
+};
+
+/* Static description of a code ("out of memory"); never NULL. */
+const char *dx_strerror(int err);
+
+/* Record a formatted message for the calling thread and return `err`, so a
+ * failure site reads `return dx_errf(DX_EFORMAT, "%s: offset %zu: ...", ...)`. */
+int dx_errf(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+int dx_verrf(int err, const char *fmt, va_list ap);
+
+/* The calling thread's last message; dx_strerror(code) if none was set since
+ * dx_err_clear().  Valid until the next dx_errf on this thread. */
+const char *dx_errmsg(void);
+int dx_errcode(void);
+void dx_err_clear(void);
+
+/* Prefix the current message with "prefix: " (adds context while unwinding). */
+int dx_err_wrap(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+_Noreturn void dx_assert_fail(const char *expr, const char *file, int line);
+
+#define DX_ASSERT(cond) ((cond) ? (void)0 : dx_assert_fail(#cond, __FILE__, __LINE__))
+
+#define DX_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
+
+#endif

@@ -1,0 +1,44 @@
+/* duplex: one binary, subcommands.  This file only dispatches. */
+#include "cli.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#define DUPLEX_VERSION "0.1.0"
+
+static const struct {
+    const char *name;
+    int (*fn)(int, char **);
+    const char *help;
+} k_cmds[] = {
+    {"model", cli_model_main, "synth|info: write or inspect GGUF models"},
+    {"tokenize", cli_tokenize_main, "tokenise text with a model's tokenizer (or --decode)"},
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f, "duplex %s — P/D disaggregated LLM serving with bidirectional KV transfer\n\n",
+            DUPLEX_VERSION);
+    fprintf(f, "usage: duplex <command> [options]   (duplex <command> --help)\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof k_cmds / sizeof k_cmds[0]; i++)
+        fprintf(f, "  %-10s %s\n", k_cmds[i].name, k_cmds[i].help);
+    fprintf(f, "  %-10s %s\n", "version", "print the version");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") ||
+        !strcmp(argv[1], "help")) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    if (!strcmp(argv[1], "version") || !strcmp(argv[1], "--version")) {
+        printf("duplex %s\n", DUPLEX_VERSION);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof k_cmds / sizeof k_cmds[0]; i++)
+        if (!strcmp(argv[1], k_cmds[i].name)) return k_cmds[i].fn(argc - 2, argv + 2);
+    fprintf(stderr, "duplex: unknown command '%s'\n\n", argv[1]);
+    usage(stderr);
+    return 2;
+}

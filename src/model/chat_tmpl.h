@@ -1,0 +1,44 @@
+/* chat_tmpl: chat templates (ChatML for Qwen, Llama 3), rendered natively.
+ *
+ * The GGUF carries a Jinja template in tokenizer.chat_template; duplex does
+ * not run Jinja, it recognises the family from the template text (or the
+ * architecture) and renders it in C.  The rendering has the prefix property
+ * KV reuse relies on: render(m[0..N]) with add_generation_prompt, followed by
+ * the assistant reply as generated (its text and end-of-turn token), is a
+ * prefix of render(m[0..N+1]) where m[N+1] is that reply.
+ *
+ * chat_tmpl_encode tokenises the markup with special tokens allowed and the
+ * message contents without, so user text can never produce a control token. */
+#ifndef CHAT_TMPL_H
+#define CHAT_TMPL_H
+
+#include <stddef.h>
+
+#include "base/dx_buf.h"
+#include "model/tok.h"
+
+enum chat_tmpl_kind { CHAT_TMPL_CHATML, CHAT_TMPL_LLAMA3 };
+
+typedef struct {
+    const char *role; /* system | user | assistant | tool */
+    const char *content;
+    size_t content_len;
+} chat_msg;
+
+/* From the GGUF template text (may be NULL) and architecture name (may be
+ * NULL): DX_ENOENT if neither identifies a supported family. */
+int chat_tmpl_detect(const char *tmpl_text, const char *arch, enum chat_tmpl_kind *out);
+const char *chat_tmpl_name(enum chat_tmpl_kind k); /* "chatml" | "llama3" */
+/* The Jinja text written into synthetic models' tokenizer.chat_template. */
+const char *chat_tmpl_jinja(enum chat_tmpl_kind k);
+/* The token text that ends an assistant turn ("<|im_end|>" / "<|eot_id|>"). */
+const char *chat_tmpl_end_of_turn(enum chat_tmpl_kind k);
+
+/* Render to text.  DX_EINVAL (naming the message index) for an unknown role. */
+int chat_tmpl_apply(enum chat_tmpl_kind k, const chat_msg *msgs, size_t n,
+                    int add_generation_prompt, dx_buf *out);
+/* Render and tokenise (markup with specials, contents without). */
+int chat_tmpl_encode(enum chat_tmpl_kind k, const tok *t, const chat_msg *msgs, size_t n,
+                     int add_generation_prompt, tok_ids *out);
+
+#endif

@@ -1,0 +1,117 @@
+/* Unit tests for src/base: errors, allocator, buffers, dtype conversions. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <string.h>
+
+#include "base/dx_alloc.h"
+#include "base/dx_buf.h"
+#include "base/dx_dtype.h"
+#include "base/dx_err.h"
+
+static void test_err_messages(void **state)
+{
+    (void)state;
+    assert_string_equal(dx_strerror(DX_ENOMEM), "out of memory");
+    assert_string_equal(dx_strerror(12345), "unknown error");
+    int rc = dx_errf(DX_EFORMAT, "%s: offset %d: bad", "f.gguf", 7);
+    assert_int_equal(rc, DX_EFORMAT);
+    assert_string_equal(dx_errmsg(), "f.gguf: offset 7: bad");
+    dx_err_wrap(rc, "loading %s", "model");
+    assert_string_equal(dx_errmsg(), "loading model: f.gguf: offset 7: bad");
+    assert_int_equal(dx_errcode(), DX_EFORMAT);
+}
+
+static void test_alloc_counts_and_faults(void **state)
+{
+    (void)state;
+    size_t before = dx_alloc_live_bytes();
+    void *p = dx_malloc(100);
+    assert_non_null(p);
+    assert_int_equal(dx_alloc_live_bytes(), before + 100);
+    p = dx_realloc(p, 300);
+    assert_int_equal(dx_alloc_live_bytes(), before + 300);
+    dx_free(p);
+    assert_int_equal(dx_alloc_live_bytes(), before);
+    assert_null(dx_calloc(SIZE_MAX / 2, 4));
+    dx_alloc_fail_after(2, 0);
+    void *a = dx_malloc(8), *b = dx_malloc(8), *c = dx_malloc(8);
+    assert_non_null(a);
+    assert_null(b);
+    assert_non_null(c);
+    dx_free(a);
+    dx_free(c);
+    void *al = dx_aligned_alloc(64, 1000);
+    assert_non_null(al);
+    assert_int_equal((uintptr_t)al % 64, 0);
+    dx_aligned_free(al);
+    assert_int_equal(dx_alloc_live_bytes(), before);
+}
+
+static void test_buf_limits(void **state)
+{
+    (void)state;
+    dx_buf b;
+    dx_buf_init(&b, 10);
+    assert_int_equal(dx_buf_puts(&b, "hello"), 0);
+    assert_int_equal(dx_buf_printf(&b, "%d", 1234), 0);
+    assert_string_equal(b.data, "hello1234");
+    assert_int_equal(dx_buf_puts(&b, "xx"), DX_ETOOBIG);
+    assert_int_equal(b.len, 9);
+    dx_buf_consume(&b, 5);
+    assert_string_equal(b.data, "1234");
+    dx_buf_free(&b);
+}
+
+static void test_f16_bf16_roundtrip(void **state)
+{
+    (void)state;
+    /* every f16 bit pattern converts to f32 and back unchanged (NaNs stay NaN) */
+    for (uint32_t h = 0; h < 65536; h++) {
+        float f = dx_f16_to_f32((uint16_t)h);
+        uint16_t back = dx_f32_to_f16(f);
+        if (isnan(f))
+            assert_true(isnan(dx_f16_to_f32(back)));
+        else
+            assert_int_equal(back, h);
+    }
+    assert_int_equal(dx_f32_to_f16(65520.0f), 0x7c00);
+    assert_int_equal(dx_f32_to_f16(65519.0f), 0x7bff);
+    assert_true(dx_f16_to_f32(0x0001) == ldexpf(1.0f, -24));
+    /* ties to even: 1 + 2^-11 is halfway between 1 and 1+2^-10 */
+    assert_int_equal(dx_f32_to_f16(1.0f + ldexpf(1.0f, -11)), 0x3c00);
+    assert_int_equal(dx_f32_to_bf16(1.0f), 0x3f80);
+    assert_int_equal(dx_f32_to_bf16(dx_u32_as_f32(0x3f808000u)), 0x3f80); /* tie, even */
+    assert_int_equal(dx_f32_to_bf16(dx_u32_as_f32(0x3f818000u)), 0x3f82); /* tie, odd up */
+}
+
+static void test_q8_0(void **state)
+{
+    (void)state;
+    float x[64], y[64];
+    for (int i = 0; i < 64; i++) x[i] = sinf((float)i) * 3.0f;
+    dx_block_q8_0 q[2];
+    dx_f32_to_q8_0_row(x, q, 64);
+    dx_q8_0_to_f32_row(q, y, 64);
+    for (int i = 0; i < 64; i++) assert_true(fabsf(x[i] - y[i]) < 3.0f / 127.0f);
+    assert_int_equal(dx_dtype_row_bytes(DX_Q8_0, 64), 68);
+    assert_int_equal(dx_dtype_row_bytes(DX_Q8_0, 33), 0);
+    enum dx_dtype t;
+    assert_int_equal(dx_dtype_parse("bf16", &t), 0);
+    assert_int_equal(t, DX_BF16);
+    assert_int_equal(dx_dtype_parse("q4_0", &t), DX_EINVAL);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_err_messages),      cmocka_unit_test(test_alloc_counts_and_faults),
+        cmocka_unit_test(test_buf_limits),        cmocka_unit_test(test_f16_bf16_roundtrip),
+        cmocka_unit_test(test_q8_0),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
