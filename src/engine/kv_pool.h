@@ -1,0 +1,119 @@
+/* kv_pool: the paged KV block pool and its prefix cache.
+ *
+ * One arena, allocated once at start-up through a hook (so the transfer
+ * layer can have UCX allocate and register it) and pre-touched.  The arena is
+ * n_blocks fixed-size blocks; a block holds K and V of *all* layers for
+ * block_size tokens, contiguously, so one block is one contiguous byte range
+ * and adjacent block ids are adjacent memory.  Layout inside a block:
+ *
+ *   [layer][K|V][kv_head][token_in_block][head_dim]   (elements of dtype)
+ *
+ * Blocks are refcounted.  A block with refcount 0 is either free or cached:
+ * cached blocks carry a prefix hash and stay findable until evicted, least
+ * recently released first.  Allocation takes a free block, else evicts the
+ * LRU cached one, else fails with DX_EFULL (never aborts).
+ *
+ * Prefix hashes: h_i = XXH3-128(h_{i-1} || token ids of block i as int32
+ * little-endian), h_{-1} = the seed derived from the model fingerprint.  A
+ * chain identifies a block's tokens *and* all tokens before it, so equal
+ * hashes mean equal KV (same model, same positions).
+ *
+ * Thread safety: all functions take one internal mutex (the engine thread,
+ * the event loop and transfer threads all touch refcounts); block *contents*
+ * are not synchronised — whoever holds a reference decides. */
+#ifndef KV_POOL_H
+#define KV_POOL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct {
+    uint64_t lo, hi;
+} kv_hash;
+
+static inline int kv_hash_eq(kv_hash a, kv_hash b)
+{
+    return a.lo == b.lo && a.hi == b.hi;
+}
+
+typedef struct {
+    uint32_t n_layer, n_kv_head, head_dim;
+    uint32_t block_size; /* tokens per block, default 16 */
+    int dtype;           /* DX_F16 (default) | DX_BF16 | DX_F32 */
+    uint32_t n_blocks;   /* if 0: derived from pool_bytes */
+    size_t pool_bytes;
+    kv_hash seed; /* model fingerprint: seeds every hash chain */
+    /* Arena allocation hook; NULL = anonymous mmap.  Must return page-aligned
+     * memory or NULL.  The pool pre-touches it. */
+    void *(*alloc)(void *user, size_t bytes);
+    void (*release)(void *user, void *p, size_t bytes);
+    void *alloc_user;
+} kv_pool_config;
+
+typedef struct kv_pool kv_pool;
+
+typedef struct {
+    uint32_t n_blocks;
+    uint32_t n_free;   /* refcount 0, no hash */
+    uint32_t n_cached; /* refcount 0, hashed, evictable */
+    uint32_t n_used;   /* refcount > 0 */
+    uint64_t evictions;
+    uint64_t hits, misses; /* prefix lookups, counted per block */
+} kv_pool_stats;
+
+int kv_pool_create(const kv_pool_config *cfg, kv_pool **out);
+void kv_pool_destroy(kv_pool *p);
+
+uint32_t kv_pool_n_blocks(const kv_pool *p);
+uint32_t kv_pool_block_size(const kv_pool *p);
+size_t kv_pool_block_bytes(const kv_pool *p);
+int kv_pool_dtype(const kv_pool *p);
+uint8_t *kv_pool_base(const kv_pool *p);
+size_t kv_pool_arena_bytes(const kv_pool *p);
+uint8_t *kv_pool_block_ptr(const kv_pool *p, int32_t id);
+/* Byte offset, within a block, of layer l's K (or V) region. */
+size_t kv_pool_k_offset(const kv_pool *p, uint32_t layer);
+size_t kv_pool_v_offset(const kv_pool *p, uint32_t layer);
+
+/* Take a block with refcount 1 (free first, else evict LRU cached).
+ * DX_EFULL when every block is referenced. */
+int kv_pool_alloc(kv_pool *p, int32_t *id);
+/* Take n blocks or none (DX_EFULL, nothing taken). */
+int kv_pool_alloc_n(kv_pool *p, size_t n, int32_t *ids);
+void kv_pool_ref(kv_pool *p, int32_t id);
+/* Refcount - 1; at 0 a hashed block becomes cached (most recently used end of
+ * the LRU), an unhashed one becomes free. */
+void kv_pool_unref(kv_pool *p, int32_t id);
+uint32_t kv_pool_refcount(const kv_pool *p, int32_t id);
+int kv_pool_valid_id(const kv_pool *p, int32_t id);
+
+/* Hashing. */
+kv_hash kv_pool_seed(const kv_pool *p);
+kv_hash kv_hash_next(kv_hash prev, const int32_t *tokens, size_t n);
+/* Hashes of the full blocks of tokens[0..n): out[i] for block i; returns the
+ * number of full blocks (n / block_size). */
+size_t kv_pool_hash_chain(const kv_pool *p, const int32_t *tokens, size_t n, kv_hash *out);
+
+/* Prefix cache. */
+/* Register a full, computed block under hash h.  If another block already has
+ * h, returns DX_EEXIST and sets *existing (the caller may switch to it);
+ * re-inserting the same block with the same hash is a no-op. */
+int kv_pool_insert(kv_pool *p, int32_t id, kv_hash h, int32_t *existing);
+/* Block id holding h, or -1.  Does not take a reference. */
+int32_t kv_pool_lookup(kv_pool *p, kv_hash h);
+/* Longest prefix of chain[0..n) present in the cache: takes a reference on
+ * each matched block, writes their ids to ids[], returns the count. */
+size_t kv_pool_match_prefix(kv_pool *p, const kv_hash *chain, size_t n, int32_t *ids);
+/* Hash of a block, if it has one: 1 and *h set, else 0. */
+int kv_pool_block_hash(const kv_pool *p, int32_t id, kv_hash *h);
+/* Drop the hash of a block (it stays allocated if referenced). */
+void kv_pool_forget(kv_pool *p, int32_t id);
+/* Evict up to n cached blocks now (LRU first); returns how many. */
+uint32_t kv_pool_evict(kv_pool *p, uint32_t n);
+/* Visit every hashed block (cached or in use); stop if fn returns non-zero. */
+void kv_pool_foreach_cached(kv_pool *p, int (*fn)(void *user, int32_t id, kv_hash h, uint32_t ref),
+                            void *user);
+
+void kv_pool_get_stats(const kv_pool *p, kv_pool_stats *out);
+
+#endif
