@@ -1,0 +1,102 @@
+/* engine: the inference engine a node runs — model, KV pool, prefix cache,
+ * forward pass, sampler and continuous-batching scheduler on a thread of its
+ * own.
+ *
+ * Callers (the HTTP server's event loop, the CLI, tests) submit requests and
+ * receive events through a callback that runs ON THE ENGINE THREAD: it must
+ * be short and must not call back into the engine except engine_cancel.  The
+ * server copies events into a locked queue and wakes its loop with
+ * uv_async_send.  engine_cancel may be called from any thread; it frees the
+ * request's blocks at the next step boundary and delivers a final event. */
+#ifndef ENGINE_H
+#define ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/kv_pool.h"
+#include "model/model.h"
+
+typedef struct {
+    int n_threads;             /* default: number of cores */
+    size_t kv_cache_mb;        /* KV pool size; default 1024 */
+    uint32_t kv_blocks;        /* overrides kv_cache_mb when non-zero */
+    uint32_t block_size;       /* tokens per block, default 16 */
+    int kv_dtype;              /* DX_F16 (default) | DX_BF16 | DX_F32 */
+    uint32_t max_batch_tokens; /* tokens per forward step, default 512 */
+    uint32_t max_seqs;         /* running sequences, default 64 */
+    uint32_t max_waiting;      /* queued requests before submit says DX_EBUSY; default 256 */
+    uint32_t n_ctx;            /* max tokens per sequence; default min(n_ctx_train, 32768) */
+    /* KV arena allocation hook (the transfer layer registers it with UCX). */
+    void *(*kv_alloc)(void *user, size_t bytes);
+    void (*kv_release)(void *user, void *p, size_t bytes);
+    void *kv_alloc_user;
+} engine_config;
+
+enum engine_finish { ENGINE_FINISH_NONE = 0, ENGINE_FINISH_STOP, ENGINE_FINISH_LENGTH,
+                     ENGINE_FINISH_CANCELED, ENGINE_FINISH_ERROR };
+
+typedef struct {
+    float temperature; /* 0 = greedy */
+    int top_k;         /* 0 = off */
+    float top_p;       /* 1 = off */
+    float min_p;       /* 0 = off */
+    uint64_t seed;
+    int has_seed; /* else a random seed per request */
+} engine_sampling;
+
+enum engine_event_type { ENGINE_EV_TOKENS, ENGINE_EV_DONE };
+
+typedef struct {
+    enum engine_event_type type;
+    uint64_t req_id;
+    /* TOKENS: newly generated token ids and their text.  Text is held back
+     * while it could be the start of a stop string or an incomplete UTF-8
+     * sequence, so concatenating every event's text gives exactly the final
+     * output (stop strings excluded). */
+    const int32_t *tokens;
+    size_t n_tokens;
+    const char *text;
+    size_t text_len;
+    /* DONE: how it ended and the usage figures. */
+    enum engine_finish finish;
+    int error;            /* DX_E* when finish == ERROR */
+    const char *error_msg;
+    uint32_t n_prompt, n_cached, n_gen;
+    double ttft_s;        /* submit → first token */
+} engine_event;
+
+typedef void (*engine_event_fn)(void *user, const engine_event *ev);
+
+typedef struct {
+    const int32_t *prompt; /* copied at submit */
+    size_t n_prompt;
+    uint32_t max_tokens;   /* 0 = up to n_ctx */
+    engine_sampling sampling;
+    const char *const *stop; /* stop strings (copied), may be NULL */
+    size_t n_stop;
+    int ignore_eos;
+    engine_event_fn on_event;
+    void *user;
+} engine_request;
+
+typedef struct {
+    uint32_t running, waiting;
+    kv_pool_stats kv;
+    uint64_t prompt_tokens_computed, prompt_tokens_cached, gen_tokens;
+    uint64_t preemptions;
+} engine_stats;
+
+int engine_create(const engine_config *cfg, const model *m, engine **out);
+void engine_destroy(engine *e); /* cancels everything, joins the thread */
+
+/* DX_EINVAL: empty prompt, prompt + max_tokens over n_ctx (message says
+ * which); DX_EBUSY: waiting queue full. */
+int engine_submit(engine *e, const engine_request *req, uint64_t *req_id);
+int engine_cancel(engine *e, uint64_t req_id);
+void engine_get_stats(engine *e, engine_stats *out);
+const model *engine_model(const engine *e);
+kv_pool *engine_kv_pool(engine *e);
+uint32_t engine_n_ctx(const engine *e);
+
+#endif

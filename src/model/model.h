@@ -1,0 +1,64 @@
+/* model: a loaded model — the GGUF file, its hyper-parameters, its weights
+ * (pointers into the mmap, never copied), its tokenizer and chat template.
+ *
+ * Supported architectures: llama, qwen2 (q/k/v biases), qwen3 (q/k RMSNorm).
+ * Loading checks every tensor the architecture needs: present, the expected
+ * shape, a supported type; a missing or misshapen tensor is an error that
+ * names it.  The fingerprint is a 128-bit hash of the architecture
+ * parameters and every tensor's name, shape and type: two nodes share KV only
+ * if their fingerprints match. */
+#ifndef MODEL_H
+#define MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/chat_tmpl.h"
+#include "model/gguf.h"
+#include "model/tok.h"
+
+enum model_arch { MODEL_LLAMA, MODEL_QWEN2, MODEL_QWEN3 };
+
+typedef struct {
+    enum model_arch arch;
+    char arch_name[16];
+    uint32_t n_vocab, n_embd, n_layer, n_head, n_kv_head, head_dim, n_ff, n_ctx_train;
+    float rms_eps, rope_base;
+    int rope_neox;   /* qwen*: NeoX (half-split) rotary; llama: adjacent pairs */
+    int qk_norm;     /* qwen3 */
+    int qkv_bias;    /* qwen2 */
+    int tied_output; /* no output.weight: the embedding matrix is reused */
+} model_hparams;
+
+/* One weight tensor: data in the mapping, type a dx_dtype, ne[0] = row length. */
+typedef struct {
+    const void *data;
+    int type;
+    uint64_t ne[2]; /* [0] = n_in (row length), [1] = rows (1 for vectors) */
+} model_tensor;
+
+typedef struct {
+    model_tensor attn_norm, wq, wk, wv, wo, bq, bk, bv, q_norm, k_norm;
+    model_tensor ffn_norm, w_gate, w_up, w_down;
+} model_layer;
+
+typedef struct model model;
+
+int model_load(const char *path, model **out);
+void model_free(model *m);
+
+const model_hparams *model_hp(const model *m);
+const model_layer *model_layer_at(const model *m, uint32_t i);
+const model_tensor *model_tok_embd(const model *m);    /* [n_vocab][n_embd] */
+const model_tensor *model_output_norm(const model *m); /* [n_embd] */
+const model_tensor *model_output(const model *m);      /* [n_vocab][n_embd], may be tok_embd */
+const tok *model_tokenizer(const model *m);
+enum chat_tmpl_kind model_chat_kind(const model *m);
+const gguf_ctx *model_gguf(const model *m);
+const char *model_path(const model *m);
+const char *model_name(const model *m); /* general.name, or the file's base name */
+/* 128-bit fingerprint (see above). */
+void model_fingerprint(const model *m, uint64_t out[2]);
+uint64_t model_n_params(const model *m);
+
+#endif
