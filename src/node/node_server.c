@@ -1,0 +1,661 @@
+/* node_server: routes, the completion path and the engine-event queue (see .h).
+ *
+ * A completion request becomes a node_req when the backend accepts it and
+ * lives until its final (DONE) event has been handled on the loop — even if
+ * the client left earlier, because the engine still holds the pointer as its
+ * callback's user data.  The client leaving only clears req->conn and cancels
+ * the engine request. */
+#include "node/node_server.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "base/dx_alloc.h"
+#include "base/dx_buf.h"
+#include "base/dx_clock.h"
+#include "base/dx_err.h"
+#include "base/dx_log.h"
+#include "node/http_conn.h"
+#include "node/oai_req.h"
+#include "node/oai_resp.h"
+#include "node/prom.h"
+
+typedef struct node_req node_req;
+
+struct node_req {
+    node_server *srv;
+    node_req *prev, *next; /* active list */
+    http_conn *conn;       /* NULL once the client is gone */
+    uint64_t engine_id;
+    char id[64];
+    oai_meta meta;
+    int stream, include_usage;
+    dx_buf text; /* non-streaming: the answer so far */
+    uint64_t t_start_ns, t_first_ns;
+    const char *path;
+    char *extra; /* raw JSON members for the final answer (P/D roles) */
+};
+
+/* One engine event, copied off the engine thread. */
+typedef struct node_ev {
+    struct node_ev *next;
+    node_req *req;
+    enum engine_event_type type;
+    enum engine_finish finish;
+    int error;
+    uint32_t n_prompt, n_cached, n_gen;
+    size_t n_tokens, text_len;
+    char *error_msg;
+    char text[];
+} node_ev;
+
+struct node_server {
+    uv_loop_t *loop;
+    node_server_config cfg;
+    http_srv *http;
+    node_backend be;
+    int ready, draining, stopped;
+    uv_async_t wake;
+    uv_timer_t grace;
+    pthread_mutex_t mu;
+    node_ev *q_head, *q_tail; /* guarded by mu */
+    node_req *active;
+    size_t n_active;
+    int64_t started;
+    /* metrics (loop thread only) */
+    prom_family requests;
+    prom_hist ttft, tpot, e2e;
+    uint64_t gen_tokens, prompt_tokens, cached_tokens;
+};
+
+const char *node_role_name(enum node_role r)
+{
+    return r == NODE_ROLE_PREFILL ? "prefill" : r == NODE_ROLE_DECODE ? "decode" : "both";
+}
+
+/* ---- answers ----------------------------------------------------------- */
+
+/* Routes are labelled by name, never by the raw path, so a scanner cannot
+ * blow up the metric's cardinality. */
+static const char *route_label(const char *path)
+{
+    static const char *const known[] = {"/v1/chat/completions", "/v1/completions", "/v1/models",
+                                        "/health", "/metrics"};
+    for (size_t i = 0; i < DX_ARRAY_LEN(known); i++)
+        if (strcmp(path, known[i]) == 0) return known[i];
+    return "other";
+}
+
+static void count_request(node_server *s, const char *path, int status)
+{
+    char labels[128];
+    snprintf(labels, sizeof labels, "route=\"%s\",status=\"%d\"", route_label(path), status);
+    prom_family_add(&s->requests, labels, 1);
+}
+
+static void log_simple(const char *method, const char *path, int status, uint64_t t0)
+{
+    double ms = (double)(dx_now_ns() - t0) * 1e-6;
+    int quiet = !strcmp(path, "/health") || !strcmp(path, "/metrics");
+    dx_log(quiet && status < 400 ? DX_LOG_DEBUG : DX_LOG_INFO, "%s %.200s %d total_ms=%.1f",
+           method, path, status, ms);
+}
+
+static void respond_json(node_server *s, http_conn *c, const char *method, const char *path,
+                         int status, const char *extra_hdr, const dx_buf *body, uint64_t t0)
+{
+    http_conn_respond(c, status, "application/json", extra_hdr, body->data, body->len);
+    count_request(s, path, status);
+    log_simple(method, path, status, t0);
+}
+
+static void respond_error(node_server *s, http_conn *c, const http_req *r, int status,
+                          const char *msg, const char *param, const char *code, uint64_t t0)
+{
+    dx_buf b;
+    dx_buf_init(&b, 0);
+    oai_error_json(&b, msg, oai_error_type(status), param, code);
+    respond_json(s, c, r->method, r->path, status,
+                 status == 405 ? "Allow: GET, POST\r\n" : NULL, &b, t0);
+    dx_buf_free(&b);
+}
+
+/* ---- simple routes ------------------------------------------------------ */
+
+static void route_health(node_server *s, http_conn *c, const http_req *r, uint64_t t0)
+{
+    const char *st = s->draining ? "draining" : s->ready ? "ok" : "loading";
+    dx_buf b;
+    dx_buf_init(&b, 0);
+    dx_buf_printf(&b, "{\"status\":\"%s\"}", st);
+    respond_json(s, c, r->method, r->path, s->ready && !s->draining ? 200 : 503, NULL, &b, t0);
+    dx_buf_free(&b);
+}
+
+static void route_models(node_server *s, http_conn *c, const http_req *r, uint64_t t0)
+{
+    if (!s->ready) {
+        respond_error(s, c, r, 503, "the model is still loading", NULL, NULL, t0);
+        return;
+    }
+    dx_buf b;
+    dx_buf_init(&b, 0);
+    oai_models_json(&b, s->be.model_name, s->started);
+    respond_json(s, c, r->method, r->path, 200, NULL, &b, t0);
+    dx_buf_free(&b);
+}
+
+static void write_engine_metrics(node_server *s, dx_buf *b)
+{
+    engine_stats st;
+    memset(&st, 0, sizeof st);
+    if (s->ready) s->be.stats(s->be.self, &st);
+    prom_write_gauge(b, "duplex_requests_running", "Requests the engine is running",
+                     st.running);
+    prom_write_gauge(b, "duplex_requests_waiting", "Requests queued in the engine", st.waiting);
+    prom_write_counter(b, "duplex_prompt_tokens_computed_total",
+                       "Prompt tokens the engine computed", (double)st.prompt_tokens_computed);
+    prom_write_counter(b, "duplex_prompt_tokens_cached_total",
+                       "Prompt tokens taken from the prefix cache",
+                       (double)st.prompt_tokens_cached);
+    prom_write_counter(b, "duplex_generation_tokens_total", "Tokens generated",
+                       (double)st.gen_tokens);
+    prom_write_counter(b, "duplex_preemptions_total", "Requests preempted", (double)st.preemptions);
+    prom_write_gauge(b, "duplex_kv_blocks_total", "KV blocks in the pool", st.kv.n_blocks);
+    prom_write_gauge(b, "duplex_kv_blocks_used", "KV blocks referenced by requests",
+                     st.kv.n_used);
+    prom_write_gauge(b, "duplex_kv_blocks_cached", "KV blocks unreferenced, kept in the cache",
+                     st.kv.n_cached);
+    prom_write_gauge(b, "duplex_kv_blocks_free", "KV blocks free", st.kv.n_free);
+    prom_write_counter(b, "duplex_kv_evictions_total", "Cached KV blocks evicted",
+                       (double)st.kv.evictions);
+}
+
+static void route_metrics(node_server *s, http_conn *c, const http_req *r, uint64_t t0)
+{
+    count_request(s, r->path, 200); /* this scrape counts itself */
+    dx_buf b;
+    dx_buf_init(&b, 0);
+    prom_write_family(&b, "duplex_http_requests_total", "HTTP requests by route and status",
+                      &s->requests);
+    prom_write_hist(&b, "duplex_ttft_seconds", "Time from request to first token", &s->ttft);
+    prom_write_hist(&b, "duplex_time_per_output_token_seconds",
+                    "Time per output token after the first", &s->tpot);
+    prom_write_hist(&b, "duplex_request_duration_seconds", "Completion request duration",
+                    &s->e2e);
+    prom_write_counter(&b, "duplex_request_prompt_tokens_total",
+                       "Prompt tokens of finished requests", (double)s->prompt_tokens);
+    prom_write_counter(&b, "duplex_request_cached_tokens_total",
+                       "Prompt tokens of finished requests served from the cache",
+                       (double)s->cached_tokens);
+    prom_write_counter(&b, "duplex_request_generation_tokens_total",
+                       "Tokens generated for finished requests", (double)s->gen_tokens);
+    prom_write_gauge(&b, "duplex_http_connections", "Open HTTP connections",
+                     (double)http_srv_n_conns(s->http));
+    prom_write_gauge(&b, "duplex_node_ready", "1 once the model is loaded", s->ready);
+    write_engine_metrics(s, &b);
+    http_conn_respond(c, 200, "text/plain; version=0.0.4", NULL, b.data, b.len);
+    log_simple(r->method, r->path, 200, t0);
+    dx_buf_free(&b);
+}
+
+/* ---- completions: submit ----------------------------------------------- */
+
+static void req_free(node_req *q)
+{
+    dx_buf_free(&q->text);
+    dx_free(q->extra);
+    dx_free(q);
+}
+
+static void req_unlink(node_req *q)
+{
+    node_server *s = q->srv;
+    if (q->prev) q->prev->next = q->next;
+    else s->active = q->next;
+    if (q->next) q->next->prev = q->prev;
+    s->n_active--;
+}
+
+/* Engine thread: copy the event out and wake the loop.  Nothing else. */
+static void on_engine_event(void *user, const engine_event *ev)
+{
+    node_req *q = user;
+    node_server *s = q->srv;
+    size_t tl = ev->type == ENGINE_EV_TOKENS ? ev->text_len : 0;
+    node_ev *e = dx_malloc(sizeof *e + tl + 1);
+    DX_ASSERT(e); /* losing a DONE event would leak the request forever */
+    memset(e, 0, sizeof *e);
+    e->req = q;
+    e->type = ev->type;
+    e->finish = ev->finish;
+    e->error = ev->error;
+    e->n_prompt = ev->n_prompt;
+    e->n_cached = ev->n_cached;
+    e->n_gen = ev->n_gen;
+    e->n_tokens = ev->n_tokens;
+    e->text_len = tl;
+    if (tl) memcpy(e->text, ev->text, tl);
+    e->text[tl] = 0;
+    if (ev->type == ENGINE_EV_DONE && ev->error_msg) e->error_msg = dx_strdup(ev->error_msg);
+    pthread_mutex_lock(&s->mu);
+    if (s->q_tail) s->q_tail->next = e;
+    else s->q_head = e;
+    s->q_tail = e;
+    pthread_mutex_unlock(&s->mu);
+    uv_async_send(&s->wake);
+}
+
+static void on_client_gone(void *user)
+{
+    node_req *q = user;
+    q->conn = NULL;
+    q->srv->be.cancel(q->srv->be.self, q->engine_id);
+    DX_LOGD("%s: client disconnected, canceled", q->id);
+}
+
+/* Tokenises the request's prompt.  A 4xx is reported through *err. */
+static int encode_prompt(node_server *s, const oai_req *o, int32_t **ids, size_t *n, oai_err *err)
+{
+    int rc;
+    *ids = NULL;
+    *n = 0;
+    if (o->kind == OAI_COMPLETION && o->prompt_ids) {
+        *ids = dx_memdup(o->prompt_ids, o->n_prompt_ids * sizeof **ids);
+        *n = o->n_prompt_ids;
+        return *ids ? 0 : DX_ENOMEM;
+    }
+    if (o->kind == OAI_COMPLETION) {
+        rc = s->be.encode_text(s->be.self, o->prompt, o->prompt_len, ids, n);
+    } else {
+        chat_msg msgs[o->n_msgs];
+        for (size_t i = 0; i < o->n_msgs; i++)
+            msgs[i] = (chat_msg){o->msgs[i].role, o->msgs[i].content, o->msgs[i].content_len};
+        rc = s->be.encode_chat(s->be.self, msgs, o->n_msgs, ids, n);
+    }
+    if (rc == DX_EINVAL) {
+        err->status = 400;
+        snprintf(err->message, sizeof err->message, "%s", dx_errmsg());
+        snprintf(err->param, sizeof err->param, o->kind == OAI_CHAT ? "messages" : "prompt");
+    }
+    if (rc == 0 && *n == 0) {
+        err->status = 400;
+        snprintf(err->message, sizeof err->message, "the prompt is empty");
+        snprintf(err->param, sizeof err->param, o->kind == OAI_CHAT ? "messages" : "prompt");
+        rc = DX_EINVAL;
+    }
+    return rc;
+}
+
+static void fill_engine_request(const oai_req *o, const int32_t *ids, size_t n, node_req *q,
+                                engine_request *er)
+{
+    memset(er, 0, sizeof *er);
+    er->prompt = ids;
+    er->n_prompt = n;
+    er->max_tokens = o->has_max_tokens ? o->max_tokens : 0;
+    er->sampling = (engine_sampling){
+        .temperature = (float)o->temperature,
+        .top_k = o->top_k,
+        .top_p = (float)o->top_p,
+        .min_p = (float)o->min_p,
+        .seed = o->seed,
+        .has_seed = o->has_seed,
+    };
+    er->stop = o->stop;
+    er->n_stop = o->n_stop;
+    er->ignore_eos = o->ignore_eos;
+    er->on_event = on_engine_event;
+    er->user = q;
+}
+
+static node_req *req_new(node_server *s, const oai_req *o, http_conn *c, const char *path,
+                         uint64_t t0)
+{
+    node_req *q = dx_calloc(1, sizeof *q);
+    if (!q) return NULL;
+    q->srv = s;
+    q->conn = c;
+    q->stream = o->stream;
+    q->include_usage = o->stream && o->include_usage;
+    q->t_start_ns = t0;
+    q->path = o->kind == OAI_CHAT ? "/v1/chat/completions" : "/v1/completions";
+    (void)path;
+    oai_make_id(q->id, sizeof q->id, o->kind == OAI_CHAT ? "chatcmpl" : "cmpl");
+    q->meta = (oai_meta){o->kind, q->id, s->be.model_name, (int64_t)time(NULL)};
+    dx_buf_init(&q->text, 0);
+    return q;
+}
+
+/* Submits; on failure answers the client and returns the status. */
+static int submit(node_server *s, http_conn *c, const http_req *r, const oai_req *o, uint64_t t0)
+{
+    oai_err err = {0};
+    int32_t *ids;
+    size_t n;
+    int rc = encode_prompt(s, o, &ids, &n, &err);
+    if (rc < 0) {
+        int st = err.status ? err.status : 500;
+        respond_error(s, c, r, st, err.status ? err.message : dx_errmsg(), err.param, NULL, t0);
+        return st;
+    }
+    node_req *q = req_new(s, o, c, r->path, t0);
+    engine_request er;
+    fill_engine_request(o, ids, n, q, &er);
+    rc = q ? s->be.submit(s->be.self, &er, &q->engine_id) : DX_ENOMEM;
+    dx_free(ids);
+    if (rc < 0) {
+        int st = rc == DX_EBUSY ? 503 : rc == DX_EINVAL ? 400 : 500;
+        const char *msg = rc == DX_EBUSY ? "server busy: the waiting queue is full" : dx_errmsg();
+        respond_error(s, c, r, st, msg, rc == DX_EINVAL ? "max_tokens" : NULL, NULL, t0);
+        if (q) req_free(q);
+        return st;
+    }
+    q->next = s->active;
+    if (s->active) s->active->prev = q;
+    s->active = q;
+    s->n_active++;
+    http_conn_set_abort(c, on_client_gone, q);
+    return 0;
+}
+
+static void start_stream(node_req *q)
+{
+    dx_buf b;
+    dx_buf_init(&b, 0);
+    int rc = http_conn_stream_begin(q->conn, 200, "text/event-stream",
+                                    "Cache-Control: no-cache\r\n");
+    if (rc == 0 && q->meta.kind == OAI_CHAT) {
+        oai_sse_chunk(&b, &q->meta, "", 0, 1, NULL, q->include_usage, NULL);
+        rc = http_conn_stream_write(q->conn, b.data, b.len);
+    }
+    dx_buf_free(&b); /* a failed write has run on_client_gone already */
+}
+
+static void route_completion(node_server *s, http_conn *c, const http_req *r, enum oai_kind kind,
+                             uint64_t t0)
+{
+    if (!s->ready || s->draining) {
+        respond_error(s, c, r, 503, s->draining ? "the server is shutting down"
+                                                : "the model is still loading",
+                      NULL, NULL, t0);
+        return;
+    }
+    oai_req o;
+    oai_err err;
+    oai_parse_opts opts = {.n_vocab = s->be.n_vocab};
+    if (oai_req_parse(kind, r->body, r->body_len, &opts, &o, &err) < 0) {
+        respond_error(s, c, r, err.status, err.message, err.param, NULL, t0);
+        return;
+    }
+    if (strcmp(o.model, s->be.model_name) != 0) {
+        char msg[256];
+        snprintf(msg, sizeof msg, "The model '%.160s' does not exist", o.model);
+        respond_error(s, c, r, 404, msg, "model", "model_not_found", t0);
+        oai_req_free(&o);
+        return;
+    }
+    /* P/D roles: interpret o.kv_transfer_params here. */
+    if (submit(s, c, r, &o, t0) == 0 && o.stream) start_stream(s->active);
+    oai_req_free(&o);
+}
+
+static void on_request(void *user, http_conn *c, const http_req *r)
+{
+    node_server *s = user;
+    uint64_t t0 = dx_now_ns();
+    int get = !strcmp(r->method, "GET"), post = !strcmp(r->method, "POST");
+    const char *p = r->path;
+    int is_get_route = !strcmp(p, "/health") || !strcmp(p, "/v1/models") || !strcmp(p, "/metrics");
+    int is_post_route = !strcmp(p, "/v1/chat/completions") || !strcmp(p, "/v1/completions");
+    if ((is_get_route && !get) || (is_post_route && !post))
+        respond_error(s, c, r, 405, "method not allowed", NULL, NULL, t0);
+    else if (!strcmp(p, "/health")) route_health(s, c, r, t0);
+    else if (!strcmp(p, "/v1/models")) route_models(s, c, r, t0);
+    else if (!strcmp(p, "/metrics")) route_metrics(s, c, r, t0);
+    else if (!strcmp(p, "/v1/chat/completions")) route_completion(s, c, r, OAI_CHAT, t0);
+    else if (!strcmp(p, "/v1/completions")) route_completion(s, c, r, OAI_COMPLETION, t0);
+    else respond_error(s, c, r, 404, "unknown route", NULL, NULL, t0);
+}
+
+/* ---- completions: events ------------------------------------------------ */
+
+static const char *finish_name(enum engine_finish f)
+{
+    return f == ENGINE_FINISH_LENGTH ? "length" : "stop";
+}
+
+static void handle_tokens(node_req *q, const node_ev *e)
+{
+    if (!q->t_first_ns && e->n_tokens) q->t_first_ns = dx_now_ns();
+    if (!q->conn || !e->text_len) return;
+    if (!q->stream) {
+        if (dx_buf_append(&q->text, e->text, e->text_len) < 0) /* out of memory */
+            q->srv->be.cancel(q->srv->be.self, q->engine_id);
+        return;
+    }
+    dx_buf b;
+    dx_buf_init(&b, 0);
+    /* A failed write has already closed the connection and run on_client_gone. */
+    if (oai_sse_chunk(&b, &q->meta, e->text, e->text_len, 0, NULL, q->include_usage, NULL) == 0)
+        http_conn_stream_write(q->conn, b.data, b.len);
+    dx_buf_free(&b);
+}
+
+static void finish_stream(node_req *q, const node_ev *e, const oai_usage *u)
+{
+    dx_buf b;
+    dx_buf_init(&b, 0);
+    if (e->finish == ENGINE_FINISH_ERROR)
+        oai_sse_error(&b, e->error_msg ? e->error_msg : "engine error", "server_error");
+    else oai_sse_chunk(&b, &q->meta, "", 0, 0, finish_name(e->finish), q->include_usage, q->extra);
+    if (q->include_usage) oai_sse_usage(&b, &q->meta, u);
+    oai_sse_done(&b);
+    if (http_conn_stream_write(q->conn, b.data, b.len) == 0) http_conn_stream_end(q->conn);
+    dx_buf_free(&b);
+}
+
+static void finish_full(node_req *q, const node_ev *e, const oai_usage *u)
+{
+    dx_buf b;
+    dx_buf_init(&b, 0);
+    int status = 200;
+    if (e->finish == ENGINE_FINISH_ERROR) {
+        status = 500;
+        oai_error_json(&b, e->error_msg ? e->error_msg : "engine error", "server_error", NULL,
+                       NULL);
+    } else {
+        oai_resp_full(&b, &q->meta, q->text.data ? q->text.data : "", q->text.len,
+                      finish_name(e->finish), u, q->extra);
+    }
+    http_conn_respond(q->conn, status, "application/json", NULL, b.data, b.len);
+    dx_buf_free(&b);
+}
+
+static void record_done(node_server *s, node_req *q, const node_ev *e, int status)
+{
+    uint64_t now = dx_now_ns();
+    double total = (double)(now - q->t_start_ns) * 1e-9;
+    double ttft = q->t_first_ns ? (double)(q->t_first_ns - q->t_start_ns) * 1e-9 : -1;
+    if (ttft >= 0) prom_hist_observe(&s->ttft, ttft);
+    if (q->t_first_ns && e->n_gen > 1)
+        prom_hist_observe(&s->tpot, (double)(now - q->t_first_ns) * 1e-9 / (e->n_gen - 1));
+    prom_hist_observe(&s->e2e, total);
+    s->prompt_tokens += e->n_prompt;
+    s->cached_tokens += e->n_cached;
+    s->gen_tokens += e->n_gen;
+    count_request(s, q->path, status);
+    DX_LOGI("POST %s %d id=%s prompt=%u cached=%u gen=%u finish=%s ttft_ms=%.1f total_ms=%.1f",
+            q->path, status, q->id, e->n_prompt, e->n_cached, e->n_gen,
+            e->finish == ENGINE_FINISH_CANCELED ? "canceled"
+            : e->finish == ENGINE_FINISH_ERROR  ? "error"
+                                                : finish_name(e->finish),
+            ttft * 1e3, total * 1e3);
+}
+
+static void maybe_stopped(node_server *s);
+
+static void handle_done(node_server *s, node_req *q, const node_ev *e)
+{
+    oai_usage u = {e->n_prompt, e->n_cached, e->n_gen};
+    /* 499: the client closed the connection first (nginx's convention). */
+    int status = !q->conn ? 499 : e->finish == ENGINE_FINISH_ERROR && !q->stream ? 500 : 200;
+    if (q->conn && e->finish == ENGINE_FINISH_CANCELED) {
+        /* canceled by shutdown: end what was started */
+        if (q->stream) http_conn_stream_end(q->conn);
+        else {
+            dx_buf b;
+            dx_buf_init(&b, 0);
+            oai_error_json(&b, "request canceled: the server is shutting down", "server_error",
+                           NULL, NULL);
+            http_conn_respond(q->conn, 503, "application/json", NULL, b.data, b.len);
+            dx_buf_free(&b);
+            status = 503;
+        }
+    } else if (q->conn) {
+        if (q->stream) finish_stream(q, e, &u);
+        else finish_full(q, e, &u);
+    }
+    record_done(s, q, e, status);
+    req_unlink(q);
+    req_free(q);
+    if (s->draining) maybe_stopped(s);
+}
+
+static node_ev *queue_take(node_server *s)
+{
+    pthread_mutex_lock(&s->mu);
+    node_ev *e = s->q_head;
+    s->q_head = s->q_tail = NULL;
+    pthread_mutex_unlock(&s->mu);
+    return e;
+}
+
+static void drain_events(node_server *s)
+{
+    node_ev *e = queue_take(s), *next;
+    for (; e; e = next) {
+        next = e->next;
+        if (e->type == ENGINE_EV_TOKENS) handle_tokens(e->req, e);
+        else handle_done(s, e->req, e);
+        dx_free(e->error_msg);
+        dx_free(e);
+    }
+}
+
+static void on_wake(uv_async_t *a)
+{
+    drain_events(a->data);
+}
+
+/* ---- lifecycle ---------------------------------------------------------- */
+
+static void maybe_stopped(node_server *s)
+{
+    if (s->stopped || s->n_active > 0) return;
+    s->stopped = 1;
+    uv_timer_stop(&s->grace);
+    http_srv_close_idle(s->http);
+    DX_LOGI("shutdown: all requests finished");
+    if (s->cfg.on_stopped) s->cfg.on_stopped(s->cfg.user);
+}
+
+static void on_grace_over(uv_timer_t *t)
+{
+    node_server *s = t->data;
+    DX_LOGW("shutdown: grace period over, canceling %zu requests", s->n_active);
+    for (node_req *q = s->active; q; q = q->next) s->be.cancel(s->be.self, q->engine_id);
+}
+
+void node_server_shutdown(node_server *s)
+{
+    if (s->draining) return;
+    s->draining = 1;
+    http_srv_stop_accepting(s->http);
+    http_srv_close_idle(s->http);
+    DX_LOGI("shutdown: no longer accepting; %zu requests running (grace %.0f s)", s->n_active,
+            s->cfg.shutdown_grace_s);
+    uv_timer_start(&s->grace, on_grace_over, (uint64_t)(s->cfg.shutdown_grace_s * 1e3), 0);
+    maybe_stopped(s);
+}
+
+int node_server_create(uv_loop_t *loop, const node_server_config *cfg, node_server **out)
+{
+    *out = NULL;
+    node_server *s = dx_calloc(1, sizeof *s);
+    if (!s) return DX_ENOMEM;
+    s->loop = loop;
+    s->cfg = *cfg;
+    if (s->cfg.shutdown_grace_s <= 0) s->cfg.shutdown_grace_s = 10;
+    s->started = (int64_t)time(NULL);
+    prom_family_init(&s->requests);
+    prom_hist_init_latency(&s->ttft);
+    prom_hist_init_latency(&s->tpot);
+    prom_hist_init_latency(&s->e2e);
+    http_srv_config hc = {
+        .host = cfg->host,
+        .port = cfg->port,
+        .max_body_bytes = cfg->max_body_bytes,
+        .request_timeout_ms = cfg->request_timeout_ms,
+        .idle_timeout_ms = cfg->idle_timeout_ms,
+        .on_request = on_request,
+        .user = s,
+    };
+    int rc = http_srv_create(loop, &hc, &s->http);
+    if (rc < 0) {
+        prom_family_free(&s->requests);
+        dx_free(s);
+        return rc;
+    }
+    pthread_mutex_init(&s->mu, NULL);
+    uv_async_init(loop, &s->wake, on_wake);
+    s->wake.data = s;
+    uv_timer_init(loop, &s->grace);
+    s->grace.data = s;
+    *out = s;
+    return 0;
+}
+
+int node_server_port(const node_server *s)
+{
+    return http_srv_port(s->http);
+}
+
+size_t node_server_n_active(const node_server *s)
+{
+    return s->n_active;
+}
+
+void node_server_set_backend(node_server *s, const node_backend *b)
+{
+    s->be = *b;
+    s->ready = 1;
+}
+
+static void on_handle_closed(uv_handle_t *h)
+{
+    node_server *s = h->data;
+    if (h == (uv_handle_t *)&s->wake) {
+        uv_close((uv_handle_t *)&s->grace, on_handle_closed);
+        return;
+    }
+    pthread_mutex_destroy(&s->mu);
+    dx_free(s);
+}
+
+void node_server_destroy(node_server *s)
+{
+    if (!s) return;
+    drain_events(s); /* final events the backend delivered while stopping */
+    while (s->active) { /* only if the backend never finished them */
+        node_req *q = s->active;
+        if (q->conn) http_conn_set_abort(q->conn, NULL, NULL);
+        req_unlink(q);
+        req_free(q);
+    }
+    http_srv_destroy(s->http);
+    prom_family_free(&s->requests);
+    uv_close((uv_handle_t *)&s->wake, on_handle_closed);
+}

@@ -1,0 +1,69 @@
+/* node_server: the node's OpenAI-compatible HTTP API on a libuv loop.
+ *
+ * Routes: POST /v1/chat/completions, POST /v1/completions (JSON or SSE),
+ * GET /v1/models, GET /health, GET /metrics.  The server reaches the engine
+ * through node_backend, a table of functions: the real one wraps engine_* and
+ * the model's tokenizer (node_engine.h); tests plug in a fake.  Engine events
+ * arrive on the engine's thread, are copied into a locked queue, and the loop
+ * is woken with uv_async_send; only the loop thread touches sockets.
+ *
+ * Roles: this issue implements role "both".  Prefill/decode roles add a
+ * field to the config and a path in the completion handler that reads the
+ * request's kv_transfer_params and puts the node's own in the final answer
+ * (node_req.extra); nothing else changes. */
+#ifndef NODE_SERVER_H
+#define NODE_SERVER_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "engine/engine.h"
+
+enum node_role { NODE_ROLE_BOTH, NODE_ROLE_PREFILL, NODE_ROLE_DECODE };
+
+typedef struct {
+    void *self;
+    /* engine_submit / engine_cancel / engine_get_stats semantics. */
+    int (*submit)(void *self, const engine_request *req, uint64_t *id);
+    int (*cancel)(void *self, uint64_t id);
+    void (*stats)(void *self, engine_stats *out);
+    /* Tokenise chat messages with the model's template (generation prompt
+     * appended) or plain text; *ids is dx_malloc'd. */
+    int (*encode_chat)(void *self, const chat_msg *msgs, size_t n, int32_t **ids, size_t *n_ids);
+    int (*encode_text)(void *self, const char *text, size_t len, int32_t **ids, size_t *n_ids);
+    const char *model_name;
+    uint32_t n_vocab, n_ctx;
+} node_backend;
+
+typedef struct node_server node_server;
+
+typedef struct {
+    const char *host; /* default 127.0.0.1 */
+    int port;         /* 0 = ephemeral */
+    enum node_role role;
+    size_t max_body_bytes;       /* default 4 MiB */
+    uint64_t request_timeout_ms; /* default 30 s */
+    uint64_t idle_timeout_ms;    /* default 120 s */
+    double shutdown_grace_s;     /* default 10 */
+    /* Called on the loop thread when a shutdown has drained. */
+    void (*on_stopped)(void *user);
+    void *user;
+} node_server_config;
+
+int node_server_create(uv_loop_t *loop, const node_server_config *cfg, node_server **out);
+int node_server_port(const node_server *s);
+/* The model is loaded: start serving completions (until now /health is 503).
+ * The table is copied. */
+void node_server_set_backend(node_server *s, const node_backend *b);
+/* Stop accepting, let running requests finish for the grace period, cancel
+ * what remains, then call on_stopped.  Idempotent. */
+void node_server_shutdown(node_server *s);
+/* Requests whose final event has not been handled yet. */
+size_t node_server_n_active(const node_server *s);
+/* Call after the backend can deliver no more events (engine destroyed);
+ * run the loop afterwards so libuv can close the handles.  NULL: no-op. */
+void node_server_destroy(node_server *s);
+const char *node_role_name(enum node_role r);
+
+#endif

@@ -1,0 +1,350 @@
+/* oai_req: OpenAI request bodies → oai_req (see .h).
+ *
+ * `null` for an optional field means "use the default", as in the OpenAI
+ * API.  Integers may be written as integral reals (1e3); anything else is a
+ * 400 naming the field. */
+#include "node/oai_req.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "base/dx_alloc.h"
+#include "base/dx_err.h"
+
+static int fail(oai_err *err, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static int fail(oai_err *err, const char *param, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err->message, sizeof err->message, fmt, ap);
+    va_end(ap);
+    snprintf(err->param, sizeof err->param, "%s", param ? param : "");
+    err->status = 400;
+    return DX_EINVAL;
+}
+
+void oai_json_use_dx_alloc(void)
+{
+    json_set_alloc_funcs(dx_malloc, dx_free);
+}
+
+/* Integral JSON number in [lo, hi]. */
+static int get_int(const json_t *v, const char *name, double lo, double hi, int64_t *out,
+                   oai_err *err)
+{
+    double d;
+    if (json_is_integer(v)) {
+        json_int_t i = json_integer_value(v);
+        if ((double)i < lo || (double)i > hi)
+            return fail(err, name, "%s: %lld is out of range [%.0f, %.0f]", name, (long long)i,
+                        lo, hi);
+        *out = (int64_t)i;
+        return 0;
+    }
+    if (!json_is_real(v)) return fail(err, name, "%s: expected an integer", name);
+    d = json_real_value(v);
+    if (fabs(d) >= 9.0e18) return fail(err, name, "%s: %g is out of range", name, d);
+    if (d != floor(d)) return fail(err, name, "%s: expected an integer, got %g", name, d);
+    if (d < lo || d > hi)
+        return fail(err, name, "%s: %g is out of range [%.0f, %.0f]", name, d, lo, hi);
+    *out = (int64_t)d;
+    return 0;
+}
+
+static int get_num(const json_t *v, const char *name, double lo, double hi, double *out,
+                   oai_err *err)
+{
+    if (!json_is_number(v)) return fail(err, name, "%s: expected a number", name);
+    double d = json_number_value(v);
+    if (!(d >= lo && d <= hi))
+        return fail(err, name, "%s: %g is out of range [%g, %g]", name, d, lo, hi);
+    *out = d;
+    return 0;
+}
+
+static int get_bool(const json_t *v, const char *name, int *out, oai_err *err)
+{
+    if (!json_is_boolean(v)) return fail(err, name, "%s: expected true or false", name);
+    *out = json_is_true(v);
+    return 0;
+}
+
+/* A field that is absent or null is "not given". */
+static json_t *field(json_t *root, const char *name)
+{
+    json_t *v = json_object_get(root, name);
+    return json_is_null(v) ? NULL : v;
+}
+
+static const char *norm_role(const char *role)
+{
+    static const char *const roles[] = {"system", "user", "assistant", "tool"};
+    if (strcmp(role, "developer") == 0) return "system";
+    for (size_t i = 0; i < DX_ARRAY_LEN(roles); i++)
+        if (strcmp(role, roles[i]) == 0) return roles[i];
+    return NULL;
+}
+
+/* Content as an array of parts: only text parts, joined by newlines. */
+static int parse_parts(json_t *arr, size_t mi, oai_msg *m, oai_err *err)
+{
+    char name[64];
+    size_t total = 0, i;
+    json_t *part;
+    json_array_foreach(arr, i, part) {
+        snprintf(name, sizeof name, "messages[%zu].content[%zu]", mi, i);
+        json_t *type = json_object_get(part, "type");
+        json_t *text = json_object_get(part, "text");
+        if (!json_is_object(part)) return fail(err, name, "%s: expected an object", name);
+        if (!json_is_string(type) || strcmp(json_string_value(type), "text") != 0)
+            return fail(err, name, "%s.type: only \"text\" parts are supported", name);
+        if (!json_is_string(text)) return fail(err, name, "%s.text: expected a string", name);
+        total += json_string_length(text) + 1;
+    }
+    m->owned = dx_malloc(total + 1);
+    if (!m->owned) return fail(err, "messages", "messages: out of memory");
+    size_t off = 0;
+    json_array_foreach(arr, i, part) {
+        json_t *text = json_object_get(part, "text");
+        if (i > 0) m->owned[off++] = '\n';
+        memcpy(m->owned + off, json_string_value(text), json_string_length(text));
+        off += json_string_length(text);
+    }
+    m->owned[off] = 0;
+    m->content = m->owned;
+    m->content_len = off;
+    return 0;
+}
+
+static int parse_msg(json_t *jm, size_t i, oai_msg *m, oai_err *err)
+{
+    char name[48];
+    snprintf(name, sizeof name, "messages[%zu]", i);
+    if (!json_is_object(jm)) return fail(err, name, "%s: expected an object", name);
+    json_t *role = json_object_get(jm, "role");
+    if (!json_is_string(role))
+        return fail(err, name, "%s.role: required, a string", name);
+    m->role = norm_role(json_string_value(role));
+    if (!m->role)
+        return fail(err, name, "%s.role: unknown role '%.32s'", name, json_string_value(role));
+    json_t *c = json_object_get(jm, "content");
+    if (json_is_string(c)) {
+        m->content = json_string_value(c);
+        m->content_len = json_string_length(c);
+        return 0;
+    }
+    if (json_is_array(c)) return parse_parts(c, i, m, err);
+    if ((!c || json_is_null(c)) && strcmp(m->role, "assistant") == 0) {
+        m->content = ""; /* an assistant turn that only called tools */
+        return 0;
+    }
+    return fail(err, name, "%s.content: expected a string or an array of text parts", name);
+}
+
+static int parse_messages(json_t *root, oai_req *r, oai_err *err)
+{
+    json_t *msgs = json_object_get(root, "messages");
+    if (!msgs) return fail(err, "messages", "messages: required");
+    if (!json_is_array(msgs) || json_array_size(msgs) == 0)
+        return fail(err, "messages", "messages: expected a non-empty array");
+    r->msgs = dx_calloc(json_array_size(msgs), sizeof *r->msgs);
+    if (!r->msgs) return fail(err, "messages", "messages: out of memory");
+    size_t i;
+    json_t *jm;
+    json_array_foreach(msgs, i, jm) {
+        r->n_msgs = i + 1;
+        int rc = parse_msg(jm, i, &r->msgs[i], err);
+        if (rc < 0) return rc;
+    }
+    return 0;
+}
+
+static int parse_ids(json_t *arr, const oai_parse_opts *opts, oai_req *r, oai_err *err)
+{
+    size_t n = json_array_size(arr), i;
+    r->prompt_ids = dx_malloc((n ? n : 1) * sizeof *r->prompt_ids);
+    if (!r->prompt_ids) return fail(err, "prompt", "prompt: out of memory");
+    double hi = opts && opts->n_vocab ? (double)opts->n_vocab - 1 : (double)INT32_MAX;
+    json_t *v;
+    json_array_foreach(arr, i, v) {
+        char name[40];
+        int64_t id;
+        snprintf(name, sizeof name, "prompt[%zu]", i);
+        if (!json_is_integer(v)) return fail(err, "prompt", "%s: expected a token id", name);
+        if (get_int(v, name, 0, hi, &id, err) < 0) {
+            snprintf(err->param, sizeof err->param, "prompt");
+            return DX_EINVAL;
+        }
+        r->prompt_ids[i] = (int32_t)id;
+    }
+    r->n_prompt_ids = n;
+    return 0;
+}
+
+/* prompt: "text" | [ids] | ["text"] | [[ids]] — one prompt only (n = 1). */
+static int parse_prompt(json_t *root, const oai_parse_opts *opts, oai_req *r, oai_err *err)
+{
+    json_t *p = json_object_get(root, "prompt");
+    if (!p) return fail(err, "prompt", "prompt: required");
+    if (json_is_array(p) && json_array_size(p) == 1 &&
+        (json_is_string(json_array_get(p, 0)) || json_is_array(json_array_get(p, 0))))
+        p = json_array_get(p, 0);
+    if (json_is_string(p)) {
+        r->prompt = json_string_value(p);
+        r->prompt_len = json_string_length(p);
+        return 0;
+    }
+    if (!json_is_array(p))
+        return fail(err, "prompt", "prompt: expected a string or an array of token ids");
+    if (json_array_size(p) == 0) return fail(err, "prompt", "prompt: empty");
+    if (!json_is_integer(json_array_get(p, 0)) && !json_is_real(json_array_get(p, 0)))
+        return fail(err, "prompt", "prompt: only one prompt per request is supported");
+    return parse_ids(p, opts, r, err);
+}
+
+static int parse_stop(json_t *root, oai_req *r, oai_err *err)
+{
+    json_t *s = field(root, "stop");
+    if (!s) return 0;
+    if (json_is_string(s)) {
+        if (json_string_length(s) == 0) return 0;
+        r->stop[r->n_stop++] = json_string_value(s);
+        return 0;
+    }
+    if (!json_is_array(s)) return fail(err, "stop", "stop: expected a string or a list of strings");
+    if (json_array_size(s) > OAI_MAX_STOP)
+        return fail(err, "stop", "stop: at most %d strings", OAI_MAX_STOP);
+    size_t i;
+    json_t *v;
+    json_array_foreach(s, i, v) {
+        if (!json_is_string(v)) return fail(err, "stop", "stop[%zu]: expected a string", i);
+        if (json_string_length(v) > 0) r->stop[r->n_stop++] = json_string_value(v);
+    }
+    return 0;
+}
+
+static int parse_max_tokens(json_t *root, oai_req *r, oai_err *err)
+{
+    const char *names[] = {"max_completion_tokens", "max_tokens"};
+    for (size_t i = 0; i < 2; i++) {
+        json_t *v = field(root, names[i]);
+        int64_t n;
+        if (!v) continue;
+        if (get_int(v, names[i], 1, UINT32_MAX, &n, err) < 0) return DX_EINVAL;
+        r->has_max_tokens = 1;
+        r->max_tokens = (uint32_t)n;
+        return 0;
+    }
+    return 0;
+}
+
+static int parse_sampling(json_t *root, oai_req *r, oai_err *err)
+{
+    json_t *v;
+    int64_t i;
+    if ((v = field(root, "temperature")) && get_num(v, "temperature", 0, 2, &r->temperature, err))
+        return DX_EINVAL;
+    if ((v = field(root, "top_p")) && get_num(v, "top_p", 0, 1, &r->top_p, err)) return DX_EINVAL;
+    if (v && r->top_p == 0) return fail(err, "top_p", "top_p: must be greater than 0");
+    if ((v = field(root, "min_p")) && get_num(v, "min_p", 0, 1, &r->min_p, err)) return DX_EINVAL;
+    if ((v = field(root, "top_k"))) {
+        if (get_int(v, "top_k", -1, INT32_MAX, &i, err) < 0) return DX_EINVAL;
+        r->top_k = i < 0 ? 0 : (int)i; /* -1 = off, as in vLLM */
+    }
+    if ((v = field(root, "seed"))) {
+        if (get_int(v, "seed", (double)INT64_MIN, (double)INT64_MAX, &i, err) < 0)
+            return DX_EINVAL;
+        r->has_seed = 1;
+        r->seed = (uint64_t)i;
+    }
+    return 0;
+}
+
+static int parse_stream(json_t *root, oai_req *r, oai_err *err)
+{
+    json_t *v;
+    if ((v = field(root, "stream")) && get_bool(v, "stream", &r->stream, err)) return DX_EINVAL;
+    if ((v = field(root, "stream_options"))) {
+        if (!json_is_object(v))
+            return fail(err, "stream_options", "stream_options: expected an object");
+        json_t *u = field(v, "include_usage");
+        if (u && get_bool(u, "stream_options.include_usage", &r->include_usage, err))
+            return DX_EINVAL;
+    }
+    return 0;
+}
+
+static int parse_misc(json_t *root, oai_req *r, oai_err *err)
+{
+    json_t *v;
+    int64_t n;
+    if ((v = field(root, "n"))) {
+        if (get_int(v, "n", INT64_MIN, INT64_MAX, &n, err) < 0) return DX_EINVAL;
+        if (n != 1) return fail(err, "n", "n: only n = 1 is supported");
+    }
+    if ((v = field(root, "user"))) {
+        if (!json_is_string(v)) return fail(err, "user", "user: expected a string");
+        r->user = json_string_value(v);
+    }
+    if ((v = field(root, "ignore_eos")) && get_bool(v, "ignore_eos", &r->ignore_eos, err))
+        return DX_EINVAL;
+    if ((v = field(root, "kv_transfer_params"))) {
+        if (!json_is_object(v))
+            return fail(err, "kv_transfer_params", "kv_transfer_params: expected an object");
+        r->kv_transfer_params = v;
+    }
+    return 0;
+}
+
+static int parse_root(enum oai_kind kind, json_t *root, const oai_parse_opts *opts, oai_req *r,
+                      oai_err *err)
+{
+    if (!json_is_object(root)) return fail(err, NULL, "request body must be a JSON object");
+    json_t *model = json_object_get(root, "model");
+    if (!model) return fail(err, "model", "model: required");
+    if (!json_is_string(model)) return fail(err, "model", "model: expected a string");
+    r->model = json_string_value(model);
+    int rc = kind == OAI_CHAT ? parse_messages(root, r, err) : parse_prompt(root, opts, r, err);
+    if (rc == 0) rc = parse_max_tokens(root, r, err);
+    if (rc == 0) rc = parse_sampling(root, r, err);
+    if (rc == 0) rc = parse_stop(root, r, err);
+    if (rc == 0) rc = parse_stream(root, r, err);
+    if (rc == 0) rc = parse_misc(root, r, err);
+    return rc;
+}
+
+int oai_req_parse(enum oai_kind kind, const char *body, size_t len, const oai_parse_opts *opts,
+                  oai_req *out, oai_err *err)
+{
+    memset(out, 0, sizeof *out);
+    memset(err, 0, sizeof *err);
+    out->kind = kind;
+    out->temperature = 1.0;
+    out->top_p = 1.0;
+    json_error_t jerr;
+    json_t *root = json_loadb(body, len, 0, &jerr);
+    if (!root)
+        return fail(err, NULL, "invalid JSON at line %d, column %d: %s", jerr.line, jerr.column,
+                    jerr.text);
+    out->root = root;
+    int rc = parse_root(kind, root, opts, out, err);
+    if (rc < 0) oai_req_free(out);
+    return rc;
+}
+
+void oai_req_free(oai_req *r)
+{
+    if (!r) return;
+    for (size_t i = 0; i < r->n_msgs; i++) dx_free(r->msgs[i].owned);
+    dx_free(r->msgs);
+    dx_free(r->prompt_ids);
+    if (r->root) json_decref(r->root);
+    enum oai_kind kind = r->kind;
+    memset(r, 0, sizeof *r);
+    r->kind = kind;
+}

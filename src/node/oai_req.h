@@ -1,0 +1,76 @@
+/* oai_req: parses and validates OpenAI request bodies
+ * (POST /v1/chat/completions, POST /v1/completions) with jansson.
+ *
+ * Validation follows the OpenAI API reference: every field we understand is
+ * type- and range-checked and a bad one is a 400 whose message and `param`
+ * name it ("messages[2].content: expected a string or an array of text
+ * parts"); unknown fields are ignored, as OpenAI-compatible servers do.
+ * Strings point into the parsed JSON document, which the request owns
+ * (oai_req_free releases it); jansson has already rejected invalid UTF-8.
+ *
+ * Later roles (prefill/decode) read `kv_transfer_params`, kept here as the
+ * raw JSON object for the node to interpret. */
+#ifndef OAI_REQ_H
+#define OAI_REQ_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum oai_kind { OAI_CHAT, OAI_COMPLETION };
+
+#define OAI_MAX_STOP 16
+
+typedef struct {
+    const char *role; /* system | user | assistant | tool ("developer" → system) */
+    const char *content;
+    size_t content_len;
+    char *owned; /* content joined from text parts (dx_malloc), else NULL */
+} oai_msg;
+
+typedef struct {
+    enum oai_kind kind;
+    const char *model;
+    oai_msg *msgs; /* chat */
+    size_t n_msgs;
+    const char *prompt; /* completion, text form (prompt_ids NULL) */
+    size_t prompt_len;
+    int32_t *prompt_ids; /* completion, token-id form */
+    size_t n_prompt_ids;
+    int has_max_tokens;
+    uint32_t max_tokens;
+    double temperature; /* default 1 */
+    double top_p;       /* default 1 */
+    int top_k;          /* default 0 = off */
+    double min_p;       /* default 0 */
+    int has_seed;
+    uint64_t seed;
+    const char *stop[OAI_MAX_STOP];
+    size_t n_stop;
+    int stream;
+    int include_usage;
+    int ignore_eos; /* vLLM extension, used by benchmarks */
+    const char *user;
+    void *kv_transfer_params; /* json_t object or NULL (borrowed from root) */
+    void *root;               /* json_t document */
+} oai_req;
+
+/* The 4xx a bad request gets: HTTP status, OpenAI error type, the field. */
+typedef struct {
+    int status;
+    char message[256];
+    char param[64]; /* "" when no single field is to blame */
+} oai_err;
+
+typedef struct {
+    uint32_t n_vocab; /* token ids must be below it; 0 = unchecked */
+} oai_parse_opts;
+
+/* 0 and a filled *out, or DX_EINVAL with *err filled (out is then empty). */
+int oai_req_parse(enum oai_kind kind, const char *body, size_t len, const oai_parse_opts *opts,
+                  oai_req *out, oai_err *err);
+void oai_req_free(oai_req *r);
+
+/* Sets jansson's allocator to the project's (call once at start-up). */
+void oai_json_use_dx_alloc(void);
+
+#endif

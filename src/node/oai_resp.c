@@ -1,0 +1,208 @@
+/* oai_resp: OpenAI response JSON and SSE framing (see .h). */
+#include "node/oai_resp.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "base/dx_clock.h"
+#include "base/dx_err.h"
+
+void oai_make_id(char *out, size_t cap, const char *prefix)
+{
+    /* splitmix64 over time and a counter: unique enough for ids, not secret */
+    static _Thread_local uint64_t state;
+    if (!state) state = dx_now_ns() ^ ((uint64_t)time(NULL) << 32) ^ (uint64_t)(uintptr_t)out;
+    uint64_t r[2];
+    for (int i = 0; i < 2; i++) {
+        uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        r[i] = z ^ (z >> 31);
+    }
+    snprintf(out, cap, "%s-%016llx%016llx", prefix, (unsigned long long)r[0],
+             (unsigned long long)r[1]);
+}
+
+size_t oai_utf8_seq_len(const unsigned char *s, size_t n)
+{
+    unsigned c = s[0];
+    size_t len;
+    unsigned lo = 0x80, hi = 0xBF; /* allowed range of the second byte */
+    if (c < 0x80) return 1;
+    if (c >= 0xC2 && c <= 0xDF) len = 2;
+    else if (c >= 0xE0 && c <= 0xEF) {
+        len = 3;
+        if (c == 0xE0) lo = 0xA0;      /* overlong */
+        else if (c == 0xED) hi = 0x9F; /* surrogates */
+    } else if (c >= 0xF0 && c <= 0xF4) {
+        len = 4;
+        if (c == 0xF0) lo = 0x90;      /* overlong */
+        else if (c == 0xF4) hi = 0x8F; /* above U+10FFFF */
+    } else return 0;
+    if (n < len || s[1] < lo || s[1] > hi) return 0;
+    for (size_t i = 2; i < len; i++)
+        if ((s[i] & 0xC0) != 0x80) return 0;
+    return len;
+}
+
+int oai_json_str(dx_buf *b, const char *str, size_t len)
+{
+    const unsigned char *s = (const unsigned char *)str;
+    int rc = dx_buf_putc(b, '"');
+    size_t i = 0;
+    while (rc == 0 && i < len) {
+        size_t run = i; /* copy plain bytes in one go */
+        while (run < len && s[run] >= 0x20 && s[run] < 0x80 && s[run] != '"' && s[run] != '\\')
+            run++;
+        if (run > i) {
+            rc = dx_buf_append(b, s + i, run - i);
+            i = run;
+            continue;
+        }
+        unsigned c = s[i];
+        if (c == '"' || c == '\\') {
+            char e[2] = {'\\', (char)c};
+            rc = dx_buf_append(b, e, 2);
+            i++;
+        } else if (c < 0x20) {
+            const char *esc = c == '\n' ? "\\n" : c == '\t' ? "\\t" : c == '\r' ? "\\r" : NULL;
+            rc = esc ? dx_buf_puts(b, esc) : dx_buf_printf(b, "\\u%04x", c);
+            i++;
+        } else {
+            size_t n = oai_utf8_seq_len(s + i, len - i);
+            rc = n ? dx_buf_append(b, s + i, n) : dx_buf_puts(b, "\\ufffd");
+            i += n ? n : 1;
+        }
+    }
+    return rc ? rc : dx_buf_putc(b, '"');
+}
+
+static const char *object_name(const oai_meta *m, int chunk)
+{
+    if (m->kind == OAI_COMPLETION) return "text_completion";
+    return chunk ? "chat.completion.chunk" : "chat.completion";
+}
+
+static int put_head(dx_buf *b, const oai_meta *m, int chunk)
+{
+    int rc = dx_buf_puts(b, "{\"id\":");
+    if (!rc) rc = oai_json_str(b, m->id, strlen(m->id));
+    if (!rc)
+        rc = dx_buf_printf(b, ",\"object\":\"%s\",\"created\":%lld,\"model\":", object_name(m, chunk),
+                           (long long)m->created);
+    if (!rc) rc = oai_json_str(b, m->model, strlen(m->model));
+    return rc;
+}
+
+static int put_usage(dx_buf *b, const oai_usage *u)
+{
+    return dx_buf_printf(b,
+                         "\"usage\":{\"prompt_tokens\":%u,\"completion_tokens\":%u,"
+                         "\"total_tokens\":%u,\"prompt_tokens_details\":{\"cached_tokens\":%u}}",
+                         u->prompt, u->completion, u->prompt + u->completion, u->cached);
+}
+
+static int put_finish(dx_buf *b, const char *finish)
+{
+    if (!finish) return dx_buf_puts(b, ",\"logprobs\":null,\"finish_reason\":null}");
+    return dx_buf_printf(b, ",\"logprobs\":null,\"finish_reason\":\"%s\"}", finish);
+}
+
+static int put_extra(dx_buf *b, const char *extra)
+{
+    return extra && *extra ? dx_buf_printf(b, ",%s", extra) : 0;
+}
+
+int oai_resp_full(dx_buf *b, const oai_meta *m, const char *text, size_t len, const char *finish,
+                  const oai_usage *u, const char *extra)
+{
+    int rc = put_head(b, m, 0);
+    if (!rc) rc = dx_buf_puts(b, ",\"choices\":[{\"index\":0,");
+    if (!rc)
+        rc = dx_buf_puts(b, m->kind == OAI_CHAT ? "\"message\":{\"role\":\"assistant\",\"content\":"
+                                                 : "\"text\":");
+    if (!rc) rc = oai_json_str(b, text, len);
+    if (!rc && m->kind == OAI_CHAT) rc = dx_buf_putc(b, '}');
+    if (!rc) rc = put_finish(b, finish);
+    if (!rc) rc = dx_buf_puts(b, "],");
+    if (!rc) rc = put_usage(b, u);
+    if (!rc) rc = put_extra(b, extra);
+    return rc ? rc : dx_buf_putc(b, '}');
+}
+
+int oai_sse_chunk(dx_buf *b, const oai_meta *m, const char *text, size_t len, int role_first,
+                  const char *finish, int with_usage_null, const char *extra)
+{
+    int rc = dx_buf_puts(b, "data: ");
+    if (!rc) rc = put_head(b, m, 1);
+    if (!rc) rc = dx_buf_puts(b, ",\"choices\":[{\"index\":0,");
+    if (!rc && m->kind == OAI_CHAT) {
+        if (role_first) rc = dx_buf_puts(b, "\"delta\":{\"role\":\"assistant\",\"content\":");
+        else rc = dx_buf_puts(b, finish && !len ? "\"delta\":{" : "\"delta\":{\"content\":");
+        if (!rc && (role_first || !finish || len)) rc = oai_json_str(b, text, len);
+        if (!rc) rc = dx_buf_putc(b, '}');
+    } else if (!rc) {
+        rc = dx_buf_puts(b, "\"text\":");
+        if (!rc) rc = oai_json_str(b, text, len);
+    }
+    if (!rc) rc = put_finish(b, finish);
+    if (!rc) rc = dx_buf_putc(b, ']');
+    if (!rc && with_usage_null) rc = dx_buf_puts(b, ",\"usage\":null");
+    if (!rc) rc = put_extra(b, extra);
+    return rc ? rc : dx_buf_puts(b, "}\n\n");
+}
+
+int oai_sse_usage(dx_buf *b, const oai_meta *m, const oai_usage *u)
+{
+    int rc = dx_buf_puts(b, "data: ");
+    if (!rc) rc = put_head(b, m, 1);
+    if (!rc) rc = dx_buf_puts(b, ",\"choices\":[],");
+    if (!rc) rc = put_usage(b, u);
+    return rc ? rc : dx_buf_puts(b, "}\n\n");
+}
+
+int oai_sse_done(dx_buf *b)
+{
+    return dx_buf_puts(b, "data: [DONE]\n\n");
+}
+
+int oai_error_json(dx_buf *b, const char *message, const char *type, const char *param,
+                   const char *code)
+{
+    int rc = dx_buf_puts(b, "{\"error\":{\"message\":");
+    if (!rc) rc = oai_json_str(b, message, strlen(message));
+    if (!rc) rc = dx_buf_puts(b, ",\"type\":");
+    if (!rc) rc = oai_json_str(b, type, strlen(type));
+    if (!rc) rc = dx_buf_puts(b, ",\"param\":");
+    if (!rc) rc = param && *param ? oai_json_str(b, param, strlen(param)) : dx_buf_puts(b, "null");
+    if (!rc) rc = dx_buf_puts(b, ",\"code\":");
+    if (!rc) rc = code ? oai_json_str(b, code, strlen(code)) : dx_buf_puts(b, "null");
+    return rc ? rc : dx_buf_puts(b, "}}");
+}
+
+int oai_sse_error(dx_buf *b, const char *message, const char *type)
+{
+    int rc = dx_buf_puts(b, "data: ");
+    if (!rc) rc = oai_error_json(b, message, type, NULL, NULL);
+    return rc ? rc : dx_buf_puts(b, "\n\n");
+}
+
+const char *oai_error_type(int status)
+{
+    if (status == 401) return "authentication_error";
+    if (status == 429) return "rate_limit_error";
+    if (status >= 500) return "server_error";
+    return "invalid_request_error";
+}
+
+int oai_models_json(dx_buf *b, const char *model, int64_t created)
+{
+    int rc = dx_buf_puts(b, "{\"object\":\"list\",\"data\":[{\"id\":");
+    if (!rc) rc = oai_json_str(b, model, strlen(model));
+    if (!rc)
+        rc = dx_buf_printf(b, ",\"object\":\"model\",\"created\":%lld,\"owned_by\":\"duplex\"}]}",
+                           (long long)created);
+    return rc;
+}
