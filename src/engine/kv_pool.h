@@ -50,7 +50,7 @@ typedef struct {
     /* DX_F16 (the CLI default) | DX_BF16 | DX_F32.  DX_F32 == 0, so a zeroed
      * config means f32: set it explicitly. */
     int dtype;
-    uint32_t n_blocks; /* if 0: derived from pool_bytes (floor) */
+    uint32_t n_blocks; /* 1..2^30; if 0: pool_bytes / block bytes, capped */
     size_t pool_bytes;
     kv_hash seed; /* model fingerprint: seeds every hash chain */
     /* Arena allocation hook; NULL = anonymous mmap.  Must return page-aligned
