@@ -1,20 +1,123 @@
-/* cli_model: `duplex model synth|info` (filled in with the model layer). */
+/* cli_model: `duplex model synth` and `duplex model info`. */
 #include "cli.h"
 
 #include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "base/dx_dtype.h"
+#include "base/dx_err.h"
+#include "model/model.h"
+#include "model/synth.h"
+
+static int cmd_synth(int argc, char **argv)
+{
+    const char *arch = "qwen3", *preset = "tiny", *dtype = "f32", *out = NULL;
+    uint64_t seed = 1;
+    const cli_opt opts[] = {
+        {"arch", CLI_STR, &arch, 0, 0, "qwen3 | qwen2 | llama (default qwen3)"},
+        {"preset", CLI_STR, &preset, 0, 0, "tiny | small | 0.6b (default tiny)"},
+        {"dtype", CLI_STR, &dtype, 0, 0, "f32 | f16 | bf16 | q8_0 (default f32)"},
+        {"seed", CLI_U64, &seed, 0, 0, "random seed (default 1)"},
+        {"o", CLI_STR, &out, 0, 0, "output file (required)"},
+        {"output", CLI_STR, &out, 0, 0, "same as -o"},
+    };
+    const char *usage = "--arch A --preset P --dtype T [--seed N] -o FILE";
+    /* accept the conventional single-dash -o */
+    for (int i = 0; i < argc; i++)
+        if (!strcmp(argv[i], "-o")) argv[i] = "--o";
+    int rc = cli_parse("model synth", usage, argc, argv, opts, DX_ARRAY_LEN(opts), NULL, 0, NULL);
+    if (rc) return rc == 1 ? 0 : rc;
+    if (!out) {
+        fprintf(stderr, "duplex model synth: -o FILE is required\n");
+        return 2;
+    }
+    synth_config cfg = {.preset = preset, .seed = seed};
+    enum dx_dtype dt;
+    if (synth_parse_arch(arch, &cfg.arch) || dx_dtype_parse(dtype, &dt) ||
+        !synth_find_preset(preset)) {
+        fprintf(stderr, "duplex model synth: %s\n",
+                synth_find_preset(preset) ? dx_errmsg() : "unknown --preset (want tiny|small|0.6b)");
+        return 2;
+    }
+    cfg.dtype = dt;
+    if ((rc = synth_write(&cfg, out))) {
+        fprintf(stderr, "duplex model synth: %s\n", dx_errmsg());
+        return 1;
+    }
+    fprintf(stderr, "wrote %s (%s %s %s, seed %llu)\n", out, arch, preset, dtype,
+            (unsigned long long)seed);
+    return 0;
+}
+
+static void print_info(const model *m)
+{
+    const model_hparams *hp = model_hp(m);
+    const gguf_ctx *g = model_gguf(m);
+    uint64_t fp[2];
+    model_fingerprint(m, fp);
+    printf("file:            %s (%.1f MiB, GGUF v%u)\n", model_path(m),
+           (double)gguf_file_size(g) / (1 << 20), gguf_version(g));
+    printf("name:            %s\n", model_name(m));
+    printf("architecture:    %s\n", hp->arch_name);
+    printf("parameters:      %llu (%.3f B)\n", (unsigned long long)model_n_params(m),
+           (double)model_n_params(m) / 1e9);
+    printf("layers:          %u\n", hp->n_layer);
+    printf("embedding:       %u\n", hp->n_embd);
+    printf("feed-forward:    %u\n", hp->n_ff);
+    printf("heads:           %u query, %u kv (GQA %u:1), head dim %u\n", hp->n_head, hp->n_kv_head,
+           hp->n_head / hp->n_kv_head, hp->head_dim);
+    printf("context length:  %u\n", hp->n_ctx_train);
+    printf("rms epsilon:     %g\n", hp->rms_eps);
+    printf("rope:            base %g, %s\n", hp->rope_base, hp->rope_neox ? "neox" : "normal");
+    printf("extras:          %s%s%s\n", hp->qk_norm ? "q/k norm " : "",
+           hp->qkv_bias ? "qkv bias " : "", hp->tied_output ? "tied output" : "untied output");
+    uint64_t count[64] = {0}, bytes[64] = {0};
+    for (uint64_t i = 0; i < gguf_n_tensors(g); i++) {
+        gguf_tensor_info ti;
+        gguf_tensor(g, i, &ti);
+        count[ti.type & 63]++;
+        bytes[ti.type & 63] += ti.nbytes;
+    }
+    printf("tensors:         %llu:", (unsigned long long)gguf_n_tensors(g));
+    for (int t = 0; t < 64; t++)
+        if (count[t])
+            printf(" %llu %s (%.1f MiB)", (unsigned long long)count[t], dx_dtype_name(t),
+                   (double)bytes[t] / (1 << 20));
+    printf("\n");
+    const tok *tk = model_tokenizer(m);
+    printf("tokenizer:       gpt2 byte-level BPE, pre-tokenizer %s, %zu tokens (bos %d, eos %d, "
+           "eot %d)\n",
+           tok_pre_name(tok_get_pre(tk)), tok_vocab_size(tk), tok_bos(tk), tok_eos(tk), tok_eot(tk));
+    printf("chat template:   %s\n", chat_tmpl_name(model_chat_kind(m)));
+    printf("fingerprint:     %016llx%016llx\n", (unsigned long long)fp[1],
+           (unsigned long long)fp[0]);
+}
+
+static int cmd_info(int argc, char **argv)
+{
+    char *pos[1];
+    int np = 0;
+    int rc = cli_parse("model info", "FILE", argc, argv, NULL, 0, pos, 1, &np);
+    if (rc) return rc == 1 ? 0 : rc;
+    if (np != 1) {
+        fprintf(stderr, "usage: duplex model info FILE\n");
+        return 2;
+    }
+    model *m;
+    if (model_load(pos[0], &m)) {
+        fprintf(stderr, "duplex model info: %s\n", dx_errmsg());
+        return 1;
+    }
+    print_info(m);
+    model_free(m);
+    return 0;
+}
 
 int cli_model_main(int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
-    fprintf(stderr, "duplex model: not built yet\n");
-    return 2;
-}
-
-int cli_tokenize_main(int argc, char **argv)
-{
-    (void)argc;
-    (void)argv;
-    fprintf(stderr, "duplex tokenize: not built yet\n");
+    if (argc >= 1 && !strcmp(argv[0], "synth")) return cmd_synth(argc - 1, argv + 1);
+    if (argc >= 1 && !strcmp(argv[0], "info")) return cmd_info(argc - 1, argv + 1);
+    fprintf(stderr, "usage: duplex model synth|info ...  (duplex model synth --help)\n");
     return 2;
 }

@@ -1,0 +1,142 @@
+/* cli_tokenize: `duplex tokenize --model FILE [--text S | stdin] [--decode]`.
+ * Encoding prints one line per token: id and the token's bytes (escaped);
+ * --ids prints only the ids.  --decode reads ids (space or comma separated)
+ * and prints the text. */
+#include "cli.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/dx_alloc.h"
+#include "base/dx_buf.h"
+#include "base/dx_err.h"
+#include "model/model.h"
+
+static int read_all(FILE *f, dx_buf *b)
+{
+    char chunk[65536];
+    size_t n;
+    while ((n = fread(chunk, 1, sizeof chunk, f)) > 0)
+        if (dx_buf_append(b, chunk, n)) return -1;
+    return ferror(f) ? -1 : 0;
+}
+
+static void print_escaped(const char *s, int n)
+{
+    putchar('\'');
+    for (int i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '\n') fputs("\\n", stdout);
+        else if (c == '\t') fputs("\\t", stdout);
+        else if (c == '\r') fputs("\\r", stdout);
+        else if (c == '\'' || c == '\\') printf("\\%c", c);
+        else if (c < 0x20 || c == 0x7f) printf("\\x%02x", c);
+        else putchar(c); /* UTF-8 bytes pass through; partial sequences show as-is */
+    }
+    putchar('\'');
+}
+
+static int encode(const model *m, const char *text, size_t len, int special, int ids_only)
+{
+    const tok *tk = model_tokenizer(m);
+    tok_ids ids;
+    tok_ids_init(&ids);
+    if (tok_encode(tk, text, len, special ? TOK_ALLOW_SPECIAL : 0, &ids)) {
+        fprintf(stderr, "duplex tokenize: %s\n", dx_errmsg());
+        tok_ids_free(&ids);
+        return 1;
+    }
+    for (size_t i = 0; i < ids.n; i++) {
+        if (ids_only) {
+            printf(i ? " %d" : "%d", ids.ids[i]);
+            continue;
+        }
+        char piece[512];
+        int n = tok_token_bytes(tk, ids.ids[i], piece, sizeof piece);
+        printf("%8d  ", ids.ids[i]);
+        print_escaped(piece, n > 0 ? n : 0);
+        putchar('\n');
+    }
+    if (ids_only) putchar('\n');
+    else fprintf(stderr, "%zu tokens, %zu bytes\n", ids.n, len);
+    tok_ids_free(&ids);
+    return 0;
+}
+
+static int decode(const model *m, const char *text)
+{
+    tok_ids ids;
+    tok_ids_init(&ids);
+    const char *p = text;
+    int rc = 0;
+    while (*p) {
+        if (isspace((unsigned char)*p) || *p == ',' || *p == '[' || *p == ']') {
+            p++;
+            continue;
+        }
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (end == p || errno || v < 0 || v > INT32_MAX) {
+            fprintf(stderr, "duplex tokenize --decode: bad token id at byte %zu: '%.16s'\n",
+                    (size_t)(p - text), p);
+            rc = 2;
+            goto out;
+        }
+        tok_ids_push(&ids, (int32_t)v);
+        p = end;
+    }
+    dx_buf out;
+    dx_buf_init(&out, 0);
+    if (tok_decode(model_tokenizer(m), ids.ids, ids.n, &out)) {
+        fprintf(stderr, "duplex tokenize --decode: %s\n", dx_errmsg());
+        rc = 1;
+    } else {
+        fwrite(out.data ? out.data : "", 1, out.len, stdout);
+        putchar('\n');
+    }
+    dx_buf_free(&out);
+out:
+    tok_ids_free(&ids);
+    return rc;
+}
+
+int cli_tokenize_main(int argc, char **argv)
+{
+    const char *path = NULL, *text = NULL;
+    int dec = 0, special = 0, ids_only = 0;
+    const cli_opt opts[] = {
+        {"model", CLI_STR, &path, 0, 0, "GGUF model file (required)"},
+        {"text", CLI_STR, &text, 0, 0, "text to tokenise (default: standard input)"},
+        {"decode", CLI_FLAG, &dec, 0, 0, "input is token ids; print the text"},
+        {"special", CLI_FLAG, &special, 0, 0, "match special tokens like <|im_start|> in the text"},
+        {"ids", CLI_FLAG, &ids_only, 0, 0, "print only the ids, on one line"},
+    };
+    int rc = cli_parse("tokenize", "--model FILE [--text S] [--decode] [--special] [--ids]", argc,
+                       argv, opts, DX_ARRAY_LEN(opts), NULL, 0, NULL);
+    if (rc) return rc == 1 ? 0 : rc;
+    if (!path) {
+        fprintf(stderr, "duplex tokenize: --model FILE is required\n");
+        return 2;
+    }
+    model *m;
+    if (model_load(path, &m)) {
+        fprintf(stderr, "duplex tokenize: %s\n", dx_errmsg());
+        return 1;
+    }
+    dx_buf in;
+    dx_buf_init(&in, 0);
+    if (text) {
+        dx_buf_puts(&in, text);
+    } else if (read_all(stdin, &in)) {
+        fprintf(stderr, "duplex tokenize: cannot read standard input\n");
+        rc = 1;
+    }
+    if (!rc) rc = dec ? decode(m, in.data ? in.data : "") : encode(m, in.data ? in.data : "", in.len, special, ids_only);
+    dx_buf_free(&in);
+    model_free(m);
+    return rc;
+}

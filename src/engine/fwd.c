@@ -1,0 +1,431 @@
+/* fwd: transformer forward pass (llama / qwen2 / qwen3) over paged KV.
+ *
+ * One step processes T tokens from several sequences together: every matmul
+ * sees all T tokens (weights stream from memory once per step, not once per
+ * sequence), attention runs per sequence over its block table.  Work is
+ * spread over the thread pool as independent tasks (output-column ranges of a
+ * matmul, (sequence, query chunk, kv head) for attention, token ranges for
+ * per-token ops); each output element is computed by exactly one task with
+ * a fixed reduction order, which is what makes results batch-invariant. */
+#include "engine/fwd.h"
+
+#include <math.h>
+#include <string.h>
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+#include "base/dx_alloc.h"
+#include "base/dx_dtype.h"
+#include "base/dx_err.h"
+#include "engine/kern.h"
+
+#define ATTN_Q_CHUNK 64 /* queries per attention task */
+#define TOK_CHUNK 16    /* tokens per task for per-token ops */
+
+struct fwd {
+    const model *m;
+    const model_hparams *hp;
+    kv_pool *pool;
+    dx_tpool *tp;
+    int n_threads;
+    uint32_t max_tokens, max_seqs, n_ctx;
+    uint32_t q_dim, kv_dim;
+    float *x;    /* [T][n_embd] residual stream */
+    float *xb;   /* [T][n_embd] normed input of a block */
+    float *q;    /* [T][q_dim] */
+    float *k;    /* [T][kv_dim] */
+    float *v;    /* [T][kv_dim] */
+    float *att;  /* [T][q_dim] attention output */
+    float *gate; /* [T][n_ff] */
+    float *up;   /* [T][n_ff] */
+    float *tmp;  /* [T][n_embd] block output before the residual add */
+    void *act[2];      /* prepared matmul activations (one per weight type in a group) */
+    size_t act_bytes;
+    void **attn_scratch; /* per thread */
+    float *rope;       /* [n_ctx][head_dim/2][cos, sin] */
+    int32_t *tok_seq;  /* [T] which sequence */
+    uint32_t *tok_pos; /* [T] position */
+    uint32_t *seq_first; /* [n_seqs] first token index of each sequence */
+    const fwd_seq *cur;  /* the step being computed */
+};
+
+/* ---- matmul groups: up to 3 matmuls over the same input in one pool run ---- */
+
+typedef struct {
+    const model_tensor *w;
+    float *y;
+    size_t ldy;
+    const void *act;
+    size_t chunk, first_task, n_tasks;
+} mm_job;
+
+typedef struct {
+    mm_job job[3];
+    int n;
+    size_t n_tok, n_tasks;
+} mm_group;
+
+static void mm_task(void *arg, size_t task, int tid)
+{
+    (void)tid;
+    mm_group *g = arg;
+    int j = 0;
+    while (task >= g->job[j].first_task + g->job[j].n_tasks) j++;
+    const mm_job *b = &g->job[j];
+    size_t n_out = b->w->ne[1], o0 = (task - b->first_task) * b->chunk;
+    size_t o1 = o0 + b->chunk < n_out ? o0 + b->chunk : n_out;
+    kern_matmul(b->w->type, b->w->data, b->w->ne[0], o0, o1, b->act, g->n_tok, b->y, b->ldy);
+}
+
+/* Runs y_i = W_i x for up to three weights sharing the input x [n_tok][n_in]. */
+static void matmul_group(fwd *f, const float *x, size_t n_tok, const model_tensor *const *w,
+                         float *const *y, int n)
+{
+    mm_group g = {.n = n, .n_tok = n_tok};
+    int prepped_type[2] = {-1, -1};
+    for (int i = 0; i < n; i++) {
+        int t = w[i]->type, slot = prepped_type[0] == t ? 0 : prepped_type[1] == t ? 1 : -1;
+        if (slot < 0) {
+            slot = prepped_type[0] < 0 ? 0 : 1;
+            DX_ASSERT(prepped_type[slot] < 0); /* at most two weight types per group */
+            kern_act_prep(t, x, n_tok, w[i]->ne[0], f->act[slot]);
+            prepped_type[slot] = t;
+        }
+        size_t n_out = w[i]->ne[1], tile = kern_matmul_tile(t);
+        size_t want = (size_t)f->n_threads * 4, chunk = (n_out + want - 1) / want;
+        chunk = (chunk + tile - 1) / tile * tile;
+        g.job[i] = (mm_job){w[i], y[i], n_out, f->act[slot], chunk, g.n_tasks,
+                            (n_out + chunk - 1) / chunk};
+        g.n_tasks += g.job[i].n_tasks;
+    }
+    dx_tpool_run(f->tp, g.n_tasks, mm_task, &g);
+}
+
+static void matmul1(fwd *f, const float *x, size_t n_tok, const model_tensor *w, float *y)
+{
+    const model_tensor *ws[1] = {w};
+    float *ys[1] = {y};
+    matmul_group(f, x, n_tok, ws, ys, 1);
+}
+
+/* ---- per-token ops ---- */
+
+typedef struct {
+    fwd *f;
+    size_t n_tok;
+    uint32_t layer;
+    void (*fn)(fwd *f, uint32_t layer, size_t t);
+} tok_job;
+
+static void tok_task(void *arg, size_t task, int tid)
+{
+    (void)tid;
+    tok_job *j = arg;
+    size_t t1 = (task + 1) * TOK_CHUNK < j->n_tok ? (task + 1) * TOK_CHUNK : j->n_tok;
+    for (size_t t = task * TOK_CHUNK; t < t1; t++) j->fn(j->f, j->layer, t);
+}
+
+static void for_tokens(fwd *f, size_t n_tok, uint32_t layer, void (*fn)(fwd *, uint32_t, size_t))
+{
+    tok_job j = {f, n_tok, layer, fn};
+    dx_tpool_run(f->tp, (n_tok + TOK_CHUNK - 1) / TOK_CHUNK, tok_task, &j);
+}
+
+static void attn_norm_tok(fwd *f, uint32_t l, size_t t)
+{
+    const model_layer *L = model_layer_at(f->m, l);
+    size_t e = f->hp->n_embd;
+    kern_rmsnorm(f->x + t * e, L->attn_norm.data, f->hp->rms_eps, e, f->xb + t * e);
+}
+
+static void ffn_norm_tok(fwd *f, uint32_t l, size_t t)
+{
+    const model_layer *L = model_layer_at(f->m, l);
+    size_t e = f->hp->n_embd;
+    kern_rmsnorm(f->x + t * e, L->ffn_norm.data, f->hp->rms_eps, e, f->xb + t * e);
+}
+
+static void store_kv(float *src, uint8_t *dst, int dtype, size_t n)
+{
+    if (dtype == DX_F32) {
+        memcpy(dst, src, n * sizeof(float));
+    } else if (dtype == DX_BF16) {
+        dx_f32_to_bf16_row(src, (uint16_t *)dst, n);
+    } else {
+        size_t i = 0;
+#if defined(__F16C__)
+        for (; i + 8 <= n; i += 8)
+            _mm_storeu_si128((__m128i *)(dst + 2 * i),
+                             _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+#endif
+        dx_f32_to_f16_row(src + i, (uint16_t *)dst + i, n - i);
+    }
+}
+
+/* Biases, q/k norm, RoPE, then K/V into the sequence's KV block. */
+static void qkv_post_tok(fwd *f, uint32_t l, size_t t)
+{
+    const model_hparams *hp = f->hp;
+    const model_layer *L = model_layer_at(f->m, l);
+    uint32_t D = hp->head_dim, pos = f->tok_pos[t];
+    float *q = f->q + t * f->q_dim, *k = f->k + t * f->kv_dim, *v = f->v + t * f->kv_dim;
+    if (hp->qkv_bias) {
+        kern_add(q, L->bq.data, f->q_dim);
+        kern_add(k, L->bk.data, f->kv_dim);
+        kern_add(v, L->bv.data, f->kv_dim);
+    }
+    const float *cs = f->rope + (size_t)pos * D;
+    for (uint32_t h = 0; h < hp->n_head; h++) {
+        if (hp->qk_norm) kern_rmsnorm(q + h * D, L->q_norm.data, hp->rms_eps, D, q + h * D);
+        kern_rope(q + h * D, (int)D, cs, hp->rope_neox);
+    }
+    for (uint32_t h = 0; h < hp->n_kv_head; h++) {
+        if (hp->qk_norm) kern_rmsnorm(k + h * D, L->k_norm.data, hp->rms_eps, D, k + h * D);
+        kern_rope(k + h * D, (int)D, cs, hp->rope_neox);
+    }
+    uint32_t bs = kv_pool_block_size(f->pool);
+    int dtype = kv_pool_dtype(f->pool);
+    size_t es = dx_dtype_block_bytes(dtype);
+    int32_t blk = f->cur[f->tok_seq[t]].blocks[pos / bs];
+    uint8_t *base = kv_pool_block_ptr(f->pool, blk);
+    size_t koff = kv_pool_k_offset(f->pool, l), voff = kv_pool_v_offset(f->pool, l);
+    for (uint32_t h = 0; h < hp->n_kv_head; h++) {
+        size_t row = ((size_t)h * bs + pos % bs) * D * es;
+        store_kv(k + h * D, base + koff + row, dtype, D);
+        store_kv(v + h * D, base + voff + row, dtype, D);
+    }
+}
+
+static void swiglu_tok(fwd *f, uint32_t l, size_t t)
+{
+    (void)l;
+    size_t ff = f->hp->n_ff;
+    kern_swiglu(f->gate + t * ff, f->up + t * ff, ff);
+}
+
+static void residual_tok(fwd *f, uint32_t l, size_t t)
+{
+    (void)l;
+    size_t e = f->hp->n_embd;
+    kern_add(f->x + t * e, f->tmp + t * e, e);
+}
+
+/* ---- attention: tasks are (sequence, query chunk, kv head) ---- */
+
+typedef struct {
+    fwd *f;
+    kern_attn_layout L;
+    size_t n_seqs;
+    size_t *task_first; /* per sequence: first task index (n_seqs + 1 entries) */
+} attn_job;
+
+static void attn_task(void *arg, size_t task, int tid)
+{
+    attn_job *j = arg;
+    fwd *f = j->f;
+    size_t s = 0;
+    while (task >= j->task_first[s + 1]) s++;
+    const fwd_seq *sq = &f->cur[s];
+    size_t local = task - j->task_first[s], n_kv = f->hp->n_kv_head;
+    size_t chunk = local / n_kv, h = local % n_kv;
+    size_t q0 = chunk * ATTN_Q_CHUNK;
+    size_t nq = sq->n_tokens - q0 < ATTN_Q_CHUNK ? sq->n_tokens - q0 : ATTN_Q_CHUNK;
+    size_t t0 = f->seq_first[s] + q0;
+    kern_attn(&j->L, sq->blocks, sq->pos0 + q0, nq, f->q + t0 * f->q_dim, f->att + t0 * f->q_dim,
+              (int)h, (int)h + 1, f->attn_scratch[tid]);
+}
+
+static void attention(fwd *f, uint32_t l, size_t n_seqs, size_t *task_first)
+{
+    const model_hparams *hp = f->hp;
+    attn_job j = {.f = f, .n_seqs = n_seqs, .task_first = task_first};
+    j.L = (kern_attn_layout){.base = kv_pool_base(f->pool),
+                             .block_bytes = kv_pool_block_bytes(f->pool),
+                             .k_off = kv_pool_k_offset(f->pool, l),
+                             .v_off = kv_pool_v_offset(f->pool, l),
+                             .kv_type = kv_pool_dtype(f->pool),
+                             .block_size = (int)kv_pool_block_size(f->pool),
+                             .head_dim = (int)hp->head_dim,
+                             .n_head = (int)hp->n_head,
+                             .n_kv_head = (int)hp->n_kv_head,
+                             .scale = 1.0f / sqrtf((float)hp->head_dim)};
+    dx_tpool_run(f->tp, task_first[n_seqs], attn_task, &j);
+}
+
+static void layer(fwd *f, uint32_t l, size_t T, size_t n_seqs, size_t *attn_tasks)
+{
+    const model_layer *L = model_layer_at(f->m, l);
+    for_tokens(f, T, l, attn_norm_tok);
+    const model_tensor *wqkv[3] = {&L->wq, &L->wk, &L->wv};
+    float *yqkv[3] = {f->q, f->k, f->v};
+    matmul_group(f, f->xb, T, wqkv, yqkv, 3);
+    for_tokens(f, T, l, qkv_post_tok);
+    attention(f, l, n_seqs, attn_tasks);
+    matmul1(f, f->att, T, &L->wo, f->tmp);
+    for_tokens(f, T, l, residual_tok);
+    for_tokens(f, T, l, ffn_norm_tok);
+    const model_tensor *wgu[2] = {&L->w_gate, &L->w_up};
+    float *ygu[2] = {f->gate, f->up};
+    matmul_group(f, f->xb, T, wgu, ygu, 2);
+    for_tokens(f, T, l, swiglu_tok);
+    matmul1(f, f->gate, T, &L->w_down, f->tmp);
+    for_tokens(f, T, l, residual_tok);
+}
+
+static int embed(fwd *f, const int32_t *tokens, size_t n, float *x)
+{
+    const model_tensor *te = model_tok_embd(f->m);
+    size_t e = f->hp->n_embd, rb = dx_dtype_row_bytes(te->type, e);
+    for (size_t i = 0; i < n; i++) {
+        if (tokens[i] < 0 || (uint64_t)tokens[i] >= te->ne[1])
+            return dx_errf(DX_ERANGE, "token id %d is outside the vocabulary (%llu)", tokens[i],
+                           (unsigned long long)te->ne[1]);
+        dx_dtype_to_f32_row(te->type, (const uint8_t *)te->data + (size_t)tokens[i] * rb, x + i * e,
+                            e);
+    }
+    return 0;
+}
+
+int fwd_step(fwd *f, const fwd_seq *seqs, size_t n_seqs, float *logits)
+{
+    size_t T = 0, n_tasks = 0, task_first[f->max_seqs + 1];
+    if (n_seqs > f->max_seqs)
+        return dx_errf(DX_EINVAL, "batch of %zu sequences exceeds %u", n_seqs, f->max_seqs);
+    for (size_t s = 0; s < n_seqs; s++) {
+        if (seqs[s].n_tokens == 0 || seqs[s].pos0 + seqs[s].n_tokens > f->n_ctx)
+            return dx_errf(DX_EINVAL, "sequence %zu: tokens [%u, %u) outside the context of %u", s,
+                           seqs[s].pos0, seqs[s].pos0 + seqs[s].n_tokens, f->n_ctx);
+        if (T + seqs[s].n_tokens > f->max_tokens)
+            return dx_errf(DX_EINVAL, "batch exceeds %u tokens", f->max_tokens);
+        f->seq_first[s] = (uint32_t)T;
+        task_first[s] = n_tasks;
+        n_tasks += (seqs[s].n_tokens + ATTN_Q_CHUNK - 1) / ATTN_Q_CHUNK * f->hp->n_kv_head;
+        int rc = embed(f, seqs[s].tokens, seqs[s].n_tokens, f->x + T * f->hp->n_embd);
+        if (rc) return rc;
+        for (uint32_t i = 0; i < seqs[s].n_tokens; i++) {
+            f->tok_seq[T + i] = (int32_t)s;
+            f->tok_pos[T + i] = seqs[s].pos0 + i;
+        }
+        T += seqs[s].n_tokens;
+    }
+    task_first[n_seqs] = n_tasks;
+    f->cur = seqs;
+    for (uint32_t l = 0; l < f->hp->n_layer; l++) layer(f, l, T, n_seqs, task_first);
+
+    /* logits for the requested rows: gather, final norm, output head */
+    size_t rows = 0, e = f->hp->n_embd;
+    const model_tensor *on = model_output_norm(f->m);
+    for (size_t s = 0; s < n_seqs; s++) {
+        size_t first = f->seq_first[s], n = seqs[s].n_tokens;
+        size_t from = seqs[s].logits == 2 ? first : first + n - 1;
+        for (size_t t = seqs[s].logits ? from : first + n; t < first + n; t++, rows++)
+            kern_rmsnorm(f->x + t * e, on->data, f->hp->rms_eps, e, f->xb + rows * e);
+    }
+    if (rows) matmul1(f, f->xb, rows, model_output(f->m), logits);
+    f->cur = NULL;
+    return 0;
+}
+
+uint32_t fwd_n_vocab(const fwd *f)
+{
+    return f->hp->n_vocab;
+}
+
+static int build_rope(fwd *f)
+{
+    uint32_t D = f->hp->head_dim, half = D / 2;
+    f->rope = dx_malloc((size_t)f->n_ctx * D * sizeof(float));
+    if (!f->rope) return DX_ENOMEM;
+    for (uint32_t i = 0; i < half; i++) {
+        double theta = pow((double)f->hp->rope_base, -2.0 * i / (double)D);
+        for (uint32_t p = 0; p < f->n_ctx; p++) {
+            f->rope[(size_t)p * D + 2 * i] = (float)cos(p * theta);
+            f->rope[(size_t)p * D + 2 * i + 1] = (float)sin(p * theta);
+        }
+    }
+    return 0;
+}
+
+static int alloc_buffers(fwd *f)
+{
+    const model_hparams *hp = f->hp;
+    size_t T = f->max_tokens, big = hp->n_ff > hp->n_embd ? hp->n_ff : hp->n_embd;
+    if (f->q_dim > big) big = f->q_dim;
+    float **bufs[] = {&f->x, &f->xb, &f->q, &f->k, &f->v, &f->att, &f->gate, &f->up, &f->tmp};
+    size_t widths[] = {hp->n_embd, hp->n_embd, f->q_dim, f->kv_dim, f->kv_dim,
+                       f->q_dim,   hp->n_ff,   hp->n_ff, hp->n_embd};
+    for (size_t i = 0; i < DX_ARRAY_LEN(bufs); i++)
+        if (!(*bufs[i] = dx_aligned_alloc(64, T * widths[i] * sizeof(float)))) return DX_ENOMEM;
+    /* activations for any weight type, for the widest input */
+    static const int types[] = {DX_F32, DX_F16, DX_BF16, DX_Q8_0};
+    for (size_t i = 0; i < DX_ARRAY_LEN(types); i++) {
+        size_t b = kern_act_bytes(types[i], T, big);
+        if (b > f->act_bytes) f->act_bytes = b;
+    }
+    for (int i = 0; i < 2; i++)
+        if (!(f->act[i] = dx_aligned_alloc(64, f->act_bytes))) return DX_ENOMEM;
+    f->attn_scratch = dx_calloc((size_t)f->n_threads, sizeof(void *));
+    if (!f->attn_scratch) return DX_ENOMEM;
+    kern_attn_layout L = {.kv_type = kv_pool_dtype(f->pool),
+                          .block_size = (int)kv_pool_block_size(f->pool),
+                          .head_dim = (int)hp->head_dim,
+                          .n_head = (int)hp->n_head,
+                          .n_kv_head = (int)hp->n_kv_head};
+    size_t sb = kern_attn_scratch_bytes(&L, ATTN_Q_CHUNK);
+    for (int i = 0; i < f->n_threads; i++)
+        if (!(f->attn_scratch[i] = dx_aligned_alloc(64, sb ? sb : 64))) return DX_ENOMEM;
+    f->tok_seq = dx_calloc(T, sizeof *f->tok_seq);
+    f->tok_pos = dx_calloc(T, sizeof *f->tok_pos);
+    f->seq_first = dx_calloc(f->max_seqs, sizeof *f->seq_first);
+    if (!f->tok_seq || !f->tok_pos || !f->seq_first) return DX_ENOMEM;
+    return build_rope(f);
+}
+
+int fwd_create(const model *m, kv_pool *pool, dx_tpool *tp, uint32_t max_tokens, uint32_t max_seqs,
+               uint32_t n_ctx, fwd **out)
+{
+    *out = NULL;
+    const model_hparams *hp = model_hp(m);
+    if (kv_pool_block_bytes(pool) !=
+        (size_t)hp->n_layer * 2 * hp->n_kv_head * kv_pool_block_size(pool) * hp->head_dim *
+            dx_dtype_block_bytes(kv_pool_dtype(pool)))
+        return dx_errf(DX_EINVAL, "KV pool layout does not match the model");
+    if (!max_tokens || !max_seqs || !n_ctx || max_seqs > 4096)
+        return dx_errf(DX_EINVAL, "bad forward sizes (tokens %u, sequences %u, context %u)",
+                       max_tokens, max_seqs, n_ctx);
+    fwd *f = dx_calloc(1, sizeof *f);
+    if (!f) return dx_errf(DX_ENOMEM, "out of memory");
+    *f = (fwd){.m = m,
+               .hp = hp,
+               .pool = pool,
+               .tp = tp,
+               .n_threads = tp ? dx_tpool_size(tp) : 1,
+               .max_tokens = max_tokens,
+               .max_seqs = max_seqs,
+               .n_ctx = n_ctx,
+               .q_dim = hp->n_head * hp->head_dim,
+               .kv_dim = hp->n_kv_head * hp->head_dim};
+    if (alloc_buffers(f)) {
+        fwd_destroy(f);
+        return dx_errf(DX_ENOMEM, "out of memory for forward buffers (%u tokens)", max_tokens);
+    }
+    *out = f;
+    return 0;
+}
+
+void fwd_destroy(fwd *f)
+{
+    if (!f) return;
+    float *bufs[] = {f->x, f->xb, f->q, f->k, f->v, f->att, f->gate, f->up, f->tmp};
+    for (size_t i = 0; i < DX_ARRAY_LEN(bufs); i++) dx_aligned_free(bufs[i]);
+    for (int i = 0; i < 2; i++) dx_aligned_free(f->act[i]);
+    if (f->attn_scratch)
+        for (int i = 0; i < f->n_threads; i++) dx_aligned_free(f->attn_scratch[i]);
+    dx_free(f->attn_scratch);
+    dx_free(f->rope);
+    dx_free(f->tok_seq);
+    dx_free(f->tok_pos);
+    dx_free(f->seq_first);
+    dx_free(f);
+}

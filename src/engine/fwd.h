@@ -1,0 +1,42 @@
+/* fwd: the transformer forward pass over a batch of sequences whose KV lives
+ * in the paged pool (paged attention over block tables).
+ *
+ * A step takes, for each sequence, a run of consecutive tokens starting at
+ * position pos0 (a prefill chunk of any size, or one decode token), writes
+ * their K/V into the sequence's blocks and returns logits for the tokens that
+ * ask for them.  Everything is sized at create for max_tokens tokens per
+ * step: the step itself allocates nothing.  Kernels are batch-invariant, so a
+ * token's K/V and logits do not depend on the batch around it, the chunking,
+ * or the thread count. */
+#ifndef FWD_H
+#define FWD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/dx_tpool.h"
+#include "engine/kv_pool.h"
+#include "model/model.h"
+
+typedef struct {
+    const int32_t *blocks; /* block table: covers positions [0, pos0 + n_tokens) */
+    uint32_t pos0;         /* position of tokens[0] */
+    uint32_t n_tokens;
+    const int32_t *tokens;
+    /* 0: no logits; 1: logits of the last token; 2: logits of every token */
+    int logits;
+} fwd_seq;
+
+typedef struct fwd fwd;
+
+/* max_tokens: tokens per step; max_seqs: sequences per step; n_ctx: the
+ * longest sequence (RoPE table size). */
+int fwd_create(const model *m, kv_pool *pool, dx_tpool *tp, uint32_t max_tokens, uint32_t max_seqs,
+               uint32_t n_ctx, fwd **out);
+void fwd_destroy(fwd *f);
+/* logits: [rows][n_vocab] in sequence order, one row per requested token.
+ * DX_EINVAL when the batch exceeds the sizes given at create. */
+int fwd_step(fwd *f, const fwd_seq *seqs, size_t n_seqs, float *logits);
+uint32_t fwd_n_vocab(const fwd *f);
+
+#endif

@@ -1,0 +1,369 @@
+/* model: load a GGUF model (llama / qwen2 / qwen3) for the engine.
+ *
+ * Weights stay in the mmap and are used in place.  1-D tensors (norm
+ * weights, biases) are small and converted once into owned f32 arrays, so
+ * kernels only ever see f32 vectors.  Every tensor is checked for presence,
+ * shape and type; the error names it. */
+#include "model/model.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <xxhash.h>
+
+#include "base/dx_alloc.h"
+#include "base/dx_dtype.h"
+#include "base/dx_err.h"
+
+struct model {
+    gguf_ctx *g;
+    char *path;
+    char name[128];
+    model_hparams hp;
+    model_tensor tok_embd, output_norm, output;
+    model_layer *layers;
+    float **owned; /* f32 copies of 1-D tensors */
+    size_t n_owned, cap_owned;
+    tok *tk;
+    enum chat_tmpl_kind chat;
+    uint64_t fingerprint[2];
+    uint64_t n_params;
+};
+
+static int get_u32_arch(const model *m, const char *suffix, uint32_t *out, int required)
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", m->hp.arch_name, suffix);
+    int rc = gguf_get_u32(m->g, key, out);
+    if (rc == DX_ENOENT && !required) return 0;
+    return rc ? dx_err_wrap(rc, "%s", m->path) : 0;
+}
+
+static int get_f32_arch(const model *m, const char *suffix, float *out, int required)
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", m->hp.arch_name, suffix);
+    int rc = gguf_get_f32(m->g, key, out);
+    if (rc == DX_ENOENT && !required) return 0;
+    return rc ? dx_err_wrap(rc, "%s", m->path) : 0;
+}
+
+static int load_hparams(model *m)
+{
+    gguf_str a;
+    int rc = gguf_get_str(m->g, "general.architecture", &a);
+    if (rc) return dx_err_wrap(rc, "%s", m->path);
+    model_hparams *hp = &m->hp;
+    if (a.len >= sizeof hp->arch_name) a.len = sizeof hp->arch_name - 1;
+    memcpy(hp->arch_name, a.ptr, a.len);
+    hp->arch_name[a.len] = 0;
+    if (!strcmp(hp->arch_name, "llama"))
+        hp->arch = MODEL_LLAMA;
+    else if (!strcmp(hp->arch_name, "qwen2"))
+        hp->arch = MODEL_QWEN2;
+    else if (!strcmp(hp->arch_name, "qwen3"))
+        hp->arch = MODEL_QWEN3;
+    else
+        return dx_errf(DX_EUNSUPPORTED, "%s: architecture '%s' is not supported (llama|qwen2|qwen3)",
+                       m->path, hp->arch_name);
+    hp->rope_neox = hp->arch != MODEL_LLAMA;
+    hp->qk_norm = hp->arch == MODEL_QWEN3;
+    hp->qkv_bias = hp->arch == MODEL_QWEN2;
+    hp->rms_eps = 1e-6f;
+    hp->rope_base = 10000.0f;
+    hp->n_ctx_train = 4096;
+    if ((rc = get_u32_arch(m, "embedding_length", &hp->n_embd, 1)) ||
+        (rc = get_u32_arch(m, "block_count", &hp->n_layer, 1)) ||
+        (rc = get_u32_arch(m, "feed_forward_length", &hp->n_ff, 1)) ||
+        (rc = get_u32_arch(m, "attention.head_count", &hp->n_head, 1)) ||
+        (rc = get_u32_arch(m, "context_length", &hp->n_ctx_train, 0)) ||
+        (rc = get_f32_arch(m, "attention.layer_norm_rms_epsilon", &hp->rms_eps, 0)) ||
+        (rc = get_f32_arch(m, "rope.freq_base", &hp->rope_base, 0)))
+        return rc;
+    hp->n_kv_head = hp->n_head;
+    if ((rc = get_u32_arch(m, "attention.head_count_kv", &hp->n_kv_head, 0))) return rc;
+    hp->head_dim = hp->n_head ? hp->n_embd / hp->n_head : 0;
+    if ((rc = get_u32_arch(m, "attention.key_length", &hp->head_dim, 0))) return rc;
+    uint32_t vlen = hp->head_dim;
+    if ((rc = get_u32_arch(m, "attention.value_length", &vlen, 0))) return rc;
+    if (!hp->n_embd || !hp->n_layer || !hp->n_ff || !hp->n_head || !hp->n_kv_head ||
+        hp->n_head % hp->n_kv_head || !hp->head_dim || hp->head_dim % 2 || vlen != hp->head_dim ||
+        hp->head_dim > 512 || hp->n_layer > 1024 || hp->n_ctx_train == 0)
+        return dx_errf(DX_EFORMAT,
+                       "%s: inconsistent hyper-parameters (embd %u, layers %u, ff %u, heads %u/%u, "
+                       "head dim %u/%u, context %u)",
+                       m->path, hp->n_embd, hp->n_layer, hp->n_ff, hp->n_head, hp->n_kv_head,
+                       hp->head_dim, vlen, hp->n_ctx_train);
+    if (!(hp->rms_eps > 0 && hp->rms_eps < 1) || !(hp->rope_base > 1))
+        return dx_errf(DX_EFORMAT, "%s: bad rms epsilon %g or rope base %g", m->path, hp->rms_eps,
+                       hp->rope_base);
+    return 0;
+}
+
+static int own_f32(model *m, const gguf_tensor_info *ti, model_tensor *t)
+{
+    if (m->n_owned == m->cap_owned) {
+        size_t cap = m->cap_owned ? m->cap_owned * 2 : 64;
+        float **p = dx_realloc(m->owned, cap * sizeof *p);
+        if (!p) return dx_errf(DX_ENOMEM, "out of memory loading %s", m->path);
+        m->owned = p;
+        m->cap_owned = cap;
+    }
+    float *f = dx_malloc(ti->ne[0] * sizeof(float));
+    if (!f) return dx_errf(DX_ENOMEM, "out of memory loading %s", m->path);
+    m->owned[m->n_owned++] = f;
+    int rc = dx_dtype_to_f32_row(ti->type, ti->data, f, ti->ne[0]);
+    if (rc) return rc;
+    t->data = f;
+    t->type = DX_F32;
+    return 0;
+}
+
+/* Bind tensor `name` expecting shape [n_in, rows] (rows = 0 for a vector). */
+static int bind(model *m, const char *name, uint64_t n_in, uint64_t rows, int optional,
+                model_tensor *t)
+{
+    gguf_tensor_info ti;
+    memset(t, 0, sizeof *t);
+    int rc = gguf_find_tensor(m->g, name, &ti);
+    if (rc == DX_ENOENT && optional) return 0;
+    if (rc) return dx_errf(rc, "%s: tensor '%s' is missing", m->path, name);
+    uint64_t want_dims = rows ? 2 : 1;
+    if (ti.n_dims != want_dims || ti.ne[0] != n_in || (rows && ti.ne[1] != rows))
+        return dx_errf(DX_EFORMAT, "%s: tensor '%s' has shape [%llu, %llu] (%u dims), want [%llu, %llu]",
+                       m->path, name, (unsigned long long)ti.ne[0], (unsigned long long)ti.ne[1],
+                       ti.n_dims, (unsigned long long)n_in, (unsigned long long)(rows ? rows : 1));
+    if (!dx_dtype_name(ti.type))
+        return dx_errf(DX_EUNSUPPORTED, "%s: tensor '%s' has unsupported type %d", m->path, name,
+                       ti.type);
+    t->ne[0] = n_in;
+    t->ne[1] = rows ? rows : 1;
+    m->n_params += n_in * t->ne[1];
+    if (!rows) return own_f32(m, &ti, t);
+    t->data = ti.data;
+    t->type = ti.type;
+    return 0;
+}
+
+static int bind_layer(model *m, uint32_t i)
+{
+    const model_hparams *hp = &m->hp;
+    model_layer *L = &m->layers[i];
+    uint64_t e = hp->n_embd, q = (uint64_t)hp->n_head * hp->head_dim,
+             kv = (uint64_t)hp->n_kv_head * hp->head_dim, ff = hp->n_ff;
+    char n[96];
+    int rc = 0;
+#define B(field, suffix, nin, rows, opt)                                                           \
+    snprintf(n, sizeof n, "blk.%u.%s", i, suffix);                                                 \
+    if ((rc = bind(m, n, nin, rows, opt, &L->field))) return rc;
+    B(attn_norm, "attn_norm.weight", e, 0, 0);
+    B(wq, "attn_q.weight", e, q, 0);
+    B(wk, "attn_k.weight", e, kv, 0);
+    B(wv, "attn_v.weight", e, kv, 0);
+    B(wo, "attn_output.weight", q, e, 0);
+    B(ffn_norm, "ffn_norm.weight", e, 0, 0);
+    B(w_gate, "ffn_gate.weight", e, ff, 0);
+    B(w_up, "ffn_up.weight", e, ff, 0);
+    B(w_down, "ffn_down.weight", ff, e, 0);
+    int opt_bias = hp->arch != MODEL_QWEN2;
+    B(bq, "attn_q.bias", q, 0, opt_bias);
+    B(bk, "attn_k.bias", kv, 0, opt_bias);
+    B(bv, "attn_v.bias", kv, 0, opt_bias);
+    int opt_norm = hp->arch != MODEL_QWEN3;
+    B(q_norm, "attn_q_norm.weight", hp->head_dim, 0, opt_norm);
+    B(k_norm, "attn_k_norm.weight", hp->head_dim, 0, opt_norm);
+#undef B
+    return 0;
+}
+
+static int load_tokenizer(model *m)
+{
+    gguf_str s;
+    int rc = gguf_get_str(m->g, "tokenizer.ggml.model", &s);
+    if (rc) return dx_err_wrap(rc, "%s", m->path);
+    if (!gguf_str_eq(s, "gpt2"))
+        return dx_errf(DX_EUNSUPPORTED, "%s: tokenizer.ggml.model '%.*s' is not supported (gpt2)",
+                       m->path, (int)s.len, s.ptr);
+    enum tok_pre pre = m->hp.arch == MODEL_LLAMA ? TOK_PRE_LLAMA3 : TOK_PRE_QWEN2;
+    if (gguf_get_str(m->g, "tokenizer.ggml.pre", &s) == 0 && (rc = tok_pre_parse(s.ptr, s.len, &pre)))
+        return dx_err_wrap(rc, "%s", m->path);
+    enum gguf_vtype et;
+    uint64_t n_tok = 0, n_merge = 0, n_types = 0;
+    const void *types = NULL, *unused;
+    if ((rc = gguf_get_arr(m->g, "tokenizer.ggml.tokens", &et, &n_tok, &unused)))
+        return dx_err_wrap(rc, "%s", m->path);
+    if (et != GGUF_T_STRING || n_tok == 0 || n_tok > (1u << 24))
+        return dx_errf(DX_EFORMAT, "%s: tokenizer.ggml.tokens must be a non-empty string array",
+                       m->path);
+    if (gguf_get_arr(m->g, "tokenizer.ggml.token_type", &et, &n_types, &types) == 0 &&
+        (et != GGUF_T_INT32 || n_types != n_tok))
+        return dx_errf(DX_EFORMAT, "%s: tokenizer.ggml.token_type must be %llu int32 values",
+                       m->path, (unsigned long long)n_tok);
+    if (gguf_get_arr(m->g, "tokenizer.ggml.merges", &et, &n_merge, &unused) == 0 &&
+        et != GGUF_T_STRING)
+        return dx_errf(DX_EFORMAT, "%s: tokenizer.ggml.merges must be a string array", m->path);
+
+    tok_strview *tv = dx_calloc(n_tok, sizeof *tv);
+    tok_strview *mv = dx_calloc(n_merge ? n_merge : 1, sizeof *mv);
+    int32_t *tt = n_types ? dx_calloc(n_tok, sizeof *tt) : NULL;
+    if (!tv || !mv || (n_types && !tt)) {
+        rc = dx_errf(DX_ENOMEM, "out of memory loading the tokenizer of %s", m->path);
+        goto out;
+    }
+    for (uint64_t i = 0; i < n_tok; i++) {
+        gguf_get_arr_str(m->g, "tokenizer.ggml.tokens", i, &s);
+        tv[i].ptr = s.ptr;
+        tv[i].len = s.len;
+    }
+    for (uint64_t i = 0; i < n_merge; i++) {
+        gguf_get_arr_str(m->g, "tokenizer.ggml.merges", i, &s);
+        mv[i].ptr = s.ptr;
+        mv[i].len = s.len;
+    }
+    if (tt) memcpy(tt, types, n_tok * sizeof *tt);
+    uint32_t bos = (uint32_t)-1, eos = (uint32_t)-1, eot = (uint32_t)-1;
+    gguf_get_u32(m->g, "tokenizer.ggml.bos_token_id", &bos);
+    gguf_get_u32(m->g, "tokenizer.ggml.eos_token_id", &eos);
+    gguf_get_u32(m->g, "tokenizer.ggml.eot_token_id", &eot);
+    tok_config tc = {.tokens = tv,
+                     .n_tokens = n_tok,
+                     .token_types = tt,
+                     .merges = mv,
+                     .n_merges = n_merge,
+                     .pre = pre,
+                     .bos = (int32_t)bos,
+                     .eos = (int32_t)eos,
+                     .eot = (int32_t)eot};
+    rc = tok_create(&tc, &m->tk);
+    if (rc) dx_err_wrap(rc, "%s: tokenizer", m->path);
+out:
+    dx_free(tv);
+    dx_free(mv);
+    dx_free(tt);
+    return rc;
+}
+
+static int load_chat(model *m)
+{
+    gguf_str s;
+    char *text = NULL;
+    if (gguf_get_str(m->g, "tokenizer.chat_template", &s) == 0) {
+        text = dx_strndup(s.ptr, s.len);
+        if (!text) return dx_errf(DX_ENOMEM, "out of memory");
+    }
+    int rc = chat_tmpl_detect(text, m->hp.arch_name, &m->chat);
+    dx_free(text);
+    return rc ? dx_err_wrap(rc, "%s", m->path) : 0;
+}
+
+/* Hash of the architecture, every tensor's name/shape/type and a sample of
+ * its bytes (start, middle, end), so two random-weight files with the same
+ * shapes but different seeds get different fingerprints without reading
+ * whole multi-GB files at start-up. */
+static void compute_fingerprint(model *m)
+{
+    XXH3_state_t *st = XXH3_createState();
+    DX_ASSERT(st);
+    XXH3_128bits_reset(st);
+    XXH3_128bits_update(st, &m->hp, sizeof m->hp);
+    for (uint64_t i = 0; i < gguf_n_tensors(m->g); i++) {
+        gguf_tensor_info ti;
+        gguf_tensor(m->g, i, &ti);
+        XXH3_128bits_update(st, ti.name.ptr, ti.name.len);
+        XXH3_128bits_update(st, ti.ne, sizeof ti.ne);
+        XXH3_128bits_update(st, &ti.type, sizeof ti.type);
+        const uint8_t *d = ti.data;
+        uint64_t span = ti.nbytes < 1024 ? ti.nbytes : 1024;
+        XXH3_128bits_update(st, d, span);
+        XXH3_128bits_update(st, d + ti.nbytes / 2 - span / 2, span);
+        XXH3_128bits_update(st, d + ti.nbytes - span, span);
+    }
+    XXH128_hash_t h = XXH3_128bits_digest(st);
+    XXH3_freeState(st);
+    m->fingerprint[0] = h.low64;
+    m->fingerprint[1] = h.high64;
+}
+
+static int load_all(model *m)
+{
+    int rc;
+    if ((rc = load_hparams(m))) return rc;
+    const model_hparams *hp = &m->hp;
+    gguf_tensor_info ti;
+    if ((rc = gguf_find_tensor(m->g, "token_embd.weight", &ti)))
+        return dx_errf(rc, "%s: tensor 'token_embd.weight' is missing", m->path);
+    m->hp.n_vocab = (uint32_t)ti.ne[1];
+    if ((rc = bind(m, "token_embd.weight", hp->n_embd, hp->n_vocab, 0, &m->tok_embd)) ||
+        (rc = bind(m, "output_norm.weight", hp->n_embd, 0, 0, &m->output_norm)) ||
+        (rc = bind(m, "output.weight", hp->n_embd, hp->n_vocab, 1, &m->output)))
+        return rc;
+    if (!m->output.data) {
+        m->output = m->tok_embd;
+        m->hp.tied_output = 1;
+    }
+    m->layers = dx_calloc(hp->n_layer, sizeof *m->layers);
+    if (!m->layers) return dx_errf(DX_ENOMEM, "out of memory loading %s", m->path);
+    for (uint32_t i = 0; i < hp->n_layer; i++)
+        if ((rc = bind_layer(m, i))) return rc;
+    if ((rc = load_tokenizer(m))) return rc;
+    if (tok_vocab_size(m->tk) > hp->n_vocab)
+        return dx_errf(DX_EFORMAT, "%s: tokenizer has %zu tokens but the embedding only %u rows",
+                       m->path, tok_vocab_size(m->tk), hp->n_vocab);
+    if ((rc = load_chat(m))) return rc;
+    gguf_str nm;
+    if (gguf_get_str(m->g, "general.name", &nm) == 0 && nm.len)
+        snprintf(m->name, sizeof m->name, "%.*s", (int)(nm.len < 127 ? nm.len : 127), nm.ptr);
+    else {
+        const char *b = strrchr(m->path, '/');
+        snprintf(m->name, sizeof m->name, "%s", b ? b + 1 : m->path);
+    }
+    compute_fingerprint(m);
+    return 0;
+}
+
+int model_load(const char *path, model **out)
+{
+    *out = NULL;
+    model *m = dx_calloc(1, sizeof *m);
+    if (!m || !(m->path = dx_strdup(path))) {
+        dx_free(m);
+        return dx_errf(DX_ENOMEM, "out of memory");
+    }
+    int rc = gguf_open(path, &m->g);
+    if (!rc) rc = load_all(m);
+    if (rc) {
+        model_free(m);
+        return rc;
+    }
+    *out = m;
+    return 0;
+}
+
+void model_free(model *m)
+{
+    if (!m) return;
+    for (size_t i = 0; i < m->n_owned; i++) dx_free(m->owned[i]);
+    dx_free(m->owned);
+    dx_free(m->layers);
+    tok_destroy(m->tk);
+    gguf_close(m->g);
+    dx_free(m->path);
+    dx_free(m);
+}
+
+const model_hparams *model_hp(const model *m) { return &m->hp; }
+const model_layer *model_layer_at(const model *m, uint32_t i) { return &m->layers[i]; }
+const model_tensor *model_tok_embd(const model *m) { return &m->tok_embd; }
+const model_tensor *model_output_norm(const model *m) { return &m->output_norm; }
+const model_tensor *model_output(const model *m) { return &m->output; }
+const tok *model_tokenizer(const model *m) { return m->tk; }
+enum chat_tmpl_kind model_chat_kind(const model *m) { return m->chat; }
+const gguf_ctx *model_gguf(const model *m) { return m->g; }
+const char *model_path(const model *m) { return m->path; }
+const char *model_name(const model *m) { return m->name; }
+uint64_t model_n_params(const model *m) { return m->n_params; }
+
+void model_fingerprint(const model *m, uint64_t out[2])
+{
+    out[0] = m->fingerprint[0];
+    out[1] = m->fingerprint[1];
+}

@@ -1,0 +1,291 @@
+/* synth: random-weight model writer (see synth.h).
+ *
+ * Weights are uniform in [-a, a] with a = sqrt(3 / n_in) (unit variance
+ * through each matmul, so activations stay O(1) and greedy output is varied
+ * rather than degenerate); norm weights are 1 ± 0.1.  Each tensor has its own
+ * generator seeded from (seed, tensor name), so tensors are produced one at a
+ * time while the file is streamed out. */
+#include "model/synth.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <xxhash.h>
+
+#include "base/dx_alloc.h"
+#include "base/dx_dtype.h"
+#include "base/dx_err.h"
+#include "model/bpe_train.h"
+
+static const synth_preset k_presets[] = {
+    {"tiny", 128, 2, 4, 2, 32, 256, 4096, 600, 0},
+    {"small", 512, 8, 8, 4, 64, 1536, 32768, 3000, 1},
+    {"0.6b", 1024, 28, 16, 8, 128, 3072, 40960, 3000, 1},
+};
+
+/* Control tokens of both template families, appended after the merges. */
+static const char *const k_specials[] = {
+    "<|endoftext|>",     "<|im_start|>",      "<|im_end|>", "<|begin_of_text|>", "<|end_of_text|>",
+    "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
+};
+enum { SP_ENDOFTEXT, SP_IM_START, SP_IM_END, SP_BOT, SP_EOT_TEXT, SP_SH, SP_EH, SP_EOT_ID, SP_N };
+
+const synth_preset *synth_find_preset(const char *name)
+{
+    for (size_t i = 0; i < DX_ARRAY_LEN(k_presets); i++)
+        if (name && !strcmp(name, k_presets[i].name)) return &k_presets[i];
+    return NULL;
+}
+
+int synth_parse_arch(const char *s, enum model_arch *out)
+{
+    if (s && !strcmp(s, "qwen3")) *out = MODEL_QWEN3;
+    else if (s && !strcmp(s, "qwen2")) *out = MODEL_QWEN2;
+    else if (s && !strcmp(s, "llama")) *out = MODEL_LLAMA;
+    else return dx_errf(DX_EINVAL, "unknown architecture '%s' (want qwen3|qwen2|llama)", s ? s : "");
+    return 0;
+}
+
+static const char *arch_name(enum model_arch a)
+{
+    return a == MODEL_QWEN3 ? "qwen3" : a == MODEL_QWEN2 ? "qwen2" : "llama";
+}
+
+/* xoshiro256** seeded by splitmix64: fast, well distributed, portable. */
+typedef struct {
+    uint64_t s[4];
+} rng;
+
+static uint64_t splitmix(uint64_t *x)
+{
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static void rng_seed(rng *r, uint64_t seed)
+{
+    for (int i = 0; i < 4; i++) r->s[i] = splitmix(&seed);
+}
+
+static uint64_t rng_next(rng *r)
+{
+    uint64_t *s = r->s, res = ((s[1] * 5) << 7 | (s[1] * 5) >> 57) * 9, t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = (s[3] << 45) | (s[3] >> 19);
+    return res;
+}
+
+/* Uniform in [-1, 1). */
+static float rng_unit(rng *r)
+{
+    return (float)((double)(rng_next(r) >> 40) * (1.0 / 8388608.0) - 1.0);
+}
+
+typedef struct {
+    uint64_t seed;
+    int type;
+    uint64_t n_in, rows;
+    float center, amp; /* value = center + amp * u */
+} fill_spec;
+
+static int fill_tensor(void *user, void *dst, uint64_t nbytes)
+{
+    const fill_spec *f = user;
+    rng r;
+    rng_seed(&r, f->seed);
+    float *row = dx_malloc(f->n_in * sizeof(float));
+    if (!row) return dx_errf(DX_ENOMEM, "out of memory synthesising a tensor");
+    size_t rb = dx_dtype_row_bytes(f->type, f->n_in);
+    DX_ASSERT(rb * f->rows == nbytes);
+    for (uint64_t o = 0; o < f->rows; o++) {
+        for (uint64_t k = 0; k < f->n_in; k++) row[k] = f->center + f->amp * rng_unit(&r);
+        uint8_t *out = (uint8_t *)dst + o * rb;
+        switch (f->type) {
+        case DX_F32: memcpy(out, row, rb); break;
+        case DX_F16: dx_f32_to_f16_row(row, (uint16_t *)out, f->n_in); break;
+        case DX_BF16: dx_f32_to_bf16_row(row, (uint16_t *)out, f->n_in); break;
+        case DX_Q8_0: dx_f32_to_q8_0_row(row, (dx_block_q8_0 *)out, f->n_in); break;
+        default: DX_ASSERT(0);
+        }
+    }
+    dx_free(row);
+    return 0;
+}
+
+typedef struct {
+    gguf_writer *w;
+    const synth_config *cfg;
+    fill_spec *specs;
+    size_t n_specs, cap_specs;
+} synth_ctx;
+
+static int add_tensor(synth_ctx *c, const char *name, uint64_t n_in, uint64_t rows, int is_norm,
+                      float amp)
+{
+    if (c->n_specs == c->cap_specs) return dx_errf(DX_ENOMEM, "too many tensors");
+    fill_spec *f = &c->specs[c->n_specs++];
+    f->seed = c->cfg->seed ^ XXH3_64bits(name, strlen(name));
+    f->type = rows > 1 ? c->cfg->dtype : DX_F32; /* vectors stay f32, as llama.cpp writes them */
+    f->n_in = n_in;
+    f->rows = rows;
+    f->center = is_norm ? 1.0f : 0.0f;
+    f->amp = is_norm ? 0.1f : amp;
+    uint64_t ne[2] = {n_in, rows};
+    return gguf_w_add_tensor_fill(c->w, name, f->type, rows > 1 ? 2 : 1, ne, fill_tensor, f);
+}
+
+static int add_weights(synth_ctx *c, const synth_preset *p, uint32_t n_vocab)
+{
+    uint64_t e = p->n_embd, q = (uint64_t)p->n_head * p->head_dim,
+             kv = (uint64_t)p->n_kv_head * p->head_dim, ff = p->n_ff;
+    float a_e = sqrtf(3.0f / (float)e), a_q = sqrtf(3.0f / (float)q), a_ff = sqrtf(3.0f / (float)ff);
+    int rc;
+    if ((rc = add_tensor(c, "token_embd.weight", e, n_vocab, 0, p->tied ? a_e : 1.7f))) return rc;
+    for (uint32_t i = 0; i < p->n_layer; i++) {
+        char n[64];
+#define T(suffix, nin, rows, norm, amp)                                                            \
+    snprintf(n, sizeof n, "blk.%u.%s", i, suffix);                                                 \
+    if ((rc = add_tensor(c, n, nin, rows, norm, amp))) return rc;
+        T("attn_norm.weight", e, 1, 1, 0);
+        T("attn_q.weight", e, q, 0, a_e);
+        T("attn_k.weight", e, kv, 0, a_e);
+        T("attn_v.weight", e, kv, 0, a_e);
+        if (c->cfg->arch == MODEL_QWEN2) {
+            T("attn_q.bias", q, 1, 0, 0.1f);
+            T("attn_k.bias", kv, 1, 0, 0.1f);
+            T("attn_v.bias", kv, 1, 0, 0.1f);
+        }
+        if (c->cfg->arch == MODEL_QWEN3) {
+            T("attn_q_norm.weight", p->head_dim, 1, 1, 0);
+            T("attn_k_norm.weight", p->head_dim, 1, 1, 0);
+        }
+        T("attn_output.weight", q, e, 0, a_q);
+        T("ffn_norm.weight", e, 1, 1, 0);
+        T("ffn_gate.weight", e, ff, 0, a_e);
+        T("ffn_up.weight", e, ff, 0, a_e);
+        T("ffn_down.weight", ff, e, 0, a_ff);
+#undef T
+    }
+    if ((rc = add_tensor(c, "output_norm.weight", e, 1, 1, 0))) return rc;
+    if (!p->tied && (rc = add_tensor(c, "output.weight", e, n_vocab, 0, a_e))) return rc;
+    return 0;
+}
+
+static int add_hparams(gguf_writer *w, const synth_config *cfg, const synth_preset *p,
+                       uint32_t n_vocab)
+{
+    const char *a = arch_name(cfg->arch);
+    char key[96], name[96];
+    int rc = 0;
+    static const struct {
+        int type;
+        uint32_t ftype;
+    } ftypes[] = {{DX_F32, 0}, {DX_F16, 1}, {DX_Q8_0, 7}, {DX_BF16, 32}};
+    uint32_t ftype = 0;
+    for (size_t i = 0; i < DX_ARRAY_LEN(ftypes); i++)
+        if (ftypes[i].type == cfg->dtype) ftype = ftypes[i].ftype;
+    snprintf(name, sizeof name, "duplex-synth-%s-%s-%s", a, p->name, dx_dtype_name(cfg->dtype));
+    rc |= gguf_w_set_str(w, "general.architecture", a);
+    rc |= gguf_w_set_str(w, "general.name", name);
+    rc |= gguf_w_set_u32(w, "general.file_type", ftype);
+    rc |= gguf_w_set_u32(w, "general.quantization_version", 2);
+#define U(suffix, v)                                                                               \
+    snprintf(key, sizeof key, "%s.%s", a, suffix);                                                 \
+    rc |= gguf_w_set_u32(w, key, v);
+    U("context_length", p->n_ctx);
+    U("embedding_length", p->n_embd);
+    U("block_count", p->n_layer);
+    U("feed_forward_length", p->n_ff);
+    U("attention.head_count", p->n_head);
+    U("attention.head_count_kv", p->n_kv_head);
+    U("attention.key_length", p->head_dim);
+    U("attention.value_length", p->head_dim);
+    U("rope.dimension_count", p->head_dim);
+    U("vocab_size", n_vocab);
+#undef U
+    snprintf(key, sizeof key, "%s.attention.layer_norm_rms_epsilon", a);
+    rc |= gguf_w_set_f32(w, key, 1e-6f);
+    snprintf(key, sizeof key, "%s.rope.freq_base", a);
+    rc |= gguf_w_set_f32(w, key, cfg->arch == MODEL_LLAMA ? 500000.0f : 1000000.0f);
+    return rc ? dx_errf(DX_ENOMEM, "out of memory writing metadata") : 0;
+}
+
+static int add_tokenizer(gguf_writer *w, const synth_config *cfg, const bpe_vocab *v)
+{
+    size_t n = v->n_tokens + SP_N;
+    const char **toks = dx_calloc(n, sizeof *toks);
+    int32_t *types = dx_calloc(n, sizeof *types);
+    int rc;
+    if (!toks || !types) {
+        rc = dx_errf(DX_ENOMEM, "out of memory writing the tokenizer");
+        goto out;
+    }
+    for (size_t i = 0; i < v->n_tokens; i++) {
+        toks[i] = v->tokens[i];
+        types[i] = TOK_TYPE_NORMAL;
+    }
+    for (size_t i = 0; i < SP_N; i++) {
+        toks[v->n_tokens + i] = k_specials[i];
+        types[v->n_tokens + i] = TOK_TYPE_CONTROL;
+    }
+    int llama = cfg->arch == MODEL_LLAMA;
+    uint32_t base = (uint32_t)v->n_tokens;
+    enum chat_tmpl_kind ck = llama ? CHAT_TMPL_LLAMA3 : CHAT_TMPL_CHATML;
+    rc = gguf_w_set_str(w, "tokenizer.ggml.model", "gpt2");
+    rc |= gguf_w_set_str(w, "tokenizer.ggml.pre", llama ? "llama-bpe" : "qwen2");
+    rc |= gguf_w_set_arr_str(w, "tokenizer.ggml.tokens", toks, n);
+    rc |= gguf_w_set_arr(w, "tokenizer.ggml.token_type", GGUF_T_INT32, types, n);
+    rc |= gguf_w_set_arr_str(w, "tokenizer.ggml.merges", (const char *const *)v->merges,
+                             v->n_merges);
+    rc |= gguf_w_set_u32(w, "tokenizer.ggml.bos_token_id", base + (llama ? SP_BOT : SP_ENDOFTEXT));
+    rc |= gguf_w_set_u32(w, "tokenizer.ggml.eos_token_id",
+                         base + (llama ? SP_EOT_TEXT : SP_ENDOFTEXT));
+    rc |= gguf_w_set_u32(w, "tokenizer.ggml.eot_token_id", base + (llama ? SP_EOT_ID : SP_IM_END));
+    rc |= gguf_w_set_u32(w, "tokenizer.ggml.padding_token_id", base + SP_ENDOFTEXT);
+    rc |= gguf_w_set_bool(w, "tokenizer.ggml.add_bos_token", llama);
+    rc |= gguf_w_set_str(w, "tokenizer.chat_template", chat_tmpl_jinja(ck));
+    if (rc) rc = dx_errf(DX_ENOMEM, "out of memory writing the tokenizer");
+out:
+    dx_free(toks);
+    dx_free(types);
+    return rc;
+}
+
+int synth_write(const synth_config *cfg, const char *path)
+{
+    const synth_preset *p = synth_find_preset(cfg->preset);
+    if (!p) return dx_errf(DX_EINVAL, "unknown preset '%s' (want tiny|small|0.6b)", cfg->preset);
+    if (!dx_dtype_name(cfg->dtype))
+        return dx_errf(DX_EINVAL, "unsupported weight dtype %d", cfg->dtype);
+    if (cfg->dtype == DX_Q8_0 && (p->n_embd % 32 || p->n_ff % 32 || p->head_dim % 32))
+        return dx_errf(DX_EINVAL, "preset %s cannot be stored as q8_0", p->name);
+    size_t clen;
+    const char *corpus = bpe_corpus(&clen);
+    bpe_vocab v = {0};
+    int rc = bpe_train(corpus, clen, cfg->arch == MODEL_LLAMA ? TOK_PRE_LLAMA3 : TOK_PRE_QWEN2,
+                       p->n_merges, &v);
+    if (rc) return dx_err_wrap(rc, "training the synthetic tokenizer");
+    uint32_t n_vocab = (uint32_t)(v.n_tokens + SP_N);
+    synth_ctx c = {.cfg = cfg, .cap_specs = 8 + 16 * (size_t)p->n_layer};
+    c.w = gguf_writer_create();
+    c.specs = dx_calloc(c.cap_specs, sizeof *c.specs);
+    if (!c.w || !c.specs) {
+        rc = dx_errf(DX_ENOMEM, "out of memory");
+        goto out;
+    }
+    if ((rc = add_hparams(c.w, cfg, p, n_vocab)) || (rc = add_tokenizer(c.w, cfg, &v)) ||
+        (rc = add_weights(&c, p, n_vocab)))
+        goto out;
+    rc = gguf_w_write_file(c.w, path);
+out:
+    gguf_writer_destroy(c.w);
+    dx_free(c.specs);
+    bpe_vocab_free(&v);
+    return rc;
+}

@@ -1,0 +1,224 @@
+/* Synthetic models and the model loader: same seed → byte-identical file,
+ * the loader reads back what synth wrote for every arch and dtype, and bad
+ * model files (missing tensor, wrong shape, unknown architecture) are clear
+ * errors. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "base/dx_alloc.h"
+#include "base/dx_dtype.h"
+#include "base/dx_err.h"
+#include "model/model.h"
+#include "model/synth.h"
+
+static char g_dir[64];
+
+static int setup(void **state)
+{
+    (void)state;
+    strcpy(g_dir, "/tmp/dx_test_model_XXXXXX");
+    return mkdtemp(g_dir) ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
+    return system(cmd);
+}
+
+static void *slurp(const char *path, size_t *n)
+{
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    fseek(f, 0, SEEK_END);
+    *n = (size_t)ftell(f);
+    fseek(f, 0, SEEK_SET);
+    void *p = malloc(*n);
+    assert_int_equal(fread(p, 1, *n, f), *n);
+    fclose(f);
+    return p;
+}
+
+static void synth_to(const char *name, enum model_arch a, int dtype, uint64_t seed, char *path)
+{
+    snprintf(path, 256, "%s/%s", g_dir, name);
+    synth_config c = {.arch = a, .preset = "tiny", .dtype = dtype, .seed = seed};
+    int rc = synth_write(&c, path);
+    if (rc) fprintf(stderr, "synth: %s\n", dx_errmsg());
+    assert_int_equal(rc, 0);
+}
+
+static void test_synth_deterministic(void **state)
+{
+    (void)state;
+    char a[256], b[256], c[256];
+    synth_to("a.gguf", MODEL_QWEN3, DX_BF16, 7, a);
+    synth_to("b.gguf", MODEL_QWEN3, DX_BF16, 7, b);
+    synth_to("c.gguf", MODEL_QWEN3, DX_BF16, 8, c);
+    size_t na, nb, nc;
+    void *pa = slurp(a, &na), *pb = slurp(b, &nb), *pc = slurp(c, &nc);
+    assert_int_equal(na, nb);
+    assert_memory_equal(pa, pb, na);
+    assert_int_equal(na, nc);
+    assert_memory_not_equal(pa, pc, na);
+    free(pa);
+    free(pb);
+    free(pc);
+    /* different seeds → different fingerprints */
+    model *ma, *mc;
+    assert_int_equal(model_load(a, &ma), 0);
+    assert_int_equal(model_load(c, &mc), 0);
+    uint64_t fa[2], fc[2];
+    model_fingerprint(ma, fa);
+    model_fingerprint(mc, fc);
+    assert_true(fa[0] != fc[0] || fa[1] != fc[1]);
+    model_free(ma);
+    model_free(mc);
+}
+
+static void test_load_every_arch_and_dtype(void **state)
+{
+    (void)state;
+    const enum model_arch archs[] = {MODEL_QWEN3, MODEL_QWEN2, MODEL_LLAMA};
+    const int dtypes[] = {DX_F32, DX_F16, DX_BF16, DX_Q8_0};
+    const synth_preset *p = synth_find_preset("tiny");
+    size_t live = dx_alloc_live_bytes();
+    for (size_t i = 0; i < 3; i++)
+        for (size_t j = 0; j < 4; j++) {
+            char path[256];
+            synth_to("m.gguf", archs[i], dtypes[j], 1, path);
+            model *m;
+            int rc = model_load(path, &m);
+            if (rc) fprintf(stderr, "load: %s\n", dx_errmsg());
+            assert_int_equal(rc, 0);
+            const model_hparams *hp = model_hp(m);
+            assert_int_equal(hp->arch, archs[i]);
+            assert_int_equal(hp->n_embd, p->n_embd);
+            assert_int_equal(hp->n_layer, p->n_layer);
+            assert_int_equal(hp->n_head, p->n_head);
+            assert_int_equal(hp->n_kv_head, p->n_kv_head);
+            assert_int_equal(hp->head_dim, p->head_dim);
+            assert_int_equal(hp->n_ff, p->n_ff);
+            assert_int_equal(hp->qk_norm, archs[i] == MODEL_QWEN3);
+            assert_int_equal(hp->qkv_bias, archs[i] == MODEL_QWEN2);
+            assert_int_equal(hp->rope_neox, archs[i] != MODEL_LLAMA);
+            assert_int_equal(model_layer_at(m, 1)->wq.type, dtypes[j]);
+            assert_int_equal(model_layer_at(m, 1)->attn_norm.type, DX_F32);
+            assert_int_equal(hp->n_vocab, tok_vocab_size(model_tokenizer(m)));
+            assert_int_equal(model_chat_kind(m),
+                             archs[i] == MODEL_LLAMA ? CHAT_TMPL_LLAMA3 : CHAT_TMPL_CHATML);
+            /* the tokenizer round-trips text and has learned merges */
+            tok_ids ids;
+            tok_ids_init(&ids);
+            const char *text = "The model serves requests quickly.";
+            assert_int_equal(tok_encode(model_tokenizer(m), text, strlen(text), 0, &ids), 0);
+            assert_true(ids.n < strlen(text) / 2);
+            tok_ids_free(&ids);
+            model_free(m);
+        }
+    assert_int_equal(dx_alloc_live_bytes(), live);
+}
+
+/* Rewrites the tiny model with one change and expects `code` with `phrase`
+ * in the message. */
+static void expect_bad(const char *drop_tensor, const char *arch, int code, const char *phrase)
+{
+    char path[256];
+    synth_to("ok.gguf", MODEL_QWEN3, DX_F32, 1, path);
+    gguf_ctx *g;
+    assert_int_equal(gguf_open(path, &g), 0);
+    gguf_writer *w = gguf_writer_create();
+    for (uint64_t i = 0; i < gguf_n_kv(g); i++) {
+        gguf_str k = gguf_kv_key(g, i);
+        char key[256];
+        snprintf(key, sizeof key, "%.*s", (int)k.len, k.ptr);
+        enum gguf_vtype t = gguf_kv_type(g, i);
+        if (t == GGUF_T_STRING) {
+            gguf_str v;
+            gguf_get_str(g, key, &v);
+            char *s = dx_strndup(v.ptr, v.len);
+            gguf_w_set_str(w, key, !strcmp(key, "general.architecture") && arch ? arch : s);
+            dx_free(s);
+        } else if (t == GGUF_T_ARRAY) {
+            enum gguf_vtype et;
+            uint64_t n;
+            const void *d;
+            gguf_get_arr(g, key, &et, &n, &d);
+            if (et == GGUF_T_STRING) {
+                const char **strs = dx_calloc(n, sizeof *strs);
+                for (uint64_t j = 0; j < n; j++) {
+                    gguf_str v;
+                    gguf_get_arr_str(g, key, j, &v);
+                    strs[j] = dx_strndup(v.ptr, v.len);
+                }
+                gguf_w_set_arr_str(w, key, strs, n);
+                for (uint64_t j = 0; j < n; j++) dx_free((void *)strs[j]);
+                dx_free(strs);
+            } else {
+                gguf_w_set_arr(w, key, et, d, n);
+            }
+        } else if (t == GGUF_T_FLOAT32) {
+            float f;
+            gguf_get_f32(g, key, &f);
+            gguf_w_set_f32(w, key, f);
+        } else if (t == GGUF_T_BOOL) {
+            int b;
+            gguf_get_bool(g, key, &b);
+            gguf_w_set_bool(w, key, b);
+        } else {
+            uint32_t u;
+            gguf_get_u32(g, key, &u);
+            gguf_w_set_u32(w, key, u);
+        }
+    }
+    for (uint64_t i = 0; i < gguf_n_tensors(g); i++) {
+        gguf_tensor_info ti;
+        gguf_tensor(g, i, &ti);
+        char name[128];
+        snprintf(name, sizeof name, "%.*s", (int)ti.name.len, ti.name.ptr);
+        if (drop_tensor && !strcmp(name, drop_tensor)) continue;
+        gguf_w_add_tensor(w, name, ti.type, ti.n_dims, ti.ne, ti.data);
+    }
+    char bad[256];
+    snprintf(bad, sizeof bad, "%s/bad.gguf", g_dir);
+    assert_int_equal(gguf_w_write_file(w, bad), 0);
+    gguf_writer_destroy(w);
+    gguf_close(g);
+    model *m;
+    assert_int_equal(model_load(bad, &m), code);
+    assert_null(m);
+    if (!strstr(dx_errmsg(), phrase)) fail_msg("message '%s' lacks '%s'", dx_errmsg(), phrase);
+}
+
+static void test_bad_models(void **state)
+{
+    (void)state;
+    size_t live = dx_alloc_live_bytes();
+    expect_bad("blk.1.ffn_up.weight", NULL, DX_ENOENT, "blk.1.ffn_up.weight");
+    expect_bad("blk.0.attn_q_norm.weight", NULL, DX_ENOENT, "attn_q_norm");
+    expect_bad(NULL, "mamba", DX_EUNSUPPORTED, "mamba");
+    assert_int_equal(dx_alloc_live_bytes(), live);
+    model *m;
+    assert_true(model_load("/nonexistent/x.gguf", &m) < 0);
+    assert_non_null(strstr(dx_errmsg(), "/nonexistent/x.gguf"));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_synth_deterministic),
+        cmocka_unit_test(test_load_every_arch_and_dtype),
+        cmocka_unit_test(test_bad_models),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
