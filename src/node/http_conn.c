@@ -29,9 +29,9 @@ struct http_conn {
     http_parser parser;
     enum conn_state state;
     int n_open_handles;
-    int keep_alive;      /* this request's answer keeps the connection */
-    int chunked;         /* the current stream uses chunked encoding */
-    int in_process;      /* inside conn_process: no re-entry */
+    int keep_alive; /* this request's answer keeps the connection */
+    int chunked;    /* the current stream uses chunked encoding */
+    int in_process; /* inside conn_process: no re-entry */
     int close_after_write;
     int reject_status;   /* set by a parser callback to refuse the request */
     int in_message;      /* a request has begun (bytes seen) */
@@ -39,8 +39,8 @@ struct http_conn {
     dx_buf in;           /* unparsed input */
     dx_buf head;         /* url, then header names/values, NUL-separated */
     dx_buf body;
-    size_t head_bytes;   /* url + header bytes seen (limit check) */
-    size_t *hdr_off;     /* per header: offset of name, of value in head */
+    size_t head_bytes; /* url + header bytes seen (limit check) */
+    size_t *hdr_off;   /* per header: offset of name, of value in head */
     uint32_t n_hdr;
     size_t url_end;
     size_t write_queued; /* bytes handed to uv_write, not yet completed */
@@ -75,19 +75,32 @@ static void conn_process(http_conn *c);
 const char *http_status_text(int status)
 {
     switch (status) {
-    case 100: return "Continue";
-    case 200: return "OK";
-    case 400: return "Bad Request";
-    case 404: return "Not Found";
-    case 405: return "Method Not Allowed";
-    case 408: return "Request Timeout";
-    case 413: return "Payload Too Large";
-    case 429: return "Too Many Requests";
-    case 431: return "Request Header Fields Too Large";
-    case 500: return "Internal Server Error";
-    case 501: return "Not Implemented";
-    case 503: return "Service Unavailable";
-    default: return "Unknown";
+    case 100:
+        return "Continue";
+    case 200:
+        return "OK";
+    case 400:
+        return "Bad Request";
+    case 404:
+        return "Not Found";
+    case 405:
+        return "Method Not Allowed";
+    case 408:
+        return "Request Timeout";
+    case 413:
+        return "Payload Too Large";
+    case 429:
+        return "Too Many Requests";
+    case 431:
+        return "Request Header Fields Too Large";
+    case 500:
+        return "Internal Server Error";
+    case 501:
+        return "Not Implemented";
+    case 503:
+        return "Service Unavailable";
+    default:
+        return "Unknown";
     }
 }
 
@@ -173,8 +186,8 @@ static void conn_finish(http_conn *c)
     uv_timer_start(&c->timer, on_resume, 0, 0);
 }
 
-int http_conn_respond(http_conn *c, int status, const char *content_type,
-                      const char *extra_headers, const char *body, size_t len)
+int http_conn_respond(http_conn *c, int status, const char *content_type, const char *extra_headers,
+                      const char *body, size_t len)
 {
     DX_ASSERT(c->state == ST_BUSY);
     char framing[64];
@@ -269,8 +282,10 @@ static void conn_close(http_conn *c)
     if (c->state == ST_CLOSING) return;
     c->state = ST_CLOSING;
     http_srv *s = c->srv;
-    if (c->prev) c->prev->next = c->next;
-    else s->conns = c->next;
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        s->conns = c->next;
     if (c->next) c->next->prev = c->prev;
     s->n_conns--;
     uv_close((uv_handle_t *)&c->timer, on_conn_handle_closed);
@@ -450,8 +465,10 @@ static void on_timer(uv_timer_t *t)
 {
     http_conn *c = t->data;
     if (c->state != ST_READING) return;
-    if (c->in_message || c->in.len > 0) conn_reject(c, 408, "request not completed in time");
-    else conn_close(c); /* idle keep-alive */
+    if (c->in_message || c->in.len > 0)
+        conn_reject(c, 408, "request not completed in time");
+    else
+        conn_close(c); /* idle keep-alive */
 }
 
 static void conn_arm_timer(http_conn *c)
@@ -464,10 +481,12 @@ static void conn_arm_timer(http_conn *c)
 
 static int reject_status_for(http_conn *c, enum http_errno err, const char **msg)
 {
-    if (c->reject_status == 413) *msg = "request body too large";
+    if (c->reject_status == 413)
+        *msg = "request body too large";
     else if (c->reject_status == 431 || err == HPE_HEADER_OVERFLOW)
         *msg = "request line or headers too large";
-    else *msg = "malformed HTTP request";
+    else
+        *msg = "malformed HTTP request";
     if (err == HPE_HEADER_OVERFLOW) return 431;
     return c->reject_status ? c->reject_status : 400;
 }
@@ -517,8 +536,10 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
     }
     if (dx_buf_append(&c->in, buf->base, (size_t)nread) < 0) {
         /* Only a client pipelining far ahead of its answers gets here. */
-        if (c->state == ST_READING) conn_reject(c, 413, "request too large");
-        else conn_close(c);
+        if (c->state == ST_READING)
+            conn_reject(c, 413, "request too large");
+        else
+            conn_close(c);
         return;
     }
     if (c->state == ST_READING) conn_process(c);

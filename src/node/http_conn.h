@@ -47,8 +47,8 @@ typedef void (*http_req_fn)(void *user, http_conn *c, const http_req *req);
 typedef void (*http_abort_fn)(void *req_user);
 
 typedef struct {
-    const char *host; /* default "127.0.0.1" */
-    int port;         /* 0 = ephemeral (see http_srv_port) */
+    const char *host;             /* default "127.0.0.1" */
+    int port;                     /* 0 = ephemeral (see http_srv_port) */
     size_t max_header_bytes;      /* default 16 KiB */
     size_t max_body_bytes;        /* default 4 MiB */
     size_t max_write_queue_bytes; /* default 16 MiB */
@@ -76,8 +76,8 @@ void http_conn_set_abort(http_conn *c, http_abort_fn fn, void *req_user);
 /* A finished answer with Content-Length.  extra_headers: "Name: v\r\n"... or
  * NULL.  Returns 0 or a negative code: the connection is then closing and the
  * abort callback, if one is set, has already run (inside this call). */
-int http_conn_respond(http_conn *c, int status, const char *content_type,
-                      const char *extra_headers, const char *body, size_t len);
+int http_conn_respond(http_conn *c, int status, const char *content_type, const char *extra_headers,
+                      const char *body, size_t len);
 /* A streamed answer (chunked; for HTTP/1.0 clients, closed at the end). */
 int http_conn_stream_begin(http_conn *c, int status, const char *content_type,
                            const char *extra_headers);

@@ -99,8 +99,8 @@ static void log_simple(const char *method, const char *path, int status, uint64_
 {
     double ms = (double)(dx_now_ns() - t0) * 1e-6;
     int quiet = !strcmp(path, "/health") || !strcmp(path, "/metrics");
-    dx_log(quiet && status < 400 ? DX_LOG_DEBUG : DX_LOG_INFO, "%s %.200s %d total_ms=%.1f",
-           method, path, status, ms);
+    dx_log(quiet && status < 400 ? DX_LOG_DEBUG : DX_LOG_INFO, "%s %.200s %d total_ms=%.1f", method,
+           path, status, ms);
 }
 
 static void respond_json(node_server *s, http_conn *c, const char *method, const char *path,
@@ -117,8 +117,8 @@ static void respond_error(node_server *s, http_conn *c, const http_req *r, int s
     dx_buf b;
     dx_buf_init(&b, 0);
     oai_error_json(&b, msg, oai_error_type(status), param, code);
-    respond_json(s, c, r->method, r->path, status,
-                 status == 405 ? "Allow: GET, POST\r\n" : NULL, &b, t0);
+    respond_json(s, c, r->method, r->path, status, status == 405 ? "Allow: GET, POST\r\n" : NULL,
+                 &b, t0);
     dx_buf_free(&b);
 }
 
@@ -152,8 +152,7 @@ static void write_engine_metrics(node_server *s, dx_buf *b)
     engine_stats st;
     memset(&st, 0, sizeof st);
     if (s->ready) s->be.stats(s->be.self, &st);
-    prom_write_gauge(b, "duplex_requests_running", "Requests the engine is running",
-                     st.running);
+    prom_write_gauge(b, "duplex_requests_running", "Requests the engine is running", st.running);
     prom_write_gauge(b, "duplex_requests_waiting", "Requests queued in the engine", st.waiting);
     prom_write_counter(b, "duplex_prompt_tokens_computed_total",
                        "Prompt tokens the engine computed", (double)st.prompt_tokens_computed);
@@ -164,8 +163,7 @@ static void write_engine_metrics(node_server *s, dx_buf *b)
                        (double)st.gen_tokens);
     prom_write_counter(b, "duplex_preemptions_total", "Requests preempted", (double)st.preemptions);
     prom_write_gauge(b, "duplex_kv_blocks_total", "KV blocks in the pool", st.kv.n_blocks);
-    prom_write_gauge(b, "duplex_kv_blocks_used", "KV blocks referenced by requests",
-                     st.kv.n_used);
+    prom_write_gauge(b, "duplex_kv_blocks_used", "KV blocks referenced by requests", st.kv.n_used);
     prom_write_gauge(b, "duplex_kv_blocks_cached", "KV blocks unreferenced, kept in the cache",
                      st.kv.n_cached);
     prom_write_gauge(b, "duplex_kv_blocks_free", "KV blocks free", st.kv.n_free);
@@ -183,8 +181,7 @@ static void route_metrics(node_server *s, http_conn *c, const http_req *r, uint6
     prom_write_hist(&b, "duplex_ttft_seconds", "Time from request to first token", &s->ttft);
     prom_write_hist(&b, "duplex_time_per_output_token_seconds",
                     "Time per output token after the first", &s->tpot);
-    prom_write_hist(&b, "duplex_request_duration_seconds", "Completion request duration",
-                    &s->e2e);
+    prom_write_hist(&b, "duplex_request_duration_seconds", "Completion request duration", &s->e2e);
     prom_write_counter(&b, "duplex_request_prompt_tokens_total",
                        "Prompt tokens of finished requests", (double)s->prompt_tokens);
     prom_write_counter(&b, "duplex_request_cached_tokens_total",
@@ -213,8 +210,10 @@ static void req_free(node_req *q)
 static void req_unlink(node_req *q)
 {
     node_server *s = q->srv;
-    if (q->prev) q->prev->next = q->next;
-    else s->active = q->next;
+    if (q->prev)
+        q->prev->next = q->next;
+    else
+        s->active = q->next;
     if (q->next) q->next->prev = q->prev;
     s->n_active--;
 }
@@ -241,8 +240,10 @@ static void on_engine_event(void *user, const engine_event *ev)
     e->text[tl] = 0;
     if (ev->type == ENGINE_EV_DONE && ev->error_msg) e->error_msg = dx_strdup(ev->error_msg);
     pthread_mutex_lock(&s->mu);
-    if (s->q_tail) s->q_tail->next = e;
-    else s->q_head = e;
+    if (s->q_tail)
+        s->q_tail->next = e;
+    else
+        s->q_head = e;
     s->q_tail = e;
     pthread_mutex_unlock(&s->mu);
     uv_async_send(&s->wake);
@@ -365,8 +366,8 @@ static void start_stream(node_req *q)
 {
     dx_buf b;
     dx_buf_init(&b, 0);
-    int rc = http_conn_stream_begin(q->conn, 200, "text/event-stream",
-                                    "Cache-Control: no-cache\r\n");
+    int rc =
+        http_conn_stream_begin(q->conn, 200, "text/event-stream", "Cache-Control: no-cache\r\n");
     if (rc == 0 && q->meta.kind == OAI_CHAT) {
         oai_sse_chunk(&b, &q->meta, "", 0, 1, NULL, q->include_usage, NULL);
         rc = http_conn_stream_write(q->conn, b.data, b.len);
@@ -378,8 +379,8 @@ static void route_completion(node_server *s, http_conn *c, const http_req *r, en
                              uint64_t t0)
 {
     if (!s->ready || s->draining) {
-        respond_error(s, c, r, 503, s->draining ? "the server is shutting down"
-                                                : "the model is still loading",
+        respond_error(s, c, r, 503,
+                      s->draining ? "the server is shutting down" : "the model is still loading",
                       NULL, NULL, t0);
         return;
     }
@@ -412,12 +413,18 @@ static void on_request(void *user, http_conn *c, const http_req *r)
     int is_post_route = !strcmp(p, "/v1/chat/completions") || !strcmp(p, "/v1/completions");
     if ((is_get_route && !get) || (is_post_route && !post))
         respond_error(s, c, r, 405, "method not allowed", NULL, NULL, t0);
-    else if (!strcmp(p, "/health")) route_health(s, c, r, t0);
-    else if (!strcmp(p, "/v1/models")) route_models(s, c, r, t0);
-    else if (!strcmp(p, "/metrics")) route_metrics(s, c, r, t0);
-    else if (!strcmp(p, "/v1/chat/completions")) route_completion(s, c, r, OAI_CHAT, t0);
-    else if (!strcmp(p, "/v1/completions")) route_completion(s, c, r, OAI_COMPLETION, t0);
-    else respond_error(s, c, r, 404, "unknown route", NULL, NULL, t0);
+    else if (!strcmp(p, "/health"))
+        route_health(s, c, r, t0);
+    else if (!strcmp(p, "/v1/models"))
+        route_models(s, c, r, t0);
+    else if (!strcmp(p, "/metrics"))
+        route_metrics(s, c, r, t0);
+    else if (!strcmp(p, "/v1/chat/completions"))
+        route_completion(s, c, r, OAI_CHAT, t0);
+    else if (!strcmp(p, "/v1/completions"))
+        route_completion(s, c, r, OAI_COMPLETION, t0);
+    else
+        respond_error(s, c, r, 404, "unknown route", NULL, NULL, t0);
 }
 
 /* ---- completions: events ------------------------------------------------ */
@@ -450,7 +457,8 @@ static void finish_stream(node_req *q, const node_ev *e, const oai_usage *u)
     dx_buf_init(&b, 0);
     if (e->finish == ENGINE_FINISH_ERROR)
         oai_sse_error(&b, e->error_msg ? e->error_msg : "engine error", "server_error");
-    else oai_sse_chunk(&b, &q->meta, "", 0, 0, finish_name(e->finish), q->include_usage, q->extra);
+    else
+        oai_sse_chunk(&b, &q->meta, "", 0, 0, finish_name(e->finish), q->include_usage, q->extra);
     if (q->include_usage) oai_sse_usage(&b, &q->meta, u);
     oai_sse_done(&b);
     if (http_conn_stream_write(q->conn, b.data, b.len) == 0) http_conn_stream_end(q->conn);
@@ -504,7 +512,8 @@ static void handle_done(node_server *s, node_req *q, const node_ev *e)
     int status = !q->conn ? 499 : e->finish == ENGINE_FINISH_ERROR && !q->stream ? 500 : 200;
     if (q->conn && e->finish == ENGINE_FINISH_CANCELED) {
         /* canceled by shutdown: end what was started */
-        if (q->stream) http_conn_stream_end(q->conn);
+        if (q->stream)
+            http_conn_stream_end(q->conn);
         else {
             dx_buf b;
             dx_buf_init(&b, 0);
@@ -515,8 +524,10 @@ static void handle_done(node_server *s, node_req *q, const node_ev *e)
             status = 503;
         }
     } else if (q->conn) {
-        if (q->stream) finish_stream(q, e, &u);
-        else finish_full(q, e, &u);
+        if (q->stream)
+            finish_stream(q, e, &u);
+        else
+            finish_full(q, e, &u);
     }
     record_done(s, q, e, status);
     req_unlink(q);
@@ -538,8 +549,10 @@ static void drain_events(node_server *s)
     node_ev *e = queue_take(s), *next;
     for (; e; e = next) {
         next = e->next;
-        if (e->type == ENGINE_EV_TOKENS) handle_tokens(e->req, e);
-        else handle_done(s, e->req, e);
+        if (e->type == ENGINE_EV_TOKENS)
+            handle_tokens(e->req, e);
+        else
+            handle_done(s, e->req, e);
         dx_free(e->error_msg);
         dx_free(e);
     }
@@ -648,7 +661,7 @@ static void on_handle_closed(uv_handle_t *h)
 void node_server_destroy(node_server *s)
 {
     if (!s) return;
-    drain_events(s); /* final events the backend delivered while stopping */
+    drain_events(s);    /* final events the backend delivered while stopping */
     while (s->active) { /* only if the backend never finished them */
         node_req *q = s->active;
         if (q->conn) http_conn_set_abort(q->conn, NULL, NULL);

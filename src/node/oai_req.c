@@ -41,8 +41,8 @@ static int get_int(const json_t *v, const char *name, double lo, double hi, int6
     if (json_is_integer(v)) {
         json_int_t i = json_integer_value(v);
         if ((double)i < lo || (double)i > hi)
-            return fail(err, name, "%s: %lld is out of range [%.0f, %.0f]", name, (long long)i,
-                        lo, hi);
+            return fail(err, name, "%s: %lld is out of range [%.0f, %.0f]", name, (long long)i, lo,
+                        hi);
         *out = (int64_t)i;
         return 0;
     }
@@ -96,7 +96,8 @@ static int parse_parts(json_t *arr, size_t mi, oai_msg *m, oai_err *err)
     char name[64];
     size_t total = 0, i;
     json_t *part;
-    json_array_foreach(arr, i, part) {
+    json_array_foreach(arr, i, part)
+    {
         snprintf(name, sizeof name, "messages[%zu].content[%zu]", mi, i);
         json_t *type = json_object_get(part, "type");
         json_t *text = json_object_get(part, "text");
@@ -109,7 +110,8 @@ static int parse_parts(json_t *arr, size_t mi, oai_msg *m, oai_err *err)
     m->owned = dx_malloc(total + 1);
     if (!m->owned) return fail(err, "messages", "messages: out of memory");
     size_t off = 0;
-    json_array_foreach(arr, i, part) {
+    json_array_foreach(arr, i, part)
+    {
         json_t *text = json_object_get(part, "text");
         if (i > 0) m->owned[off++] = '\n';
         memcpy(m->owned + off, json_string_value(text), json_string_length(text));
@@ -127,8 +129,7 @@ static int parse_msg(json_t *jm, size_t i, oai_msg *m, oai_err *err)
     snprintf(name, sizeof name, "messages[%zu]", i);
     if (!json_is_object(jm)) return fail(err, name, "%s: expected an object", name);
     json_t *role = json_object_get(jm, "role");
-    if (!json_is_string(role))
-        return fail(err, name, "%s.role: required, a string", name);
+    if (!json_is_string(role)) return fail(err, name, "%s.role: required, a string", name);
     m->role = norm_role(json_string_value(role));
     if (!m->role)
         return fail(err, name, "%s.role: unknown role '%.32s'", name, json_string_value(role));
@@ -156,7 +157,8 @@ static int parse_messages(json_t *root, oai_req *r, oai_err *err)
     if (!r->msgs) return fail(err, "messages", "messages: out of memory");
     size_t i;
     json_t *jm;
-    json_array_foreach(msgs, i, jm) {
+    json_array_foreach(msgs, i, jm)
+    {
         r->n_msgs = i + 1;
         int rc = parse_msg(jm, i, &r->msgs[i], err);
         if (rc < 0) return rc;
@@ -171,7 +173,8 @@ static int parse_ids(json_t *arr, const oai_parse_opts *opts, oai_req *r, oai_er
     if (!r->prompt_ids) return fail(err, "prompt", "prompt: out of memory");
     double hi = opts && opts->n_vocab ? (double)opts->n_vocab - 1 : (double)INT32_MAX;
     json_t *v;
-    json_array_foreach(arr, i, v) {
+    json_array_foreach(arr, i, v)
+    {
         char name[40];
         int64_t id;
         snprintf(name, sizeof name, "prompt[%zu]", i);
@@ -221,7 +224,8 @@ static int parse_stop(json_t *root, oai_req *r, oai_err *err)
         return fail(err, "stop", "stop: at most %d strings", OAI_MAX_STOP);
     size_t i;
     json_t *v;
-    json_array_foreach(s, i, v) {
+    json_array_foreach(s, i, v)
+    {
         if (!json_is_string(v)) return fail(err, "stop", "stop[%zu]: expected a string", i);
         if (json_string_length(v) > 0) r->stop[r->n_stop++] = json_string_value(v);
     }
@@ -257,8 +261,7 @@ static int parse_sampling(json_t *root, oai_req *r, oai_err *err)
         r->top_k = i < 0 ? 0 : (int)i; /* -1 = off, as in vLLM */
     }
     if ((v = field(root, "seed"))) {
-        if (get_int(v, "seed", (double)INT64_MIN, (double)INT64_MAX, &i, err) < 0)
-            return DX_EINVAL;
+        if (get_int(v, "seed", (double)INT64_MIN, (double)INT64_MAX, &i, err) < 0) return DX_EINVAL;
         r->has_seed = 1;
         r->seed = (uint64_t)i;
     }

@@ -31,16 +31,22 @@ size_t oai_utf8_seq_len(const unsigned char *s, size_t n)
     size_t len;
     unsigned lo = 0x80, hi = 0xBF; /* allowed range of the second byte */
     if (c < 0x80) return 1;
-    if (c >= 0xC2 && c <= 0xDF) len = 2;
+    if (c >= 0xC2 && c <= 0xDF)
+        len = 2;
     else if (c >= 0xE0 && c <= 0xEF) {
         len = 3;
-        if (c == 0xE0) lo = 0xA0;      /* overlong */
-        else if (c == 0xED) hi = 0x9F; /* surrogates */
+        if (c == 0xE0)
+            lo = 0xA0; /* overlong */
+        else if (c == 0xED)
+            hi = 0x9F; /* surrogates */
     } else if (c >= 0xF0 && c <= 0xF4) {
         len = 4;
-        if (c == 0xF0) lo = 0x90;      /* overlong */
-        else if (c == 0xF4) hi = 0x8F; /* above U+10FFFF */
-    } else return 0;
+        if (c == 0xF0)
+            lo = 0x90; /* overlong */
+        else if (c == 0xF4)
+            hi = 0x8F; /* above U+10FFFF */
+    } else
+        return 0;
     if (n < len || s[1] < lo || s[1] > hi) return 0;
     for (size_t i = 2; i < len; i++)
         if ((s[i] & 0xC0) != 0x80) return 0;
@@ -90,7 +96,8 @@ static int put_head(dx_buf *b, const oai_meta *m, int chunk)
     int rc = dx_buf_puts(b, "{\"id\":");
     if (!rc) rc = oai_json_str(b, m->id, strlen(m->id));
     if (!rc)
-        rc = dx_buf_printf(b, ",\"object\":\"%s\",\"created\":%lld,\"model\":", object_name(m, chunk),
+        rc = dx_buf_printf(b,
+                           ",\"object\":\"%s\",\"created\":%lld,\"model\":", object_name(m, chunk),
                            (long long)m->created);
     if (!rc) rc = oai_json_str(b, m->model, strlen(m->model));
     return rc;
@@ -122,7 +129,7 @@ int oai_resp_full(dx_buf *b, const oai_meta *m, const char *text, size_t len, co
     if (!rc) rc = dx_buf_puts(b, ",\"choices\":[{\"index\":0,");
     if (!rc)
         rc = dx_buf_puts(b, m->kind == OAI_CHAT ? "\"message\":{\"role\":\"assistant\",\"content\":"
-                                                 : "\"text\":");
+                                                : "\"text\":");
     if (!rc) rc = oai_json_str(b, text, len);
     if (!rc && m->kind == OAI_CHAT) rc = dx_buf_putc(b, '}');
     if (!rc) rc = put_finish(b, finish);
@@ -139,8 +146,10 @@ int oai_sse_chunk(dx_buf *b, const oai_meta *m, const char *text, size_t len, in
     if (!rc) rc = put_head(b, m, 1);
     if (!rc) rc = dx_buf_puts(b, ",\"choices\":[{\"index\":0,");
     if (!rc && m->kind == OAI_CHAT) {
-        if (role_first) rc = dx_buf_puts(b, "\"delta\":{\"role\":\"assistant\",\"content\":");
-        else rc = dx_buf_puts(b, finish && !len ? "\"delta\":{" : "\"delta\":{\"content\":");
+        if (role_first)
+            rc = dx_buf_puts(b, "\"delta\":{\"role\":\"assistant\",\"content\":");
+        else
+            rc = dx_buf_puts(b, finish && !len ? "\"delta\":{" : "\"delta\":{\"content\":");
         if (!rc && (role_first || !finish || len)) rc = oai_json_str(b, text, len);
         if (!rc) rc = dx_buf_putc(b, '}');
     } else if (!rc) {

@@ -14,7 +14,7 @@
 #define PROM_MAX_BUCKETS 24
 
 typedef struct {
-    double bounds[PROM_MAX_BUCKETS]; /* upper bounds, ascending; +Inf implied */
+    double bounds[PROM_MAX_BUCKETS];       /* upper bounds, ascending; +Inf implied */
     uint64_t counts[PROM_MAX_BUCKETS + 1]; /* per bucket (not cumulative) */
     size_t n_bounds;
     double sum;

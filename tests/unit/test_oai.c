@@ -1,0 +1,416 @@
+/* Unit tests for src/node: OpenAI request parsing (with a bad-input corpus),
+ * response/chunk/error JSON, UTF-8 sanitising and the Prometheus writers. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <jansson.h>
+#include <string.h>
+
+#include "base/dx_alloc.h"
+#include "base/dx_err.h"
+#include "node/oai_req.h"
+#include "node/oai_resp.h"
+#include "node/prom.h"
+
+static int parse(enum oai_kind k, const char *body, oai_req *r, oai_err *e)
+{
+    oai_parse_opts o = {.n_vocab = 1000};
+    return oai_req_parse(k, body, strlen(body), &o, r, e);
+}
+
+static void test_chat_full(void **state)
+{
+    (void)state;
+    size_t live = dx_alloc_live_bytes();
+    oai_req r;
+    oai_err e;
+    const char *body =
+        "{\"model\":\"m\",\"messages\":[{\"role\":\"developer\",\"content\":\"sys\"},"
+        "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"a\"},{\"type\":\"text\","
+        "\"text\":\"b\"}]},{\"role\":\"assistant\",\"content\":null}],"
+        "\"max_completion_tokens\":7,\"temperature\":0,\"top_p\":0.5,\"top_k\":-1,\"min_p\":0.1,"
+        "\"seed\":42,\"stop\":[\"x\",\"\",\"yy\"],\"stream\":true,"
+        "\"stream_options\":{\"include_usage\":true},\"user\":\"u\",\"n\":1,\"logprobs\":false,"
+        "\"unknown\":{\"deep\":[1,2]},\"kv_transfer_params\":{\"do_remote_decode\":true}}";
+    assert_int_equal(parse(OAI_CHAT, body, &r, &e), 0);
+    assert_string_equal(r.model, "m");
+    assert_int_equal(r.n_msgs, 3);
+    assert_string_equal(r.msgs[0].role, "system");
+    assert_string_equal(r.msgs[1].content, "a\nb");
+    assert_int_equal(r.msgs[1].content_len, 3);
+    assert_string_equal(r.msgs[2].role, "assistant");
+    assert_int_equal(r.msgs[2].content_len, 0);
+    assert_true(r.has_max_tokens);
+    assert_int_equal(r.max_tokens, 7);
+    assert_true(r.temperature == 0.0);
+    assert_true(r.top_p == 0.5);
+    assert_int_equal(r.top_k, 0);
+    assert_true(r.has_seed);
+    assert_int_equal(r.seed, 42);
+    assert_int_equal(r.n_stop, 2);
+    assert_string_equal(r.stop[1], "yy");
+    assert_true(r.stream && r.include_usage);
+    assert_string_equal(r.user, "u");
+    assert_non_null(r.kv_transfer_params);
+    oai_req_free(&r);
+    assert_int_equal(dx_alloc_live_bytes(), live);
+}
+
+static void test_defaults_and_prompts(void **state)
+{
+    (void)state;
+    oai_req r;
+    oai_err e;
+    assert_int_equal(parse(OAI_COMPLETION,
+                           "{\"model\":\"m\",\"prompt\":\"hi\",\"max_tokens\":null,"
+                           "\"temperature\":null,\"stop\":\"s\"}",
+                           &r, &e),
+                     0);
+    assert_false(r.has_max_tokens);
+    assert_true(r.temperature == 1.0 && r.top_p == 1.0);
+    assert_false(r.stream);
+    assert_string_equal(r.prompt, "hi");
+    assert_int_equal(r.n_stop, 1);
+    oai_req_free(&r);
+    assert_int_equal(parse(OAI_COMPLETION, "{\"model\":\"m\",\"prompt\":[1,2,999]}", &r, &e), 0);
+    assert_int_equal(r.n_prompt_ids, 3);
+    assert_int_equal(r.prompt_ids[2], 999);
+    oai_req_free(&r);
+    assert_int_equal(parse(OAI_COMPLETION, "{\"model\":\"m\",\"prompt\":[[5,6]]}", &r, &e), 0);
+    assert_int_equal(r.n_prompt_ids, 2);
+    oai_req_free(&r);
+    assert_int_equal(parse(OAI_COMPLETION, "{\"model\":\"m\",\"prompt\":[\"one\"]}", &r, &e), 0);
+    assert_string_equal(r.prompt, "one");
+    oai_req_free(&r);
+    /* integral reals are integers; max_tokens wins when it is the only one */
+    assert_int_equal(
+        parse(OAI_COMPLETION, "{\"model\":\"m\",\"prompt\":\"x\",\"max_tokens\":1e2}", &r, &e), 0);
+    assert_int_equal(r.max_tokens, 100);
+    oai_req_free(&r);
+}
+
+/* Each bad body gets a 400 whose param (and message) name the field. */
+static void test_bad_corpus(void **state)
+{
+    (void)state;
+    static const struct {
+        enum oai_kind kind;
+        const char *body, *param, *msg_has;
+    } cases[] = {
+        {OAI_CHAT, "", "", "invalid JSON"},
+        {OAI_CHAT, "{\"model\":\"m\",", "", "invalid JSON"},
+        {OAI_CHAT, "[1,2]", "", "JSON object"},
+        {OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"\xff\"}]}", "",
+         "invalid JSON"},
+        {OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"a\\u0000\"}]}",
+         "", "invalid JSON"},
+        {OAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]}", "model", "model"},
+        {OAI_CHAT, "{\"model\":5,\"messages\":[]}", "model", "model"},
+        {OAI_CHAT, "{\"model\":\"m\"}", "messages", "messages: required"},
+        {OAI_CHAT, "{\"model\":\"m\",\"messages\":[]}", "messages", "non-empty"},
+        {OAI_CHAT, "{\"model\":\"m\",\"messages\":\"hi\"}", "messages", "messages"},
+        {OAI_CHAT, "{\"model\":\"m\",\"messages\":[1]}", "messages[0]", "messages[0]"},
+        {OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"content\":\"a\"}]}", "messages[0]",
+         "messages[0].role"},
+        {OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"wizard\",\"content\":\"a\"}]}",
+         "messages[0]", "unknown role"},
+        {OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":3}]}",
+         "messages[0]", "messages[0].content"},
+        {OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":null}]}",
+         "messages[0]", "messages[0].content"},
+        {OAI_CHAT,
+         "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\"}]}"
+         "]"
+         "}",
+         "messages[0].content[0]", "only \"text\""},
+        {OAI_CHAT,
+         "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\"}]}]}",
+         "messages[0].content[0]", ".text"},
+        {OAI_COMPLETION, "{\"model\":\"m\"}", "prompt", "prompt: required"},
+        {OAI_COMPLETION, "{\"model\":\"m\",\"prompt\":7}", "prompt", "prompt"},
+        {OAI_COMPLETION, "{\"model\":\"m\",\"prompt\":[]}", "prompt", "empty"},
+        {OAI_COMPLETION, "{\"model\":\"m\",\"prompt\":[\"a\",\"b\"]}", "prompt", "one prompt"},
+        {OAI_COMPLETION, "{\"model\":\"m\",\"prompt\":[1,\"a\"]}", "prompt", "prompt[1]"},
+        {OAI_COMPLETION, "{\"model\":\"m\",\"prompt\":[1,1000]}", "prompt", "prompt[1]"},
+        {OAI_COMPLETION, "{\"model\":\"m\",\"prompt\":[-1]}", "prompt", "prompt[0]"},
+        {OAI_COMPLETION, "{\"model\":\"m\",\"prompt\":\"x\",\"max_tokens\":-5}", "max_tokens",
+         "max_tokens"},
+        {OAI_COMPLETION, "{\"model\":\"m\",\"prompt\":\"x\",\"max_tokens\":0}", "max_tokens",
+         "out of range"},
+        {OAI_COMPLETION, "{\"model\":\"m\",\"prompt\":\"x\",\"max_tokens\":\"10\"}", "max_tokens",
+         "integer"},
+        {OAI_COMPLETION, "{\"model\":\"m\",\"prompt\":\"x\",\"max_tokens\":1.5}", "max_tokens",
+         "integer"},
+        {OAI_COMPLETION, "{\"model\":\"m\",\"prompt\":\"x\",\"max_tokens\":99999999999}",
+         "max_tokens", "out of range"},
+        {OAI_COMPLETION, "{\"model\":\"m\",\"prompt\":\"x\",\"max_tokens\":1e300}", "max_tokens",
+         "out of range"},
+        {OAI_COMPLETION,
+         "{\"model\":\"m\",\"prompt\":\"x\",\"max_tokens\":99999999999999999999999}", "",
+         "invalid JSON"},
+        {OAI_COMPLETION, "{\"model\":\"m\",\"prompt\":\"x\",\"max_completion_tokens\":true}",
+         "max_completion_tokens", "max_completion_tokens"},
+        {OAI_COMPLETION, "{\"model\":\"m\",\"prompt\":\"x\",\"temperature\":3}", "temperature",
+         "temperature"},
+        {OAI_COMPLETION, "{\"model\":\"m\",\"prompt\":\"x\",\"temperature\":\"hot\"}",
+         "temperature", "number"},
+        {OAI_COMPLETION, "{\"model\":\"m\",\"prompt\":\"x\",\"top_p\":0}", "top_p", "top_p"},
+        {OAI_COMPLETION, "{\"model\":\"m\",\"prompt\":\"x\",\"top_p\":1.5}", "top_p", "top_p"},
+        {OAI_COMPLETION, "{\"model\":\"m\",\"prompt\":\"x\",\"top_k\":-2}", "top_k", "top_k"},
+        {OAI_COMPLETION, "{\"model\":\"m\",\"prompt\":\"x\",\"top_k\":0.5}", "top_k", "top_k"},
+        {OAI_COMPLETION, "{\"model\":\"m\",\"prompt\":\"x\",\"min_p\":-0.1}", "min_p", "min_p"},
+        {OAI_COMPLETION, "{\"model\":\"m\",\"prompt\":\"x\",\"seed\":\"1\"}", "seed", "seed"},
+        {OAI_COMPLETION, "{\"model\":\"m\",\"prompt\":\"x\",\"seed\":1e30}", "seed", "seed"},
+        {OAI_COMPLETION, "{\"model\":\"m\",\"prompt\":\"x\",\"stop\":5}", "stop", "stop"},
+        {OAI_COMPLETION, "{\"model\":\"m\",\"prompt\":\"x\",\"stop\":[\"a\",1]}", "stop",
+         "stop[1]"},
+        {OAI_COMPLETION,
+         "{\"model\":\"m\",\"prompt\":\"x\",\"stop\":[\"1\",\"2\",\"3\",\"4\",\"5\",\"6\",\"7\","
+         "\"8\",\"9\",\"10\",\"11\",\"12\",\"13\",\"14\",\"15\",\"16\",\"17\"]}",
+         "stop", "at most"},
+        {OAI_COMPLETION, "{\"model\":\"m\",\"prompt\":\"x\",\"stream\":\"yes\"}", "stream",
+         "stream"},
+        {OAI_COMPLETION, "{\"model\":\"m\",\"prompt\":\"x\",\"stream_options\":1}",
+         "stream_options", "stream_options"},
+        {OAI_COMPLETION,
+         "{\"model\":\"m\",\"prompt\":\"x\",\"stream_options\":{\"include_usage\":1}}",
+         "stream_options.include_usage", "include_usage"},
+        {OAI_COMPLETION, "{\"model\":\"m\",\"prompt\":\"x\",\"n\":2}", "n", "n = 1"},
+        {OAI_COMPLETION, "{\"model\":\"m\",\"prompt\":\"x\",\"n\":0}", "n", "n = 1"},
+        {OAI_COMPLETION, "{\"model\":\"m\",\"prompt\":\"x\",\"user\":[]}", "user", "user"},
+        {OAI_COMPLETION, "{\"model\":\"m\",\"prompt\":\"x\",\"kv_transfer_params\":[]}",
+         "kv_transfer_params", "kv_transfer_params"},
+    };
+    size_t live = dx_alloc_live_bytes();
+    for (size_t i = 0; i < DX_ARRAY_LEN(cases); i++) {
+        oai_req r;
+        oai_err e;
+        int rc = parse(cases[i].kind, cases[i].body, &r, &e);
+        if (rc != DX_EINVAL || e.status != 400 || strcmp(e.param, cases[i].param) != 0 ||
+            !strstr(e.message, cases[i].msg_has))
+            fail_msg("case %zu (%s): rc=%d status=%d param='%s' message='%s'", i, cases[i].body, rc,
+                     e.status, e.param, e.message);
+        assert_null(r.root);
+        assert_null(r.msgs);
+    }
+    assert_int_equal(dx_alloc_live_bytes(), live);
+}
+
+/* Running out of memory anywhere in parsing is an error, never a crash/leak. */
+static void test_parse_oom(void **state)
+{
+    (void)state;
+    const char *body = "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":"
+                       "\"text\",\"text\":\"a\"}]},{\"role\":\"user\",\"content\":\"b\"}],"
+                       "\"stop\":[\"q\"]}";
+    size_t live = dx_alloc_live_bytes();
+    for (long n = 1; n < 60; n++) {
+        oai_req r;
+        oai_err e;
+        dx_alloc_fail_after(n, 0);
+        int rc = parse(OAI_CHAT, body, &r, &e);
+        dx_alloc_fail_after(0, 0);
+        if (rc == 0) oai_req_free(&r);
+        assert_int_equal(dx_alloc_live_bytes(), live);
+    }
+}
+
+static void test_json_str_utf8(void **state)
+{
+    (void)state;
+    dx_buf b;
+    dx_buf_init(&b, 0);
+    const char in[] = "a\"\\\n\t\x01 \xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80 \xff \xc0\xaf "
+                      "\xed\xa0\x80 \xf4\x90\x80\x80 \xe2\x82";
+    assert_int_equal(oai_json_str(&b, in, sizeof in - 1), 0);
+    assert_string_equal(b.data, "\"a\\\"\\\\\\n\\t\\u0001 \xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80 "
+                                "\\ufffd \\ufffd\\ufffd \\ufffd\\ufffd\\ufffd "
+                                "\\ufffd\\ufffd\\ufffd\\ufffd \\ufffd\\ufffd\"");
+    /* the result must be valid JSON that decodes back */
+    json_error_t je;
+    json_t *v = json_loadb(b.data, b.len, JSON_DECODE_ANY, &je);
+    assert_non_null(v);
+    assert_true(json_is_string(v));
+    json_decref(v);
+    dx_buf_free(&b);
+}
+
+static json_t *load(const char *s, size_t n)
+{
+    json_error_t je;
+    json_t *v = json_loadb(s, n, 0, &je);
+    if (!v) fail_msg("not JSON (%s): %.*s", je.text, (int)n, s);
+    return v;
+}
+
+static void test_resp_full(void **state)
+{
+    (void)state;
+    dx_buf b;
+    dx_buf_init(&b, 0);
+    oai_meta m = {OAI_CHAT, "chatcmpl-1", "tiny", 1700000000};
+    oai_usage u = {10, 4, 3};
+    assert_int_equal(oai_resp_full(&b, &m, "hi \xff", 4, "length", &u, "\"x\":1"), 0);
+    json_t *v = load(b.data, b.len);
+    assert_string_equal(json_string_value(json_object_get(v, "object")), "chat.completion");
+    assert_int_equal(json_integer_value(json_object_get(v, "created")), 1700000000);
+    json_t *ch = json_array_get(json_object_get(v, "choices"), 0);
+    assert_string_equal(json_string_value(json_object_get(ch, "finish_reason")), "length");
+    json_t *msg = json_object_get(ch, "message");
+    assert_string_equal(json_string_value(json_object_get(msg, "role")), "assistant");
+    assert_string_equal(json_string_value(json_object_get(msg, "content")), "hi \xef\xbf\xbd");
+    json_t *us = json_object_get(v, "usage");
+    assert_int_equal(json_integer_value(json_object_get(us, "total_tokens")), 13);
+    assert_int_equal(json_integer_value(json_object_get(
+                         json_object_get(us, "prompt_tokens_details"), "cached_tokens")),
+                     4);
+    assert_int_equal(json_integer_value(json_object_get(v, "x")), 1);
+    json_decref(v);
+    dx_buf_reset(&b);
+    m.kind = OAI_COMPLETION;
+    assert_int_equal(oai_resp_full(&b, &m, "t", 1, "stop", &u, NULL), 0);
+    v = load(b.data, b.len);
+    assert_string_equal(json_string_value(json_object_get(v, "object")), "text_completion");
+    ch = json_array_get(json_object_get(v, "choices"), 0);
+    assert_string_equal(json_string_value(json_object_get(ch, "text")), "t");
+    json_decref(v);
+    dx_buf_free(&b);
+}
+
+/* Strips "data: " and "\n\n" and parses the JSON in between. */
+static json_t *sse_json(const dx_buf *b)
+{
+    assert_true(b->len > 8);
+    assert_memory_equal(b->data, "data: ", 6);
+    assert_memory_equal(b->data + b->len - 2, "\n\n", 2);
+    return load(b->data + 6, b->len - 8);
+}
+
+static void test_sse_chunks(void **state)
+{
+    (void)state;
+    dx_buf b;
+    dx_buf_init(&b, 0);
+    oai_meta m = {OAI_CHAT, "chatcmpl-2", "tiny", 1};
+    oai_sse_chunk(&b, &m, "", 0, 1, NULL, 1, NULL);
+    json_t *v = sse_json(&b);
+    json_t *ch = json_array_get(json_object_get(v, "choices"), 0);
+    assert_string_equal(json_string_value(json_object_get(v, "object")), "chat.completion.chunk");
+    assert_string_equal(json_string_value(json_object_get(json_object_get(ch, "delta"), "role")),
+                        "assistant");
+    assert_true(json_is_null(json_object_get(ch, "finish_reason")));
+    assert_true(json_is_null(json_object_get(v, "usage")));
+    json_decref(v);
+    dx_buf_reset(&b);
+    oai_sse_chunk(&b, &m, "tok", 3, 0, NULL, 0, NULL);
+    v = sse_json(&b);
+    ch = json_array_get(json_object_get(v, "choices"), 0);
+    assert_string_equal(json_string_value(json_object_get(json_object_get(ch, "delta"), "content")),
+                        "tok");
+    assert_null(json_object_get(v, "usage"));
+    json_decref(v);
+    dx_buf_reset(&b);
+    oai_sse_chunk(&b, &m, "", 0, 0, "stop", 0, "\"kv_transfer_params\":{\"a\":1}");
+    v = sse_json(&b);
+    ch = json_array_get(json_object_get(v, "choices"), 0);
+    assert_int_equal(json_object_size(json_object_get(ch, "delta")), 0);
+    assert_string_equal(json_string_value(json_object_get(ch, "finish_reason")), "stop");
+    assert_non_null(json_object_get(v, "kv_transfer_params"));
+    json_decref(v);
+    dx_buf_reset(&b);
+    oai_usage u = {5, 0, 2};
+    oai_sse_usage(&b, &m, &u);
+    v = sse_json(&b);
+    assert_int_equal(json_array_size(json_object_get(v, "choices")), 0);
+    assert_int_equal(
+        json_integer_value(json_object_get(json_object_get(v, "usage"), "completion_tokens")), 2);
+    json_decref(v);
+    dx_buf_reset(&b);
+    oai_sse_done(&b);
+    assert_string_equal(b.data, "data: [DONE]\n\n");
+    dx_buf_reset(&b);
+    m.kind = OAI_COMPLETION;
+    oai_sse_chunk(&b, &m, "z", 1, 0, NULL, 0, NULL);
+    v = sse_json(&b);
+    assert_string_equal(json_string_value(json_object_get(v, "object")), "text_completion");
+    ch = json_array_get(json_object_get(v, "choices"), 0);
+    assert_string_equal(json_string_value(json_object_get(ch, "text")), "z");
+    json_decref(v);
+    dx_buf_free(&b);
+}
+
+static void test_errors_models_ids(void **state)
+{
+    (void)state;
+    dx_buf b;
+    dx_buf_init(&b, 0);
+    oai_error_json(&b, "bad \"x\"", oai_error_type(400), "max_tokens", NULL);
+    json_t *v = load(b.data, b.len);
+    json_t *e = json_object_get(v, "error");
+    assert_string_equal(json_string_value(json_object_get(e, "message")), "bad \"x\"");
+    assert_string_equal(json_string_value(json_object_get(e, "type")), "invalid_request_error");
+    assert_string_equal(json_string_value(json_object_get(e, "param")), "max_tokens");
+    assert_true(json_is_null(json_object_get(e, "code")));
+    json_decref(v);
+    assert_string_equal(oai_error_type(503), "server_error");
+    dx_buf_reset(&b);
+    oai_models_json(&b, "tiny", 5);
+    v = load(b.data, b.len);
+    assert_string_equal(json_string_value(json_object_get(v, "object")), "list");
+    assert_string_equal(
+        json_string_value(json_object_get(json_array_get(json_object_get(v, "data"), 0), "id")),
+        "tiny");
+    json_decref(v);
+    dx_buf_free(&b);
+    char a[64], c[64];
+    oai_make_id(a, sizeof a, "chatcmpl");
+    oai_make_id(c, sizeof c, "chatcmpl");
+    assert_int_equal(strlen(a), strlen("chatcmpl-") + 32);
+    assert_memory_equal(a, "chatcmpl-", 9);
+    assert_string_not_equal(a, c);
+}
+
+static void test_prom(void **state)
+{
+    (void)state;
+    prom_hist h;
+    prom_hist_init_latency(&h);
+    prom_hist_observe(&h, 0.0005);
+    prom_hist_observe(&h, 0.003);
+    prom_hist_observe(&h, 100);
+    prom_family f;
+    prom_family_init(&f);
+    prom_family_add(&f, "route=\"/a\",status=\"200\"", 1);
+    prom_family_add(&f, "route=\"/a\",status=\"200\"", 2);
+    prom_family_add(&f, "route=\"/a\",status=\"404\"", 1);
+    assert_int_equal(prom_family_get(&f, "route=\"/a\",status=\"200\""), 3);
+    dx_buf b;
+    dx_buf_init(&b, 0);
+    prom_write_family(&b, "req_total", "reqs", &f);
+    prom_write_hist(&b, "lat_seconds", "lat", &h);
+    assert_non_null(strstr(b.data, "# TYPE req_total counter\n"));
+    assert_non_null(strstr(b.data, "req_total{route=\"/a\",status=\"200\"} 3\n"));
+    assert_non_null(strstr(b.data, "lat_seconds_bucket{le=\"0.001\"} 1\n"));
+    assert_non_null(strstr(b.data, "lat_seconds_bucket{le=\"0.005\"} 2\n"));
+    assert_non_null(strstr(b.data, "lat_seconds_bucket{le=\"60\"} 2\n"));
+    assert_non_null(strstr(b.data, "lat_seconds_bucket{le=\"+Inf\"} 3\n"));
+    assert_non_null(strstr(b.data, "lat_seconds_count 3\n"));
+    dx_buf_free(&b);
+    prom_family_free(&f);
+}
+
+int main(void)
+{
+    oai_json_use_dx_alloc();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_chat_full),     cmocka_unit_test(test_defaults_and_prompts),
+        cmocka_unit_test(test_bad_corpus),    cmocka_unit_test(test_parse_oom),
+        cmocka_unit_test(test_json_str_utf8), cmocka_unit_test(test_resp_full),
+        cmocka_unit_test(test_sse_chunks),    cmocka_unit_test(test_errors_models_ids),
+        cmocka_unit_test(test_prom),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
