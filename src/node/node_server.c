@@ -287,6 +287,10 @@ static int encode_prompt(node_server *s, const oai_req *o, int32_t **ids, size_t
         snprintf(err->param, sizeof err->param, o->kind == OAI_CHAT ? "messages" : "prompt");
         rc = DX_EINVAL;
     }
+    if (rc < 0) {
+        dx_free(*ids);
+        *ids = NULL;
+    }
     return rc;
 }
 
@@ -495,12 +499,14 @@ static void record_done(node_server *s, node_req *q, const node_ev *e, int statu
     s->cached_tokens += e->n_cached;
     s->gen_tokens += e->n_gen;
     count_request(s, q->path, status);
-    DX_LOGI("POST %s %d id=%s prompt=%u cached=%u gen=%u finish=%s ttft_ms=%.1f total_ms=%.1f",
+    char ttft_s[32] = "-";
+    if (ttft >= 0) snprintf(ttft_s, sizeof ttft_s, "%.1f", ttft * 1e3);
+    DX_LOGI("POST %s %d id=%s prompt=%u cached=%u gen=%u finish=%s ttft_ms=%s total_ms=%.1f",
             q->path, status, q->id, e->n_prompt, e->n_cached, e->n_gen,
             e->finish == ENGINE_FINISH_CANCELED ? "canceled"
             : e->finish == ENGINE_FINISH_ERROR  ? "error"
                                                 : finish_name(e->finish),
-            ttft * 1e3, total * 1e3);
+            ttft_s, total * 1e3);
 }
 
 static void maybe_stopped(node_server *s);
