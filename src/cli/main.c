@@ -13,6 +13,8 @@ static const struct {
 } k_cmds[] = {
     {"model", cli_model_main, "synth|info: write or inspect GGUF models"},
     {"tokenize", cli_tokenize_main, "tokenise text with a model's tokenizer (or --decode)"},
+    {"generate", cli_generate_main, "generate text from a prompt on one engine"},
+    {"bench", cli_bench_main, "engine: prefill/decode speed"},
 };
 
 static void usage(FILE *f)

@@ -87,6 +87,8 @@ typedef struct {
     uint64_t preemptions;
 } engine_stats;
 
+typedef struct engine engine;
+
 int engine_create(const engine_config *cfg, const model *m, engine **out);
 void engine_destroy(engine *e); /* cancels everything, joins the thread */
 

@@ -1,0 +1,264 @@
+/* engine: the scheduler on a thread of its own, fed through a locked inbox.
+ *
+ * Callers never touch the scheduler: engine_submit validates synchronously
+ * (so the HTTP layer can answer 400/503 at once), copies the request into the
+ * inbox and signals; the engine thread drains the inbox between steps.  Events
+ * are delivered on the engine thread, never while the inbox lock is held, so
+ * a callback may call engine_cancel. */
+#include "engine/engine.h"
+
+#include <pthread.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "base/dx_alloc.h"
+#include "base/dx_dtype.h"
+#include "base/dx_err.h"
+#include "base/dx_log.h"
+#include "base/dx_tpool.h"
+#include "engine/sched.h"
+
+typedef struct item {
+    struct item *next;
+    int cancel;
+    uint64_t id;
+    engine_request req; /* prompt and stop owned by the item */
+} item;
+
+struct engine {
+    engine_config cfg;
+    const model *m;
+    kv_pool *pool;
+    dx_tpool *tp;
+    sched *s;
+    pthread_t th;
+    int started;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    item *in_head, *in_tail;
+    uint32_t n_in;
+    int stop;
+    uint64_t next_id;
+    engine_stats stats; /* snapshot after the last step */
+};
+
+static void item_free(item *it)
+{
+    if (!it) return;
+    if (!it->cancel) {
+        dx_free((void *)it->req.prompt);
+        for (size_t i = 0; i < it->req.n_stop; i++) dx_free((void *)it->req.stop[i]);
+        dx_free((void *)it->req.stop);
+    }
+    dx_free(it);
+}
+
+static void push_item(engine *e, item *it)
+{
+    if (e->in_tail) e->in_tail->next = it;
+    else e->in_head = it;
+    e->in_tail = it;
+    e->n_in++;
+    pthread_cond_signal(&e->cv);
+}
+
+static void fail_request(const item *it, enum engine_finish fin, int err, const char *msg)
+{
+    engine_event ev = {.type = ENGINE_EV_DONE, .req_id = it->id, .finish = fin, .error = err,
+                       .error_msg = msg, .n_prompt = (uint32_t)it->req.n_prompt};
+    it->req.on_event(it->req.user, &ev);
+}
+
+static void drain(engine *e, item *list)
+{
+    while (list) {
+        item *it = list;
+        list = it->next;
+        if (it->cancel) {
+            sched_cancel(e->s, it->id); /* ENOENT: already finished */
+        } else if (sched_submit(e->s, &it->req, it->id)) {
+            fail_request(it, ENGINE_FINISH_ERROR, dx_errcode(), dx_errmsg());
+        }
+        item_free(it);
+    }
+}
+
+static void *engine_main(void *arg)
+{
+    engine *e = arg;
+    pthread_mutex_lock(&e->mu);
+    while (!e->stop) {
+        if (!e->in_head && !sched_busy(e->s)) {
+            pthread_cond_wait(&e->cv, &e->mu);
+            continue;
+        }
+        item *list = e->in_head;
+        e->in_head = e->in_tail = NULL;
+        e->n_in = 0;
+        pthread_mutex_unlock(&e->mu);
+        drain(e, list);
+        sched_step(e->s);
+        engine_stats st;
+        sched_get_stats(e->s, &st);
+        pthread_mutex_lock(&e->mu);
+        e->stats = st;
+    }
+    pthread_mutex_unlock(&e->mu);
+    return NULL;
+}
+
+static int make_pool(engine *e)
+{
+    const model_hparams *hp = model_hp(e->m);
+    uint64_t fp[2];
+    model_fingerprint(e->m, fp);
+    kv_pool_config pc = {.n_layer = hp->n_layer,
+                         .n_kv_head = hp->n_kv_head,
+                         .head_dim = hp->head_dim,
+                         .block_size = e->cfg.block_size,
+                         .dtype = e->cfg.kv_dtype,
+                         .n_blocks = e->cfg.kv_blocks,
+                         .pool_bytes = e->cfg.kv_cache_mb << 20,
+                         .seed = {fp[0], fp[1]},
+                         .alloc = e->cfg.kv_alloc,
+                         .release = e->cfg.kv_release,
+                         .alloc_user = e->cfg.kv_alloc_user};
+    return kv_pool_create(&pc, &e->pool);
+}
+
+static void apply_defaults(engine_config *c, const model *m)
+{
+    if (c->n_threads <= 0) c->n_threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    if (c->n_threads <= 0) c->n_threads = 1;
+    if (!c->kv_cache_mb && !c->kv_blocks) c->kv_cache_mb = 1024;
+    if (!c->block_size) c->block_size = 16;
+    if (!dx_dtype_name(c->kv_dtype) || c->kv_dtype == DX_Q8_0) c->kv_dtype = DX_F16;
+    if (!c->max_batch_tokens) c->max_batch_tokens = 512;
+    if (!c->max_seqs) c->max_seqs = 64;
+    if (!c->max_waiting) c->max_waiting = 256;
+    uint32_t train = model_hp(m)->n_ctx_train;
+    if (!c->n_ctx) c->n_ctx = train < 32768 ? train : 32768;
+}
+
+int engine_create(const engine_config *cfg, const model *m, engine **out)
+{
+    *out = NULL;
+    engine *e = dx_calloc(1, sizeof *e);
+    if (!e) return dx_errf(DX_ENOMEM, "out of memory");
+    e->cfg = *cfg;
+    e->m = m;
+    apply_defaults(&e->cfg, m);
+    e->next_id = 1;
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->cv, NULL);
+    sched_config sc = {e->cfg.max_batch_tokens, e->cfg.max_seqs, e->cfg.max_waiting,
+                       e->cfg.n_ctx};
+    int rc = make_pool(e);
+    if (!rc) rc = dx_tpool_create(e->cfg.n_threads, &e->tp);
+    if (!rc) rc = sched_create(&sc, m, e->pool, e->tp, &e->s);
+    if (!rc && pthread_create(&e->th, NULL, engine_main, e))
+        rc = dx_errf(DX_ENOMEM, "cannot start the engine thread");
+    if (rc) {
+        engine_destroy(e);
+        return rc;
+    }
+    e->started = 1;
+    sched_get_stats(e->s, &e->stats);
+    *out = e;
+    return 0;
+}
+
+void engine_destroy(engine *e)
+{
+    if (!e) return;
+    if (e->started) {
+        pthread_mutex_lock(&e->mu);
+        e->stop = 1;
+        pthread_cond_signal(&e->cv);
+        pthread_mutex_unlock(&e->mu);
+        pthread_join(e->th, NULL);
+    }
+    for (item *it = e->in_head, *next; it; it = next) {
+        next = it->next;
+        if (!it->cancel) fail_request(it, ENGINE_FINISH_CANCELED, 0, NULL);
+        item_free(it);
+    }
+    sched_destroy(e->s);
+    dx_tpool_destroy(e->tp);
+    kv_pool_destroy(e->pool);
+    pthread_mutex_destroy(&e->mu);
+    pthread_cond_destroy(&e->cv);
+    dx_free(e);
+}
+
+static item *copy_request(const engine_request *r)
+{
+    item *it = dx_calloc(1, sizeof *it);
+    if (!it) return NULL;
+    it->req = *r;
+    it->req.prompt = dx_memdup(r->prompt, r->n_prompt * sizeof(int32_t));
+    it->req.stop = r->n_stop ? dx_calloc(r->n_stop, sizeof(char *)) : NULL;
+    int oom = !it->req.prompt || (r->n_stop && !it->req.stop);
+    for (size_t i = 0; !oom && i < r->n_stop; i++)
+        oom = !(((char **)it->req.stop)[i] = dx_strdup(r->stop[i]));
+    if (oom) {
+        item_free(it);
+        return NULL;
+    }
+    return it;
+}
+
+int engine_submit(engine *e, const engine_request *req, uint64_t *req_id)
+{
+    int rc = sched_check(e->s, req);
+    if (rc) return rc;
+    item *it = copy_request(req);
+    if (!it) return dx_errf(DX_ENOMEM, "out of memory");
+    pthread_mutex_lock(&e->mu);
+    uint32_t outstanding = e->n_in + e->stats.running + e->stats.waiting;
+    if (outstanding >= e->cfg.max_seqs + e->cfg.max_waiting) {
+        pthread_mutex_unlock(&e->mu);
+        item_free(it);
+        return dx_errf(DX_EBUSY, "the engine is at capacity (%u requests queued or running)",
+                       outstanding);
+    }
+    it->id = e->next_id++;
+    if (req_id) *req_id = it->id;
+    push_item(e, it);
+    pthread_mutex_unlock(&e->mu);
+    return 0;
+}
+
+int engine_cancel(engine *e, uint64_t req_id)
+{
+    item *it = dx_calloc(1, sizeof *it);
+    if (!it) return dx_errf(DX_ENOMEM, "out of memory");
+    it->cancel = 1;
+    it->id = req_id;
+    pthread_mutex_lock(&e->mu);
+    push_item(e, it);
+    pthread_mutex_unlock(&e->mu);
+    return 0;
+}
+
+void engine_get_stats(engine *e, engine_stats *out)
+{
+    pthread_mutex_lock(&e->mu);
+    *out = e->stats;
+    pthread_mutex_unlock(&e->mu);
+}
+
+const model *engine_model(const engine *e)
+{
+    return e->m;
+}
+
+kv_pool *engine_kv_pool(engine *e)
+{
+    return e->pool;
+}
+
+uint32_t engine_n_ctx(const engine *e)
+{
+    return e->cfg.n_ctx;
+}

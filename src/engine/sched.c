@@ -1,0 +1,565 @@
+/* sched: continuous batching over the forward pass (see sched.h). */
+#include "engine/sched.h"
+
+#include <string.h>
+
+#include "base/dx_alloc.h"
+#include "base/dx_buf.h"
+#include "base/dx_clock.h"
+#include "base/dx_err.h"
+#include "base/dx_log.h"
+#include "engine/fwd.h"
+#include "engine/sampler.h"
+
+typedef struct seq {
+    uint64_t id;
+    struct seq *next; /* waiting queue */
+    engine_request req;
+    char **stop;
+    size_t max_stop;
+    int32_t *tokens; /* prompt, then generated */
+    uint32_t n_tokens, n_prompt, cap_tokens;
+    uint32_t max_total; /* prompt + max_tokens, capped by n_ctx */
+    uint32_t n_computed; /* tokens whose KV is in blocks */
+    uint32_t n_cached;   /* prompt tokens taken from the prefix cache */
+    int32_t *blocks;
+    uint32_t n_blocks, cap_blocks;
+    uint32_t n_hashed; /* leading blocks already hashed */
+    kv_hash last_hash;
+    sampler_rng rng;
+    sampler_params sp;
+    dx_buf text;     /* generated text */
+    size_t emitted;  /* bytes of text delivered */
+    uint64_t t_submit, t_first;
+    int canceled;
+    uint64_t order; /* admission order, for preemption */
+} seq;
+
+struct sched {
+    sched_config cfg;
+    const model *m;
+    const tok *tk;
+    kv_pool *pool;
+    fwd *fw;
+    sampler *smp;
+    uint32_t bs, n_vocab;
+    seq **running;
+    uint32_t n_running;
+    seq *wait_head, *wait_tail;
+    uint32_t n_waiting;
+    uint64_t next_order;
+    fwd_seq *batch;
+    seq **batch_seq;
+    float *logits;
+    int32_t eos, eot;
+    engine_stats st;
+};
+
+/* ---- events ---- */
+
+static void emit_done(sched *s, seq *q, enum engine_finish fin, int err, const char *msg)
+{
+    engine_event ev = {.type = ENGINE_EV_DONE,
+                       .req_id = q->id,
+                       .finish = fin,
+                       .error = err,
+                       .error_msg = msg,
+                       .n_prompt = q->n_prompt,
+                       .n_cached = q->n_cached,
+                       .n_gen = q->n_tokens - q->n_prompt,
+                       .ttft_s = q->t_first ? (double)(q->t_first - q->t_submit) * 1e-9 : 0};
+    (void)s;
+    q->req.on_event(q->req.user, &ev);
+}
+
+/* Length of an incomplete UTF-8 sequence at the end of p[0..n) that could
+ * still become valid with more bytes (held back), else 0. */
+static size_t utf8_incomplete_tail(const char *p, size_t n)
+{
+    for (size_t back = 1; back <= 3 && back <= n; back++) {
+        unsigned char c = (unsigned char)p[n - back];
+        if ((c & 0xc0) == 0x80) continue;
+        size_t need = c >= 0xf0 && c <= 0xf4 ? 4 : c >= 0xe0 ? 3 : c >= 0xc2 && c < 0xe0 ? 2 : 1;
+        return need > back ? back : 0;
+    }
+    return 0;
+}
+
+/* Copies p[0..n) into out with every invalid UTF-8 byte replaced by U+FFFD,
+ * so events always carry valid UTF-8 (JSON needs it). */
+static void utf8_sanitize(const char *p, size_t n, dx_buf *out)
+{
+    size_t i = 0;
+    while (i < n) {
+        unsigned char c = (unsigned char)p[i];
+        size_t len = c < 0x80 ? 1 : c >= 0xc2 && c < 0xe0 ? 2 : c >= 0xe0 && c < 0xf0 ? 3
+                   : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
+        int ok = len > 0 && i + len <= n;
+        for (size_t k = 1; ok && k < len; k++) ok = ((unsigned char)p[i + k] & 0xc0) == 0x80;
+        if (ok && len == 3) { /* overlongs and surrogates */
+            unsigned char d = (unsigned char)p[i + 1];
+            ok = !(c == 0xe0 && d < 0xa0) && !(c == 0xed && d >= 0xa0);
+        }
+        if (ok && len == 4) {
+            unsigned char d = (unsigned char)p[i + 1];
+            ok = !(c == 0xf0 && d < 0x90) && !(c == 0xf4 && d >= 0x90);
+        }
+        if (ok) {
+            dx_buf_append(out, p + i, len);
+            i += len;
+        } else {
+            dx_buf_append(out, "\xef\xbf\xbd", 3);
+            i++;
+        }
+    }
+}
+
+/* Bytes at the end of text that are a proper prefix of some stop string. */
+static size_t stop_prefix_tail(const seq *q)
+{
+    size_t best = 0, n = q->text.len;
+    for (size_t i = 0; i < q->req.n_stop; i++) {
+        size_t sl = strlen(q->stop[i]);
+        for (size_t k = sl - 1; k > best; k--)
+            if (k <= n && !memcmp(q->text.data + n - k, q->stop[i], k)) {
+                best = k;
+                break;
+            }
+    }
+    return best;
+}
+
+/* Finds the earliest stop string in the text not yet emitted; returns its
+ * offset or -1. */
+static long find_stop(const seq *q)
+{
+    long best = -1;
+    size_t from = q->emitted;
+    for (size_t i = 0; i < q->req.n_stop; i++) {
+        const char *hit = memmem(q->text.data + from, q->text.len - from, q->stop[i],
+                                 strlen(q->stop[i]));
+        if (hit && (best < 0 || hit - q->text.data < best)) best = hit - q->text.data;
+    }
+    return best;
+}
+
+/* Delivers new tokens and whatever text is safe to deliver.  final: flush. */
+static void emit_tokens(sched *s, seq *q, const int32_t *toks, size_t n, size_t upto)
+{
+    (void)s;
+    dx_buf clean;
+    dx_buf_init(&clean, 0);
+    if (upto > q->emitted) utf8_sanitize(q->text.data + q->emitted, upto - q->emitted, &clean);
+    if (!n && !clean.len) return;
+    engine_event ev = {.type = ENGINE_EV_TOKENS,
+                       .req_id = q->id,
+                       .tokens = toks,
+                       .n_tokens = n,
+                       .text = clean.data ? clean.data : "",
+                       .text_len = clean.len};
+    q->req.on_event(q->req.user, &ev);
+    if (upto > q->emitted) q->emitted = upto;
+    dx_buf_free(&clean);
+}
+
+/* ---- sequences ---- */
+
+static void seq_free(seq *q)
+{
+    if (!q) return;
+    for (size_t i = 0; i < q->req.n_stop; i++) dx_free(q->stop[i]);
+    dx_free(q->stop);
+    dx_free(q->tokens);
+    dx_free(q->blocks);
+    dx_buf_free(&q->text);
+    dx_free(q);
+}
+
+static void release_blocks(sched *s, seq *q)
+{
+    for (uint32_t i = 0; i < q->n_blocks; i++) kv_pool_unref(s->pool, q->blocks[i]);
+    q->n_blocks = 0;
+    q->n_computed = 0;
+    q->n_hashed = 0;
+    q->last_hash = kv_pool_seed(s->pool);
+}
+
+int sched_check(const sched *s, const engine_request *r)
+{
+    if (!r->n_prompt) return dx_errf(DX_EINVAL, "the prompt is empty");
+    if (!r->on_event) return dx_errf(DX_EINVAL, "no event callback");
+    uint64_t want = (uint64_t)r->n_prompt + (r->max_tokens ? r->max_tokens : 1);
+    if (want > s->cfg.n_ctx)
+        return dx_errf(DX_EINVAL,
+                       "prompt (%zu tokens) + max_tokens (%u) exceeds the context length of %u",
+                       r->n_prompt, r->max_tokens, s->cfg.n_ctx);
+    uint32_t need = (uint32_t)((want + s->bs - 1) / s->bs);
+    if (need > kv_pool_n_blocks(s->pool))
+        return dx_errf(DX_EINVAL, "request needs %u KV blocks but the pool has only %u", need,
+                       kv_pool_n_blocks(s->pool));
+    for (size_t i = 0; i < r->n_prompt; i++)
+        if (r->prompt[i] < 0 || (uint32_t)r->prompt[i] >= s->n_vocab)
+            return dx_errf(DX_EINVAL, "prompt token %zu (%d) is outside the vocabulary of %u", i,
+                           r->prompt[i], s->n_vocab);
+    for (size_t i = 0; i < r->n_stop; i++)
+        if (!r->stop[i] || !r->stop[i][0]) return dx_errf(DX_EINVAL, "stop[%zu] is empty", i);
+    return 0;
+}
+
+int sched_submit(sched *s, const engine_request *r, uint64_t id)
+{
+    int rc = sched_check(s, r);
+    if (rc) return rc;
+    uint64_t want = (uint64_t)r->n_prompt + (r->max_tokens ? r->max_tokens : 1);
+    if (s->n_waiting >= s->cfg.max_waiting)
+        return dx_errf(DX_EBUSY, "the waiting queue is full (%u requests)", s->cfg.max_waiting);
+    seq *q = dx_calloc(1, sizeof *q);
+    if (!q) return dx_errf(DX_ENOMEM, "out of memory");
+    q->id = id;
+    q->req = *r;
+    q->n_prompt = (uint32_t)r->n_prompt;
+    q->max_total = r->max_tokens ? (uint32_t)want : s->cfg.n_ctx;
+    q->cap_tokens = q->max_total;
+    q->cap_blocks = (q->cap_tokens + s->bs - 1) / s->bs;
+    q->tokens = dx_malloc(q->cap_tokens * sizeof(int32_t));
+    q->blocks = dx_malloc(q->cap_blocks * sizeof(int32_t));
+    q->stop = dx_calloc(r->n_stop ? r->n_stop : 1, sizeof(char *));
+    dx_buf_init(&q->text, 0);
+    int oom = !q->tokens || !q->blocks || !q->stop;
+    for (size_t i = 0; !oom && i < r->n_stop; i++) oom = !(q->stop[i] = dx_strdup(r->stop[i]));
+    if (oom) {
+        seq_free(q);
+        return dx_errf(DX_ENOMEM, "out of memory");
+    }
+    memcpy(q->tokens, r->prompt, r->n_prompt * sizeof(int32_t));
+    q->n_tokens = q->n_prompt;
+    q->req.prompt = NULL;
+    q->req.stop = NULL;
+    q->sp = (sampler_params){r->sampling.temperature, r->sampling.top_k, r->sampling.top_p,
+                             r->sampling.min_p};
+    sampler_rng_seed(&q->rng, r->sampling.has_seed ? r->sampling.seed : dx_now_ns() ^ id);
+    q->last_hash = kv_pool_seed(s->pool);
+    q->t_submit = dx_now_ns();
+    if (s->wait_tail) s->wait_tail->next = q;
+    else s->wait_head = q;
+    s->wait_tail = q;
+    s->n_waiting++;
+    return 0;
+}
+
+int sched_cancel(sched *s, uint64_t id)
+{
+    for (uint32_t i = 0; i < s->n_running; i++)
+        if (s->running[i]->id == id) return s->running[i]->canceled = 1, 0;
+    for (seq *q = s->wait_head; q; q = q->next)
+        if (q->id == id) return q->canceled = 1, 0;
+    return dx_errf(DX_ENOENT, "no request %llu", (unsigned long long)id);
+}
+
+static void remove_running(sched *s, uint32_t i)
+{
+    memmove(&s->running[i], &s->running[i + 1], (s->n_running - i - 1) * sizeof(seq *));
+    s->n_running--;
+}
+
+static void finish(sched *s, uint32_t i, enum engine_finish fin, int err, const char *msg)
+{
+    seq *q = s->running[i];
+    if (fin != ENGINE_FINISH_CANCELED && fin != ENGINE_FINISH_ERROR)
+        emit_tokens(s, q, NULL, 0, q->text.len);
+    release_blocks(s, q);
+    remove_running(s, i);
+    emit_done(s, q, fin, err, msg);
+    seq_free(q);
+}
+
+static seq *pop_waiting(sched *s)
+{
+    seq *q = s->wait_head;
+    s->wait_head = q->next;
+    if (!s->wait_head) s->wait_tail = NULL;
+    q->next = NULL;
+    s->n_waiting--;
+    return q;
+}
+
+static void push_waiting_front(sched *s, seq *q)
+{
+    q->next = s->wait_head;
+    s->wait_head = q;
+    if (!s->wait_tail) s->wait_tail = q;
+    s->n_waiting++;
+}
+
+static void handle_cancels(sched *s)
+{
+    for (uint32_t i = s->n_running; i-- > 0;)
+        if (s->running[i]->canceled) finish(s, i, ENGINE_FINISH_CANCELED, 0, NULL);
+    seq **pp = &s->wait_head, *prev = NULL;
+    while (*pp) {
+        seq *q = *pp;
+        if (!q->canceled) {
+            prev = q;
+            pp = &q->next;
+            continue;
+        }
+        *pp = q->next;
+        if (s->wait_tail == q) s->wait_tail = prev;
+        s->n_waiting--;
+        emit_done(s, q, ENGINE_FINISH_CANCELED, 0, NULL);
+        seq_free(q);
+    }
+}
+
+/* Takes the longest cached prefix of everything but the last token (the
+ * last token must be computed to get logits). */
+static void take_cached_prefix(sched *s, seq *q)
+{
+    uint32_t n_full = (q->n_tokens - 1) / s->bs;
+    kv_hash *chain = dx_malloc((n_full ? n_full : 1) * sizeof *chain);
+    if (!chain) return; /* no reuse; correct, just slower */
+    kv_pool_hash_chain(s->pool, q->tokens, (size_t)n_full * s->bs, chain);
+    size_t got = kv_pool_match_prefix(s->pool, chain, n_full, q->blocks);
+    q->n_blocks = q->n_hashed = (uint32_t)got;
+    q->n_computed = (uint32_t)got * s->bs;
+    if (got) q->last_hash = chain[got - 1];
+    uint32_t cached = q->n_computed < q->n_prompt ? q->n_computed : q->n_prompt;
+    if (cached > q->n_cached) q->n_cached = cached;
+    dx_free(chain);
+}
+
+static void admit(sched *s)
+{
+    while (s->wait_head && s->n_running < s->cfg.max_seqs) {
+        seq *q = s->wait_head;
+        kv_pool_stats ps;
+        kv_pool_get_stats(s->pool, &ps);
+        uint32_t need = (q->n_tokens + s->bs) / s->bs;
+        /* admit only with room for the whole prompt, unless nothing runs */
+        if (s->n_running && ps.n_free + ps.n_cached < need) break;
+        pop_waiting(s);
+        take_cached_prefix(s, q);
+        q->order = s->next_order++;
+        s->running[s->n_running++] = q;
+    }
+}
+
+/* Frees the newest running sequence's blocks and requeues it. */
+static void preempt(sched *s, uint32_t i)
+{
+    seq *q = s->running[i];
+    DX_LOGD("preempting request %llu (%u tokens computed)", (unsigned long long)q->id,
+            q->n_computed);
+    release_blocks(s, q);
+    remove_running(s, i);
+    push_waiting_front(s, q);
+    s->st.preemptions++;
+}
+
+static uint32_t newest_running(const sched *s)
+{
+    uint32_t best = 0;
+    for (uint32_t i = 1; i < s->n_running; i++)
+        if (s->running[i]->order > s->running[best]->order) best = i;
+    return best;
+}
+
+/* Makes q's block table cover `upto` tokens, preempting newer sequences when
+ * the pool is dry.  Returns 0, 1 if q itself had to be preempted, 2 if q runs
+ * alone and the pool still has no room (blocks pinned outside the scheduler). */
+static int ensure_blocks(sched *s, seq *q, uint32_t upto)
+{
+    uint32_t need = (upto + s->bs - 1) / s->bs;
+    while (q->n_blocks < need) {
+        int32_t id;
+        if (kv_pool_alloc(s->pool, &id) == 0) {
+            q->blocks[q->n_blocks++] = id;
+            continue;
+        }
+        if (s->n_running == 1) return 2; /* alone and still no room: blocks held elsewhere */
+        uint32_t v = newest_running(s);
+        int self = s->running[v] == q;
+        preempt(s, v);
+        if (self) return 1;
+    }
+    return 0;
+}
+
+/* Registers newly completed full blocks in the prefix cache. */
+static void hash_new_blocks(sched *s, seq *q)
+{
+    uint32_t full = q->n_computed / s->bs;
+    for (; q->n_hashed < full; q->n_hashed++) {
+        uint32_t b = q->n_hashed;
+        q->last_hash = kv_hash_next(q->last_hash, q->tokens + (size_t)b * s->bs, s->bs);
+        int32_t existing;
+        kv_pool_insert(s->pool, q->blocks[b], q->last_hash, &existing); /* EEXIST: keep ours */
+    }
+}
+
+/* Appends the sampled token; returns the finish reason or NONE. */
+static enum engine_finish accept_token(sched *s, seq *q, int32_t t)
+{
+    q->tokens[q->n_tokens++] = t;
+    if (!q->t_first) q->t_first = dx_now_ns();
+    s->st.gen_tokens++;
+    int is_end = !q->req.ignore_eos && (t == s->eos || t == s->eot);
+    if (!is_end && !tok_is_special(s->tk, t)) {
+        char piece[256];
+        int n = tok_token_bytes(s->tk, t, piece, sizeof piece);
+        if (n > 0) dx_buf_append(&q->text, piece, (size_t)n);
+    }
+    long stop_at = q->req.n_stop ? find_stop(q) : -1;
+    if (stop_at >= 0) {
+        emit_tokens(s, q, &q->tokens[q->n_tokens - 1], 1, (size_t)stop_at);
+        q->text.len = (size_t)stop_at;
+        return ENGINE_FINISH_STOP;
+    }
+    if (is_end) {
+        emit_tokens(s, q, &q->tokens[q->n_tokens - 1], 1, q->text.len);
+        return ENGINE_FINISH_STOP;
+    }
+    size_t hold = stop_prefix_tail(q), tail = utf8_incomplete_tail(q->text.data, q->text.len);
+    if (tail > hold) hold = tail;
+    emit_tokens(s, q, &q->tokens[q->n_tokens - 1], 1, q->text.len - hold);
+    if (q->n_tokens >= q->max_total) return ENGINE_FINISH_LENGTH;
+    return ENGINE_FINISH_NONE;
+}
+
+/* Builds the step: decodes first (one token each), then prefill chunks. */
+static size_t build_batch(sched *s)
+{
+    size_t n = 0;
+    uint32_t budget = s->cfg.max_batch_tokens;
+    for (int pass = 0; pass < 2; pass++) {
+        for (uint32_t i = 0; i < s->n_running && budget; i++) {
+            seq *q = s->running[i];
+            uint32_t pending = q->n_tokens - q->n_computed;
+            if ((pass == 0) != (pending == 1)) continue;
+            uint32_t take = pending < budget ? pending : budget;
+            int rc = ensure_blocks(s, q, q->n_computed + take);
+            if (rc == 2) {
+                finish(s, i, ENGINE_FINISH_ERROR, DX_EFULL, "KV pool exhausted");
+                rc = 1;
+            }
+            if (rc) {
+                i = (uint32_t)-1; /* the running set changed: rebuild from scratch */
+                n = 0;
+                budget = s->cfg.max_batch_tokens;
+                pass = 0;
+                continue;
+            }
+            s->batch[n] = (fwd_seq){q->blocks, q->n_computed, take, q->tokens + q->n_computed,
+                                    q->n_computed + take == q->n_tokens};
+            s->batch_seq[n++] = q;
+            budget -= take;
+        }
+    }
+    return n;
+}
+
+static uint32_t running_index(const sched *s, const seq *q)
+{
+    for (uint32_t i = 0; i < s->n_running; i++)
+        if (s->running[i] == q) return i;
+    DX_ASSERT(0);
+    return 0;
+}
+
+int sched_step(sched *s)
+{
+    handle_cancels(s);
+    admit(s);
+    size_t n = build_batch(s);
+    if (!n) return sched_busy(s);
+    int rc = fwd_step(s->fw, s->batch, n, s->logits);
+    if (rc) {
+        DX_LOGE("forward step failed: %s", dx_errmsg());
+        for (size_t i = 0; i < n; i++)
+            finish(s, running_index(s, s->batch_seq[i]), ENGINE_FINISH_ERROR, rc, dx_errmsg());
+        return rc;
+    }
+    size_t row = 0;
+    for (size_t i = 0; i < n; i++) {
+        seq *q = s->batch_seq[i];
+        uint32_t before = q->n_computed;
+        q->n_computed += s->batch[i].n_tokens;
+        if (before < q->n_prompt)
+            s->st.prompt_tokens_computed +=
+                (q->n_computed < q->n_prompt ? q->n_computed : q->n_prompt) - before;
+        hash_new_blocks(s, q);
+        if (!s->batch[i].logits) continue;
+        int32_t t = sampler_sample(s->smp, s->logits + row++ * s->n_vocab, &q->sp, &q->rng);
+        enum engine_finish fin = accept_token(s, q, t);
+        if (fin != ENGINE_FINISH_NONE) finish(s, running_index(s, q), fin, 0, NULL);
+    }
+    return sched_busy(s);
+}
+
+int sched_busy(const sched *s)
+{
+    return (int)(s->n_running + s->n_waiting);
+}
+
+void sched_get_stats(const sched *s, engine_stats *out)
+{
+    *out = s->st;
+    out->running = s->n_running;
+    out->waiting = s->n_waiting;
+    kv_pool_get_stats(s->pool, &out->kv);
+}
+
+uint32_t sched_n_ctx(const sched *s)
+{
+    return s->cfg.n_ctx;
+}
+
+int sched_create(const sched_config *cfg, const model *m, kv_pool *pool, dx_tpool *tp,
+                 sched **out)
+{
+    *out = NULL;
+    sched *s = dx_calloc(1, sizeof *s);
+    if (!s) return dx_errf(DX_ENOMEM, "out of memory");
+    s->cfg = *cfg;
+    s->m = m;
+    s->tk = model_tokenizer(m);
+    s->pool = pool;
+    s->bs = kv_pool_block_size(pool);
+    s->n_vocab = model_hp(m)->n_vocab;
+    s->eos = tok_eos(s->tk);
+    s->eot = tok_eot(s->tk);
+    int rc = fwd_create(m, pool, tp, cfg->max_batch_tokens, cfg->max_seqs, cfg->n_ctx, &s->fw);
+    if (!rc) rc = sampler_create(s->n_vocab, &s->smp);
+    if (!rc) {
+        s->running = dx_calloc(cfg->max_seqs, sizeof *s->running);
+        s->batch = dx_calloc(cfg->max_seqs, sizeof *s->batch);
+        s->batch_seq = dx_calloc(cfg->max_seqs, sizeof *s->batch_seq);
+        s->logits = dx_aligned_alloc(64, (size_t)cfg->max_seqs * s->n_vocab * sizeof(float));
+        if (!s->running || !s->batch || !s->batch_seq || !s->logits)
+            rc = dx_errf(DX_ENOMEM, "out of memory for the scheduler");
+    }
+    if (rc) {
+        sched_destroy(s);
+        return rc;
+    }
+    *out = s;
+    return 0;
+}
+
+void sched_destroy(sched *s)
+{
+    if (!s) return;
+    while (s->n_running) finish(s, s->n_running - 1, ENGINE_FINISH_CANCELED, 0, NULL);
+    while (s->wait_head) {
+        seq *q = pop_waiting(s);
+        emit_done(s, q, ENGINE_FINISH_CANCELED, 0, NULL);
+        seq_free(q);
+    }
+    fwd_destroy(s->fw);
+    sampler_destroy(s->smp);
+    dx_free(s->running);
+    dx_free(s->batch);
+    dx_free(s->batch_seq);
+    dx_aligned_free(s->logits);
+    dx_free(s);
+}

@@ -1,0 +1,51 @@
+/* sched: continuous-batching scheduler.  Single-threaded: the engine thread
+ * owns it (tests drive it directly).
+ *
+ * Each step mixes one decode token from every running sequence with chunks of
+ * pending prefills, up to max_batch_tokens; waiting requests are admitted
+ * when the pool has room for their prompt; a new request first takes the
+ * longest prefix of its prompt from the prefix cache.  When the pool runs dry
+ * mid-step, the newest running sequence is preempted: its blocks are released
+ * (its full blocks stay cached, so it usually gets them back) and it is
+ * recomputed later — old sequences never fail because of new ones.  Because
+ * the forward pass is batch-invariant, preemption, batching and caching never
+ * change a sequence's tokens. */
+#ifndef SCHED_H
+#define SCHED_H
+
+#include <stdint.h>
+
+#include "base/dx_tpool.h"
+#include "engine/engine.h"
+#include "engine/kv_pool.h"
+#include "model/model.h"
+
+typedef struct {
+    uint32_t max_batch_tokens;
+    uint32_t max_seqs;
+    uint32_t max_waiting;
+    uint32_t n_ctx;
+} sched_config;
+
+typedef struct sched sched;
+
+int sched_create(const sched_config *cfg, const model *m, kv_pool *pool, dx_tpool *tp,
+                 sched **out);
+/* Finishes every request with ENGINE_FINISH_CANCELED (events delivered). */
+void sched_destroy(sched *s);
+/* Validation alone (prompt, context, vocabulary, stop strings); reads only
+ * immutable state, so any thread may call it. */
+int sched_check(const sched *s, const engine_request *req);
+/* Validates and queues; DX_EINVAL / DX_EBUSY with a message. */
+int sched_submit(sched *s, const engine_request *req, uint64_t id);
+/* Marks the request for cancellation at the next step; DX_ENOENT if unknown. */
+int sched_cancel(sched *s, uint64_t id);
+/* One forward step (or just admissions/cancellations).  Returns the number of
+ * requests still running or waiting, or a negative code on an internal
+ * failure (every affected request has received an ERROR event). */
+int sched_step(sched *s);
+int sched_busy(const sched *s); /* requests running or waiting */
+void sched_get_stats(const sched *s, engine_stats *out);
+uint32_t sched_n_ctx(const sched *s);
+
+#endif
