@@ -31,5 +31,6 @@ int cli_model_main(int argc, char **argv);
 int cli_tokenize_main(int argc, char **argv);
 int cli_generate_main(int argc, char **argv);
 int cli_bench_main(int argc, char **argv);
+int cli_serve_main(int argc, char **argv);
 
 #endif

@@ -15,6 +15,7 @@ static const struct {
     {"tokenize", cli_tokenize_main, "tokenise text with a model's tokenizer (or --decode)"},
     {"generate", cli_generate_main, "generate text from a prompt on one engine"},
     {"bench", cli_bench_main, "engine: prefill/decode speed"},
+    {"serve", cli_serve_main, "OpenAI-compatible HTTP server for one node"},
 };
 
 static void usage(FILE *f)

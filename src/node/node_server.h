@@ -18,9 +18,6 @@
 #include <stdint.h>
 #include <uv.h>
 
-/* engine.h uses the name before declaring it; a repeated identical typedef is
- * valid C11, so this stays correct once engine.h declares it too. */
-typedef struct engine engine;
 #include "engine/engine.h"
 
 enum node_role { NODE_ROLE_BOTH, NODE_ROLE_PREFILL, NODE_ROLE_DECODE };

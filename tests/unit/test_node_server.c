@@ -18,6 +18,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -817,6 +818,7 @@ static void test_graceful_shutdown(void **state)
 
 int main(void)
 {
+    signal(SIGPIPE, SIG_IGN); /* as the server process does */
     curl_global_init(CURL_GLOBAL_DEFAULT);
     oai_json_use_dx_alloc();
     const struct CMUnitTest tests[] = {

@@ -1,0 +1,73 @@
+/* node_engine: node_backend over engine_* and the model's tokenizer.
+ *
+ * Completions prompts are tokenised as plain text without special tokens
+ * and without BOS, exactly as `duplex generate --prompt` does, so the two
+ * give the same tokens; chat prompts go through the model's chat template
+ * with the generation prompt appended (`duplex generate --chat`). */
+#include "node/node_engine.h"
+
+#include <string.h>
+
+#include "base/dx_alloc.h"
+#include "base/dx_err.h"
+
+static int be_submit(void *self, const engine_request *req, uint64_t *id)
+{
+    return engine_submit(self, req, id);
+}
+
+static int be_cancel(void *self, uint64_t id)
+{
+    return engine_cancel(self, id);
+}
+
+static void be_stats(void *self, engine_stats *out)
+{
+    engine_get_stats(self, out);
+}
+
+/* Hands the ids over as one dx_malloc'd array (the caller frees it). */
+static int take_ids(int rc, tok_ids *v, int32_t **ids, size_t *n)
+{
+    if (rc == 0) {
+        *ids = dx_memdup(v->ids ? v->ids : (int32_t[1]){0}, (v->n ? v->n : 1) * sizeof **ids);
+        *n = v->n;
+        if (!*ids) rc = DX_ENOMEM;
+    }
+    tok_ids_free(v);
+    return rc;
+}
+
+static int be_encode_chat(void *self, const chat_msg *msgs, size_t n, int32_t **ids, size_t *n_ids)
+{
+    const model *m = engine_model(self);
+    tok_ids v;
+    tok_ids_init(&v);
+    int rc = chat_tmpl_encode(model_chat_kind(m), model_tokenizer(m), msgs, n, 1, &v);
+    return take_ids(rc, &v, ids, n_ids);
+}
+
+static int be_encode_text(void *self, const char *text, size_t len, int32_t **ids, size_t *n_ids)
+{
+    const model *m = engine_model(self);
+    tok_ids v;
+    tok_ids_init(&v);
+    int rc = tok_encode(model_tokenizer(m), text, len, 0, &v);
+    return take_ids(rc, &v, ids, n_ids);
+}
+
+void node_engine_backend(engine *e, const model *m, node_backend *out)
+{
+    memset(out, 0, sizeof *out);
+    out->self = e;
+    out->submit = be_submit;
+    out->cancel = be_cancel;
+    out->stats = be_stats;
+    out->encode_chat = be_encode_chat;
+    out->encode_text = be_encode_text;
+    out->model_name = model_name(m);
+    /* an id must index the embedding and decode to text */
+    uint32_t n_tok = (uint32_t)tok_vocab_size(model_tokenizer(m));
+    out->n_vocab = model_hp(m)->n_vocab < n_tok ? model_hp(m)->n_vocab : n_tok;
+    out->n_ctx = engine_n_ctx(e);
+}
