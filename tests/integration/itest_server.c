@@ -1,0 +1,712 @@
+/* Integration test: `duplex serve` as a real process on an ephemeral loopback
+ * port, with a synthesised tiny model, driven over real sockets (libcurl, raw
+ * TCP where the bytes matter, and the official openai npm client).
+ *
+ * Needs DUPLEX_BIN (scripts/test.sh sets it).  Greedy decoding is
+ * deterministic and the engine is batch-invariant, so outputs can be
+ * compared exactly: HTTP vs `duplex generate`, streaming vs not, alone vs 16
+ * at once. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <arpa/inet.h>
+#include <curl/curl.h>
+#include <jansson.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "base/dx_buf.h"
+#include "base/dx_clock.h"
+#include "base/dx_err.h"
+#include "node/oai_resp.h"
+
+static struct {
+    const char *bin;
+    char dir[64], model_path[128], log_path[128];
+    pid_t pid;
+    int port;
+    char model[128];
+} G;
+
+/* ---- process management ------------------------------------------------- */
+
+static int run_cmd(const char *cmd, dx_buf *out)
+{
+    FILE *p = popen(cmd, "r");
+    if (!p) return -1;
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, p)) > 0)
+        if (out) dx_buf_append(out, buf, n);
+    return pclose(p);
+}
+
+static int read_port_from_log(void)
+{
+    FILE *f = fopen(G.log_path, "r");
+    if (!f) return 0;
+    char line[1024];
+    int port = 0;
+    while (!port && fgets(line, sizeof line, f)) {
+        const char *p = strstr(line, "address=http://127.0.0.1:");
+        if (p) port = atoi(p + strlen("address=http://127.0.0.1:"));
+    }
+    fclose(f);
+    return port;
+}
+
+static void start_server(void)
+{
+    G.pid = fork();
+    DX_ASSERT(G.pid >= 0);
+    if (G.pid == 0) {
+        FILE *log = freopen(G.log_path, "w", stderr);
+        (void)log;
+        execl(G.bin, G.bin, "serve", "--model", G.model_path, "--role", "both", "--port", "0",
+              "--threads", "2", "--kv-cache-mb", "32", "--ctx", "1024", "--max-waiting", "64",
+              "--request-timeout-ms", "700", "--max-body-mb", "1", "--shutdown-grace-s", "5",
+              (char *)NULL);
+        _exit(127);
+    }
+    for (int i = 0; i < 1200 && !G.port; i++) {
+        usleep(50000);
+        G.port = read_port_from_log();
+        int st;
+        if (!G.port && waitpid(G.pid, &st, WNOHANG) == G.pid) break;
+    }
+    DX_ASSERT(G.port > 0);
+}
+
+static int group_setup(void **state)
+{
+    (void)state;
+    G.bin = getenv("DUPLEX_BIN");
+    if (!G.bin) G.bin = "build/release/duplex";
+    snprintf(G.dir, sizeof G.dir, "/tmp/duplex-itest-XXXXXX");
+    if (!mkdtemp(G.dir)) return -1;
+    snprintf(G.model_path, sizeof G.model_path, "%s/tiny.gguf", G.dir);
+    snprintf(G.log_path, sizeof G.log_path, "%s/serve.log", G.dir);
+    char cmd[512];
+    snprintf(cmd, sizeof cmd,
+             "%s model synth --arch qwen3 --preset tiny --dtype f32 -o %s >/dev/null 2>&1", G.bin,
+             G.model_path);
+    if (run_cmd(cmd, NULL) != 0) {
+        fprintf(stderr, "itest: %s failed\n", cmd);
+        return -1;
+    }
+    start_server();
+    return G.port > 0 ? 0 : -1;
+}
+
+static void print_log_tail(void)
+{
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "tail -n 30 %s >&2", G.log_path);
+    (void)!system(cmd);
+}
+
+static int group_teardown(void **state)
+{
+    (void)state;
+    int st = -1;
+    if (G.pid > 0) {
+        kill(G.pid, SIGTERM);
+        for (int i = 0; i < 200 && waitpid(G.pid, &st, WNOHANG) != G.pid; i++) usleep(50000);
+    }
+    print_log_tail();
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", G.dir);
+    (void)!system(cmd);
+    /* SIGTERM must end in a clean exit 0 */
+    if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0)) {
+        fprintf(stderr, "itest: server did not exit 0 on SIGTERM (status %d)\n", st);
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- HTTP helpers -------------------------------------------------------- */
+
+static size_t on_data(char *p, size_t sz, size_t n, void *user)
+{
+    return dx_buf_append(user, p, sz * n) == 0 ? sz * n : 0;
+}
+
+static CURL *curl_req(const char *method, const char *path, const char *body, size_t blen,
+                      dx_buf *out, struct curl_slist **hdrs)
+{
+    CURL *c = curl_easy_init();
+    char url[256];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d%s", G.port, path);
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_data);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, out);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT, 120L);
+    *hdrs = NULL;
+    if (body) {
+        *hdrs = curl_slist_append(NULL, "Content-Type: application/json");
+        curl_easy_setopt(c, CURLOPT_HTTPHEADER, *hdrs);
+        curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
+        curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE, (long)blen);
+    }
+    return c;
+}
+
+static long http(const char *method, const char *path, const char *body, dx_buf *out)
+{
+    struct curl_slist *h;
+    dx_buf_reset(out);
+    CURL *c = curl_req(method, path, body, body ? strlen(body) : 0, out, &h);
+    CURLcode rc = curl_easy_perform(c);
+    long status = 0;
+    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
+    curl_easy_cleanup(c);
+    curl_slist_free_all(h);
+    if (rc != CURLE_OK) fail_msg("%s %s: %s", method, path, curl_easy_strerror(rc));
+    return status;
+}
+
+static json_t *as_json(const dx_buf *b)
+{
+    json_error_t je;
+    json_t *v = json_loadb(b->data, b->len, 0, &je);
+    if (!v) fail_msg("not JSON: %.*s", (int)(b->len < 300 ? b->len : 300), b->data);
+    return v;
+}
+
+static json_t *jpath(json_t *v, const char *a, const char *b)
+{
+    json_t *x = json_object_get(v, a);
+    return b ? json_object_get(x, b) : x;
+}
+
+static long metric(const char *name)
+{
+    dx_buf b;
+    dx_buf_init(&b, 0);
+    assert_int_equal(http("GET", "/metrics", NULL, &b), 200);
+    char key[128];
+    snprintf(key, sizeof key, "\n%s ", name);
+    const char *p = strstr(b.data, key);
+    if (!p) fail_msg("metric %s missing", name);
+    long v = strtol(p + strlen(key), NULL, 10);
+    dx_buf_free(&b);
+    return v;
+}
+
+/* The server is healthy and holds no KV blocks once idle (cancellation is
+ * asynchronous, so allow it a moment). */
+static void assert_healthy_no_leak(void)
+{
+    dx_buf b;
+    dx_buf_init(&b, 0);
+    assert_int_equal(http("GET", "/health", NULL, &b), 200);
+    dx_buf_free(&b);
+    long used = -1;
+    for (int i = 0; i < 300; i++) {
+        used = metric("duplex_kv_blocks_used");
+        if (used == 0 && metric("duplex_requests_running") == 0) break;
+        usleep(20000);
+    }
+    assert_int_equal(used, 0);
+}
+
+/* The answer text of a non-streaming chat/completion (dup'd). */
+static char *answer_text(const dx_buf *b, int chat, json_t **usage_out)
+{
+    json_t *v = as_json(b);
+    json_t *ch = json_array_get(json_object_get(v, "choices"), 0);
+    json_t *t = chat ? jpath(ch, "message", "content") : json_object_get(ch, "text");
+    assert_true(json_is_string(t));
+    char *s = strdup(json_string_value(t));
+    if (usage_out) *usage_out = json_incref(json_object_get(v, "usage"));
+    json_decref(v);
+    return s;
+}
+
+static char *chat_body(const char *content, int max_tokens, int stream)
+{
+    json_t *v = json_pack("{s:s, s:[{s:s, s:s}], s:i, s:f, s:b}", "model", G.model, "messages",
+                          "role", "user", "content", content, "max_tokens", max_tokens,
+                          "temperature", 0.0, "stream", stream);
+    char *s = json_dumps(v, JSON_COMPACT);
+    json_decref(v);
+    return s;
+}
+
+static char *chat_once(const char *content, int max_tokens)
+{
+    dx_buf b;
+    dx_buf_init(&b, 0);
+    char *body = chat_body(content, max_tokens, 0);
+    assert_int_equal(http("POST", "/v1/chat/completions", body, &b), 200);
+    char *t = answer_text(&b, 1, NULL);
+    free(body);
+    dx_buf_free(&b);
+    return t;
+}
+
+/* SSE body → concatenated text; checks the framing and the [DONE] end. */
+static char *sse_text(const dx_buf *b, int chat, char *finish, long *usage_completion)
+{
+    dx_buf t;
+    dx_buf_init(&t, 0);
+    dx_buf_puts(&t, "");
+    const char *p = b->data;
+    int done = 0;
+    *usage_completion = -1;
+    while (p && *p) {
+        assert_false(done);
+        if (strncmp(p, "data: ", 6) != 0) fail_msg("bad SSE framing at: %.60s", p);
+        const char *end = strstr(p, "\n\n");
+        assert_non_null(end);
+        p += 6;
+        if (end - p == 6 && !memcmp(p, "[DONE]", 6)) {
+            done = 1;
+        } else {
+            json_error_t je;
+            json_t *v = json_loadb(p, (size_t)(end - p), 0, &je);
+            assert_non_null(v);
+            json_t *ch = json_array_get(json_object_get(v, "choices"), 0);
+            json_t *x = chat ? jpath(ch, "delta", "content") : json_object_get(ch, "text");
+            if (json_is_string(x)) dx_buf_append(&t, json_string_value(x), json_string_length(x));
+            if (json_is_string(json_object_get(ch, "finish_reason")))
+                strcpy(finish, json_string_value(json_object_get(ch, "finish_reason")));
+            json_t *u = json_object_get(v, "usage");
+            if (json_is_object(u))
+                *usage_completion =
+                    (long)json_integer_value(json_object_get(u, "completion_tokens"));
+            json_decref(v);
+        }
+        p = end + 2;
+    }
+    assert_true(done);
+    char *s = strdup(t.data);
+    dx_buf_free(&t);
+    return s;
+}
+
+/* What JSON makes of raw bytes: invalid UTF-8 becomes U+FFFD. */
+static char *sanitize(const char *s, size_t n)
+{
+    dx_buf b;
+    dx_buf_init(&b, 0);
+    dx_buf_puts(&b, "");
+    for (size_t i = 0; i < n;) {
+        size_t k = oai_utf8_seq_len((const unsigned char *)s + i, n - i);
+        if (k)
+            dx_buf_append(&b, s + i, k);
+        else
+            dx_buf_puts(&b, "\xef\xbf\xbd");
+        i += k ? k : 1;
+    }
+    char *r = strdup(b.data);
+    dx_buf_free(&b);
+    return r;
+}
+
+/* ---- tests ---------------------------------------------------------------- */
+
+static void test_health_models(void **state)
+{
+    (void)state;
+    dx_buf b;
+    dx_buf_init(&b, 0);
+    assert_int_equal(http("GET", "/health", NULL, &b), 200);
+    assert_int_equal(http("GET", "/v1/models", NULL, &b), 200);
+    json_t *v = as_json(&b);
+    json_t *id = json_object_get(json_array_get(json_object_get(v, "data"), 0), "id");
+    assert_true(json_is_string(id));
+    snprintf(G.model, sizeof G.model, "%s", json_string_value(id));
+    json_decref(v);
+    assert_int_equal(http("GET", "/metrics", NULL, &b), 200);
+    assert_non_null(strstr(b.data, "duplex_kv_blocks_total"));
+    assert_true(metric("duplex_kv_blocks_total") > 0);
+    dx_buf_free(&b);
+}
+
+static void test_chat_and_completions(void **state)
+{
+    (void)state;
+    dx_buf b;
+    dx_buf_init(&b, 0);
+    char finish[16] = "";
+    long uc;
+    /* chat: stream and not give the same text and usage */
+    char *body = chat_body("Hello, who are you?", 16, 0);
+    assert_int_equal(http("POST", "/v1/chat/completions", body, &b), 200);
+    json_t *usage;
+    char *full = answer_text(&b, 1, &usage);
+    json_t *v = as_json(&b);
+    assert_string_equal(json_string_value(json_object_get(v, "object")), "chat.completion");
+    assert_memory_equal(json_string_value(json_object_get(v, "id")), "chatcmpl-", 9);
+    json_decref(v);
+    long n_gen = (long)json_integer_value(json_object_get(usage, "completion_tokens"));
+    assert_true(n_gen >= 1 && n_gen <= 16);
+    assert_true(json_integer_value(json_object_get(usage, "prompt_tokens")) > 0);
+    json_decref(usage);
+    free(body);
+    body = chat_body("Hello, who are you?", 16, 1);
+    json_t *bj = json_loads(body, 0, NULL);
+    json_object_set_new(bj, "stream_options", json_pack("{s:b}", "include_usage", 1));
+    free(body);
+    body = json_dumps(bj, JSON_COMPACT);
+    json_decref(bj);
+    assert_int_equal(http("POST", "/v1/chat/completions", body, &b), 200);
+    char *streamed = sse_text(&b, 1, finish, &uc);
+    assert_string_equal(streamed, full);
+    assert_int_equal(uc, n_gen);
+    assert_true(!strcmp(finish, "stop") || !strcmp(finish, "length"));
+    free(body);
+    free(full);
+    free(streamed);
+    /* completions */
+    const char *cb = "{\"model\":\"%s\",\"prompt\":\"The quick brown fox\",\"max_tokens\":12,"
+                     "\"temperature\":0,\"stream\":%s}";
+    char buf[512];
+    snprintf(buf, sizeof buf, cb, G.model, "false");
+    assert_int_equal(http("POST", "/v1/completions", buf, &b), 200);
+    full = answer_text(&b, 0, NULL);
+    snprintf(buf, sizeof buf, cb, G.model, "true");
+    assert_int_equal(http("POST", "/v1/completions", buf, &b), 200);
+    streamed = sse_text(&b, 0, finish, &uc);
+    assert_string_equal(streamed, full);
+    free(full);
+    free(streamed);
+    dx_buf_free(&b);
+    assert_healthy_no_leak();
+}
+
+/* Greedy output over HTTP equals `duplex generate` for the same prompt. */
+static void test_equals_generate(void **state)
+{
+    (void)state;
+    char cmd[1024];
+    dx_buf out;
+    dx_buf_init(&out, 0);
+    snprintf(cmd, sizeof cmd,
+             "%s generate --model %s --chat 'Write a haiku about rivers.' -n 20 --threads 2 "
+             "--kv-cache-mb 16 2>/dev/null",
+             G.bin, G.model_path);
+    assert_int_equal(run_cmd(cmd, &out), 0);
+    assert_true(out.len >= 1 && out.data[out.len - 1] == '\n'); /* generate adds one */
+    char *want = sanitize(out.data, out.len - 1);
+    char *got = chat_once("Write a haiku about rivers.", 20);
+    assert_string_equal(got, want);
+    free(want);
+    free(got);
+    /* and the completions route against --prompt */
+    dx_buf_reset(&out);
+    snprintf(cmd, sizeof cmd,
+             "%s generate --model %s --prompt 'In the beginning' -n 20 --threads 2 "
+             "--kv-cache-mb 16 2>/dev/null",
+             G.bin, G.model_path);
+    assert_int_equal(run_cmd(cmd, &out), 0);
+    want = sanitize(out.data, out.len - 1);
+    dx_buf b;
+    dx_buf_init(&b, 0);
+    char body[256];
+    snprintf(body, sizeof body,
+             "{\"model\":\"%s\",\"prompt\":\"In the beginning\",\"max_tokens\":20,"
+             "\"temperature\":0}",
+             G.model);
+    assert_int_equal(http("POST", "/v1/completions", body, &b), 200);
+    got = answer_text(&b, 0, NULL);
+    assert_string_equal(got, want);
+    free(want);
+    free(got);
+    dx_buf_free(&b);
+    dx_buf_free(&out);
+}
+
+#define N_CONC 16
+
+static void test_concurrent_streams(void **state)
+{
+    (void)state;
+    char prompts[N_CONC][64];
+    char *alone[N_CONC];
+    for (int i = 0; i < N_CONC; i++) {
+        snprintf(prompts[i], sizeof prompts[i], "Request number %d: tell me a story about %c.", i,
+                 'A' + i);
+        alone[i] = chat_once(prompts[i], 24);
+    }
+    CURLM *m = curl_multi_init();
+    CURL *c[N_CONC];
+    dx_buf out[N_CONC];
+    struct curl_slist *h[N_CONC];
+    char *bodies[N_CONC];
+    for (int i = 0; i < N_CONC; i++) {
+        dx_buf_init(&out[i], 0);
+        bodies[i] = chat_body(prompts[i], 24, 1);
+        c[i] =
+            curl_req("POST", "/v1/chat/completions", bodies[i], strlen(bodies[i]), &out[i], &h[i]);
+        curl_multi_add_handle(m, c[i]);
+    }
+    int running = 1;
+    while (running) {
+        curl_multi_perform(m, &running);
+        if (running) curl_multi_poll(m, NULL, 0, 100, NULL);
+    }
+    for (int i = 0; i < N_CONC; i++) {
+        long st = 0;
+        curl_easy_getinfo(c[i], CURLINFO_RESPONSE_CODE, &st);
+        assert_int_equal(st, 200);
+        char finish[16];
+        long uc;
+        char *t = sse_text(&out[i], 1, finish, &uc);
+        if (strcmp(t, alone[i]) != 0)
+            fail_msg("request %d: concurrent '%s' != alone '%s'", i, t, alone[i]);
+        free(t);
+        free(alone[i]);
+        free(bodies[i]);
+        curl_multi_remove_handle(m, c[i]);
+        curl_easy_cleanup(c[i]);
+        curl_slist_free_all(h[i]);
+        dx_buf_free(&out[i]);
+    }
+    curl_multi_cleanup(m);
+    assert_healthy_no_leak();
+}
+
+/* The second turn of a conversation reuses the first turn's KV. */
+static void test_multi_turn_cached(void **state)
+{
+    (void)state;
+    const char *sys = "You are a helpful assistant who answers questions about geography, "
+                      "history and science with short, precise and friendly sentences.";
+    json_t *msgs = json_pack("[{s:s,s:s},{s:s,s:s}]", "role", "system", "content", sys, "role",
+                             "user", "content", "What is the longest river in the world?");
+    json_t *req = json_pack("{s:s,s:O,s:i,s:f}", "model", G.model, "messages", msgs, "max_tokens",
+                            16, "temperature", 0.0);
+    char *body = json_dumps(req, JSON_COMPACT);
+    dx_buf b;
+    dx_buf_init(&b, 0);
+    assert_int_equal(http("POST", "/v1/chat/completions", body, &b), 200);
+    json_t *u1;
+    char *answer = answer_text(&b, 1, &u1);
+    free(body);
+    json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", "assistant", "content", answer));
+    json_array_append_new(
+        msgs, json_pack("{s:s,s:s}", "role", "user", "content", "And the second longest?"));
+    json_object_set(req, "messages", msgs);
+    body = json_dumps(req, JSON_COMPACT);
+    assert_int_equal(http("POST", "/v1/chat/completions", body, &b), 200);
+    json_t *u2;
+    free(answer_text(&b, 1, &u2));
+    long p1 = (long)json_integer_value(json_object_get(u1, "prompt_tokens"));
+    long cached = (long)json_integer_value(jpath(u2, "prompt_tokens_details", "cached_tokens"));
+    if (!(cached > 0 && cached >= p1 - 16))
+        fail_msg("turn 2 cached %ld tokens; turn 1 prompt had %ld", cached, p1);
+    free(answer);
+    free(body);
+    json_decref(u1);
+    json_decref(u2);
+    json_decref(req);
+    json_decref(msgs);
+    dx_buf_free(&b);
+    assert_healthy_no_leak();
+}
+
+static int raw_connect(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)G.port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    return fd;
+}
+
+/* Sends; reads until the server closes or timeout_ms passes. */
+static void raw_exchange(const char *req, size_t len, dx_buf *out, int timeout_ms)
+{
+    int fd = raw_connect();
+    size_t off = 0;
+    while (off < len) {
+        ssize_t n = write(fd, req + off, len - off);
+        if (n <= 0) break; /* the server may close early (413) */
+        off += (size_t)n;
+    }
+    dx_buf_reset(out);
+    uint64_t end = dx_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    char buf[4096];
+    while (dx_now_ns() < end) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, 50) <= 0) continue;
+        ssize_t n = read(fd, buf, sizeof buf);
+        if (n <= 0) break;
+        dx_buf_append(out, buf, (size_t)n);
+    }
+    dx_buf_puts(out, "");
+    close(fd);
+}
+
+static void expect_status(const char *method, const char *path, const char *body, long want,
+                          const char *param)
+{
+    dx_buf b;
+    dx_buf_init(&b, 0);
+    long st = http(method, path, body, &b);
+    if (st != want)
+        fail_msg("%s %s %.80s: status %ld, want %ld: %s", method, path, body ? body : "", st, want,
+                 b.data);
+    json_t *v = as_json(&b);
+    json_t *e = json_object_get(v, "error");
+    assert_true(json_is_string(json_object_get(e, "message")));
+    assert_true(json_is_string(json_object_get(e, "type")));
+    assert_non_null(json_object_get(e, "param"));
+    assert_non_null(json_object_get(e, "code"));
+    if (param) assert_string_equal(json_string_value(json_object_get(e, "param")), param);
+    json_decref(v);
+    dx_buf_free(&b);
+    assert_healthy_no_leak();
+}
+
+static void test_bad_input_corpus(void **state)
+{
+    (void)state;
+    char b[1024];
+    const char *chat = "/v1/chat/completions", *cmpl = "/v1/completions";
+    expect_status("POST", chat, "{\"model\":", 400, NULL);
+    expect_status("POST", chat, "not json at all", 400, NULL);
+    snprintf(b, sizeof b, "{\"model\":\"%s\",\"messages\":\"hi\"}", G.model);
+    expect_status("POST", chat, b, 400, "messages");
+    snprintf(b, sizeof b, "{\"model\":\"%s\"}", G.model);
+    expect_status("POST", chat, b, 400, "messages");
+    expect_status("POST", chat, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", 400,
+                  "model");
+    snprintf(b, sizeof b, "{\"model\":\"%s\",\"prompt\":\"x\",\"max_tokens\":-4}", G.model);
+    expect_status("POST", cmpl, b, 400, "max_tokens");
+    snprintf(b, sizeof b, "{\"model\":\"%s\",\"prompt\":\"x\",\"max_tokens\":1e999}", G.model);
+    expect_status("POST", cmpl, b, 400, NULL);
+    snprintf(b, sizeof b, "{\"model\":\"%s\",\"prompt\":\"x\",\"max_tokens\":99999999999999}",
+             G.model);
+    expect_status("POST", cmpl, b, 400, "max_tokens");
+    snprintf(b, sizeof b, "{\"model\":\"%s\",\"prompt\":\"x\",\"temperature\":\"hot\"}", G.model);
+    expect_status("POST", cmpl, b, 400, "temperature");
+    snprintf(b, sizeof b, "{\"model\":\"%s\",\"prompt\":\"x\",\"n\":2}", G.model);
+    expect_status("POST", cmpl, b, 400, "n");
+    snprintf(b, sizeof b, "{\"model\":\"%s\",\"prompt\":[1,2,99999999]}", G.model);
+    expect_status("POST", cmpl, b, 400, "prompt");
+    snprintf(b, sizeof b,
+             "{\"model\":\"%s\",\"messages\":[{\"role\":\"user\",\"content\":"
+             "\"\xff\xfe bad\"}]}",
+             G.model);
+    expect_status("POST", chat, b, 400, NULL);
+    /* prompt + max_tokens over the context (--ctx 1024) */
+    snprintf(b, sizeof b, "{\"model\":\"%s\",\"prompt\":\"x\",\"max_tokens\":5000}", G.model);
+    expect_status("POST", cmpl, b, 400, NULL);
+    expect_status("POST", chat,
+                  "{\"model\":\"nope\",\"messages\":[{\"role\":\"user\","
+                  "\"content\":\"x\"}]}",
+                  404, "model");
+    expect_status("GET", "/v1/unknown", NULL, 404, NULL);
+    expect_status("PUT", "/health", NULL, 405, NULL);
+    expect_status("GET", chat, NULL, 405, NULL);
+}
+
+static void test_wire_abuse(void **state)
+{
+    (void)state;
+    dx_buf out;
+    dx_buf_init(&out, 0);
+    /* oversized body (limit 1 MiB) */
+    size_t big = 2u << 20;
+    char *req = malloc(big + 256);
+    int h = snprintf(req, 256, "POST /v1/completions HTTP/1.1\r\nContent-Length: %zu\r\n\r\n", big);
+    memset(req + h, 'a', big);
+    raw_exchange(req, (size_t)h + big, &out, 5000);
+    free(req);
+    assert_memory_equal(out.data, "HTTP/1.1 413 ", 13);
+    assert_healthy_no_leak();
+    /* a request that never completes gets 408 after --request-timeout-ms */
+    const char *slow = "POST /v1/completions HTTP/1.1\r\nContent-Length: 100\r\n\r\n{\"mo";
+    raw_exchange(slow, strlen(slow), &out, 5000);
+    assert_memory_equal(out.data, "HTTP/1.1 408 ", 13);
+    /* headers only, never finished */
+    slow = "GET /health HTTP/1.1\r\nHost: x\r\n";
+    raw_exchange(slow, strlen(slow), &out, 5000);
+    assert_memory_equal(out.data, "HTTP/1.1 408 ", 13);
+    /* not HTTP */
+    raw_exchange("\x16\x03\x01\x00\xa5\x01\x00\x00", 8, &out, 5000);
+    assert_memory_equal(out.data, "HTTP/1.1 400 ", 13);
+    assert_healthy_no_leak();
+    dx_buf_free(&out);
+}
+
+static void test_disconnect_mid_stream(void **state)
+{
+    (void)state;
+    char body[256], req[512];
+    snprintf(body, sizeof body,
+             "{\"model\":\"%s\",\"prompt\":\"Tell me everything\",\"max_tokens\":900,"
+             "\"ignore_eos\":true,\"stream\":true}",
+             G.model);
+    int n = snprintf(req, sizeof req,
+                     "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %zu\r\n\r\n%s",
+                     strlen(body), body);
+    int fd = raw_connect();
+    assert_int_equal(write(fd, req, (size_t)n), n);
+    char buf[4096];
+    size_t got = 0;
+    while (got < 600) { /* a few chunks in: the request is running */
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        assert_int_equal(poll(&p, 1, 30000), 1);
+        ssize_t k = read(fd, buf, sizeof buf);
+        assert_true(k > 0);
+        got += (size_t)k;
+    }
+    assert_true(metric("duplex_kv_blocks_used") > 0);
+    close(fd);
+    assert_healthy_no_leak(); /* canceled at once, its blocks released */
+    dx_buf b;
+    dx_buf_init(&b, 0);
+    assert_int_equal(http("GET", "/metrics", NULL, &b), 200);
+    assert_non_null(strstr(b.data, "route=\"/v1/completions\",status=\"499\"}"));
+    dx_buf_free(&b);
+}
+
+static void test_openai_client(void **state)
+{
+    (void)state;
+    if (access("tests/integration/node/node_modules/openai", F_OK) != 0) {
+        fprintf(stderr, "openai npm package not installed (scripts/test.sh runs npm ci)\n");
+        fail();
+    }
+    char cmd[512];
+    snprintf(cmd, sizeof cmd,
+             "node tests/integration/node/openai_client.mjs http://127.0.0.1:%d/v1 2>&1", G.port);
+    dx_buf out;
+    dx_buf_init(&out, 0);
+    int rc = run_cmd(cmd, &out);
+    if (rc != 0) fail_msg("openai client failed:\n%s", out.data ? out.data : "");
+    dx_buf_free(&out);
+    assert_healthy_no_leak();
+}
+
+int main(void)
+{
+    signal(SIGPIPE, SIG_IGN);
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_health_models),     cmocka_unit_test(test_chat_and_completions),
+        cmocka_unit_test(test_equals_generate),   cmocka_unit_test(test_concurrent_streams),
+        cmocka_unit_test(test_multi_turn_cached), cmocka_unit_test(test_bad_input_corpus),
+        cmocka_unit_test(test_wire_abuse),        cmocka_unit_test(test_disconnect_mid_stream),
+        cmocka_unit_test(test_openai_client),
+    };
+    int rc = cmocka_run_group_tests(tests, group_setup, group_teardown);
+    curl_global_cleanup();
+    return rc;
+}
