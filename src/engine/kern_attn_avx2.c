@@ -28,9 +28,11 @@ static void a256_cvt(int kv_type, const void *src, float *dst, size_t n)
 AI __m256 a256_reduce8(__m256 *a)
 {
     __m256 x[4], y[2];
+#pragma GCC unroll 16
     for (int k = 0; k < 4; k++)
         x[k] = _mm256_add_ps(_mm256_permute2f128_ps(a[2 * k], a[2 * k + 1], 0x20),
                              _mm256_permute2f128_ps(a[2 * k], a[2 * k + 1], 0x31));
+#pragma GCC unroll 16
     for (int k = 0; k < 2; k++)
         y[k] = _mm256_add_ps(_mm256_unpacklo_ps(x[2 * k], x[2 * k + 1]),
                              _mm256_unpackhi_ps(x[2 * k], x[2 * k + 1]));
@@ -44,12 +46,16 @@ AI void a256_qk_tile(const float *const *q, const float *const *k, int NR, int N
                      float scale, float *out)
 {
     __m256 acc[8];
+#pragma GCC unroll 16
     for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
     for (int d = 0; d < D; d += 8) {
         __m256 qv[2];
+#pragma GCC unroll 16
         for (int r = 0; r < NR; r++) qv[r] = _mm256_loadu_ps(q[r] + d);
+#pragma GCC unroll 16
         for (int j = 0; j < NK; j++) {
             __m256 kv = _mm256_loadu_ps(k[j] + d);
+#pragma GCC unroll 16
             for (int r = 0; r < NR; r++)
                 acc[A256_ACC(r * NK + j)] = _mm256_fmadd_ps(qv[r], kv, acc[A256_ACC(r * NK + j)]);
         }
@@ -65,7 +71,9 @@ AI void a256_qk_shape(kern_attn_row *rows, int nr, const float *k, int nk, int D
     const float *qp[2], *kp[8];
     for (int r0 = 0; r0 < nr; r0 += NR)
         for (int j0 = 0; j0 < nk; j0 += NK) {
+#pragma GCC unroll 16
             for (int r = 0; r < NR; r++) qp[r] = rows[r0 + r < nr ? r0 + r : nr - 1].q;
+#pragma GCC unroll 16
             for (int j = 0; j < NK; j++) kp[j] = k + (size_t)(j0 + j < nk ? j0 + j : nk - 1) * D;
             a256_qk_tile(qp, kp, NR, NK, D, scale, out);
             for (int r = 0; r < NR && r0 + r < nr; r++)
@@ -128,8 +136,10 @@ AI void a256_pv_tile(kern_attn_row *rows, int NR, int NW, int d0, int j0, int j1
                      int D, int rescale)
 {
     __m256 acc[2][4];
+#pragma GCC unroll 16
     for (int r = 0; r < NR; r++) {
         __m256 a = _mm256_set1_ps(rows[r].alpha);
+#pragma GCC unroll 16
         for (int w = 0; w < NW; w++) {
             acc[r][w] = _mm256_loadu_ps(rows[r].acc + d0 + 8 * w);
             if (rescale) acc[r][w] = _mm256_mul_ps(acc[r][w], a);
@@ -138,12 +148,16 @@ AI void a256_pv_tile(kern_attn_row *rows, int NR, int NW, int d0, int j0, int j1
     for (int j = j0; j < j1; j++) {
         const float *vj = v + (size_t)j * D + d0;
         __m256 vv[4];
+#pragma GCC unroll 16
         for (int w = 0; w < NW; w++) vv[w] = _mm256_loadu_ps(vj + 8 * w);
+#pragma GCC unroll 16
         for (int r = 0; r < NR; r++) {
             __m256 p = _mm256_broadcast_ss(rows[r].s + j);
+#pragma GCC unroll 16
             for (int w = 0; w < NW; w++) acc[r][w] = _mm256_fmadd_ps(p, vv[w], acc[r][w]);
         }
     }
+#pragma GCC unroll 16
     for (int r = 0; r < NR; r++)
         for (int w = 0; w < NW; w++) _mm256_storeu_ps(rows[r].acc + d0 + 8 * w, acc[r][w]);
 }

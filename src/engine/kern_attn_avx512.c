@@ -34,12 +34,15 @@ static void a512_cvt(int kv_type, const void *src, float *dst, size_t n)
 AI __m512 a512_reduce16(__m512 *a)
 {
     __m512 x[8], y[4], z[2];
+#pragma GCC unroll 16
     for (int k = 0; k < 8; k++)
         x[k] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * k], a[2 * k + 1], 0x44),
                              _mm512_shuffle_f32x4(a[2 * k], a[2 * k + 1], 0xEE));
+#pragma GCC unroll 16
     for (int k = 0; k < 4; k++)
         y[k] = _mm512_add_ps(_mm512_shuffle_f32x4(x[2 * k], x[2 * k + 1], 0x88),
                              _mm512_shuffle_f32x4(x[2 * k], x[2 * k + 1], 0xDD));
+#pragma GCC unroll 16
     for (int k = 0; k < 2; k++)
         z[k] = _mm512_add_ps(_mm512_unpacklo_ps(y[2 * k], y[2 * k + 1]),
                              _mm512_unpackhi_ps(y[2 * k], y[2 * k + 1]));
@@ -54,12 +57,16 @@ AI void a512_qk_tile(const float *const *q, const float *const *k, int NR, int N
                      float scale, float *out)
 {
     __m512 acc[16];
+#pragma GCC unroll 16
     for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();
     for (int d = 0; d < D; d += 16) {
         __m512 qv[4];
+#pragma GCC unroll 16
         for (int r = 0; r < NR; r++) qv[r] = _mm512_loadu_ps(q[r] + d);
+#pragma GCC unroll 16
         for (int j = 0; j < NK; j++) {
             __m512 kv = _mm512_loadu_ps(k[j] + d);
+#pragma GCC unroll 16
             for (int r = 0; r < NR; r++)
                 acc[A512_ACC(r * NK + j)] = _mm512_fmadd_ps(qv[r], kv, acc[A512_ACC(r * NK + j)]);
         }
@@ -76,7 +83,9 @@ AI void a512_qk_shape(kern_attn_row *rows, int nr, const float *k, int nk, int D
     const float *qp[4], *kp[16];
     for (int r0 = 0; r0 < nr; r0 += NR)
         for (int j0 = 0; j0 < nk; j0 += NK) {
+#pragma GCC unroll 16
             for (int r = 0; r < NR; r++) qp[r] = rows[r0 + r < nr ? r0 + r : nr - 1].q;
+#pragma GCC unroll 16
             for (int j = 0; j < NK; j++) kp[j] = k + (size_t)(j0 + j < nk ? j0 + j : nk - 1) * D;
             a512_qk_tile(qp, kp, NR, NK, D, scale, out);
             for (int r = 0; r < NR && r0 + r < nr; r++)
@@ -129,8 +138,10 @@ AI void a512_pv_tile(kern_attn_row *rows, int NR, int NW, int d0, int j0, int j1
                      int D, int rescale)
 {
     __m512 acc[4][4];
+#pragma GCC unroll 16
     for (int r = 0; r < NR; r++) {
         __m512 a = _mm512_set1_ps(rows[r].alpha);
+#pragma GCC unroll 16
         for (int w = 0; w < NW; w++) {
             acc[r][w] = _mm512_loadu_ps(rows[r].acc + d0 + 16 * w);
             if (rescale) acc[r][w] = _mm512_mul_ps(acc[r][w], a);
@@ -139,12 +150,16 @@ AI void a512_pv_tile(kern_attn_row *rows, int NR, int NW, int d0, int j0, int j1
     for (int j = j0; j < j1; j++) {
         const float *vj = v + (size_t)j * D + d0;
         __m512 vv[4];
+#pragma GCC unroll 16
         for (int w = 0; w < NW; w++) vv[w] = _mm512_loadu_ps(vj + 16 * w);
+#pragma GCC unroll 16
         for (int r = 0; r < NR; r++) {
             __m512 p = _mm512_set1_ps(rows[r].s[j]);
+#pragma GCC unroll 16
             for (int w = 0; w < NW; w++) acc[r][w] = _mm512_fmadd_ps(p, vv[w], acc[r][w]);
         }
     }
+#pragma GCC unroll 16
     for (int r = 0; r < NR; r++)
         for (int w = 0; w < NW; w++) _mm512_storeu_ps(rows[r].acc + d0 + 16 * w, acc[r][w]);
 }
