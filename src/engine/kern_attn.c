@@ -22,9 +22,11 @@
 #include "engine/kern.h"
 #include "engine/kern_attn_internal.h"
 
-/* Query tokens per tile: 8 tokens × 2 heads keep acc, q and a converted
- * 16×128 K/V block inside L1. */
-#define TILE_Q    8
+/* Query tokens per tile.  Each converted K/V block is reused by TILE_Q × G
+ * rows; 16 (× 2 heads at 0.6b shapes) measured ~5% faster than 8 and ~10%
+ * faster than 4 (scripts/bench/bench_attn.c), with the tile's acc, q and
+ * the converted block still in L1/L2. */
+#define TILE_Q    16
 #define MAX_LANES 16
 
 static size_t attn_align(size_t n)
