@@ -207,9 +207,13 @@ static void test_fast_vs_scalar(void **state)
     (void)state;
     enum kern_isa isas[3];
     int n_isa = isa_list(isas);
-    static const int shapes[][4] = {
-        /* G, bs, D, pos0 */ {2, 16, 64, 0}, {4, 4, 128, 5}, {1, 32, 64, 37}};
-    for (int si = 0; si < 3; si++)
+    static const int shapes[][4] = {/* G, bs, D, pos0 */ {2, 16, 64, 0},
+                                    {4, 4, 128, 5},
+                                    {1, 32, 64, 37},
+                                    /* 72: AVX-512 falls back to AVX2; 36: to scalar */
+                                    {2, 16, 72, 3},
+                                    {2, 16, 36, 1}};
+    for (size_t si = 0; si < DX_ARRAY_LEN(shapes); si++)
         for (int ti = 0; ti < 3; ti++) {
             attn_case c;
             case_init(&c, kv_types[ti], shapes[si][0], shapes[si][1], shapes[si][2],
