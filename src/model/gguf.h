@@ -75,7 +75,7 @@ typedef struct {
     int type;                   /* enum dx_dtype (GGML type id) */
     uint64_t offset;            /* from the start of the data section */
     uint64_t nbytes;
-    const void *data; /* into the mapping */
+    const void *data; /* into the mapping; NULL when nbytes is 0 */
 } gguf_tensor_info;
 
 /* Open and validate a file (mmap).  On error *out is NULL and dx_errmsg()
