@@ -7,9 +7,11 @@
  * CJK, Korean, Thai, emoji).  Synthetic models learn their merges from it,
  * so variety matters more than size; it is about 20 KB.
  *
- * Kept as one literal per line; "\t" marks the tabs in the makefile sample. */
+ * Kept as one literal per line (clang-format off, so the literal mirrors the
+ * text); "\t" marks the tabs in the makefile sample. */
 #include "model/bpe_train.h"
 
+/* clang-format off */
 static const char corpus[] =
     "Serving a language model is mostly a problem of memory. The weights sit in place and are read\n"
     "once per step, but every conversation drags a growing tail of keys and values behind it. When a\n"
@@ -414,6 +416,7 @@ static const char corpus[] =
     "choose the one thing that matters and say it plainly. Write the long version first, then cut it\n"
     "in half, then cut it in half again. What remains is usually what you meant.\n"
     "";
+/* clang-format on */
 
 const char *bpe_corpus(size_t *len)
 {
