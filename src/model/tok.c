@@ -526,7 +526,7 @@ static int check_id(const tok *t, int32_t id, const char *what)
                    t->n);
 }
 
-static int spec_cmp_ctx_less(const tok *t, int32_t a, int32_t b)
+static int spec_before(const tok *t, int32_t a, int32_t b)
 {
     uint8_t fa = t->raw[t->ent[a].raw_off], fb = t->raw[t->ent[b].raw_off];
     if (fa != fb) return fa < fb;
@@ -547,7 +547,7 @@ static int build_specials(tok *t)
         if (!type_is_special(t->type[i]) || !t->ent[i].raw_len) continue;
         /* insertion sort: special tokens are few */
         size_t j = k++;
-        while (j > 0 && spec_cmp_ctx_less(t, (int32_t)i, t->spec[j - 1])) {
+        while (j > 0 && spec_before(t, (int32_t)i, t->spec[j - 1])) {
             t->spec[j] = t->spec[j - 1];
             j--;
         }
@@ -574,7 +574,8 @@ int tok_create(const tok_config *cfg, tok **out)
     if (cfg->pre != TOK_PRE_QWEN2 && cfg->pre != TOK_PRE_LLAMA3)
         return dx_errf(DX_EINVAL, "tokenizer: unknown pre-tokenizer %d", (int)cfg->pre);
     tok *t = dx_calloc(1, sizeof *t);
-    if (!t) return DX_ENOMEM;
+    if (!t) return dx_errf(DX_ENOMEM, "tokenizer: out of memory");
+    dx_err_clear(); /* so that a bare DX_ENOMEM below gets a message */
     t->pre = cfg->pre;
     t->n = cfg->n_tokens;
     t->bos = cfg->bos;
