@@ -114,6 +114,9 @@ demo:
 fuzz:
 	scripts/fuzz.sh
 
+bench-server: $(BIN)
+	scripts/bench_server.sh $(BIN)
+
 fmt:
 	clang-format -i $$(git ls-files '*.c' '*.h')
 

@@ -46,6 +46,7 @@ typedef struct node_ev {
     enum engine_finish finish;
     int error;
     uint32_t n_prompt, n_cached, n_gen;
+    double ttft_s; /* engine-side: submit → first token */
     size_t n_tokens, text_len;
     char *error_msg;
     char text[];
@@ -66,7 +67,7 @@ struct node_server {
     int64_t started;
     /* metrics (loop thread only) */
     prom_family requests;
-    prom_hist ttft, tpot, e2e;
+    prom_hist ttft, engine_ttft, tpot, e2e;
     uint64_t gen_tokens, prompt_tokens, cached_tokens;
 };
 
@@ -179,6 +180,10 @@ static void route_metrics(node_server *s, http_conn *c, const http_req *r, uint6
     prom_write_family(&b, "duplex_http_requests_total", "HTTP requests by route and status",
                       &s->requests);
     prom_write_hist(&b, "duplex_ttft_seconds", "Time from request to first token", &s->ttft);
+    /* the difference to duplex_ttft_seconds is what HTTP, JSON and
+     * tokenisation add */
+    prom_write_hist(&b, "duplex_engine_ttft_seconds", "Engine-side time from submit to first token",
+                    &s->engine_ttft);
     prom_write_hist(&b, "duplex_time_per_output_token_seconds",
                     "Time per output token after the first", &s->tpot);
     prom_write_hist(&b, "duplex_request_duration_seconds", "Completion request duration", &s->e2e);
@@ -234,6 +239,7 @@ static void on_engine_event(void *user, const engine_event *ev)
     e->n_prompt = ev->n_prompt;
     e->n_cached = ev->n_cached;
     e->n_gen = ev->n_gen;
+    e->ttft_s = ev->ttft_s;
     e->n_tokens = ev->n_tokens;
     e->text_len = tl;
     if (tl) memcpy(e->text, ev->text, tl);
@@ -492,6 +498,7 @@ static void record_done(node_server *s, node_req *q, const node_ev *e, int statu
     double total = (double)(now - q->t_start_ns) * 1e-9;
     double ttft = q->t_first_ns ? (double)(q->t_first_ns - q->t_start_ns) * 1e-9 : -1;
     if (ttft >= 0) prom_hist_observe(&s->ttft, ttft);
+    if (e->n_gen > 0) prom_hist_observe(&s->engine_ttft, e->ttft_s);
     if (q->t_first_ns && e->n_gen > 1)
         prom_hist_observe(&s->tpot, (double)(now - q->t_first_ns) * 1e-9 / (e->n_gen - 1));
     prom_hist_observe(&s->e2e, total);
@@ -611,6 +618,7 @@ int node_server_create(uv_loop_t *loop, const node_server_config *cfg, node_serv
     s->started = (int64_t)time(NULL);
     prom_family_init(&s->requests);
     prom_hist_init_latency(&s->ttft);
+    prom_hist_init_latency(&s->engine_ttft);
     prom_hist_init_latency(&s->tpot);
     prom_hist_init_latency(&s->e2e);
     http_srv_config hc = {
