@@ -118,8 +118,10 @@ static void respond_error(node_server *s, http_conn *c, const http_req *r, int s
     dx_buf b;
     dx_buf_init(&b, 0);
     oai_error_json(&b, msg, oai_error_type(status), param, code);
-    respond_json(s, c, r->method, r->path, status, status == 405 ? "Allow: GET, POST\r\n" : NULL,
-                 &b, t0);
+    const char *allow = NULL;
+    if (status == 405)
+        allow = strstr(r->path, "completions") ? "Allow: POST\r\n" : "Allow: GET\r\n";
+    respond_json(s, c, r->method, r->path, status, allow, &b, t0);
     dx_buf_free(&b);
 }
 

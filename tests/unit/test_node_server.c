@@ -72,6 +72,23 @@ static void fake_step(fake_engine *fe)
     fjob **pp = &fe->jobs;
     while (*pp) {
         fjob *j = *pp;
+        if (!j->canceled && j->prompt[0] == '!' && j->done == 2) {
+            /* a prompt starting with '!' fails after two tokens */
+            engine_event ev = {.type = ENGINE_EV_DONE,
+                               .req_id = j->id,
+                               .finish = ENGINE_FINISH_ERROR,
+                               .error = DX_EIO,
+                               .error_msg = "fake failure",
+                               .n_prompt = (uint32_t)j->n,
+                               .n_gen = j->done};
+            j->fn(j->user, &ev);
+            fe->n_finished++;
+            *pp = j->next;
+            fe->n_jobs--;
+            dx_free(j->prompt);
+            dx_free(j);
+            continue;
+        }
         if (!j->canceled) {
             char c = (char)j->prompt[j->done % j->n];
             int32_t tok = j->prompt[j->done % j->n];
@@ -717,6 +734,86 @@ static void test_disconnect_cancels(void **state)
     dx_buf_free(&b);
 }
 
+static void test_engine_error(void **state)
+{
+    (void)state;
+    dx_buf b;
+    dx_buf_init(&b, 0);
+    assert_int_equal(http("POST", "/v1/completions", "{\"model\":\"fake\",\"prompt\":\"!x\"}", &b),
+                     500);
+    json_t *v = body_json(&b);
+    assert_string_equal(json_string_value(json_object_get(json_object_get(v, "error"), "message")),
+                        "fake failure");
+    json_decref(v);
+    assert_int_equal(http("POST", "/v1/completions",
+                          "{\"model\":\"fake\",\"prompt\":\"!y\",\"stream\":true}", &b),
+                     200);
+    /* the text so far, then an error event, then [DONE] */
+    assert_non_null(strstr(b.data, "\"text\":\"!\""));
+    assert_non_null(strstr(b.data, "data: {\"error\":{\"message\":\"fake failure\""));
+    assert_non_null(strstr(b.data, "data: [DONE]\n\n"));
+    dx_buf_free(&b);
+    wait_idle();
+}
+
+/* A request cut at every byte, and one sent a byte at a time. */
+static void test_truncation_and_trickle(void **state)
+{
+    (void)state;
+    const char *body = "{\"model\":\"fake\",\"prompt\":\"tr\",\"max_tokens\":3}";
+    char req[512];
+    int n = snprintf(req, sizeof req,
+                     "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                     "Content-Length: %zu\r\n\r\n%s",
+                     strlen(body), body);
+    for (int k = 0; k < n; k++) {
+        int fd = raw_connect();
+        assert_int_equal(write(fd, req, (size_t)k), k);
+        close(fd);
+    }
+    int fd = raw_connect();
+    for (int k = 0; k < n; k++) {
+        assert_int_equal(write(fd, req + k, 1), 1);
+        if (k % 16 == 0) usleep(1000);
+    }
+    dx_buf b;
+    dx_buf_init(&b, 0);
+    raw_read_all(fd, &b, 5000);
+    close(fd);
+    assert_memory_equal(b.data, "HTTP/1.1 200 OK", 15);
+    assert_non_null(strstr(b.data, "\"text\":\"trt\""));
+    assert_int_equal(http("GET", "/health", NULL, &b), 200);
+    dx_buf_free(&b);
+    wait_idle();
+}
+
+/* Many clients at once, each keeping its connection for two requests. */
+static void test_many_connections(void **state)
+{
+    (void)state;
+    enum { N = 200 };
+    int fds[N];
+    const char *req = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
+    for (int i = 0; i < N; i++) {
+        fds[i] = raw_connect();
+        assert_int_equal(write(fds[i], req, strlen(req)), (ssize_t)strlen(req));
+    }
+    for (int round = 0; round < 2; round++) {
+        for (int i = 0; i < N; i++) {
+            char buf[512];
+            struct pollfd p = {.fd = fds[i], .events = POLLIN};
+            assert_int_equal(poll(&p, 1, 5000), 1);
+            ssize_t k = read(fds[i], buf, sizeof buf - 1);
+            assert_true(k > 0);
+            buf[k] = 0;
+            assert_non_null(strstr(buf, "{\"status\":\"ok\"}"));
+            if (round == 0) assert_int_equal(write(fds[i], req, strlen(req)), (ssize_t)strlen(req));
+        }
+        if (round == 0) assert_true(metric("duplex_http_connections") >= N);
+    }
+    for (int i = 0; i < N; i++) close(fds[i]);
+}
+
 #define N_CONC 16
 
 static void test_concurrent_streams(void **state)
@@ -829,6 +926,9 @@ int main(void)
         cmocka_unit_test(test_keepalive_pipelining),
         cmocka_unit_test(test_http_limits),
         cmocka_unit_test(test_disconnect_cancels),
+        cmocka_unit_test(test_engine_error),
+        cmocka_unit_test(test_truncation_and_trickle),
+        cmocka_unit_test(test_many_connections),
         cmocka_unit_test(test_concurrent_streams),
         cmocka_unit_test(test_graceful_shutdown),
     };
