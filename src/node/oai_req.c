@@ -287,7 +287,7 @@ static int parse_misc(json_t *root, oai_req *r, oai_err *err)
     json_t *v;
     int64_t n;
     if ((v = field(root, "n"))) {
-        if (get_int(v, "n", INT64_MIN, INT64_MAX, &n, err) < 0) return DX_EINVAL;
+        if (get_int(v, "n", (double)INT64_MIN, (double)INT64_MAX, &n, err) < 0) return DX_EINVAL;
         if (n != 1) return fail(err, "n", "n: only n = 1 is supported");
     }
     if ((v = field(root, "user"))) {
