@@ -17,3 +17,6 @@ echo "== duplex model info $MODEL"
 echo
 echo "== duplex tokenize"
 "$BIN" tokenize --model "$MODEL" --text 'Hello, duplex! {"turn": 2, "reuse": true}'
+echo
+echo "== duplex generate (greedy, 48 tokens)"
+"$BIN" generate --model "$MODEL" --chat "Write a haiku about moving KV caches between nodes." -n 48

@@ -246,6 +246,9 @@ void engine_get_stats(engine *e, engine_stats *out)
     pthread_mutex_lock(&e->mu);
     *out = e->stats;
     pthread_mutex_unlock(&e->mu);
+    /* the pool is thread-safe: read it live, so blocks freed by a request
+     * whose DONE event was just delivered are already counted as free */
+    kv_pool_get_stats(e->pool, &out->kv);
 }
 
 const model *engine_model(const engine *e)

@@ -211,8 +211,9 @@ int sched_submit(sched *s, const engine_request *r, uint64_t id)
     int rc = sched_check(s, r);
     if (rc) return rc;
     uint64_t want = (uint64_t)r->n_prompt + (r->max_tokens ? r->max_tokens : 1);
-    if (s->n_waiting >= s->cfg.max_waiting)
-        return dx_errf(DX_EBUSY, "the waiting queue is full (%u requests)", s->cfg.max_waiting);
+    if (s->n_running + s->n_waiting >= s->cfg.max_seqs + s->cfg.max_waiting)
+        return dx_errf(DX_EBUSY, "the scheduler is at capacity (%u requests)",
+                       s->cfg.max_seqs + s->cfg.max_waiting);
     seq *q = dx_calloc(1, sizeof *q);
     if (!q) return dx_errf(DX_ENOMEM, "out of memory");
     q->id = id;
