@@ -120,12 +120,14 @@ static void on_write_done(uv_write_t *w, int status)
     if (c->close_after_write && c->write_queued == 0 && c->state != ST_CLOSING) conn_close(c);
 }
 
-/* Queues a copy of the bytes.  Fails (and closes) when the client has let
- * too much pile up: it is not reading. */
-static int conn_write(http_conn *c, const char *a, size_t alen, const char *b, size_t blen)
+/* Queues one copy of up to three pieces (one syscall, one allocation).
+ * Fails (and closes) when the client has let too much pile up: it is not
+ * reading. */
+static int conn_writev(http_conn *c, const uv_buf_t *parts, int n_parts)
 {
     if (c->state == ST_CLOSING) return dx_errf(DX_ECLOSED, "http: connection closed");
-    size_t len = alen + blen;
+    size_t len = 0;
+    for (int i = 0; i < n_parts; i++) len += parts[i].len;
     if (c->write_queued + len > c->srv->cfg.max_write_queue_bytes) {
         conn_close(c);
         return dx_errf(DX_ECLOSED, "http: client not reading (%zu bytes queued)", c->write_queued);
@@ -137,8 +139,11 @@ static int conn_write(http_conn *c, const char *a, size_t alen, const char *b, s
     }
     wr->c = c;
     wr->len = len;
-    if (alen) memcpy(wr->data, a, alen);
-    if (blen) memcpy(wr->data + alen, b, blen);
+    size_t off = 0;
+    for (int i = 0; i < n_parts; i++) {
+        if (parts[i].len) memcpy(wr->data + off, parts[i].base, parts[i].len);
+        off += parts[i].len;
+    }
     uv_buf_t buf = uv_buf_init(wr->data, (unsigned)len);
     int rc = uv_write(&wr->req, (uv_stream_t *)&c->tcp, &buf, 1, on_write_done);
     if (rc < 0) {
@@ -148,6 +153,13 @@ static int conn_write(http_conn *c, const char *a, size_t alen, const char *b, s
     }
     c->write_queued += len;
     return 0;
+}
+
+static int conn_write(http_conn *c, const char *a, size_t alen, const char *b, size_t blen)
+{
+    uv_buf_t parts[2] = {uv_buf_init((char *)a, (unsigned)alen),
+                         uv_buf_init((char *)b, (unsigned)blen)};
+    return conn_writev(c, parts, 2);
 }
 
 static int write_head(http_conn *c, int status, const char *ctype, const char *extra,
@@ -219,8 +231,9 @@ int http_conn_stream_write(http_conn *c, const char *data, size_t len)
     if (!c->chunked) return conn_write(c, data, len, NULL, 0);
     char size[24];
     int n = snprintf(size, sizeof size, "%zx\r\n", len);
-    int rc = conn_write(c, size, (size_t)n, data, len);
-    return rc < 0 ? rc : conn_write(c, "\r\n", 2, NULL, 0);
+    uv_buf_t parts[3] = {uv_buf_init(size, (unsigned)n), uv_buf_init((char *)data, (unsigned)len),
+                         uv_buf_init("\r\n", 2)};
+    return conn_writev(c, parts, 3);
 }
 
 int http_conn_stream_end(http_conn *c)

@@ -66,6 +66,7 @@ struct node_server {
     size_t n_active;
     int64_t started;
     /* metrics (loop thread only) */
+    dx_buf scratch; /* chunk being built (loop thread) */
     prom_family requests;
     prom_hist ttft, engine_ttft, tpot, e2e;
     uint64_t gen_tokens, prompt_tokens, cached_tokens;
@@ -455,12 +456,11 @@ static void handle_tokens(node_req *q, const node_ev *e)
             q->srv->be.cancel(q->srv->be.self, q->engine_id);
         return;
     }
-    dx_buf b;
-    dx_buf_init(&b, 0);
+    dx_buf *b = &q->srv->scratch; /* reused: no allocation per token */
+    dx_buf_reset(b);
     /* A failed write has already closed the connection and run on_client_gone. */
-    if (oai_sse_chunk(&b, &q->meta, e->text, e->text_len, 0, NULL, q->include_usage, NULL) == 0)
-        http_conn_stream_write(q->conn, b.data, b.len);
-    dx_buf_free(&b);
+    if (oai_sse_chunk(b, &q->meta, e->text, e->text_len, 0, NULL, q->include_usage, NULL) == 0)
+        http_conn_stream_write(q->conn, b->data, b->len);
 }
 
 static void finish_stream(node_req *q, const node_ev *e, const oai_usage *u)
@@ -619,6 +619,7 @@ int node_server_create(uv_loop_t *loop, const node_server_config *cfg, node_serv
     if (s->cfg.shutdown_grace_s <= 0) s->cfg.shutdown_grace_s = 10;
     s->started = (int64_t)time(NULL);
     prom_family_init(&s->requests);
+    dx_buf_init(&s->scratch, 0);
     prom_hist_init_latency(&s->ttft);
     prom_hist_init_latency(&s->engine_ttft);
     prom_hist_init_latency(&s->tpot);
@@ -686,5 +687,6 @@ void node_server_destroy(node_server *s)
     }
     http_srv_destroy(s->http);
     prom_family_free(&s->requests);
+    dx_buf_free(&s->scratch);
     uv_close((uv_handle_t *)&s->wake, on_handle_closed);
 }
