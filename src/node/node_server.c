@@ -325,8 +325,7 @@ static void fill_engine_request(const oai_req *o, const int32_t *ids, size_t n, 
     er->user = q;
 }
 
-static node_req *req_new(node_server *s, const oai_req *o, http_conn *c, const char *path,
-                         uint64_t t0)
+static node_req *req_new(node_server *s, const oai_req *o, http_conn *c, uint64_t t0)
 {
     node_req *q = dx_calloc(1, sizeof *q);
     if (!q) return NULL;
@@ -336,7 +335,6 @@ static node_req *req_new(node_server *s, const oai_req *o, http_conn *c, const c
     q->include_usage = o->stream && o->include_usage;
     q->t_start_ns = t0;
     q->path = o->kind == OAI_CHAT ? "/v1/chat/completions" : "/v1/completions";
-    (void)path;
     oai_make_id(q->id, sizeof q->id, o->kind == OAI_CHAT ? "chatcmpl" : "cmpl");
     q->meta = (oai_meta){o->kind, q->id, s->be.model_name, (int64_t)time(NULL)};
     dx_buf_init(&q->text, 0);
@@ -355,7 +353,7 @@ static int submit(node_server *s, http_conn *c, const http_req *r, const oai_req
         respond_error(s, c, r, st, err.status ? err.message : dx_errmsg(), err.param, NULL, t0);
         return st;
     }
-    node_req *q = req_new(s, o, c, r->path, t0);
+    node_req *q = req_new(s, o, c, t0);
     engine_request er;
     fill_engine_request(o, ids, n, q, &er);
     rc = q ? s->be.submit(s->be.self, &er, &q->engine_id) : DX_ENOMEM;
