@@ -461,35 +461,45 @@ static void handle_tokens(node_req *q, const node_ev *e)
         http_conn_stream_write(q->conn, b->data, b->len);
 }
 
-static void finish_stream(node_req *q, const node_ev *e, const oai_usage *u)
+/* Why the answer failed, or NULL when it finished normally.  A cancel that
+ * reaches a client still connected came from the shutdown's grace timer. */
+static const char *failure_msg(const node_ev *e)
+{
+    if (e->finish == ENGINE_FINISH_ERROR) return e->error_msg ? e->error_msg : "engine error";
+    if (e->finish == ENGINE_FINISH_CANCELED) return "request canceled: the server is shutting down";
+    return NULL;
+}
+
+static int finish_stream(node_req *q, const node_ev *e, const oai_usage *u)
 {
     dx_buf b;
     dx_buf_init(&b, 0);
-    if (e->finish == ENGINE_FINISH_ERROR)
-        oai_sse_error(&b, e->error_msg ? e->error_msg : "engine error", "server_error");
+    const char *fail = failure_msg(e);
+    if (fail)
+        oai_sse_error(&b, fail, "server_error");
     else
         oai_sse_chunk(&b, &q->meta, "", 0, 0, finish_name(e->finish), q->include_usage, q->extra);
     if (q->include_usage) oai_sse_usage(&b, &q->meta, u);
     oai_sse_done(&b);
     if (http_conn_stream_write(q->conn, b.data, b.len) == 0) http_conn_stream_end(q->conn);
     dx_buf_free(&b);
+    return 200; /* the status went out with the stream's head */
 }
 
-static void finish_full(node_req *q, const node_ev *e, const oai_usage *u)
+static int finish_full(node_req *q, const node_ev *e, const oai_usage *u)
 {
     dx_buf b;
     dx_buf_init(&b, 0);
-    int status = 200;
-    if (e->finish == ENGINE_FINISH_ERROR) {
-        status = 500;
-        oai_error_json(&b, e->error_msg ? e->error_msg : "engine error", "server_error", NULL,
-                       NULL);
-    } else {
+    const char *fail = failure_msg(e);
+    int status = !fail ? 200 : e->finish == ENGINE_FINISH_ERROR ? 500 : 503;
+    if (fail)
+        oai_error_json(&b, fail, "server_error", NULL, NULL);
+    else
         oai_resp_full(&b, &q->meta, q->text.data ? q->text.data : "", q->text.len,
                       finish_name(e->finish), u, q->extra);
-    }
     http_conn_respond(q->conn, status, "application/json", NULL, b.data, b.len);
     dx_buf_free(&b);
+    return status;
 }
 
 static void record_done(node_server *s, node_req *q, const node_ev *e, int status)
@@ -521,27 +531,8 @@ static void maybe_stopped(node_server *s);
 static void handle_done(node_server *s, node_req *q, const node_ev *e)
 {
     oai_usage u = {e->n_prompt, e->n_cached, e->n_gen};
-    /* 499: the client closed the connection first (nginx's convention). */
-    int status = !q->conn ? 499 : e->finish == ENGINE_FINISH_ERROR && !q->stream ? 500 : 200;
-    if (q->conn && e->finish == ENGINE_FINISH_CANCELED) {
-        /* canceled by shutdown: end what was started */
-        if (q->stream)
-            http_conn_stream_end(q->conn);
-        else {
-            dx_buf b;
-            dx_buf_init(&b, 0);
-            oai_error_json(&b, "request canceled: the server is shutting down", "server_error",
-                           NULL, NULL);
-            http_conn_respond(q->conn, 503, "application/json", NULL, b.data, b.len);
-            dx_buf_free(&b);
-            status = 503;
-        }
-    } else if (q->conn) {
-        if (q->stream)
-            finish_stream(q, e, &u);
-        else
-            finish_full(q, e, &u);
-    }
+    int status = 499; /* the client closed the connection first (nginx's convention) */
+    if (q->conn) status = q->stream ? finish_stream(q, e, &u) : finish_full(q, e, &u);
     record_done(s, q, e, status);
     req_unlink(q);
     req_free(q);

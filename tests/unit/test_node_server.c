@@ -226,6 +226,7 @@ typedef struct {
 } harness;
 
 static harness H;
+static double g_grace_s = 5;
 
 static void on_stopped(void *user)
 {
@@ -258,7 +259,7 @@ static void *loop_thread(void *arg)
                               .max_body_bytes = 65536,
                               .request_timeout_ms = 300,
                               .idle_timeout_ms = 5000,
-                              .shutdown_grace_s = 5,
+                              .shutdown_grace_s = g_grace_s,
                               .on_stopped = on_stopped,
                               .user = h};
     DX_ASSERT(node_server_create(&h->loop, &cfg, &h->srv) == 0);
@@ -866,14 +867,13 @@ static void test_concurrent_streams(void **state)
 typedef struct {
     dx_buf out;
     long status;
+    const char *body;
 } bg_call;
 
 static void *bg_stream(void *arg)
 {
     bg_call *b = arg;
-    b->status =
-        http("POST", "/v1/completions",
-             "{\"model\":\"fake\",\"prompt\":\"g\",\"max_tokens\":200,\"stream\":true}", &b->out);
+    b->status = http("POST", "/v1/completions", b->body, &b->out);
     return NULL;
 }
 
@@ -884,6 +884,7 @@ static void test_graceful_shutdown(void **state)
     bg_call bc = {.status = 0};
     dx_buf_init(&bc.out, 0);
     pthread_t t;
+    bc.body = "{\"model\":\"fake\",\"prompt\":\"g\",\"max_tokens\":200,\"stream\":true}";
     pthread_create(&t, NULL, bg_stream, &bc);
     for (int i = 0; i < 500; i++) { /* until the request runs */
         pthread_mutex_lock(&H.fe.mu);
@@ -913,6 +914,34 @@ static void test_graceful_shutdown(void **state)
     close(fd);
 }
 
+/* Shutdown with a request that outlives the grace period: it is canceled and
+ * its stream ends with an error event and [DONE]. */
+static void test_grace_expiry(void **state)
+{
+    (void)state;
+    bg_call bc = {.status = 0};
+    dx_buf_init(&bc.out, 0);
+    pthread_t t;
+    bc.body = "{\"model\":\"fake\",\"prompt\":\"g\",\"max_tokens\":4000,\"stream\":true}";
+    pthread_create(&t, NULL, bg_stream, &bc);
+    for (int i = 0; i < 500; i++) {
+        pthread_mutex_lock(&H.fe.mu);
+        int n = H.fe.n_jobs;
+        pthread_mutex_unlock(&H.fe.mu);
+        if (n) break;
+        usleep(2000);
+    }
+    shutdown_server();
+    pthread_join(t, NULL);
+    assert_int_equal(bc.status, 200);
+    assert_non_null(strstr(bc.out.data, "data: {\"error\":{\"message\":\"request canceled"));
+    assert_non_null(strstr(bc.out.data, "data: [DONE]\n\n"));
+    pthread_mutex_lock(&H.fe.mu);
+    assert_int_equal(H.fe.n_canceled, 1);
+    pthread_mutex_unlock(&H.fe.mu);
+    dx_buf_free(&bc.out);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN); /* as the server process does */
@@ -933,6 +962,9 @@ int main(void)
         cmocka_unit_test(test_graceful_shutdown),
     };
     int rc = cmocka_run_group_tests(tests, setup, teardown);
+    const struct CMUnitTest grace_tests[] = {cmocka_unit_test(test_grace_expiry)};
+    g_grace_s = 0.2;
+    rc |= cmocka_run_group_tests(grace_tests, setup, teardown);
     curl_global_cleanup();
     return rc;
 }
