@@ -140,6 +140,7 @@ int dx_tpool_create(int n_threads, dx_tpool **out)
     }
     for (int i = 0; i < n_threads - 1; i++) {
         tpool_worker_arg *wa = dx_malloc(sizeof(*wa));
+        if (wa) *wa = (tpool_worker_arg){.pool = p, .tid = i + 1};
         int rc = wa ? pthread_create(&p->threads[i], NULL, tpool_worker, wa) : -1;
         if (rc != 0) {
             dx_free(wa);
@@ -149,8 +150,6 @@ int dx_tpool_create(int n_threads, dx_tpool **out)
             return dx_errf(wa ? DX_EIO : DX_ENOMEM, "thread pool: cannot start worker %d of %d",
                            i + 1, n_threads - 1);
         }
-        wa->pool = p;
-        wa->tid = i + 1;
     }
     *out = p;
     return 0;

@@ -115,6 +115,11 @@ static void test_tpool_results_visible(void **state)
     dx_tpool_destroy(p);
 }
 
+static void count_noop(void *arg, size_t task, int tid)
+{
+    (void)arg, (void)task, (void)tid;
+}
+
 static void test_tpool_bad_args(void **state)
 {
     (void)state;
@@ -122,6 +127,21 @@ static void test_tpool_bad_args(void **state)
     assert_int_equal(dx_tpool_create(0, &p), DX_EINVAL);
     assert_null(p);
     assert_int_equal(dx_tpool_create(-3, &p), DX_EINVAL);
+    /* Out of memory while starting workers: clean failure, no leak. */
+    size_t live = dx_alloc_live_bytes();
+    for (long n = 1; n <= 4; n++) {
+        dx_alloc_fail_after(n, 0);
+        int rc = dx_tpool_create(3, &p);
+        dx_alloc_fail_after(0, 0);
+        if (rc == 0) {
+            dx_tpool_run(p, 10, count_noop, NULL);
+            dx_tpool_destroy(p);
+        } else {
+            assert_int_equal(rc, DX_ENOMEM);
+            assert_null(p);
+        }
+        assert_int_equal(dx_alloc_live_bytes(), live);
+    }
 }
 
 int main(void)
