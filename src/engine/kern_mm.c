@@ -77,6 +77,8 @@ static void act_prep_row(int wtype, enum kern_isa isa, const float *x, size_t n_
     case DX_Q8_0:
         if (isa == KERN_AVX512)
             kern__q8_prep_row_avx512(x, n_in, row);
+        else if (isa == KERN_AVX2)
+            kern__q8_prep_row_avx2(x, n_in, row);
         else
             kern__q8_prep_row_scalar(x, n_in, row);
         break;

@@ -248,3 +248,43 @@ void kern__matmul_avx2(int wtype, const void *w, size_t n_in, size_t o0, size_t 
         }
     }
 }
+
+/* ---- Q8_0 activation prep, bit-identical to dx_f32_to_q8_0_row ---- */
+
+static void mm2_q8_block(const float *x, int8_t *q, int32_t *negcorr, float *dout)
+{
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 v[4], m = _mm256_setzero_ps();
+    for (int i = 0; i < 4; i++) {
+        v[i] = _mm256_loadu_ps(x + 8 * i);
+        m = _mm256_max_ps(m, _mm256_and_ps(v[i], absmask));
+    }
+    float l[8], amax = 0.0f;
+    _mm256_storeu_ps(l, m);
+    for (int i = 0; i < 8; i++) amax = l[i] > amax ? l[i] : amax;
+    float d = amax / 127.0f;
+    float id = d != 0.0f ? 1.0f / d : 0.0f;
+    __m256i qi[4];
+    for (int i = 0; i < 4; i++) qi[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], _mm256_set1_ps(id)));
+    /* packs interleave 128-bit lanes; the permute puts the 4-byte groups back in order. */
+    __m256i p =
+        _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3]));
+    p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256((__m256i *)q, p);
+    __m256i s =
+        _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), p), _mm256_set1_epi16(1));
+    _mm256_storeu_si256((__m256i *)negcorr,
+                        _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(s, 7)));
+    _mm256_storeu_ps(dout, _mm256_set1_ps(dx_f16_to_f32(dx_f32_to_f16(d))));
+}
+
+void kern__q8_prep_row_avx2(const float *x, size_t n_in, uint8_t *row)
+{
+    for (size_t b = 0; b < n_in / DX_QK8_0; b++) {
+        uint8_t *pair = row + (b / 2) * KERN__Q8_PAIR_BYTES;
+        size_t h = b % 2;
+        mm2_q8_block(x + b * DX_QK8_0, (int8_t *)pair + 32 * h, (int32_t *)(pair + 64) + 8 * h,
+                     (float *)(pair + 128) + 8 * h);
+    }
+    kern__q8_clear_odd(row, n_in);
+}

@@ -323,15 +323,11 @@ static void mm_q8_block(const float *x, int8_t *q, int32_t *negcorr, float *dout
 
 void kern__q8_prep_row_avx512(const float *x, size_t n_in, uint8_t *row)
 {
-    size_t nb = n_in / DX_QK8_0;
-    for (size_t b = 0; b < nb; b++) {
+    for (size_t b = 0; b < n_in / DX_QK8_0; b++) {
         uint8_t *pair = row + (b / 2) * KERN__Q8_PAIR_BYTES;
         size_t h = b % 2;
         mm_q8_block(x + b * DX_QK8_0, (int8_t *)pair + 32 * h, (int32_t *)(pair + 64) + 8 * h,
                     (float *)(pair + 128) + 8 * h);
     }
-    if (nb & 1)
-        memset(row + (nb / 2) * KERN__Q8_PAIR_BYTES + 32, 0, 32),
-            memset(row + (nb / 2) * KERN__Q8_PAIR_BYTES + 96, 0, 32),
-            memset(row + (nb / 2) * KERN__Q8_PAIR_BYTES + 160, 0, 32);
+    kern__q8_clear_odd(row, n_in);
 }

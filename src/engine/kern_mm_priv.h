@@ -28,16 +28,26 @@ static inline size_t kern__q8_pairs(size_t n_in)
 {
     return (n_in + 63) / 64;
 }
+/* Zeroes the missing second block of the last pair when n_in/32 is odd. */
+static inline void kern__q8_clear_odd(uint8_t *row, size_t n_in)
+{
+    size_t nb = n_in / 32;
+    if (!(nb & 1)) return;
+    uint8_t *pair = row + (nb / 2) * KERN__Q8_PAIR_BYTES;
+    for (int part = 0; part < 3; part++)
+        for (int i = 32; i < 64; i++) pair[part * 64 + i] = 0;
+}
 /* Bytes per token row of prepared activations; 0 for an unknown type. */
 size_t kern__act_row_bytes(int wtype, size_t n_in);
 
 /* Q8_0 prep of one token row (n_in % 32 == 0) into the layout above. */
 void kern__q8_prep_row_scalar(const float *x, size_t n_in, uint8_t *row);
+void kern__q8_prep_row_avx2(const float *x, size_t n_in, uint8_t *row);
 void kern__q8_prep_row_avx512(const float *x, size_t n_in, uint8_t *row);
 void kern__bf16_prep_row_avx512(const float *x, size_t n_in, uint16_t *row);
 
-void kern__matmul_avx2(int wtype, const void *w, size_t n_in, size_t o0, size_t o1,
-                       const void *act, size_t n_tok, float *y, size_t ldy);
+void kern__matmul_avx2(int wtype, const void *w, size_t n_in, size_t o0, size_t o1, const void *act,
+                       size_t n_tok, float *y, size_t ldy);
 void kern__matmul_avx512(int wtype, const void *w, size_t n_in, size_t o0, size_t o1,
                          const void *act, size_t n_tok, float *y, size_t ldy);
 
