@@ -1,0 +1,290 @@
+/* kern_mm_avx2: AVX2+FMA matmul for CPUs without AVX-512 (BF16 widened by
+ * shifting into f32, F16 via vcvtph2ps, F32, Q8_0 via vpmaddubsw/vpmaddwd).
+ *
+ * Same batch-invariance construction as the AVX-512 path: one ymm
+ * accumulator per output element, a fixed K order (full vectors, then the
+ * K remainder copied into a zero-padded buffer and run through the same
+ * step), and one fixed reduction tree (lane i + lane i+4, then +2, +1).
+ * Tiles (MR tokens x NR rows, MR*NR <= 8) only choose how many elements run
+ * side by side. */
+#include <immintrin.h>
+#include <string.h>
+
+#include "base/dx_dtype.h"
+#include "base/dx_err.h"
+#include "engine/kern_mm_priv.h"
+
+#define MM2_INLINE         static inline __attribute__((always_inline))
+#define MM2_UNROLL         _Pragma("GCC unroll 16")
+#define MM2_L2_BLOCK_BYTES (256u * 1024u)
+
+/* Sums of 8 vectors: lane 4L+m of the result is the sum of a[2m+L]. */
+MM2_INLINE __m256 mm2_reduce8(const __m256 *a)
+{
+    __m256 b[4], c[2];
+    MM2_UNROLL
+    for (int i = 0; i < 4; i++)
+        b[i] = _mm256_add_ps(_mm256_permute2f128_ps(a[2 * i], a[2 * i + 1], 0x20),
+                             _mm256_permute2f128_ps(a[2 * i], a[2 * i + 1], 0x31));
+    MM2_UNROLL
+    for (int i = 0; i < 2; i++)
+        c[i] = _mm256_add_ps(_mm256_shuffle_ps(b[2 * i], b[2 * i + 1], 0x44),
+                             _mm256_shuffle_ps(b[2 * i], b[2 * i + 1], 0xee));
+    return _mm256_add_ps(_mm256_shuffle_ps(c[0], c[1], 0x88), _mm256_shuffle_ps(c[0], c[1], 0xdd));
+}
+
+MM2_INLINE void mm2_store_tile(const __m256 *acc, const int MR, const int NR, float *y, size_t ldy)
+{
+    __m256 v[8];
+    MM2_UNROLL
+    for (int i = 0; i < 8; i++) v[i] = i < MR * NR ? acc[i] : _mm256_setzero_ps();
+    float r[8];
+    _mm256_storeu_ps(r, mm2_reduce8(v));
+    MM2_UNROLL
+    for (int i = 0; i < MR * NR; i++)
+        y[(size_t)(i / NR) * ldy + (size_t)(i % NR)] = r[4 * (i % 2) + i / 2];
+}
+
+#define MM2_TILE_ARGS                                                                              \
+    const uint8_t *w, size_t wrow, const uint8_t *x, size_t xrow, size_t n_in, float *y, size_t ldy
+
+/* Weight rows of the K remainder, zero-padded: w + o*wrow + wk, `bytes` each. */
+MM2_INLINE void mm2_tail_copy(uint8_t *buf, const uint8_t *w, size_t wrow, size_t wk, size_t bytes,
+                              const int NR)
+{
+    memset(buf, 0, (size_t)NR * 64);
+    for (int o = 0; o < NR; o++) memcpy(buf + o * 64, w + o * wrow + wk, bytes);
+}
+
+/* bf16 widened to f32 by interleaving with zeros: lo holds elements 0-3 and
+ * 8-11, hi 4-7 and 12-15; weights and activations are permuted alike. */
+MM2_INLINE void mm2_bf16_step(__m256 *acc, const uint8_t *w, size_t wrow, const uint8_t *x,
+                              size_t xrow, const int MR, const int NR)
+{
+    __m256 xl[4], xh[4];
+    const __m256i z = _mm256_setzero_si256();
+    MM2_UNROLL
+    for (int t = 0; t < MR; t++) {
+        __m256i v = _mm256_load_si256((const __m256i *)(x + t * xrow));
+        xl[t] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, v));
+        xh[t] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, v));
+    }
+    MM2_UNROLL
+    for (int o = 0; o < NR; o++) {
+        __m256i v = _mm256_loadu_si256((const __m256i *)(w + o * wrow));
+        __m256 wl = _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, v));
+        __m256 wh = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, v));
+        MM2_UNROLL
+        for (int t = 0; t < MR; t++) {
+            acc[t * NR + o] = _mm256_fmadd_ps(wl, xl[t], acc[t * NR + o]);
+            acc[t * NR + o] = _mm256_fmadd_ps(wh, xh[t], acc[t * NR + o]);
+        }
+    }
+}
+
+MM2_INLINE void mm2_bf16_tile(MM2_TILE_ARGS, const int MR, const int NR)
+{
+    __m256 acc[8];
+    MM2_UNROLL
+    for (int i = 0; i < MR * NR; i++) acc[i] = _mm256_setzero_ps();
+    size_t kf = n_in & ~(size_t)15;
+    for (size_t k = 0; k < kf; k += 16)
+        mm2_bf16_step(acc, w + 2 * k, wrow, x + 2 * k, xrow, MR, NR);
+    if (kf < n_in) {
+        _Alignas(32) uint8_t buf[8 * 64];
+        mm2_tail_copy(buf, w, wrow, 2 * kf, 2 * (n_in - kf), NR);
+        mm2_bf16_step(acc, buf, 64, x + 2 * kf, xrow, MR, NR);
+    }
+    mm2_store_tile(acc, MR, NR, y, ldy);
+}
+
+/* F16 and F32 weights against f32 activations, 8 elements per step. */
+MM2_INLINE void mm2_f16_step(__m256 *acc, const uint8_t *w, size_t wrow, const uint8_t *x,
+                             size_t xrow, const int is_f32, const int MR, const int NR)
+{
+    __m256 xv[4];
+    MM2_UNROLL
+    for (int t = 0; t < MR; t++) xv[t] = _mm256_loadu_ps((const float *)(x + t * xrow));
+    MM2_UNROLL
+    for (int o = 0; o < NR; o++) {
+        __m256 wv = is_f32 ? _mm256_loadu_ps((const float *)(w + o * wrow))
+                           : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + o * wrow)));
+        MM2_UNROLL
+        for (int t = 0; t < MR; t++) acc[t * NR + o] = _mm256_fmadd_ps(wv, xv[t], acc[t * NR + o]);
+    }
+}
+
+MM2_INLINE void mm2_fx_tile(MM2_TILE_ARGS, const int is_f32, const int MR, const int NR)
+{
+    __m256 acc[8];
+    MM2_UNROLL
+    for (int i = 0; i < MR * NR; i++) acc[i] = _mm256_setzero_ps();
+    size_t es = is_f32 ? 4 : 2, kf = n_in & ~(size_t)7;
+    for (size_t k = 0; k < kf; k += 8)
+        mm2_f16_step(acc, w + es * k, wrow, x + 4 * k, xrow, is_f32, MR, NR);
+    if (kf < n_in) {
+        _Alignas(32) uint8_t buf[8 * 64];
+        mm2_tail_copy(buf, w, wrow, es * kf, es * (n_in - kf), NR);
+        mm2_f16_step(acc, buf, 64, x + 4 * kf, xrow, is_f32, MR, NR);
+    }
+    mm2_store_tile(acc, MR, NR, y, ldy);
+}
+
+MM2_INLINE void mm2_f16_tile(MM2_TILE_ARGS, const int MR, const int NR)
+{
+    mm2_fx_tile(w, wrow, x, xrow, n_in, y, ldy, 0, MR, NR);
+}
+MM2_INLINE void mm2_f32_tile(MM2_TILE_ARGS, const int MR, const int NR)
+{
+    mm2_fx_tile(w, wrow, x, xrow, n_in, y, ldy, 1, MR, NR);
+}
+
+/* One Q8_0 block b: |w| times sign(w)*x with vpmaddubsw (no saturation:
+ * 2*128*127 < 32768), widened with vpmaddwd, scaled by d_w*d_x. */
+MM2_INLINE void mm2_q8_step(__m256 *acc, const uint8_t *w, size_t wrow, const uint8_t *x,
+                            size_t xrow, size_t b, const int MR, const int NR)
+{
+    __m256i xq[4];
+    __m256 dx[4];
+    size_t xo = (b / 2) * KERN__Q8_PAIR_BYTES + (b % 2) * 32;
+    MM2_UNROLL
+    for (int t = 0; t < MR; t++) {
+        xq[t] = _mm256_load_si256((const __m256i *)(x + t * xrow + xo));
+        dx[t] = _mm256_load_ps((const float *)(x + t * xrow + xo + 128));
+    }
+    const __m256i ones = _mm256_set1_epi16(1);
+    MM2_UNROLL
+    for (int o = 0; o < NR; o++) {
+        const uint8_t *wb = w + o * wrow + b * sizeof(dx_block_q8_0);
+        __m256i wq = _mm256_loadu_si256((const __m256i *)(wb + 2));
+        __m256i aw = _mm256_sign_epi8(wq, wq);
+        uint16_t dh;
+        memcpy(&dh, wb, 2);
+        __m256 dw = _mm256_cvtph_ps(_mm_set1_epi16((short)dh));
+        MM2_UNROLL
+        for (int t = 0; t < MR; t++) {
+            __m256i p16 = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(xq[t], wq));
+            __m256i p32 = _mm256_madd_epi16(p16, ones);
+            acc[t * NR + o] =
+                _mm256_fmadd_ps(_mm256_cvtepi32_ps(p32), _mm256_mul_ps(dw, dx[t]), acc[t * NR + o]);
+        }
+    }
+}
+
+MM2_INLINE void mm2_q8_tile(MM2_TILE_ARGS, const int MR, const int NR)
+{
+    __m256 acc[8];
+    MM2_UNROLL
+    for (int i = 0; i < MR * NR; i++) acc[i] = _mm256_setzero_ps();
+    for (size_t b = 0; b < n_in / DX_QK8_0; b++) mm2_q8_step(acc, w, wrow, x, xrow, b, MR, NR);
+    mm2_store_tile(acc, MR, NR, y, ldy);
+}
+
+typedef void (*mm2_tile_fn)(MM2_TILE_ARGS);
+
+/* By token count MR (1..2): a wide tile, and a 1-row tile for the rest. */
+typedef struct {
+    mm2_tile_fn wide[3], one[3];
+    int wide_nr[3];
+} mm2_tiles;
+
+#define MM2_DEF_TILE(KIND, MR, NR)                                                                 \
+    static void mm2_##KIND##_##MR##x##NR(MM2_TILE_ARGS)                                            \
+    {                                                                                              \
+        mm2_##KIND##_tile(w, wrow, x, xrow, n_in, y, ldy, MR, NR);                                 \
+    }
+#define MM2_DEF_KIND(KIND)                                                                         \
+    MM2_DEF_TILE(KIND, 1, 8)                                                                       \
+    MM2_DEF_TILE(KIND, 1, 1)                                                                       \
+    MM2_DEF_TILE(KIND, 2, 4)                                                                       \
+    MM2_DEF_TILE(KIND, 2, 1)                                                                       \
+    static const mm2_tiles mm2_##KIND##_tiles = {                                                  \
+        .wide = {NULL, mm2_##KIND##_1x8, mm2_##KIND##_2x4},                                        \
+        .one = {NULL, mm2_##KIND##_1x1, mm2_##KIND##_2x1},                                         \
+        .wide_nr = {0, 8, 4},                                                                      \
+    };
+
+MM2_DEF_KIND(bf16)
+MM2_DEF_KIND(f16)
+MM2_DEF_KIND(f32)
+MM2_DEF_KIND(q8)
+
+static void mm2_rows(const mm2_tiles *T, int mr, const uint8_t *w, size_t wrow, const uint8_t *x,
+                     size_t xrow, size_t n_in, size_t o0, size_t o1, float *y, size_t ldy)
+{
+    size_t o = o0, nw = (size_t)T->wide_nr[mr];
+    for (; o + nw <= o1; o += nw) T->wide[mr](w + o * wrow, wrow, x, xrow, n_in, y + o, ldy);
+    for (; o < o1; o++) T->one[mr](w + o * wrow, wrow, x, xrow, n_in, y + o, ldy);
+}
+
+void kern__matmul_avx2(int wtype, const void *w, size_t n_in, size_t o0, size_t o1, const void *act,
+                       size_t n_tok, float *y, size_t ldy)
+{
+    const mm2_tiles *T = NULL;
+    switch (wtype) {
+    case DX_BF16:
+        T = &mm2_bf16_tiles;
+        break;
+    case DX_F16:
+        T = &mm2_f16_tiles;
+        break;
+    case DX_F32:
+        T = &mm2_f32_tiles;
+        break;
+    case DX_Q8_0:
+        T = &mm2_q8_tiles;
+        break;
+    }
+    size_t wrow = dx_dtype_row_bytes(wtype, n_in), xrow = kern__act_row_bytes(wtype, n_in);
+    DX_ASSERT(T && wrow && xrow);
+    size_t rb = (MM2_L2_BLOCK_BYTES / wrow) & ~(size_t)7;
+    if (rb < 8) rb = 8;
+    for (size_t ob = o0; ob < o1; ob += rb) {
+        size_t oe = o1 - ob < rb ? o1 : ob + rb;
+        for (size_t t = 0; t < n_tok; t += 2) {
+            int mr = n_tok - t < 2 ? (int)(n_tok - t) : 2;
+            mm2_rows(T, mr, w, wrow, (const uint8_t *)act + t * xrow, xrow, n_in, ob, oe,
+                     y + t * ldy, ldy);
+        }
+    }
+}
+
+/* ---- Q8_0 activation prep, bit-identical to dx_f32_to_q8_0_row ---- */
+
+static void mm2_q8_block(const float *x, int8_t *q, int32_t *negcorr, float *dout)
+{
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 v[4], m = _mm256_setzero_ps();
+    for (int i = 0; i < 4; i++) {
+        v[i] = _mm256_loadu_ps(x + 8 * i);
+        m = _mm256_max_ps(m, _mm256_and_ps(v[i], absmask));
+    }
+    float l[8], amax = 0.0f;
+    _mm256_storeu_ps(l, m);
+    for (int i = 0; i < 8; i++) amax = l[i] > amax ? l[i] : amax;
+    float d = amax / 127.0f;
+    float id = d != 0.0f ? 1.0f / d : 0.0f;
+    __m256i qi[4];
+    for (int i = 0; i < 4; i++) qi[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], _mm256_set1_ps(id)));
+    /* packs interleave 128-bit lanes; the permute puts the 4-byte groups back in order. */
+    __m256i p =
+        _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3]));
+    p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256((__m256i *)q, p);
+    __m256i s =
+        _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), p), _mm256_set1_epi16(1));
+    _mm256_storeu_si256((__m256i *)negcorr,
+                        _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(s, 7)));
+    _mm256_storeu_ps(dout, _mm256_set1_ps(dx_f16_to_f32(dx_f32_to_f16(d))));
+}
+
+void kern__q8_prep_row_avx2(const float *x, size_t n_in, uint8_t *row)
+{
+    for (size_t b = 0; b < n_in / DX_QK8_0; b++) {
+        uint8_t *pair = row + (b / 2) * KERN__Q8_PAIR_BYTES;
+        size_t h = b % 2;
+        mm2_q8_block(x + b * DX_QK8_0, (int8_t *)pair + 32 * h, (int32_t *)(pair + 64) + 8 * h,
+                     (float *)(pair + 128) + 8 * h);
+    }
+    kern__q8_clear_odd(row, n_in);
+}

@@ -1,0 +1,333 @@
+/* kern_mm_avx512: AVX-512 matmul (BF16 via vdpbf16ps, F16 via vcvtph2ps +
+ * FMA, F32 FMA, Q8_0 via vpdpbusd) and the activation preps that feed it.
+ *
+ * Batch invariance by construction: every output element (token t, row o)
+ * owns one zmm accumulator that walks K in the same fixed steps (a full
+ * vector at a time, then one masked step for the remainder), and ends with
+ * the same horizontal reduction tree (lane i + lane i+8, then +4, +2, +1).
+ * Tiles of different shapes (MR tokens x NR rows, MR*NR <= 16) only decide
+ * how many such accumulators run side by side, so a token's result is the
+ * same alone, batched, in a tail tile, or in any [o0, o1) split.
+ *
+ * Blocking: a block of weight rows sized to stay in L2 is swept by every
+ * tile of (up to) 4 tokens, whose activations stay in L1 while the block's
+ * rows pass over them.  Decode (1-3 tokens) uses wide row tiles (up to 16
+ * rows) so that many weight streams are in flight. */
+#include <immintrin.h>
+#include <string.h>
+
+#include "base/dx_dtype.h"
+#include "base/dx_err.h"
+#include "engine/kern_mm_priv.h"
+
+#define MM_INLINE         static inline __attribute__((always_inline))
+#define MM_L2_BLOCK_BYTES (256u * 1024u)
+/* Tile loops must unroll fully so that accumulators live in registers. */
+#define MM_UNROLL _Pragma("GCC unroll 16")
+
+/* Sums of 16 vectors: lane 4L+m of the result is the sum of a[4m+L].  Each
+ * sum follows the same tree whatever slot its vector occupies. */
+MM_INLINE __m512 mm_reduce16(const __m512 *a)
+{
+    __m512 b[8], c[4], d[2];
+    MM_UNROLL
+    for (int i = 0; i < 8; i++)
+        b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x44),
+                             _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xee));
+    MM_UNROLL
+    for (int i = 0; i < 4; i++)
+        c[i] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0x88),
+                             _mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0xdd));
+    MM_UNROLL
+    for (int i = 0; i < 2; i++)
+        d[i] = _mm512_add_ps(_mm512_shuffle_ps(c[2 * i], c[2 * i + 1], 0x44),
+                             _mm512_shuffle_ps(c[2 * i], c[2 * i + 1], 0xee));
+    return _mm512_add_ps(_mm512_shuffle_ps(d[0], d[1], 0x88), _mm512_shuffle_ps(d[0], d[1], 0xdd));
+}
+
+/* acc[t*NR + o] holds y[t][o] in 16 lanes. */
+MM_INLINE void mm_store_tile(const __m512 *acc, const int MR, const int NR, float *y, size_t ldy)
+{
+    __m512 v[16];
+    MM_UNROLL
+    for (int i = 0; i < 16; i++) v[i] = i < MR * NR ? acc[i] : _mm512_setzero_ps();
+    float r[16];
+    _mm512_storeu_ps(r, mm_reduce16(v));
+    MM_UNROLL
+    for (int i = 0; i < MR * NR; i++)
+        y[(size_t)(i / NR) * ldy + (size_t)(i % NR)] = r[4 * (i % 4) + i / 4];
+}
+
+/* Every tile kernel: MR tokens from x (rows xrow bytes apart) times NR weight
+ * rows from w (wrow bytes apart) into y[t*ldy + o]. */
+#define MM_TILE_ARGS                                                                               \
+    const uint8_t *w, size_t wrow, const uint8_t *x, size_t xrow, size_t n_in, float *y, size_t ldy
+
+MM_INLINE void mm_bf16_step(__m512 *acc, const uint8_t *w, size_t wrow, const uint8_t *x,
+                            size_t xrow, size_t k, __mmask32 m, const int MR, const int NR)
+{
+    __m512bh xv[4];
+    MM_UNROLL
+    for (int t = 0; t < MR; t++) xv[t] = (__m512bh)_mm512_load_si512(x + t * xrow + 2 * k);
+    MM_UNROLL
+    for (int o = 0; o < NR; o++) {
+        __m512bh wv = (__m512bh)_mm512_maskz_loadu_epi16(m, w + o * wrow + 2 * k);
+        MM_UNROLL
+        for (int t = 0; t < MR; t++) acc[t * NR + o] = _mm512_dpbf16_ps(acc[t * NR + o], wv, xv[t]);
+    }
+}
+
+MM_INLINE void mm_bf16_tile(MM_TILE_ARGS, const int MR, const int NR)
+{
+    __m512 acc[16];
+    MM_UNROLL
+    for (int i = 0; i < MR * NR; i++) acc[i] = _mm512_setzero_ps();
+    size_t kf = n_in & ~(size_t)31;
+    for (size_t k = 0; k < kf; k += 32)
+        mm_bf16_step(acc, w, wrow, x, xrow, k, ~(__mmask32)0, MR, NR);
+    if (kf < n_in)
+        mm_bf16_step(acc, w, wrow, x, xrow, kf, (__mmask32)((1u << (n_in - kf)) - 1), MR, NR);
+    mm_store_tile(acc, MR, NR, y, ldy);
+}
+
+MM_INLINE void mm_f16_step(__m512 *acc, const uint8_t *w, size_t wrow, const uint8_t *x,
+                           size_t xrow, size_t k, __mmask16 m, const int MR, const int NR)
+{
+    __m512 xv[4];
+    MM_UNROLL
+    for (int t = 0; t < MR; t++) xv[t] = _mm512_load_ps((const float *)(x + t * xrow) + k);
+    MM_UNROLL
+    for (int o = 0; o < NR; o++) {
+        __m512 wv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, w + o * wrow + 2 * k));
+        MM_UNROLL
+        for (int t = 0; t < MR; t++) acc[t * NR + o] = _mm512_fmadd_ps(wv, xv[t], acc[t * NR + o]);
+    }
+}
+
+MM_INLINE void mm_f16_tile(MM_TILE_ARGS, const int MR, const int NR)
+{
+    __m512 acc[16];
+    MM_UNROLL
+    for (int i = 0; i < MR * NR; i++) acc[i] = _mm512_setzero_ps();
+    size_t kf = n_in & ~(size_t)15;
+    for (size_t k = 0; k < kf; k += 16) mm_f16_step(acc, w, wrow, x, xrow, k, 0xffff, MR, NR);
+    if (kf < n_in)
+        mm_f16_step(acc, w, wrow, x, xrow, kf, (__mmask16)((1u << (n_in - kf)) - 1), MR, NR);
+    mm_store_tile(acc, MR, NR, y, ldy);
+}
+
+MM_INLINE void mm_f32_step(__m512 *acc, const uint8_t *w, size_t wrow, const uint8_t *x,
+                           size_t xrow, size_t k, __mmask16 m, const int MR, const int NR)
+{
+    __m512 xv[4];
+    MM_UNROLL
+    for (int t = 0; t < MR; t++) xv[t] = _mm512_load_ps((const float *)(x + t * xrow) + k);
+    MM_UNROLL
+    for (int o = 0; o < NR; o++) {
+        __m512 wv = _mm512_maskz_loadu_ps(m, (const float *)(w + o * wrow) + k);
+        MM_UNROLL
+        for (int t = 0; t < MR; t++) acc[t * NR + o] = _mm512_fmadd_ps(wv, xv[t], acc[t * NR + o]);
+    }
+}
+
+MM_INLINE void mm_f32_tile(MM_TILE_ARGS, const int MR, const int NR)
+{
+    __m512 acc[16];
+    MM_UNROLL
+    for (int i = 0; i < MR * NR; i++) acc[i] = _mm512_setzero_ps();
+    size_t kf = n_in & ~(size_t)15;
+    for (size_t k = 0; k < kf; k += 16) mm_f32_step(acc, w, wrow, x, xrow, k, 0xffff, MR, NR);
+    if (kf < n_in)
+        mm_f32_step(acc, w, wrow, x, xrow, kf, (__mmask16)((1u << (n_in - kf)) - 1), MR, NR);
+    mm_store_tile(acc, MR, NR, y, ldy);
+}
+
+MM_INLINE uint16_t mm_load_u16(const uint8_t *p)
+{
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+}
+
+/* One pair of Q8_0 blocks (64 quants); `two` is 0 for a lone last block. */
+MM_INLINE void mm_q8_step(__m512 *acc, const uint8_t *w, size_t wrow, const uint8_t *x, size_t xrow,
+                          size_t p, int two, const int MR, const int NR)
+{
+    __m512i xq[4], nc[4];
+    __m512 dx[4];
+    MM_UNROLL
+    for (int t = 0; t < MR; t++) {
+        const uint8_t *xp = x + t * xrow + p * KERN__Q8_PAIR_BYTES;
+        xq[t] = _mm512_load_si512(xp);
+        nc[t] = _mm512_load_si512(xp + 64);
+        dx[t] = _mm512_load_ps(xp + 128);
+    }
+    MM_UNROLL
+    for (int o = 0; o < NR; o++) {
+        const uint8_t *wb = w + o * wrow + p * 2 * sizeof(dx_block_q8_0);
+        __m256i lo = _mm256_loadu_si256((const __m256i *)(wb + 2));
+        __m256i hi = two ? _mm256_loadu_si256((const __m256i *)(wb + 36)) : _mm256_setzero_si256();
+        __m512i wu = _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1),
+                                      _mm512_set1_epi8((char)0x80));
+        uint16_t d1 = two ? mm_load_u16(wb + 34) : 0;
+        __m256i ds =
+            _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16((short)mm_load_u16(wb))),
+                                    _mm_set1_epi16((short)d1), 1);
+        __m512 dw = _mm512_cvtph_ps(ds);
+        MM_UNROLL
+        for (int t = 0; t < MR; t++) {
+            __m512i is = _mm512_dpbusd_epi32(nc[t], wu, xq[t]);
+            acc[t * NR + o] =
+                _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(dw, dx[t]), acc[t * NR + o]);
+        }
+    }
+}
+
+MM_INLINE void mm_q8_tile(MM_TILE_ARGS, const int MR, const int NR)
+{
+    __m512 acc[16];
+    MM_UNROLL
+    for (int i = 0; i < MR * NR; i++) acc[i] = _mm512_setzero_ps();
+    size_t np = n_in / 64;
+    for (size_t p = 0; p < np; p++) mm_q8_step(acc, w, wrow, x, xrow, p, 1, MR, NR);
+    if ((n_in / 32) & 1) mm_q8_step(acc, w, wrow, x, xrow, np, 0, MR, NR);
+    mm_store_tile(acc, MR, NR, y, ldy);
+}
+
+typedef void (*mm_tile_fn)(MM_TILE_ARGS);
+
+/* The tile shapes the driver uses, by token count MR (1..4): a wide main
+ * tile, a 4-row tile and a 1-row tile for the row remainder. */
+typedef struct {
+    mm_tile_fn wide[5], four[5], one[5];
+    int wide_nr[5];
+} mm_tiles;
+
+#define MM_DEF_TILE(KIND, MR, NR)                                                                  \
+    static void mm_##KIND##_##MR##x##NR(MM_TILE_ARGS)                                              \
+    {                                                                                              \
+        mm_##KIND##_tile(w, wrow, x, xrow, n_in, y, ldy, MR, NR);                                  \
+    }
+#define MM_DEF_KIND(KIND)                                                                          \
+    MM_DEF_TILE(KIND, 1, 16)                                                                       \
+    MM_DEF_TILE(KIND, 1, 4)                                                                        \
+    MM_DEF_TILE(KIND, 1, 1)                                                                        \
+    MM_DEF_TILE(KIND, 2, 8)                                                                        \
+    MM_DEF_TILE(KIND, 2, 4)                                                                        \
+    MM_DEF_TILE(KIND, 2, 1)                                                                        \
+    MM_DEF_TILE(KIND, 3, 4)                                                                        \
+    MM_DEF_TILE(KIND, 3, 1)                                                                        \
+    MM_DEF_TILE(KIND, 4, 4)                                                                        \
+    MM_DEF_TILE(KIND, 4, 1)                                                                        \
+    static const mm_tiles mm_##KIND##_tiles = {                                                    \
+        .wide = {NULL, mm_##KIND##_1x16, mm_##KIND##_2x8, mm_##KIND##_3x4, mm_##KIND##_4x4},       \
+        .four = {NULL, mm_##KIND##_1x4, mm_##KIND##_2x4, mm_##KIND##_3x4, mm_##KIND##_4x4},        \
+        .one = {NULL, mm_##KIND##_1x1, mm_##KIND##_2x1, mm_##KIND##_3x1, mm_##KIND##_4x1},         \
+        .wide_nr = {0, 16, 8, 4, 4},                                                               \
+    };
+
+MM_DEF_KIND(bf16)
+MM_DEF_KIND(f16)
+MM_DEF_KIND(f32)
+MM_DEF_KIND(q8)
+
+/* Rows [o0, o1) for tokens [t, t+mr). */
+static void mm_rows(const mm_tiles *T, int mr, const uint8_t *w, size_t wrow, const uint8_t *x,
+                    size_t xrow, size_t n_in, size_t o0, size_t o1, float *y, size_t ldy)
+{
+    size_t o = o0, nw = (size_t)T->wide_nr[mr];
+    for (; o + nw <= o1; o += nw) T->wide[mr](w + o * wrow, wrow, x, xrow, n_in, y + o, ldy);
+    for (; o + 4 <= o1; o += 4) T->four[mr](w + o * wrow, wrow, x, xrow, n_in, y + o, ldy);
+    for (; o < o1; o++) T->one[mr](w + o * wrow, wrow, x, xrow, n_in, y + o, ldy);
+}
+
+void kern__matmul_avx512(int wtype, const void *w, size_t n_in, size_t o0, size_t o1,
+                         const void *act, size_t n_tok, float *y, size_t ldy)
+{
+    const mm_tiles *T = NULL;
+    switch (wtype) {
+    case DX_BF16:
+        T = &mm_bf16_tiles;
+        break;
+    case DX_F16:
+        T = &mm_f16_tiles;
+        break;
+    case DX_F32:
+        T = &mm_f32_tiles;
+        break;
+    case DX_Q8_0:
+        T = &mm_q8_tiles;
+        break;
+    }
+    size_t wrow = dx_dtype_row_bytes(wtype, n_in), xrow = kern__act_row_bytes(wtype, n_in);
+    DX_ASSERT(T && wrow && xrow);
+    size_t rb = (MM_L2_BLOCK_BYTES / wrow) & ~(size_t)15;
+    if (rb < 16) rb = 16;
+    for (size_t ob = o0; ob < o1; ob += rb) {
+        size_t oe = o1 - ob < rb ? o1 : ob + rb;
+        for (size_t t = 0; t < n_tok; t += 4) {
+            int mr = n_tok - t < 4 ? (int)(n_tok - t) : 4;
+            mm_rows(T, mr, w, wrow, (const uint8_t *)act + t * xrow, xrow, n_in, ob, oe,
+                    y + t * ldy, ldy);
+        }
+    }
+}
+
+/* ---- activation preps: bit-identical to the scalar conversions ---- */
+
+/* f32 -> bf16 with dx_f32_to_bf16's integer RNE, so denormals round exactly
+ * as the scalar twin does (vcvtneps2bf16 would flush them). */
+static __m256i mm_f32_to_bf16_16(__m512 x)
+{
+    __m512i u = _mm512_castps_si512(x);
+    __m512i r = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)),
+                                 _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1)));
+    __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                            _mm512_set1_epi32(0x7f800000));
+    r = _mm512_mask_or_epi32(r, nan, u, _mm512_set1_epi32(0x400000));
+    return _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
+}
+
+void kern__bf16_prep_row_avx512(const float *x, size_t n_in, uint16_t *row)
+{
+    size_t k = 0, kp = kern__act_k(n_in);
+    for (; k + 16 <= n_in; k += 16)
+        _mm256_store_si256((__m256i *)(row + k), mm_f32_to_bf16_16(_mm512_loadu_ps(x + k)));
+    for (; k < kp; k += 16) {
+        size_t left = n_in > k ? n_in - k : 0;
+        __mmask16 m = (__mmask16)((1u << left) - 1);
+        _mm256_store_si256((__m256i *)(row + k),
+                           mm_f32_to_bf16_16(_mm512_maskz_loadu_ps(m, x + k)));
+    }
+}
+
+/* One 32-block: quantise as dx_f32_to_q8_0_row does (d = amax/127, q =
+ * round-to-nearest-even of x * (1/d) under the default rounding mode). */
+static void mm_q8_block(const float *x, int8_t *q, int32_t *negcorr, float *dout)
+{
+    __m512 a = _mm512_loadu_ps(x), b = _mm512_loadu_ps(x + 16);
+    __m512 m = _mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b));
+    float amax = _mm512_reduce_max_ps(m);
+    float d = amax / 127.0f;
+    float id = d != 0.0f ? 1.0f / d : 0.0f;
+    __m512 vid = _mm512_set1_ps(id);
+    __m128i qa = _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(a, vid)));
+    __m128i qb = _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(b, vid)));
+    __m256i qv = _mm256_inserti128_si256(_mm256_castsi128_si256(qa), qb, 1);
+    _mm256_storeu_si256((__m256i *)q, qv);
+    __m256i s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1), qv);
+    _mm256_storeu_si256((__m256i *)negcorr,
+                        _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(s, 7)));
+    _mm256_storeu_ps(dout, _mm256_set1_ps(dx_f16_to_f32(dx_f32_to_f16(d))));
+}
+
+void kern__q8_prep_row_avx512(const float *x, size_t n_in, uint8_t *row)
+{
+    for (size_t b = 0; b < n_in / DX_QK8_0; b++) {
+        uint8_t *pair = row + (b / 2) * KERN__Q8_PAIR_BYTES;
+        size_t h = b % 2;
+        mm_q8_block(x + b * DX_QK8_0, (int8_t *)pair + 32 * h, (int32_t *)(pair + 64) + 8 * h,
+                    (float *)(pair + 128) + 8 * h);
+    }
+    kern__q8_clear_odd(row, n_in);
+}

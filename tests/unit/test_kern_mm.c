@@ -1,0 +1,410 @@
+/* Unit tests for the matmul kernels (kern_act_prep / kern_matmul):
+ *  - every ISA this CPU supports against kern_matmul_scalar and against an
+ *    exact (double) sum, on odd shapes;
+ *  - bit-exact batch invariance with memcmp, per ISA and weight type: tokens
+ *    all at once vs one at a time vs in chunks of 7; any split of [0, n_out)
+ *    into task ranges; a token alone vs batched among random tokens;
+ *  - activation preps bit-identical to the scalar conversions.
+ *
+ * Tolerance: |fast - scalar| <= 2e-5 * sum_k |w_k x_k| (+1e-30), with w and x
+ * as the kernel consumes them (bf16-rounded / q8_0-quantised activations).
+ * Both are f32 sums of the same exact products in different orders; their
+ * rounding errors grow like sqrt(n) * 6e-8 (about 3e-6 at n = 2080), so 2e-5
+ * leaves margin while a dropped or doubled term of average size (>= 1/n =
+ * 5e-4 of the sum) fails.  Each is also checked against the double sum. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "base/dx_alloc.h"
+#include "base/dx_dtype.h"
+#include "base/dx_err.h"
+#include "base/dx_tpool.h"
+#include "engine/kern.h"
+
+#define REL_TOL 2e-5
+
+static const int wtypes[] = {DX_F32, DX_F16, DX_BF16, DX_Q8_0};
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static uint32_t rng_u32(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 16);
+}
+static float rng_f(void)
+{
+    return (float)((double)rng_u32() / 4294967296.0 * 2.0 - 1.0);
+}
+
+static void fill_random(float *v, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        v[i] = rng_f();
+        if (rng_u32() % 97 == 0) v[i] *= 20.0f; /* occasional outlier */
+    }
+}
+
+/* Random weight matrix of type wtype, [n_out][n_in]. */
+static void *make_weights(int wtype, size_t n_out, size_t n_in)
+{
+    size_t rb = dx_dtype_row_bytes(wtype, n_in);
+    uint8_t *w = dx_malloc(rb * n_out + 1);
+    float *row = dx_malloc(n_in * sizeof(float));
+    assert_non_null(w);
+    for (size_t o = 0; o < n_out; o++) {
+        fill_random(row, n_in);
+        void *dst = w + o * rb;
+        switch (wtype) {
+        case DX_F32:
+            memcpy(dst, row, n_in * 4);
+            break;
+        case DX_F16:
+            dx_f32_to_f16_row(row, dst, n_in);
+            break;
+        case DX_BF16:
+            dx_f32_to_bf16_row(row, dst, n_in);
+            break;
+        case DX_Q8_0:
+            dx_f32_to_q8_0_row(row, dst, n_in);
+            break;
+        }
+    }
+    dx_free(row);
+    return w;
+}
+
+static void *prep(int wtype, const float *x, size_t n_tok, size_t n_in)
+{
+    size_t bytes = kern_act_bytes(wtype, n_tok, n_in);
+    assert_true(bytes > 0 || n_tok == 0);
+    void *act = dx_aligned_alloc(64, bytes ? bytes : 64);
+    assert_non_null(act);
+    kern_act_prep(wtype, x, n_tok, n_in, act);
+    return act;
+}
+
+/* y[n_tok][n_out] = W x with the active ISA, all tokens, one range. */
+static void matmul_all(int wtype, const void *w, const float *x, size_t n_tok, size_t n_in,
+                       size_t n_out, float *y)
+{
+    void *act = prep(wtype, x, n_tok, n_in);
+    kern_matmul(wtype, w, n_in, 0, n_out, act, n_tok, y, n_out);
+    dx_aligned_free(act);
+}
+
+/* The values the kernel consumes: x rounded as the prep rounds it. */
+static void consumed_x(int wtype, const float *x, size_t n_in, float *out)
+{
+    if (wtype == DX_BF16) {
+        for (size_t k = 0; k < n_in; k++) out[k] = dx_bf16_to_f32(dx_f32_to_bf16(x[k]));
+    } else if (wtype == DX_Q8_0) {
+        dx_block_q8_0 *q = dx_malloc(n_in / 32 * sizeof(*q));
+        dx_f32_to_q8_0_row(x, q, n_in);
+        dx_q8_0_to_f32_row(q, out, n_in);
+        dx_free(q);
+    } else {
+        memcpy(out, x, n_in * sizeof(float));
+    }
+}
+
+static int cpu_isas(enum kern_isa *out)
+{
+    int n = 0;
+    for (int i = KERN_SCALAR; i <= (int)kern_isa_detect(); i++) out[n++] = (enum kern_isa)i;
+    return n;
+}
+
+/* One shape: every fast ISA vs scalar vs the double sum. */
+static void check_shape(int wtype, size_t n_tok, size_t n_in, size_t n_out)
+{
+    void *w = make_weights(wtype, n_out, n_in);
+    float *x = dx_malloc(n_tok * n_in * sizeof(float));
+    float *wf = dx_malloc(n_in * sizeof(float)), *xf = dx_malloc(n_in * sizeof(float));
+    float *ref = dx_malloc(n_tok * n_out * sizeof(float)),
+          *y = dx_malloc(n_tok * n_out * sizeof(float));
+    fill_random(x, n_tok * n_in);
+    assert_int_equal(kern_set_isa(KERN_SCALAR), 0);
+    matmul_all(wtype, w, x, n_tok, n_in, n_out, ref);
+    enum kern_isa isas[3];
+    int n_isa = cpu_isas(isas);
+    size_t wrb = dx_dtype_row_bytes(wtype, n_in);
+    for (int i = 1; i < n_isa; i++) {
+        assert_int_equal(kern_set_isa(isas[i]), 0);
+        matmul_all(wtype, w, x, n_tok, n_in, n_out, y);
+        for (size_t t = 0; t < n_tok; t++) {
+            consumed_x(wtype, x + t * n_in, n_in, xf);
+            for (size_t o = 0; o < n_out; o++) {
+                assert_int_equal(dx_dtype_to_f32_row(wtype, (uint8_t *)w + o * wrb, wf, n_in), 0);
+                double exact = 0, mag = 0;
+                for (size_t k = 0; k < n_in; k++) {
+                    exact += (double)wf[k] * xf[k];
+                    mag += fabs((double)wf[k] * xf[k]);
+                }
+                double tol = REL_TOL * mag + 1e-30, f = y[t * n_out + o], r = ref[t * n_out + o];
+                if (fabs(f - r) > tol || fabs(r - exact) > tol || fabs(f - exact) > tol) {
+                    fprintf(
+                        stderr,
+                        "%s %s tok=%zu in=%zu out=%zu: t=%zu o=%zu fast=%.9g ref=%.9g exact=%.9g\n",
+                        kern_isa_name(isas[i]), dx_dtype_name(wtype), n_tok, n_in, n_out, t, o, f,
+                        r, exact);
+                    fail();
+                }
+            }
+        }
+    }
+    dx_free(w);
+    dx_free(x);
+    dx_free(wf);
+    dx_free(xf);
+    dx_free(ref);
+    dx_free(y);
+}
+
+static void test_mm_matches_scalar(void **state)
+{
+    (void)state;
+    static const size_t n_ins[] = {32, 64, 96, 1024, 2080, 1, 3, 17, 33, 100};
+    static const size_t n_toks[] = {1, 2, 3, 5, 7, 16, 33};
+    static const size_t n_outs[] = {1, 3, 5, 17, 64};
+    size_t c = 0;
+    for (size_t d = 0; d < DX_ARRAY_LEN(wtypes); d++)
+        for (size_t i = 0; i < DX_ARRAY_LEN(n_ins); i++) {
+            if (wtypes[d] == DX_Q8_0 && n_ins[i] % 32) continue;
+            for (size_t t = 0; t < DX_ARRAY_LEN(n_toks); t++, c++)
+                check_shape(wtypes[d], n_toks[t], n_ins[i], n_outs[c % DX_ARRAY_LEN(n_outs)]);
+        }
+}
+
+/* ---- bit-exact invariance ---- */
+
+typedef struct {
+    int wtype;
+    size_t n_in, n_out, n_tok;
+    void *w;
+    float *x;   /* [n_tok][n_in] */
+    float *ref; /* all tokens at once, one range */
+} inv_case;
+
+static void inv_setup(inv_case *c, int wtype, size_t n_in, size_t n_out, size_t n_tok)
+{
+    c->wtype = wtype;
+    c->n_in = n_in;
+    c->n_out = n_out;
+    c->n_tok = n_tok;
+    c->w = make_weights(wtype, n_out, n_in);
+    c->x = dx_malloc(n_tok * n_in * sizeof(float));
+    fill_random(c->x, n_tok * n_in);
+    c->ref = dx_malloc(n_tok * n_out * sizeof(float));
+    matmul_all(wtype, c->w, c->x, n_tok, n_in, n_out, c->ref);
+}
+
+static void inv_free(inv_case *c)
+{
+    dx_free(c->w);
+    dx_free(c->x);
+    dx_free(c->ref);
+}
+
+/* Tokens in chunks of `chunk`, each chunk prepared and multiplied alone. */
+static void inv_chunks(const inv_case *c, size_t chunk)
+{
+    float *y = dx_calloc(c->n_tok * c->n_out, sizeof(float));
+    for (size_t t = 0; t < c->n_tok; t += chunk) {
+        size_t n = c->n_tok - t < chunk ? c->n_tok - t : chunk;
+        matmul_all(c->wtype, c->w, c->x + t * c->n_in, n, c->n_in, c->n_out, y + t * c->n_out);
+    }
+    assert_memory_equal(y, c->ref, c->n_tok * c->n_out * sizeof(float));
+    dx_free(y);
+}
+
+/* [0, n_out) split into ranges whose sizes cycle through `sizes`. */
+static void inv_splits(const inv_case *c, const size_t *sizes, size_t n_sizes)
+{
+    void *act = prep(c->wtype, c->x, c->n_tok, c->n_in);
+    float *y = dx_calloc(c->n_tok * c->n_out, sizeof(float));
+    for (size_t o = 0, i = 0; o < c->n_out; i++) {
+        size_t o1 = o + sizes[i % n_sizes] < c->n_out ? o + sizes[i % n_sizes] : c->n_out;
+        kern_matmul(c->wtype, c->w, c->n_in, o, o1, act, c->n_tok, y, c->n_out);
+        o = o1;
+    }
+    assert_memory_equal(y, c->ref, c->n_tok * c->n_out * sizeof(float));
+    dx_free(y);
+    dx_aligned_free(act);
+}
+
+/* Token `t` of the case placed at position `pos` among random others. */
+static void inv_batched(const inv_case *c, size_t t, size_t n_batch, size_t pos)
+{
+    float *x = dx_malloc(n_batch * c->n_in * sizeof(float));
+    float *y = dx_malloc(n_batch * c->n_out * sizeof(float));
+    fill_random(x, n_batch * c->n_in);
+    memcpy(x + pos * c->n_in, c->x + t * c->n_in, c->n_in * sizeof(float));
+    matmul_all(c->wtype, c->w, x, n_batch, c->n_in, c->n_out, y);
+    assert_memory_equal(y + pos * c->n_out, c->ref + t * c->n_out, c->n_out * sizeof(float));
+    dx_free(x);
+    dx_free(y);
+}
+
+typedef struct {
+    const float *x;
+    const void *w, *act;
+    float *y;
+    int wtype;
+    size_t n_in, n_out, n_tok, tile;
+} pool_mm;
+
+static void pool_mm_task(void *arg, size_t task, int tid)
+{
+    (void)tid;
+    pool_mm *m = arg;
+    size_t o0 = task * m->tile, o1 = o0 + m->tile < m->n_out ? o0 + m->tile : m->n_out;
+    kern_matmul(m->wtype, m->w, m->n_in, o0, o1, m->act, m->n_tok, m->y, m->n_out);
+}
+
+/* Split across a 2-thread pool in kern_matmul_tile() ranges. */
+static void inv_pool(const inv_case *c)
+{
+    dx_tpool *p = NULL;
+    assert_int_equal(dx_tpool_create(2, &p), 0);
+    pool_mm m = {.w = c->w,
+                 .wtype = c->wtype,
+                 .n_in = c->n_in,
+                 .n_out = c->n_out,
+                 .n_tok = c->n_tok,
+                 .tile = kern_matmul_tile(c->wtype)};
+    m.act = prep(c->wtype, c->x, c->n_tok, c->n_in);
+    m.y = dx_calloc(c->n_tok * c->n_out, sizeof(float));
+    dx_tpool_run(p, (c->n_out + m.tile - 1) / m.tile, pool_mm_task, &m);
+    assert_memory_equal(m.y, c->ref, c->n_tok * c->n_out * sizeof(float));
+    dx_free(m.y);
+    dx_aligned_free((void *)m.act);
+    dx_tpool_destroy(p);
+}
+
+static void check_invariance(enum kern_isa isa, int wtype, size_t n_in, size_t n_out)
+{
+    assert_int_equal(kern_set_isa(isa), 0);
+    inv_case c;
+    inv_setup(&c, wtype, n_in, n_out, 33);
+    inv_chunks(&c, 1);
+    inv_chunks(&c, 7);
+    inv_chunks(&c, 4);
+    static const size_t one[] = {SIZE_MAX / 2}, ones[] = {1}, odd[] = {3, 5, 7, 1, 13};
+    static const size_t tiles[] = {16, 32, 4};
+    inv_splits(&c, one, 1);
+    inv_splits(&c, ones, 1);
+    inv_splits(&c, odd, DX_ARRAY_LEN(odd));
+    inv_splits(&c, tiles, DX_ARRAY_LEN(tiles));
+    inv_batched(&c, 0, 9, 5);
+    inv_batched(&c, 17, 40, 39);
+    inv_batched(&c, 32, 2, 0);
+    inv_pool(&c);
+    inv_free(&c);
+}
+
+static void test_mm_invariance(void **state)
+{
+    (void)state;
+    enum kern_isa isas[3];
+    int n_isa = cpu_isas(isas);
+    for (int i = 0; i < n_isa; i++)
+        for (size_t d = 0; d < DX_ARRAY_LEN(wtypes); d++) {
+            int q8 = wtypes[d] == DX_Q8_0;
+            check_invariance(isas[i], wtypes[d], q8 ? 96 : 100, 37);
+            check_invariance(isas[i], wtypes[d], q8 ? 1024 : 33, 21);
+        }
+}
+
+/* ---- activation preps ---- */
+
+static void test_prep_bits(void **state)
+{
+    (void)state;
+    const size_t n_in = 160, n_tok = 3;
+    float x[3 * 160];
+    fill_random(x, n_tok * n_in);
+    for (size_t k = 32; k < 64; k++) x[k] = 0.0f;                /* all-zero block: d = 0 */
+    x[70] = 1e-40f, x[71] = -3e-39f, x[72] = NAN, x[73] = -0.0f; /* denormals, NaN */
+    x[74] = 0x1.01p-120f, x[75] = dx_u32_as_f32(0x3f808000u);    /* bf16 tie */
+    for (size_t k = 96; k < 128; k++) x[k] = (float)((int)k - 112) * 0.5f; /* q8 ties */
+    enum kern_isa isas[3];
+    int n_isa = cpu_isas(isas);
+    for (size_t d = 0; d < DX_ARRAY_LEN(wtypes); d++) {
+        int wt = wtypes[d];
+        if (wt == DX_Q8_0) x[72] = 0.25f; /* NaN is not quantised meaningfully */
+        assert_int_equal(kern_set_isa(KERN_SCALAR), 0);
+        void *ref = prep(wt, x, n_tok, n_in);
+        for (int i = 1; i < n_isa; i++) {
+            assert_int_equal(kern_set_isa(isas[i]), 0);
+            void *a = prep(wt, x, n_tok, n_in);
+            assert_memory_equal(a, ref, kern_act_bytes(wt, n_tok, n_in));
+            dx_aligned_free(a);
+        }
+        dx_aligned_free(ref);
+        x[72] = NAN;
+    }
+}
+
+/* Scalar prep of bf16 follows dx_f32_to_bf16 and q8_0 dx_f32_to_q8_0_row. */
+static void test_prep_layout(void **state)
+{
+    (void)state;
+    float x[96];
+    fill_random(x, 96);
+    assert_int_equal(kern_set_isa(KERN_SCALAR), 0);
+    uint16_t *b = prep(DX_BF16, x, 1, 33);
+    for (size_t k = 0; k < 33; k++) assert_int_equal(b[k], dx_f32_to_bf16(x[k]));
+    for (size_t k = 33; k < 64; k++) assert_int_equal(b[k], 0);
+    dx_aligned_free(b);
+    uint8_t *q = prep(DX_Q8_0, x, 1, 96);
+    dx_block_q8_0 blk[3];
+    dx_f32_to_q8_0_row(x, blk, 96);
+    for (int i = 0; i < 3; i++) {
+        const uint8_t *pair = q + (i / 2) * 192;
+        assert_memory_equal(pair + (i % 2) * 32, blk[i].qs, 32);
+        float d;
+        memcpy(&d, pair + 128 + (i % 2) * 32, 4);
+        assert_true(d == dx_f16_to_f32(blk[i].d));
+    }
+    assert_int_equal(kern_act_bytes(DX_Q8_0, 2, 96), 2 * 2 * 192);
+    assert_int_equal(kern_act_bytes(DX_Q8_0, 1, 100), 0);
+    assert_int_equal(kern_act_bytes(DX_BF16, 3, 33), 3 * 64 * 2);
+    assert_int_equal(kern_act_bytes(DX_F32, 3, 33), 3 * 64 * 4);
+    assert_int_equal(kern_act_bytes(77, 3, 33), 0);
+    dx_aligned_free(q);
+}
+
+static void test_isa_select(void **state)
+{
+    (void)state;
+    assert_string_equal(kern_isa_name(KERN_SCALAR), "scalar");
+    assert_string_equal(kern_isa_name(KERN_AVX2), "avx2");
+    assert_string_equal(kern_isa_name(KERN_AVX512), "avx512");
+    assert_int_equal(kern_set_isa((enum kern_isa)7), DX_EINVAL);
+    enum kern_isa best = kern_isa_detect();
+    assert_int_equal(kern_set_isa(best), 0);
+    assert_int_equal(kern_get_isa(), best);
+    if (best < KERN_AVX512) assert_int_equal(kern_set_isa(KERN_AVX512), DX_EUNSUPPORTED);
+    assert_int_equal(kern_set_isa(KERN_SCALAR), 0);
+    assert_int_equal(kern_get_isa(), KERN_SCALAR);
+    assert_int_equal(kern_set_isa(best), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_isa_select),        cmocka_unit_test(test_prep_layout),
+        cmocka_unit_test(test_prep_bits),         cmocka_unit_test(test_mm_invariance),
+        cmocka_unit_test(test_mm_matches_scalar),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
