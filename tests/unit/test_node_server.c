@@ -227,6 +227,7 @@ typedef struct {
 
 static harness H;
 static double g_grace_s = 5;
+static int g_loading; /* leave the server without a backend */
 
 static void on_stopped(void *user)
 {
@@ -272,7 +273,7 @@ static void *loop_thread(void *arg)
                        .model_name = "fake",
                        .n_vocab = 256,
                        .n_ctx = FAKE_N_CTX};
-    node_server_set_backend(h->srv, &be);
+    if (!g_loading) node_server_set_backend(h->srv, &be);
     pthread_mutex_lock(&h->mu);
     h->port = node_server_port(h->srv);
     pthread_cond_broadcast(&h->cv);
@@ -942,6 +943,26 @@ static void test_grace_expiry(void **state)
     dx_buf_free(&bc.out);
 }
 
+/* Before the model is loaded: /health and the API say 503, /metrics works. */
+static void test_loading(void **state)
+{
+    (void)state;
+    dx_buf b;
+    dx_buf_init(&b, 0);
+    assert_int_equal(http("GET", "/health", NULL, &b), 503);
+    assert_string_equal(b.data, "{\"status\":\"loading\"}");
+    assert_int_equal(http("GET", "/v1/models", NULL, &b), 503);
+    assert_int_equal(http("POST", "/v1/completions", "{\"model\":\"fake\",\"prompt\":\"x\"}", &b),
+                     503);
+    json_t *v = body_json(&b);
+    assert_string_equal(json_string_value(json_object_get(json_object_get(v, "error"), "type")),
+                        "server_error");
+    json_decref(v);
+    assert_int_equal(http("GET", "/metrics", NULL, &b), 200);
+    assert_non_null(strstr(b.data, "\nduplex_node_ready 0\n"));
+    dx_buf_free(&b);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN); /* as the server process does */
@@ -965,6 +986,9 @@ int main(void)
     const struct CMUnitTest grace_tests[] = {cmocka_unit_test(test_grace_expiry)};
     g_grace_s = 0.2;
     rc |= cmocka_run_group_tests(grace_tests, setup, teardown);
+    const struct CMUnitTest loading_tests[] = {cmocka_unit_test(test_loading)};
+    g_loading = 1;
+    rc |= cmocka_run_group_tests(loading_tests, setup, teardown);
     curl_global_cleanup();
     return rc;
 }
