@@ -3,6 +3,7 @@
  * produce DX_EFORMAT with the name of the field it broke. */
 #include "xfer/kvport_proto.h"
 
+#include <stdio.h>
 #include <string.h>
 
 #include "base/dx_err.h"
@@ -302,4 +303,30 @@ void kvport_pin_hash(const kvport_pin *p, uint32_t i, uint64_t *lo, uint64_t *hi
 {
     *lo = le_load(p->hashes + (size_t)i * 16, 8);
     *hi = le_load(p->hashes + (size_t)i * 16 + 8, 8);
+}
+
+static int differ_u(const char *field, uint64_t mine, uint64_t theirs)
+{
+    return dx_errf(DX_EMISMATCH, "KV layout differs: %s is %llu here, %llu on the peer", field,
+                   (unsigned long long)mine, (unsigned long long)theirs);
+}
+
+int kvport_hello_compatible(const kvport_hello *a, const kvport_hello *b)
+{
+    if (memcmp(a->fingerprint, b->fingerprint, 16)) {
+        char x[33], y[33];
+        for (int i = 0; i < 16; i++) {
+            snprintf(x + 2 * i, 3, "%02x", a->fingerprint[i]);
+            snprintf(y + 2 * i, 3, "%02x", b->fingerprint[i]);
+        }
+        return dx_errf(DX_EMISMATCH, "model fingerprint differs: %s here, %s on the peer", x, y);
+    }
+    if (a->n_layer != b->n_layer) return differ_u("n_layer", a->n_layer, b->n_layer);
+    if (a->n_kv_head != b->n_kv_head) return differ_u("n_kv_head", a->n_kv_head, b->n_kv_head);
+    if (a->head_dim != b->head_dim) return differ_u("head_dim", a->head_dim, b->head_dim);
+    if (a->dtype != b->dtype) return differ_u("dtype", a->dtype, b->dtype);
+    if (a->block_size != b->block_size) return differ_u("block_size", a->block_size, b->block_size);
+    if (a->block_bytes != b->block_bytes)
+        return differ_u("block_bytes", a->block_bytes, b->block_bytes);
+    return 0;
 }
