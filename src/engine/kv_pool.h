@@ -20,7 +20,15 @@
  *
  * Thread safety: all functions take one internal mutex (the engine thread,
  * the event loop and transfer threads all touch refcounts); block *contents*
- * are not synchronised — whoever holds a reference decides. */
+ * are not synchronised — whoever holds a reference decides.
+ *
+ * Nothing is allocated after kv_pool_create: block metadata, the free list,
+ * the LRU list and the hash index are all sized from n_blocks up front.
+ *
+ * Block ids: functions that take an id DX_ASSERT that it is in range (ids
+ * come from kv_pool_alloc; an id from outside the process — the KV port —
+ * must be checked with kv_pool_valid_id first).  kv_pool_block_ptr returns
+ * NULL and kv_pool_insert DX_EINVAL for an out-of-range id instead. */
 #ifndef KV_POOL_H
 #define KV_POOL_H
 
@@ -38,13 +46,17 @@ static inline int kv_hash_eq(kv_hash a, kv_hash b)
 
 typedef struct {
     uint32_t n_layer, n_kv_head, head_dim;
-    uint32_t block_size; /* tokens per block, default 16 */
-    int dtype;           /* DX_F16 (default) | DX_BF16 | DX_F32 */
-    uint32_t n_blocks;   /* if 0: derived from pool_bytes */
+    uint32_t block_size; /* tokens per block, 1..1024; 0 means the default 16 */
+    /* DX_F16 (the CLI default) | DX_BF16 | DX_F32.  DX_F32 == 0, so a zeroed
+     * config means f32: set it explicitly. */
+    int dtype;
+    uint32_t n_blocks; /* 1..2^30; if 0: pool_bytes / block bytes, capped */
     size_t pool_bytes;
     kv_hash seed; /* model fingerprint: seeds every hash chain */
     /* Arena allocation hook; NULL = anonymous mmap.  Must return page-aligned
-     * memory or NULL.  The pool pre-touches it. */
+     * memory or NULL.  The pool pre-touches it (writes one byte per 4 KiB
+     * page, so contents are unspecified) and calls release(user, p, bytes)
+     * with the same bytes at destroy.  Set both or neither. */
     void *(*alloc)(void *user, size_t bytes);
     void (*release)(void *user, void *p, size_t bytes);
     void *alloc_user;
@@ -58,7 +70,9 @@ typedef struct {
     uint32_t n_cached; /* refcount 0, hashed, evictable */
     uint32_t n_used;   /* refcount > 0 */
     uint64_t evictions;
-    uint64_t hits, misses; /* prefix lookups, counted per block */
+    /* kv_pool_match_prefix, counted per block: hits = blocks matched,
+     * misses = blocks asked for but not matched (n - matched). */
+    uint64_t hits, misses;
 } kv_pool_stats;
 
 int kv_pool_create(const kv_pool_config *cfg, kv_pool **out);
@@ -69,7 +83,10 @@ uint32_t kv_pool_block_size(const kv_pool *p);
 size_t kv_pool_block_bytes(const kv_pool *p);
 int kv_pool_dtype(const kv_pool *p);
 uint8_t *kv_pool_base(const kv_pool *p);
+/* Bytes allocated through the hook (n_blocks * block_bytes rounded up to
+ * the page size): the range to register for transfers. */
 size_t kv_pool_arena_bytes(const kv_pool *p);
+/* base + id * block_bytes, or NULL for an id out of range. */
 uint8_t *kv_pool_block_ptr(const kv_pool *p, int32_t id);
 /* Byte offset, within a block, of layer l's K (or V) region. */
 size_t kv_pool_k_offset(const kv_pool *p, uint32_t layer);
@@ -80,9 +97,11 @@ size_t kv_pool_v_offset(const kv_pool *p, uint32_t layer);
 int kv_pool_alloc(kv_pool *p, int32_t *id);
 /* Take n blocks or none (DX_EFULL, nothing taken). */
 int kv_pool_alloc_n(kv_pool *p, size_t n, int32_t *ids);
+/* Refcount + 1.  On a cached block (refcount 0) it takes it out of the LRU;
+ * on a free block it is a broken invariant (DX_ASSERT). */
 void kv_pool_ref(kv_pool *p, int32_t id);
 /* Refcount - 1; at 0 a hashed block becomes cached (most recently used end of
- * the LRU), an unhashed one becomes free. */
+ * the LRU), an unhashed one becomes free.  Below 0 is a broken invariant. */
 void kv_pool_unref(kv_pool *p, int32_t id);
 uint32_t kv_pool_refcount(const kv_pool *p, int32_t id);
 int kv_pool_valid_id(const kv_pool *p, int32_t id);
@@ -97,7 +116,9 @@ size_t kv_pool_hash_chain(const kv_pool *p, const int32_t *tokens, size_t n, kv_
 /* Prefix cache. */
 /* Register a full, computed block under hash h.  If another block already has
  * h, returns DX_EEXIST and sets *existing (the caller may switch to it);
- * re-inserting the same block with the same hash is a no-op. */
+ * re-inserting the same block with the same hash is a no-op (existing may be
+ * NULL).  The block must be referenced (DX_ASSERT); a block that already has a
+ * different hash is refused with DX_EINVAL (its KV cannot have changed). */
 int kv_pool_insert(kv_pool *p, int32_t id, kv_hash h, int32_t *existing);
 /* Block id holding h, or -1.  Does not take a reference. */
 int32_t kv_pool_lookup(kv_pool *p, kv_hash h);
@@ -110,10 +131,17 @@ int kv_pool_block_hash(const kv_pool *p, int32_t id, kv_hash *h);
 void kv_pool_forget(kv_pool *p, int32_t id);
 /* Evict up to n cached blocks now (LRU first); returns how many. */
 uint32_t kv_pool_evict(kv_pool *p, uint32_t n);
-/* Visit every hashed block (cached or in use); stop if fn returns non-zero. */
+/* Visit every hashed block (cached or in use), in id order; stop if fn
+ * returns non-zero.  fn runs under the pool mutex: it must not call back into
+ * the pool (the mutex is not recursive). */
 void kv_pool_foreach_cached(kv_pool *p, int (*fn)(void *user, int32_t id, kv_hash h, uint32_t ref),
                             void *user);
 
 void kv_pool_get_stats(const kv_pool *p, kv_pool_stats *out);
+
+/* Check every internal invariant — free list, LRU links, counts, hash index
+ * — in O(n_blocks + index size).  For tests and debugging: returns 0, or
+ * DX_EMISMATCH with a message naming the first broken invariant. */
+int kv_pool_check(kv_pool *p);
 
 #endif
