@@ -29,5 +29,7 @@ void cli_usage(const char *cmd, const char *usage, const cli_opt *opts, size_t n
 
 int cli_model_main(int argc, char **argv);
 int cli_tokenize_main(int argc, char **argv);
+int cli_kv_main(int argc, char **argv);
+int cli_bench_xfer_main(int argc, char **argv); /* `duplex bench xfer` */
 
 #endif

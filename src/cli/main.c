@@ -13,6 +13,7 @@ static const struct {
 } k_cmds[] = {
     {"model", cli_model_main, "synth|info: write or inspect GGUF models"},
     {"tokenize", cli_tokenize_main, "tokenise text with a model's tokenizer (or --decode)"},
+    {"kv", cli_kv_main, "hold|pull|bench: KV transfer between processes (tests, bench)"},
 };
 
 static void usage(FILE *f)

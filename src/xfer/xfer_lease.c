@@ -192,8 +192,14 @@ int xfer_lease_create(xfer_leases *L, const int32_t *ids, size_t n, double ttl_s
     if (policy < XFER_LEASE_MULTI || policy > XFER_LEASE_RENEW_ON_READ)
         return dx_errf(DX_EINVAL, "lease: unknown policy %d", policy);
     for (size_t i = 0; i < n; i++)
+    {
+        kv_hash h;
         if (!kv_pool_valid_id(L->pool, ids[i]))
             return dx_errf(DX_EINVAL, "lease: block id %d (index %zu) is not in the pool", ids[i], i);
+        /* A free block holds no KV (and may not be referenced). */
+        if (kv_pool_refcount(L->pool, ids[i]) == 0 && !kv_pool_block_hash(L->pool, ids[i], &h))
+            return dx_errf(DX_EINVAL, "lease: block %d (index %zu) is free", ids[i], i);
+    }
     int rc = xfer_token_random(tok);
     if (rc) return rc;
     lease *l = lease_new(ids, n, ttl_s, policy);

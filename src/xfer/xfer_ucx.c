@@ -75,22 +75,22 @@ static int ucs_err(ucs_status_t st, const char *what)
     return dx_errf(DX_ETRANSPORT, "ucx: %s: %s", what, ucs_status_string(st));
 }
 
-static int set_default(ucp_config_t *cfg, const char *name, const char *val)
+/* UCX 1.13 flags transport-level options given through ucp_config_modify
+ * as unused, so defaults for them go through the environment (before the
+ * configuration is read), never overriding what the user set. */
+static void set_default_env(const char *name, const char *val)
 {
-    char env[64];
-    snprintf(env, sizeof env, "UCX_%s", name);
-    if (getenv(env)) return 0; /* the user's environment wins */
-    ucs_status_t st = ucp_config_modify(cfg, name, val);
-    return st == UCS_OK ? 0 : ucs_err(st, name);
+    setenv(name, val, 0);
 }
 
 static int agent_init_ucp(xfer_agent *a, const xfer_agent_config *cfg)
 {
+    set_default_env("UCX_TCP_TX_SEG_SIZE", "256k");
+    set_default_env("UCX_TCP_RX_SEG_SIZE", "256k");
     ucp_config_t *uc;
     ucs_status_t st = ucp_config_read(NULL, NULL, &uc);
     if (st != UCS_OK) return ucs_err(st, "reading configuration");
-    int rc = set_default(uc, "TCP_TX_SEG_SIZE", "256k");
-    if (!rc) rc = set_default(uc, "TCP_RX_SEG_SIZE", "256k");
+    int rc = 0;
     if (!rc && cfg->tls && cfg->tls[0]) {
         st = ucp_config_modify(uc, "TLS", cfg->tls);
         if (st != UCS_OK) rc = dx_errf(DX_EINVAL, "ucx: transport list '%s': %s", cfg->tls,
@@ -126,7 +126,9 @@ int xfer_agent_create(const xfer_agent_config *cfg, xfer_agent **out)
     xfer_agent *a = dx_calloc(1, sizeof *a);
     if (!a) return DX_ENOMEM;
     pthread_mutex_init(&a->mu, NULL);
-    snprintf(a->tls, sizeof a->tls, "%s", cfg->tls && cfg->tls[0] ? cfg->tls : "default");
+    const char *env_tls = getenv("UCX_TLS");
+    snprintf(a->tls, sizeof a->tls, "%s",
+             cfg->tls && cfg->tls[0] ? cfg->tls : env_tls && env_tls[0] ? env_tls : "default");
     int rc = agent_init_ucp(a, cfg);
     if (!rc) rc = agent_init_worker(a);
     if (!rc && !cfg->no_progress_thread) {
