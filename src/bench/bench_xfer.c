@@ -81,7 +81,7 @@ static double bench_socket(size_t bytes, unsigned reps)
     for (unsigned r = 0; ok && r < reps; r++) {
         uint64_t t0 = dx_now_ns();
         for (size_t got = 0; ok && got < bytes;) {
-            ssize_t n = read(fd, buf, chunk);
+            ssize_t n = read(fd, buf, bytes - got < chunk ? bytes - got : chunk);
             ok = n > 0;
             got += n > 0 ? (size_t)n : 0;
         }
@@ -108,8 +108,8 @@ static int holder_start(const bench_xfer_config *cfg, const char *tls, holder *h
     if (pipe(pfd)) return dx_errf(DX_EIO, "pipe");
     char blocks[16];
     snprintf(blocks, sizeof blocks, "%u", cfg->blocks);
-    char *argv[] = {"duplex", "kv", "hold", "--preset-06b", "--blocks", blocks, "--tls",
-                    (char *)tls, NULL};
+    char *argv[] = {"duplex", "kv",        "hold", "--preset-06b", "--blocks", blocks,
+                    "--tls",  (char *)tls, NULL};
     if (!strcmp(tls, "default")) argv[6] = NULL;
     h->pid = fork();
     if (h->pid == 0) {
@@ -152,8 +152,8 @@ typedef struct {
     unsigned reads;
 } xfer_fig;
 
-static int run_pulls(const bench_xfer_config *cfg, xfer_client *c, kv_pool *pool,
-                     const holder *h, xfer_fig *fig)
+static int run_pulls(const bench_xfer_config *cfg, xfer_client *c, kv_pool *pool, const holder *h,
+                     xfer_fig *fig)
 {
     unsigned n = cfg->blocks;
     int32_t *ids = dx_malloc(n * sizeof *ids), *loc = dx_malloc(n * sizeof *loc);
@@ -163,8 +163,13 @@ static int run_pulls(const bench_xfer_config *cfg, xfer_client *c, kv_pool *pool
     if (!ids || !loc || !chain || !t1 || !t2) return DX_ENOMEM;
     for (unsigned i = 0; i < n; i++) ids[i] = loc[i] = (int32_t)i;
     xfer_synth_chain(pool, 1, n, chain);
-    xfer_pull_req r = {.host = "127.0.0.1", .port = h->port, .chain = chain, .remote_ids = ids,
-                       .local_ids = loc, .n = n, .timeout_s = 60};
+    xfer_pull_req r = {.host = "127.0.0.1",
+                       .port = h->port,
+                       .chain = chain,
+                       .remote_ids = ids,
+                       .local_ids = loc,
+                       .n = n,
+                       .timeout_s = 60};
     int rc = xfer_token_parse(h->token, &r.token);
     xfer_pull_result res;
     size_t bytes = (size_t)n * kv_pool_block_bytes(pool);
@@ -236,8 +241,9 @@ static int bench_transport(const bench_xfer_config *cfg, const char *tls, xfer_f
 int bench_xfer_run(const bench_xfer_config *cfg, FILE *out)
 {
     size_t bb = 28u * 2 * 8 * 16 * 128 * 2, bytes = bb * cfg->blocks;
-    fprintf(out, "bench xfer: %u blocks of %zu bytes (0.6b preset) = %.1f MB per pull, "
-                 "median of %u pulls; latency: median of %u single-block pulls\n",
+    fprintf(out,
+            "bench xfer: %u blocks of %zu bytes (0.6b preset) = %.1f MB per pull, "
+            "median of %u pulls; latency: median of %u single-block pulls\n",
             cfg->blocks, bb, (double)bytes / 1e6, cfg->reps, cfg->lat_reps);
     double mc = bench_memcpy(bytes, cfg->reps), sock = bench_socket(bytes, cfg->reps);
     fprintf(out, "%-10s %8.2f GB/s   (in-process memcpy of the same bytes)\n", "memcpy", mc);

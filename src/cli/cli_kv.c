@@ -74,8 +74,10 @@ static long parse_ids(const char *spec, int32_t **out)
             if (ids) ids[n++] = (int32_t)v;
         }
         p = end;
-        if (*p == ',') p++;
-        else if (*p) break;
+        if (*p == ',')
+            p++;
+        else if (*p)
+            break;
     }
     if (!ids) return DX_ENOMEM;
     if (*p || n == 0) {
@@ -112,8 +114,8 @@ static void on_stop_signal(uv_signal_t *h, int signum)
 }
 
 /* Fill all blocks, hash them, split them into leases, drop our own refs. */
-static int hold_setup(kv_side *s, uint64_t seed, const char *ttls, int policy,
-                      xfer_leases *L, json_t *leases)
+static int hold_setup(kv_side *s, uint64_t seed, const char *ttls, int policy, xfer_leases *L,
+                      json_t *leases)
 {
     uint32_t n = kv_pool_n_blocks(s->pool);
     int32_t *ids = dx_malloc(n * sizeof *ids);
@@ -137,8 +139,9 @@ static int hold_setup(kv_side *s, uint64_t seed, const char *ttls, int policy,
                    : dx_errf(DX_EINVAL, "more leases than blocks");
         if (rc) break;
         xfer_token_hex(&tok, hex);
-        json_array_append_new(leases, json_pack("{s:s,s:I,s:I,s:f}", "token", hex, "first",
-                                                (json_int_t)a, "n", (json_int_t)(b - a), "ttl", ttl));
+        json_array_append_new(leases,
+                              json_pack("{s:s,s:I,s:I,s:f}", "token", hex, "first", (json_int_t)a,
+                                        "n", (json_int_t)(b - a), "ttl", ttl));
         p = strchr(p, ',');
         p = p ? p + 1 : "";
     }
@@ -153,8 +156,11 @@ static int hold_serve(kv_side *s, xfer_leases *L, long port, uint64_t n_blocks, 
     uv_loop_t loop;
     uv_loop_init(&loop);
     hold_loop hl;
-    kvport_server_config sc = {.port = (int)port, .leases = L, .hello = &s->hello,
-                               .sweep_interval_s = 0.1, .idle_timeout_s = 10};
+    kvport_server_config sc = {.port = (int)port,
+                               .leases = L,
+                               .hello = &s->hello,
+                               .sweep_interval_s = 0.1,
+                               .idle_timeout_s = 10};
     int rc = kvport_server_create(&loop, &sc, &hl.srv);
     if (rc) {
         uv_run(&loop, UV_RUN_DEFAULT);
@@ -240,15 +246,17 @@ static json_t *pull_report(const xfer_pull_result *res, kv_side *s, const int32_
 {
     long ok = 0, bad = 0;
     for (uint32_t i = 0; i < res->n_pulled; i++) {
-        if (xfer_synth_check(s->pool, local[i], seed, remote[i])) ok++;
-        else bad++;
+        if (xfer_synth_check(s->pool, local[i], seed, remote[i]))
+            ok++;
+        else
+            bad++;
     }
     return json_pack("{s:i,s:s,s:s,s:i,s:i,s:i,s:I,s:i,s:i,s:i,s:f,s:f,s:f}", "err", res->err,
                      "errname", res->err ? dx_strerror(res->err) : "ok", "reason", res->reason,
                      "matched", (int)res->n_matched, "pulled", (int)res->n_pulled, "reads",
                      (int)res->n_reads, "bytes", (json_int_t)res->bytes, "verified", (int)ok,
-                     "corrupt", (int)bad, "hello_cached", res->hello_cached, "ms", ms,
-                     "read_ms", res->t_read_ms, "pin_ms", res->t_pin_ms);
+                     "corrupt", (int)bad, "hello_cached", res->hello_cached, "ms", ms, "read_ms",
+                     res->t_read_ms, "pin_ms", res->t_pin_ms);
 }
 
 typedef struct {
@@ -265,9 +273,10 @@ static int pull_run(const pull_opts *o)
     kv_hash *full = NULL, *chain = NULL;
     long n = parse_ids(o->remote, &remote);
     int rc = n < 0 ? (int)n : 0;
-    if (!rc) rc = side_open(&s, o->tls, 0, (size_t)o->block_bytes,
-                            (uint32_t)(o->pool_blocks ? o->pool_blocks : n), o->model_seed,
-                            (int)o->preset);
+    if (!rc)
+        rc = side_open(&s, o->tls, 0, (size_t)o->block_bytes,
+                       (uint32_t)(o->pool_blocks ? o->pool_blocks : n), o->model_seed,
+                       (int)o->preset);
     xfer_token tok;
     if (!rc) rc = xfer_token_parse(o->token, &tok);
     if (rc) {
@@ -294,9 +303,16 @@ static int pull_run(const pull_opts *o)
     for (long r = 0; !rc && r < o->repeat; r++) {
         rc = kv_pool_alloc_n(s.pool, (size_t)n, local);
         if (rc) break;
-        xfer_pull_req req = {.host = o->host, .port = (int)o->port, .token = tok, .chain = chain,
-                             .remote_ids = remote, .local_ids = local, .n = (size_t)n,
-                             .timeout_s = o->timeout, .on_pinned = on_pinned, .user = &hook};
+        xfer_pull_req req = {.host = o->host,
+                             .port = (int)o->port,
+                             .token = tok,
+                             .chain = chain,
+                             .remote_ids = remote,
+                             .local_ids = local,
+                             .n = (size_t)n,
+                             .timeout_s = o->timeout,
+                             .on_pinned = on_pinned,
+                             .user = &hook};
         xfer_pull_result res;
         uint64_t t0 = dx_now_ns();
         xfer_pull(c, &req, &res);
@@ -324,21 +340,30 @@ static int pull_run(const pull_opts *o)
 
 int cli_kv_pull(int argc, char **argv)
 {
-    pull_opts o = {.host = "127.0.0.1", .remote = "0", .block_bytes = 8192, .diverge_at = -1,
-                   .repeat = 1, .seed = 1, .model_seed = 1, .timeout = 10};
+    pull_opts o = {.host = "127.0.0.1",
+                   .remote = "0",
+                   .block_bytes = 8192,
+                   .diverge_at = -1,
+                   .repeat = 1,
+                   .seed = 1,
+                   .model_seed = 1,
+                   .timeout = 10};
     cli_opt opts[] = {
         {"host", CLI_STR, &o.host, 0, 0, "holder's host"},
         {"port", CLI_INT, &o.port, 1, 65535, "holder's KV port"},
         {"token", CLI_STR, &o.token, 0, 0, "lease token (32 hex digits)"},
         {"remote", CLI_STR, &o.remote, 0, 0, "holder's block ids, e.g. 0-99,200"},
-        {"pool-blocks", CLI_INT, &o.pool_blocks, 0, 1 << 20, "local pool blocks (default: as many as pulled)"},
+        {"pool-blocks", CLI_INT, &o.pool_blocks, 0, 1 << 20,
+         "local pool blocks (default: as many as pulled)"},
         {"block-bytes", CLI_INT, &o.block_bytes, 64, 1 << 30, "bytes per block"},
         {"preset-06b", CLI_FLAG, &o.preset, 0, 0, "use the 0.6b preset's layout"},
         {"fill-seed", CLI_U64, &o.seed, 0, 0, "the holder's pattern seed (verification, chain)"},
         {"model-seed", CLI_U64, &o.model_seed, 0, 0, "fingerprint seed"},
-        {"diverge-at", CLI_INT, &o.diverge_at, -1, 1 << 20, "corrupt our hash chain from this index"},
+        {"diverge-at", CLI_INT, &o.diverge_at, -1, 1 << 20,
+         "corrupt our hash chain from this index"},
         {"timeout", CLI_DBL, &o.timeout, 0.01, 3600, "seconds for the whole pull"},
-        {"pause-after-pin-ms", CLI_INT, &o.pause_ms, 0, 600000, "test hook: sleep between PIN and READ"},
+        {"pause-after-pin-ms", CLI_INT, &o.pause_ms, 0, 600000,
+         "test hook: sleep between PIN and READ"},
         {"repeat", CLI_INT, &o.repeat, 1, 1000000, "pull this many times (one JSON line each)"},
         {"tls", CLI_STR, &o.tls, 0, 0, "UCX_TLS value (default: UCX's choice)"},
     };
@@ -371,8 +396,8 @@ int cli_bench_xfer_main(int argc, char **argv)
         {"lat-reps", CLI_INT, &lat, 1, 100000, "single-block pulls for the latency figure"},
         {"transports", CLI_STR, &tr, 0, 0, "comma list of UCX_TLS values; default = UCX's choice"},
     };
-    int rc = cli_parse("bench xfer", "[options]", argc, argv, opts, DX_ARRAY_LEN(opts), NULL, 0,
-                       NULL);
+    int rc =
+        cli_parse("bench xfer", "[options]", argc, argv, opts, DX_ARRAY_LEN(opts), NULL, 0, NULL);
     if (rc) return rc == 1 ? 0 : rc;
     bench_xfer_config cfg = {"/proc/self/exe", (unsigned)blocks, (unsigned)reps, (unsigned)lat, tr};
     rc = bench_xfer_run(&cfg, stdout);

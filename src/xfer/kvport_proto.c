@@ -31,8 +31,9 @@ static int rd_need(rd *r, size_t n, const char *field)
 {
     if (r->err) return 0;
     if (n > r->len - r->pos) {
-        r->err = dx_errf(DX_EFORMAT, "kvport %s: field '%s' needs %zu bytes at offset %zu, %zu left",
-                         r->what, field, n, r->pos, r->len - r->pos);
+        r->err =
+            dx_errf(DX_EFORMAT, "kvport %s: field '%s' needs %zu bytes at offset %zu, %zu left",
+                    r->what, field, n, r->pos, r->len - r->pos);
         return 0;
     }
     return 1;
@@ -87,7 +88,7 @@ static int rd_end(rd *r)
 
 const char *kvport_type_name(uint16_t type)
 {
-    static const char *names[] = {"?",    "HELLO",   "PIN",        "PIN_OK", "GONE",
+    static const char *names[] = {"?",        "HELLO",   "PIN",        "PIN_OK", "GONE",
                                   "MISMATCH", "RELEASE", "RELEASE_OK", "ERROR"};
     return type < DX_ARRAY_LEN(names) ? names[type] : "unknown";
 }
@@ -133,7 +134,8 @@ static void dec_pin(rd *r, kvport_pin *m)
     rd_fixed(r, m->token, 16, "token");
     m->n = (uint32_t)rd_uint(r, 4, "n_blocks");
     if (!r->err && m->n > KVPORT_MAX_PIN_BLOCKS) {
-        r->err = dx_errf(DX_EFORMAT, "kvport PIN: %u blocks, limit %u", m->n, KVPORT_MAX_PIN_BLOCKS);
+        r->err =
+            dx_errf(DX_EFORMAT, "kvport PIN: %u blocks, limit %u", m->n, KVPORT_MAX_PIN_BLOCKS);
         return;
     }
     m->ids = rd_raw(r, (size_t)m->n * 4, "block_ids");
@@ -146,8 +148,12 @@ int kvport_decode(const kvport_hdr *h, const uint8_t *payload, kvport_msg *out)
     out->type = h->type;
     rd r = {payload, h->length, 0, kvport_type_name(h->type), 0};
     switch (h->type) {
-    case KVPORT_HELLO: dec_hello(&r, &out->u.hello); break;
-    case KVPORT_PIN: dec_pin(&r, &out->u.pin); break;
+    case KVPORT_HELLO:
+        dec_hello(&r, &out->u.hello);
+        break;
+    case KVPORT_PIN:
+        dec_pin(&r, &out->u.pin);
+        break;
     case KVPORT_PIN_OK:
         out->u.pin_ok.pin_id = rd_uint(&r, 8, "pin_id");
         out->u.pin_ok.n_matched = (uint32_t)rd_uint(&r, 4, "n_matched");
@@ -157,7 +163,8 @@ int kvport_decode(const kvport_hdr *h, const uint8_t *payload, kvport_msg *out)
         out->u.release.pin_id = rd_uint(&r, 8, "pin_id");
         out->u.release.consumed = (uint8_t)rd_uint(&r, 1, "consumed");
         break;
-    case KVPORT_RELEASE_OK: break;
+    case KVPORT_RELEASE_OK:
+        break;
     case KVPORT_GONE:
     case KVPORT_MISMATCH:
     case KVPORT_ERROR:
@@ -193,7 +200,8 @@ static void wr_uint(wr *w, uint64_t v, int n)
 static void wr_bytes(wr *w, const void *p, size_t n, int lenbytes, size_t max)
 {
     if (n > max) {
-        if (!w->err) w->err = dx_errf(DX_EINVAL, "kvport: field of %zu bytes over limit %zu", n, max);
+        if (!w->err)
+            w->err = dx_errf(DX_EINVAL, "kvport: field of %zu bytes over limit %zu", n, max);
         return;
     }
     wr_uint(w, n, lenbytes);

@@ -26,14 +26,14 @@
 
 #include "base/dx_buf.h"
 
-#define KVPORT_MAGIC 0x564b5844u /* "DXKV" read as little-endian u32 */
-#define KVPORT_VERSION 1
-#define KVPORT_HDR_BYTES 12
+#define KVPORT_MAGIC       0x564b5844u /* "DXKV" read as little-endian u32 */
+#define KVPORT_VERSION     1
+#define KVPORT_HDR_BYTES   12
 #define KVPORT_MAX_PAYLOAD (8u << 20)
 /* Most blocks one PIN may name (1 Mi tokens at 16 tokens per block). */
 #define KVPORT_MAX_PIN_BLOCKS 65536u
-#define KVPORT_MAX_BLOB 4096u /* worker address, rkey */
-#define KVPORT_MAX_STR 1024u
+#define KVPORT_MAX_BLOB       4096u /* worker address, rkey */
+#define KVPORT_MAX_STR        1024u
 
 enum kvport_type {
     KVPORT_HELLO = 1,

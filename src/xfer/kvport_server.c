@@ -11,7 +11,7 @@
 #include "base/dx_log.h"
 
 #define CONN_READ_CHUNK 65536
-#define CONN_MAX_OUT (16u << 20) /* queued reply bytes before we drop a peer that never reads */
+#define CONN_MAX_OUT    (16u << 20) /* queued reply bytes before we drop a peer that never reads */
 
 typedef struct conn conn;
 
@@ -62,8 +62,10 @@ static void conn_on_closed(uv_handle_t *h)
     conn *c = h->data;
     if (--c->open_handles > 0) return;
     kvport_server *s = c->s;
-    if (c->prev) c->prev->next = c->next;
-    else s->conns = c->next;
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        s->conns = c->next;
     if (c->next) c->next->prev = c->prev;
     s->n_conns--;
     dx_buf_free(&c->in);
@@ -240,9 +242,15 @@ static void handle_frame(conn *c, const kvport_hdr *h, const uint8_t *payload)
         return;
     }
     switch (m.type) {
-    case KVPORT_HELLO: handle_hello(c, &m.u.hello); break;
-    case KVPORT_PIN: handle_pin(c, &m.u.pin); break;
-    case KVPORT_RELEASE: handle_release(c, &m.u.release); break;
+    case KVPORT_HELLO:
+        handle_hello(c, &m.u.hello);
+        break;
+    case KVPORT_PIN:
+        handle_pin(c, &m.u.pin);
+        break;
+    case KVPORT_RELEASE:
+        handle_release(c, &m.u.release);
+        break;
     default: {
         char msg[96];
         snprintf(msg, sizeof msg, "a holder does not accept %s frames", kvport_type_name(m.type));

@@ -257,10 +257,10 @@ static int sock_recv(int fd, dx_buf *in, uint64_t deadline, kvport_msg *m)
 static int reply_error(const kvport_msg *m, const char *step)
 {
     const kvport_error *e = &m->u.error;
-    int code = m->type == KVPORT_GONE       ? DX_EGONE
-               : m->type == KVPORT_MISMATCH ? DX_EMISMATCH
+    int code = m->type == KVPORT_GONE                 ? DX_EGONE
+               : m->type == KVPORT_MISMATCH           ? DX_EMISMATCH
                : e->code < 0 && e->code >= DX_ETOOBIG ? e->code
-                                                     : DX_EPROTO;
+                                                      : DX_EPROTO;
     return dx_errf(code, "%s: holder answered %s: %.*s", step, kvport_type_name(m->type),
                    (int)e->message.n, (const char *)e->message.p);
 }
@@ -348,7 +348,8 @@ static int do_read(xfer_client *c, peer_entry *e, const xfer_pull_req *r, uint32
     size_t bb = kv_pool_block_bytes(c->pool);
     for (uint32_t i = 0; i < k; i++) {
         if (!kv_pool_valid_id(c->pool, r->local_ids[i]))
-            return dx_errf(DX_EINVAL, "local block id %d (index %u) not in the pool", r->local_ids[i], i);
+            return dx_errf(DX_EINVAL, "local block id %d (index %u) not in the pool",
+                           r->local_ids[i], i);
         if (r->remote_ids[i] < 0 || (uint32_t)r->remote_ids[i] >= e->n_blocks)
             return dx_errf(DX_EINVAL, "remote block id %d (index %u) outside the holder's pool",
                            r->remote_ids[i], i);

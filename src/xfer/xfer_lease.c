@@ -97,7 +97,8 @@ int xfer_token_parse(const char *hex, xfer_token *tok)
     for (int i = 0; i < 16; i++) {
         int h = hexval(hex[2 * i]), l = hexval(hex[2 * i + 1]);
         if (h < 0 || l < 0)
-            return dx_errf(DX_EINVAL, "lease token: non-hex character at %d", h < 0 ? 2 * i : 2 * i + 1);
+            return dx_errf(DX_EINVAL, "lease token: non-hex character at %d",
+                           h < 0 ? 2 * i : 2 * i + 1);
         tok->b[i] = (uint8_t)(h << 4 | l);
     }
     return 0;
@@ -191,11 +192,11 @@ int xfer_lease_create(xfer_leases *L, const int32_t *ids, size_t n, double ttl_s
     if (!(ttl_s > 0)) return dx_errf(DX_EINVAL, "lease: ttl %g s must be positive", ttl_s);
     if (policy < XFER_LEASE_MULTI || policy > XFER_LEASE_RENEW_ON_READ)
         return dx_errf(DX_EINVAL, "lease: unknown policy %d", policy);
-    for (size_t i = 0; i < n; i++)
-    {
+    for (size_t i = 0; i < n; i++) {
         kv_hash h;
         if (!kv_pool_valid_id(L->pool, ids[i]))
-            return dx_errf(DX_EINVAL, "lease: block id %d (index %zu) is not in the pool", ids[i], i);
+            return dx_errf(DX_EINVAL, "lease: block id %d (index %zu) is not in the pool", ids[i],
+                           i);
         /* A free block holds no KV (and may not be referenced). */
         if (kv_pool_refcount(L->pool, ids[i]) == 0 && !kv_pool_block_hash(L->pool, ids[i], &h))
             return dx_errf(DX_EINVAL, "lease: block %d (index %zu) is free", ids[i], i);
@@ -295,7 +296,8 @@ static int pin_check(xfer_leases *L, const xfer_token *tok, const int32_t *ids, 
     lease *l = L->leases[*li];
     for (size_t i = 0; i < n; i++)
         if (!bsearch(&ids[i], l->sorted, l->n, sizeof *ids, cmp_i32))
-            return dx_errf(DX_EGONE, "PIN: block %d (index %zu) is not held by this lease", ids[i], i);
+            return dx_errf(DX_EGONE, "PIN: block %d (index %zu) is not held by this lease", ids[i],
+                           i);
     return 0;
 }
 
@@ -312,8 +314,10 @@ int xfer_pin(xfer_leases *L, const xfer_token *tok, const int32_t *ids, const kv
     uint32_t k = 0;
     if (!rc) {
         k = count_matching(L, ids, chain, n, &unhashed);
-        if (unhashed) rc = dx_errf(DX_EGONE, "PIN: block %d no longer holds KV", ids[0]);
-        else if (k == 0) rc = dx_errf(DX_EMISMATCH, "PIN: block %d's hash differs from the reader's", ids[0]);
+        if (unhashed)
+            rc = dx_errf(DX_EGONE, "PIN: block %d no longer holds KV", ids[0]);
+        else if (k == 0)
+            rc = dx_errf(DX_EMISMATCH, "PIN: block %d's hash differs from the reader's", ids[0]);
     }
     if (!rc) rc = grow((void **)&L->pins, &L->cap_pins, L->n_pins, sizeof *L->pins);
     if (!rc) {

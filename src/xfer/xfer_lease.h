@@ -27,9 +27,9 @@ typedef struct {
 } xfer_token;
 
 enum xfer_lease_policy {
-    XFER_LEASE_MULTI = 0,          /* any number of pins until expiry */
-    XFER_LEASE_SINGLE_USE = 1,     /* revoked by the first RELEASE with consumed=1 */
-    XFER_LEASE_RENEW_ON_READ = 2,  /* each successful PIN pushes the expiry out by its TTL */
+    XFER_LEASE_MULTI = 0,         /* any number of pins until expiry */
+    XFER_LEASE_SINGLE_USE = 1,    /* revoked by the first RELEASE with consumed=1 */
+    XFER_LEASE_RENEW_ON_READ = 2, /* each successful PIN pushes the expiry out by its TTL */
 };
 
 typedef struct {

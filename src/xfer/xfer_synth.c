@@ -28,7 +28,8 @@ int xfer_synth_layout(size_t block_bytes, uint32_t n_blocks, uint64_t model_seed
                       kv_pool_config *cfg, uint8_t fingerprint[16])
 {
     if (block_bytes < 64 || block_bytes % 64)
-        return dx_errf(DX_EINVAL, "block bytes %zu: must be a positive multiple of 64", block_bytes);
+        return dx_errf(DX_EINVAL, "block bytes %zu: must be a positive multiple of 64",
+                       block_bytes);
     memset(cfg, 0, sizeof *cfg);
     cfg->n_layer = 1;
     cfg->n_kv_head = 1;

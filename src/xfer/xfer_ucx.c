@@ -93,8 +93,9 @@ static int agent_init_ucp(xfer_agent *a, const xfer_agent_config *cfg)
     int rc = 0;
     if (!rc && cfg->tls && cfg->tls[0]) {
         st = ucp_config_modify(uc, "TLS", cfg->tls);
-        if (st != UCS_OK) rc = dx_errf(DX_EINVAL, "ucx: transport list '%s': %s", cfg->tls,
-                                       ucs_status_string(st));
+        if (st != UCS_OK)
+            rc =
+                dx_errf(DX_EINVAL, "ucx: transport list '%s': %s", cfg->tls, ucs_status_string(st));
     }
     ucp_params_t p = {.field_mask = UCP_PARAM_FIELD_FEATURES,
                       .features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP};
@@ -128,7 +129,9 @@ int xfer_agent_create(const xfer_agent_config *cfg, xfer_agent **out)
     pthread_mutex_init(&a->mu, NULL);
     const char *env_tls = getenv("UCX_TLS");
     snprintf(a->tls, sizeof a->tls, "%s",
-             cfg->tls && cfg->tls[0] ? cfg->tls : env_tls && env_tls[0] ? env_tls : "default");
+             cfg->tls && cfg->tls[0] ? cfg->tls
+             : env_tls && env_tls[0] ? env_tls
+                                     : "default");
     int rc = agent_init_ucp(a, cfg);
     if (!rc) rc = agent_init_worker(a);
     if (!rc && !cfg->no_progress_thread) {
@@ -225,7 +228,7 @@ void xfer_agent_release(void *user, void *p, size_t bytes)
 
 void xfer_agent_describe(xfer_agent *a, xfer_desc *out)
 {
-    *out = (xfer_desc){(const uint8_t *)a->addr, a->addr_len, a->rkey_buf, a->rkey_len,
+    *out = (xfer_desc){(const uint8_t *)a->addr,     a->addr_len, a->rkey_buf, a->rkey_len,
                        (uint64_t)(uintptr_t)a->base, a->length};
 }
 
@@ -311,8 +314,10 @@ static void peer_close_ep(xfer_peer *p, int force)
 void xfer_peer_destroy(xfer_peer *p)
 {
     if (!p) return;
-    if (p->ep) peer_close_ep(p, atomic_load(&p->failed));
-    else if (p->rkey) ucp_rkey_destroy(p->rkey);
+    if (p->ep)
+        peer_close_ep(p, atomic_load(&p->failed));
+    else if (p->rkey)
+        ucp_rkey_destroy(p->rkey);
     dx_free(p);
 }
 
@@ -331,8 +336,8 @@ static size_t post_reads(xfer_peer *p, const xfer_read_op *ops, size_t n, batch 
     uintptr_t lo = (uintptr_t)a->base, hi = lo + a->length;
     size_t nreq = 0;
     for (size_t i = 0; i < n && b->status == UCS_OK; i++) {
-        ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
-                                                   UCP_OP_ATTR_FIELD_USER_DATA,
+        ucp_request_param_t prm = {.op_attr_mask =
+                                       UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
                                    .cb.send = on_get_done,
                                    .user_data = b};
         uintptr_t l = (uintptr_t)ops[i].local;

@@ -14,10 +14,17 @@ static void roundtrip(const kvport_msg *m)
     dx_buf_init(&b, 0);
     int rc = 0;
     switch (m->type) {
-    case KVPORT_HELLO: rc = kvport_encode_hello(&b, &m->u.hello); break;
-    case KVPORT_PIN_OK: rc = kvport_encode_pin_ok(&b, &m->u.pin_ok); break;
-    case KVPORT_RELEASE: rc = kvport_encode_release(&b, &m->u.release); break;
-    default: break;
+    case KVPORT_HELLO:
+        rc = kvport_encode_hello(&b, &m->u.hello);
+        break;
+    case KVPORT_PIN_OK:
+        rc = kvport_encode_pin_ok(&b, &m->u.pin_ok);
+        break;
+    case KVPORT_RELEASE:
+        rc = kvport_encode_release(&b, &m->u.release);
+        break;
+    default:
+        break;
     }
     if (rc == 0 && b.len) {
         kvport_hdr h;

@@ -101,8 +101,18 @@ typedef struct {
 
 static void hold_start(holder *h, const char *blocks, const char *bytes, const char *ttls)
 {
-    char *argv[] = {"duplex", "kv", "hold", "--blocks", (char *)blocks, "--block-bytes",
-                    (char *)bytes, "--lease-ttls", (char *)ttls, "--fill-seed", "7", NULL};
+    char *argv[] = {"duplex",
+                    "kv",
+                    "hold",
+                    "--blocks",
+                    (char *)blocks,
+                    "--block-bytes",
+                    (char *)bytes,
+                    "--lease-ttls",
+                    (char *)ttls,
+                    "--fill-seed",
+                    "7",
+                    NULL};
     spawn(&h->p, argv);
     g_holder = h->p.pid;
     json_t *j = next_json(&h->p, 30000);
@@ -128,8 +138,8 @@ static json_t *pull(const holder *h, const char *token, const char *remote, ...)
 {
     char port[16];
     snprintf(port, sizeof port, "%d", h->port);
-    char *argv[32] = {"duplex", "kv", "pull", "--port", port, "--token", (char *)token,
-                      "--remote", (char *)remote, "--fill-seed", "7"};
+    char *argv[32] = {"duplex",      "kv",       "pull",         "--port",      port, "--token",
+                      (char *)token, "--remote", (char *)remote, "--fill-seed", "7"};
     int n = 11;
     va_list ap;
     va_start(ap, remote);
@@ -155,7 +165,8 @@ static long jint(json_t *j, const char *k)
 
 static void expect_ok(json_t *j, long n)
 {
-    if (jint(j, "err")) fail_msg("pull failed: %s", json_string_value(json_object_get(j, "reason")));
+    if (jint(j, "err"))
+        fail_msg("pull failed: %s", json_string_value(json_object_get(j, "reason")));
     assert_int_equal(jint(j, "pulled"), n);
     assert_int_equal(jint(j, "verified"), n);
     assert_int_equal(jint(j, "corrupt"), 0);
@@ -218,9 +229,10 @@ static void test_holder_killed(void **state)
     hold_start(&h, "64", "262144", "60");
     char port[16];
     snprintf(port, sizeof port, "%d", h.port);
-    char *argv[] = {"duplex", "kv", "pull", "--port", port, "--token", h.tok[0], "--remote",
-                    "0-63", "--fill-seed", "7", "--pause-after-pin-ms", "1000", "--timeout", "5",
-                    "--block-bytes", "262144", NULL};
+    char *argv[] = {
+        "duplex", "kv",        "pull", "--port",        port,     "--token",
+        h.tok[0], "--remote",  "0-63", "--fill-seed",   "7",      "--pause-after-pin-ms",
+        "1000",   "--timeout", "5",    "--block-bytes", "262144", NULL};
     proc p;
     spawn(&p, argv);
     json_t *j = next_json(&p, 30000);
@@ -258,7 +270,8 @@ static void test_holder_stopped(void **state)
 static int tcp_connect(int port)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_port = htons((uint16_t)port),
                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
     return fd;
@@ -340,7 +353,7 @@ int main(void)
     if (!g_bin) g_bin = "build/release/duplex";
     signal(SIGPIPE, SIG_IGN);
     const struct CMUnitTest tests[] = {
-        T(test_exact_and_security), T(test_256mib),        T(test_holder_killed),
+        T(test_exact_and_security), T(test_256mib),         T(test_holder_killed),
         T(test_holder_stopped),     T(test_garbage_frames),
     };
     int fails = 0;
@@ -350,8 +363,8 @@ int main(void)
         setenv("UCX_TLS", "tcp", 1);
         fails += cmocka_run_group_tests_name("xfer (UCX_TLS=tcp)", tests, NULL, NULL);
     } else {
-        fails += cmocka_run_group_tests_name("xfer (UCX_TLS from the environment)", tests, NULL,
-                                             NULL);
+        fails +=
+            cmocka_run_group_tests_name("xfer (UCX_TLS from the environment)", tests, NULL, NULL);
     }
     return fails ? 1 : 0;
 }

@@ -29,10 +29,16 @@ static kvport_hello sample_hello(void)
     static const uint8_t addr[] = {1, 2, 3, 4, 5, 6, 7}, rkey[] = {9, 8, 7};
     kvport_hello h = {.engine_id = {(const uint8_t *)"node-a", 6},
                       .instance = 0x1122334455667788ull,
-                      .n_layer = 28, .n_kv_head = 8, .head_dim = 128, .dtype = 1,
-                      .block_size = 16, .n_blocks = 512, .block_bytes = 1835008,
+                      .n_layer = 28,
+                      .n_kv_head = 8,
+                      .head_dim = 128,
+                      .dtype = 1,
+                      .block_size = 16,
+                      .n_blocks = 512,
+                      .block_bytes = 1835008,
                       .transports = {(const uint8_t *)"ucx", 3},
-                      .worker_addr = {addr, sizeof addr}, .rkey = {rkey, sizeof rkey},
+                      .worker_addr = {addr, sizeof addr},
+                      .rkey = {rkey, sizeof rkey},
                       .base_addr = 0x7f0000001000ull};
     for (int i = 0; i < 16; i++) h.fingerprint[i] = (uint8_t)(i * 17);
     return h;
