@@ -83,10 +83,28 @@ static void set_default_env(const char *name, const char *val)
     setenv(name, val, 0);
 }
 
+/* Why UCX_MM_ERROR_HANDLING=y: endpoints use UCP_ERR_HANDLING_MODE_PEER so a
+ * reader learns that a holder died (TCP reports it; a timeout alone would
+ * be slow).  UCX 1.13 only picks transports that advertise peer-failure
+ * handling for such endpoints, and its shared-memory transports (posix,
+ * sysv) advertise it only when this option is on; it is off by default.
+ * Without it a same-host peer is "unreachable" under UCX_TLS=sm and the
+ * default silently falls back to TCP loopback (~3-7 GB/s, holder CPU).
+ * With it, UCX attaches the holder's pool (allocated by the sysv/posix md
+ * through UCP_MEM_MAP_ALLOCATE) into the reader and a get is one memcpy by
+ * the reader: memcpy speed and no holder CPU.  Peer death over shared
+ * memory is then found by UCX's keepalive (process liveness check); reads
+ * themselves cannot fault, since the reader keeps the segment attached, and
+ * a restarted holder is caught by the instance check in PIN (xfer_client).
+ * The event-fd progress thread stays: TCP still needs the holder to
+ * progress, and the posix/sysv interfaces support wakeup (UCP_FEATURE_WAKEUP
+ * does not exclude them).  A peer on another host, or one without this
+ * option, still negotiates TCP. */
 static int agent_init_ucp(xfer_agent *a, const xfer_agent_config *cfg)
 {
     set_default_env("UCX_TCP_TX_SEG_SIZE", "256k");
     set_default_env("UCX_TCP_RX_SEG_SIZE", "256k");
+    set_default_env("UCX_MM_ERROR_HANDLING", "y");
     ucp_config_t *uc;
     ucs_status_t st = ucp_config_read(NULL, NULL, &uc);
     if (st != UCS_OK) return ucs_err(st, "reading configuration");

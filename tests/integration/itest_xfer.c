@@ -244,9 +244,19 @@ static void test_holder_killed(void **state)
     reap(&h.p, 10);
     j = next_json(&p, 30000);
     assert_non_null(j);
-    assert_int_not_equal(jint(j, "err"), 0);
-    assert_int_equal(jint(j, "pulled"), 0);
     assert_int_equal(jint(j, "leaked"), 0);
+    const char *tls = getenv("UCX_TLS");
+    if (jint(j, "err") == 0 && !(tls && !strcmp(tls, "tcp"))) {
+        /* Over shared memory the reader has the holder's pool attached
+         * since HELLO, so the pinned blocks stay readable after the holder
+         * died: the pull may succeed (only RELEASE fails), and then every
+         * block must be intact. */
+        expect_ok(j, 64);
+        assert_non_null(strstr(json_string_value(json_object_get(j, "reason")), "RELEASE"));
+    } else {
+        assert_int_not_equal(jint(j, "err"), 0);
+        assert_int_equal(jint(j, "pulled"), 0);
+    }
     json_decref(j);
     reap(&p, 30);
 }
