@@ -15,8 +15,10 @@
  *    outstanding requests are cancelled and the endpoint force-closed before
  *    returning, so nothing writes into the caller's memory afterwards.
  *  - progress: a thread sleeps on the worker's event fd (ucp_worker_arm) and
- *    progresses the worker, because over TCP and shared memory with
- *    registered memory UCX emulates READ in software on the holder.
+ *    progresses the worker, because over TCP UCX emulates READ in software on
+ *    the holder.  On one host the pool (allocated by UCX's sysv/posix
+ *    allocator) is attached by the reader and a READ is a plain copy by the
+ *    reader: the holder spends no CPU.
  *
  * One worker per agent, used from any thread under the agent's mutex
  * (UCS_THREAD_MODE_SERIALIZED underneath). */
@@ -61,7 +63,8 @@ void xfer_agent_release(void *user, void *p, size_t bytes);
 
 /* Pointers stay valid until the agent is destroyed (or the region released). */
 void xfer_agent_describe(xfer_agent *a, xfer_desc *out);
-/* Transports UCX chose for the last connected endpoint, for logs ("tcp/lo"). */
+/* The transport list the agent was configured with ("default" when UCX
+ * chooses); UCX_LOG_LEVEL=info shows what each endpoint actually uses. */
 const char *xfer_agent_tls(const xfer_agent *a);
 
 /* A connected peer: endpoint + unpacked rkey for one remote region. */
