@@ -31,6 +31,8 @@ int cli_model_main(int argc, char **argv);
 int cli_tokenize_main(int argc, char **argv);
 int cli_generate_main(int argc, char **argv);
 int cli_bench_main(int argc, char **argv);
+int cli_kv_main(int argc, char **argv);
+int cli_bench_xfer_main(int argc, char **argv); /* `duplex bench xfer` */
 int cli_serve_main(int argc, char **argv);
 
 #endif

@@ -59,6 +59,7 @@ static int bench_engine(int argc, char **argv)
 int cli_bench_main(int argc, char **argv)
 {
     if (argc >= 1 && !strcmp(argv[0], "engine")) return bench_engine(argc - 1, argv + 1);
-    fprintf(stderr, "usage: duplex bench engine ...   (duplex bench engine --help)\n");
+    if (argc >= 1 && !strcmp(argv[0], "xfer")) return cli_bench_xfer_main(argc - 1, argv + 1);
+    fprintf(stderr, "usage: duplex bench engine|xfer ...   (duplex bench engine --help)\n");
     return 2;
 }

@@ -14,7 +14,8 @@ static const struct {
     {"model", cli_model_main, "synth|info: write or inspect GGUF models"},
     {"tokenize", cli_tokenize_main, "tokenise text with a model's tokenizer (or --decode)"},
     {"generate", cli_generate_main, "generate text from a prompt on one engine"},
-    {"bench", cli_bench_main, "engine: prefill/decode speed"},
+    {"bench", cli_bench_main, "engine|xfer: engine speed, KV transfer speed"},
+    {"kv", cli_kv_main, "hold|pull|bench: KV transfer between processes (tests, bench)"},
     {"serve", cli_serve_main, "OpenAI-compatible HTTP server for one node"},
 };
 

@@ -1,0 +1,141 @@
+/* kvport_proto: the KV port's binary wire format (DESIGN.md §5).
+ *
+ * Every frame is a fixed 12-byte little-endian header followed by `length`
+ * payload bytes:
+ *
+ *   u32 magic 'DXKV' | u16 version | u16 type | u32 length
+ *
+ * Payload fields are little-endian integers, fixed 16-byte values (tokens,
+ * hashes, fingerprints) and length-prefixed byte strings (u16 or u32 length).
+ * Decoding checks every field against what remains, rejects trailing bytes,
+ * and never reads past the buffer; arrays are not copied: the decoded message
+ * points into the frame (read them with the accessors below).
+ *
+ * Conversation: the reader sends HELLO (its own identity and layout) and the
+ * holder answers HELLO or ERROR(MISMATCH); PIN → PIN_OK | GONE | MISMATCH;
+ * RELEASE → RELEASE_OK.  Any request the holder cannot accept is answered
+ * with ERROR {code, message}; a frame with a bad magic, version or length
+ * gets an ERROR and the connection is closed (the stream cannot be resynced);
+ * a frame of unknown type or with a malformed payload gets an ERROR and the
+ * connection stays usable. */
+#ifndef KVPORT_PROTO_H
+#define KVPORT_PROTO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/dx_buf.h"
+
+#define KVPORT_MAGIC       0x564b5844u /* "DXKV" read as little-endian u32 */
+#define KVPORT_VERSION     1
+#define KVPORT_HDR_BYTES   12
+#define KVPORT_MAX_PAYLOAD (8u << 20)
+/* Most blocks one PIN may name (1 Mi tokens at 16 tokens per block). */
+#define KVPORT_MAX_PIN_BLOCKS 65536u
+#define KVPORT_MAX_BLOB       4096u /* worker address, rkey */
+#define KVPORT_MAX_STR        1024u
+
+enum kvport_type {
+    KVPORT_HELLO = 1,
+    KVPORT_PIN = 2,
+    KVPORT_PIN_OK = 3,
+    KVPORT_GONE = 4,
+    KVPORT_MISMATCH = 5,
+    KVPORT_RELEASE = 6,
+    KVPORT_RELEASE_OK = 7,
+    KVPORT_ERROR = 8,
+};
+
+typedef struct {
+    uint32_t magic;
+    uint16_t version, type;
+    uint32_t length;
+} kvport_hdr;
+
+/* Byte strings point into the decoded frame (or the caller's memory when
+ * encoding); `str` fields are not NUL-terminated on decode. */
+typedef struct {
+    const uint8_t *p;
+    size_t n;
+} kvport_bytes;
+
+typedef struct {
+    kvport_bytes engine_id;
+    uint8_t fingerprint[16];
+    uint64_t instance; /* random per process: tells a restarted holder apart */
+    uint32_t n_layer, n_kv_head, head_dim, dtype, block_size, n_blocks;
+    uint64_t block_bytes;
+    kvport_bytes transports; /* e.g. "ucx" */
+    kvport_bytes worker_addr;
+    kvport_bytes rkey;
+    uint64_t base_addr;
+} kvport_hello;
+
+typedef struct {
+    uint8_t token[16];
+    uint32_t n;
+    const uint8_t *ids;    /* n × i32 */
+    const uint8_t *hashes; /* n × 16 bytes: kv_hash lo, hi as u64 each */
+} kvport_pin;
+
+typedef struct {
+    uint64_t pin_id;
+    uint32_t n_matched;
+    uint64_t instance;
+} kvport_pin_ok;
+
+typedef struct {
+    uint64_t pin_id;
+    uint8_t consumed;
+} kvport_release;
+
+typedef struct {
+    int32_t code; /* DX_E* */
+    kvport_bytes message;
+} kvport_error;
+
+typedef struct {
+    uint16_t type;
+    union {
+        kvport_hello hello;
+        kvport_pin pin;
+        kvport_pin_ok pin_ok;
+        kvport_release release;
+        kvport_error error; /* ERROR, GONE and MISMATCH (code = DX_EGONE/DX_EMISMATCH) */
+    } u;
+} kvport_msg;
+
+/* Reads the header of a frame starting at buf.  Returns 0 when a header is
+ * there and valid (the whole frame is KVPORT_HDR_BYTES + h->length bytes),
+ * DX_EAGAIN when fewer than KVPORT_HDR_BYTES bytes are available, DX_EPROTO
+ * for a bad magic, DX_EUNSUPPORTED for another version, DX_ETOOBIG for a
+ * length over KVPORT_MAX_PAYLOAD; the message says which. */
+int kvport_hdr_read(const uint8_t *buf, size_t len, kvport_hdr *h);
+
+/* Decodes the payload of a frame whose header was accepted.  DX_EUNSUPPORTED
+ * for an unknown type, DX_EFORMAT for a payload that does not hold its
+ * fields exactly (message names the field). */
+int kvport_decode(const kvport_hdr *h, const uint8_t *payload, kvport_msg *out);
+
+/* Encoders append one whole frame to b.  0 or DX_ENOMEM/DX_ETOOBIG/DX_EINVAL. */
+int kvport_encode_hello(dx_buf *b, const kvport_hello *m);
+int kvport_encode_pin(dx_buf *b, const uint8_t token[16], const int32_t *ids,
+                      const uint64_t *hashes /* n × {lo, hi} */, uint32_t n);
+int kvport_encode_pin_ok(dx_buf *b, const kvport_pin_ok *m);
+int kvport_encode_release(dx_buf *b, const kvport_release *m);
+int kvport_encode_release_ok(dx_buf *b);
+/* type is KVPORT_ERROR, KVPORT_GONE or KVPORT_MISMATCH. */
+int kvport_encode_error(dx_buf *b, uint16_t type, int32_t code, const char *msg);
+
+/* Accessors for PIN arrays (bounds were checked by kvport_decode). */
+int32_t kvport_pin_id(const kvport_pin *p, uint32_t i);
+void kvport_pin_hash(const kvport_pin *p, uint32_t i, uint64_t *lo, uint64_t *hi);
+
+const char *kvport_type_name(uint16_t type);
+
+/* Compares what must be equal for two nodes to share KV: model fingerprint
+ * and layout.  0 if compatible, else DX_EMISMATCH with a message naming the
+ * first field that differs and both values. */
+int kvport_hello_compatible(const kvport_hello *mine, const kvport_hello *theirs);
+
+#endif

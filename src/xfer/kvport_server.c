@@ -1,0 +1,409 @@
+/* kvport_server: KV-port connections on a libuv loop.  Each connection
+ * parses frames out of one bounded input buffer, answers each frame in
+ * order, and remembers the pins it made so that closing releases them. */
+#include "xfer/kvport_server.h"
+
+#include <string.h>
+
+#include "base/dx_alloc.h"
+#include "base/dx_clock.h"
+#include "base/dx_err.h"
+#include "base/dx_log.h"
+
+#define CONN_READ_CHUNK 65536
+#define CONN_MAX_OUT    (16u << 20) /* queued reply bytes before we drop a peer that never reads */
+
+typedef struct conn conn;
+
+struct kvport_server {
+    uv_loop_t *loop;
+    uv_tcp_t listener;
+    uv_timer_t sweep;
+    int open_handles;
+    int destroyed;
+    xfer_leases *leases;
+    kvport_hello hello; /* fixed fields only; byte strings live in hello_frame */
+    dx_buf hello_frame;
+    uint64_t idle_ms, sweep_ms;
+    unsigned max_conns, n_conns;
+    conn *conns;
+    int port;
+    kvport_server_stats st;
+};
+
+struct conn {
+    uv_tcp_t tcp;
+    uv_timer_t idle;
+    kvport_server *s;
+    conn *next, *prev;
+    int open_handles;
+    int closing;
+    dx_buf in;
+    uint64_t *pins;
+    size_t n_pins, cap_pins;
+    char rd[CONN_READ_CHUNK];
+};
+
+typedef struct {
+    uv_write_t req;
+    char data[];
+} wreq;
+
+static void server_maybe_free(kvport_server *s)
+{
+    if (s->destroyed && s->open_handles == 0 && s->n_conns == 0) {
+        dx_buf_free(&s->hello_frame);
+        dx_free(s);
+    }
+}
+
+static void conn_on_closed(uv_handle_t *h)
+{
+    conn *c = h->data;
+    if (--c->open_handles > 0) return;
+    kvport_server *s = c->s;
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        s->conns = c->next;
+    if (c->next) c->next->prev = c->prev;
+    s->n_conns--;
+    dx_buf_free(&c->in);
+    dx_free(c->pins);
+    dx_free(c);
+    server_maybe_free(s);
+}
+
+static void conn_close(conn *c)
+{
+    if (c->closing) return;
+    c->closing = 1;
+    for (size_t i = 0; i < c->n_pins; i++) xfer_unpin(c->s->leases, c->pins[i], 0);
+    c->n_pins = 0;
+    uv_close((uv_handle_t *)&c->tcp, conn_on_closed);
+    uv_close((uv_handle_t *)&c->idle, conn_on_closed);
+}
+
+static void on_written(uv_write_t *req, int status)
+{
+    conn *c = req->data;
+    dx_free(req);
+    if (status < 0 && status != UV_ECANCELED) conn_close(c);
+}
+
+/* Queues b's bytes (the caller keeps b). */
+static void conn_send(conn *c, const dx_buf *b)
+{
+    if (c->closing || b->len == 0) return;
+    if (uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) > CONN_MAX_OUT) {
+        DX_LOGW("kvport: peer does not read its replies; dropping the connection");
+        conn_close(c);
+        return;
+    }
+    wreq *w = dx_malloc(sizeof *w + b->len);
+    if (!w) {
+        conn_close(c);
+        return;
+    }
+    memcpy(w->data, b->data, b->len);
+    w->req.data = c;
+    uv_buf_t ub = uv_buf_init(w->data, (unsigned)b->len);
+    if (uv_write(&w->req, (uv_stream_t *)&c->tcp, &ub, 1, on_written) < 0) {
+        dx_free(w);
+        conn_close(c);
+    }
+}
+
+static void send_error(conn *c, uint16_t type, int code, const char *msg)
+{
+    dx_buf b;
+    dx_buf_init(&b, 0);
+    if (kvport_encode_error(&b, type, code, msg) == 0) conn_send(c, &b);
+    dx_buf_free(&b);
+    if (type == KVPORT_ERROR) c->s->st.errors++;
+}
+
+static void on_shutdown(uv_shutdown_t *req, int status)
+{
+    conn *c = req->data;
+    dx_free(req);
+    conn_close(c);
+}
+
+/* The stream cannot be trusted any more: flush what is queued, then close. */
+static void conn_fail(conn *c, int code, const char *msg)
+{
+    send_error(c, KVPORT_ERROR, code, msg);
+    if (c->closing) return;
+    uv_shutdown_t *req = dx_malloc(sizeof *req);
+    if (req) req->data = c;
+    if (!req || uv_shutdown(req, (uv_stream_t *)&c->tcp, on_shutdown) < 0) {
+        dx_free(req);
+        conn_close(c);
+        return;
+    }
+    uv_read_stop((uv_stream_t *)&c->tcp);
+    c->in.len = 0;
+}
+
+static void handle_hello(conn *c, const kvport_hello *peer)
+{
+    int rc = kvport_hello_compatible(&c->s->hello, peer);
+    if (rc) {
+        c->s->st.hellos_refused++;
+        send_error(c, KVPORT_ERROR, rc, dx_errmsg());
+        return;
+    }
+    conn_send(c, &c->s->hello_frame);
+}
+
+static int remember_pin(conn *c, uint64_t id)
+{
+    if (c->n_pins == c->cap_pins) {
+        size_t nc = c->cap_pins ? c->cap_pins * 2 : 4;
+        uint64_t *p = dx_realloc(c->pins, nc * sizeof *p);
+        if (!p) return DX_ENOMEM;
+        c->pins = p;
+        c->cap_pins = nc;
+    }
+    c->pins[c->n_pins++] = id;
+    return 0;
+}
+
+static void reply_pin(conn *c, int rc, uint64_t pin_id, uint32_t k)
+{
+    if (rc == DX_EGONE || rc == DX_EMISMATCH) {
+        send_error(c, rc == DX_EGONE ? KVPORT_GONE : KVPORT_MISMATCH, rc, dx_errmsg());
+        return;
+    }
+    if (rc) {
+        send_error(c, KVPORT_ERROR, rc, dx_errmsg());
+        return;
+    }
+    if (remember_pin(c, pin_id)) {
+        xfer_unpin(c->s->leases, pin_id, 0);
+        send_error(c, KVPORT_ERROR, DX_ENOMEM, "holder out of memory");
+        return;
+    }
+    dx_buf b;
+    dx_buf_init(&b, 0);
+    kvport_pin_ok ok = {pin_id, k, c->s->hello.instance};
+    if (kvport_encode_pin_ok(&b, &ok) == 0) conn_send(c, &b);
+    dx_buf_free(&b);
+}
+
+static void handle_pin(conn *c, const kvport_pin *m)
+{
+    if (m->n == 0) {
+        send_error(c, KVPORT_ERROR, DX_EINVAL, "PIN names no blocks");
+        return;
+    }
+    int32_t *ids = dx_malloc((size_t)m->n * sizeof *ids);
+    kv_hash *chain = dx_malloc((size_t)m->n * sizeof *chain);
+    uint64_t pin_id = 0;
+    uint32_t k = 0;
+    int rc = ids && chain ? 0 : dx_errf(DX_ENOMEM, "holder out of memory");
+    for (uint32_t i = 0; !rc && i < m->n; i++) {
+        ids[i] = kvport_pin_id(m, i);
+        kvport_pin_hash(m, i, &chain[i].lo, &chain[i].hi);
+    }
+    xfer_token tok;
+    memcpy(tok.b, m->token, 16);
+    if (!rc) rc = xfer_pin(c->s->leases, &tok, ids, chain, m->n, &pin_id, &k);
+    dx_free(ids);
+    dx_free(chain);
+    reply_pin(c, rc, pin_id, k);
+}
+
+static void handle_release(conn *c, const kvport_release *m)
+{
+    size_t i = 0;
+    while (i < c->n_pins && c->pins[i] != m->pin_id) i++;
+    if (i == c->n_pins) {
+        /* Only the connection that pinned may release: pin ids are not secret. */
+        send_error(c, KVPORT_ERROR, DX_ENOENT, "RELEASE: no such pin on this connection");
+        return;
+    }
+    c->pins[i] = c->pins[--c->n_pins];
+    xfer_unpin(c->s->leases, m->pin_id, m->consumed);
+    dx_buf b;
+    dx_buf_init(&b, 0);
+    if (kvport_encode_release_ok(&b) == 0) conn_send(c, &b);
+    dx_buf_free(&b);
+}
+
+static void handle_frame(conn *c, const kvport_hdr *h, const uint8_t *payload)
+{
+    kvport_msg m;
+    c->s->st.frames++;
+    int rc = kvport_decode(h, payload, &m);
+    if (rc) {
+        send_error(c, KVPORT_ERROR, rc, dx_errmsg());
+        return;
+    }
+    switch (m.type) {
+    case KVPORT_HELLO:
+        handle_hello(c, &m.u.hello);
+        break;
+    case KVPORT_PIN:
+        handle_pin(c, &m.u.pin);
+        break;
+    case KVPORT_RELEASE:
+        handle_release(c, &m.u.release);
+        break;
+    default: {
+        char msg[96];
+        snprintf(msg, sizeof msg, "a holder does not accept %s frames", kvport_type_name(m.type));
+        send_error(c, KVPORT_ERROR, DX_EPROTO, msg);
+    }
+    }
+}
+
+static void conn_process(conn *c)
+{
+    while (!c->closing) {
+        kvport_hdr h;
+        int rc = kvport_hdr_read((const uint8_t *)c->in.data, c->in.len, &h);
+        if (rc == DX_EAGAIN) return;
+        if (rc) {
+            conn_fail(c, rc, dx_errmsg());
+            return;
+        }
+        size_t need = KVPORT_HDR_BYTES + (size_t)h.length;
+        if (c->in.len < need) return;
+        handle_frame(c, &h, (const uint8_t *)c->in.data + KVPORT_HDR_BYTES);
+        dx_buf_consume(&c->in, need);
+    }
+}
+
+static void conn_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf)
+{
+    conn *c = h->data;
+    *buf = uv_buf_init(c->rd, sizeof c->rd);
+}
+
+static void conn_on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf)
+{
+    conn *c = st->data;
+    if (n < 0) {
+        conn_close(c);
+        return;
+    }
+    if (n == 0 || c->closing) return;
+    uv_timer_again(&c->idle);
+    if (dx_buf_append(&c->in, buf->base, (size_t)n)) {
+        conn_fail(c, DX_ETOOBIG, "kvport: input over the connection's buffer limit");
+        return;
+    }
+    conn_process(c);
+}
+
+static void conn_on_idle(uv_timer_t *t)
+{
+    conn *c = t->data;
+    DX_LOGD("kvport: closing an idle connection");
+    conn_close(c);
+}
+
+static void on_connection(uv_stream_t *l, int status)
+{
+    kvport_server *s = l->data;
+    if (status < 0) return;
+    conn *c = dx_calloc(1, sizeof *c);
+    if (!c) return;
+    c->s = s;
+    dx_buf_init(&c->in, KVPORT_HDR_BYTES + KVPORT_MAX_PAYLOAD + CONN_READ_CHUNK);
+    uv_tcp_init(s->loop, &c->tcp);
+    uv_timer_init(s->loop, &c->idle);
+    c->tcp.data = c->idle.data = c;
+    c->open_handles = 2;
+    c->next = s->conns;
+    if (s->conns) s->conns->prev = c;
+    s->conns = c;
+    s->n_conns++;
+    s->st.conns++;
+    if (uv_accept(l, (uv_stream_t *)&c->tcp) < 0 || s->n_conns > s->max_conns) {
+        conn_close(c);
+        return;
+    }
+    uv_tcp_nodelay(&c->tcp, 1);
+    uv_timer_start(&c->idle, conn_on_idle, s->idle_ms, s->idle_ms);
+    uv_read_start((uv_stream_t *)&c->tcp, conn_alloc, conn_on_read);
+}
+
+static void on_sweep(uv_timer_t *t)
+{
+    kvport_server *s = t->data;
+    xfer_leases_sweep(s->leases, dx_now_ns());
+}
+
+static void server_on_closed(uv_handle_t *h)
+{
+    kvport_server *s = h->data;
+    s->open_handles--;
+    server_maybe_free(s);
+}
+
+static int server_listen(kvport_server *s, const char *host, int port)
+{
+    struct sockaddr_storage ss;
+    int rc = uv_ip4_addr(host, port, (struct sockaddr_in *)&ss);
+    if (rc) rc = uv_ip6_addr(host, port, (struct sockaddr_in6 *)&ss);
+    if (rc) return dx_errf(DX_EINVAL, "kvport: bad listen address '%s'", host);
+    rc = uv_tcp_bind(&s->listener, (struct sockaddr *)&ss, 0);
+    if (!rc) rc = uv_listen((uv_stream_t *)&s->listener, 128, on_connection);
+    if (rc) return dx_errf(DX_EIO, "kvport: listen on %s:%d: %s", host, port, uv_strerror(rc));
+    int len = sizeof ss;
+    uv_tcp_getsockname(&s->listener, (struct sockaddr *)&ss, &len);
+    s->port = ntohs(ss.ss_family == AF_INET ? ((struct sockaddr_in *)&ss)->sin_port
+                                            : ((struct sockaddr_in6 *)&ss)->sin6_port);
+    return 0;
+}
+
+int kvport_server_create(uv_loop_t *loop, const kvport_server_config *cfg, kvport_server **out)
+{
+    if (!cfg->leases || !cfg->hello) return dx_errf(DX_EINVAL, "kvport: config lacks leases/hello");
+    kvport_server *s = dx_calloc(1, sizeof *s);
+    if (!s) return DX_ENOMEM;
+    s->loop = loop;
+    s->leases = cfg->leases;
+    s->hello = *cfg->hello;
+    s->hello.engine_id = s->hello.transports = s->hello.worker_addr = s->hello.rkey =
+        (kvport_bytes){NULL, 0};
+    s->idle_ms = (uint64_t)((cfg->idle_timeout_s > 0 ? cfg->idle_timeout_s : 60) * 1000);
+    s->sweep_ms = (uint64_t)((cfg->sweep_interval_s > 0 ? cfg->sweep_interval_s : 1) * 1000);
+    s->max_conns = cfg->max_conns ? cfg->max_conns : 256;
+    dx_buf_init(&s->hello_frame, 0);
+    int rc = kvport_encode_hello(&s->hello_frame, cfg->hello);
+    uv_tcp_init(loop, &s->listener);
+    uv_timer_init(loop, &s->sweep);
+    s->listener.data = s->sweep.data = s;
+    s->open_handles = 2;
+    if (!rc) rc = server_listen(s, cfg->host ? cfg->host : "127.0.0.1", cfg->port);
+    if (rc) {
+        kvport_server_destroy(s);
+        return rc;
+    }
+    uv_timer_start(&s->sweep, on_sweep, s->sweep_ms, s->sweep_ms);
+    *out = s;
+    return 0;
+}
+
+int kvport_server_port(const kvport_server *s)
+{
+    return s->port;
+}
+
+void kvport_server_get_stats(const kvport_server *s, kvport_server_stats *out)
+{
+    *out = s->st;
+}
+
+void kvport_server_destroy(kvport_server *s)
+{
+    if (!s) return;
+    s->destroyed = 1;
+    for (conn *c = s->conns; c; c = c->next) conn_close(c);
+    uv_close((uv_handle_t *)&s->listener, server_on_closed);
+    uv_close((uv_handle_t *)&s->sweep, server_on_closed);
+}

@@ -1,0 +1,79 @@
+/* xfer_client: the reader's side of a KV pull (DESIGN.md §4–5).
+ *
+ * xfer_pull() is synchronous and thread-safe: call it from a worker thread
+ * (never from the event loop: it blocks for up to timeout_s).  One pull:
+ *
+ *   TCP connect → HELLO (once per peer; the peer's identity, layout and
+ *   transfer description are cached with a connected endpoint) → PIN →
+ *   one READ per run of adjacent blocks (remote and local ids both adjacent),
+ *   all in flight → RELEASE → close.
+ *
+ * Every step shares one deadline.  Any failure (peer unreachable, timeout,
+ * GONE, MISMATCH, refused HELLO, UCX error, peer died mid-transfer) comes back
+ * as res->err plus res->reason — never a crash or hang.  On failure after the
+ * PIN the connection is just closed: the holder releases pins of a closed
+ * connection.  The local blocks belong to the caller throughout; after a
+ * failed read their contents are undefined (n_pulled is 0).
+ *
+ * A short pull is not an error: if the holder's hashes match only the first
+ * k blocks, k blocks are pulled, err is 0 and reason says where the chain
+ * diverged. */
+#ifndef XFER_CLIENT_H
+#define XFER_CLIENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/kv_pool.h"
+#include "xfer/kvport_proto.h"
+#include "xfer/xfer_lease.h"
+#include "xfer/xfer_ucx.h"
+
+typedef struct xfer_client xfer_client;
+
+typedef struct {
+    xfer_agent *agent;
+    kv_pool *pool;             /* local pool, allocated through agent */
+    const kvport_hello *hello; /* this node's HELLO (see xfer_hello_init); copied */
+} xfer_client_config;
+
+typedef struct {
+    const char *host;
+    int port;
+    xfer_token token;
+    const kv_hash *chain;      /* [n] the reader's hashes of the wanted blocks */
+    const int32_t *remote_ids; /* [n] holder's block ids, in token order */
+    const int32_t *local_ids;  /* [n] destination blocks, held by the caller */
+    size_t n;
+    double timeout_s; /* whole pull; default 10 */
+    /* Called after PIN_OK, before the reads (metrics; tests use it to kill
+     * the holder mid-transfer). */
+    void (*on_pinned)(void *user, uint32_t n_matched);
+    void *user;
+} xfer_pull_req;
+
+typedef struct {
+    int err;            /* 0 or DX_E* (same as the return value) */
+    uint32_t n_matched; /* blocks the holder pinned */
+    uint32_t n_pulled;  /* local_ids[0..n_pulled) now hold the remote KV */
+    uint32_t n_reads;   /* READ requests after coalescing */
+    uint64_t bytes;
+    int hello_cached;
+    double t_connect_ms, t_hello_ms, t_pin_ms, t_read_ms, t_release_ms;
+    char reason[256];
+} xfer_pull_result;
+
+/* Fills h with this node's identity: engine id (pointer kept), fingerprint,
+ * the pool's layout, a random per-process instance and the agent's
+ * transfer description. */
+void xfer_hello_init(kvport_hello *h, const char *engine_id, const uint8_t fingerprint[16],
+                     const kv_pool_config *layout, const kv_pool *pool, xfer_agent *agent);
+
+int xfer_client_create(const xfer_client_config *cfg, xfer_client **out);
+void xfer_client_destroy(xfer_client *c);
+/* Forgets a peer's cached HELLO and endpoint (e.g. after it restarted). */
+void xfer_client_forget(xfer_client *c, const char *host, int port);
+
+int xfer_pull(xfer_client *c, const xfer_pull_req *r, xfer_pull_result *res);
+
+#endif

@@ -1,0 +1,380 @@
+/* itest_xfer: two real processes on loopback — `duplex kv hold` serves
+ * synthetic KV under leases, `duplex kv pull` pulls it and verifies it byte
+ * for byte — run once with UCX's default transports and once with
+ * UCX_TLS=tcp.  Covers exact pulls (adjacent, scattered, 256 MiB), lease
+ * security, hash-chain divergence, a holder killed mid-transfer, a stopped
+ * holder, and garbage on the KV port. */
+#include <errno.h>
+#include <jansson.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "base/dx_buf.h"
+#include "xfer/kvport_proto.h"
+
+static const char *g_bin;
+static pid_t g_holder = -1; /* killed by the teardown if a test fails midway */
+
+typedef struct {
+    pid_t pid;
+    int fd;
+    char buf[65536];
+    size_t len;
+} proc;
+
+static void spawn(proc *p, char *const argv[])
+{
+    int pfd[2];
+    assert_int_equal(pipe(pfd), 0);
+    p->len = 0;
+    p->pid = fork();
+    assert_true(p->pid >= 0);
+    if (p->pid == 0) {
+        dup2(pfd[1], 1);
+        close(pfd[0]);
+        close(pfd[1]);
+        execv(g_bin, argv);
+        _exit(127);
+    }
+    close(pfd[1]);
+    p->fd = pfd[0];
+}
+
+/* Next stdout line that is a JSON object (UCX may log to stdout too). */
+static json_t *next_json(proc *p, int timeout_ms)
+{
+    for (;;) {
+        char *nl = memchr(p->buf, '\n', p->len);
+        if (nl) {
+            *nl = 0;
+            json_t *j = p->buf[0] == '{' ? json_loads(p->buf, 0, NULL) : NULL;
+            size_t used = (size_t)(nl - p->buf) + 1;
+            memmove(p->buf, nl + 1, p->len - used);
+            p->len -= used;
+            if (j) return j;
+            continue;
+        }
+        struct pollfd pf = {.fd = p->fd, .events = POLLIN};
+        if (poll(&pf, 1, timeout_ms) <= 0) return NULL;
+        ssize_t r = read(p->fd, p->buf + p->len, sizeof p->buf - 1 - p->len);
+        if (r <= 0) return NULL;
+        p->len += (size_t)r;
+    }
+}
+
+/* Waits for exit, at most limit_s (a hang is a failure, not a timing). */
+static int reap(proc *p, int limit_s)
+{
+    int st = 0;
+    for (int i = 0; i < limit_s * 100; i++) {
+        if (waitpid(p->pid, &st, WNOHANG) == p->pid) {
+            close(p->fd);
+            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        }
+        usleep(10000);
+    }
+    kill(p->pid, SIGKILL);
+    waitpid(p->pid, &st, 0);
+    close(p->fd);
+    fail_msg("process %d did not exit within %d s", (int)p->pid, limit_s);
+    return -1;
+}
+
+typedef struct {
+    proc p;
+    int port;
+    char tok[4][33];
+} holder;
+
+static void hold_start(holder *h, const char *blocks, const char *bytes, const char *ttls)
+{
+    char *argv[] = {"duplex",
+                    "kv",
+                    "hold",
+                    "--blocks",
+                    (char *)blocks,
+                    "--block-bytes",
+                    (char *)bytes,
+                    "--lease-ttls",
+                    (char *)ttls,
+                    "--fill-seed",
+                    "7",
+                    NULL};
+    spawn(&h->p, argv);
+    g_holder = h->p.pid;
+    json_t *j = next_json(&h->p, 30000);
+    assert_non_null(j);
+    h->port = (int)json_integer_value(json_object_get(j, "port"));
+    json_t *ls = json_object_get(j, "leases");
+    for (size_t i = 0; i < json_array_size(ls) && i < 4; i++)
+        snprintf(h->tok[i], 33, "%s",
+                 json_string_value(json_object_get(json_array_get(ls, i), "token")));
+    json_decref(j);
+    assert_true(h->port > 0);
+}
+
+static void hold_stop(holder *h)
+{
+    kill(h->p.pid, SIGTERM);
+    g_holder = -1;
+    assert_int_equal(reap(&h->p, 30), 0); /* clean exit: asan leak check passes */
+}
+
+/* Runs `duplex kv pull` with the given extra args; returns its last JSON. */
+static json_t *pull(const holder *h, const char *token, const char *remote, ...)
+{
+    char port[16];
+    snprintf(port, sizeof port, "%d", h->port);
+    char *argv[32] = {"duplex",      "kv",       "pull",         "--port",      port, "--token",
+                      (char *)token, "--remote", (char *)remote, "--fill-seed", "7"};
+    int n = 11;
+    va_list ap;
+    va_start(ap, remote);
+    for (char *a; n < 30 && (a = va_arg(ap, char *));) argv[n++] = a;
+    va_end(ap);
+    argv[n] = NULL;
+    proc p;
+    spawn(&p, argv);
+    json_t *last = NULL, *j;
+    while ((j = next_json(&p, 60000))) {
+        json_decref(last);
+        last = j;
+    }
+    reap(&p, 60);
+    assert_non_null(last);
+    return last;
+}
+
+static long jint(json_t *j, const char *k)
+{
+    return (long)json_integer_value(json_object_get(j, k));
+}
+
+static void expect_ok(json_t *j, long n)
+{
+    if (jint(j, "err"))
+        fail_msg("pull failed: %s", json_string_value(json_object_get(j, "reason")));
+    assert_int_equal(jint(j, "pulled"), n);
+    assert_int_equal(jint(j, "verified"), n);
+    assert_int_equal(jint(j, "corrupt"), 0);
+    assert_int_equal(jint(j, "leaked"), 0);
+}
+
+static void test_exact_and_security(void **state)
+{
+    holder h;
+    hold_start(&h, "64", "8192", "60,60,0.3");
+    json_t *j = pull(&h, h.tok[0], "0-19", NULL);
+    expect_ok(j, 20);
+    assert_int_equal(jint(j, "reads"), 1); /* adjacent blocks coalesce into one read */
+    json_decref(j);
+    j = pull(&h, h.tok[0], "1,3,5-9,20", "--pool-blocks", "64", NULL);
+    expect_ok(j, 8);
+    json_decref(j);
+    /* hash chain diverging at block k pins exactly k */
+    j = pull(&h, h.tok[0], "2-12", "--diverge-at", "4", NULL);
+    expect_ok(j, 4);
+    assert_int_equal(jint(j, "matched"), 4);
+    json_decref(j);
+    j = pull(&h, h.tok[0], "2-12", "--diverge-at", "0", NULL);
+    assert_int_equal(jint(j, "err"), -12); /* MISMATCH */
+    json_decref(j);
+    /* a token for other blocks, a wrong token, an expired token: GONE */
+    j = pull(&h, h.tok[1], "0-3", NULL);
+    assert_int_equal(jint(j, "err"), -13);
+    assert_int_equal(jint(j, "pulled"), 0);
+    json_decref(j);
+    j = pull(&h, "0123456789abcdef0123456789abcdef", "0-3", NULL);
+    assert_int_equal(jint(j, "err"), -13);
+    json_decref(j);
+    usleep(500000); /* lease 2 had a 0.3 s TTL */
+    j = pull(&h, h.tok[2], "44-46", NULL);
+    assert_int_equal(jint(j, "err"), -13);
+    json_decref(j);
+    /* different model → refused at HELLO */
+    j = pull(&h, h.tok[0], "0-3", "--model-seed", "99", NULL);
+    assert_int_equal(jint(j, "err"), -12);
+    assert_non_null(strstr(json_string_value(json_object_get(j, "reason")), "fingerprint"));
+    json_decref(j);
+    hold_stop(&h);
+}
+
+static void test_256mib(void **state)
+{
+    holder h;
+    hold_start(&h, "128", "2097152", "60");
+    json_t *j = pull(&h, h.tok[0], "0-127", "--timeout", "60", "--block-bytes", "2097152", NULL);
+    expect_ok(j, 128);
+    assert_int_equal(jint(j, "bytes"), 256l << 20);
+    json_decref(j);
+    hold_stop(&h);
+}
+
+static void test_holder_killed(void **state)
+{
+    holder h;
+    hold_start(&h, "64", "262144", "60");
+    char port[16];
+    snprintf(port, sizeof port, "%d", h.port);
+    char *argv[] = {
+        "duplex", "kv",        "pull", "--port",        port,     "--token",
+        h.tok[0], "--remote",  "0-63", "--fill-seed",   "7",      "--pause-after-pin-ms",
+        "1000",   "--timeout", "5",    "--block-bytes", "262144", NULL};
+    proc p;
+    spawn(&p, argv);
+    json_t *j = next_json(&p, 30000);
+    assert_non_null(j);
+    assert_non_null(json_object_get(j, "pinned"));
+    json_decref(j);
+    kill(h.p.pid, SIGKILL);
+    g_holder = -1;
+    reap(&h.p, 10);
+    j = next_json(&p, 30000);
+    assert_non_null(j);
+    assert_int_equal(jint(j, "leaked"), 0);
+    const char *tls = getenv("UCX_TLS");
+    if (jint(j, "err") == 0 && !(tls && !strcmp(tls, "tcp"))) {
+        /* Over shared memory the reader has the holder's pool attached
+         * since HELLO, so the pinned blocks stay readable after the holder
+         * died: the pull may succeed (only RELEASE fails), and then every
+         * block must be intact. */
+        expect_ok(j, 64);
+        assert_non_null(strstr(json_string_value(json_object_get(j, "reason")), "RELEASE"));
+    } else {
+        assert_int_not_equal(jint(j, "err"), 0);
+        assert_int_equal(jint(j, "pulled"), 0);
+    }
+    json_decref(j);
+    reap(&p, 30);
+}
+
+static void test_holder_stopped(void **state)
+{
+    holder h;
+    hold_start(&h, "16", "8192", "60");
+    kill(h.p.pid, SIGSTOP);
+    json_t *j = pull(&h, h.tok[0], "0-7", "--timeout", "1", NULL);
+    assert_int_equal(jint(j, "err"), -10); /* DX_ETIMEDOUT */
+    assert_int_equal(jint(j, "leaked"), 0);
+    json_decref(j);
+    kill(h.p.pid, SIGCONT);
+    j = pull(&h, h.tok[0], "0-7", NULL);
+    expect_ok(j, 8);
+    json_decref(j);
+    hold_stop(&h);
+}
+
+static int tcp_connect(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_port = htons((uint16_t)port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    return fd;
+}
+
+/* Reads one frame; returns its type (0 if the connection closed first). */
+static int read_frame(int fd, kvport_msg *m, uint8_t *buf, size_t cap)
+{
+    size_t len = 0;
+    kvport_hdr h;
+    for (;;) {
+        int rc = kvport_hdr_read(buf, len, &h);
+        if (rc == 0 && len >= KVPORT_HDR_BYTES + h.length) break;
+        assert_true(rc == 0 || rc == -1);
+        struct pollfd pf = {.fd = fd, .events = POLLIN};
+        if (poll(&pf, 1, 10000) <= 0) return 0;
+        ssize_t r = read(fd, buf + len, cap - len);
+        if (r <= 0) return 0;
+        len += (size_t)r;
+    }
+    assert_int_equal(kvport_decode(&h, buf + KVPORT_HDR_BYTES, m), 0);
+    return m->type;
+}
+
+static void test_garbage_frames(void **state)
+{
+    holder h;
+    hold_start(&h, "16", "8192", "60");
+    static uint8_t buf[1 << 16];
+    kvport_msg m;
+    /* garbage: ERROR frame, then the holder closes that connection */
+    int fd = tcp_connect(h.port);
+    const char junk[] = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+    assert_int_equal(write(fd, junk, sizeof junk - 1), (ssize_t)(sizeof junk - 1));
+    assert_int_equal(read_frame(fd, &m, buf, sizeof buf), KVPORT_ERROR);
+    assert_int_equal(read_frame(fd, &m, buf, sizeof buf), 0);
+    close(fd);
+    /* a PIN whose payload is truncated, then an unknown type: ERROR each,
+     * and the connection stays usable */
+    fd = tcp_connect(h.port);
+    uint8_t fr[32] = {0x44, 0x58, 0x4b, 0x56, 1, 0, KVPORT_PIN, 0, 5, 0, 0, 0, 1, 2, 3, 4, 5};
+    assert_int_equal(write(fd, fr, 17), 17);
+    assert_int_equal(read_frame(fd, &m, buf, sizeof buf), KVPORT_ERROR);
+    assert_int_equal(m.u.error.code, -5); /* DX_EFORMAT */
+    uint8_t unk[12] = {0x44, 0x58, 0x4b, 0x56, 1, 0, 99, 0, 0, 0, 0, 0};
+    assert_int_equal(write(fd, unk, 12), 12);
+    assert_int_equal(read_frame(fd, &m, buf, sizeof buf), KVPORT_ERROR);
+    uint8_t badver[12] = {0x44, 0x58, 0x4b, 0x56, 9, 0, KVPORT_PIN, 0, 0, 0, 0, 0};
+    assert_int_equal(write(fd, badver, 12), 12);
+    assert_int_equal(read_frame(fd, &m, buf, sizeof buf), KVPORT_ERROR);
+    close(fd);
+    /* a truncated frame and a hang-up mid-frame */
+    fd = tcp_connect(h.port);
+    assert_int_equal(write(fd, fr, 14), 14);
+    close(fd);
+    /* the holder still serves */
+    json_t *j = pull(&h, h.tok[0], "0-15", NULL);
+    expect_ok(j, 16);
+    json_decref(j);
+    hold_stop(&h);
+}
+
+static int kill_holder(void **state)
+{
+    if (g_holder > 0) {
+        kill(g_holder, SIGCONT);
+        kill(g_holder, SIGKILL);
+        waitpid(g_holder, NULL, 0);
+    }
+    g_holder = -1;
+    return 0;
+}
+
+#define T(f) cmocka_unit_test_teardown(f, kill_holder)
+
+int main(void)
+{
+    g_bin = getenv("DUPLEX_BIN");
+    if (!g_bin) g_bin = "build/release/duplex";
+    signal(SIGPIPE, SIG_IGN);
+    const struct CMUnitTest tests[] = {
+        T(test_exact_and_security), T(test_256mib),         T(test_holder_killed),
+        T(test_holder_stopped),     T(test_garbage_frames),
+    };
+    int fails = 0;
+    const char *user_tls = getenv("UCX_TLS");
+    if (!user_tls) {
+        fails += cmocka_run_group_tests_name("xfer (UCX default transports)", tests, NULL, NULL);
+        setenv("UCX_TLS", "tcp", 1);
+        fails += cmocka_run_group_tests_name("xfer (UCX_TLS=tcp)", tests, NULL, NULL);
+    } else {
+        fails +=
+            cmocka_run_group_tests_name("xfer (UCX_TLS from the environment)", tests, NULL, NULL);
+    }
+    return fails ? 1 : 0;
+}

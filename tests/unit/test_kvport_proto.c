@@ -1,0 +1,193 @@
+/* test_kvport_proto: KV-port frames round-trip; every truncation, wrong
+ * magic/version, oversized length, hostile count and trailing byte is
+ * refused with the right code; the fuzz seed corpus is written from here
+ * when DUPLEX_WRITE_CORPUS names a directory. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "base/dx_err.h"
+#include "xfer/kvport_proto.h"
+
+static int decode(const dx_buf *b, kvport_msg *m)
+{
+    kvport_hdr h;
+    int rc = kvport_hdr_read((const uint8_t *)b->data, b->len, &h);
+    if (rc) return rc;
+    if (b->len != KVPORT_HDR_BYTES + h.length) return DX_EAGAIN;
+    return kvport_decode(&h, (const uint8_t *)b->data + KVPORT_HDR_BYTES, m);
+}
+
+static kvport_hello sample_hello(void)
+{
+    static const uint8_t addr[] = {1, 2, 3, 4, 5, 6, 7}, rkey[] = {9, 8, 7};
+    kvport_hello h = {.engine_id = {(const uint8_t *)"node-a", 6},
+                      .instance = 0x1122334455667788ull,
+                      .n_layer = 28,
+                      .n_kv_head = 8,
+                      .head_dim = 128,
+                      .dtype = 1,
+                      .block_size = 16,
+                      .n_blocks = 512,
+                      .block_bytes = 1835008,
+                      .transports = {(const uint8_t *)"ucx", 3},
+                      .worker_addr = {addr, sizeof addr},
+                      .rkey = {rkey, sizeof rkey},
+                      .base_addr = 0x7f0000001000ull};
+    for (int i = 0; i < 16; i++) h.fingerprint[i] = (uint8_t)(i * 17);
+    return h;
+}
+
+static void dump(const char *name, const dx_buf *b)
+{
+    const char *dir = getenv("DUPLEX_WRITE_CORPUS");
+    if (!dir) return;
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "wb");
+    if (f) {
+        fwrite(b->data, 1, b->len, f);
+        fclose(f);
+    }
+}
+
+static void test_hello_roundtrip(void **state)
+{
+    dx_buf b;
+    dx_buf_init(&b, 0);
+    kvport_hello h = sample_hello();
+    assert_int_equal(kvport_encode_hello(&b, &h), 0);
+    dump("hello", &b);
+    kvport_msg m;
+    assert_int_equal(decode(&b, &m), 0);
+    assert_int_equal(m.type, KVPORT_HELLO);
+    const kvport_hello *d = &m.u.hello;
+    assert_int_equal(d->engine_id.n, 6);
+    assert_memory_equal(d->engine_id.p, "node-a", 6);
+    assert_memory_equal(d->fingerprint, h.fingerprint, 16);
+    assert_true(d->instance == h.instance && d->base_addr == h.base_addr);
+    assert_int_equal(d->block_bytes, 1835008);
+    assert_int_equal(d->n_blocks, 512);
+    assert_int_equal(d->worker_addr.n, 7);
+    assert_memory_equal(d->rkey.p, h.rkey.p, 3);
+    assert_int_equal(kvport_hello_compatible(&h, d), 0);
+    kvport_hello other = h;
+    other.head_dim = 64;
+    assert_int_equal(kvport_hello_compatible(&h, &other), DX_EMISMATCH);
+    assert_non_null(strstr(dx_errmsg(), "head_dim"));
+    other = h;
+    other.fingerprint[3] ^= 1;
+    assert_int_equal(kvport_hello_compatible(&h, &other), DX_EMISMATCH);
+    assert_non_null(strstr(dx_errmsg(), "fingerprint"));
+    /* every truncation of the payload is a format error, never a read past */
+    for (size_t cut = KVPORT_HDR_BYTES; cut < b.len; cut++) {
+        dx_buf t;
+        dx_buf_init(&t, 0);
+        dx_buf_append(&t, b.data, cut);
+        uint32_t len = (uint32_t)(cut - KVPORT_HDR_BYTES);
+        memcpy(t.data + 8, &len, 4);
+        assert_int_equal(decode(&t, &m), DX_EFORMAT);
+        dx_buf_free(&t);
+    }
+    /* a trailing byte is refused too */
+    dx_buf_putc(&b, 0);
+    uint32_t len = (uint32_t)(b.len - KVPORT_HDR_BYTES);
+    memcpy(b.data + 8, &len, 4);
+    assert_int_equal(decode(&b, &m), DX_EFORMAT);
+    dx_buf_free(&b);
+}
+
+static void test_pin_roundtrip(void **state)
+{
+    dx_buf b;
+    dx_buf_init(&b, 0);
+    uint8_t tok[16];
+    for (int i = 0; i < 16; i++) tok[i] = (uint8_t)(0xa0 + i);
+    int32_t ids[3] = {5, 6, 900};
+    uint64_t hs[6] = {1, 2, 3, 4, 0xffffffffffffffffull, 6};
+    assert_int_equal(kvport_encode_pin(&b, tok, ids, hs, 3), 0);
+    dump("pin", &b);
+    kvport_msg m;
+    assert_int_equal(decode(&b, &m), 0);
+    assert_int_equal(m.u.pin.n, 3);
+    assert_memory_equal(m.u.pin.token, tok, 16);
+    for (uint32_t i = 0; i < 3; i++) {
+        uint64_t lo, hi;
+        assert_int_equal(kvport_pin_id(&m.u.pin, i), ids[i]);
+        kvport_pin_hash(&m.u.pin, i, &lo, &hi);
+        assert_true(lo == hs[2 * i] && hi == hs[2 * i + 1]);
+    }
+    /* hostile count: says 2^31 blocks in a 44-byte payload */
+    uint32_t big = 0x80000000u;
+    memcpy(b.data + KVPORT_HDR_BYTES + 16, &big, 4);
+    assert_int_equal(decode(&b, &m), DX_EFORMAT);
+    big = 4; /* one more than present */
+    memcpy(b.data + KVPORT_HDR_BYTES + 16, &big, 4);
+    assert_int_equal(decode(&b, &m), DX_EFORMAT);
+    dx_buf_free(&b);
+}
+
+static void test_small_frames(void **state)
+{
+    dx_buf b;
+    dx_buf_init(&b, 0);
+    kvport_msg m;
+    kvport_pin_ok ok = {42, 7, 99};
+    assert_int_equal(kvport_encode_pin_ok(&b, &ok), 0);
+    dump("pin_ok", &b);
+    assert_int_equal(decode(&b, &m), 0);
+    assert_true(m.u.pin_ok.pin_id == 42 && m.u.pin_ok.n_matched == 7 && m.u.pin_ok.instance == 99);
+    dx_buf_reset(&b);
+    kvport_release rel = {42, 1};
+    assert_int_equal(kvport_encode_release(&b, &rel), 0);
+    dump("release", &b);
+    assert_int_equal(decode(&b, &m), 0);
+    assert_true(m.u.release.pin_id == 42 && m.u.release.consumed == 1);
+    dx_buf_reset(&b);
+    assert_int_equal(kvport_encode_error(&b, KVPORT_GONE, DX_EGONE, "lease expired"), 0);
+    dump("gone", &b);
+    assert_int_equal(decode(&b, &m), 0);
+    assert_int_equal(m.type, KVPORT_GONE);
+    assert_int_equal(m.u.error.code, DX_EGONE);
+    assert_memory_equal(m.u.error.message.p, "lease expired", 13);
+    assert_int_equal(kvport_encode_error(&b, KVPORT_HELLO, 0, "x"), DX_EINVAL);
+    dx_buf_free(&b);
+}
+
+static void test_bad_headers(void **state)
+{
+    kvport_hdr h;
+    uint8_t f[12] = {0x44, 0x58, 0x4b, 0x56, 1, 0, KVPORT_PIN, 0, 0, 0, 0, 0};
+    for (size_t n = 0; n < 12; n++) assert_int_equal(kvport_hdr_read(f, n, &h), DX_EAGAIN);
+    assert_int_equal(kvport_hdr_read(f, 12, &h), 0);
+    f[0] = 'X';
+    assert_int_equal(kvport_hdr_read(f, 12, &h), DX_EPROTO);
+    f[0] = 0x44;
+    f[4] = 2;
+    assert_int_equal(kvport_hdr_read(f, 12, &h), DX_EUNSUPPORTED);
+    f[4] = 1;
+    f[11] = 0x7f; /* 2 GiB payload */
+    assert_int_equal(kvport_hdr_read(f, 12, &h), DX_ETOOBIG);
+    f[11] = 0;
+    f[6] = 77; /* unknown type */
+    kvport_msg m;
+    assert_int_equal(kvport_hdr_read(f, 12, &h), 0);
+    assert_int_equal(kvport_decode(&h, f + 12, &m), DX_EUNSUPPORTED);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_hello_roundtrip),
+        cmocka_unit_test(test_pin_roundtrip),
+        cmocka_unit_test(test_small_frames),
+        cmocka_unit_test(test_bad_headers),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
