@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "base/dx_alloc.h"
+#include "base/dx_clock.h"
 #include "base/dx_dtype.h"
 #include "base/dx_err.h"
 #include "base/dx_log.h"
@@ -22,6 +23,7 @@ typedef struct item {
     struct item *next;
     int cancel;
     uint64_t id;
+    uint64_t t_submit; /* when engine_submit took it, for TTFT */
     engine_request req; /* prompt and stop owned by the item */
 } item;
 
@@ -76,7 +78,7 @@ static void drain(engine *e, item *list)
         list = it->next;
         if (it->cancel) {
             sched_cancel(e->s, it->id); /* ENOENT: already finished */
-        } else if (sched_submit(e->s, &it->req, it->id)) {
+        } else if (sched_submit_at(e->s, &it->req, it->id, it->t_submit)) {
             fail_request(it, ENGINE_FINISH_ERROR, dx_errcode(), dx_errmsg());
         }
         item_free(it);
@@ -223,6 +225,7 @@ int engine_submit(engine *e, const engine_request *req, uint64_t *req_id)
                        outstanding);
     }
     it->id = e->next_id++;
+    it->t_submit = dx_now_ns();
     if (req_id) *req_id = it->id;
     push_item(e, it);
     pthread_mutex_unlock(&e->mu);

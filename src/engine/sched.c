@@ -208,6 +208,11 @@ int sched_check(const sched *s, const engine_request *r)
 
 int sched_submit(sched *s, const engine_request *r, uint64_t id)
 {
+    return sched_submit_at(s, r, id, dx_now_ns());
+}
+
+int sched_submit_at(sched *s, const engine_request *r, uint64_t id, uint64_t t_submit_ns)
+{
     int rc = sched_check(s, r);
     if (rc) return rc;
     uint64_t want = (uint64_t)r->n_prompt + (r->max_tokens ? r->max_tokens : 1);
@@ -240,7 +245,7 @@ int sched_submit(sched *s, const engine_request *r, uint64_t id)
                              r->sampling.min_p};
     sampler_rng_seed(&q->rng, r->sampling.has_seed ? r->sampling.seed : dx_now_ns() ^ id);
     q->last_hash = kv_pool_seed(s->pool);
-    q->t_submit = dx_now_ns();
+    q->t_submit = t_submit_ns;
     if (s->wait_tail) s->wait_tail->next = q;
     else s->wait_head = q;
     s->wait_tail = q;

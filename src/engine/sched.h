@@ -38,6 +38,9 @@ void sched_destroy(sched *s);
 int sched_check(const sched *s, const engine_request *req);
 /* Validates and queues; DX_EINVAL / DX_EBUSY with a message. */
 int sched_submit(sched *s, const engine_request *req, uint64_t id);
+/* Same, with the time the caller received the request (dx_now_ns clock), so
+ * TTFT includes time spent in the caller's queue. */
+int sched_submit_at(sched *s, const engine_request *req, uint64_t id, uint64_t t_submit_ns);
 /* Marks the request for cancellation at the next step; DX_ENOENT if unknown. */
 int sched_cancel(sched *s, uint64_t id);
 /* One forward step (or just admissions/cancellations).  Returns the number of
