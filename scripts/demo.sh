@@ -20,3 +20,40 @@ echo "== duplex tokenize"
 echo
 echo "== duplex generate (greedy, 48 tokens)"
 "$BIN" generate --model "$MODEL" --chat "Write a haiku about moving KV caches between nodes." -n 48
+
+echo
+echo "== duplex serve (single node, role both) + a chat over the OpenAI API"
+LOG=$(mktemp)
+"$BIN" serve --model "$MODEL" --port 0 >"$LOG" 2>&1 &
+SERVER=$!
+trap 'kill $SERVER 2>/dev/null; rm -f "$LOG"' EXIT
+PORT=""
+for _ in $(seq 1 100); do
+    PORT=$(sed -n 's|.*address=http://127.0.0.1:\([0-9]*\).*|\1|p' "$LOG" | head -n1)
+    [ -n "$PORT" ] && curl -sf "http://127.0.0.1:$PORT/health" >/dev/null && break
+    sleep 0.1
+done
+[ -n "$PORT" ] || { cat "$LOG"; echo "server did not start"; exit 1; }
+grep 'duplex serve:' "$LOG" | head -n1
+URL=http://127.0.0.1:$PORT/v1/chat/completions
+ID=$(curl -s "http://127.0.0.1:$PORT/v1/models" | sed -n 's|.*"id":"\([^"]*\)".*|\1|p')
+echo "-- GET /v1/models: $ID"
+MSG='{"model":"'"$ID"'","max_tokens":24,"temperature":0,"messages":[{"role":"system","content":"You are terse."},{"role":"user","content":"What does duplex move between nodes?"}]}'
+echo "-- POST /v1/chat/completions (non-streaming)"
+curl -s "$URL" -H 'Content-Type: application/json' -d "$MSG"
+echo
+echo "-- the same, streaming (Server-Sent Events), with usage"
+SSE=$(mktemp)
+curl -sN "$URL" -H 'Content-Type: application/json' \
+    -d "${MSG%\}},\"stream\":true,\"stream_options\":{\"include_usage\":true}}" >"$SSE"
+head -n 4 "$SSE"
+echo "   ... ($(grep -c '^data:' "$SSE") events in all) ..."
+tail -n 6 "$SSE"
+rm -f "$SSE"
+echo "-- second turn: the history's KV comes from the prefix cache"
+MSG2='{"model":"'"$ID"'","max_tokens":8,"temperature":0,"messages":[{"role":"system","content":"You are terse."},{"role":"user","content":"What does duplex move between nodes?"},{"role":"assistant","content":"KV blocks."},{"role":"user","content":"Both ways?"}]}'
+curl -s "$URL" -H 'Content-Type: application/json' -d "$MSG2"
+echo
+kill -TERM $SERVER
+wait $SERVER 2>/dev/null || true
+tail -n 4 "$LOG"
