@@ -10,8 +10,9 @@ OUT=build/libfuzzer
 mkdir -p "$OUT" build/fuzz-artifacts
 FLAGS="-std=c11 -D_GNU_SOURCE -O1 -g -Isrc -fsanitize=fuzzer,address,undefined $(pkg-config --cflags libpcre2-8 libxxhash jansson libuv ucx)"
 LIBS="$(pkg-config --libs libpcre2-8 libxxhash jansson libuv libcurl ucx) -lhttp_parser -lm -pthread"
-LIBSRC=$(ls src/{base,model,engine,xfer,node,router,bench}/*.c 2>/dev/null | grep -v -E '_avx(2|512)\.c$')
-for t in ${1:-tests/fuzz/fuzz_*.c}; do
+LIBSRC=$(find src/base src/model src/engine src/xfer src/node src/router src/bench -name '*.c' 2>/dev/null |
+    grep -v -E '_avx(2|512)\.c$' | sort)
+for t in ${1:-$(ls tests/fuzz/fuzz_*.c)}; do
     n=$(basename "$t" .c)
     echo "== $n"
     clang $FLAGS -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512bf16 \
