@@ -87,10 +87,17 @@ int32_t sampler_sample(sampler *s, const float *logits, const sampler_params *p,
     uint32_t n = s->n_vocab;
     if (!(p->temperature > 0.0f)) return sampler_argmax(logits, n);
     cand *c = s->c;
+    /* Tokens more than 40 temperature units below the best have probability
+     * under e^-40 relative to it: dropping them before the sort changes no
+     * sum that top-p or the draw can see, and keeps a 150k vocabulary cheap. */
+    float best = -INFINITY;
+    for (uint32_t i = 0; i < n; i++)
+        if (isfinite(logits[i]) && logits[i] > best) best = logits[i];
+    if (!isfinite(best)) return sampler_argmax(logits, n);
+    float floor = best - 40.0f * p->temperature;
     size_t m = 0;
     for (uint32_t i = 0; i < n; i++)
-        if (isfinite(logits[i])) c[m++] = (cand){logits[i], 0, (int32_t)i};
-    if (m == 0) return sampler_argmax(logits, n);
+        if (isfinite(logits[i]) && logits[i] >= floor) c[m++] = (cand){logits[i], 0, (int32_t)i};
     qsort(c, m, sizeof *c, cand_cmp);
     if (p->top_k > 0 && (size_t)p->top_k < m) m = (size_t)p->top_k;
     double sum = 0.0;
