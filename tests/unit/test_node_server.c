@@ -306,8 +306,8 @@ static size_t ref_chat(const char *content, uint32_t max_tokens, dx_buf *out)
     tok_ids v;
     tok_ids_init(&v);
     chat_msg msg = {"user", content, strlen(content)};
-    assert_int_equal(
-        chat_tmpl_encode(model_chat_kind(H.m), model_tokenizer(H.m), &msg, 1, 1, &v), 0);
+    assert_int_equal(chat_tmpl_encode(model_chat_kind(H.m), model_tokenizer(H.m), &msg, 1, 1, &v),
+                     0);
     ref_ids(v.ids, v.n, max_tokens, out);
     size_t n = v.n;
     tok_ids_free(&v);
@@ -596,8 +596,8 @@ static void test_completion_full(void **state)
     dx_buf_init(&want, 0);
     dx_buf_init(&got, 0);
     size_t n_prompt = ref_text("abc", 5, &want);
-    assert_int_equal(http("POST", "/v1/completions", req("\"prompt\":\"abc\",\"max_tokens\":5"), &b),
-                     200);
+    assert_int_equal(
+        http("POST", "/v1/completions", req("\"prompt\":\"abc\",\"max_tokens\":5"), &b), 200);
     json_t *v = body_json(&b);
     json_t *ch = json_array_get(json_object_get(v, "choices"), 0);
     assert_string_equal(json_string_value(json_object_get(ch, "finish_reason")), "length");
@@ -627,8 +627,8 @@ static void test_completion_full(void **state)
     assert_text_equal(&got, &want);
     /* token-id prompts go to the engine as they are */
     ref_ids((const int32_t[]){65, 66}, 2, 3, &want);
-    assert_int_equal(http("POST", "/v1/completions", req("\"prompt\":[65,66],\"max_tokens\":3"), &b),
-                     200);
+    assert_int_equal(
+        http("POST", "/v1/completions", req("\"prompt\":[65,66],\"max_tokens\":3"), &b), 200);
     answer_text(&b, 0, &got);
     assert_text_equal(&got, &want);
     /* without ignore_eos the answer still matches the engine's */
@@ -680,10 +680,9 @@ static void test_streaming(void **state)
     answer_text(&b, 1, &full);
     assert_text_equal(&full, &text);
     ref_text("q", 2, &want);
-    assert_int_equal(
-        http("POST", "/v1/completions", req("\"prompt\":\"q\",\"max_tokens\":2,\"stream\":true"),
-             &b),
-        200);
+    assert_int_equal(http("POST", "/v1/completions",
+                          req("\"prompt\":\"q\",\"max_tokens\":2,\"stream\":true"), &b),
+                     200);
     parse_sse(&b, 0, &text, finish, &usage);
     assert_text_equal(&text, &want);
     assert_int_equal(usage, -1);
@@ -867,9 +866,9 @@ static void test_http_limits(void **state)
     assert_memory_equal(b.data, "HTTP/1.1 408 ", 13);
     /* Expect: 100-continue gets its interim answer */
     char rq[2048];
-    int n = raw_post(rq, sizeof rq, "/v1/completions",
-                     "Expect: 100-continue\r\nConnection: close\r\n",
-                     req("\"prompt\":\"e\",\"max_tokens\":1"));
+    int n =
+        raw_post(rq, sizeof rq, "/v1/completions", "Expect: 100-continue\r\nConnection: close\r\n",
+                 req("\"prompt\":\"e\",\"max_tokens\":1"));
     raw_exchange(rq, (size_t)n, &b);
     assert_memory_equal(b.data, "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK", 40);
     /* HTTP/1.0 stream: no chunked framing, ends with the close */
@@ -1065,9 +1064,9 @@ static int open_long_stream(int i)
 {
     char prompt[32], rq[2048];
     snprintf(prompt, sizeof prompt, "long %d", i);
-    int n = raw_post(rq, sizeof rq, "/v1/completions", "",
-                     req("\"prompt\":\"%s\",\"max_tokens\":%d,\"stream\":true", prompt,
-                         LONG_TOKENS));
+    int n =
+        raw_post(rq, sizeof rq, "/v1/completions", "",
+                 req("\"prompt\":\"%s\",\"max_tokens\":%d,\"stream\":true", prompt, LONG_TOKENS));
     int fd = raw_connect();
     assert_int_equal(write(fd, rq, (size_t)n), n);
     dx_buf b;
@@ -1101,10 +1100,9 @@ static void test_capacity_and_disconnect(void **state)
     assert_non_null(strstr(err_field(v, "message"), "busy"));
     assert_string_equal(err_field(v, "type"), "server_error");
     json_decref(v);
-    assert_int_equal(
-        http("POST", "/v1/completions",
-             req("\"prompt\":\"x\",\"max_tokens\":4,\"stream\":true"), &b),
-        503);
+    assert_int_equal(http("POST", "/v1/completions",
+                          req("\"prompt\":\"x\",\"max_tokens\":4,\"stream\":true"), &b),
+                     503);
     assert_int_equal(http("GET", "/health", NULL, &b), 200);
     assert_int_equal(metric("duplex_requests_running"), 2);
     assert_int_equal(metric("duplex_requests_waiting"), 2);
@@ -1163,7 +1161,8 @@ static void test_loading(void **state)
     assert_int_equal(http("GET", "/health", NULL, &b), 503);
     assert_string_equal(b.data, "{\"status\":\"loading\"}");
     assert_int_equal(http("GET", "/v1/models", NULL, &b), 503);
-    assert_int_equal(http("POST", "/v1/completions", "{\"model\":\"m\",\"prompt\":\"x\"}", &b), 503);
+    assert_int_equal(http("POST", "/v1/completions", "{\"model\":\"m\",\"prompt\":\"x\"}", &b),
+                     503);
     json_t *v = body_json(&b);
     assert_string_equal(err_field(v, "type"), "server_error");
     json_decref(v);
@@ -1190,16 +1189,11 @@ int main(void)
     oai_json_use_dx_alloc();
     if (etu_setup()) return 1;
     const struct CMUnitTest main_tests[] = {
-        cmocka_unit_test(test_simple_routes),
-        cmocka_unit_test(test_completion_full),
-        cmocka_unit_test(test_streaming),
-        cmocka_unit_test(test_request_errors),
-        cmocka_unit_test(test_engine_error),
-        cmocka_unit_test(test_keepalive_pipelining),
-        cmocka_unit_test(test_http_limits),
-        cmocka_unit_test(test_truncation_and_trickle),
-        cmocka_unit_test(test_many_connections),
-        cmocka_unit_test(test_concurrent_streams),
+        cmocka_unit_test(test_simple_routes),     cmocka_unit_test(test_completion_full),
+        cmocka_unit_test(test_streaming),         cmocka_unit_test(test_request_errors),
+        cmocka_unit_test(test_engine_error),      cmocka_unit_test(test_keepalive_pipelining),
+        cmocka_unit_test(test_http_limits),       cmocka_unit_test(test_truncation_and_trickle),
+        cmocka_unit_test(test_many_connections),  cmocka_unit_test(test_concurrent_streams),
         cmocka_unit_test(test_graceful_shutdown), /* stops the server: last */
     };
     int rc = cmocka_run_group_tests_name("main", main_tests, setup_main, teardown);
