@@ -2,8 +2,10 @@
  *
  * Routes: POST /v1/chat/completions, POST /v1/completions (JSON or SSE),
  * GET /v1/models, GET /health, GET /metrics.  The server reaches the engine
- * through node_backend, a table of functions: the real one wraps engine_* and
- * the model's tokenizer (node_engine.h); tests plug in a fake.  Engine events
+ * through node_backend, a table of functions; today's only one wraps engine_*
+ * and the model's tokenizer (node_engine.h).  It keeps the tokenizer and chat
+ * template out of this file and is where a prefill/decode backend would plug
+ * in; the tests run the real one.  Engine events
  * arrive on the engine's thread, are copied into a locked queue, and the loop
  * is woken with uv_async_send; only the loop thread touches sockets.
  *

@@ -1,10 +1,12 @@
 /* Fuzz target: raw bytes from a client into the node's HTTP server.
  *
- * One server (node_server + an instant fake engine) runs on a loop thread for
- * the whole process; each input is written to a fresh loopback connection,
+ * One server (node_server + the real engine on a tiny synthetic model) runs
+ * on a loop thread for the whole process; each input is written to a fresh loopback connection,
  * the write side is shut, and whatever the server answers is read until it
- * closes.  The server must neither crash nor leak, and afterwards it must
- * still answer GET /health. */
+ * closes.  The server must neither crash nor leak, afterwards it must still
+ * answer GET /health, and every request the input started must end in the
+ * engine with its KV blocks freed (a client that half-closes counts as gone,
+ * so most completions are canceled: the cancel path gets fuzzed too). */
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -12,68 +14,39 @@
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include "base/dx_alloc.h"
+#include "base/dx_dtype.h"
 #include "base/dx_err.h"
+#include "engine/engine.h"
+#include "model/synth.h"
+#include "node/node_engine.h"
 #include "node/node_server.h"
 #include "node/oai_req.h"
 
 static int g_port;
+static engine *g_engine; /* live until the process exits */
 
-/* Engine that finishes every request at once with one token "x". */
-static int inst_submit(void *self, const engine_request *r, uint64_t *id)
+/* The real engine behind the server, on a tiny synthetic model: a context
+ * of 64 tokens keeps every accepted request short (a request without
+ * max_tokens runs to the context). */
+static void start_engine(engine **e, model **m)
 {
-    static uint64_t next;
-    (void)self;
-    if (r->n_prompt + (r->max_tokens ? r->max_tokens : 1) > 4096)
-        return dx_errf(DX_EINVAL, "too long");
-    *id = ++next;
-    int32_t tok = 'x';
-    engine_event t = {.type = ENGINE_EV_TOKENS,
-                      .req_id = *id,
-                      .tokens = &tok,
-                      .n_tokens = 1,
-                      .text = "x",
-                      .text_len = 1};
-    r->on_event(r->user, &t);
-    engine_event d = {.type = ENGINE_EV_DONE,
-                      .req_id = *id,
-                      .finish = ENGINE_FINISH_LENGTH,
-                      .n_prompt = (uint32_t)r->n_prompt,
-                      .n_gen = 1};
-    r->on_event(r->user, &d);
-    return 0;
-}
-
-static int inst_cancel(void *self, uint64_t id)
-{
-    (void)self;
-    (void)id;
-    return 0;
-}
-
-static void inst_stats(void *self, engine_stats *out)
-{
-    (void)self;
-    memset(out, 0, sizeof *out);
-}
-
-static int inst_encode(void *self, const char *t, size_t n, int32_t **ids, size_t *n_ids)
-{
-    (void)self;
-    *ids = dx_malloc((n ? n : 1) * sizeof **ids);
-    if (!*ids) return DX_ENOMEM;
-    for (size_t i = 0; i < n; i++) (*ids)[i] = (unsigned char)t[i];
-    *n_ids = n;
-    return 0;
-}
-
-static int inst_encode_chat(void *self, const chat_msg *m, size_t n, int32_t **ids, size_t *n_ids)
-{
-    return inst_encode(self, n ? m[n - 1].content : "", n ? m[n - 1].content_len : 0, ids, n_ids);
+    char dir[] = "/tmp/dx_fuzz_http_XXXXXX", path[64];
+    DX_ASSERT(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/tiny.gguf", dir);
+    synth_config sc = {.arch = MODEL_QWEN3, .preset = "tiny", .dtype = DX_F32, .seed = 42};
+    DX_ASSERT(synth_write(&sc, path) == 0);
+    DX_ASSERT(model_load(path, m) == 0);
+    unlink(path); /* the loaded model no longer needs the file */
+    rmdir(dir);
+    engine_config ec = {
+        .n_threads = 1, .kv_blocks = 32, .max_seqs = 4, .max_waiting = 8, .n_ctx = 64};
+    DX_ASSERT(engine_create(&ec, *m, e) == 0);
 }
 
 static void *loop_main(void *arg)
@@ -87,19 +60,15 @@ static void start_server(void)
 {
     static uv_loop_t loop;
     static node_server *srv;
+    static model *mdl;
     signal(SIGPIPE, SIG_IGN);
     oai_json_use_dx_alloc();
     uv_loop_init(&loop);
     node_server_config cfg = {.max_body_bytes = 1 << 16, .request_timeout_ms = 2000};
     DX_ASSERT(node_server_create(&loop, &cfg, &srv) == 0);
-    node_backend be = {.submit = inst_submit,
-                       .cancel = inst_cancel,
-                       .stats = inst_stats,
-                       .encode_chat = inst_encode_chat,
-                       .encode_text = inst_encode,
-                       .model_name = "m",
-                       .n_vocab = 256,
-                       .n_ctx = 4096};
+    start_engine(&g_engine, &mdl);
+    node_backend be;
+    node_engine_backend(g_engine, mdl, &be);
     node_server_set_backend(srv, &be);
     g_port = node_server_port(srv);
     pthread_t th;
@@ -145,5 +114,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     size_t n = exchange((const uint8_t *)health, sizeof health - 1, out, sizeof out - 1);
     out[n] = 0;
     DX_ASSERT(strstr(out, "HTTP/1.1 200 OK") == out);
+    engine_stats st;
+    engine_get_stats(g_engine, &st);
+    for (int i = 0; i < 5000 && (st.running || st.waiting || st.kv.n_used); i++) {
+        usleep(1000);
+        engine_get_stats(g_engine, &st);
+    }
+    DX_ASSERT(!st.running && !st.waiting && !st.kv.n_used);
     return 0;
 }
