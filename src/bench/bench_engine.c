@@ -12,6 +12,7 @@
 #include "base/dx_dtype.h"
 #include "base/dx_err.h"
 #include "base/dx_tpool.h"
+#include "engine/engine.h"
 #include "engine/fwd.h"
 #include "engine/kern.h"
 #include "engine/kv_pool.h"
@@ -77,7 +78,9 @@ int bench_engine_run(const bench_engine_config *cfg_in, const model *m, bench_en
     if (cfg.n_threads <= 0) cfg.n_threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (!cfg.reps) cfg.reps = 3;
     if (cfg.reps > 64) cfg.reps = 64;
-    if (!cfg.kv_dtype) cfg.kv_dtype = DX_F16;
+    int kv_type;
+    int rc = engine_parse_kv_dtype(cfg.kv_dtype, &kv_type);
+    if (rc) return rc;
     const model_hparams *hp = model_hp(m);
     uint32_t total = cfg.depth + (cfg.prompt_tokens > cfg.gen_tokens ? cfg.prompt_tokens
                                                                       : cfg.gen_tokens);
@@ -85,12 +88,12 @@ int bench_engine_run(const bench_engine_config *cfg_in, const model *m, bench_en
     uint64_t fp[2];
     model_fingerprint(m, fp);
     kv_pool_config pc = {.n_layer = hp->n_layer, .n_kv_head = hp->n_kv_head,
-                         .head_dim = hp->head_dim, .block_size = bs, .dtype = cfg.kv_dtype,
+                         .head_dim = hp->head_dim, .block_size = bs, .dtype = kv_type,
                          .n_blocks = nb, .seed = {fp[0], fp[1]}};
     kv_pool *pool = NULL;
     dx_tpool *tp = NULL;
     bench_ctx c = {0};
-    int rc = kv_pool_create(&pc, &pool);
+    rc = kv_pool_create(&pc, &pool);
     if (!rc) rc = dx_tpool_create(cfg.n_threads, &tp);
     if (!rc) rc = fwd_create(m, pool, tp, CHUNK, 1, total + 1, &c.f);
     c.blocks = dx_malloc(nb * sizeof(int32_t));

@@ -13,7 +13,7 @@ typedef struct {
     uint32_t gen_tokens;    /* default 128 */
     uint32_t depth;         /* context already present before the timed prompt */
     uint32_t reps;          /* runs; the median is reported (default 3) */
-    int kv_dtype;           /* default DX_F16 */
+    const char *kv_dtype;   /* "f16" (default, NULL) | "bf16" | "f32" */
 } bench_engine_config;
 
 typedef struct {

@@ -7,6 +7,7 @@
 #include "base/dx_dtype.h"
 #include "base/dx_err.h"
 #include "bench/bench_engine.h"
+#include "engine/engine.h"
 
 static int bench_engine(int argc, char **argv)
 {
@@ -25,8 +26,8 @@ static int bench_engine(int argc, char **argv)
                        "[--depth D] [--threads N]", argc, argv, opts, DX_ARRAY_LEN(opts), NULL, 0,
                        NULL);
     if (rc) return rc == 1 ? 0 : rc;
-    enum dx_dtype kvt;
-    if (!path || dx_dtype_parse(kv, &kvt) || kvt == DX_Q8_0) {
+    int kvt;
+    if (!path || engine_parse_kv_dtype(kv, &kvt)) {
         fprintf(stderr, "duplex bench engine: need --model FILE; --kv-dtype f16|bf16|f32\n");
         return 2;
     }
@@ -36,7 +37,7 @@ static int bench_engine(int argc, char **argv)
         return 1;
     }
     bench_engine_config cfg = {(int)threads, (uint32_t)pp, (uint32_t)tg, (uint32_t)depth,
-                               (uint32_t)reps, kvt};
+                               (uint32_t)reps, kv};
     bench_engine_result r;
     if ((rc = bench_engine_run(&cfg, m, &r))) {
         fprintf(stderr, "duplex bench engine: %s\n", dx_errmsg());

@@ -80,8 +80,8 @@ int cli_generate_main(int argc, char **argv)
                        argc, argv, opts, DX_ARRAY_LEN(opts), NULL, 0, NULL);
     if (rc) return rc == 1 ? 0 : rc;
     for (int i = 0; i < argc; i++) has_seed |= !strcmp(argv[i], "--seed") || !strncmp(argv[i], "--seed=", 7);
-    enum dx_dtype kvt;
-    if (!path || (!prompt == !chat) || dx_dtype_parse(kv_type, &kvt) || kvt == DX_Q8_0) {
+    int kvt;
+    if (!path || (!prompt == !chat) || engine_parse_kv_dtype(kv_type, &kvt)) {
         fprintf(stderr, "duplex generate: need --model and exactly one of --prompt / --chat, and "
                         "--kv-dtype f16|bf16|f32\n");
         return 2;
@@ -94,7 +94,7 @@ int cli_generate_main(int argc, char **argv)
     tok_ids ids;
     tok_ids_init(&ids);
     engine *e = NULL;
-    engine_config ec = {.n_threads = (int)threads, .kv_cache_mb = (size_t)kv_mb, .kv_dtype = kvt,
+    engine_config ec = {.n_threads = (int)threads, .kv_cache_mb = (size_t)kv_mb, .kv_dtype = kv_type,
                         .max_batch_tokens = (uint32_t)batch};
     if (encode_prompt(m, prompt, chat, &ids) || engine_create(&ec, m, &e)) {
         fprintf(stderr, "duplex generate: %s\n", dx_errmsg());

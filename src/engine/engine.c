@@ -41,6 +41,7 @@ struct engine {
     uint32_t n_in;
     int stop;
     uint64_t next_id;
+    int kv_type; /* enum dx_dtype parsed from cfg.kv_dtype */
     engine_stats stats; /* snapshot after the last step */
 };
 
@@ -109,6 +110,15 @@ static void *engine_main(void *arg)
     return NULL;
 }
 
+int engine_parse_kv_dtype(const char *name, int *out)
+{
+    enum dx_dtype t = DX_F16;
+    if (name && (dx_dtype_parse(name, &t) || t == DX_Q8_0))
+        return dx_errf(DX_EINVAL, "KV cache dtype '%s' is not supported (f16|bf16|f32)", name);
+    *out = (int)t;
+    return 0;
+}
+
 static int make_pool(engine *e)
 {
     const model_hparams *hp = model_hp(e->m);
@@ -118,7 +128,7 @@ static int make_pool(engine *e)
                          .n_kv_head = hp->n_kv_head,
                          .head_dim = hp->head_dim,
                          .block_size = e->cfg.block_size,
-                         .dtype = e->cfg.kv_dtype,
+                         .dtype = e->kv_type,
                          .n_blocks = e->cfg.kv_blocks,
                          .pool_bytes = e->cfg.kv_cache_mb << 20,
                          .seed = {fp[0], fp[1]},
@@ -134,7 +144,6 @@ static void apply_defaults(engine_config *c, const model *m)
     if (c->n_threads <= 0) c->n_threads = 1;
     if (!c->kv_cache_mb && !c->kv_blocks) c->kv_cache_mb = 1024;
     if (!c->block_size) c->block_size = 16;
-    if (!dx_dtype_name(c->kv_dtype) || c->kv_dtype == DX_Q8_0) c->kv_dtype = DX_F16;
     if (!c->max_batch_tokens) c->max_batch_tokens = 512;
     if (!c->max_seqs) c->max_seqs = 64;
     if (!c->max_waiting) c->max_waiting = 256;
@@ -155,7 +164,8 @@ int engine_create(const engine_config *cfg, const model *m, engine **out)
     pthread_cond_init(&e->cv, NULL);
     sched_config sc = {e->cfg.max_batch_tokens, e->cfg.max_seqs, e->cfg.max_waiting,
                        e->cfg.n_ctx};
-    int rc = make_pool(e);
+    int rc = engine_parse_kv_dtype(e->cfg.kv_dtype, &e->kv_type);
+    if (!rc) rc = make_pool(e);
     if (!rc) rc = dx_tpool_create(e->cfg.n_threads, &e->tp);
     if (!rc) rc = sched_create(&sc, m, e->pool, e->tp, &e->s);
     if (!rc && pthread_create(&e->th, NULL, engine_main, e))

@@ -22,7 +22,7 @@ typedef struct {
     size_t kv_cache_mb;        /* KV pool size; default 1024 */
     uint32_t kv_blocks;        /* overrides kv_cache_mb when non-zero */
     uint32_t block_size;       /* tokens per block, default 16 */
-    int kv_dtype;              /* DX_F16 (default) | DX_BF16 | DX_F32 */
+    const char *kv_dtype;      /* "f16" (default, NULL) | "bf16" | "f32" */
     uint32_t max_batch_tokens; /* tokens per forward step, default 512 */
     uint32_t max_seqs;         /* running sequences, default 64 */
     uint32_t max_waiting;      /* queued requests before submit says DX_EBUSY; default 256 */
@@ -88,6 +88,9 @@ typedef struct {
 } engine_stats;
 
 typedef struct engine engine;
+
+/* "f16" | "bf16" | "f32" (NULL = f16) to an enum dx_dtype; DX_EINVAL otherwise. */
+int engine_parse_kv_dtype(const char *name, int *out);
 
 int engine_create(const engine_config *cfg, const model *m, engine **out);
 void engine_destroy(engine *e); /* cancels everything, joins the thread */
