@@ -52,6 +52,7 @@ struct sched {
     seq **batch_seq;
     float *logits;
     int32_t eos, eot;
+    dx_buf scratch; /* sanitised text of one event */
     engine_stats st;
 };
 
@@ -135,6 +136,7 @@ static long find_stop(const seq *q)
 {
     long best = -1;
     size_t from = q->emitted;
+    if (from >= q->text.len) return -1; /* also: no text yet (data may be NULL) */
     for (size_t i = 0; i < q->req.n_stop; i++) {
         const char *hit = memmem(q->text.data + from, q->text.len - from, q->stop[i],
                                  strlen(q->stop[i]));
@@ -143,23 +145,23 @@ static long find_stop(const seq *q)
     return best;
 }
 
-/* Delivers new tokens and whatever text is safe to deliver.  final: flush. */
+/* Delivers new tokens and the text up to `upto` (sanitised into the
+ * scheduler's scratch buffer, which keeps its memory: no allocation per
+ * token once it has grown). */
 static void emit_tokens(sched *s, seq *q, const int32_t *toks, size_t n, size_t upto)
 {
-    (void)s;
-    dx_buf clean;
-    dx_buf_init(&clean, 0);
-    if (upto > q->emitted) utf8_sanitize(q->text.data + q->emitted, upto - q->emitted, &clean);
-    if (!n && !clean.len) return;
+    dx_buf *clean = &s->scratch;
+    dx_buf_reset(clean);
+    if (upto > q->emitted) utf8_sanitize(q->text.data + q->emitted, upto - q->emitted, clean);
+    if (!n && !clean->len) return;
     engine_event ev = {.type = ENGINE_EV_TOKENS,
                        .req_id = q->id,
                        .tokens = toks,
                        .n_tokens = n,
-                       .text = clean.data ? clean.data : "",
-                       .text_len = clean.len};
+                       .text = clean->data ? clean->data : "",
+                       .text_len = clean->len};
     q->req.on_event(q->req.user, &ev);
     if (upto > q->emitted) q->emitted = upto;
-    dx_buf_free(&clean);
 }
 
 /* ---- sequences ---- */
@@ -532,6 +534,7 @@ int sched_create(const sched_config *cfg, const model *m, kv_pool *pool, dx_tpoo
     s->pool = pool;
     s->bs = kv_pool_block_size(pool);
     s->n_vocab = model_hp(m)->n_vocab;
+    dx_buf_init(&s->scratch, 0);
     s->eos = tok_eos(s->tk);
     s->eot = tok_eot(s->tk);
     int rc = fwd_create(m, pool, tp, cfg->max_batch_tokens, cfg->max_seqs, cfg->n_ctx, &s->fw);
@@ -567,5 +570,6 @@ void sched_destroy(sched *s)
     dx_free(s->batch);
     dx_free(s->batch_seq);
     dx_aligned_free(s->logits);
+    dx_buf_free(&s->scratch);
     dx_free(s);
 }
