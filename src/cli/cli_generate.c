@@ -53,7 +53,7 @@ static int encode_prompt(const model *m, const char *prompt, const char *chat, t
 int cli_generate_main(int argc, char **argv)
 {
     const char *path = NULL, *prompt = NULL, *chat = NULL, *stop = NULL, *kv_type = "f16";
-    long n_gen = 64, threads = 0, kv_mb = 256, top_k = 0, batch = 512;
+    long n_gen = 64, threads = 0, kv_mb = 256, top_k = 0, batch = 512, kv_blocks = 0;
     double temp = 0.0, top_p = 1.0, min_p = 0.0;
     uint64_t seed = 0;
     int ignore_eos = 0, has_seed = 0;
@@ -71,6 +71,7 @@ int cli_generate_main(int argc, char **argv)
         {"ignore-eos", CLI_FLAG, &ignore_eos, 0, 0, "keep generating after EOS"},
         {"threads", CLI_INT, &threads, 0, 1024, "threads (default: cores)"},
         {"kv-cache-mb", CLI_INT, &kv_mb, 1, 1 << 20, "KV pool size (default 256)"},
+        {"kv-blocks", CLI_INT, &kv_blocks, 0, 1 << 30, "KV pool size in blocks (overrides MB)"},
         {"kv-dtype", CLI_STR, &kv_type, 0, 0, "f16 | bf16 | f32 (default f16)"},
         {"max-batch-tokens", CLI_INT, &batch, 1, 1 << 16, "prefill chunk (default 512)"},
     };
@@ -95,6 +96,7 @@ int cli_generate_main(int argc, char **argv)
     tok_ids_init(&ids);
     engine *e = NULL;
     engine_config ec = {.n_threads = (int)threads, .kv_cache_mb = (size_t)kv_mb, .kv_dtype = kv_type,
+                        .kv_blocks = (uint32_t)kv_blocks,
                         .max_batch_tokens = (uint32_t)batch};
     if (encode_prompt(m, prompt, chat, &ids) || engine_create(&ec, m, &e)) {
         fprintf(stderr, "duplex generate: %s\n", dx_errmsg());

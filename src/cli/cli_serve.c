@@ -226,7 +226,7 @@ int cli_serve_main(int argc, char **argv)
     long port = 8000, threads = 0, kv_mb = 1024, batch = 512, waiting = 256, ctx = 0;
     long req_timeout_ms = 30000, max_body_mb = 4;
     double grace = 10, pin_ttl = 30;
-    long kv_port = -1;
+    long kv_port = -1, kv_blocks = 0;
     const char *kv_host = NULL, *kv_tls = NULL, *engine_id = NULL, *kv_dtype = "f16";
     const cli_opt opts[] = {
         {"model", CLI_STR, &path, 0, 0, "GGUF model file (required)"},
@@ -243,6 +243,7 @@ int cli_serve_main(int argc, char **argv)
         {"max-body-mb", CLI_INT, &max_body_mb, 1, 1024, "request body limit (default 4)"},
         {"shutdown-grace-s", CLI_DBL, &grace, 0.001, 86400, "drain time on SIGTERM (default 10)"},
         {"log-level", CLI_STR, &level, 0, 0, "error|warn|info|debug (default info)"},
+        {"kv-blocks", CLI_INT, &kv_blocks, 0, 1 << 30, "KV pool size in blocks (overrides --kv-cache-mb)"},
         {"kv-dtype", CLI_STR, &kv_dtype, 0, 0, "KV cache dtype f16|bf16|f32 (default f16)"},
         {"kv-port", CLI_INT, &kv_port, 0, 65535, "KV port for peers' block reads (0 = any free; default off)"},
         {"kv-host", CLI_STR, &kv_host, 0, 0, "address of the KV port (default: --host)"},
@@ -284,6 +285,7 @@ int cli_serve_main(int argc, char **argv)
     s.ec = (engine_config){.n_threads = (int)threads,
                            .kv_cache_mb = (size_t)kv_mb,
                            .kv_dtype = kv_dtype,
+                           .kv_blocks = (uint32_t)kv_blocks,
                            .max_batch_tokens = (uint32_t)batch,
                            .max_waiting = (uint32_t)waiting,
                            .n_ctx = (uint32_t)ctx};
