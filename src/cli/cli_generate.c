@@ -120,6 +120,7 @@ int cli_generate_main(int argc, char **argv)
     while (!g.done) pthread_cond_wait(&g.cv, &g.mu);
     pthread_mutex_unlock(&g.mu);
     printf("\n");
+    fflush(stdout);
     if (g.fin.finish == ENGINE_FINISH_ERROR) {
         fprintf(stderr, "duplex generate: %s\n", g.err);
         rc = 1;

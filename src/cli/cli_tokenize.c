@@ -61,7 +61,8 @@ static int encode(const model *m, const char *text, size_t len, int special, int
         putchar('\n');
     }
     if (ids_only) putchar('\n');
-    else fprintf(stderr, "%zu tokens, %zu bytes\n", ids.n, len);
+    fflush(stdout); /* the summary goes after the table, also on a terminal */
+    if (!ids_only) fprintf(stderr, "%zu tokens, %zu bytes\n", ids.n, len);
     tok_ids_free(&ids);
     return 0;
 }
