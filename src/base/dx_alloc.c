@@ -14,6 +14,7 @@
 
 static atomic_size_t g_live_bytes;
 static atomic_size_t g_live_count;
+static atomic_size_t g_total_count;
 static atomic_long g_fail_countdown;
 static atomic_int g_fail_sticky;
 
@@ -38,6 +39,7 @@ static void *account(unsigned char *raw, size_t size)
     memcpy(raw, &size, sizeof size);
     atomic_fetch_add_explicit(&g_live_bytes, size, memory_order_relaxed);
     atomic_fetch_add_explicit(&g_live_count, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&g_total_count, 1, memory_order_relaxed);
     return raw + HDR;
 }
 
@@ -77,6 +79,7 @@ void *dx_realloc(void *p, size_t size)
     memcpy(nraw, &size, sizeof size);
     atomic_fetch_sub_explicit(&g_live_bytes, old, memory_order_relaxed);
     atomic_fetch_add_explicit(&g_live_bytes, size, memory_order_relaxed);
+    atomic_fetch_add_explicit(&g_total_count, 1, memory_order_relaxed);
     return nraw + HDR;
 }
 
@@ -128,4 +131,9 @@ size_t dx_alloc_live_bytes(void)
 size_t dx_alloc_live_count(void)
 {
     return atomic_load(&g_live_count);
+}
+
+size_t dx_alloc_total_count(void)
+{
+    return atomic_load(&g_total_count);
 }

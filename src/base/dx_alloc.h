@@ -26,6 +26,9 @@ void dx_aligned_free(void *p);
 size_t dx_alloc_live_bytes(void);
 /* Number of live allocations. */
 size_t dx_alloc_live_count(void);
+/* Allocations made so far (all threads; dx_malloc, dx_calloc and every
+ * dx_realloc count one each): tests check that a path allocates nothing. */
+size_t dx_alloc_total_count(void);
 
 /* Fault injection for tests: the n-th allocation from now fails (n >= 1),
  * and every later one too if `sticky`.  n = 0 disables. */

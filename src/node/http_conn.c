@@ -6,7 +6,12 @@
  *   STREAM   BUSY, and a chunked answer has begun
  *   CLOSING  uv_close issued; freed when both handles report closed
  * All unparsed input lives in c->in (bounded); parsing resumes from it after
- * each answer, which is how pipelined requests keep their order. */
+ * each answer, which is how pipelined requests keep their order.
+ *
+ * Output is double-buffered so that a stream's many small writes allocate
+ * nothing once the buffers have grown: one uv_write is in flight at a time
+ * from c->wfly, and what the application writes meanwhile is appended to
+ * c->wnext, which becomes the next write when the first completes. */
 #include "node/http_conn.h"
 
 #include <http_parser.h>
@@ -43,7 +48,10 @@ struct http_conn {
     size_t *hdr_off;   /* per header: offset of name, of value in head */
     uint32_t n_hdr;
     size_t url_end;
-    size_t write_queued; /* bytes handed to uv_write, not yet completed */
+    uv_write_t wreq; /* the one write in flight (data: this connection) */
+    int writing;     /* wreq is in flight */
+    dx_buf wfly;     /* its bytes (uv_write needs them until it completes) */
+    dx_buf wnext;    /* bytes queued behind it; empty while !writing */
     http_abort_fn abort_fn;
     void *abort_user;
     char rbuf[16384];
@@ -62,14 +70,12 @@ struct http_srv {
     http_conn *conns;
 };
 
-typedef struct {
-    uv_write_t req;
-    http_conn *c;
-    size_t len;
-    char data[];
-} conn_write_req;
+/* A write buffer over this is released once written rather than kept for
+ * the connection's life (a large non-streamed answer). */
+#define WBUF_KEEP (64u << 10)
 
 static void conn_close(http_conn *c);
+static void on_write_done(uv_write_t *w, int status);
 static void conn_process(http_conn *c);
 
 const char *http_status_text(int status)
@@ -106,21 +112,49 @@ const char *http_status_text(int status)
 
 /* ---- output ---------------------------------------------------------- */
 
+/* Bytes handed over and not yet written. */
+static size_t conn_queued(const http_conn *c)
+{
+    return c->wfly.len + c->wnext.len;
+}
+
+/* Starts writing c->wnext (not empty, nothing in flight). */
+static int conn_flush(http_conn *c)
+{
+    DX_ASSERT(!c->writing && c->wfly.len == 0);
+    dx_buf t = c->wfly; /* empty: its last write has completed */
+    c->wfly = c->wnext;
+    c->wnext = t;
+    uv_buf_t buf = uv_buf_init(c->wfly.data, (unsigned)c->wfly.len);
+    int rc = uv_write(&c->wreq, (uv_stream_t *)&c->tcp, &buf, 1, on_write_done);
+    if (rc < 0) {
+        dx_buf_reset(&c->wfly);
+        conn_close(c);
+        return dx_errf(DX_ECLOSED, "http: write: %s", uv_strerror(rc));
+    }
+    c->writing = 1;
+    return 0;
+}
+
 static void on_write_done(uv_write_t *w, int status)
 {
-    conn_write_req *wr = (conn_write_req *)w;
-    http_conn *c = wr->c;
-    c->write_queued -= wr->len;
-    dx_free(wr);
-    if (status < 0 && c->state != ST_CLOSING) {
+    http_conn *c = w->data;
+    c->writing = 0;
+    dx_buf_reset(&c->wfly);
+    if (c->wfly.cap > WBUF_KEEP) dx_buf_free(&c->wfly);
+    if (c->state == ST_CLOSING) return; /* canceled by the close: what is queued is dropped */
+    if (status < 0) {
         DX_LOGD("http: write failed: %s", uv_strerror(status));
         conn_close(c);
         return;
     }
-    if (c->close_after_write && c->write_queued == 0 && c->state != ST_CLOSING) conn_close(c);
+    if (c->wnext.len)
+        conn_flush(c); /* a failure closes */
+    else if (c->close_after_write)
+        conn_close(c);
 }
 
-/* Queues one copy of up to three pieces (one syscall, one allocation).
+/* Queues up to three pieces behind the write in flight, or writes them now.
  * Fails (and closes) when the client has let too much pile up: it is not
  * reading. */
 static int conn_writev(http_conn *c, const uv_buf_t *parts, int n_parts)
@@ -128,31 +162,17 @@ static int conn_writev(http_conn *c, const uv_buf_t *parts, int n_parts)
     if (c->state == ST_CLOSING) return dx_errf(DX_ECLOSED, "http: connection closed");
     size_t len = 0;
     for (int i = 0; i < n_parts; i++) len += parts[i].len;
-    if (c->write_queued + len > c->srv->cfg.max_write_queue_bytes) {
+    if (conn_queued(c) + len > c->srv->cfg.max_write_queue_bytes) {
+        size_t queued = conn_queued(c);
         conn_close(c);
-        return dx_errf(DX_ECLOSED, "http: client not reading (%zu bytes queued)", c->write_queued);
+        return dx_errf(DX_ECLOSED, "http: client not reading (%zu bytes queued)", queued);
     }
-    conn_write_req *wr = dx_malloc(sizeof *wr + len);
-    if (!wr) {
+    if (dx_buf_reserve(&c->wnext, len) < 0) {
         conn_close(c);
         return dx_errf(DX_ENOMEM, "http: no memory for a %zu-byte write", len);
     }
-    wr->c = c;
-    wr->len = len;
-    size_t off = 0;
-    for (int i = 0; i < n_parts; i++) {
-        if (parts[i].len) memcpy(wr->data + off, parts[i].base, parts[i].len);
-        off += parts[i].len;
-    }
-    uv_buf_t buf = uv_buf_init(wr->data, (unsigned)len);
-    int rc = uv_write(&wr->req, (uv_stream_t *)&c->tcp, &buf, 1, on_write_done);
-    if (rc < 0) {
-        dx_free(wr);
-        conn_close(c);
-        return dx_errf(DX_ECLOSED, "http: write: %s", uv_strerror(rc));
-    }
-    c->write_queued += len;
-    return 0;
+    for (int i = 0; i < n_parts; i++) dx_buf_append(&c->wnext, parts[i].base, parts[i].len);
+    return c->writing ? 0 : conn_flush(c);
 }
 
 static int conn_write(http_conn *c, const char *a, size_t alen, const char *b, size_t blen)
@@ -189,7 +209,7 @@ static void conn_finish(http_conn *c)
     if (!c->keep_alive) {
         c->state = ST_BUSY; /* read nothing more */
         c->close_after_write = 1;
-        if (c->write_queued == 0) conn_close(c);
+        if (conn_queued(c) == 0) conn_close(c);
         return;
     }
     c->state = ST_READING;
@@ -284,6 +304,8 @@ static void on_conn_handle_closed(uv_handle_t *h)
     dx_buf_free(&c->in);
     dx_buf_free(&c->head);
     dx_buf_free(&c->body);
+    dx_buf_free(&c->wfly);
+    dx_buf_free(&c->wnext);
     dx_free(c->hdr_off);
     dx_free(c);
     s->n_open--;
@@ -566,6 +588,9 @@ static int conn_init(http_srv *s, http_conn *c)
     dx_buf_init(&c->in, s->cfg.max_header_bytes + s->cfg.max_body_bytes + 65536);
     dx_buf_init(&c->head, s->cfg.max_header_bytes + 2 * s->cfg.max_headers + 8);
     dx_buf_init(&c->body, s->cfg.max_body_bytes + 1);
+    dx_buf_init(&c->wfly, 0); /* bounded by max_write_queue_bytes */
+    dx_buf_init(&c->wnext, 0);
+    c->wreq.data = c;
     c->hdr_off = dx_calloc(2 * (size_t)s->cfg.max_headers, sizeof *c->hdr_off);
     if (!c->hdr_off) return DX_ENOMEM;
     http_parser_init(&c->parser, HTTP_REQUEST);

@@ -1,10 +1,27 @@
-/* node_server: routes, the completion path and the engine-event queue (see .h).
+/* node_server: routes, the completion path and the engine-event hand-off
+ * (see .h).
  *
  * A completion request becomes a node_req when the backend accepts it and
  * lives until its final (DONE) event has been handled on the loop — even if
  * the client left earlier, because the engine still holds the pointer as its
  * callback's user data.  The client leaving only clears req->conn and cancels
- * the engine request. */
+ * the engine request.
+ *
+ * Engine events reach the loop without an allocation per token: the engine
+ * thread appends a TOKENS event's text to the request's own pending buffer
+ * (which keeps its memory) and stores the DONE figures inline, all under the
+ * server's mutex, links the request into the ready list unless it is there
+ * already, and wakes the loop.  The loop takes the ready list and, for each
+ * request, copies the pending text out under the mutex into its own reused
+ * buffer; the SSE chunk is built and written outside the mutex.  Tokens that
+ * arrive between two wake-ups therefore go out as one chunk: the text is the
+ * same, only the chunk boundaries move (they mean nothing to a client).
+ *
+ * Lifetime: the engine delivers DONE last and never touches the request
+ * again afterwards (engine.h), so once the loop has seen `done` under the
+ * mutex it owns the request alone and may free it.  on_engine_event reads
+ * q->srv before it locks and touches only the server after it unlocks, as
+ * the loop may free q the moment a DONE is unlocked. */
 #include "node/node_server.h"
 
 #include <pthread.h>
@@ -24,6 +41,18 @@
 
 typedef struct node_req node_req;
 
+/* A DONE event's figures, copied off the engine thread into the request
+ * (the message into a fixed array: the DONE path never allocates, so it
+ * cannot be lost). */
+typedef struct {
+    enum engine_finish finish;
+    int error;
+    uint32_t n_prompt, n_cached, n_gen;
+    double ttft_s; /* engine-side: submit → first token */
+    int has_msg;
+    char msg[256];
+} node_done;
+
 struct node_req {
     node_server *srv;
     node_req *prev, *next; /* active list */
@@ -36,21 +65,16 @@ struct node_req {
     uint64_t t_start_ns, t_first_ns;
     const char *path;
     char *extra; /* raw JSON members for the final answer (P/D roles) */
+    int lost;    /* loop: text was lost (out of memory); the request is canceled */
+    /* Engine thread → loop, guarded by srv->mu. */
+    dx_buf pend;        /* text not yet taken by the loop (reset, never freed, when taken) */
+    size_t pend_tokens; /* tokens not yet taken */
+    int pend_lost;      /* text could not be appended (out of memory) */
+    int queued;         /* on srv->ready or in the batch the loop is working through */
+    node_req *ready_next;
+    int done;      /* DONE has arrived: `fin` is final, the engine is finished with q */
+    node_done fin; /* the DONE event's figures, copied */
 };
-
-/* One engine event, copied off the engine thread. */
-typedef struct node_ev {
-    struct node_ev *next;
-    node_req *req;
-    enum engine_event_type type;
-    enum engine_finish finish;
-    int error;
-    uint32_t n_prompt, n_cached, n_gen;
-    double ttft_s; /* engine-side: submit → first token */
-    size_t n_tokens, text_len;
-    char *error_msg;
-    char text[];
-} node_ev;
 
 struct node_server {
     uv_loop_t *loop;
@@ -61,12 +85,13 @@ struct node_server {
     uv_async_t wake;
     uv_timer_t grace;
     pthread_mutex_t mu;
-    node_ev *q_head, *q_tail; /* guarded by mu */
+    node_req *ready_head, *ready_tail; /* guarded by mu: requests with events to handle */
     node_req *active;
     size_t n_active;
     int64_t started;
     /* metrics (loop thread only) */
     dx_buf scratch; /* chunk being built (loop thread) */
+    dx_buf take;    /* a request's pending text, copied out (loop thread) */
     prom_family requests;
     prom_hist ttft, engine_ttft, tpot, e2e;
     uint64_t gen_tokens, prompt_tokens, cached_tokens;
@@ -211,6 +236,7 @@ static void route_metrics(node_server *s, http_conn *c, const http_req *r, uint6
 static void req_free(node_req *q)
 {
     dx_buf_free(&q->text);
+    dx_buf_free(&q->pend);
     dx_free(q->extra);
     dx_free(q);
 }
@@ -226,34 +252,43 @@ static void req_unlink(node_req *q)
     s->n_active--;
 }
 
-/* Engine thread: copy the event out and wake the loop.  Nothing else. */
+static void done_store(node_done *d, const engine_event *ev)
+{
+    d->finish = ev->finish;
+    d->error = ev->error;
+    d->n_prompt = ev->n_prompt;
+    d->n_cached = ev->n_cached;
+    d->n_gen = ev->n_gen;
+    d->ttft_s = ev->ttft_s;
+    d->has_msg = ev->error_msg != NULL;
+    snprintf(d->msg, sizeof d->msg, "%s", ev->error_msg ? ev->error_msg : "");
+}
+
+/* Engine thread: hand the event to the request under the mutex and wake the
+ * loop.  Nothing else, and no allocation beyond the pending buffer's
+ * amortised growth. */
 static void on_engine_event(void *user, const engine_event *ev)
 {
     node_req *q = user;
-    node_server *s = q->srv;
-    size_t tl = ev->type == ENGINE_EV_TOKENS ? ev->text_len : 0;
-    node_ev *e = dx_malloc(sizeof *e + tl + 1);
-    DX_ASSERT(e); /* losing a DONE event would leak the request forever */
-    memset(e, 0, sizeof *e);
-    e->req = q;
-    e->type = ev->type;
-    e->finish = ev->finish;
-    e->error = ev->error;
-    e->n_prompt = ev->n_prompt;
-    e->n_cached = ev->n_cached;
-    e->n_gen = ev->n_gen;
-    e->ttft_s = ev->ttft_s;
-    e->n_tokens = ev->n_tokens;
-    e->text_len = tl;
-    if (tl) memcpy(e->text, ev->text, tl);
-    e->text[tl] = 0;
-    if (ev->type == ENGINE_EV_DONE && ev->error_msg) e->error_msg = dx_strdup(ev->error_msg);
+    node_server *s = q->srv; /* read now: q is the loop's once a DONE is unlocked */
     pthread_mutex_lock(&s->mu);
-    if (s->q_tail)
-        s->q_tail->next = e;
-    else
-        s->q_head = e;
-    s->q_tail = e;
+    DX_ASSERT(!q->done); /* the engine delivers nothing after DONE */
+    if (ev->type == ENGINE_EV_TOKENS) {
+        q->pend_tokens += ev->n_tokens;
+        if (ev->text_len && dx_buf_append(&q->pend, ev->text, ev->text_len) < 0) q->pend_lost = 1;
+    } else {
+        done_store(&q->fin, ev);
+        q->done = 1;
+    }
+    if (!q->queued) {
+        q->queued = 1;
+        q->ready_next = NULL;
+        if (s->ready_tail)
+            s->ready_tail->ready_next = q;
+        else
+            s->ready_head = q;
+        s->ready_tail = q;
+    }
     pthread_mutex_unlock(&s->mu);
     uv_async_send(&s->wake);
 }
@@ -338,6 +373,7 @@ static node_req *req_new(node_server *s, const oai_req *o, http_conn *c, uint64_
     oai_make_id(q->id, sizeof q->id, o->kind == OAI_CHAT ? "chatcmpl" : "cmpl");
     q->meta = (oai_meta){o->kind, q->id, s->be.model_name, (int64_t)time(NULL)};
     dx_buf_init(&q->text, 0);
+    dx_buf_init(&q->pend, 0);
     return q;
 }
 
@@ -445,40 +481,47 @@ static const char *finish_name(enum engine_finish f)
     return f == ENGINE_FINISH_LENGTH ? "length" : "stop";
 }
 
-static void handle_tokens(node_req *q, const node_ev *e)
+/* Text the loop took from q in one go (several events' worth). */
+static void handle_tokens(node_req *q, const char *text, size_t len, size_t n_tokens)
 {
-    if (!q->t_first_ns && e->n_tokens) q->t_first_ns = dx_now_ns();
-    if (!q->conn || !e->text_len) return;
+    if (!q->t_first_ns && n_tokens) q->t_first_ns = dx_now_ns();
+    if (!q->conn || !len || q->lost) return;
     if (!q->stream) {
-        if (dx_buf_append(&q->text, e->text, e->text_len) < 0) /* out of memory */
+        if (dx_buf_append(&q->text, text, len) < 0) { /* out of memory */
+            q->lost = 1;
             q->srv->be.cancel(q->srv->be.self, q->engine_id);
+        }
         return;
     }
     dx_buf *b = &q->srv->scratch; /* reused: no allocation per token */
     dx_buf_reset(b);
     /* A failed write has already closed the connection and run on_client_gone. */
-    if (oai_sse_chunk(b, &q->meta, e->text, e->text_len, 0, NULL, q->include_usage, NULL) == 0)
+    if (oai_sse_chunk(b, &q->meta, text, len, 0, NULL, q->include_usage, NULL) == 0)
         http_conn_stream_write(q->conn, b->data, b->len);
 }
 
 /* Why the answer failed, or NULL when it finished normally.  A cancel that
- * reaches a client still connected came from the shutdown's grace timer. */
-static const char *failure_msg(const node_ev *e)
+ * reaches a client still connected came from the shutdown's grace timer (or
+ * from lost text). */
+static const char *failure_msg(const node_req *q)
 {
-    if (e->finish == ENGINE_FINISH_ERROR) return e->error_msg ? e->error_msg : "engine error";
-    if (e->finish == ENGINE_FINISH_CANCELED) return "request canceled: the server is shutting down";
+    const node_done *d = &q->fin;
+    if (q->lost) return "out of memory: the answer could not be kept";
+    if (d->finish == ENGINE_FINISH_ERROR) return d->has_msg ? d->msg : "engine error";
+    if (d->finish == ENGINE_FINISH_CANCELED) return "request canceled: the server is shutting down";
     return NULL;
 }
 
-static int finish_stream(node_req *q, const node_ev *e, const oai_usage *u)
+static int finish_stream(node_req *q, const oai_usage *u)
 {
     dx_buf b;
     dx_buf_init(&b, 0);
-    const char *fail = failure_msg(e);
+    const char *fail = failure_msg(q);
     if (fail)
         oai_sse_error(&b, fail, "server_error");
     else
-        oai_sse_chunk(&b, &q->meta, "", 0, 0, finish_name(e->finish), q->include_usage, q->extra);
+        oai_sse_chunk(&b, &q->meta, "", 0, 0, finish_name(q->fin.finish), q->include_usage,
+                      q->extra);
     if (q->include_usage) oai_sse_usage(&b, &q->meta, u);
     oai_sse_done(&b);
     if (http_conn_stream_write(q->conn, b.data, b.len) == 0) http_conn_stream_end(q->conn);
@@ -486,24 +529,26 @@ static int finish_stream(node_req *q, const node_ev *e, const oai_usage *u)
     return 200; /* the status went out with the stream's head */
 }
 
-static int finish_full(node_req *q, const node_ev *e, const oai_usage *u)
+static int finish_full(node_req *q, const oai_usage *u)
 {
     dx_buf b;
     dx_buf_init(&b, 0);
-    const char *fail = failure_msg(e);
-    int status = !fail ? 200 : e->finish == ENGINE_FINISH_ERROR ? 500 : 503;
+    const char *fail = failure_msg(q);
+    int server_fault = q->lost || q->fin.finish == ENGINE_FINISH_ERROR;
+    int status = !fail ? 200 : server_fault ? 500 : 503;
     if (fail)
         oai_error_json(&b, fail, "server_error", NULL, NULL);
     else
         oai_resp_full(&b, &q->meta, q->text.data ? q->text.data : "", q->text.len,
-                      finish_name(e->finish), u, q->extra);
+                      finish_name(q->fin.finish), u, q->extra);
     http_conn_respond(q->conn, status, "application/json", NULL, b.data, b.len);
     dx_buf_free(&b);
     return status;
 }
 
-static void record_done(node_server *s, node_req *q, const node_ev *e, int status)
+static void record_done(node_server *s, node_req *q, int status)
 {
+    const node_done *e = &q->fin;
     uint64_t now = dx_now_ns();
     double total = (double)(now - q->t_start_ns) * 1e-9;
     double ttft = q->t_first_ns ? (double)(q->t_first_ns - q->t_start_ns) * 1e-9 : -1;
@@ -528,37 +573,70 @@ static void record_done(node_server *s, node_req *q, const node_ev *e, int statu
 
 static void maybe_stopped(node_server *s);
 
-static void handle_done(node_server *s, node_req *q, const node_ev *e)
+/* q's DONE has been taken: the engine is finished with it, so it is freed. */
+static void handle_done(node_server *s, node_req *q)
 {
-    oai_usage u = {e->n_prompt, e->n_cached, e->n_gen};
+    oai_usage u = {q->fin.n_prompt, q->fin.n_cached, q->fin.n_gen};
     int status = 499; /* the client closed the connection first (nginx's convention) */
-    if (q->conn) status = q->stream ? finish_stream(q, e, &u) : finish_full(q, e, &u);
-    record_done(s, q, e, status);
+    if (q->conn) status = q->stream ? finish_stream(q, &u) : finish_full(q, &u);
+    record_done(s, q, status);
     req_unlink(q);
     req_free(q);
     if (s->draining) maybe_stopped(s);
 }
 
-static node_ev *queue_take(node_server *s)
+/* What the loop took from one request under the mutex. */
+typedef struct {
+    size_t n_tokens;
+    int lost, done;
+} node_take;
+
+/* Detaches the ready list.  Its requests stay `queued`, so the engine keeps
+ * appending to them without relinking them: the batch's links are the
+ * loop's alone.  Events that arrive for a request after the loop has taken
+ * it relink it into the (new) ready list and wake the loop again, so a busy
+ * engine cannot keep one wake-up going forever. */
+static node_req *ready_take(node_server *s)
 {
     pthread_mutex_lock(&s->mu);
-    node_ev *e = s->q_head;
-    s->q_head = s->q_tail = NULL;
+    node_req *q = s->ready_head;
+    s->ready_head = s->ready_tail = NULL;
     pthread_mutex_unlock(&s->mu);
-    return e;
+    return q;
+}
+
+/* Copies q's pending text into s->take and its figures into *t, under the
+ * mutex; returns the next request of the batch (read before q can be
+ * freed). */
+static node_req *take_pending(node_server *s, node_req *q, node_take *t)
+{
+    dx_buf_reset(&s->take);
+    pthread_mutex_lock(&s->mu);
+    node_req *next = q->ready_next;
+    q->ready_next = NULL;
+    q->queued = 0;
+    if (q->pend.len && dx_buf_append(&s->take, q->pend.data, q->pend.len) < 0) q->pend_lost = 1;
+    dx_buf_reset(&q->pend);
+    t->n_tokens = q->pend_tokens;
+    q->pend_tokens = 0;
+    t->lost = q->pend_lost;
+    t->done = q->done;
+    pthread_mutex_unlock(&s->mu);
+    return next;
 }
 
 static void drain_events(node_server *s)
 {
-    node_ev *e = queue_take(s), *next;
-    for (; e; e = next) {
-        next = e->next;
-        if (e->type == ENGINE_EV_TOKENS)
-            handle_tokens(e->req, e);
-        else
-            handle_done(s, e->req, e);
-        dx_free(e->error_msg);
-        dx_free(e);
+    node_req *q = ready_take(s), *next;
+    for (; q; q = next) {
+        node_take t;
+        next = take_pending(s, q, &t);
+        if (t.lost && !q->lost) { /* a gap in the text: the answer cannot be completed */
+            q->lost = 1;
+            if (!t.done) s->be.cancel(s->be.self, q->engine_id);
+        }
+        handle_tokens(q, s->take.data, s->take.len, t.n_tokens);
+        if (t.done) handle_done(s, q);
     }
 }
 
@@ -609,6 +687,7 @@ int node_server_create(uv_loop_t *loop, const node_server_config *cfg, node_serv
     s->started = (int64_t)time(NULL);
     prom_family_init(&s->requests);
     dx_buf_init(&s->scratch, 0);
+    dx_buf_init(&s->take, 0);
     prom_hist_init_latency(&s->ttft);
     prom_hist_init_latency(&s->engine_ttft);
     prom_hist_init_latency(&s->tpot);
@@ -677,5 +756,6 @@ void node_server_destroy(node_server *s)
     http_srv_destroy(s->http);
     prom_family_free(&s->requests);
     dx_buf_free(&s->scratch);
+    dx_buf_free(&s->take);
     uv_close((uv_handle_t *)&s->wake, on_handle_closed);
 }

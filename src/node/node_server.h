@@ -6,8 +6,10 @@
  * and the model's tokenizer (node_engine.h).  It keeps the tokenizer and chat
  * template out of this file and is where a prefill/decode backend would plug
  * in; the tests run the real one.  Engine events
- * arrive on the engine's thread, are copied into a locked queue, and the loop
- * is woken with uv_async_send; only the loop thread touches sockets.
+ * arrive on the engine's thread, are copied under a mutex into the
+ * request's own reused buffers (no allocation per token), the request is
+ * put on a ready list and the loop is woken with uv_async_send; only the
+ * loop thread touches sockets.
  *
  * Roles: this issue implements role "both".  Prefill/decode roles add a
  * field to the config and a path in the completion handler that reads the

@@ -1005,6 +1005,50 @@ static void test_concurrent_streams(void **state)
     wait_idle();
 }
 
+/* Allocations (all threads) while one request runs.  The client is libcurl
+ * on libc's malloc, so only the server and the engine count. */
+static size_t allocs_during(const char *path, const char *body, dx_buf *out)
+{
+    size_t a0 = dx_alloc_total_count();
+    assert_int_equal(http("POST", path, body, out), 200);
+    size_t n = dx_alloc_total_count() - a0;
+    wait_idle();
+    return n;
+}
+
+/* The engine → loop → socket path allocates nothing per token: a request
+ * of MANY tokens makes no more allocations than one of FEW, beyond the
+ * amortised (doubling) growth of the buffers that hold its text.  The old
+ * path made at least two per token (the event copy and the write), which
+ * the bound below would catch 20 times over.  Streamed and not, completions
+ * and chat. */
+static void test_no_alloc_per_token(void **state)
+{
+    (void)state;
+    enum { FEW = 20, MANY = 400, SLACK = (MANY - FEW) / 10 };
+    dx_buf b;
+    dx_buf_init(&b, 0);
+    for (int chat = 0; chat < 2; chat++) {
+        for (int stream = 0; stream < 2; stream++) {
+            const char *path = chat ? "/v1/chat/completions" : "/v1/completions";
+            const char *fmt = chat ? "\"messages\":[{\"role\":\"user\",\"content\":\"al\"}],"
+                                     "\"max_tokens\":%d,\"stream\":%s"
+                                   : "\"prompt\":\"al\",\"max_tokens\":%d,\"stream\":%s";
+            const char *st = stream ? "true" : "false";
+            char few[512], many[512];
+            snprintf(few, sizeof few, "%s", req(fmt, FEW, st));
+            snprintf(many, sizeof many, "%s", req(fmt, MANY, st));
+            allocs_during(path, many, &b); /* warm-up: server-wide buffers grow */
+            size_t a_few = allocs_during(path, few, &b);
+            size_t a_many = allocs_during(path, many, &b);
+            printf("allocs chat=%d stream=%d: %d tokens %zu, %d tokens %zu\n", chat, stream, FEW,
+                   a_few, MANY, a_many);
+            assert_true(a_many <= a_few + SLACK);
+        }
+    }
+    dx_buf_free(&b);
+}
+
 typedef struct {
     dx_buf out;
     long status;
@@ -1189,11 +1233,17 @@ int main(void)
     oai_json_use_dx_alloc();
     if (etu_setup()) return 1;
     const struct CMUnitTest main_tests[] = {
-        cmocka_unit_test(test_simple_routes),     cmocka_unit_test(test_completion_full),
-        cmocka_unit_test(test_streaming),         cmocka_unit_test(test_request_errors),
-        cmocka_unit_test(test_engine_error),      cmocka_unit_test(test_keepalive_pipelining),
-        cmocka_unit_test(test_http_limits),       cmocka_unit_test(test_truncation_and_trickle),
-        cmocka_unit_test(test_many_connections),  cmocka_unit_test(test_concurrent_streams),
+        cmocka_unit_test(test_simple_routes),
+        cmocka_unit_test(test_completion_full),
+        cmocka_unit_test(test_streaming),
+        cmocka_unit_test(test_request_errors),
+        cmocka_unit_test(test_engine_error),
+        cmocka_unit_test(test_keepalive_pipelining),
+        cmocka_unit_test(test_http_limits),
+        cmocka_unit_test(test_truncation_and_trickle),
+        cmocka_unit_test(test_many_connections),
+        cmocka_unit_test(test_concurrent_streams),
+        cmocka_unit_test(test_no_alloc_per_token),
         cmocka_unit_test(test_graceful_shutdown), /* stops the server: last */
     };
     int rc = cmocka_run_group_tests_name("main", main_tests, setup_main, teardown);
