@@ -8,10 +8,11 @@
  * All unparsed input lives in c->in (bounded); parsing resumes from it after
  * each answer, which is how pipelined requests keep their order.
  *
- * Output is double-buffered so that a stream's many small writes allocate
- * nothing once the buffers have grown: one uv_write is in flight at a time
- * from c->wfly, and what the application writes meanwhile is appended to
- * c->wnext, which becomes the next write when the first completes. */
+ * Output allocates nothing per write once its buffers have grown: a write
+ * goes straight to the socket (uv_try_write) when nothing is queued; what
+ * the socket does not take is copied into c->wnext and handed to the one
+ * uv_write in flight, from c->wfly; what the application writes meanwhile
+ * is appended to c->wnext, which becomes the next write when it completes. */
 #include "node/http_conn.h"
 
 #include <http_parser.h>
@@ -154,7 +155,7 @@ static void on_write_done(uv_write_t *w, int status)
         conn_close(c);
 }
 
-/* Queues up to three pieces behind the write in flight, or writes them now.
+/* Writes up to three pieces now, or queues them behind the write in flight.
  * Fails (and closes) when the client has let too much pile up: it is not
  * reading. */
 static int conn_writev(http_conn *c, const uv_buf_t *parts, int n_parts)
@@ -167,11 +168,23 @@ static int conn_writev(http_conn *c, const uv_buf_t *parts, int n_parts)
         conn_close(c);
         return dx_errf(DX_ECLOSED, "http: client not reading (%zu bytes queued)", queued);
     }
-    if (dx_buf_reserve(&c->wnext, len) < 0) {
-        conn_close(c);
-        return dx_errf(DX_ENOMEM, "http: no memory for a %zu-byte write", len);
+    size_t done = 0;
+    if (!c->writing) {
+        /* Nothing queued: straight to the socket, as far as it takes it.  An
+         * error is left to uv_write below, which reports it in its callback. */
+        int n = uv_try_write((uv_stream_t *)&c->tcp, parts, (unsigned)n_parts);
+        if (n > 0) done = (size_t)n;
+        if (done == len) return 0;
     }
-    for (int i = 0; i < n_parts; i++) dx_buf_append(&c->wnext, parts[i].base, parts[i].len);
+    if (dx_buf_reserve(&c->wnext, len - done) < 0) {
+        conn_close(c);
+        return dx_errf(DX_ENOMEM, "http: no memory for a %zu-byte write", len - done);
+    }
+    for (int i = 0; i < n_parts; i++) {
+        size_t skip = done < parts[i].len ? done : parts[i].len;
+        dx_buf_append(&c->wnext, parts[i].base + skip, parts[i].len - skip);
+        done -= skip;
+    }
     return c->writing ? 0 : conn_flush(c);
 }
 
