@@ -17,11 +17,16 @@
  * arrive between two wake-ups therefore go out as one chunk: the text is the
  * same, only the chunk boundaries move (they mean nothing to a client).
  *
- * Lifetime: the engine delivers DONE last and never touches the request
- * again afterwards (engine.h), so once the loop has seen `done` under the
- * mutex it owns the request alone and may free it.  on_engine_event reads
- * q->srv before it locks and touches only the server after it unlocks, as
- * the loop may free q the moment a DONE is unlocked. */
+ * Lifetime: every accepted request gets exactly one DONE, its final event
+ * (engine.h; sched.c emits it last, and engine_destroy delivers it for what
+ * it drops), after which the engine never calls back with that request's
+ * user pointer.  So once the loop has seen `done` under the mutex it owns the
+ * request alone and frees it after answering.  on_engine_event reads q->srv
+ * before it locks and touches only the server after it unlocks, as the loop
+ * may free q the moment a DONE is unlocked (the server outlives the engine:
+ * node_server_destroy comes after engine_destroy).  A canceled or
+ * disconnected request is still freed only there: the client leaving clears
+ * q->conn and cancels; the engine then sends DONE (CANCELED), answered 499. */
 #include "node/node_server.h"
 
 #include <pthread.h>
