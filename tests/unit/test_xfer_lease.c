@@ -215,9 +215,8 @@ typedef struct {
 
 /* Lease i holds a window of the 8 hashed blocks and has ttl 1000+i s, so a
  * lookup that finds the wrong lease shows in n_blocks or ttl. */
-static void model_shape(uint64_t *s, uint32_t i, model_lease *m)
+static void model_shape(uint64_t *s, model_lease *m)
 {
-    (void)i;
     m->n = 1 + (uint32_t)(rng(s) % 8);
     m->off = (uint32_t)(rng(s) % (9 - m->n));
 }
@@ -264,7 +263,7 @@ static void test_many_leases_model(void **state)
     uint32_t *perm = dx_calloc(N, sizeof *perm);
     uint64_t s = 11;
     for (uint32_t i = 0; i < N; i++) {
-        model_shape(&s, i, &m[i]);
+        model_shape(&s, &m[i]);
         assert_int_equal(xfer_lease_create(f->L, f->ids + m[i].off, m[i].n, 1000.0 + i,
                                            XFER_LEASE_MULTI, &m[i].t),
                          0);
@@ -330,7 +329,7 @@ static void collide_run(fx *f, uint32_t n)
     uint32_t *perm = dx_calloc(n, sizeof *perm);
     uint64_t s = 5;
     for (uint32_t i = 0; i < n; i++) {
-        model_shape(&s, i, &m[i]);
+        model_shape(&s, &m[i]);
         m[i].t = collide_tok(0x0123456789abcdefull, 1 + (uint64_t)i);
         assert_int_equal(xfer_lease_create_as(f->L, &m[i].t, f->ids + m[i].off, m[i].n, 1000.0 + i,
                                               XFER_LEASE_MULTI),
