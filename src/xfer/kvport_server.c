@@ -1,17 +1,25 @@
 /* kvport_server: KV-port connections on a libuv loop.  Each connection
  * parses frames out of one bounded input buffer, answers each frame in
- * order, and remembers the pins it made so that closing releases them. */
+ * order, and remembers the pins it made so that closing releases them.
+ * Connections sit in a list nothing walks per frame; a connection's pins are
+ * a hash set (a RELEASE names any id it likes), and ids of pins that timed
+ * out in the registry are forgotten as the set grows, so it tracks live pins
+ * rather than every pin ever made on a long-lived connection. */
 #include "xfer/kvport_server.h"
 
 #include <string.h>
+#include <xxhash.h>
 
 #include "base/dx_alloc.h"
 #include "base/dx_clock.h"
 #include "base/dx_err.h"
+#include "base/dx_hidx.h"
 #include "base/dx_log.h"
+#include "xfer/xfer_lease_priv.h"
 
 #define CONN_READ_CHUNK 65536
 #define CONN_MAX_OUT    (16u << 20) /* queued reply bytes before we drop a peer that never reads */
+#define CONN_PRUNE_MIN  64          /* pins remembered before the first check for timed-out ones */
 
 typedef struct conn conn;
 
@@ -27,6 +35,7 @@ struct kvport_server {
     uint64_t idle_ms, sweep_ms;
     unsigned max_conns, n_conns;
     conn *conns;
+    uint64_t pin_seed; /* keys connections' pin sets */
     int port;
     kvport_server_stats st;
 };
@@ -39,8 +48,8 @@ struct conn {
     int open_handles;
     int closing;
     dx_buf in;
-    uint64_t *pins;
-    size_t n_pins, cap_pins;
+    dx_hidx *pins;   /* ids of the pins this connection made */
+    size_t prune_at; /* set size that triggers forgetting timed-out pins */
     char rd[CONN_READ_CHUNK];
 };
 
@@ -69,7 +78,7 @@ static void conn_on_closed(uv_handle_t *h)
     if (c->next) c->next->prev = c->prev;
     s->n_conns--;
     dx_buf_free(&c->in);
-    dx_free(c->pins);
+    dx_hidx_destroy(c->pins);
     dx_free(c);
     server_maybe_free(s);
 }
@@ -78,8 +87,10 @@ static void conn_close(conn *c)
 {
     if (c->closing) return;
     c->closing = 1;
-    for (size_t i = 0; i < c->n_pins; i++) xfer_unpin(c->s->leases, c->pins[i], 0);
-    c->n_pins = 0;
+    size_t cur = 0;
+    uint64_t id;
+    /* Pins that already timed out answer ENOENT, which is fine here. */
+    while (c->pins && dx_hidx_each(c->pins, &cur, &id)) xfer_unpin(c->s->leases, id, 0);
     uv_close((uv_handle_t *)&c->tcp, conn_on_closed);
     uv_close((uv_handle_t *)&c->idle, conn_on_closed);
 }
@@ -157,17 +168,32 @@ static void handle_hello(conn *c, const kvport_hello *peer)
     conn_send(c, &c->s->hello_frame);
 }
 
+static uint64_t pin_key(const kvport_server *s, uint64_t id)
+{
+    return XXH3_64bits_withSeed(&id, sizeof id, s->pin_seed);
+}
+
+/* Forgets the pins the registry timed out.  Runs when the set has doubled
+ * since the last pass, so each remembered pin costs O(1) amortised. */
+static void forget_dead_pins(conn *c)
+{
+    size_t n = dx_hidx_count(c->pins), n_dead = 0, cur = 0;
+    uint64_t *dead = dx_malloc(n * sizeof *dead), id;
+    if (dead) {
+        while (dx_hidx_each(c->pins, &cur, &id))
+            if (!xfer_pin_live(c->s->leases, id)) dead[n_dead++] = id;
+        for (size_t i = 0; i < n_dead; i++)
+            dx_hidx_remove(c->pins, pin_key(c->s, dead[i]), dead[i]);
+        dx_free(dead);
+    }
+    n = dx_hidx_count(c->pins);
+    c->prune_at = n * 2 > CONN_PRUNE_MIN ? n * 2 : CONN_PRUNE_MIN;
+}
+
 static int remember_pin(conn *c, uint64_t id)
 {
-    if (c->n_pins == c->cap_pins) {
-        size_t nc = c->cap_pins ? c->cap_pins * 2 : 4;
-        uint64_t *p = dx_realloc(c->pins, nc * sizeof *p);
-        if (!p) return DX_ENOMEM;
-        c->pins = p;
-        c->cap_pins = nc;
-    }
-    c->pins[c->n_pins++] = id;
-    return 0;
+    if (dx_hidx_count(c->pins) >= c->prune_at) forget_dead_pins(c);
+    return dx_hidx_insert(c->pins, pin_key(c->s, id), id);
 }
 
 static void reply_pin(conn *c, int rc, uint64_t pin_id, uint32_t k)
@@ -217,15 +243,17 @@ static void handle_pin(conn *c, const kvport_pin *m)
 
 static void handle_release(conn *c, const kvport_release *m)
 {
-    size_t i = 0;
-    while (i < c->n_pins && c->pins[i] != m->pin_id) i++;
-    if (i == c->n_pins) {
+    if (dx_hidx_remove(c->pins, pin_key(c->s, m->pin_id), m->pin_id)) {
         /* Only the connection that pinned may release: pin ids are not secret. */
         send_error(c, KVPORT_ERROR, DX_ENOENT, "RELEASE: no such pin on this connection");
         return;
     }
-    c->pins[i] = c->pins[--c->n_pins];
-    xfer_unpin(c->s->leases, m->pin_id, m->consumed);
+    /* A pin that timed out gets the same answer whether or not the set has
+     * forgotten it yet: its blocks were not held to the end of the read. */
+    if (xfer_unpin(c->s->leases, m->pin_id, m->consumed)) {
+        send_error(c, KVPORT_ERROR, DX_ENOENT, "RELEASE: the pin timed out before it");
+        return;
+    }
     dx_buf b;
     dx_buf_init(&b, 0);
     if (kvport_encode_release_ok(&b) == 0) conn_send(c, &b);
@@ -312,6 +340,7 @@ static void on_connection(uv_stream_t *l, int status)
     conn *c = dx_calloc(1, sizeof *c);
     if (!c) return;
     c->s = s;
+    c->prune_at = CONN_PRUNE_MIN;
     dx_buf_init(&c->in, KVPORT_HDR_BYTES + KVPORT_MAX_PAYLOAD + CONN_READ_CHUNK);
     uv_tcp_init(s->loop, &c->tcp);
     uv_timer_init(s->loop, &c->idle);
@@ -322,7 +351,8 @@ static void on_connection(uv_stream_t *l, int status)
     s->conns = c;
     s->n_conns++;
     s->st.conns++;
-    if (uv_accept(l, (uv_stream_t *)&c->tcp) < 0 || s->n_conns > s->max_conns) {
+    if (dx_hidx_create(0, &c->pins) || uv_accept(l, (uv_stream_t *)&c->tcp) < 0 ||
+        s->n_conns > s->max_conns) {
         conn_close(c);
         return;
     }
@@ -374,7 +404,10 @@ int kvport_server_create(uv_loop_t *loop, const kvport_server_config *cfg, kvpor
     s->sweep_ms = (uint64_t)((cfg->sweep_interval_s > 0 ? cfg->sweep_interval_s : 1) * 1000);
     s->max_conns = cfg->max_conns ? cfg->max_conns : 256;
     dx_buf_init(&s->hello_frame, 0);
-    int rc = kvport_encode_hello(&s->hello_frame, cfg->hello);
+    xfer_token seed;
+    int rc = xfer_token_random(&seed);
+    memcpy(&s->pin_seed, seed.b, sizeof s->pin_seed);
+    if (!rc) rc = kvport_encode_hello(&s->hello_frame, cfg->hello);
     uv_tcp_init(loop, &s->listener);
     uv_timer_init(loop, &s->sweep);
     s->listener.data = s->sweep.data = s;

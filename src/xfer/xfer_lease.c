@@ -1,20 +1,32 @@
-/* xfer_lease: the lease and pin registry.  Leases and pins live in two small
- * arrays searched linearly: a node holds at most a few thousand leases and a
- * PIN is a network round trip anyway.  Token comparison is constant-time so
- * that response timing does not leak how many token bytes were right. */
+/* xfer_lease: the lease and pin registry.  A decode node retains one lease
+ * per conversation for minutes, so thousands of live leases are normal and
+ * every PIN, RELEASE, renew, revoke and lookup is O(1): leases are found by
+ * token and pins by id through hash indexes (base/dx_hidx) keyed with a
+ * per-registry random seed, because a PIN carries a token the peer chose.
+ * Each lease lists its live pins so that dropping it disowns only those.
+ * Plain arrays of both serve the periodic sweep, the one O(all) walk.
+ * Token comparison is constant-time so that response timing does not leak
+ * how many token bytes were right. */
 #include "xfer/xfer_lease.h"
+#include "xfer/xfer_lease_priv.h"
 
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <xxhash.h>
 
 #include "base/dx_alloc.h"
 #include "base/dx_clock.h"
 #include "base/dx_err.h"
+#include "base/dx_hidx.h"
+
+typedef struct pin pin;
 
 typedef struct {
     xfer_token tok;
+    uint64_t h;      /* tok's index hash */
+    size_t at;       /* position in L->leases */
     int32_t *ids;    /* [n] as given */
     int32_t *sorted; /* [n] for membership tests */
     uint32_t n;
@@ -22,24 +34,33 @@ typedef struct {
     double ttl_s;
     uint64_t expires_ns;
     uint32_t n_pins;
+    pin *pins; /* the live pins made through it, so it can disown them in O(own pins) */
 } lease;
 
-typedef struct {
+struct pin {
     uint64_t id;
+    uint64_t h;   /* id's index hash */
+    size_t at;    /* position in L->pins */
     lease *owner; /* NULL once the lease is gone */
-    int32_t *ids; /* [n] referenced */
-    uint32_t n;
+    pin *lprev, *lnext;
     uint64_t expires_ns;
-} pin;
+    uint32_t n;
+    int32_t ids[]; /* [n] referenced */
+};
 
 struct xfer_leases {
     pthread_mutex_t mu;
     kv_pool *pool;
     double pin_ttl_s;
-    lease **leases;
+    uint64_t seed; /* keys the index hashes: a peer cannot aim tokens at one slot */
+    int weak_hash; /* tests only: hash = low 64 key bits & weak_mask */
+    uint64_t weak_mask;
+    lease **leases; /* [n_leases] for the periodic sweep; lookups use by_tok */
     size_t n_leases, cap_leases;
-    pin *pins;
+    pin **pins; /* [n_pins] likewise; lookups use by_pin */
     size_t n_pins, cap_pins;
+    dx_hidx *by_tok; /* tok hash -> lease * */
+    dx_hidx *by_pin; /* pin id hash -> pin * */
     uint64_t next_pin;
     xfer_leases_stats st;
 };
@@ -104,14 +125,83 @@ int xfer_token_parse(const char *hex, xfer_token *tok)
     return 0;
 }
 
+/* ---- index keys (caller holds mu, except in create) ------------------- */
+
+static uint64_t low64(const void *p)
+{
+    uint64_t x;
+    memcpy(&x, p, sizeof x);
+    return x;
+}
+
+static uint64_t tok_hash(const xfer_leases *L, const xfer_token *t)
+{
+    if (L->weak_hash) return low64(t->b) & L->weak_mask;
+    return XXH3_64bits_withSeed(t->b, sizeof t->b, L->seed);
+}
+
+static uint64_t pin_hash(const xfer_leases *L, uint64_t id)
+{
+    /* Pin ids are sequential: hashed, they spread instead of forming one run. */
+    if (L->weak_hash) return id & L->weak_mask;
+    return XXH3_64bits_withSeed(&id, sizeof id, L->seed);
+}
+
+/* The lease with this token (live or not), or NULL.  Only candidates with the
+ * same seeded hash reach the constant-time compare, and which tokens share a
+ * hash is unknowable without the seed, so timing still says nothing about
+ * how many token bytes were right. */
+static lease *find_any_lease(xfer_leases *L, const xfer_token *tok)
+{
+    dx_hidx_iter it;
+    uint64_t v;
+    for (dx_hidx_find(L->by_tok, tok_hash(L, tok), &it); dx_hidx_next(L->by_tok, &it, &v);) {
+        lease *l = (lease *)(uintptr_t)v;
+        if (tok_eq(&l->tok, tok)) return l;
+    }
+    return NULL;
+}
+
+/* The live lease with this token, or NULL (an expired one waits for the
+ * sweep).  now = 0 accepts expired leases. */
+static lease *find_lease(xfer_leases *L, const xfer_token *tok, uint64_t now)
+{
+    lease *l = find_any_lease(L, tok);
+    return l && l->expires_ns > now ? l : NULL;
+}
+
+static pin *find_pin(xfer_leases *L, uint64_t id)
+{
+    dx_hidx_iter it;
+    uint64_t v;
+    for (dx_hidx_find(L->by_pin, pin_hash(L, id), &it); dx_hidx_next(L->by_pin, &it, &v);) {
+        pin *p = (pin *)(uintptr_t)v;
+        if (p->id == id) return p;
+    }
+    return NULL;
+}
+
+/* ---- create / destroy -------------------------------------------------- */
+
 int xfer_leases_create(kv_pool *pool, double pin_ttl_s, xfer_leases **out)
 {
     if (!pool) return dx_errf(DX_EINVAL, "xfer_leases_create: no pool");
+    xfer_token s;
+    int rc = xfer_token_random(&s);
+    if (rc) return rc;
     xfer_leases *L = dx_calloc(1, sizeof *L);
     if (!L) return DX_ENOMEM;
+    rc = dx_hidx_create(0, &L->by_tok);
+    if (!rc) rc = dx_hidx_create(0, &L->by_pin);
+    if (rc) {
+        dx_hidx_destroy(L->by_tok);
+        dx_free(L);
+        return rc;
+    }
     pthread_mutex_init(&L->mu, NULL);
     L->pool = pool;
     L->pin_ttl_s = pin_ttl_s > 0 ? pin_ttl_s : 30;
+    L->seed = low64(s.b);
     L->next_pin = 1;
     *out = L;
     return 0;
@@ -122,34 +212,57 @@ static void unref_all(kv_pool *pool, const int32_t *ids, uint32_t n)
     for (uint32_t i = 0; i < n; i++) kv_pool_unref(pool, ids[i]);
 }
 
-static void lease_free(xfer_leases *L, size_t idx)
+static void lease_dealloc(lease *l)
 {
-    lease *l = L->leases[idx];
-    for (size_t i = 0; i < L->n_pins; i++)
-        if (L->pins[i].owner == l) L->pins[i].owner = NULL;
-    unref_all(L->pool, l->ids, l->n);
     dx_free(l->ids);
     dx_free(l->sorted);
     dx_free(l);
-    L->leases[idx] = L->leases[--L->n_leases];
 }
 
-static void pin_free(xfer_leases *L, size_t idx)
+/* Takes the lease out of the registry and drops its references; its pins
+ * keep theirs and outlive it ownerless. */
+static void lease_free(xfer_leases *L, lease *l)
 {
-    pin *p = &L->pins[idx];
-    if (p->owner) p->owner->n_pins--;
+    DX_ASSERT(dx_hidx_remove(L->by_tok, l->h, (uintptr_t)l) == 0);
+    lease *last = L->leases[--L->n_leases];
+    L->leases[l->at] = last;
+    last->at = l->at;
+    for (pin *p = l->pins, *next; p; p = next) {
+        next = p->lnext;
+        p->owner = NULL;
+        p->lprev = p->lnext = NULL;
+    }
+    unref_all(L->pool, l->ids, l->n);
+    lease_dealloc(l);
+}
+
+static void pin_free(xfer_leases *L, pin *p)
+{
+    DX_ASSERT(dx_hidx_remove(L->by_pin, p->h, (uintptr_t)p) == 0);
+    pin *last = L->pins[--L->n_pins];
+    L->pins[p->at] = last;
+    last->at = p->at;
+    if (p->owner) {
+        if (p->lprev)
+            p->lprev->lnext = p->lnext;
+        else
+            p->owner->pins = p->lnext;
+        if (p->lnext) p->lnext->lprev = p->lprev;
+        p->owner->n_pins--;
+    }
     unref_all(L->pool, p->ids, p->n);
-    dx_free(p->ids);
-    L->pins[idx] = L->pins[--L->n_pins];
+    dx_free(p);
 }
 
 void xfer_leases_destroy(xfer_leases *L)
 {
     if (!L) return;
-    while (L->n_pins) pin_free(L, L->n_pins - 1);
-    while (L->n_leases) lease_free(L, L->n_leases - 1);
+    while (L->n_pins) pin_free(L, L->pins[L->n_pins - 1]);
+    while (L->n_leases) lease_free(L, L->leases[L->n_leases - 1]);
     dx_free(L->leases);
     dx_free(L->pins);
+    dx_hidx_destroy(L->by_tok);
+    dx_hidx_destroy(L->by_pin);
     pthread_mutex_destroy(&L->mu);
     dx_free(L);
 }
@@ -165,6 +278,8 @@ static int grow(void **arr, size_t *cap, size_t n, size_t elem)
     return 0;
 }
 
+/* ---- leases -------------------------------------------------------------- */
+
 static lease *lease_new(const int32_t *ids, size_t n, double ttl_s, int policy)
 {
     lease *l = dx_calloc(1, sizeof *l);
@@ -172,9 +287,7 @@ static lease *lease_new(const int32_t *ids, size_t n, double ttl_s, int policy)
     l->ids = dx_memdup(ids, n * sizeof *ids);
     l->sorted = dx_memdup(ids, n * sizeof *ids);
     if (!l->ids || !l->sorted) {
-        dx_free(l->ids);
-        dx_free(l->sorted);
-        dx_free(l);
+        lease_dealloc(l);
         return NULL;
     }
     qsort(l->sorted, n, sizeof *ids, cmp_i32);
@@ -185,8 +298,7 @@ static lease *lease_new(const int32_t *ids, size_t n, double ttl_s, int policy)
     return l;
 }
 
-int xfer_lease_create(xfer_leases *L, const int32_t *ids, size_t n, double ttl_s, int policy,
-                      xfer_token *tok)
+static int lease_args_check(xfer_leases *L, const int32_t *ids, size_t n, double ttl_s, int policy)
 {
     if (n == 0 || n > UINT32_MAX) return dx_errf(DX_EINVAL, "lease: %zu blocks", n);
     if (!(ttl_s > 0)) return dx_errf(DX_EINVAL, "lease: ttl %g s must be positive", ttl_s);
@@ -201,35 +313,70 @@ int xfer_lease_create(xfer_leases *L, const int32_t *ids, size_t n, double ttl_s
         if (kv_pool_refcount(L->pool, ids[i]) == 0 && !kv_pool_block_hash(L->pool, ids[i], &h))
             return dx_errf(DX_EINVAL, "lease: block %d (index %zu) is free", ids[i], i);
     }
-    int rc = xfer_token_random(tok);
+    return 0;
+}
+
+/* Registers l under l->tok and takes its references.  Called with mu held. */
+static int lease_add(xfer_leases *L, lease *l)
+{
+    if (find_any_lease(L, &l->tok)) return DX_EEXIST;
+    int rc = grow((void **)&L->leases, &L->cap_leases, L->n_leases, sizeof *L->leases);
+    l->h = tok_hash(L, &l->tok);
+    if (!rc) rc = dx_hidx_insert(L->by_tok, l->h, (uintptr_t)l);
+    if (rc) return rc;
+    for (uint32_t i = 0; i < l->n; i++) kv_pool_ref(L->pool, l->ids[i]);
+    l->at = L->n_leases;
+    L->leases[L->n_leases++] = l;
+    L->st.created++;
+    return 0;
+}
+
+/* tok == NULL: a fresh random token, returned in *out. */
+static int lease_create(xfer_leases *L, const xfer_token *tok, const int32_t *ids, size_t n,
+                        double ttl_s, int policy, xfer_token *out)
+{
+    int rc = lease_args_check(L, ids, n, ttl_s, policy);
     if (rc) return rc;
     lease *l = lease_new(ids, n, ttl_s, policy);
     if (!l) return DX_ENOMEM;
-    l->tok = *tok;
-    pthread_mutex_lock(&L->mu);
-    rc = grow((void **)&L->leases, &L->cap_leases, L->n_leases, sizeof *L->leases);
-    if (!rc) {
-        for (size_t i = 0; i < n; i++) kv_pool_ref(L->pool, ids[i]);
-        L->leases[L->n_leases++] = l;
-        L->st.created++;
+    /* A random token repeats with odds of 2^-128; retrying costs nothing. */
+    for (int tries = 0; tries < 4; tries++) {
+        if (tok)
+            l->tok = *tok;
+        else if ((rc = xfer_token_random(&l->tok)))
+            break;
+        pthread_mutex_lock(&L->mu);
+        rc = lease_add(L, l);
+        pthread_mutex_unlock(&L->mu);
+        if (rc != DX_EEXIST || tok) break;
     }
-    pthread_mutex_unlock(&L->mu);
     if (rc) {
-        dx_free(l->ids);
-        dx_free(l->sorted);
-        dx_free(l);
+        lease_dealloc(l);
+        return rc == DX_EEXIST ? dx_errf(rc, "lease: token already in use") : rc;
     }
-    return rc;
+    if (out) *out = l->tok;
+    return 0;
 }
 
-/* Index of the live lease with this token, or -1.  Called with mu held. */
-static long find_lease(xfer_leases *L, const xfer_token *tok, uint64_t now)
+int xfer_lease_create(xfer_leases *L, const int32_t *ids, size_t n, double ttl_s, int policy,
+                      xfer_token *tok)
 {
-    long found = -1;
-    for (size_t i = 0; i < L->n_leases; i++)
-        if (tok_eq(&L->leases[i]->tok, tok)) found = (long)i;
-    if (found >= 0 && L->leases[found]->expires_ns <= now) return -1;
-    return found;
+    return lease_create(L, NULL, ids, n, ttl_s, policy, tok);
+}
+
+int xfer_lease_create_as(xfer_leases *L, const xfer_token *tok, const int32_t *ids, size_t n,
+                         double ttl_s, int policy)
+{
+    return lease_create(L, tok, ids, n, ttl_s, policy, NULL);
+}
+
+void xfer_leases_weak_hash(xfer_leases *L, uint64_t mask)
+{
+    pthread_mutex_lock(&L->mu);
+    DX_ASSERT(L->n_leases == 0 && L->n_pins == 0);
+    L->weak_hash = 1;
+    L->weak_mask = mask;
+    pthread_mutex_unlock(&L->mu);
 }
 
 int xfer_lease_renew(xfer_leases *L, const xfer_token *tok, double ttl_s)
@@ -237,38 +384,37 @@ int xfer_lease_renew(xfer_leases *L, const xfer_token *tok, double ttl_s)
     if (!(ttl_s > 0)) return dx_errf(DX_EINVAL, "lease renew: ttl %g s must be positive", ttl_s);
     uint64_t now = dx_now_ns();
     pthread_mutex_lock(&L->mu);
-    long i = find_lease(L, tok, now);
-    if (i >= 0) {
-        L->leases[i]->expires_ns = now + ttl_ns(ttl_s);
-        L->leases[i]->ttl_s = ttl_s;
+    lease *l = find_lease(L, tok, now);
+    if (l) {
+        l->expires_ns = now + ttl_ns(ttl_s);
+        l->ttl_s = ttl_s;
     }
     pthread_mutex_unlock(&L->mu);
-    return i >= 0 ? 0 : dx_errf(DX_EGONE, "lease renew: unknown or expired lease");
+    return l ? 0 : dx_errf(DX_EGONE, "lease renew: unknown or expired lease");
 }
 
 int xfer_lease_revoke(xfer_leases *L, const xfer_token *tok)
 {
     pthread_mutex_lock(&L->mu);
-    long i = find_lease(L, tok, 0);
-    if (i >= 0) {
-        lease_free(L, (size_t)i);
+    lease *l = find_lease(L, tok, 0);
+    if (l) {
+        lease_free(L, l);
         L->st.revoked++;
     }
     pthread_mutex_unlock(&L->mu);
-    return i >= 0 ? 0 : dx_errf(DX_EGONE, "lease revoke: unknown lease");
+    return l ? 0 : dx_errf(DX_EGONE, "lease revoke: unknown lease");
 }
 
 int xfer_lease_lookup(xfer_leases *L, const xfer_token *tok, xfer_lease_info *out)
 {
     pthread_mutex_lock(&L->mu);
-    long i = find_lease(L, tok, dx_now_ns());
-    if (i >= 0) {
-        lease *l = L->leases[i];
-        *out = (xfer_lease_info){l->n, l->policy, l->ttl_s, l->expires_ns, l->n_pins};
-    }
+    lease *l = find_lease(L, tok, dx_now_ns());
+    if (l) *out = (xfer_lease_info){l->n, l->policy, l->ttl_s, l->expires_ns, l->n_pins};
     pthread_mutex_unlock(&L->mu);
-    return i >= 0 ? 0 : dx_errf(DX_EGONE, "lease lookup: unknown or expired lease");
+    return l ? 0 : dx_errf(DX_EGONE, "lease lookup: unknown or expired lease");
 }
+
+/* ---- pins ------------------------------------------------------------------ */
 
 /* Leading blocks of ids[] whose pool hash equals the reader's chain; sets
  * *first_unhashed when block 0 holds no KV any more.  Called with mu held. */
@@ -289,11 +435,10 @@ static uint32_t count_matching(xfer_leases *L, const int32_t *ids, const kv_hash
 }
 
 static int pin_check(xfer_leases *L, const xfer_token *tok, const int32_t *ids, size_t n,
-                     uint64_t now, long *li)
+                     uint64_t now, lease **out)
 {
-    *li = find_lease(L, tok, now);
-    if (*li < 0) return dx_errf(DX_EGONE, "PIN: unknown or expired lease");
-    lease *l = L->leases[*li];
+    lease *l = *out = find_lease(L, tok, now);
+    if (!l) return dx_errf(DX_EGONE, "PIN: unknown or expired lease");
     for (size_t i = 0; i < n; i++)
         if (!bsearch(&ids[i], l->sorted, l->n, sizeof *ids, cmp_i32))
             return dx_errf(DX_EGONE, "PIN: block %d (index %zu) is not held by this lease", ids[i],
@@ -301,16 +446,43 @@ static int pin_check(xfer_leases *L, const xfer_token *tok, const int32_t *ids, 
     return 0;
 }
 
+/* Registers p (k blocks matched) under lease l and takes its references.
+ * Called with mu held. */
+static int pin_add(xfer_leases *L, lease *l, pin *p, uint32_t k, uint64_t now)
+{
+    int rc = grow((void **)&L->pins, &L->cap_pins, L->n_pins, sizeof *L->pins);
+    p->id = L->next_pin;
+    p->h = pin_hash(L, p->id);
+    if (!rc) rc = dx_hidx_insert(L->by_pin, p->h, (uintptr_t)p);
+    if (rc) return rc;
+    L->next_pin++;
+    p->n = k;
+    p->owner = l;
+    p->lprev = NULL;
+    p->lnext = l->pins;
+    if (l->pins) l->pins->lprev = p;
+    l->pins = p;
+    p->expires_ns = now + ttl_ns(L->pin_ttl_s);
+    p->at = L->n_pins;
+    L->pins[L->n_pins++] = p;
+    for (uint32_t i = 0; i < k; i++) kv_pool_ref(L->pool, p->ids[i]);
+    l->n_pins++;
+    if (l->policy == XFER_LEASE_RENEW_ON_READ) l->expires_ns = now + ttl_ns(l->ttl_s);
+    L->st.pins_made++;
+    return 0;
+}
+
 int xfer_pin(xfer_leases *L, const xfer_token *tok, const int32_t *ids, const kv_hash *chain,
              size_t n, uint64_t *pin_id, uint32_t *n_matched)
 {
     if (n == 0 || n > UINT32_MAX) return dx_errf(DX_EINVAL, "PIN: %zu blocks", n);
-    int32_t *copy = dx_malloc(n * sizeof *ids);
-    if (!copy) return DX_ENOMEM;
+    pin *p = dx_malloc(sizeof *p + n * sizeof *ids);
+    if (!p) return DX_ENOMEM;
+    memcpy(p->ids, ids, n * sizeof *ids);
     uint64_t now = dx_now_ns();
-    long li;
+    lease *l;
     pthread_mutex_lock(&L->mu);
-    int rc = pin_check(L, tok, ids, n, now, &li), unhashed = 0;
+    int rc = pin_check(L, tok, ids, n, now, &l), unhashed = 0;
     uint32_t k = 0;
     if (!rc) {
         k = count_matching(L, ids, chain, n, &unhashed);
@@ -319,61 +491,58 @@ int xfer_pin(xfer_leases *L, const xfer_token *tok, const int32_t *ids, const kv
         else if (k == 0)
             rc = dx_errf(DX_EMISMATCH, "PIN: block %d's hash differs from the reader's", ids[0]);
     }
-    if (!rc) rc = grow((void **)&L->pins, &L->cap_pins, L->n_pins, sizeof *L->pins);
+    if (!rc) rc = pin_add(L, l, p, k, now);
     if (!rc) {
-        lease *l = L->leases[li];
-        memcpy(copy, ids, k * sizeof *ids);
-        for (uint32_t i = 0; i < k; i++) kv_pool_ref(L->pool, ids[i]);
-        pin *p = &L->pins[L->n_pins++];
-        *p = (pin){L->next_pin++, l, copy, k, now + ttl_ns(L->pin_ttl_s)};
-        l->n_pins++;
-        if (l->policy == XFER_LEASE_RENEW_ON_READ) l->expires_ns = now + ttl_ns(l->ttl_s);
         *pin_id = p->id;
         *n_matched = k;
-        copy = NULL;
-        L->st.pins_made++;
+        p = NULL;
     } else if (rc == DX_EGONE) {
         L->st.gone++;
     } else if (rc == DX_EMISMATCH) {
         L->st.mismatches++;
     }
     pthread_mutex_unlock(&L->mu);
-    dx_free(copy);
+    dx_free(p);
     return rc;
 }
 
 int xfer_unpin(xfer_leases *L, uint64_t pin_id, int consumed)
 {
-    int rc = DX_ENOENT;
     pthread_mutex_lock(&L->mu);
-    for (size_t i = 0; i < L->n_pins; i++) {
-        if (L->pins[i].id != pin_id) continue;
-        lease *owner = L->pins[i].owner;
-        pin_free(L, i);
-        if (consumed && owner && owner->policy == XFER_LEASE_SINGLE_USE) {
-            for (size_t j = 0; j < L->n_leases; j++)
-                if (L->leases[j] == owner) lease_free(L, j);
-        }
-        rc = 0;
-        break;
+    pin *p = find_pin(L, pin_id);
+    if (p) {
+        lease *owner = p->owner;
+        pin_free(L, p);
+        if (consumed && owner && owner->policy == XFER_LEASE_SINGLE_USE) lease_free(L, owner);
     }
     pthread_mutex_unlock(&L->mu);
-    return rc ? dx_errf(rc, "RELEASE: unknown pin %llu", (unsigned long long)pin_id) : 0;
+    return p ? 0 : dx_errf(DX_ENOENT, "RELEASE: unknown pin %llu", (unsigned long long)pin_id);
 }
+
+int xfer_pin_live(xfer_leases *L, uint64_t pin_id)
+{
+    pthread_mutex_lock(&L->mu);
+    int live = find_pin(L, pin_id) != NULL;
+    pthread_mutex_unlock(&L->mu);
+    return live;
+}
+
+/* ---- sweep, stats, check ------------------------------------------------ */
 
 uint32_t xfer_leases_sweep(xfer_leases *L, uint64_t now_ns)
 {
     uint32_t gone = 0;
     pthread_mutex_lock(&L->mu);
+    /* Backwards: freeing slot i moves the last (already visited) entry into it. */
     for (size_t i = L->n_pins; i-- > 0;)
-        if (L->pins[i].expires_ns <= now_ns) {
-            pin_free(L, i);
+        if (L->pins[i]->expires_ns <= now_ns) {
+            pin_free(L, L->pins[i]);
             L->st.pins_timed_out++;
             gone++;
         }
     for (size_t i = L->n_leases; i-- > 0;)
         if (L->leases[i]->expires_ns <= now_ns) {
-            lease_free(L, i);
+            lease_free(L, L->leases[i]);
             L->st.expired++;
             gone++;
         }
@@ -388,4 +557,44 @@ void xfer_leases_get_stats(xfer_leases *L, xfer_leases_stats *out)
     out->leases = (uint32_t)L->n_leases;
     out->pins = (uint32_t)L->n_pins;
     pthread_mutex_unlock(&L->mu);
+}
+
+static int check_lease(xfer_leases *L, size_t i, size_t *n_owned)
+{
+    lease *l = L->leases[i];
+    if (l->at != i) return dx_errf(DX_EMISMATCH, "lease %zu records position %zu", i, l->at);
+    if (find_any_lease(L, &l->tok) != l)
+        return dx_errf(DX_EMISMATCH, "lease %zu not found by its token", i);
+    uint32_t k = 0;
+    for (pin *p = l->pins; p; p = p->lnext, k++)
+        if (p->owner != l || (p->lnext && p->lnext->lprev != p))
+            return dx_errf(DX_EMISMATCH, "lease %zu: pin list broken at pin %llu", i,
+                           (unsigned long long)p->id);
+    if (k != l->n_pins)
+        return dx_errf(DX_EMISMATCH, "lease %zu lists %u pins, counts %u", i, k, l->n_pins);
+    *n_owned += k;
+    return 0;
+}
+
+int xfer_leases_check(xfer_leases *L)
+{
+    pthread_mutex_lock(&L->mu);
+    int rc = dx_hidx_check(L->by_tok);
+    if (!rc) rc = dx_hidx_check(L->by_pin);
+    if (!rc && (dx_hidx_count(L->by_tok) != L->n_leases || dx_hidx_count(L->by_pin) != L->n_pins))
+        rc = dx_errf(DX_EMISMATCH, "index counts %zu/%zu, arrays %zu/%zu", dx_hidx_count(L->by_tok),
+                     dx_hidx_count(L->by_pin), L->n_leases, L->n_pins);
+    size_t owned = 0, with_owner = 0;
+    for (size_t i = 0; !rc && i < L->n_leases; i++) rc = check_lease(L, i, &owned);
+    for (size_t i = 0; !rc && i < L->n_pins; i++) {
+        pin *p = L->pins[i];
+        if (p->at != i || find_pin(L, p->id) != p)
+            rc = dx_errf(DX_EMISMATCH, "pin %zu (id %llu) misplaced or not found by id", i,
+                         (unsigned long long)p->id);
+        with_owner += p->owner != NULL;
+    }
+    if (!rc && owned != with_owner)
+        rc = dx_errf(DX_EMISMATCH, "%zu pins on lease lists, %zu have owners", owned, with_owner);
+    pthread_mutex_unlock(&L->mu);
+    return rc;
 }

@@ -3,7 +3,8 @@
  * for byte — run once with UCX's default transports and once with
  * UCX_TLS=tcp.  Covers exact pulls (adjacent, scattered, 256 MiB), lease
  * security, hash-chain divergence, a holder killed mid-transfer, a stopped
- * holder, and garbage on the KV port. */
+ * holder, garbage on the KV port, and many pins on one connection released
+ * out of order, some after they timed out. */
 #include <errno.h>
 #include <jansson.h>
 #include <netinet/in.h>
@@ -23,7 +24,10 @@
 #include <cmocka.h>
 
 #include "base/dx_buf.h"
+#include "engine/kv_pool.h"
 #include "xfer/kvport_proto.h"
+#include "xfer/xfer_lease.h"
+#include "xfer/xfer_synth.h"
 
 static const char *g_bin;
 static pid_t g_holder = -1; /* killed by the teardown if a test fails midway */
@@ -99,7 +103,9 @@ typedef struct {
     char tok[4][33];
 } holder;
 
-static void hold_start(holder *h, const char *blocks, const char *bytes, const char *ttls)
+/* pin_ttl: NULL for the holder's default. */
+static void hold_start(holder *h, const char *blocks, const char *bytes, const char *ttls,
+                       const char *pin_ttl)
 {
     char *argv[] = {"duplex",
                     "kv",
@@ -112,6 +118,8 @@ static void hold_start(holder *h, const char *blocks, const char *bytes, const c
                     (char *)ttls,
                     "--fill-seed",
                     "7",
+                    pin_ttl ? "--pin-ttl" : NULL,
+                    (char *)pin_ttl,
                     NULL};
     spawn(&h->p, argv);
     g_holder = h->p.pid;
@@ -176,7 +184,7 @@ static void expect_ok(json_t *j, long n)
 static void test_exact_and_security(void **state)
 {
     holder h;
-    hold_start(&h, "64", "8192", "60,60,0.3");
+    hold_start(&h, "64", "8192", "60,60,0.3", NULL);
     json_t *j = pull(&h, h.tok[0], "0-19", NULL);
     expect_ok(j, 20);
     assert_int_equal(jint(j, "reads"), 1); /* adjacent blocks coalesce into one read */
@@ -215,7 +223,7 @@ static void test_exact_and_security(void **state)
 static void test_256mib(void **state)
 {
     holder h;
-    hold_start(&h, "128", "2097152", "60");
+    hold_start(&h, "128", "2097152", "60", NULL);
     json_t *j = pull(&h, h.tok[0], "0-127", "--timeout", "60", "--block-bytes", "2097152", NULL);
     expect_ok(j, 128);
     assert_int_equal(jint(j, "bytes"), 256l << 20);
@@ -226,7 +234,7 @@ static void test_256mib(void **state)
 static void test_holder_killed(void **state)
 {
     holder h;
-    hold_start(&h, "64", "262144", "60");
+    hold_start(&h, "64", "262144", "60", NULL);
     char port[16];
     snprintf(port, sizeof port, "%d", h.port);
     char *argv[] = {
@@ -264,7 +272,7 @@ static void test_holder_killed(void **state)
 static void test_holder_stopped(void **state)
 {
     holder h;
-    hold_start(&h, "16", "8192", "60");
+    hold_start(&h, "16", "8192", "60", NULL);
     kill(h.p.pid, SIGSTOP);
     json_t *j = pull(&h, h.tok[0], "0-7", "--timeout", "1", NULL);
     assert_int_equal(jint(j, "err"), -10); /* DX_ETIMEDOUT */
@@ -309,7 +317,7 @@ static int read_frame(int fd, kvport_msg *m, uint8_t *buf, size_t cap)
 static void test_garbage_frames(void **state)
 {
     holder h;
-    hold_start(&h, "16", "8192", "60");
+    hold_start(&h, "16", "8192", "60", NULL);
     static uint8_t buf[1 << 16];
     kvport_msg m;
     /* garbage: ERROR frame, then the holder closes that connection */
@@ -344,6 +352,96 @@ static void test_garbage_frames(void **state)
     hold_stop(&h);
 }
 
+static void send_frame(int fd, dx_buf *b)
+{
+    assert_int_equal(write(fd, b->data, b->len), (ssize_t)b->len);
+    b->len = 0;
+}
+
+/* PINs blocks 0-1 n times over fd; the pin ids go to ids[]. */
+static void pin_many(int fd, const xfer_token *t, const kv_hash *chain, uint64_t *ids, int n,
+                     uint8_t *buf, size_t cap)
+{
+    int32_t blk[2] = {0, 1};
+    uint64_t hs[4] = {chain[0].lo, chain[0].hi, chain[1].lo, chain[1].hi};
+    dx_buf b;
+    dx_buf_init(&b, 0);
+    kvport_msg m;
+    for (int i = 0; i < n; i++) {
+        assert_int_equal(kvport_encode_pin(&b, t->b, blk, hs, 2), 0);
+        send_frame(fd, &b);
+        assert_int_equal(read_frame(fd, &m, buf, cap), KVPORT_PIN_OK);
+        assert_int_equal(m.u.pin_ok.n_matched, 2);
+        ids[i] = m.u.pin_ok.pin_id;
+    }
+    dx_buf_free(&b);
+}
+
+/* RELEASE one pin; returns the reply type (and the error code in *code). */
+static int release_one(int fd, uint64_t id, uint8_t *buf, size_t cap, int *code)
+{
+    dx_buf b;
+    dx_buf_init(&b, 0);
+    kvport_release rel = {id, 0};
+    assert_int_equal(kvport_encode_release(&b, &rel), 0);
+    send_frame(fd, &b);
+    dx_buf_free(&b);
+    kvport_msg m;
+    int type = read_frame(fd, &m, buf, cap);
+    *code = type == KVPORT_ERROR ? m.u.error.code : 0;
+    return type;
+}
+
+static void test_many_pins_one_connection(void **state)
+{
+    holder h;
+    hold_start(&h, "16", "8192", "60", "1.5");
+    static uint8_t buf[1 << 16];
+    /* the holder's hash chain: same layout, model seed 1, fill seed 7 */
+    kv_pool_config cfg;
+    uint8_t fp[16];
+    kv_pool *pool;
+    kv_hash chain[2];
+    assert_int_equal(xfer_synth_layout(8192, 16, 1, &cfg, fp), 0);
+    assert_int_equal(kv_pool_create(&cfg, &pool), 0);
+    xfer_synth_chain(pool, 7, 2, chain);
+    kv_pool_destroy(pool);
+    xfer_token t;
+    assert_int_equal(xfer_token_parse(h.tok[0], &t), 0);
+    int fd = tcp_connect(h.port), code;
+    /* 100 pins; the odd ones released newest first, the even ones left to
+     * time out */
+    enum { N1 = 100, N2 = 300 };
+    uint64_t first[N1], second[N2];
+    pin_many(fd, &t, chain, first, N1, buf, sizeof buf);
+    for (int i = N1 - 1; i > 0; i -= 2) {
+        assert_int_equal(release_one(fd, first[i], buf, sizeof buf, &code), KVPORT_RELEASE_OK);
+        assert_int_equal(release_one(fd, first[i], buf, sizeof buf, &code), KVPORT_ERROR);
+        assert_int_equal(code, -8); /* DX_ENOENT: released already */
+    }
+    assert_int_equal(release_one(fd, first[N1 - 1] + 100000, buf, sizeof buf, &code), KVPORT_ERROR);
+    assert_int_equal(code, -8);
+    usleep(2000000); /* past the 1.5 s pin TTL: the even pins time out */
+    /* enough new pins that the connection forgets the dead ones on the way;
+     * released in an order unrelated to their ids */
+    pin_many(fd, &t, chain, second, N2, buf, sizeof buf);
+    for (int k = 0; k < N2; k++) {
+        int i = (k * 7) % N2; /* 7 is coprime to 300 */
+        assert_int_equal(release_one(fd, second[i], buf, sizeof buf, &code), KVPORT_RELEASE_OK);
+    }
+    /* timed-out pins: ENOENT, whether or not the connection still listed them */
+    for (int i = 0; i < N1; i += 2) {
+        assert_int_equal(release_one(fd, first[i], buf, sizeof buf, &code), KVPORT_ERROR);
+        assert_int_equal(code, -8);
+    }
+    close(fd);
+    /* the holder still serves */
+    json_t *j = pull(&h, h.tok[0], "0-15", NULL);
+    expect_ok(j, 16);
+    json_decref(j);
+    hold_stop(&h);
+}
+
 static int kill_holder(void **state)
 {
     if (g_holder > 0) {
@@ -364,7 +462,7 @@ int main(void)
     signal(SIGPIPE, SIG_IGN);
     const struct CMUnitTest tests[] = {
         T(test_exact_and_security), T(test_256mib),         T(test_holder_killed),
-        T(test_holder_stopped),     T(test_garbage_frames),
+        T(test_holder_stopped),     T(test_garbage_frames), T(test_many_pins_one_connection),
     };
     int fails = 0;
     const char *user_tls = getenv("UCX_TLS");

@@ -1,6 +1,8 @@
 /* test_xfer_lease: leases and pins against a real pool — token security,
- * expiry and sweep, hash-chain matching, single-use and renew policies, and
- * that pool pressure (eviction) cannot take a pinned block. */
+ * expiry and sweep, hash-chain matching, single-use and renew policies,
+ * that pool pressure (eviction) cannot take a pinned block, and the token
+ * and pin-id indexes against a plain model (many leases, forced hash
+ * collisions, unknown tokens). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -14,6 +16,7 @@
 #include "base/dx_clock.h"
 #include "base/dx_err.h"
 #include "xfer/xfer_lease.h"
+#include "xfer/xfer_lease_priv.h"
 #include "xfer/xfer_synth.h"
 
 #define NB 16
@@ -194,6 +197,258 @@ static void test_policies(void **state)
     assert_int_equal(xfer_lease_create(f->L, f->ids, 1, 0, 0, &s), DX_EINVAL);
 }
 
+/* ---- the indexes against a model ---------------------------------------- */
+
+static uint64_t rng(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+typedef struct {
+    xfer_token t;
+    uint8_t alive;
+    uint32_t off, n; /* holds f->ids[off .. off+n) */
+} model_lease;
+
+/* Lease i holds a window of the 8 hashed blocks and has ttl 1000+i s, so a
+ * lookup that finds the wrong lease shows in n_blocks or ttl. */
+static void model_shape(uint64_t *s, model_lease *m)
+{
+    m->n = 1 + (uint32_t)(rng(s) % 8);
+    m->off = (uint32_t)(rng(s) % (9 - m->n));
+}
+
+static void expect_lookup(fx *f, const model_lease *m, uint32_t i)
+{
+    xfer_lease_info info;
+    int rc = xfer_lease_lookup(f->L, &m->t, &info);
+    if (!m->alive) {
+        assert_int_equal(rc, DX_EGONE);
+        return;
+    }
+    assert_int_equal(rc, 0);
+    assert_int_equal(info.n_blocks, m->n);
+    assert_true(info.ttl_s == 1000.0 + i);
+}
+
+/* The pool's refcount of each hashed block is the test's own reference plus
+ * one per live lease holding it (no pins live). */
+static void expect_refs(fx *f, const model_lease *m, uint32_t n_leases)
+{
+    uint32_t want[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+    for (uint32_t i = 0; i < n_leases; i++)
+        if (m[i].alive)
+            for (uint32_t j = 0; j < m[i].n; j++) want[m[i].off + j]++;
+    for (int j = 0; j < 8; j++) assert_int_equal(kv_pool_refcount(f->pool, f->ids[j]), want[j]);
+}
+
+static void shuffle(uint64_t *s, uint32_t *perm, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++) perm[i] = i;
+    for (uint32_t i = n; i-- > 1;) {
+        uint32_t j = (uint32_t)(rng(s) % (i + 1)), x = perm[i];
+        perm[i] = perm[j];
+        perm[j] = x;
+    }
+}
+
+static void test_many_leases_model(void **state)
+{
+    fx *f = *state;
+    enum { N = 20000 };
+    model_lease *m = dx_calloc(N, sizeof *m);
+    uint32_t *perm = dx_calloc(N, sizeof *perm);
+    uint64_t s = 11;
+    for (uint32_t i = 0; i < N; i++) {
+        model_shape(&s, &m[i]);
+        assert_int_equal(xfer_lease_create(f->L, f->ids + m[i].off, m[i].n, 1000.0 + i,
+                                           XFER_LEASE_MULTI, &m[i].t),
+                         0);
+        m[i].alive = 1;
+    }
+    assert_int_equal(xfer_leases_check(f->L), 0);
+    expect_refs(f, m, N);
+    for (uint32_t i = 0; i < N; i++) expect_lookup(f, &m[i], i);
+    /* revoke in random order; between revocations look up a random lease,
+     * renew one and now and then pin through one */
+    shuffle(&s, perm, N);
+    for (uint32_t k = 0; k < N; k++) {
+        uint32_t i = perm[k];
+        if (k % 101 == 0) {
+            uint64_t pin;
+            uint32_t got;
+            assert_int_equal(
+                xfer_pin(f->L, &m[i].t, f->ids + m[i].off, f->chain + m[i].off, m[i].n, &pin, &got),
+                0);
+            assert_int_equal(got, m[i].n);
+            xfer_lease_info info;
+            assert_int_equal(xfer_lease_lookup(f->L, &m[i].t, &info), 0);
+            assert_int_equal(info.n_pins, 1);
+            assert_int_equal(xfer_unpin(f->L, pin, 0), 0);
+        }
+        assert_int_equal(xfer_lease_revoke(f->L, &m[i].t), 0);
+        m[i].alive = 0;
+        assert_int_equal(xfer_lease_revoke(f->L, &m[i].t), DX_EGONE);
+        uint32_t j = (uint32_t)(rng(&s) % N);
+        expect_lookup(f, &m[j], j);
+        assert_int_equal(xfer_lease_renew(f->L, &m[j].t, 1000.0 + j), m[j].alive ? 0 : DX_EGONE);
+        if (k % 4000 == 0) {
+            assert_int_equal(xfer_leases_check(f->L), 0);
+            expect_refs(f, m, N);
+        }
+    }
+    xfer_leases_stats st;
+    xfer_leases_get_stats(f->L, &st);
+    assert_int_equal(st.leases, 0);
+    assert_int_equal(st.pins, 0);
+    assert_int_equal(st.created, N);
+    assert_int_equal(st.revoked, N);
+    expect_refs(f, m, N);
+    assert_int_equal(xfer_leases_check(f->L), 0);
+    dx_free(perm);
+    dx_free(m);
+}
+
+/* Tokens that share their low 64 bits (b[0..8)) and differ only above. */
+static xfer_token collide_tok(uint64_t low, uint64_t high)
+{
+    xfer_token t;
+    memcpy(t.b, &low, 8);
+    memcpy(t.b + 8, &high, 8);
+    return t;
+}
+
+/* Creates n leases with tokens sharing their low 64 bits, revokes them in
+ * random order and checks every lease (and unknown look-alikes) throughout. */
+static void collide_run(fx *f, uint32_t n)
+{
+    model_lease *m = dx_calloc(n, sizeof *m);
+    uint32_t *perm = dx_calloc(n, sizeof *perm);
+    uint64_t s = 5;
+    for (uint32_t i = 0; i < n; i++) {
+        model_shape(&s, &m[i]);
+        m[i].t = collide_tok(0x0123456789abcdefull, 1 + (uint64_t)i);
+        assert_int_equal(xfer_lease_create_as(f->L, &m[i].t, f->ids + m[i].off, m[i].n, 1000.0 + i,
+                                              XFER_LEASE_MULTI),
+                         0);
+        m[i].alive = 1;
+    }
+    /* the same token again is refused, and changes nothing */
+    assert_int_equal(xfer_lease_create_as(f->L, &m[0].t, f->ids, 1, 5, XFER_LEASE_MULTI),
+                     DX_EEXIST);
+    assert_int_equal(xfer_leases_check(f->L), 0);
+    shuffle(&s, perm, n);
+    for (uint32_t k = 0; k < n; k++) {
+        assert_int_equal(xfer_lease_revoke(f->L, &m[perm[k]].t), 0);
+        m[perm[k]].alive = 0;
+        if (k % 64 == 0 || k + 1 == n) {
+            for (uint32_t i = 0; i < n; i++) expect_lookup(f, &m[i], i);
+            assert_int_equal(xfer_leases_check(f->L), 0);
+        }
+        /* same low bits, never created: GONE */
+        xfer_token u = collide_tok(0x0123456789abcdefull, 1000000 + k);
+        xfer_lease_info info;
+        assert_int_equal(xfer_lease_lookup(f->L, &u, &info), DX_EGONE);
+    }
+    expect_refs(f, m, n);
+    dx_free(perm);
+    dx_free(m);
+}
+
+static void test_colliding_tokens_weak_hash(void **state)
+{
+    fx *f = *state;
+    /* every token hashes to 0: all of them share one probe run */
+    xfer_leases_weak_hash(f->L, 0);
+    collide_run(f, 600);
+}
+
+static void test_colliding_tokens_seeded_hash(void **state)
+{
+    fx *f = *state;
+    /* the real (seeded) hash: equal low bits do not make equal slots */
+    collide_run(f, 3000);
+}
+
+static void test_colliding_pin_ids(void **state)
+{
+    fx *f = *state;
+    /* pin ids hash to id & 0x100: two homes for all pins */
+    xfer_leases_weak_hash(f->L, 0x100);
+    enum { NL = 40, NP = 1200 };
+    xfer_token t[NL];
+    uint64_t pins[NP];
+    uint32_t owner[NP], perm[NP], k;
+    uint8_t live[NP];
+    uint64_t s = 9;
+    for (int i = 0; i < NL; i++)
+        assert_int_equal(xfer_lease_create(f->L, f->ids, 8, 60, XFER_LEASE_MULTI, &t[i]), 0);
+    for (uint32_t p = 0; p < NP; p++) {
+        owner[p] = (uint32_t)(rng(&s) % NL);
+        assert_int_equal(xfer_pin(f->L, &t[owner[p]], f->ids, f->chain, 2, &pins[p], &k), 0);
+        live[p] = 1;
+    }
+    assert_int_equal(xfer_leases_check(f->L), 0);
+    /* revoking half the leases leaves their pins live and ownerless */
+    for (int i = 0; i < NL; i += 2) assert_int_equal(xfer_lease_revoke(f->L, &t[i]), 0);
+    assert_int_equal(xfer_leases_check(f->L), 0);
+    shuffle(&s, perm, NP);
+    for (uint32_t q = 0; q < NP; q++) {
+        uint32_t p = perm[q];
+        assert_int_equal(xfer_pin_live(f->L, pins[p]), 1);
+        assert_int_equal(xfer_unpin(f->L, pins[p], 0), 0);
+        live[p] = 0;
+        assert_int_equal(xfer_pin_live(f->L, pins[p]), 0);
+        assert_int_equal(xfer_unpin(f->L, pins[p], 0), DX_ENOENT);
+        if (q % 100 == 0) {
+            assert_int_equal(xfer_leases_check(f->L), 0);
+            uint32_t r = perm[(q * 7 + 3) % NP];
+            assert_int_equal(xfer_pin_live(f->L, pins[r]), live[r]);
+        }
+    }
+    /* a surviving lease's pin count went back to 0 */
+    xfer_lease_info info;
+    assert_int_equal(xfer_lease_lookup(f->L, &t[1], &info), 0);
+    assert_int_equal(info.n_pins, 0);
+    for (int j = 0; j < 8; j++) assert_int_equal(kv_pool_refcount(f->pool, f->ids[j]), 1 + NL / 2);
+    assert_int_equal(xfer_leases_check(f->L), 0);
+}
+
+static void test_unknown_tokens_gone(void **state)
+{
+    fx *f = *state;
+    xfer_token t, u, zero;
+    memset(&zero, 0, sizeof zero);
+    for (int i = 0; i < 100; i++)
+        assert_int_equal(xfer_lease_create(f->L, f->ids, 8, 60, XFER_LEASE_MULTI, &t), 0);
+    uint64_t pin;
+    uint32_t k;
+    xfer_lease_info info;
+    for (int i = 0; i < 200; i++) {
+        assert_int_equal(xfer_token_random(&u), 0);
+        if (i == 0) u = zero;
+        assert_int_equal(xfer_lease_lookup(f->L, &u, &info), DX_EGONE);
+        assert_int_equal(xfer_lease_renew(f->L, &u, 10), DX_EGONE);
+        assert_int_equal(xfer_lease_revoke(f->L, &u), DX_EGONE);
+        assert_int_equal(xfer_pin(f->L, &u, f->ids, f->chain, 8, &pin, &k), DX_EGONE);
+    }
+    /* a known token with one bit flipped in each half is unknown too */
+    for (int b = 0; b < 16; b += 15) {
+        u = t;
+        u.b[b] ^= 0x80;
+        assert_int_equal(xfer_lease_lookup(f->L, &u, &info), DX_EGONE);
+    }
+    assert_int_equal(xfer_lease_lookup(f->L, &t, &info), 0);
+    xfer_leases_stats st;
+    xfer_leases_get_stats(f->L, &st);
+    assert_int_equal(st.gone, 200);
+    assert_int_equal(st.leases, 100);
+    assert_int_equal(xfer_unpin(f->L, 12345, 0), DX_ENOENT);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -202,6 +457,11 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_expiry_and_sweep, setup, teardown),
         cmocka_unit_test_setup_teardown(test_pin_survives_pressure, setup, teardown),
         cmocka_unit_test_setup_teardown(test_policies, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_many_leases_model, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_colliding_tokens_weak_hash, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_colliding_tokens_seeded_hash, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_colliding_pin_ids, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_unknown_tokens_gone, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
