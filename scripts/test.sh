@@ -21,7 +21,10 @@ done
 
 # Node packages for tests that drive duplex with real clients (pinned).
 if [ -f tests/integration/node/package.json ]; then
-    (cd tests/integration/node && { [ -d node_modules ] || npm ci --no-audit --no-fund --silent; }) ||
+    # reinstall when the lock file changed since the last install
+    (cd tests/integration/node &&
+        { cmp -s package-lock.json node_modules/.duplex-lock 2>/dev/null ||
+          { npm ci --no-audit --no-fund --silent && cp package-lock.json node_modules/.duplex-lock; }; }) ||
         { echo "npm install failed"; exit 1; }
 fi
 
