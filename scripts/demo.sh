@@ -3,9 +3,13 @@
 # qwen3, bf16) and run the main job on it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/deps.sh
-make -s -j"$(nproc)"
-BIN=build/release/duplex
+# DUPLEX_BIN: run the demo with an already built binary (the test suite runs
+# it with each variant); otherwise build the release binary first.
+if [ -z "${DUPLEX_BIN:-}" ]; then
+    scripts/deps.sh
+    make -s -j"$(nproc)"
+fi
+BIN=${DUPLEX_BIN:-build/release/duplex}
 MODEL=${DUPLEX_MODEL:-models/qwen3-small-bf16.gguf}
 mkdir -p "$(dirname "$MODEL")"
 if [ ! -f "$MODEL" ]; then
@@ -26,7 +30,7 @@ echo "== duplex serve (single node, role both) + a chat over the OpenAI API"
 LOG=$(mktemp)
 "$BIN" serve --model "$MODEL" --port 0 >"$LOG" 2>&1 &
 SERVER=$!
-trap 'kill $SERVER 2>/dev/null; rm -f "$LOG"' EXIT
+trap 'kill $SERVER 2>/dev/null || true; rm -f "$LOG"' EXIT
 PORT=""
 for _ in $(seq 1 100); do
     PORT=$(sed -n 's|.*address=http://127.0.0.1:\([0-9]*\).*|\1|p' "$LOG" | head -n1)
