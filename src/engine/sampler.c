@@ -18,33 +18,6 @@ struct sampler {
     cand *c;
 };
 
-static uint64_t rotl(uint64_t x, int k)
-{
-    return (x << k) | (x >> (64 - k));
-}
-
-void sampler_rng_seed(sampler_rng *r, uint64_t seed)
-{
-    for (int i = 0; i < 4; i++) { /* splitmix64 */
-        uint64_t z = (seed += 0x9e3779b97f4a7c15ull);
-        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-        r->s[i] = z ^ (z >> 31);
-    }
-}
-
-double sampler_rng_uniform(sampler_rng *r)
-{
-    uint64_t *s = r->s, res = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
-    s[2] ^= s[0];
-    s[3] ^= s[1];
-    s[1] ^= s[2];
-    s[0] ^= s[3];
-    s[2] ^= t;
-    s[3] = rotl(s[3], 45);
-    return (double)(res >> 11) * (1.0 / 9007199254740992.0);
-}
-
 int sampler_create(uint32_t n_vocab, sampler **out)
 {
     sampler *s = dx_calloc(1, sizeof *s);
@@ -82,7 +55,7 @@ static int cand_cmp(const void *a, const void *b)
     return x->id < y->id ? -1 : x->id > y->id;
 }
 
-int32_t sampler_sample(sampler *s, const float *logits, const sampler_params *p, sampler_rng *r)
+int32_t sampler_sample(sampler *s, const float *logits, const sampler_params *p, dx_rng *r)
 {
     uint32_t n = s->n_vocab;
     if (!(p->temperature > 0.0f)) return sampler_argmax(logits, n);
@@ -122,7 +95,7 @@ int32_t sampler_sample(sampler *s, const float *logits, const sampler_params *p,
     }
     sum = 0.0;
     for (size_t i = 0; i < m; i++) sum += c[i].p;
-    double u = sampler_rng_uniform(r) * sum, acc = 0.0;
+    double u = dx_rng_uniform(r) * sum, acc = 0.0;
     for (size_t i = 0; i < m; i++) {
         acc += c[i].p;
         if (u < acc) return c[i].id;

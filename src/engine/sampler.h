@@ -11,6 +11,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/dx_rng.h"
+
 typedef struct {
     float temperature; /* 0 = greedy */
     int top_k;         /* 0 = off */
@@ -18,20 +20,13 @@ typedef struct {
     float min_p;       /* 0 = off */
 } sampler_params;
 
-typedef struct {
-    uint64_t s[4];
-} sampler_rng;
-
-void sampler_rng_seed(sampler_rng *r, uint64_t seed);
-/* Uniform in [0, 1). */
-double sampler_rng_uniform(sampler_rng *r);
 
 typedef struct sampler sampler;
 
 int sampler_create(uint32_t n_vocab, sampler **out);
 void sampler_destroy(sampler *s);
 /* Not thread-safe (scratch); one sampler per engine thread. */
-int32_t sampler_sample(sampler *s, const float *logits, const sampler_params *p, sampler_rng *r);
+int32_t sampler_sample(sampler *s, const float *logits, const sampler_params *p, dx_rng *r);
 int32_t sampler_argmax(const float *logits, uint32_t n);
 
 #endif

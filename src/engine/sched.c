@@ -8,6 +8,7 @@
 #include "base/dx_clock.h"
 #include "base/dx_err.h"
 #include "base/dx_log.h"
+#include "base/dx_utf8.h"
 #include "engine/fwd.h"
 #include "engine/sampler.h"
 
@@ -26,7 +27,7 @@ typedef struct seq {
     uint32_t n_blocks, cap_blocks;
     uint32_t n_hashed; /* leading blocks already hashed */
     kv_hash last_hash;
-    sampler_rng rng;
+    dx_rng rng;
     sampler_params sp;
     dx_buf text;     /* generated text */
     size_t emitted;  /* bytes of text delivered */
@@ -73,48 +74,6 @@ static void emit_done(sched *s, seq *q, enum engine_finish fin, int err, const c
     q->req.on_event(q->req.user, &ev);
 }
 
-/* Length of an incomplete UTF-8 sequence at the end of p[0..n) that could
- * still become valid with more bytes (held back), else 0. */
-static size_t utf8_incomplete_tail(const char *p, size_t n)
-{
-    for (size_t back = 1; back <= 3 && back <= n; back++) {
-        unsigned char c = (unsigned char)p[n - back];
-        if ((c & 0xc0) == 0x80) continue;
-        size_t need = c >= 0xf0 && c <= 0xf4 ? 4 : c >= 0xe0 ? 3 : c >= 0xc2 && c < 0xe0 ? 2 : 1;
-        return need > back ? back : 0;
-    }
-    return 0;
-}
-
-/* Copies p[0..n) into out with every invalid UTF-8 byte replaced by U+FFFD,
- * so events always carry valid UTF-8 (JSON needs it). */
-static void utf8_sanitize(const char *p, size_t n, dx_buf *out)
-{
-    size_t i = 0;
-    while (i < n) {
-        unsigned char c = (unsigned char)p[i];
-        size_t len = c < 0x80 ? 1 : c >= 0xc2 && c < 0xe0 ? 2 : c >= 0xe0 && c < 0xf0 ? 3
-                   : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
-        int ok = len > 0 && i + len <= n;
-        for (size_t k = 1; ok && k < len; k++) ok = ((unsigned char)p[i + k] & 0xc0) == 0x80;
-        if (ok && len == 3) { /* overlongs and surrogates */
-            unsigned char d = (unsigned char)p[i + 1];
-            ok = !(c == 0xe0 && d < 0xa0) && !(c == 0xed && d >= 0xa0);
-        }
-        if (ok && len == 4) {
-            unsigned char d = (unsigned char)p[i + 1];
-            ok = !(c == 0xf0 && d < 0x90) && !(c == 0xf4 && d >= 0x90);
-        }
-        if (ok) {
-            dx_buf_append(out, p + i, len);
-            i += len;
-        } else {
-            dx_buf_append(out, "\xef\xbf\xbd", 3);
-            i++;
-        }
-    }
-}
-
 /* Bytes at the end of text that are a proper prefix of some stop string. */
 static size_t stop_prefix_tail(const seq *q)
 {
@@ -152,7 +111,8 @@ static void emit_tokens(sched *s, seq *q, const int32_t *toks, size_t n, size_t 
 {
     dx_buf *clean = &s->scratch;
     dx_buf_reset(clean);
-    if (upto > q->emitted) utf8_sanitize(q->text.data + q->emitted, upto - q->emitted, clean);
+    if (upto > q->emitted)
+        dx_utf8_sanitize((const uint8_t *)q->text.data + q->emitted, upto - q->emitted, clean);
     if (!n && !clean->len) return;
     engine_event ev = {.type = ENGINE_EV_TOKENS,
                        .req_id = q->id,
@@ -245,7 +205,7 @@ int sched_submit_at(sched *s, const engine_request *r, uint64_t id, uint64_t t_s
     q->req.stop = NULL;
     q->sp = (sampler_params){r->sampling.temperature, r->sampling.top_k, r->sampling.top_p,
                              r->sampling.min_p};
-    sampler_rng_seed(&q->rng, r->sampling.has_seed ? r->sampling.seed : dx_now_ns() ^ id);
+    dx_rng_seed(&q->rng, r->sampling.has_seed ? r->sampling.seed : dx_now_ns() ^ id);
     q->last_hash = kv_pool_seed(s->pool);
     q->t_submit = t_submit_ns;
     if (s->wait_tail) s->wait_tail->next = q;
@@ -427,7 +387,7 @@ static enum engine_finish accept_token(sched *s, seq *q, int32_t t)
         emit_tokens(s, q, &q->tokens[q->n_tokens - 1], 1, q->text.len);
         return ENGINE_FINISH_STOP;
     }
-    size_t hold = stop_prefix_tail(q), tail = utf8_incomplete_tail(q->text.data, q->text.len);
+    size_t hold = stop_prefix_tail(q), tail = dx_utf8_incomplete_tail((const uint8_t *)q->text.data, q->text.len);
     if (tail > hold) hold = tail;
     emit_tokens(s, q, &q->tokens[q->n_tokens - 1], 1, q->text.len - hold);
     if (q->n_tokens >= q->max_total) return ENGINE_FINISH_LENGTH;

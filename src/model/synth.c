@@ -15,6 +15,7 @@
 #include "base/dx_alloc.h"
 #include "base/dx_dtype.h"
 #include "base/dx_err.h"
+#include "base/dx_rng.h"
 #include "model/bpe_train.h"
 
 static const synth_preset k_presets[] = {
@@ -51,40 +52,10 @@ static const char *arch_name(enum model_arch a)
     return a == MODEL_QWEN3 ? "qwen3" : a == MODEL_QWEN2 ? "qwen2" : "llama";
 }
 
-/* xoshiro256** seeded by splitmix64: fast, well distributed, portable. */
-typedef struct {
-    uint64_t s[4];
-} rng;
-
-static uint64_t splitmix(uint64_t *x)
-{
-    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static void rng_seed(rng *r, uint64_t seed)
-{
-    for (int i = 0; i < 4; i++) r->s[i] = splitmix(&seed);
-}
-
-static uint64_t rng_next(rng *r)
-{
-    uint64_t *s = r->s, res = ((s[1] * 5) << 7 | (s[1] * 5) >> 57) * 9, t = s[1] << 17;
-    s[2] ^= s[0];
-    s[3] ^= s[1];
-    s[1] ^= s[2];
-    s[0] ^= s[3];
-    s[2] ^= t;
-    s[3] = (s[3] << 45) | (s[3] >> 19);
-    return res;
-}
-
 /* Uniform in [-1, 1). */
-static float rng_unit(rng *r)
+static float rng_unit(dx_rng *r)
 {
-    return (float)((double)(rng_next(r) >> 40) * (1.0 / 8388608.0) - 1.0);
+    return (float)((double)(dx_rng_next(r) >> 40) * (1.0 / 8388608.0) - 1.0);
 }
 
 typedef struct {
@@ -97,8 +68,8 @@ typedef struct {
 static int fill_tensor(void *user, void *dst, uint64_t nbytes)
 {
     const fill_spec *f = user;
-    rng r;
-    rng_seed(&r, f->seed);
+    dx_rng r;
+    dx_rng_seed(&r, f->seed);
     float *row = dx_malloc(f->n_in * sizeof(float));
     if (!row) return dx_errf(DX_ENOMEM, "out of memory synthesising a tensor");
     size_t rb = dx_dtype_row_bytes(f->type, f->n_in);

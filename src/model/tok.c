@@ -35,6 +35,7 @@
 #include <xxhash.h>
 
 #include "base/dx_alloc.h"
+#include "base/dx_utf8.h"
 #include "base/dx_err.h"
 #include "model/tok_internal.h"
 
@@ -105,48 +106,6 @@ static long bl_to_bytes(const char *s, size_t len, uint8_t *out)
     return (long)o;
 }
 
-/* ---- strict UTF-8 -------------------------------------------------------------------------- */
-
-/* Length of the valid UTF-8 sequence at s (n bytes left), 0 if invalid. */
-static size_t utf8_seq_len(const uint8_t *s, size_t n)
-{
-    uint8_t c = s[0];
-    if (c < 0x80) return 1;
-    size_t need;
-    uint8_t lo = 0x80, hi = 0xBF; /* allowed range of the second byte */
-    if (c >= 0xC2 && c <= 0xDF) {
-        need = 2;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-        need = 3;
-        if (c == 0xE0) lo = 0xA0; /* overlong */
-        if (c == 0xED) hi = 0x9F; /* surrogates */
-    } else if (c >= 0xF0 && c <= 0xF4) {
-        need = 4;
-        if (c == 0xF0) lo = 0x90; /* overlong */
-        if (c == 0xF4) hi = 0x8F; /* above U+10FFFF */
-    } else {
-        return 0;
-    }
-    if (n < need || s[1] < lo || s[1] > hi) return 0;
-    for (size_t k = 2; k < need; k++)
-        if ((s[k] & 0xC0) != 0x80) return 0;
-    return need;
-}
-
-static size_t utf8_valid_prefix(const uint8_t *s, size_t n)
-{
-    size_t i = 0;
-    while (i < n) {
-        if (s[i] < 0x80) {
-            i++;
-            continue;
-        }
-        size_t k = utf8_seq_len(s + i, n - i);
-        if (!k) break;
-        i += k;
-    }
-    return i;
-}
 
 /* ---- pre-tokenizer regex ------------------------------------------------------------------- */
 
@@ -267,7 +226,7 @@ static int split_valid(const tok_regex *re, pcre2_match_data *md, const char *s,
              * a resource limit; one character per piece keeps going, and
              * still concatenates to the text. */
             start = off;
-            end = off + utf8_seq_len((const uint8_t *)s + off, n - off);
+            end = off + dx_utf8_seq_len((const uint8_t *)s + off, n - off);
         }
         if (start > off) {
             int r = fn(ctx, s + off, start - off);
@@ -288,7 +247,7 @@ int tok_split(const tok_regex *re, const char *text, size_t len, tok_piece_fn fn
     size_t i = 0;
     int rc = 0;
     while (i < len && rc == 0) {
-        size_t run = utf8_valid_prefix(u + i, len - i);
+        size_t run = dx_utf8_valid_prefix(u + i, len - i);
         if (run == 0) { /* an invalid byte: a piece of its own */
             rc = fn(ctx, text + i, 1);
             i++;

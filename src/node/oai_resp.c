@@ -8,6 +8,8 @@
 
 #include "base/dx_clock.h"
 #include "base/dx_err.h"
+#include "base/dx_rng.h"
+#include "base/dx_utf8.h"
 
 void oai_make_id(char *out, size_t cap, const char *prefix)
 {
@@ -15,43 +17,11 @@ void oai_make_id(char *out, size_t cap, const char *prefix)
     static _Thread_local uint64_t state;
     if (!state) state = dx_now_ns() ^ ((uint64_t)time(NULL) << 32) ^ (uint64_t)(uintptr_t)out;
     uint64_t r[2];
-    for (int i = 0; i < 2; i++) {
-        uint64_t z = (state += 0x9e3779b97f4a7c15ull);
-        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-        r[i] = z ^ (z >> 31);
-    }
+    for (int i = 0; i < 2; i++) r[i] = dx_splitmix64(&state);
     snprintf(out, cap, "%s-%016llx%016llx", prefix, (unsigned long long)r[0],
              (unsigned long long)r[1]);
 }
 
-size_t oai_utf8_seq_len(const unsigned char *s, size_t n)
-{
-    unsigned c = s[0];
-    size_t len;
-    unsigned lo = 0x80, hi = 0xBF; /* allowed range of the second byte */
-    if (c < 0x80) return 1;
-    if (c >= 0xC2 && c <= 0xDF)
-        len = 2;
-    else if (c >= 0xE0 && c <= 0xEF) {
-        len = 3;
-        if (c == 0xE0)
-            lo = 0xA0; /* overlong */
-        else if (c == 0xED)
-            hi = 0x9F; /* surrogates */
-    } else if (c >= 0xF0 && c <= 0xF4) {
-        len = 4;
-        if (c == 0xF0)
-            lo = 0x90; /* overlong */
-        else if (c == 0xF4)
-            hi = 0x8F; /* above U+10FFFF */
-    } else
-        return 0;
-    if (n < len || s[1] < lo || s[1] > hi) return 0;
-    for (size_t i = 2; i < len; i++)
-        if ((s[i] & 0xC0) != 0x80) return 0;
-    return len;
-}
 
 int oai_json_str(dx_buf *b, const char *str, size_t len)
 {
@@ -77,7 +47,7 @@ int oai_json_str(dx_buf *b, const char *str, size_t len)
             rc = esc ? dx_buf_puts(b, esc) : dx_buf_printf(b, "\\u%04x", c);
             i++;
         } else {
-            size_t n = oai_utf8_seq_len(s + i, len - i);
+            size_t n = dx_utf8_seq_len(s + i, len - i);
             rc = n ? dx_buf_append(b, s + i, n) : dx_buf_puts(b, "\\ufffd");
             i += n ? n : 1;
         }

@@ -31,10 +31,8 @@ typedef struct {
 /* "<prefix>-<32 hex digits>" from a non-cryptographic random source. */
 void oai_make_id(char *out, size_t cap, const char *prefix);
 
-/* Appends a JSON string literal (with quotes). */
+/* Appends a JSON string literal (with quotes); invalid UTF-8 becomes U+FFFD. */
 int oai_json_str(dx_buf *b, const char *s, size_t len);
-/* Length of the valid UTF-8 sequence at s (1..4), 0 if invalid/truncated. */
-size_t oai_utf8_seq_len(const unsigned char *s, size_t n);
 
 /* Non-streaming answer.  finish: "stop" | "length". */
 int oai_resp_full(dx_buf *b, const oai_meta *m, const char *text, size_t len, const char *finish,

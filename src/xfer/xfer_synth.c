@@ -7,13 +7,12 @@
 #include "base/dx_alloc.h"
 #include "base/dx_dtype.h"
 #include "base/dx_err.h"
+#include "base/dx_rng.h"
 
+/* splitmix64 of a value: a stateless hash of it */
 static uint64_t mix(uint64_t x)
 {
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
+    return dx_splitmix64(&x);
 }
 
 static void fingerprint_of(uint64_t model_seed, kv_pool_config *cfg, uint8_t fp[16])

@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "base/dx_buf.h"
+#include "base/dx_utf8.h"
 #include "base/dx_clock.h"
 #include "base/dx_err.h"
 #include "node/oai_resp.h"
@@ -304,7 +305,7 @@ static char *sanitize(const char *s, size_t n)
     dx_buf_init(&b, 0);
     dx_buf_puts(&b, "");
     for (size_t i = 0; i < n;) {
-        size_t k = oai_utf8_seq_len((const unsigned char *)s + i, n - i);
+        size_t k = dx_utf8_seq_len((const unsigned char *)s + i, n - i);
         if (k)
             dx_buf_append(&b, s + i, k);
         else

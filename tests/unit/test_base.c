@@ -12,6 +12,8 @@
 #include "base/dx_buf.h"
 #include "base/dx_dtype.h"
 #include "base/dx_err.h"
+#include "base/dx_rng.h"
+#include "base/dx_utf8.h"
 
 static void test_err_messages(void **state)
 {
@@ -106,12 +108,62 @@ static void test_q8_0(void **state)
     assert_int_equal(dx_dtype_parse("q4_0", &t), DX_EINVAL);
 }
 
+static void test_utf8(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *s;
+        size_t len;
+    } valid[] = {{"a", 1}, {"\xc2\x80", 2}, {"\xdf\xbf", 2}, {"\xe0\xa0\x80", 3},
+                 {"\xed\x9f\xbf", 3}, {"\xee\x80\x80", 3}, {"\xf0\x90\x80\x80", 4},
+                 {"\xf4\x8f\xbf\xbf", 4}};
+    for (size_t i = 0; i < DX_ARRAY_LEN(valid); i++)
+        assert_int_equal(dx_utf8_seq_len((const uint8_t *)valid[i].s, valid[i].len), valid[i].len);
+    static const char *const invalid[] = {"\x80", "\xc0\x80", "\xc1\xbf", "\xe0\x9f\xbf",
+                                          "\xed\xa0\x80", "\xf0\x8f\xbf\xbf",
+                                          "\xf4\x90\x80\x80", "\xf5\x80\x80\x80", "\xff"};
+    for (size_t i = 0; i < DX_ARRAY_LEN(invalid); i++)
+        assert_int_equal(dx_utf8_seq_len((const uint8_t *)invalid[i], strlen(invalid[i])), 0);
+    /* truncated sequences: invalid as they stand, held back as a tail */
+    const uint8_t euro[] = {'x', 0xe2, 0x82, 0xac};
+    assert_int_equal(dx_utf8_seq_len(euro + 1, 2), 0);
+    assert_int_equal(dx_utf8_incomplete_tail(euro, 3), 2);
+    assert_int_equal(dx_utf8_incomplete_tail(euro, 2), 1);
+    assert_int_equal(dx_utf8_incomplete_tail(euro, 4), 0);
+    const uint8_t sur[] = {'x', 0xed, 0xa0}; /* a surrogate can never complete */
+    assert_int_equal(dx_utf8_incomplete_tail(sur, 3), 0);
+    const uint8_t lone[] = {'x', 0x80};
+    assert_int_equal(dx_utf8_incomplete_tail(lone, 2), 0);
+    dx_buf b;
+    dx_buf_init(&b, 0);
+    const uint8_t mixed[] = {'a', 0xff, 0xc3, 0xa9, 0xe2, 0x82, 'b'};
+    assert_int_equal(dx_utf8_sanitize(mixed, sizeof mixed, &b), 0);
+    assert_string_equal(b.data, "a\xef\xbf\xbd\xc3\xa9\xef\xbf\xbd\xef\xbf\xbd" "b");
+    dx_buf_free(&b);
+}
+
+/* The generator's output is part of every synthetic model: pin it. */
+static void test_rng_pinned(void **state)
+{
+    (void)state;
+    dx_rng r;
+    dx_rng_seed(&r, 42);
+    uint64_t a = dx_rng_next(&r), c = dx_rng_next(&r);
+    dx_rng_seed(&r, 42);
+    assert_true(dx_rng_next(&r) == a && dx_rng_next(&r) == c);
+    uint64_t x = 0;
+    assert_true(dx_splitmix64(&x) == 0xe220a8397b1dcdafull); /* splitmix64's first output from 0 */
+    double u = dx_rng_uniform(&r);
+    assert_true(u >= 0.0 && u < 1.0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_err_messages),      cmocka_unit_test(test_alloc_counts_and_faults),
         cmocka_unit_test(test_buf_limits),        cmocka_unit_test(test_f16_bf16_roundtrip),
-        cmocka_unit_test(test_q8_0),
+        cmocka_unit_test(test_q8_0),              cmocka_unit_test(test_utf8),
+        cmocka_unit_test(test_rng_pinned),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

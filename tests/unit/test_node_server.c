@@ -38,6 +38,7 @@
 
 #include "base/dx_alloc.h"
 #include "base/dx_buf.h"
+#include "base/dx_utf8.h"
 #include "base/dx_clock.h"
 #include "base/dx_dtype.h"
 #include "base/dx_err.h"
@@ -241,7 +242,7 @@ static void as_json_text(const dx_buf *raw, dx_buf *out)
     const unsigned char *s = (const unsigned char *)raw->data;
     dx_buf_reset(out);
     for (size_t i = 0; i < raw->len;) {
-        size_t n = oai_utf8_seq_len(s + i, raw->len - i);
+        size_t n = dx_utf8_seq_len(s + i, raw->len - i);
         dx_buf_append(out, n ? (const char *)s + i : "\xEF\xBF\xBD", n ? n : 3);
         i += n ? n : 1;
     }

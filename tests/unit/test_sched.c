@@ -346,8 +346,8 @@ static void test_seeded_sampling(void **state)
     sampler *s;
     assert_int_equal(sampler_create(5, &s), 0);
     float lg[5] = {0.1f, 2.0f, 1.9f, -1.0f, 2.0f};
-    sampler_rng rng;
-    sampler_rng_seed(&rng, 1);
+    dx_rng rng;
+    dx_rng_seed(&rng, 1);
     sampler_params k1 = {1.0f, 1, 1.0f, 0};
     for (int i = 0; i < 20; i++) assert_int_equal(sampler_sample(s, lg, &k1, &rng), 1);
     assert_int_equal(sampler_argmax(lg, 5), 1);

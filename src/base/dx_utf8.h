@@ -1,0 +1,23 @@
+/* dx_utf8: strict UTF-8 (no overlongs, no surrogates, nothing above
+ * U+10FFFF) for every place that meets bytes that must become text: the
+ * tokenizer's valid runs, the engine's streamed text, JSON output. */
+#ifndef DX_UTF8_H
+#define DX_UTF8_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/dx_buf.h"
+
+/* Length (1–4) of the valid sequence at s with n bytes left, 0 if invalid or
+ * truncated. */
+size_t dx_utf8_seq_len(const uint8_t *s, size_t n);
+/* Length of the longest valid prefix of s[0..n). */
+size_t dx_utf8_valid_prefix(const uint8_t *s, size_t n);
+/* Bytes at the end of p[0..n) that start a sequence still incomplete (a
+ * streaming writer holds them back until the next bytes arrive), else 0. */
+size_t dx_utf8_incomplete_tail(const uint8_t *p, size_t n);
+/* Appends p[0..n) with each invalid byte replaced by U+FFFD. */
+int dx_utf8_sanitize(const uint8_t *p, size_t n, dx_buf *out);
+
+#endif
