@@ -226,7 +226,7 @@ static int bench_transport(const bench_xfer_config *cfg, const char *tls, xfer_f
     }
     kvport_hello hello;
     if (!rc) {
-        xfer_hello_init(&hello, "bench", fp, &pc, pool, a);
+        xfer_hello_init(&hello, "bench", fp, pool, a);
         xfer_client_config cc = {a, pool, &hello};
         rc = xfer_client_create(&cc, &c);
     }

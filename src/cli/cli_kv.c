@@ -44,7 +44,7 @@ static int side_open(kv_side *s, const char *tls, int thread, size_t block_bytes
     s->layout.alloc_user = s->agent;
     if (!rc) rc = kv_pool_create(&s->layout, &s->pool);
     if (rc) return rc;
-    xfer_hello_init(&s->hello, "duplex-kv", s->fp, &s->layout, s->pool, s->agent);
+    xfer_hello_init(&s->hello, "duplex-kv", s->fp, s->pool, s->agent);
     return 0;
 }
 

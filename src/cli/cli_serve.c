@@ -63,13 +63,6 @@ static int kv_port_prepare(serve_ctx *s)
 static int kv_port_leases(serve_ctx *s)
 {
     kv_pool *kv = engine_kv_pool(s->e);
-    const model_hparams *hp = model_hp(s->m);
-    kv_pool_config layout = {.n_layer = hp->n_layer,
-                             .n_kv_head = hp->n_kv_head,
-                             .head_dim = hp->head_dim,
-                             .block_size = kv_pool_block_size(kv),
-                             .dtype = kv_pool_dtype(kv),
-                             .n_blocks = kv_pool_n_blocks(kv)};
     if (!s->engine_id[0]) /* default: the HTTP address, known once bound */
         snprintf(s->engine_id_buf, sizeof s->engine_id_buf, "%s:%d", s->host,
                  node_server_port(s->srv));
@@ -77,7 +70,7 @@ static int kv_port_leases(serve_ctx *s)
     uint8_t fp[16];
     model_fingerprint(s->m, fp64);
     memcpy(fp, fp64, sizeof fp);
-    xfer_hello_init(&s->hello, s->engine_id, fp, &layout, kv, s->agent);
+    xfer_hello_init(&s->hello, s->engine_id, fp, kv, s->agent);
     return xfer_leases_create(kv, s->pin_ttl_s, &s->leases);
 }
 

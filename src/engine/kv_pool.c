@@ -67,7 +67,7 @@ struct kv_pool {
 
     uint8_t *base;
     kv_layout L;
-    uint32_t n_layer;
+    uint32_t n_layer, n_kv_head, head_dim;
     int dtype;
     kv_hash seed;
     void (*release)(void *user, void *p, size_t bytes);
@@ -310,6 +310,8 @@ int kv_pool_create(const kv_pool_config *cfg, kv_pool **out)
     pthread_mutex_init(&p->mu, NULL);
     p->L = L;
     p->n_layer = cfg->n_layer;
+    p->n_kv_head = cfg->n_kv_head;
+    p->head_dim = cfg->head_dim;
     p->dtype = cfg->dtype;
     p->seed = cfg->seed;
     p->slot_mask = n_slots - 1;
@@ -337,6 +339,17 @@ void kv_pool_destroy(kv_pool *p)
     dx_free(p->slot);
     dx_free(p->blk);
     dx_free(p);
+}
+
+void kv_pool_geometry(const kv_pool *p, kv_pool_config *out)
+{
+    *out = (kv_pool_config){.n_layer = p->n_layer,
+                            .n_kv_head = p->n_kv_head,
+                            .head_dim = p->head_dim,
+                            .block_size = p->L.block_size,
+                            .dtype = p->dtype,
+                            .n_blocks = p->L.n_blocks,
+                            .seed = p->seed};
 }
 
 uint32_t kv_pool_n_blocks(const kv_pool *p)

@@ -78,6 +78,9 @@ typedef struct {
 int kv_pool_create(const kv_pool_config *cfg, kv_pool **out);
 void kv_pool_destroy(kv_pool *p);
 
+/* The geometry the pool was built with (defaults resolved; no hooks), e.g.
+ * what a KV-port HELLO announces. */
+void kv_pool_geometry(const kv_pool *p, kv_pool_config *out);
 uint32_t kv_pool_n_blocks(const kv_pool *p);
 uint32_t kv_pool_block_size(const kv_pool *p);
 size_t kv_pool_block_bytes(const kv_pool *p);

@@ -29,22 +29,31 @@ struct model {
     uint64_t n_params;
 };
 
+/* GGUF namespaces hyper-parameters by architecture: "{arch}.{suffix}".  A
+ * missing optional key keeps the caller's default; anything else wrong is an
+ * error that names the file. */
+static int arch_rc(const model *m, int rc, int required)
+{
+    if (rc == DX_ENOENT && !required) return 0;
+    return rc ? dx_err_wrap(rc, "%s", m->path) : 0;
+}
+
+static const char *arch_key(const model *m, const char *suffix, char key[128])
+{
+    snprintf(key, 128, "%s.%s", m->hp.arch_name, suffix);
+    return key;
+}
+
 static int get_u32_arch(const model *m, const char *suffix, uint32_t *out, int required)
 {
     char key[128];
-    snprintf(key, sizeof key, "%s.%s", m->hp.arch_name, suffix);
-    int rc = gguf_get_u32(m->g, key, out);
-    if (rc == DX_ENOENT && !required) return 0;
-    return rc ? dx_err_wrap(rc, "%s", m->path) : 0;
+    return arch_rc(m, gguf_get_u32(m->g, arch_key(m, suffix, key), out), required);
 }
 
 static int get_f32_arch(const model *m, const char *suffix, float *out, int required)
 {
     char key[128];
-    snprintf(key, sizeof key, "%s.%s", m->hp.arch_name, suffix);
-    int rc = gguf_get_f32(m->g, key, out);
-    if (rc == DX_ENOENT && !required) return 0;
-    return rc ? dx_err_wrap(rc, "%s", m->path) : 0;
+    return arch_rc(m, gguf_get_f32(m->g, arch_key(m, suffix, key), out), required);
 }
 
 static int load_hparams(model *m)

@@ -40,8 +40,10 @@ struct xfer_client {
 };
 
 void xfer_hello_init(kvport_hello *h, const char *engine_id, const uint8_t fingerprint[16],
-                     const kv_pool_config *layout, const kv_pool *pool, xfer_agent *agent)
+                     const kv_pool *pool, xfer_agent *agent)
 {
+    kv_pool_config g;
+    kv_pool_geometry(pool, &g);
     static uint64_t instance;
     if (!instance) {
         xfer_token t;
@@ -54,12 +56,12 @@ void xfer_hello_init(kvport_hello *h, const char *engine_id, const uint8_t finge
     h->engine_id = (kvport_bytes){(const uint8_t *)engine_id, engine_id ? strlen(engine_id) : 0};
     memcpy(h->fingerprint, fingerprint, 16);
     h->instance = instance;
-    h->n_layer = layout->n_layer;
-    h->n_kv_head = layout->n_kv_head;
-    h->head_dim = layout->head_dim;
-    h->dtype = (uint32_t)layout->dtype;
-    h->block_size = layout->block_size;
-    h->n_blocks = kv_pool_n_blocks(pool);
+    h->n_layer = g.n_layer;
+    h->n_kv_head = g.n_kv_head;
+    h->head_dim = g.head_dim;
+    h->dtype = (uint32_t)g.dtype;
+    h->block_size = g.block_size;
+    h->n_blocks = g.n_blocks;
     h->block_bytes = kv_pool_block_bytes(pool);
     h->transports = (kvport_bytes){(const uint8_t *)"ucx", 3};
     h->worker_addr = (kvport_bytes){d.worker_addr, d.worker_addr_len};

@@ -64,10 +64,10 @@ typedef struct {
 } xfer_pull_result;
 
 /* Fills h with this node's identity: engine id (pointer kept), fingerprint,
- * the pool's layout, a random per-process instance and the agent's
+ * the pool's geometry, a random per-process instance and the agent's
  * transfer description. */
 void xfer_hello_init(kvport_hello *h, const char *engine_id, const uint8_t fingerprint[16],
-                     const kv_pool_config *layout, const kv_pool *pool, xfer_agent *agent);
+                     const kv_pool *pool, xfer_agent *agent);
 
 int xfer_client_create(const xfer_client_config *cfg, xfer_client **out);
 void xfer_client_destroy(xfer_client *c);

@@ -15,6 +15,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "../test_client.h"
 #include "base/dx_buf.h"
 
 static void test_demo(void **state)
@@ -27,14 +28,9 @@ static void test_demo(void **state)
     char cmd[512];
     snprintf(cmd, sizeof cmd, "DUPLEX_BIN=%s DUPLEX_MODEL=%s/m.gguf bash scripts/demo.sh 2>&1", bin,
              dir);
-    FILE *p = popen(cmd, "r");
-    assert_non_null(p);
     dx_buf out;
     dx_buf_init(&out, 0);
-    char chunk[4096];
-    size_t n;
-    while ((n = fread(chunk, 1, sizeof chunk, p)) > 0) dx_buf_append(&out, chunk, n);
-    int st = pclose(p);
+    int st = tc_run_cmd(cmd, &out);
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     if (system(cmd)) fprintf(stderr, "cleanup of %s failed\n", dir);
     if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) fail_msg("demo failed:\n%s", out.data);

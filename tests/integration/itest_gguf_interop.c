@@ -16,6 +16,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "../test_client.h"
 #include "base/dx_buf.h"
 #include "base/dx_dtype.h"
 #include "model/gguf.h"
@@ -42,14 +43,9 @@ static json_t *hf_read(const char *path)
 {
     char cmd[512];
     snprintf(cmd, sizeof cmd, "node tests/integration/node/gguf_check.mjs %s", path);
-    FILE *p = popen(cmd, "r");
-    assert_non_null(p);
     dx_buf out;
     dx_buf_init(&out, 0);
-    char chunk[65536];
-    size_t n;
-    while ((n = fread(chunk, 1, sizeof chunk, p)) > 0) dx_buf_append(&out, chunk, n);
-    int st = pclose(p);
+    int st = tc_run_cmd(cmd, &out);
     if (st != 0) fail_msg("@huggingface/gguf could not read %s:\n%s", path, out.data ? out.data : "");
     json_error_t e;
     json_t *j = json_loads(out.data, 0, &e);

@@ -22,6 +22,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../test_client.h"
 #include "base/dx_dtype.h"
 #include "base/dx_err.h"
 #include "engine/kv_pool.h"
@@ -90,17 +91,10 @@ static int teardown(void **state)
 
 static long http_get(const char *path)
 {
-    char url[128];
-    snprintf(url, sizeof url, "http://127.0.0.1:%d%s", g_http, path);
-    CURL *c = curl_easy_init();
-    FILE *sink = fopen("/dev/null", "w");
-    curl_easy_setopt(c, CURLOPT_URL, url);
-    curl_easy_setopt(c, CURLOPT_WRITEDATA, sink);
-    curl_easy_setopt(c, CURLOPT_TIMEOUT, 20L);
-    long code = 0;
-    if (curl_easy_perform(c) == CURLE_OK) curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &code);
-    curl_easy_cleanup(c);
-    fclose(sink);
+    dx_buf b;
+    dx_buf_init(&b, 0);
+    long code = tc_http(g_http, "GET", path, NULL, &b, 20);
+    dx_buf_free(&b);
     return code;
 }
 
@@ -122,7 +116,7 @@ static void reader_init(reader *r, const model *m, const uint8_t fp[16])
                          .n_blocks = 8, .alloc = xfer_agent_alloc,
                          .release = xfer_agent_release, .alloc_user = r->agent};
     assert_int_equal(kv_pool_create(&pc, &r->pool), 0);
-    xfer_hello_init(&r->hello, "itest-reader", fp, &pc, r->pool, r->agent);
+    xfer_hello_init(&r->hello, "itest-reader", fp, r->pool, r->agent);
     xfer_client_config cc = {.agent = r->agent, .pool = r->pool, .hello = &r->hello};
     assert_int_equal(xfer_client_create(&cc, &r->client), 0);
 }

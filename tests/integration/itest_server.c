@@ -27,6 +27,7 @@
 
 #include "base/dx_buf.h"
 #include "base/dx_utf8.h"
+#include "../test_client.h"
 #include "base/dx_clock.h"
 #include "base/dx_err.h"
 #include "node/oai_resp.h"
@@ -41,15 +42,55 @@ static struct {
 
 /* ---- process management ------------------------------------------------- */
 
-static int run_cmd(const char *cmd, dx_buf *out)
+/* ---- clients (tests/test_client.h, bound to this file's server) -------- */
+
+#define run_cmd tc_run_cmd
+#define http(method, path, body, out) tc_http(G.port, method, path, body, out, 120)
+#define curl_req(method, path, body, out, hdrs) tc_curl(G.port, method, path, body, out, hdrs, 120)
+#define raw_connect() tc_raw_connect(G.port)
+#define raw_exchange(req, len, out, ms) tc_raw_exchange(G.port, req, len, out, ms)
+#define as_json tc_json
+#define metric(name) tc_metric(G.port, name)
+
+/* The answer text (strdup'd) and, if asked, its usage object. */
+static char *answer_text(const dx_buf *b, int chat, json_t **usage_out)
 {
-    FILE *p = popen(cmd, "r");
-    if (!p) return -1;
-    char buf[4096];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, p)) > 0)
-        if (out) dx_buf_append(out, buf, n);
-    return pclose(p);
+    dx_buf t;
+    dx_buf_init(&t, 0);
+    tc_answer_text(b, chat, &t);
+    if (usage_out) {
+        json_t *v = tc_json(b);
+        *usage_out = json_incref(json_object_get(v, "usage"));
+        json_decref(v);
+    }
+    char *s = strdup(t.data);
+    dx_buf_free(&t);
+    return s;
+}
+
+/* SSE body → concatenated text (strdup'd); framing and [DONE] checked. */
+static char *sse_text(const dx_buf *b, int chat, char *finish, long *usage_completion)
+{
+    dx_buf t;
+    dx_buf_init(&t, 0);
+    int u;
+    tc_parse_sse(b, chat, &t, finish, &u);
+    *usage_completion = u;
+    char *s = strdup(t.data);
+    dx_buf_free(&t);
+    return s;
+}
+
+/* What JSON makes of raw bytes: invalid UTF-8 becomes U+FFFD (strdup'd). */
+static char *sanitize(const char *s, size_t n)
+{
+    dx_buf b;
+    dx_buf_init(&b, 0);
+    dx_utf8_sanitize((const uint8_t *)s, n, &b);
+    tc_terminate(&b);
+    char *r = strdup(b.data ? b.data : "");
+    dx_buf_free(&b);
+    return r;
 }
 
 static int read_port_from_log(void)
@@ -138,72 +179,10 @@ static int group_teardown(void **state)
 
 /* ---- HTTP helpers -------------------------------------------------------- */
 
-static size_t on_data(char *p, size_t sz, size_t n, void *user)
-{
-    return dx_buf_append(user, p, sz * n) == 0 ? sz * n : 0;
-}
-
-static CURL *curl_req(const char *method, const char *path, const char *body, size_t blen,
-                      dx_buf *out, struct curl_slist **hdrs)
-{
-    CURL *c = curl_easy_init();
-    char url[256];
-    snprintf(url, sizeof url, "http://127.0.0.1:%d%s", G.port, path);
-    curl_easy_setopt(c, CURLOPT_URL, url);
-    curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
-    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_data);
-    curl_easy_setopt(c, CURLOPT_WRITEDATA, out);
-    curl_easy_setopt(c, CURLOPT_TIMEOUT, 120L);
-    *hdrs = NULL;
-    if (body) {
-        *hdrs = curl_slist_append(NULL, "Content-Type: application/json");
-        curl_easy_setopt(c, CURLOPT_HTTPHEADER, *hdrs);
-        curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
-        curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE, (long)blen);
-    }
-    return c;
-}
-
-static long http(const char *method, const char *path, const char *body, dx_buf *out)
-{
-    struct curl_slist *h;
-    dx_buf_reset(out);
-    CURL *c = curl_req(method, path, body, body ? strlen(body) : 0, out, &h);
-    CURLcode rc = curl_easy_perform(c);
-    long status = 0;
-    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
-    curl_easy_cleanup(c);
-    curl_slist_free_all(h);
-    if (rc != CURLE_OK) fail_msg("%s %s: %s", method, path, curl_easy_strerror(rc));
-    return status;
-}
-
-static json_t *as_json(const dx_buf *b)
-{
-    json_error_t je;
-    json_t *v = json_loadb(b->data, b->len, 0, &je);
-    if (!v) fail_msg("not JSON: %.*s", (int)(b->len < 300 ? b->len : 300), b->data);
-    return v;
-}
-
 static json_t *jpath(json_t *v, const char *a, const char *b)
 {
     json_t *x = json_object_get(v, a);
     return b ? json_object_get(x, b) : x;
-}
-
-static long metric(const char *name)
-{
-    dx_buf b;
-    dx_buf_init(&b, 0);
-    assert_int_equal(http("GET", "/metrics", NULL, &b), 200);
-    char key[128];
-    snprintf(key, sizeof key, "\n%s ", name);
-    const char *p = strstr(b.data, key);
-    if (!p) fail_msg("metric %s missing", name);
-    long v = strtol(p + strlen(key), NULL, 10);
-    dx_buf_free(&b);
-    return v;
 }
 
 /* The server is healthy and holds no KV blocks once idle (cancellation is
@@ -221,19 +200,6 @@ static void assert_healthy_no_leak(void)
         usleep(20000);
     }
     assert_int_equal(used, 0);
-}
-
-/* The answer text of a non-streaming chat/completion (dup'd). */
-static char *answer_text(const dx_buf *b, int chat, json_t **usage_out)
-{
-    json_t *v = as_json(b);
-    json_t *ch = json_array_get(json_object_get(v, "choices"), 0);
-    json_t *t = chat ? jpath(ch, "message", "content") : json_object_get(ch, "text");
-    assert_true(json_is_string(t));
-    char *s = strdup(json_string_value(t));
-    if (usage_out) *usage_out = json_incref(json_object_get(v, "usage"));
-    json_decref(v);
-    return s;
 }
 
 static char *chat_body(const char *content, int max_tokens, int stream)
@@ -256,65 +222,6 @@ static char *chat_once(const char *content, int max_tokens)
     free(body);
     dx_buf_free(&b);
     return t;
-}
-
-/* SSE body → concatenated text; checks the framing and the [DONE] end. */
-static char *sse_text(const dx_buf *b, int chat, char *finish, long *usage_completion)
-{
-    dx_buf t;
-    dx_buf_init(&t, 0);
-    dx_buf_puts(&t, "");
-    const char *p = b->data;
-    int done = 0;
-    *usage_completion = -1;
-    while (p && *p) {
-        assert_false(done);
-        if (strncmp(p, "data: ", 6) != 0) fail_msg("bad SSE framing at: %.60s", p);
-        const char *end = strstr(p, "\n\n");
-        assert_non_null(end);
-        p += 6;
-        if (end - p == 6 && !memcmp(p, "[DONE]", 6)) {
-            done = 1;
-        } else {
-            json_error_t je;
-            json_t *v = json_loadb(p, (size_t)(end - p), 0, &je);
-            assert_non_null(v);
-            json_t *ch = json_array_get(json_object_get(v, "choices"), 0);
-            json_t *x = chat ? jpath(ch, "delta", "content") : json_object_get(ch, "text");
-            if (json_is_string(x)) dx_buf_append(&t, json_string_value(x), json_string_length(x));
-            if (json_is_string(json_object_get(ch, "finish_reason")))
-                strcpy(finish, json_string_value(json_object_get(ch, "finish_reason")));
-            json_t *u = json_object_get(v, "usage");
-            if (json_is_object(u))
-                *usage_completion =
-                    (long)json_integer_value(json_object_get(u, "completion_tokens"));
-            json_decref(v);
-        }
-        p = end + 2;
-    }
-    assert_true(done);
-    char *s = strdup(t.data);
-    dx_buf_free(&t);
-    return s;
-}
-
-/* What JSON makes of raw bytes: invalid UTF-8 becomes U+FFFD. */
-static char *sanitize(const char *s, size_t n)
-{
-    dx_buf b;
-    dx_buf_init(&b, 0);
-    dx_buf_puts(&b, "");
-    for (size_t i = 0; i < n;) {
-        size_t k = dx_utf8_seq_len((const unsigned char *)s + i, n - i);
-        if (k)
-            dx_buf_append(&b, s + i, k);
-        else
-            dx_buf_puts(&b, "\xef\xbf\xbd");
-        i += k ? k : 1;
-    }
-    char *r = strdup(b.data);
-    dx_buf_free(&b);
-    return r;
 }
 
 /* ---- tests ---------------------------------------------------------------- */
@@ -452,7 +359,7 @@ static void test_concurrent_streams(void **state)
         dx_buf_init(&out[i], 0);
         bodies[i] = chat_body(prompts[i], 24, 1);
         c[i] =
-            curl_req("POST", "/v1/chat/completions", bodies[i], strlen(bodies[i]), &out[i], &h[i]);
+            curl_req("POST", "/v1/chat/completions", bodies[i], &out[i], &h[i]);
         curl_multi_add_handle(m, c[i]);
     }
     int running = 1;
@@ -518,39 +425,6 @@ static void test_multi_turn_cached(void **state)
     json_decref(msgs);
     dx_buf_free(&b);
     assert_healthy_no_leak();
-}
-
-static int raw_connect(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)G.port)};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
-    return fd;
-}
-
-/* Sends; reads until the server closes or timeout_ms passes. */
-static void raw_exchange(const char *req, size_t len, dx_buf *out, int timeout_ms)
-{
-    int fd = raw_connect();
-    size_t off = 0;
-    while (off < len) {
-        ssize_t n = write(fd, req + off, len - off);
-        if (n <= 0) break; /* the server may close early (413) */
-        off += (size_t)n;
-    }
-    dx_buf_reset(out);
-    uint64_t end = dx_now_ns() + (uint64_t)timeout_ms * 1000000ull;
-    char buf[4096];
-    while (dx_now_ns() < end) {
-        struct pollfd p = {.fd = fd, .events = POLLIN};
-        if (poll(&p, 1, 50) <= 0) continue;
-        ssize_t n = read(fd, buf, sizeof buf);
-        if (n <= 0) break;
-        dx_buf_append(out, buf, (size_t)n);
-    }
-    dx_buf_puts(out, "");
-    close(fd);
 }
 
 static void expect_status(const char *method, const char *path, const char *body, long want,

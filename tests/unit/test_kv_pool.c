@@ -146,6 +146,17 @@ static void test_layout(void **state)
     c.pool_bytes = 5 * (2 * 2 * 2 * 16 * 8 * 2) + 7; /* floor */
     assert_int_equal(kv_pool_create(&c, &p), 0);
     assert_int_equal(kv_pool_n_blocks(p), 5);
+    /* the geometry reports what was built, defaults resolved */
+    kv_pool_config g;
+    kv_pool_geometry(p, &g);
+    assert_int_equal(g.n_layer, 2);
+    assert_int_equal(g.n_kv_head, 2);
+    assert_int_equal(g.head_dim, 8);
+    assert_int_equal(g.block_size, 16);
+    assert_int_equal(g.dtype, DX_BF16);
+    assert_int_equal(g.n_blocks, 5);
+    assert_true(kv_hash_eq(g.seed, c.seed));
+    assert_null(g.alloc);
     kv_pool_destroy(p);
 }
 

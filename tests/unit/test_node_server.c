@@ -43,6 +43,7 @@
 #include "base/dx_dtype.h"
 #include "base/dx_err.h"
 #include "engine/engine.h"
+#include "../test_client.h"
 #include "engine_test_util.h"
 #include "node/node_engine.h"
 #include "node/node_server.h"
@@ -235,19 +236,12 @@ static void ref_event(void *user, const engine_event *ev)
     pthread_mutex_unlock(&r->mu);
 }
 
-/* The answer as the server writes it into JSON: each byte that does not
- * start a valid UTF-8 sequence becomes U+FFFD. */
+/* The answer as the server writes it into JSON: invalid UTF-8 becomes U+FFFD. */
 static void as_json_text(const dx_buf *raw, dx_buf *out)
 {
-    const unsigned char *s = (const unsigned char *)raw->data;
     dx_buf_reset(out);
-    for (size_t i = 0; i < raw->len;) {
-        size_t n = dx_utf8_seq_len(s + i, raw->len - i);
-        dx_buf_append(out, n ? (const char *)s + i : "\xEF\xBF\xBD", n ? n : 3);
-        i += n ? n : 1;
-    }
-    dx_buf_putc(out, 0); /* NUL-terminate for assert_string_equal ... */
-    out->len--;          /* ... without counting it */
+    dx_utf8_sanitize((const uint8_t *)raw->data, raw->len, out);
+    tc_terminate(out);
 }
 
 static engine_stats stats(void)
@@ -333,45 +327,24 @@ static const char *req(const char *fmt, ...)
 
 /* ---- clients ------------------------------------------------------------ */
 
-static size_t on_curl_data(char *p, size_t sz, size_t n, void *user)
-{
-    return dx_buf_append(user, p, sz * n) == 0 ? sz * n : 0;
-}
+/* ---- clients (tests/test_client.h, bound to this file's server) -------- */
 
-static CURL *curl_for(const char *method, const char *path, const char *body, dx_buf *out,
-                      struct curl_slist **hdrs)
-{
-    CURL *c = curl_easy_init();
-    char url[256];
-    snprintf(url, sizeof url, "http://127.0.0.1:%d%s", H.port, path);
-    curl_easy_setopt(c, CURLOPT_URL, url);
-    curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
-    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_curl_data);
-    curl_easy_setopt(c, CURLOPT_WRITEDATA, out);
-    curl_easy_setopt(c, CURLOPT_TIMEOUT, 20L);
-    if (body) {
-        *hdrs = curl_slist_append(NULL, "Content-Type: application/json");
-        curl_easy_setopt(c, CURLOPT_HTTPHEADER, *hdrs);
-        curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
-    }
-    return c;
-}
+#define http(method, path, body, out) tc_http(H.port, method, path, body, out, 20)
+#define curl_for(method, path, body, out, hdrs) tc_curl(H.port, method, path, body, out, hdrs, 20)
+#define raw_connect() tc_raw_connect(H.port)
+#define raw_read_all tc_raw_read_all
+#define body_json tc_json
+#define answer_text tc_answer_text
+#define parse_sse tc_parse_sse
+#define metric(name) ((uint32_t)tc_metric(H.port, name))
 
-/* One request; returns the status, body in *out (reset first, NUL-ended). */
-static long http(const char *method, const char *path, const char *body, dx_buf *out)
+static void raw_exchange(const char *request, size_t len, dx_buf *out)
 {
-    struct curl_slist *hdrs = NULL;
+    int fd = raw_connect();
+    assert_int_equal(write(fd, request, len), (ssize_t)len);
     dx_buf_reset(out);
-    CURL *c = curl_for(method, path, body, out, &hdrs);
-    long status = 0;
-    CURLcode rc = curl_easy_perform(c);
-    if (rc != CURLE_OK) fail_msg("curl %s %s: %s", method, path, curl_easy_strerror(rc));
-    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
-    curl_easy_cleanup(c);
-    curl_slist_free_all(hdrs);
-    dx_buf_putc(out, 0);
-    out->len--;
-    return status;
+    raw_read_all(fd, out, 5000);
+    close(fd);
 }
 
 /* Answers are compared as bytes: a random-weight model can emit any byte,
@@ -382,57 +355,9 @@ static long http(const char *method, const char *path, const char *body, dx_buf 
         assert_memory_equal((a)->data ? (a)->data : "", (b)->data ? (b)->data : "", (a)->len);     \
     } while (0)
 
-static json_t *body_json(const dx_buf *b)
-{
-    json_error_t je;
-    json_t *v = json_loadb(b->data, b->len, JSON_ALLOW_NUL, &je);
-    if (!v) fail_msg("not JSON: %.*s", (int)b->len, b->data);
-    return v;
-}
-
 static const char *err_field(json_t *v, const char *name)
 {
     return json_string_value(json_object_get(json_object_get(v, "error"), name));
-}
-
-/* The first choice's text of a non-streamed answer (copied into *out). */
-static void answer_text(const dx_buf *b, int chat, dx_buf *out)
-{
-    json_t *v = body_json(b);
-    json_t *ch = json_array_get(json_object_get(v, "choices"), 0);
-    json_t *t = chat ? json_object_get(json_object_get(ch, "message"), "content")
-                     : json_object_get(ch, "text");
-    assert_true(json_is_string(t));
-    dx_buf_reset(out);
-    dx_buf_append(out, json_string_value(t), json_string_length(t));
-    dx_buf_putc(out, 0);
-    out->len--;
-    json_decref(v);
-}
-
-static int raw_connect(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)H.port)};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
-    return fd;
-}
-
-/* Reads until the server closes (or timeout_ms); *out NUL-ended. */
-static void raw_read_all(int fd, dx_buf *out, int timeout_ms)
-{
-    char buf[4096];
-    uint64_t end = dx_now_ns() + (uint64_t)timeout_ms * 1000000ull;
-    while (dx_now_ns() < end) {
-        struct pollfd p = {.fd = fd, .events = POLLIN};
-        if (poll(&p, 1, 50) <= 0) continue;
-        ssize_t n = read(fd, buf, sizeof buf);
-        if (n <= 0) break;
-        dx_buf_append(out, buf, (size_t)n);
-    }
-    dx_buf_putc(out, 0);
-    out->len--;
 }
 
 /* Reads until *out holds `want` (or 5 s); returns whether it does. */
@@ -453,15 +378,6 @@ static int raw_read_until(int fd, dx_buf *out, const char *want)
     return 0;
 }
 
-static void raw_exchange(const char *request, size_t len, dx_buf *out)
-{
-    int fd = raw_connect();
-    assert_int_equal(write(fd, request, len), (ssize_t)len);
-    dx_buf_reset(out);
-    raw_read_all(fd, out, 5000);
-    close(fd);
-}
-
 /* An HTTP/1.1 POST of a JSON body, as raw bytes. */
 static int raw_post(char *buf, size_t cap, const char *path, const char *extra_hdrs,
                     const char *body)
@@ -475,20 +391,6 @@ static int count_str(const char *hay, const char *needle)
     int n = 0;
     for (const char *p = hay; (p = strstr(p, needle)); p += strlen(needle)) n++;
     return n;
-}
-
-static uint32_t metric(const char *name)
-{
-    dx_buf b;
-    dx_buf_init(&b, 0);
-    assert_int_equal(http("GET", "/metrics", NULL, &b), 200);
-    char key[160];
-    snprintf(key, sizeof key, "\n%s ", name);
-    const char *p = strstr(b.data, key);
-    if (!p) fail_msg("metric %s missing", name);
-    uint32_t v = (uint32_t)strtoul(p + strlen(key), NULL, 10);
-    dx_buf_free(&b);
-    return v;
 }
 
 /* Waits until the engine holds no request and no KV block is referenced
@@ -514,49 +416,6 @@ static void wait_outstanding(uint32_t n)
         st = stats();
     }
     assert_int_equal(st.running + st.waiting, n);
-}
-
-/* Parses an SSE body: checks framing, returns the concatenated text, the
- * finish reason, the usage chunk's completion_tokens (-1: none), and that
- * [DONE] ends it. */
-static void parse_sse(const dx_buf *b, int chat, dx_buf *text, char *finish, int *usage_tokens)
-{
-    const char *p = b->data;
-    int done = 0;
-    *usage_tokens = -1;
-    finish[0] = 0;
-    dx_buf_reset(text);
-    while (*p) {
-        assert_false(done);
-        assert_memory_equal(p, "data: ", 6);
-        const char *end = strstr(p, "\n\n");
-        assert_non_null(end);
-        p += 6;
-        if (end - p == 6 && !memcmp(p, "[DONE]", 6)) {
-            done = 1;
-        } else {
-            json_error_t je;
-            json_t *v = json_loadb(p, (size_t)(end - p), JSON_ALLOW_NUL, &je);
-            if (!v) fail_msg("bad SSE event: %.*s", (int)(end - p), p);
-            json_t *ch = json_array_get(json_object_get(v, "choices"), 0);
-            json_t *u = json_object_get(v, "usage");
-            if (json_is_object(u))
-                *usage_tokens = (int)json_integer_value(json_object_get(u, "completion_tokens"));
-            if (ch) {
-                json_t *t = chat ? json_object_get(json_object_get(ch, "delta"), "content")
-                                 : json_object_get(ch, "text");
-                if (json_is_string(t))
-                    dx_buf_append(text, json_string_value(t), json_string_length(t));
-                json_t *f = json_object_get(ch, "finish_reason");
-                if (json_is_string(f)) strcpy(finish, json_string_value(f));
-            }
-            json_decref(v);
-        }
-        p = end + 2;
-    }
-    assert_true(done);
-    dx_buf_putc(text, 0);
-    text->len--;
 }
 
 /* ---- tests: main group -------------------------------------------------- */
