@@ -40,6 +40,7 @@ struct engine {
     item *in_head, *in_tail;
     uint32_t n_in;
     int stop;
+    int stopped; /* engine_stop has run: no scheduler any more */
     uint64_t next_id;
     int kv_type; /* enum dx_dtype parsed from cfg.kv_dtype */
     engine_stats stats; /* snapshot after the last step */
@@ -49,6 +50,7 @@ static void item_free(item *it)
 {
     if (!it) return;
     if (!it->cancel) {
+        dx_free((void *)it->req.prefix_blocks);
         dx_free((void *)it->req.prompt);
         for (size_t i = 0; i < it->req.n_stop; i++) dx_free((void *)it->req.stop[i]);
         dx_free((void *)it->req.stop);
@@ -63,6 +65,14 @@ static void push_item(engine *e, item *it)
     e->in_tail = it;
     e->n_in++;
     pthread_cond_signal(&e->cv);
+}
+
+/* A request the engine accepted but will not run: its handed-in blocks go
+ * back (the engine owns their references since engine_submit). */
+static void drop_prefix_blocks(engine *e, const item *it)
+{
+    for (size_t i = 0; i < it->req.n_prefix_blocks; i++)
+        kv_pool_unref(e->pool, it->req.prefix_blocks[i]);
 }
 
 static void fail_request(const item *it, enum engine_finish fin, int err, const char *msg)
@@ -80,6 +90,7 @@ static void drain(engine *e, item *list)
         if (it->cancel) {
             sched_cancel(e->s, it->id); /* ENOENT: already finished */
         } else if (sched_submit_at(e->s, &it->req, it->id, it->t_submit)) {
+            drop_prefix_blocks(e, it);
             fail_request(it, ENGINE_FINISH_ERROR, dx_errcode(), dx_errmsg());
         }
         item_free(it);
@@ -163,7 +174,8 @@ int engine_create(const engine_config *cfg, const model *m, engine **out)
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
     sched_config sc = {e->cfg.max_batch_tokens, e->cfg.max_seqs, e->cfg.max_waiting,
-                       e->cfg.n_ctx};
+                       e->cfg.n_ctx, e->cfg.no_prefix_cache, e->cfg.kv_reclaim,
+                       e->cfg.kv_reclaim_user};
     int rc = engine_parse_kv_dtype(e->cfg.kv_dtype, &e->kv_type);
     if (!rc) rc = make_pool(e);
     if (!rc) rc = dx_tpool_create(e->cfg.n_threads, &e->tp);
@@ -180,9 +192,9 @@ int engine_create(const engine_config *cfg, const model *m, engine **out)
     return 0;
 }
 
-void engine_destroy(engine *e)
+void engine_stop(engine *e)
 {
-    if (!e) return;
+    if (!e || e->stopped) return;
     if (e->started) {
         pthread_mutex_lock(&e->mu);
         e->stop = 1;
@@ -190,13 +202,34 @@ void engine_destroy(engine *e)
         pthread_mutex_unlock(&e->mu);
         pthread_join(e->th, NULL);
     }
-    for (item *it = e->in_head, *next; it; it = next) {
+    pthread_mutex_lock(&e->mu);
+    item *list = e->in_head;
+    e->in_head = e->in_tail = NULL;
+    e->n_in = 0;
+    e->stopped = 1;
+    pthread_mutex_unlock(&e->mu);
+    for (item *it = list, *next; it; it = next) {
         next = it->next;
-        if (!it->cancel) fail_request(it, ENGINE_FINISH_CANCELED, 0, NULL);
+        if (!it->cancel) {
+            drop_prefix_blocks(e, it);
+            fail_request(it, ENGINE_FINISH_CANCELED, 0, NULL);
+        }
         item_free(it);
     }
     sched_destroy(e->s);
+    e->s = NULL;
     dx_tpool_destroy(e->tp);
+    e->tp = NULL;
+}
+
+void engine_destroy(engine *e)
+{
+    if (!e) return;
+    engine_stop(e);
+    for (item *it = e->in_head, *next; it; it = next) { /* cancels sent after the stop */
+        next = it->next;
+        item_free(it);
+    }
     kv_pool_destroy(e->pool);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);
@@ -210,7 +243,11 @@ static item *copy_request(const engine_request *r)
     it->req = *r;
     it->req.prompt = dx_memdup(r->prompt, r->n_prompt * sizeof(int32_t));
     it->req.stop = r->n_stop ? dx_calloc(r->n_stop, sizeof(char *)) : NULL;
-    int oom = !it->req.prompt || (r->n_stop && !it->req.stop);
+    it->req.prefix_blocks =
+        r->n_prefix_blocks ? dx_memdup(r->prefix_blocks, r->n_prefix_blocks * sizeof(int32_t))
+                           : NULL;
+    int oom = !it->req.prompt || (r->n_stop && !it->req.stop) ||
+              (r->n_prefix_blocks && !it->req.prefix_blocks);
     for (size_t i = 0; !oom && i < r->n_stop; i++)
         oom = !(((char **)it->req.stop)[i] = dx_strdup(r->stop[i]));
     if (oom) {
@@ -222,11 +259,17 @@ static item *copy_request(const engine_request *r)
 
 int engine_submit(engine *e, const engine_request *req, uint64_t *req_id)
 {
+    if (e->stopped) return dx_errf(DX_ECLOSED, "the engine has stopped");
     int rc = sched_check(e->s, req);
     if (rc) return rc;
     item *it = copy_request(req);
     if (!it) return dx_errf(DX_ENOMEM, "out of memory");
     pthread_mutex_lock(&e->mu);
+    if (e->stopped) {
+        pthread_mutex_unlock(&e->mu);
+        item_free(it);
+        return dx_errf(DX_ECLOSED, "the engine has stopped");
+    }
     uint32_t outstanding = e->n_in + e->stats.running + e->stats.waiting;
     if (outstanding >= e->cfg.max_seqs + e->cfg.max_waiting) {
         pthread_mutex_unlock(&e->mu);

@@ -27,10 +27,22 @@ typedef struct {
     uint32_t max_seqs;         /* running sequences, default 64 */
     uint32_t max_waiting;      /* queued requests before submit says DX_EBUSY; default 256 */
     uint32_t n_ctx;            /* max tokens per sequence; default min(n_ctx_train, 32768) */
+    /* 1: never reuse blocks computed for earlier requests (vLLM's
+     * --no-enable-prefix-caching).  Blocks are still hashed, so leases and
+     * pins can check them, and prefix_blocks handed in with a request are
+     * still used. */
+    int no_prefix_cache;
     /* KV arena allocation hook (the transfer layer registers it with UCX). */
     void *(*kv_alloc)(void *user, size_t bytes);
     void (*kv_release)(void *user, void *p, size_t bytes);
     void *kv_alloc_user;
+    /* Called on the engine thread when a request needs a block and the pool
+     * has none free or cached, before anything running is preempted: drop
+     * references held outside the engine (the node revokes retained leases,
+     * least recently used first) and return non-zero if any were dropped,
+     * so the engine tries again.  NULL: nothing to reclaim. */
+    int (*kv_reclaim)(void *user);
+    void *kv_reclaim_user;
 } engine_config;
 
 enum engine_finish { ENGINE_FINISH_NONE = 0, ENGINE_FINISH_STOP, ENGINE_FINISH_LENGTH,
@@ -45,7 +57,7 @@ typedef struct {
     int has_seed; /* else a random seed per request */
 } engine_sampling;
 
-enum engine_event_type { ENGINE_EV_TOKENS, ENGINE_EV_DONE };
+enum engine_event_type { ENGINE_EV_TOKENS, ENGINE_EV_KV, ENGINE_EV_DONE };
 
 typedef struct {
     enum engine_event_type type;
@@ -58,11 +70,19 @@ typedef struct {
     size_t n_tokens;
     const char *text;
     size_t text_len;
+    /* KV (only for requests with want_kv, just before a DONE that ends them
+     * normally — stop or length): the sequence's tokens (prompt, then every
+     * generated token) and the ids of its full blocks whose KV is computed,
+     * in token order, each hashed in the prefix cache.  Both are valid only
+     * during the callback, which may take pool references on the blocks
+     * (kv_pool_ref, or a lease) to keep them past the request. */
+    const int32_t *kv_blocks;
+    size_t n_kv_blocks;
     /* DONE: how it ended and the usage figures. */
     enum engine_finish finish;
     int error;            /* DX_E* when finish == ERROR */
     const char *error_msg;
-    uint32_t n_prompt, n_cached, n_gen;
+    uint32_t n_prompt, n_cached, n_gen; /* n_cached: prompt tokens not computed here */
     double ttft_s;        /* submit → first token */
 } engine_event;
 
@@ -76,6 +96,17 @@ typedef struct {
     const char *const *stop; /* stop strings (copied), may be NULL */
     size_t n_stop;
     int ignore_eos;
+    /* Blocks that already hold the KV of the prompt's first
+     * n_prefix_blocks × block_size tokens (from the caller's own prefix
+     * match, or pulled from another node), in token order, each hashed
+     * (kv_pool_publish) and referenced by the caller.  At most
+     * (n_prompt - 1) / block_size of them: the last prompt token is always
+     * computed.  When engine_submit succeeds the engine owns those
+     * references (it drops them when the request ends); when it fails the
+     * caller still does.  The ids are copied. */
+    const int32_t *prefix_blocks;
+    size_t n_prefix_blocks;
+    int want_kv; /* deliver an ENGINE_EV_KV event before a normal DONE */
     engine_event_fn on_event;
     void *user;
 } engine_request;
@@ -85,6 +116,7 @@ typedef struct {
     kv_pool_stats kv;
     uint64_t prompt_tokens_computed, prompt_tokens_cached, gen_tokens;
     uint64_t preemptions;
+    uint64_t reclaims; /* kv_reclaim calls that dropped outside references */
 } engine_stats;
 
 typedef struct engine engine;
@@ -93,10 +125,14 @@ typedef struct engine engine;
 int engine_parse_kv_dtype(const char *name, int *out);
 
 int engine_create(const engine_config *cfg, const model *m, engine **out);
-void engine_destroy(engine *e); /* cancels everything, joins the thread */
+/* Cancels everything (final events delivered) and joins the thread; the
+ * pool stays until engine_destroy, so references held outside the engine
+ * (leases) can be dropped in between.  Idempotent; submit fails after it. */
+void engine_stop(engine *e);
+void engine_destroy(engine *e); /* engine_stop, then frees the pool */
 
-/* DX_EINVAL: empty prompt, prompt + max_tokens over n_ctx (message says
- * which); DX_EBUSY: waiting queue full. */
+/* DX_EINVAL: empty prompt, prompt + max_tokens over n_ctx, bad
+ * prefix_blocks (message says which); DX_EBUSY: waiting queue full. */
 int engine_submit(engine *e, const engine_request *req, uint64_t *req_id);
 int engine_cancel(engine *e, uint64_t req_id);
 void engine_get_stats(engine *e, engine_stats *out);

@@ -594,6 +594,34 @@ int kv_pool_insert(kv_pool *p, int32_t id, kv_hash h, int32_t *existing)
     return rc;
 }
 
+/* Under one lock, so the block that already holds h cannot be evicted
+ * between finding it and referencing it. */
+int kv_pool_publish(kv_pool *p, int32_t *id, kv_hash h)
+{
+    DX_ASSERT(kv_pool_valid_id(p, *id));
+    kv_lock(p);
+    kv_blk *b = &p->blk[*id];
+    DX_ASSERT(b->ref > 0);
+    int switched = 0;
+    if (b->hashed) {
+        DX_ASSERT(kv_hash_eq(b->h, h)); /* a block's KV never changes under its hash */
+    } else {
+        int32_t other = kv_idx_find(p, h);
+        if (other == KV_NIL) {
+            b->h = h;
+            b->hashed = 1;
+            kv_idx_add(p, *id);
+        } else {
+            kv_ref_locked(p, other);
+            if (--b->ref == 0) kv_free_push(p, *id); /* unhashed: straight back to free */
+            *id = other;
+            switched = 1;
+        }
+    }
+    kv_unlock(p);
+    return switched;
+}
+
 int32_t kv_pool_lookup(kv_pool *p, kv_hash h)
 {
     kv_lock(p);

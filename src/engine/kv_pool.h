@@ -123,6 +123,12 @@ size_t kv_pool_hash_chain(const kv_pool *p, const int32_t *tokens, size_t n, kv_
  * NULL).  The block must be referenced (DX_ASSERT); a block that already has a
  * different hash is refused with DX_EINVAL (its KV cannot have changed). */
 int kv_pool_insert(kv_pool *p, int32_t id, kv_hash h, int32_t *existing);
+/* Register a full, computed, referenced block *id under h, or — when another
+ * block already holds h (the same tokens at the same positions, computed
+ * twice) — switch to that one: take a reference on it, drop ours (it goes
+ * back to the free list) and set *id.  Returns 1 if it switched, else 0.
+ * Either way *id is then a hashed, referenced block holding h's KV. */
+int kv_pool_publish(kv_pool *p, int32_t *id, kv_hash h);
 /* Block id holding h, or -1.  Does not take a reference. */
 int32_t kv_pool_lookup(kv_pool *p, kv_hash h);
 /* Longest prefix of chain[0..n) present in the cache: takes a reference on

@@ -26,6 +26,8 @@ typedef struct seq {
     int32_t *blocks;
     uint32_t n_blocks, cap_blocks;
     uint32_t n_hashed; /* leading blocks already hashed */
+    int32_t *pre_blocks; /* handed in with the request (referenced) until admitted */
+    uint32_t n_pre;
     kv_hash last_hash;
     dx_rng rng;
     sampler_params sp;
@@ -58,6 +60,20 @@ struct sched {
 };
 
 /* ---- events ---- */
+
+/* The KV event: the sequence's tokens and its hashed full blocks, still
+ * referenced by the sequence while the callback runs. */
+static void emit_kv(sched *s, seq *q)
+{
+    engine_event ev = {.type = ENGINE_EV_KV,
+                       .req_id = q->id,
+                       .tokens = q->tokens,
+                       .n_tokens = q->n_tokens,
+                       .kv_blocks = q->blocks,
+                       .n_kv_blocks = q->n_hashed};
+    (void)s;
+    q->req.on_event(q->req.user, &ev);
+}
 
 static void emit_done(sched *s, seq *q, enum engine_finish fin, int err, const char *msg)
 {
@@ -129,6 +145,8 @@ static void emit_tokens(sched *s, seq *q, const int32_t *toks, size_t n, size_t 
 static void seq_free(seq *q)
 {
     if (!q) return;
+    DX_ASSERT(q->n_pre == 0); /* handed blocks are released before (drop_pre_blocks) */
+    dx_free(q->pre_blocks);
     for (size_t i = 0; i < q->req.n_stop; i++) dx_free(q->stop[i]);
     dx_free(q->stop);
     dx_free(q->tokens);
@@ -144,6 +162,34 @@ static void release_blocks(sched *s, seq *q)
     q->n_computed = 0;
     q->n_hashed = 0;
     q->last_hash = kv_pool_seed(s->pool);
+}
+
+/* Releases blocks handed in with a request that was never admitted. */
+static void drop_pre_blocks(sched *s, seq *q)
+{
+    for (uint32_t i = 0; i < q->n_pre; i++) kv_pool_unref(s->pool, q->pre_blocks[i]);
+    q->n_pre = 0;
+}
+
+static int check_prefix_blocks(const sched *s, const engine_request *r)
+{
+    if (!r->n_prefix_blocks) return 0;
+    if (!r->prefix_blocks) return dx_errf(DX_EINVAL, "prefix_blocks is NULL");
+    if (r->n_prefix_blocks > (r->n_prompt - 1) / s->bs)
+        return dx_errf(DX_EINVAL,
+                       "%zu prefix blocks cover %zu tokens, but at most %zu of the %zu-token "
+                       "prompt may come precomputed (the last token is always computed)",
+                       r->n_prefix_blocks, r->n_prefix_blocks * s->bs,
+                       (r->n_prompt - 1) / s->bs * s->bs, r->n_prompt);
+    for (size_t i = 0; i < r->n_prefix_blocks; i++) {
+        kv_hash h;
+        if (!kv_pool_valid_id(s->pool, r->prefix_blocks[i]) ||
+            kv_pool_refcount(s->pool, r->prefix_blocks[i]) == 0 ||
+            !kv_pool_block_hash(s->pool, r->prefix_blocks[i], &h))
+            return dx_errf(DX_EINVAL, "prefix block %zu (id %d) is not a held, hashed block", i,
+                           r->prefix_blocks[i]);
+    }
+    return 0;
 }
 
 int sched_check(const sched *s, const engine_request *r)
@@ -165,7 +211,7 @@ int sched_check(const sched *s, const engine_request *r)
                            r->prompt[i], s->n_vocab);
     for (size_t i = 0; i < r->n_stop; i++)
         if (!r->stop[i] || !r->stop[i][0]) return dx_errf(DX_EINVAL, "stop[%zu] is empty", i);
-    return 0;
+    return check_prefix_blocks(s, r);
 }
 
 int sched_submit(sched *s, const engine_request *r, uint64_t id)
@@ -192,8 +238,10 @@ int sched_submit_at(sched *s, const engine_request *r, uint64_t id, uint64_t t_s
     q->tokens = dx_malloc(q->cap_tokens * sizeof(int32_t));
     q->blocks = dx_malloc(q->cap_blocks * sizeof(int32_t));
     q->stop = dx_calloc(r->n_stop ? r->n_stop : 1, sizeof(char *));
+    if (r->n_prefix_blocks)
+        q->pre_blocks = dx_memdup(r->prefix_blocks, r->n_prefix_blocks * sizeof(int32_t));
     dx_buf_init(&q->text, 0);
-    int oom = !q->tokens || !q->blocks || !q->stop;
+    int oom = !q->tokens || !q->blocks || !q->stop || (r->n_prefix_blocks && !q->pre_blocks);
     for (size_t i = 0; !oom && i < r->n_stop; i++) oom = !(q->stop[i] = dx_strdup(r->stop[i]));
     if (oom) {
         seq_free(q);
@@ -201,8 +249,10 @@ int sched_submit_at(sched *s, const engine_request *r, uint64_t id, uint64_t t_s
     }
     memcpy(q->tokens, r->prompt, r->n_prompt * sizeof(int32_t));
     q->n_tokens = q->n_prompt;
+    q->n_pre = (uint32_t)r->n_prefix_blocks; /* the references are ours from here on */
     q->req.prompt = NULL;
     q->req.stop = NULL;
+    q->req.prefix_blocks = NULL;
     q->sp = (sampler_params){r->sampling.temperature, r->sampling.top_k, r->sampling.top_p,
                              r->sampling.min_p};
     dx_rng_seed(&q->rng, r->sampling.has_seed ? r->sampling.seed : dx_now_ns() ^ id);
@@ -233,8 +283,9 @@ static void remove_running(sched *s, uint32_t i)
 static void finish(sched *s, uint32_t i, enum engine_finish fin, int err, const char *msg)
 {
     seq *q = s->running[i];
-    if (fin != ENGINE_FINISH_CANCELED && fin != ENGINE_FINISH_ERROR)
-        emit_tokens(s, q, NULL, 0, q->text.len);
+    int normal = fin != ENGINE_FINISH_CANCELED && fin != ENGINE_FINISH_ERROR;
+    if (normal) emit_tokens(s, q, NULL, 0, q->text.len);
+    if (normal && q->req.want_kv) emit_kv(s, q);
     release_blocks(s, q);
     remove_running(s, i);
     emit_done(s, q, fin, err, msg);
@@ -274,14 +325,43 @@ static void handle_cancels(sched *s)
         *pp = q->next;
         if (s->wait_tail == q) s->wait_tail = prev;
         s->n_waiting--;
+        drop_pre_blocks(s, q);
         emit_done(s, q, ENGINE_FINISH_CANCELED, 0, NULL);
         seq_free(q);
     }
 }
 
+static void match_cached_prefix(sched *s, seq *q);
+
+/* Blocks handed in with the request become the sequence's first blocks. */
+static void take_pre_blocks(sched *s, seq *q)
+{
+    memcpy(q->blocks, q->pre_blocks, q->n_pre * sizeof(int32_t));
+    q->n_blocks = q->n_hashed = q->n_pre;
+    q->n_computed = q->n_pre * s->bs;
+    int hashed = kv_pool_block_hash(s->pool, q->blocks[q->n_pre - 1], &q->last_hash);
+    DX_ASSERT(hashed); /* sched_check saw it hashed, and a held block keeps its hash */
+    q->n_pre = 0;
+}
+
 /* Takes the longest cached prefix of everything but the last token (the
- * last token must be computed to get logits). */
+ * last token must be computed to get logits): the blocks handed in with the
+ * request, else (prefix caching on) the prefix cache's. */
 static void take_cached_prefix(sched *s, seq *q)
+{
+    if (q->n_pre) {
+        take_pre_blocks(s, q);
+    } else if (!s->cfg.no_prefix_cache) {
+        match_cached_prefix(s, q);
+    }
+    uint32_t cached = q->n_computed < q->n_prompt ? q->n_computed : q->n_prompt;
+    if (cached > q->n_cached) {
+        s->st.prompt_tokens_cached += cached - q->n_cached;
+        q->n_cached = cached;
+    }
+}
+
+static void match_cached_prefix(sched *s, seq *q)
 {
     uint32_t n_full = (q->n_tokens - 1) / s->bs;
     kv_hash *chain = dx_malloc((n_full ? n_full : 1) * sizeof *chain);
@@ -291,20 +371,37 @@ static void take_cached_prefix(sched *s, seq *q)
     q->n_blocks = q->n_hashed = (uint32_t)got;
     q->n_computed = (uint32_t)got * s->bs;
     if (got) q->last_hash = chain[got - 1];
-    uint32_t cached = q->n_computed < q->n_prompt ? q->n_computed : q->n_prompt;
-    if (cached > q->n_cached) q->n_cached = cached;
     dx_free(chain);
+}
+
+/* Asks the owner of references held outside the engine (retained leases)
+ * to drop some; 1 if it did. */
+static int reclaim(sched *s)
+{
+    if (!s->cfg.reclaim || !s->cfg.reclaim(s->cfg.reclaim_user)) return 0;
+    s->st.reclaims++;
+    return 1;
+}
+
+/* Room for `need` more blocks, reclaiming retained KV if that makes room. */
+static int pool_has_room(sched *s, uint32_t need)
+{
+    for (;;) {
+        kv_pool_stats ps;
+        kv_pool_get_stats(s->pool, &ps);
+        if (ps.n_free + ps.n_cached >= need) return 1;
+        if (!reclaim(s)) return 0;
+    }
 }
 
 static void admit(sched *s)
 {
     while (s->wait_head && s->n_running < s->cfg.max_seqs) {
         seq *q = s->wait_head;
-        kv_pool_stats ps;
-        kv_pool_get_stats(s->pool, &ps);
         uint32_t need = (q->n_tokens + s->bs) / s->bs;
+        need = need > q->n_pre ? need - q->n_pre : 0; /* handed-in blocks are held already */
         /* admit only with room for the whole prompt, unless nothing runs */
-        if (s->n_running && ps.n_free + ps.n_cached < need) break;
+        if (s->n_running && !pool_has_room(s, need)) break;
         pop_waiting(s);
         take_cached_prefix(s, q);
         q->order = s->next_order++;
@@ -344,6 +441,7 @@ static int ensure_blocks(sched *s, seq *q, uint32_t upto)
             q->blocks[q->n_blocks++] = id;
             continue;
         }
+        if (reclaim(s)) continue; /* retained KV gives way before anything running */
         if (s->n_running == 1) return 2; /* alone and still no room: blocks held elsewhere */
         uint32_t v = newest_running(s);
         int self = s->running[v] == q;
@@ -353,15 +451,16 @@ static int ensure_blocks(sched *s, seq *q, uint32_t upto)
     return 0;
 }
 
-/* Registers newly completed full blocks in the prefix cache. */
+/* Registers newly completed full blocks in the prefix cache.  A block
+ * whose tokens another sequence computed first is swapped for that one (the
+ * same KV), so every full block of a sequence is findable and leasable. */
 static void hash_new_blocks(sched *s, seq *q)
 {
     uint32_t full = q->n_computed / s->bs;
     for (; q->n_hashed < full; q->n_hashed++) {
         uint32_t b = q->n_hashed;
         q->last_hash = kv_hash_next(q->last_hash, q->tokens + (size_t)b * s->bs, s->bs);
-        int32_t existing;
-        kv_pool_insert(s->pool, q->blocks[b], q->last_hash, &existing); /* EEXIST: keep ours */
+        kv_pool_publish(s->pool, &q->blocks[b], q->last_hash);
     }
 }
 
@@ -521,6 +620,7 @@ void sched_destroy(sched *s)
     while (s->n_running) finish(s, s->n_running - 1, ENGINE_FINISH_CANCELED, 0, NULL);
     while (s->wait_head) {
         seq *q = pop_waiting(s);
+        drop_pre_blocks(s, q);
         emit_done(s, q, ENGINE_FINISH_CANCELED, 0, NULL);
         seq_free(q);
     }

@@ -25,6 +25,9 @@ typedef struct {
     uint32_t max_seqs;
     uint32_t max_waiting;
     uint32_t n_ctx;
+    int no_prefix_cache;        /* engine_config.no_prefix_cache */
+    int (*reclaim)(void *user); /* engine_config.kv_reclaim */
+    void *reclaim_user;
 } sched_config;
 
 typedef struct sched sched;

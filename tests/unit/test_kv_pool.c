@@ -460,6 +460,42 @@ static void test_insert_lookup(void **state)
     kv_pool_destroy(p);
 }
 
+/* publish: registers a fresh block, or swaps it for the cached or used
+ * block that already holds the hash (ours goes back to the free list). */
+static void test_publish(void **state)
+{
+    (void)state;
+    kv_pool *p = make_pool(8);
+    int32_t x = alloc1(p), y = alloc1(p), z = alloc1(p), got_id;
+    kv_hash h1 = H(1, 2), h2 = H(3, 4), got;
+    got_id = x;
+    assert_int_equal(kv_pool_publish(p, &got_id, h1), 0);
+    assert_int_equal(got_id, x);
+    assert_int_equal(kv_pool_publish(p, &got_id, h1), 0); /* again: no-op */
+    got_id = y;
+    assert_int_equal(kv_pool_publish(p, &got_id, h1), 1); /* x holds h1 and is in use */
+    assert_int_equal(got_id, x);
+    assert_int_equal(kv_pool_refcount(p, x), 2);
+    expect_state(p, 6, 0, 2); /* y went back to free */
+    kv_pool_unref(p, x);
+    kv_pool_unref(p, x); /* x cached now */
+    expect_state(p, 6, 1, 1);
+    got_id = z;
+    assert_int_equal(kv_pool_publish(p, &got_id, h1), 1); /* a cached holder is revived */
+    assert_int_equal(got_id, x);
+    assert_int_equal(kv_pool_refcount(p, x), 1);
+    expect_state(p, 7, 0, 1);
+    int32_t w = alloc1(p);
+    got_id = w;
+    assert_int_equal(kv_pool_publish(p, &got_id, h2), 0);
+    assert_true(kv_pool_block_hash(p, w, &got));
+    assert_true(kv_hash_eq(got, h2));
+    kv_pool_unref(p, x);
+    kv_pool_unref(p, w);
+    expect_state(p, 6, 2, 0);
+    kv_pool_destroy(p);
+}
+
 /* Compute and register the blocks of tokens[0..n) in p, then release them. */
 static size_t cache_tokens(kv_pool *p, const int32_t *t, size_t n, kv_hash *chain, int32_t *ids)
 {
@@ -871,6 +907,7 @@ int main(void)
         cmocka_unit_test(test_hash_chain),
         cmocka_unit_test(test_hash_long_runs),
         cmocka_unit_test(test_insert_lookup),
+        cmocka_unit_test(test_publish),
         cmocka_unit_test(test_match_prefix),
         cmocka_unit_test(test_forget),
         cmocka_unit_test(test_evict_n),

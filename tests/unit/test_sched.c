@@ -30,6 +30,12 @@ typedef struct {
     void *engine_for_cancel; /* cancel from inside the callback after n tokens */
     uint64_t id;
     size_t cancel_after;
+    /* ENGINE_EV_KV: what it carried; with hold_pool set, the blocks are
+     * referenced (kept past the request, as a lease would) */
+    int kv_events, kv_before_done;
+    int32_t kv_toks[512], kv_blocks[64];
+    size_t kv_n_toks, kv_n_blocks;
+    kv_pool *hold_pool;
 } collector;
 
 static void collect(void *user, const engine_event *ev)
@@ -41,6 +47,15 @@ static void collect(void *user, const engine_event *ev)
         dx_buf_append(&c->text, ev->text, ev->text_len);
         if (c->engine_for_cancel && c->n == c->cancel_after)
             engine_cancel(c->engine_for_cancel, c->id);
+    } else if (ev->type == ENGINE_EV_KV) {
+        c->kv_events++;
+        c->kv_before_done = !c->done;
+        c->kv_n_toks = ev->n_tokens < 512 ? ev->n_tokens : 512;
+        memcpy(c->kv_toks, ev->tokens, c->kv_n_toks * sizeof(int32_t));
+        c->kv_n_blocks = ev->n_kv_blocks < 64 ? ev->n_kv_blocks : 64;
+        memcpy(c->kv_blocks, ev->kv_blocks, c->kv_n_blocks * sizeof(int32_t));
+        if (c->hold_pool)
+            for (size_t i = 0; i < c->kv_n_blocks; i++) kv_pool_ref(c->hold_pool, c->kv_blocks[i]);
     } else {
         c->done = 1;
         c->fin = *ev;
@@ -72,7 +87,11 @@ typedef struct {
     sched *s;
 } srig;
 
-static void srig_init(srig *r, model *m, uint32_t n_blocks, uint32_t max_batch, int threads)
+static int g_reclaims;
+static int reclaim_one(void *user); /* the test's retained references, dropped one by one */
+
+static void srig_init_cfg(srig *r, model *m, uint32_t n_blocks, uint32_t max_batch, int threads,
+                          int no_prefix_cache, void *reclaim_user)
 {
     const model_hparams *hp = model_hp(m);
     r->m = m;
@@ -83,8 +102,14 @@ static void srig_init(srig *r, model *m, uint32_t n_blocks, uint32_t max_batch, 
                          .n_blocks = n_blocks, .seed = {fp[0], fp[1]}};
     assert_int_equal(kv_pool_create(&pc, &r->pool), 0);
     assert_int_equal(dx_tpool_create(threads, &r->tp), 0);
-    sched_config sc = {max_batch, 16, 64, 1024};
+    sched_config sc = {max_batch, 16, 64, 1024, no_prefix_cache,
+                       reclaim_user ? reclaim_one : NULL, reclaim_user};
     assert_int_equal(sched_create(&sc, m, r->pool, r->tp, &r->s), 0);
+}
+
+static void srig_init(srig *r, model *m, uint32_t n_blocks, uint32_t max_batch, int threads)
+{
+    srig_init_cfg(r, m, n_blocks, max_batch, threads, 0, NULL);
 }
 
 static void srig_free(srig *r)
@@ -262,6 +287,190 @@ static void test_prefix_cache_reuse(void **state)
     srig_free(&r);
 }
 
+/* Copies a sequence's blocks from one pool into fresh blocks of another with
+ * the same geometry and publishes them under the destination's hash chain:
+ * what a node does with blocks it pulled from a peer. */
+static size_t transplant(kv_pool *from, const int32_t *src, kv_pool *to, const int32_t *toks,
+                         size_t n_blocks, int32_t *dst)
+{
+    kv_hash chain[64];
+    assert_int_equal(kv_pool_hash_chain(to, toks, n_blocks * 16, chain), n_blocks);
+    assert_int_equal(kv_pool_alloc_n(to, n_blocks, dst), 0);
+    for (size_t i = 0; i < n_blocks; i++) {
+        memcpy(kv_pool_block_ptr(to, dst[i]), kv_pool_block_ptr(from, src[i]),
+               kv_pool_block_bytes(to));
+        kv_pool_publish(to, &dst[i], chain[i]);
+    }
+    return n_blocks;
+}
+
+static void test_kv_event_and_prefix_blocks(void **state)
+{
+    (void)state;
+    srig a, b;
+    srig_init(&a, g_m, 64, 512, 2);
+    srig_init(&b, g_m, 64, 512, 1);
+    collector ca, cb;
+    col_init(&ca);
+    col_init(&cb);
+    ca.hold_pool = a.pool;
+    engine_request q = greedy(g_prompts[7], g_plen[7], 24, &ca);
+    q.want_kv = 1;
+    assert_int_equal(sched_submit(a.s, &q, 1), 0);
+    run_all(&a);
+    /* KV before DONE: every token, and the 6 full blocks of the 103 computed */
+    assert_int_equal(ca.kv_events, 1);
+    assert_true(ca.kv_before_done);
+    assert_int_equal(ca.kv_n_toks, 80 + 24);
+    assert_memory_equal(ca.kv_toks, g_prompts[7], 80 * sizeof(int32_t));
+    assert_memory_equal(ca.kv_toks + 80, g_alone[7].toks, 24 * sizeof(int32_t));
+    assert_int_equal(ca.kv_n_blocks, 103 / 16);
+    kv_hash chain[8];
+    kv_pool_hash_chain(a.pool, ca.kv_toks, ca.kv_n_blocks * 16, chain);
+    for (size_t i = 0; i < ca.kv_n_blocks; i++) {
+        kv_hash h;
+        assert_true(kv_pool_block_hash(a.pool, ca.kv_blocks[i], &h));
+        assert_true(kv_hash_eq(h, chain[i]));
+        assert_int_equal(kv_pool_refcount(a.pool, ca.kv_blocks[i]), 1); /* ours alone now */
+    }
+    /* the next turn on another pool, its first 6 blocks handed in: same
+     * tokens as computing everything there */
+    int32_t turn2[128], pre[8];
+    memcpy(turn2, ca.kv_toks, 104 * 4);
+    etu_tokens(turn2 + 104, 20, model_hp(g_m)->n_vocab, 4242);
+    size_t n_pre = transplant(a.pool, ca.kv_blocks, b.pool, turn2, ca.kv_n_blocks, pre);
+    engine_request q2 = greedy(turn2, 124, 12, &cb);
+    q2.prefix_blocks = pre;
+    q2.n_prefix_blocks = n_pre;
+    assert_int_equal(sched_submit(b.s, &q2, 1), 0);
+    run_all(&b);
+    assert_int_equal(cb.fin.n_cached, 96);
+    engine_stats st;
+    sched_get_stats(b.s, &st);
+    assert_int_equal(st.prompt_tokens_cached, 96);
+    assert_int_equal(st.prompt_tokens_computed, 124 - 96);
+    collector ref;
+    col_init(&ref);
+    q2.prefix_blocks = NULL;
+    q2.n_prefix_blocks = 0;
+    q2.user = &ref;
+    assert_int_equal(sched_submit(a.s, &q2, 2), 0); /* a's cache also holds them: force none */
+    run_all(&a);
+    assert_int_equal(cb.n, 12);
+    assert_memory_equal(cb.toks, ref.toks, 12 * sizeof(int32_t));
+    for (size_t i = 0; i < ca.kv_n_blocks; i++) kv_pool_unref(a.pool, ca.kv_blocks[i]);
+    kv_pool_stats ps;
+    kv_pool_get_stats(b.pool, &ps);
+    assert_int_equal(ps.n_used, 0);
+    assert_int_equal(kv_pool_check(a.pool), 0);
+    assert_int_equal(kv_pool_check(b.pool), 0);
+    col_free(&ca);
+    col_free(&cb);
+    col_free(&ref);
+    srig_free(&a);
+    srig_free(&b);
+}
+
+static void test_prefix_blocks_rules(void **state)
+{
+    (void)state;
+    srig r;
+    srig_init(&r, g_m, 32, 512, 1);
+    collector c;
+    col_init(&c);
+    int32_t ids[8];
+    assert_int_equal(kv_pool_alloc_n(r.pool, 5, ids), 0);
+    kv_hash chain[8];
+    kv_pool_hash_chain(r.pool, g_prompts[7], 80, chain);
+    /* unhashed blocks are refused */
+    engine_request q = greedy(g_prompts[7], g_plen[7], 4, &c);
+    q.prefix_blocks = ids;
+    q.n_prefix_blocks = 2;
+    assert_int_equal(sched_submit(r.s, &q, 1), DX_EINVAL);
+    for (int i = 0; i < 5; i++) kv_pool_publish(r.pool, &ids[i], chain[i]);
+    /* all 5 blocks (80 tokens) would leave no prompt token to compute */
+    q.n_prefix_blocks = 5;
+    assert_int_equal(sched_submit(r.s, &q, 1), DX_EINVAL);
+    /* a waiting request that is canceled gives its handed blocks back */
+    q.n_prefix_blocks = 4;
+    assert_int_equal(sched_submit(r.s, &q, 1), 0);
+    assert_int_equal(sched_cancel(r.s, 1), 0);
+    sched_step(r.s);
+    assert_int_equal(c.fin.finish, ENGINE_FINISH_CANCELED);
+    for (int i = 0; i < 4; i++) assert_int_equal(kv_pool_refcount(r.pool, ids[i]), 0);
+    kv_pool_unref(r.pool, ids[4]);
+    kv_pool_stats ps;
+    kv_pool_get_stats(r.pool, &ps);
+    assert_int_equal(ps.n_used, 0);
+    col_free(&c);
+    srig_free(&r);
+}
+
+static void test_no_prefix_cache(void **state)
+{
+    (void)state;
+    srig r;
+    srig_init_cfg(&r, g_m, 64, 512, 1, 1, NULL);
+    collector a, b;
+    col_init(&a);
+    col_init(&b);
+    engine_request q = greedy(g_prompts[7], g_plen[7], 24, &a);
+    assert_int_equal(sched_submit(r.s, &q, 1), 0);
+    run_all(&r);
+    q.user = &b;
+    assert_int_equal(sched_submit(r.s, &q, 2), 0);
+    run_all(&r);
+    assert_int_equal(b.fin.n_cached, 0); /* computed again */
+    assert_memory_equal(a.toks, b.toks, 24 * sizeof(int32_t));
+    col_free(&a);
+    col_free(&b);
+    srig_free(&r);
+}
+
+/* Retained references the test holds, given back one block per call. */
+typedef struct {
+    kv_pool *pool;
+    int32_t ids[64];
+    size_t n;
+} held;
+
+static int reclaim_one(void *user)
+{
+    held *h = user;
+    if (!h->n) return 0;
+    kv_pool_unref(h->pool, h->ids[--h->n]);
+    g_reclaims++;
+    return 1;
+}
+
+static void test_reclaim_before_preempt(void **state)
+{
+    (void)state;
+    held h = {0};
+    srig r;
+    srig_init_cfg(&r, g_m, 12, 512, 1, 0, &h);
+    h.pool = r.pool;
+    /* 10 of the 12 blocks held outside the engine, as retained leases would */
+    assert_int_equal(kv_pool_alloc_n(r.pool, 10, h.ids), 0);
+    h.n = 10;
+    collector c;
+    col_init(&c);
+    engine_request q = greedy(g_prompts[7], g_plen[7], 24, &c); /* needs 7 blocks */
+    g_reclaims = 0;
+    assert_int_equal(sched_submit(r.s, &q, 1), 0);
+    run_all(&r);
+    assert_int_equal(c.fin.finish, ENGINE_FINISH_LENGTH);
+    assert_memory_equal(c.toks, g_alone[7].toks, 24 * sizeof(int32_t));
+    assert_int_equal(g_reclaims, 5); /* only as many as it needed */
+    engine_stats st;
+    sched_get_stats(r.s, &st);
+    assert_int_equal(st.reclaims, 5);
+    assert_int_equal(st.preemptions, 0);
+    while (h.n) kv_pool_unref(r.pool, h.ids[--h.n]);
+    col_free(&c);
+    srig_free(&r);
+}
+
 static void test_cancel_frees_blocks(void **state)
 {
     (void)state;
@@ -411,6 +620,10 @@ int main(void)
         cmocka_unit_test(test_concurrent_equals_alone),
         cmocka_unit_test(test_preemption_keeps_tokens),
         cmocka_unit_test(test_prefix_cache_reuse),
+        cmocka_unit_test(test_kv_event_and_prefix_blocks),
+        cmocka_unit_test(test_prefix_blocks_rules),
+        cmocka_unit_test(test_no_prefix_cache),
+        cmocka_unit_test(test_reclaim_before_preempt),
         cmocka_unit_test(test_cancel_frees_blocks),
         cmocka_unit_test(test_stop_string_and_validation),
         cmocka_unit_test(test_seeded_sampling),
