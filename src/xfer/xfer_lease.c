@@ -5,6 +5,10 @@
  * per-registry random seed, because a PIN carries a token the peer chose.
  * Each lease lists its live pins so that dropping it disowns only those.
  * Plain arrays of both serve the periodic sweep, the one O(all) walk.
+ * Leases also sit on a use-ordered list (creating, renewing or pinning one
+ * moves it to the recent end), so memory pressure revokes the least recently
+ * used first in O(1), and a tagged lease is found by its tag through a third
+ * index, so a newer lease can supersede it in O(1) per tag.
  * Token comparison is constant-time so that response timing does not leak
  * how many token bytes were right. */
 #include "xfer/xfer_lease.h"
@@ -22,8 +26,9 @@
 #include "base/dx_hidx.h"
 
 typedef struct pin pin;
+typedef struct lease lease;
 
-typedef struct {
+struct lease {
     xfer_token tok;
     uint64_t h;      /* tok's index hash */
     size_t at;       /* position in L->leases */
@@ -35,7 +40,9 @@ typedef struct {
     uint64_t expires_ns;
     uint32_t n_pins;
     pin *pins; /* the live pins made through it, so it can disown them in O(own pins) */
-} lease;
+    lease *lru_prev, *lru_next; /* use order; head = least recently used */
+    uint64_t tag;               /* 0 = untagged */
+};
 
 struct pin {
     uint64_t id;
@@ -61,6 +68,8 @@ struct xfer_leases {
     size_t n_pins, cap_pins;
     dx_hidx *by_tok; /* tok hash -> lease * */
     dx_hidx *by_pin; /* pin id hash -> pin * */
+    dx_hidx *by_tag; /* tag hash -> lease * (tagged leases only) */
+    lease *lru_head, *lru_tail;
     uint64_t next_pin;
     xfer_leases_stats st;
 };
@@ -170,6 +179,43 @@ static lease *find_lease(xfer_leases *L, const xfer_token *tok, uint64_t now)
     return l && l->expires_ns > now ? l : NULL;
 }
 
+static uint64_t tag_hash(const xfer_leases *L, uint64_t tag)
+{
+    return XXH3_64bits_withSeed(&tag, sizeof tag, L->seed);
+}
+
+/* ---- use order ----------------------------------------------------------- */
+
+static void lru_unlink(xfer_leases *L, lease *l)
+{
+    if (l->lru_prev)
+        l->lru_prev->lru_next = l->lru_next;
+    else
+        L->lru_head = l->lru_next;
+    if (l->lru_next)
+        l->lru_next->lru_prev = l->lru_prev;
+    else
+        L->lru_tail = l->lru_prev;
+    l->lru_prev = l->lru_next = NULL;
+}
+
+static void lru_push_recent(xfer_leases *L, lease *l)
+{
+    l->lru_prev = L->lru_tail;
+    l->lru_next = NULL;
+    if (L->lru_tail)
+        L->lru_tail->lru_next = l;
+    else
+        L->lru_head = l;
+    L->lru_tail = l;
+}
+
+static void lru_touch(xfer_leases *L, lease *l)
+{
+    lru_unlink(L, l);
+    lru_push_recent(L, l);
+}
+
 static pin *find_pin(xfer_leases *L, uint64_t id)
 {
     dx_hidx_iter it;
@@ -193,8 +239,10 @@ int xfer_leases_create(kv_pool *pool, double pin_ttl_s, xfer_leases **out)
     if (!L) return DX_ENOMEM;
     rc = dx_hidx_create(0, &L->by_tok);
     if (!rc) rc = dx_hidx_create(0, &L->by_pin);
+    if (!rc) rc = dx_hidx_create(0, &L->by_tag);
     if (rc) {
         dx_hidx_destroy(L->by_tok);
+        dx_hidx_destroy(L->by_pin);
         dx_free(L);
         return rc;
     }
@@ -224,6 +272,8 @@ static void lease_dealloc(lease *l)
 static void lease_free(xfer_leases *L, lease *l)
 {
     DX_ASSERT(dx_hidx_remove(L->by_tok, l->h, (uintptr_t)l) == 0);
+    if (l->tag) DX_ASSERT(dx_hidx_remove(L->by_tag, tag_hash(L, l->tag), (uintptr_t)l) == 0);
+    lru_unlink(L, l);
     lease *last = L->leases[--L->n_leases];
     L->leases[l->at] = last;
     last->at = l->at;
@@ -263,6 +313,7 @@ void xfer_leases_destroy(xfer_leases *L)
     dx_free(L->pins);
     dx_hidx_destroy(L->by_tok);
     dx_hidx_destroy(L->by_pin);
+    dx_hidx_destroy(L->by_tag);
     pthread_mutex_destroy(&L->mu);
     dx_free(L);
 }
@@ -324,21 +375,27 @@ static int lease_add(xfer_leases *L, lease *l)
     l->h = tok_hash(L, &l->tok);
     if (!rc) rc = dx_hidx_insert(L->by_tok, l->h, (uintptr_t)l);
     if (rc) return rc;
+    if (l->tag && (rc = dx_hidx_insert(L->by_tag, tag_hash(L, l->tag), (uintptr_t)l))) {
+        DX_ASSERT(dx_hidx_remove(L->by_tok, l->h, (uintptr_t)l) == 0);
+        return rc;
+    }
     for (uint32_t i = 0; i < l->n; i++) kv_pool_ref(L->pool, l->ids[i]);
     l->at = L->n_leases;
     L->leases[L->n_leases++] = l;
+    lru_push_recent(L, l);
     L->st.created++;
     return 0;
 }
 
 /* tok == NULL: a fresh random token, returned in *out. */
 static int lease_create(xfer_leases *L, const xfer_token *tok, const int32_t *ids, size_t n,
-                        double ttl_s, int policy, xfer_token *out)
+                        double ttl_s, int policy, uint64_t tag, xfer_token *out)
 {
     int rc = lease_args_check(L, ids, n, ttl_s, policy);
     if (rc) return rc;
     lease *l = lease_new(ids, n, ttl_s, policy);
     if (!l) return DX_ENOMEM;
+    l->tag = tag;
     /* A random token repeats with odds of 2^-128; retrying costs nothing. */
     for (int tries = 0; tries < 4; tries++) {
         if (tok)
@@ -361,13 +418,19 @@ static int lease_create(xfer_leases *L, const xfer_token *tok, const int32_t *id
 int xfer_lease_create(xfer_leases *L, const int32_t *ids, size_t n, double ttl_s, int policy,
                       xfer_token *tok)
 {
-    return lease_create(L, NULL, ids, n, ttl_s, policy, tok);
+    return lease_create(L, NULL, ids, n, ttl_s, policy, 0, tok);
+}
+
+int xfer_lease_create_tagged(xfer_leases *L, const int32_t *ids, size_t n, double ttl_s,
+                             int policy, uint64_t tag, xfer_token *tok)
+{
+    return lease_create(L, NULL, ids, n, ttl_s, policy, tag, tok);
 }
 
 int xfer_lease_create_as(xfer_leases *L, const xfer_token *tok, const int32_t *ids, size_t n,
                          double ttl_s, int policy)
 {
-    return lease_create(L, tok, ids, n, ttl_s, policy, NULL);
+    return lease_create(L, tok, ids, n, ttl_s, policy, 0, NULL);
 }
 
 void xfer_leases_weak_hash(xfer_leases *L, uint64_t mask)
@@ -388,9 +451,48 @@ int xfer_lease_renew(xfer_leases *L, const xfer_token *tok, double ttl_s)
     if (l) {
         l->expires_ns = now + ttl_ns(ttl_s);
         l->ttl_s = ttl_s;
+        lru_touch(L, l);
     }
     pthread_mutex_unlock(&L->mu);
     return l ? 0 : dx_errf(DX_EGONE, "lease renew: unknown or expired lease");
+}
+
+int xfer_leases_revoke_lru(xfer_leases *L, uint32_t *n_blocks)
+{
+    pthread_mutex_lock(&L->mu);
+    lease *l = L->lru_head;
+    if (l) {
+        if (n_blocks) *n_blocks = l->n;
+        lease_free(L, l);
+        L->st.revoked_lru++;
+    }
+    pthread_mutex_unlock(&L->mu);
+    return l != NULL;
+}
+
+uint32_t xfer_leases_supersede(xfer_leases *L, const uint64_t *tags, size_t n)
+{
+    uint32_t gone = 0;
+    pthread_mutex_lock(&L->mu);
+    for (size_t i = 0; i < n; i++) {
+        if (!tags[i]) continue;
+        dx_hidx_iter it;
+        uint64_t v;
+        lease *hit;
+        do { /* the walk restarts after each removal: the index changed */
+            hit = NULL;
+            for (dx_hidx_find(L->by_tag, tag_hash(L, tags[i]), &it);
+                 !hit && dx_hidx_next(L->by_tag, &it, &v);)
+                if (((lease *)(uintptr_t)v)->tag == tags[i]) hit = (lease *)(uintptr_t)v;
+            if (hit) {
+                lease_free(L, hit);
+                L->st.superseded++;
+                gone++;
+            }
+        } while (hit);
+    }
+    pthread_mutex_unlock(&L->mu);
+    return gone;
 }
 
 int xfer_lease_revoke(xfer_leases *L, const xfer_token *tok)
@@ -458,6 +560,7 @@ static int pin_add(xfer_leases *L, lease *l, pin *p, uint32_t k, uint64_t now)
     L->next_pin++;
     p->n = k;
     p->owner = l;
+    lru_touch(L, l);
     p->lprev = NULL;
     p->lnext = l->pins;
     if (l->pins) l->pins->lprev = p;
@@ -581,6 +684,15 @@ int xfer_leases_check(xfer_leases *L)
     pthread_mutex_lock(&L->mu);
     int rc = dx_hidx_check(L->by_tok);
     if (!rc) rc = dx_hidx_check(L->by_pin);
+    if (!rc) rc = dx_hidx_check(L->by_tag);
+    size_t n_lru = 0, n_tagged = 0;
+    for (lease *l = L->lru_head; !rc && l; l = l->lru_next, n_lru++)
+        if ((l->lru_next ? l->lru_next->lru_prev : L->lru_tail) != l)
+            rc = dx_errf(DX_EMISMATCH, "lease use list broken after %zu entries", n_lru);
+    for (size_t i = 0; !rc && i < L->n_leases; i++) n_tagged += L->leases[i]->tag != 0;
+    if (!rc && (n_lru != L->n_leases || n_tagged != dx_hidx_count(L->by_tag)))
+        rc = dx_errf(DX_EMISMATCH, "%zu leases, %zu on the use list, %zu tagged, %zu indexed",
+                     L->n_leases, n_lru, n_tagged, dx_hidx_count(L->by_tag));
     if (!rc && (dx_hidx_count(L->by_tok) != L->n_leases || dx_hidx_count(L->by_pin) != L->n_pins))
         rc = dx_errf(DX_EMISMATCH, "index counts %zu/%zu, arrays %zu/%zu", dx_hidx_count(L->by_tok),
                      dx_hidx_count(L->by_pin), L->n_leases, L->n_pins);

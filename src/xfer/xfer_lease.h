@@ -43,6 +43,8 @@ typedef struct {
 typedef struct {
     uint32_t leases, pins;
     uint64_t created, expired, revoked, pins_made, pins_timed_out, gone, mismatches;
+    uint64_t revoked_lru; /* xfer_leases_revoke_lru: memory pressure */
+    uint64_t superseded;  /* xfer_leases_supersede: a newer lease contains them */
 } xfer_leases_stats;
 
 typedef struct xfer_leases xfer_leases;
@@ -56,10 +58,21 @@ void xfer_leases_destroy(xfer_leases *L);
  * or not) and returns a fresh token.  DX_EINVAL for a bad id or ttl. */
 int xfer_lease_create(xfer_leases *L, const int32_t *ids, size_t n, double ttl_s, int policy,
                       xfer_token *tok);
+/* Same, with a non-zero tag (e.g. the hash of the lease's last block) by
+ * which xfer_leases_supersede finds it. */
+int xfer_lease_create_tagged(xfer_leases *L, const int32_t *ids, size_t n, double ttl_s,
+                             int policy, uint64_t tag, xfer_token *tok);
 /* New expiry = now + ttl_s.  DX_EGONE if unknown or expired. */
 int xfer_lease_renew(xfer_leases *L, const xfer_token *tok, double ttl_s);
 /* Drops the lease's references now (pins keep theirs).  DX_EGONE if unknown. */
 int xfer_lease_revoke(xfer_leases *L, const xfer_token *tok);
+/* Revokes the least recently used lease (created, renewed or pinned longest
+ * ago): what memory pressure gives up first.  1 and *n_blocks (may be NULL)
+ * = its block count, or 0 when there is none. */
+int xfer_leases_revoke_lru(xfer_leases *L, uint32_t *n_blocks);
+/* Revokes every lease tagged with one of tags[0..n) (zeros skipped): a newer
+ * lease holds their blocks too.  Returns how many went. */
+uint32_t xfer_leases_supersede(xfer_leases *L, const uint64_t *tags, size_t n);
 int xfer_lease_lookup(xfer_leases *L, const xfer_token *tok, xfer_lease_info *out);
 
 /* PIN: 0 with *pin_id and *n_matched >= 1; DX_EGONE (unknown or expired

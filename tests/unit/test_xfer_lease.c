@@ -449,6 +449,73 @@ static void test_unknown_tokens_gone(void **state)
     assert_int_equal(xfer_unpin(f->L, 12345, 0), DX_ENOENT);
 }
 
+/* Memory pressure gives up the least recently used lease first; creating,
+ * renewing and pinning count as use; pins keep their blocks. */
+static void test_revoke_lru(void **state)
+{
+    fx *f = *state;
+    xfer_token a, b, c;
+    assert_int_equal(xfer_lease_create(f->L, f->ids, 2, 60, XFER_LEASE_MULTI, &a), 0);
+    assert_int_equal(xfer_lease_create(f->L, f->ids + 2, 3, 60, XFER_LEASE_MULTI, &b), 0);
+    assert_int_equal(xfer_lease_create(f->L, f->ids + 5, 1, 60, XFER_LEASE_MULTI, &c), 0);
+    assert_int_equal(xfer_lease_renew(f->L, &a, 60), 0); /* order now b, c, a */
+    uint64_t pin;
+    uint32_t k, nb = 0;
+    assert_int_equal(xfer_pin(f->L, &b, f->ids + 2, f->chain + 2, 3, &pin, &k), 0); /* c, a, b */
+    assert_int_equal(xfer_leases_revoke_lru(f->L, &nb), 1);
+    assert_int_equal(nb, 1);
+    assert_int_equal(xfer_lease_renew(f->L, &c, 60), DX_EGONE);
+    assert_int_equal(xfer_leases_revoke_lru(f->L, &nb), 1);
+    assert_int_equal(nb, 2);
+    assert_int_equal(xfer_lease_renew(f->L, &a, 60), DX_EGONE);
+    assert_int_equal(xfer_leases_revoke_lru(f->L, NULL), 1);
+    assert_int_equal(xfer_leases_revoke_lru(f->L, NULL), 0);
+    /* b's pin still holds its blocks: ours + the pin's */
+    for (int i = 2; i < 5; i++) assert_int_equal(kv_pool_refcount(f->pool, f->ids[i]), 2);
+    assert_int_equal(xfer_unpin(f->L, pin, 1), 0);
+    xfer_leases_stats st;
+    xfer_leases_get_stats(f->L, &st);
+    assert_int_equal(st.revoked_lru, 3);
+    assert_int_equal(st.leases, 0);
+    assert_int_equal(xfer_leases_check(f->L), 0);
+    drop_own_refs(f);
+    kv_pool_stats ps;
+    kv_pool_get_stats(f->pool, &ps);
+    assert_int_equal(ps.n_used, 0);
+}
+
+/* A newer lease supersedes the leases tagged with any of its blocks' tags. */
+static void test_supersede_by_tag(void **state)
+{
+    fx *f = *state;
+    xfer_token t1, t2, t3, other;
+    uint64_t tags[8];
+    for (int i = 0; i < 8; i++) tags[i] = f->chain[i].lo | 1;
+    /* turn 1 held blocks 0..2 (tag: block 2), turn 2 blocks 0..4 (tag: 4) */
+    assert_int_equal(
+        xfer_lease_create_tagged(f->L, f->ids, 3, 60, XFER_LEASE_RENEW_ON_READ, tags[2], &t1), 0);
+    assert_int_equal(xfer_lease_create(f->L, f->ids + 6, 2, 60, XFER_LEASE_MULTI, &other), 0);
+    assert_int_equal(xfer_leases_supersede(f->L, tags, 5), 1); /* turn 2 finished */
+    assert_int_equal(
+        xfer_lease_create_tagged(f->L, f->ids, 5, 60, XFER_LEASE_RENEW_ON_READ, tags[4], &t2), 0);
+    assert_int_equal(xfer_lease_renew(f->L, &t1, 60), DX_EGONE);
+    assert_int_equal(xfer_lease_renew(f->L, &other, 60), 0); /* untagged: untouched */
+    /* two leases with one tag (a conversation forked) both go */
+    assert_int_equal(
+        xfer_lease_create_tagged(f->L, f->ids, 5, 60, XFER_LEASE_RENEW_ON_READ, tags[4], &t3), 0);
+    uint64_t zero_and_4[2] = {0, tags[4]};
+    assert_int_equal(xfer_leases_supersede(f->L, zero_and_4, 2), 2);
+    assert_int_equal(xfer_lease_renew(f->L, &t2, 60), DX_EGONE);
+    assert_int_equal(xfer_lease_renew(f->L, &t3, 60), DX_EGONE);
+    xfer_leases_stats st;
+    xfer_leases_get_stats(f->L, &st);
+    assert_int_equal(st.superseded, 3);
+    assert_int_equal(st.leases, 1);
+    assert_int_equal(xfer_leases_check(f->L), 0);
+    assert_int_equal(xfer_lease_revoke(f->L, &other), 0);
+    drop_own_refs(f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -462,6 +529,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_colliding_tokens_seeded_hash, setup, teardown),
         cmocka_unit_test_setup_teardown(test_colliding_pin_ids, setup, teardown),
         cmocka_unit_test_setup_teardown(test_unknown_tokens_gone, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_revoke_lru, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_supersede_by_tag, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
