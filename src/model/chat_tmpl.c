@@ -130,8 +130,9 @@ static int check_msgs(const chat_msg *msgs, size_t n)
     return 0;
 }
 
-/* Walks the rendering, handing each part to emit(markup?) in order. */
-typedef int (*emit_fn)(void *ctx, const char *s, size_t n, int markup);
+/* Walks the rendering, handing each part to emit in order. */
+enum part_kind { PART_CONTENT, PART_MARKUP, PART_REPLY /* an assistant message's content */ };
+typedef int (*emit_fn)(void *ctx, const char *s, size_t n, enum part_kind kind);
 
 static int render(enum chat_tmpl_kind k, const chat_msg *msgs, size_t n, int add_gen, emit_fn emit,
                   void *ctx)
@@ -139,22 +140,26 @@ static int render(enum chat_tmpl_kind k, const chat_msg *msgs, size_t n, int add
     int rc = check_msgs(msgs, n);
     if (rc) return rc;
     const char *pro = prologue(k);
-    if (*pro && (rc = emit(ctx, pro, strlen(pro), 1))) return rc;
+    if (*pro && (rc = emit(ctx, pro, strlen(pro), PART_MARKUP))) return rc;
     for (size_t i = 0; i < n; i++) {
         msg_parts p;
         split_msg(k, &msgs[i], &p);
-        if ((rc = emit(ctx, p.head, strlen(p.head), 1))) return rc;
-        if (msgs[i].content_len && (rc = emit(ctx, msgs[i].content, msgs[i].content_len, 0)))
+        int reply = !strcmp(msgs[i].role, "assistant");
+        if ((rc = emit(ctx, p.head, strlen(p.head), PART_MARKUP))) return rc;
+        /* a reply is offered to the hook even when empty: its ids may not be */
+        if ((msgs[i].content_len || reply) &&
+            (rc = emit(ctx, msgs[i].content ? msgs[i].content : "", msgs[i].content_len,
+                       reply ? PART_REPLY : PART_CONTENT)))
             return rc;
-        if ((rc = emit(ctx, p.tail, strlen(p.tail), 1))) return rc;
+        if ((rc = emit(ctx, p.tail, strlen(p.tail), PART_MARKUP))) return rc;
     }
-    if (add_gen) rc = emit(ctx, gen_prompt(k), strlen(gen_prompt(k)), 1);
+    if (add_gen) rc = emit(ctx, gen_prompt(k), strlen(gen_prompt(k)), PART_MARKUP);
     return rc;
 }
 
-static int emit_text(void *ctx, const char *s, size_t n, int markup)
+static int emit_text(void *ctx, const char *s, size_t n, enum part_kind kind)
 {
-    (void)markup;
+    (void)kind;
     return dx_buf_append(ctx, s, n);
 }
 
@@ -166,17 +171,30 @@ int chat_tmpl_apply(enum chat_tmpl_kind k, const chat_msg *msgs, size_t n, int a
 typedef struct {
     const tok *t;
     tok_ids *out;
+    chat_reply_fn reply;
+    void *user;
 } enc_ctx;
 
-static int emit_tokens(void *ctx, const char *s, size_t n, int markup)
+static int emit_tokens(void *ctx, const char *s, size_t n, enum part_kind kind)
 {
     enc_ctx *c = ctx;
-    return tok_encode(c->t, s, n, markup ? TOK_ALLOW_SPECIAL : 0, c->out);
+    if (kind == PART_REPLY && c->reply) {
+        int rc = c->reply(c->user, c->out->ids, c->out->n, s, n, c->out);
+        if (rc) return rc < 0 ? rc : 0;
+    }
+    if (!n) return 0;
+    return tok_encode(c->t, s, n, kind == PART_MARKUP ? TOK_ALLOW_SPECIAL : 0, c->out);
 }
 
 int chat_tmpl_encode(enum chat_tmpl_kind k, const tok *t, const chat_msg *msgs, size_t n,
                      int add_gen, tok_ids *out)
 {
-    enc_ctx c = {t, out};
+    return chat_tmpl_encode_faithful(k, t, msgs, n, add_gen, NULL, NULL, out);
+}
+
+int chat_tmpl_encode_faithful(enum chat_tmpl_kind k, const tok *t, const chat_msg *msgs, size_t n,
+                              int add_gen, chat_reply_fn reply, void *user, tok_ids *out)
+{
+    enc_ctx c = {t, out, reply, user};
     return render(k, msgs, n, add_gen, emit_tokens, &c);
 }

@@ -41,4 +41,17 @@ int chat_tmpl_apply(enum chat_tmpl_kind k, const chat_msg *msgs, size_t n,
 int chat_tmpl_encode(enum chat_tmpl_kind k, const tok *t, const chat_msg *msgs, size_t n,
                      int add_generation_prompt, tok_ids *out);
 
+/* Token-faithful history: called for each assistant message's content with
+ * the tokens rendered so far (ctx[0..n_ctx) — everything before the content)
+ * and the content.  Return 1 after appending to *out the token ids to use
+ * for it (the ids the model generated for that text), 0 to have the text
+ * tokenised, or a negative code.  Every part of the rendering is tokenised
+ * on its own and the markup after a reply begins with the end-of-turn
+ * special token, so a substitution never changes the tokens around it. */
+typedef int (*chat_reply_fn)(void *user, const int32_t *ctx, size_t n_ctx, const char *text,
+                             size_t len, tok_ids *out);
+int chat_tmpl_encode_faithful(enum chat_tmpl_kind k, const tok *t, const chat_msg *msgs, size_t n,
+                              int add_generation_prompt, chat_reply_fn reply, void *user,
+                              tok_ids *out);
+
 #endif

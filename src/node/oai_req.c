@@ -74,6 +74,14 @@ static int get_bool(const json_t *v, const char *name, int *out, oai_err *err)
     return 0;
 }
 
+/* A string used as a name or C string (model, role, stop, user): NUL is
+ * allowed only in text the model reads (contents, prompts), which is
+ * handled by length everywhere. */
+static int is_cstr(const json_t *v)
+{
+    return json_is_string(v) && strlen(json_string_value(v)) == json_string_length(v);
+}
+
 /* A field that is absent or null is "not given". */
 static json_t *field(json_t *root, const char *name)
 {
@@ -102,7 +110,7 @@ static int parse_parts(json_t *arr, size_t mi, oai_msg *m, oai_err *err)
         json_t *type = json_object_get(part, "type");
         json_t *text = json_object_get(part, "text");
         if (!json_is_object(part)) return fail(err, name, "%s: expected an object", name);
-        if (!json_is_string(type) || strcmp(json_string_value(type), "text") != 0)
+        if (!is_cstr(type) || strcmp(json_string_value(type), "text") != 0)
             return fail(err, name, "%s.type: only \"text\" parts are supported", name);
         if (!json_is_string(text)) return fail(err, name, "%s.text: expected a string", name);
         total += json_string_length(text) + 1;
@@ -129,7 +137,7 @@ static int parse_msg(json_t *jm, size_t i, oai_msg *m, oai_err *err)
     snprintf(name, sizeof name, "messages[%zu]", i);
     if (!json_is_object(jm)) return fail(err, name, "%s: expected an object", name);
     json_t *role = json_object_get(jm, "role");
-    if (!json_is_string(role)) return fail(err, name, "%s.role: required, a string", name);
+    if (!is_cstr(role)) return fail(err, name, "%s.role: required, a string", name);
     m->role = norm_role(json_string_value(role));
     if (!m->role)
         return fail(err, name, "%s.role: unknown role '%.32s'", name, json_string_value(role));
@@ -215,6 +223,7 @@ static int parse_stop(json_t *root, oai_req *r, oai_err *err)
     json_t *s = field(root, "stop");
     if (!s) return 0;
     if (json_is_string(s)) {
+        if (!is_cstr(s)) return fail(err, "stop", "stop: must not contain NUL");
         if (json_string_length(s) == 0) return 0;
         r->stop[r->n_stop++] = json_string_value(s);
         return 0;
@@ -226,7 +235,7 @@ static int parse_stop(json_t *root, oai_req *r, oai_err *err)
     json_t *v;
     json_array_foreach(s, i, v)
     {
-        if (!json_is_string(v)) return fail(err, "stop", "stop[%zu]: expected a string", i);
+        if (!is_cstr(v)) return fail(err, "stop", "stop[%zu]: expected a string without NUL", i);
         if (json_string_length(v) > 0) r->stop[r->n_stop++] = json_string_value(v);
     }
     return 0;
@@ -291,7 +300,7 @@ static int parse_misc(json_t *root, oai_req *r, oai_err *err)
         if (n != 1) return fail(err, "n", "n: only n = 1 is supported");
     }
     if ((v = field(root, "user"))) {
-        if (!json_is_string(v)) return fail(err, "user", "user: expected a string");
+        if (!is_cstr(v)) return fail(err, "user", "user: expected a string");
         r->user = json_string_value(v);
     }
     if ((v = field(root, "ignore_eos")) && get_bool(v, "ignore_eos", &r->ignore_eos, err))
@@ -310,7 +319,7 @@ static int parse_root(enum oai_kind kind, json_t *root, const oai_parse_opts *op
     if (!json_is_object(root)) return fail(err, NULL, "request body must be a JSON object");
     json_t *model = json_object_get(root, "model");
     if (!model) return fail(err, "model", "model: required");
-    if (!json_is_string(model)) return fail(err, "model", "model: expected a string");
+    if (!is_cstr(model)) return fail(err, "model", "model: expected a string");
     r->model = json_string_value(model);
     int rc = kind == OAI_CHAT ? parse_messages(root, r, err) : parse_prompt(root, opts, r, err);
     if (rc == 0) rc = parse_max_tokens(root, r, err);
@@ -330,7 +339,8 @@ int oai_req_parse(enum oai_kind kind, const char *body, size_t len, const oai_pa
     out->temperature = 1.0;
     out->top_p = 1.0;
     json_error_t jerr;
-    json_t *root = json_loadb(body, len, 0, &jerr);
+    /* a model can emit any byte, NUL included, and the client sends it back */
+    json_t *root = json_loadb(body, len, JSON_ALLOW_NUL, &jerr);
     if (!root)
         return fail(err, NULL, "invalid JSON at line %d, column %d: %s", jerr.line, jerr.column,
                     jerr.text);

@@ -56,6 +56,13 @@ static void test_chat_full(void **state)
     assert_string_equal(r.user, "u");
     assert_non_null(r.kv_transfer_params);
     oai_req_free(&r);
+    /* a NUL the model emitted comes back in a content: kept, by length */
+    const char *nul = "{\"model\":\"m\",\"messages\":[{\"role\":\"assistant\",\"content\":"
+                      "\"a\\u0000b\"}]}";
+    assert_int_equal(parse(OAI_CHAT, nul, &r, &e), 0);
+    assert_int_equal(r.msgs[0].content_len, 3);
+    assert_memory_equal(r.msgs[0].content, "a\0b", 3);
+    oai_req_free(&r);
     assert_int_equal(dx_alloc_live_bytes(), live);
 }
 
@@ -105,8 +112,12 @@ static void test_bad_corpus(void **state)
         {OAI_CHAT, "[1,2]", "", "JSON object"},
         {OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"\xff\"}]}", "",
          "invalid JSON"},
-        {OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"a\\u0000\"}]}",
-         "", "invalid JSON"},
+        {OAI_CHAT, "{\"model\":\"m\\u0000x\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]}",
+         "model", "model"},
+        {OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\\u0000\",\"content\":\"a\"}]}",
+         "messages[0]", "role"},
+        {OAI_CHAT, "{\"model\":\"m\",\"stop\":\"a\\u0000\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]}",
+         "stop", "NUL"},
         {OAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]}", "model", "model"},
         {OAI_CHAT, "{\"model\":5,\"messages\":[]}", "model", "model"},
         {OAI_CHAT, "{\"model\":\"m\"}", "messages", "messages: required"},
