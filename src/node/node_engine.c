@@ -38,13 +38,28 @@ static int take_ids(int rc, tok_ids *v, int32_t **ids, size_t *n)
     return rc;
 }
 
-static int be_encode_chat(void *self, const chat_msg *msgs, size_t n, int32_t **ids, size_t *n_ids)
+static int be_encode_chat(void *self, const chat_msg *msgs, size_t n, chat_reply_fn reply,
+                          void *reply_user, int32_t **ids, size_t *n_ids)
 {
     const model *m = engine_model(self);
     tok_ids v;
     tok_ids_init(&v);
-    int rc = chat_tmpl_encode(model_chat_kind(m), model_tokenizer(m), msgs, n, 1, &v);
+    int rc = chat_tmpl_encode_faithful(model_chat_kind(m), model_tokenizer(m), msgs, n, 1, reply,
+                                       reply_user, &v);
     return take_ids(rc, &v, ids, n_ids);
+}
+
+/* EOS, EOT and the chat template's end-of-turn token, each once. */
+static void end_ids(const model *m, node_backend *out)
+{
+    const tok *t = model_tokenizer(m);
+    const char *eot = chat_tmpl_end_of_turn(model_chat_kind(m));
+    int32_t cand[3] = {tok_eos(t), tok_eot(t), tok_find(t, eot, strlen(eot))};
+    for (int i = 0; i < 3; i++) {
+        int dup = cand[i] < 0;
+        for (size_t j = 0; j < out->n_end; j++) dup |= out->end_ids[j] == cand[i];
+        if (!dup) out->end_ids[out->n_end++] = cand[i];
+    }
 }
 
 static int be_encode_text(void *self, const char *text, size_t len, int32_t **ids, size_t *n_ids)
@@ -70,4 +85,6 @@ void node_engine_backend(engine *e, const model *m, node_backend *out)
     uint32_t n_tok = (uint32_t)tok_vocab_size(model_tokenizer(m));
     out->n_vocab = model_hp(m)->n_vocab < n_tok ? model_hp(m)->n_vocab : n_tok;
     out->n_ctx = engine_n_ctx(e);
+    out->tk = model_tokenizer(m);
+    end_ids(m, out);
 }

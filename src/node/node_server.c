@@ -40,67 +40,10 @@
 #include "base/dx_err.h"
 #include "base/dx_log.h"
 #include "node/http_conn.h"
+#include "node/node_server_priv.h"
 #include "node/oai_req.h"
 #include "node/oai_resp.h"
 #include "node/prom.h"
-
-typedef struct node_req node_req;
-
-/* A DONE event's figures, copied off the engine thread into the request
- * (the message into a fixed array: the DONE path never allocates, so it
- * cannot be lost). */
-typedef struct {
-    enum engine_finish finish;
-    int error;
-    uint32_t n_prompt, n_cached, n_gen;
-    double ttft_s; /* engine-side: submit → first token */
-    int has_msg;
-    char msg[256];
-} node_done;
-
-struct node_req {
-    node_server *srv;
-    node_req *prev, *next; /* active list */
-    http_conn *conn;       /* NULL once the client is gone */
-    uint64_t engine_id;
-    char id[64];
-    oai_meta meta;
-    int stream, include_usage;
-    dx_buf text; /* non-streaming: the answer so far */
-    uint64_t t_start_ns, t_first_ns;
-    const char *path;
-    char *extra; /* raw JSON members for the final answer (P/D roles) */
-    int lost;    /* loop: text was lost (out of memory); the request is canceled */
-    /* Engine thread → loop, guarded by srv->mu. */
-    dx_buf pend;        /* text not yet taken by the loop (reset, never freed, when taken) */
-    size_t pend_tokens; /* tokens not yet taken */
-    int pend_lost;      /* text could not be appended (out of memory) */
-    int queued;         /* on srv->ready or in the batch the loop is working through */
-    node_req *ready_next;
-    int done;      /* DONE has arrived: `fin` is final, the engine is finished with q */
-    node_done fin; /* the DONE event's figures, copied */
-};
-
-struct node_server {
-    uv_loop_t *loop;
-    node_server_config cfg;
-    http_srv *http;
-    node_backend be;
-    int ready, draining, stopped;
-    uv_async_t wake;
-    uv_timer_t grace;
-    pthread_mutex_t mu;
-    node_req *ready_head, *ready_tail; /* guarded by mu: requests with events to handle */
-    node_req *active;
-    size_t n_active;
-    int64_t started;
-    /* metrics (loop thread only) */
-    dx_buf scratch; /* chunk being built (loop thread) */
-    dx_buf take;    /* a request's pending text, copied out (loop thread) */
-    prom_family requests;
-    prom_hist ttft, engine_ttft, tpot, e2e;
-    uint64_t gen_tokens, prompt_tokens, cached_tokens;
-};
 
 const char *node_role_name(enum node_role r)
 {
@@ -203,6 +146,9 @@ static void write_engine_metrics(node_server *s, dx_buf *b)
     prom_write_gauge(b, "duplex_kv_blocks_free", "KV blocks free", st.kv.n_free);
     prom_write_counter(b, "duplex_kv_evictions_total", "Cached KV blocks evicted",
                        (double)st.kv.evictions);
+    prom_write_counter(b, "duplex_kv_reclaims_total",
+                       "Times the engine made room by revoking retained KV", (double)st.reclaims);
+    node_pd_write_metrics(s, b);
 }
 
 static void route_metrics(node_server *s, http_conn *c, const http_req *r, uint64_t t0)
@@ -240,15 +186,32 @@ static void route_metrics(node_server *s, http_conn *c, const http_req *r, uint6
 
 static void req_free(node_req *q)
 {
+    node_pd_req_free(q->srv, q);
+    oai_req_free(&q->o);
+    dx_free(q->prompt);
     dx_buf_free(&q->text);
     dx_buf_free(&q->pend);
     dx_free(q->extra);
     dx_free(q);
 }
 
+static void req_link(node_req *q)
+{
+    node_server *s = q->srv;
+    if (q->linked) return;
+    q->linked = 1;
+    q->prev = NULL;
+    q->next = s->active;
+    if (s->active) s->active->prev = q;
+    s->active = q;
+    s->n_active++;
+}
+
 static void req_unlink(node_req *q)
 {
     node_server *s = q->srv;
+    if (!q->linked) return;
+    q->linked = 0;
     if (q->prev)
         q->prev->next = q->next;
     else
@@ -271,11 +234,15 @@ static void done_store(node_done *d, const engine_event *ev)
 
 /* Engine thread: hand the event to the request under the mutex and wake the
  * loop.  Nothing else, and no allocation beyond the pending buffer's
- * amortised growth. */
+ * amortised growth (a KV event, once per request, copies what P/D keeps). */
 static void on_engine_event(void *user, const engine_event *ev)
 {
     node_req *q = user;
     node_server *s = q->srv; /* read now: q is the loop's once a DONE is unlocked */
+    if (ev->type == ENGINE_EV_KV) {
+        node_pd_on_kv(s, q, ev); /* q's P/D fields are the engine thread's until DONE */
+        return;
+    }
     pthread_mutex_lock(&s->mu);
     DX_ASSERT(!q->done); /* the engine delivers nothing after DONE */
     if (ev->type == ENGINE_EV_TOKENS) {
@@ -302,53 +269,61 @@ static void on_client_gone(void *user)
 {
     node_req *q = user;
     q->conn = NULL;
+    if (q->pd.pulling) return; /* not with the engine yet: the pull's end frees it */
     q->srv->be.cancel(q->srv->be.self, q->engine_id);
     DX_LOGD("%s: client disconnected, canceled", q->id);
 }
 
-/* Tokenises the request's prompt.  A 4xx is reported through *err. */
-static int encode_prompt(node_server *s, const oai_req *o, int32_t **ids, size_t *n, oai_err *err)
+static int prompt_error(const oai_req *o, const char *msg, oai_err *err)
 {
+    err->status = 400;
+    snprintf(err->message, sizeof err->message, "%s", msg);
+    snprintf(err->param, sizeof err->param, o->kind == OAI_CHAT ? "messages" : "prompt");
+    return DX_EINVAL;
+}
+
+/* Tokenises the request's prompt into q->prompt (token-faithfully for chat:
+ * replies through the P/D params' sequence and the node's memory).  A 4xx
+ * is reported through *err. */
+static int encode_prompt(node_server *s, node_req *q, oai_err *err)
+{
+    const oai_req *o = &q->o;
     int rc;
-    *ids = NULL;
-    *n = 0;
-    if (o->kind == OAI_COMPLETION && o->prompt_ids) {
-        *ids = dx_memdup(o->prompt_ids, o->n_prompt_ids * sizeof **ids);
-        *n = o->n_prompt_ids;
-        return *ids ? 0 : DX_ENOMEM;
-    }
-    if (o->kind == OAI_COMPLETION) {
-        rc = s->be.encode_text(s->be.self, o->prompt, o->prompt_len, ids, n);
+    if (node_pd_prompt_given(q)) /* a decode node takes the prefill node's tokens */
+        rc = node_pd_take_prompt(q, &q->prompt, &q->n_prompt);
+    else if (o->kind == OAI_COMPLETION && o->prompt_ids) {
+        q->prompt = dx_memdup(o->prompt_ids, o->n_prompt_ids * sizeof *q->prompt);
+        q->n_prompt = o->n_prompt_ids;
+        rc = q->prompt ? 0 : DX_ENOMEM;
+    } else if (o->kind == OAI_COMPLETION) {
+        rc = s->be.encode_text(s->be.self, o->prompt, o->prompt_len, &q->prompt, &q->n_prompt);
     } else {
         chat_msg msgs[o->n_msgs];
         for (size_t i = 0; i < o->n_msgs; i++)
             msgs[i] = (chat_msg){o->msgs[i].role, o->msgs[i].content, o->msgs[i].content_len};
-        rc = s->be.encode_chat(s->be.self, msgs, o->n_msgs, ids, n);
+        hist_src src;
+        node_pd_hist_src(s, q, &src);
+        rc = s->be.encode_chat(s->be.self, msgs, o->n_msgs, hist_reply, &src, &q->prompt,
+                               &q->n_prompt);
+        node_pd_hist_done(s, q, &src);
+        hist_src_free(&src);
     }
-    if (rc == DX_EINVAL) {
-        err->status = 400;
-        snprintf(err->message, sizeof err->message, "%s", dx_errmsg());
-        snprintf(err->param, sizeof err->param, o->kind == OAI_CHAT ? "messages" : "prompt");
-    }
-    if (rc == 0 && *n == 0) {
-        err->status = 400;
-        snprintf(err->message, sizeof err->message, "the prompt is empty");
-        snprintf(err->param, sizeof err->param, o->kind == OAI_CHAT ? "messages" : "prompt");
-        rc = DX_EINVAL;
-    }
+    if (rc == DX_EINVAL) rc = prompt_error(o, dx_errmsg(), err);
+    if (rc == 0 && q->n_prompt == 0) rc = prompt_error(o, "the prompt is empty", err);
     if (rc < 0) {
-        dx_free(*ids);
-        *ids = NULL;
+        dx_free(q->prompt);
+        q->prompt = NULL;
+        q->n_prompt = 0;
     }
     return rc;
 }
 
-static void fill_engine_request(const oai_req *o, const int32_t *ids, size_t n, node_req *q,
-                                engine_request *er)
+static void fill_engine_request(node_req *q, engine_request *er)
 {
+    const oai_req *o = &q->o;
     memset(er, 0, sizeof *er);
-    er->prompt = ids;
-    er->n_prompt = n;
+    er->prompt = q->prompt;
+    er->n_prompt = q->n_prompt;
     er->max_tokens = o->has_max_tokens ? o->max_tokens : 0;
     er->sampling = (engine_sampling){
         .temperature = (float)o->temperature,
@@ -361,57 +336,31 @@ static void fill_engine_request(const oai_req *o, const int32_t *ids, size_t n, 
     er->stop = o->stop;
     er->n_stop = o->n_stop;
     er->ignore_eos = o->ignore_eos;
+    er->prefix_blocks = q->pd.blocks;
+    er->n_prefix_blocks = q->pd.n_local + q->pd.n_pulled;
+    er->want_kv = node_pd_want_kv(q);
     er->on_event = on_engine_event;
     er->user = q;
 }
 
-static node_req *req_new(node_server *s, const oai_req *o, http_conn *c, uint64_t t0)
+/* Takes ownership of *o (the caller must not free it). */
+static node_req *req_new(node_server *s, oai_req *o, http_conn *c, uint64_t t0)
 {
     node_req *q = dx_calloc(1, sizeof *q);
     if (!q) return NULL;
     q->srv = s;
     q->conn = c;
-    q->stream = o->stream;
-    q->include_usage = o->stream && o->include_usage;
+    q->o = *o;
+    memset(o, 0, sizeof *o);
+    q->stream = q->o.stream;
+    q->include_usage = q->o.stream && q->o.include_usage;
     q->t_start_ns = t0;
-    q->path = o->kind == OAI_CHAT ? "/v1/chat/completions" : "/v1/completions";
-    oai_make_id(q->id, sizeof q->id, o->kind == OAI_CHAT ? "chatcmpl" : "cmpl");
-    q->meta = (oai_meta){o->kind, q->id, s->be.model_name, (int64_t)time(NULL)};
+    q->path = q->o.kind == OAI_CHAT ? "/v1/chat/completions" : "/v1/completions";
+    oai_make_id(q->id, sizeof q->id, q->o.kind == OAI_CHAT ? "chatcmpl" : "cmpl");
+    q->meta = (oai_meta){q->o.kind, q->id, s->be.model_name, (int64_t)time(NULL)};
     dx_buf_init(&q->text, 0);
     dx_buf_init(&q->pend, 0);
     return q;
-}
-
-/* Submits; on failure answers the client and returns the status. */
-static int submit(node_server *s, http_conn *c, const http_req *r, const oai_req *o, uint64_t t0)
-{
-    oai_err err = {0};
-    int32_t *ids;
-    size_t n;
-    int rc = encode_prompt(s, o, &ids, &n, &err);
-    if (rc < 0) {
-        int st = err.status ? err.status : 500;
-        respond_error(s, c, r, st, err.status ? err.message : dx_errmsg(), err.param, NULL, t0);
-        return st;
-    }
-    node_req *q = req_new(s, o, c, t0);
-    engine_request er;
-    fill_engine_request(o, ids, n, q, &er);
-    rc = q ? s->be.submit(s->be.self, &er, &q->engine_id) : DX_ENOMEM;
-    dx_free(ids);
-    if (rc < 0) {
-        int st = rc == DX_EBUSY ? 503 : rc == DX_EINVAL ? 400 : 500;
-        const char *msg = rc == DX_EBUSY ? "server busy: the waiting queue is full" : dx_errmsg();
-        respond_error(s, c, r, st, msg, rc == DX_EINVAL ? "max_tokens" : NULL, NULL, t0);
-        if (q) req_free(q);
-        return st;
-    }
-    q->next = s->active;
-    if (s->active) s->active->prev = q;
-    s->active = q;
-    s->n_active++;
-    http_conn_set_abort(c, on_client_gone, q);
-    return 0;
 }
 
 static void start_stream(node_req *q)
@@ -425,6 +374,54 @@ static void start_stream(node_req *q)
         rc = http_conn_stream_write(q->conn, b.data, b.len);
     }
     dx_buf_free(&b); /* a failed write has run on_client_gone already */
+}
+
+static void maybe_stopped(node_server *s);
+
+void node_server_fail_early(node_server *s, node_req *q, int status, const char *msg,
+                            const char *param)
+{
+    if (q->conn) {
+        dx_buf b;
+        dx_buf_init(&b, 0);
+        oai_error_json(&b, msg, oai_error_type(status), param, NULL);
+        http_conn_set_abort(q->conn, NULL, NULL);
+        http_conn_respond(q->conn, status, "application/json", NULL, b.data, b.len);
+        dx_buf_free(&b);
+    }
+    count_request(s, q->path, q->conn ? status : 499);
+    log_simple("POST", q->path, q->conn ? status : 499, q->t_start_ns);
+    req_unlink(q);
+    req_free(q);
+    if (s->draining) maybe_stopped(s);
+}
+
+int node_server_submit(node_server *s, node_req *q)
+{
+    if (!q->conn) { /* the client left while the request was being prepared */
+        node_server_fail_early(s, q, 499, "client gone", NULL);
+        return 499;
+    }
+    if (s->draining) {
+        node_server_fail_early(s, q, 503, "the server is shutting down", NULL);
+        return 503;
+    }
+    engine_request er;
+    fill_engine_request(q, &er);
+    int rc = s->be.submit(s->be.self, &er, &q->engine_id);
+    if (rc < 0) {
+        int st = rc == DX_EBUSY ? 503 : rc == DX_EINVAL ? 400 : 500;
+        const char *msg = rc == DX_EBUSY ? "server busy: the waiting queue is full" : dx_errmsg();
+        /* also drops the P/D blocks, which are still ours */
+        node_server_fail_early(s, q, st, msg, st == 400 ? "max_tokens" : NULL);
+        return st;
+    }
+    node_pd_submitted(q); /* the engine owns the handed blocks now */
+    oai_req_free(&q->o);  /* everything the engine needs was copied */
+    req_link(q);
+    http_conn_set_abort(q->conn, on_client_gone, q);
+    if (q->stream) start_stream(q);
+    return 0;
 }
 
 static void route_completion(node_server *s, http_conn *c, const http_req *r, enum oai_kind kind,
@@ -450,9 +447,28 @@ static void route_completion(node_server *s, http_conn *c, const http_req *r, en
         oai_req_free(&o);
         return;
     }
-    /* P/D roles: interpret o.kv_transfer_params here. */
-    if (submit(s, c, r, &o, t0) == 0 && o.stream) start_stream(s->active);
-    oai_req_free(&o);
+    node_req *q = req_new(s, &o, c, t0);
+    if (!q) {
+        oai_req_free(&o);
+        respond_error(s, c, r, 500, "out of memory", NULL, NULL, t0);
+        return;
+    }
+    memset(&err, 0, sizeof err);
+    int rc = node_pd_parse(s, q, &err);
+    if (!rc) rc = encode_prompt(s, q, &err);
+    if (rc < 0) {
+        int st = err.status ? err.status : 500;
+        respond_error(s, c, r, st, err.status ? err.message : dx_errmsg(), err.param, NULL, t0);
+        req_free(q);
+        return;
+    }
+    q->keep_text = !q->stream || node_pd_wants_text(s, q);
+    if (node_pd_plan(s, q) == 1) { /* pulling on a worker thread; submitted when done */
+        req_link(q);
+        http_conn_set_abort(c, on_client_gone, q);
+        return;
+    }
+    node_server_submit(s, q);
 }
 
 static void on_request(void *user, http_conn *c, const http_req *r)
@@ -491,13 +507,16 @@ static void handle_tokens(node_req *q, const char *text, size_t len, size_t n_to
 {
     if (!q->t_first_ns && n_tokens) q->t_first_ns = dx_now_ns();
     if (!q->conn || !len || q->lost) return;
-    if (!q->stream) {
-        if (dx_buf_append(&q->text, text, len) < 0) { /* out of memory */
+    if (q->keep_text && dx_buf_append(&q->text, text, len) < 0) {
+        if (!q->stream) { /* out of memory: the answer cannot be completed */
             q->lost = 1;
             q->srv->be.cancel(q->srv->be.self, q->engine_id);
+            return;
         }
-        return;
+        q->keep_text = 0; /* a stream goes on; only the reply memory misses it */
+        dx_buf_reset(&q->text);
     }
+    if (!q->stream) return;
     dx_buf *b = &q->srv->scratch; /* reused: no allocation per token */
     dx_buf_reset(b);
     /* A failed write has already closed the connection and run on_client_gone. */
@@ -568,19 +587,22 @@ static void record_done(node_server *s, node_req *q, int status)
     count_request(s, q->path, status);
     char ttft_s[32] = "-";
     if (ttft >= 0) snprintf(ttft_s, sizeof ttft_s, "%.1f", ttft * 1e3);
-    DX_LOGI("POST %s %d id=%s prompt=%u cached=%u gen=%u finish=%s ttft_ms=%s total_ms=%.1f",
-            q->path, status, q->id, e->n_prompt, e->n_cached, e->n_gen,
+    /* where the prompt's KV came from: this node's cache, another node, computed */
+    uint32_t pulled = node_pd_pulled_tokens(q), local = e->n_cached - pulled;
+    DX_LOGI("POST %s %d id=%s prompt=%u local=%u pulled=%u computed=%u gen=%u finish=%s "
+            "ttft_ms=%s total_ms=%.1f%s",
+            q->path, status, q->id, e->n_prompt, local, pulled, e->n_prompt - e->n_cached,
+            e->n_gen,
             e->finish == ENGINE_FINISH_CANCELED ? "canceled"
             : e->finish == ENGINE_FINISH_ERROR  ? "error"
                                                 : finish_name(e->finish),
-            ttft_s, total * 1e3);
+            ttft_s, total * 1e3, node_pd_log_suffix(q));
 }
-
-static void maybe_stopped(node_server *s);
 
 /* q's DONE has been taken: the engine is finished with it, so it is freed. */
 static void handle_done(node_server *s, node_req *q)
 {
+    node_pd_finish(s, q); /* the answer's kv_transfer_params, the reply memory */
     oai_usage u = {q->fin.n_prompt, q->fin.n_cached, q->fin.n_gen};
     int status = 499; /* the client closed the connection first (nginx's convention) */
     if (q->conn) status = q->stream ? finish_stream(q, &u) : finish_full(q, &u);
@@ -697,6 +719,13 @@ int node_server_create(uv_loop_t *loop, const node_server_config *cfg, node_serv
     prom_hist_init_latency(&s->engine_ttft);
     prom_hist_init_latency(&s->tpot);
     prom_hist_init_latency(&s->e2e);
+    node_pd_stats_init(&s->pd);
+    hist_mem_config hc_mem = {.ttl_s = cfg->history_ttl_s};
+    if (hist_mem_create(&hc_mem, &s->mem) < 0) {
+        prom_family_free(&s->requests);
+        dx_free(s);
+        return DX_ENOMEM;
+    }
     http_srv_config hc = {
         .host = cfg->host,
         .port = cfg->port,
@@ -709,6 +738,7 @@ int node_server_create(uv_loop_t *loop, const node_server_config *cfg, node_serv
     int rc = http_srv_create(loop, &hc, &s->http);
     if (rc < 0) {
         prom_family_free(&s->requests);
+        hist_mem_destroy(s->mem);
         dx_free(s);
         return rc;
     }
@@ -760,6 +790,8 @@ void node_server_destroy(node_server *s)
     }
     http_srv_destroy(s->http);
     prom_family_free(&s->requests);
+    node_pd_stats_free(&s->pd);
+    hist_mem_destroy(s->mem);
     dx_buf_free(&s->scratch);
     dx_buf_free(&s->take);
     uv_close((uv_handle_t *)&s->wake, on_handle_closed);

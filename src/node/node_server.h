@@ -2,19 +2,19 @@
  *
  * Routes: POST /v1/chat/completions, POST /v1/completions (JSON or SSE),
  * GET /v1/models, GET /health, GET /metrics.  The server reaches the engine
- * through node_backend, a table of functions; today's only one wraps engine_*
- * and the model's tokenizer (node_engine.h).  It keeps the tokenizer and chat
- * template out of this file and is where a prefill/decode backend would plug
- * in; the tests run the real one.  Engine events
+ * through node_backend, a table of functions over engine_* and the model's
+ * tokenizer (node_engine.h), which keeps the tokenizer and chat template out
+ * of this file.  Engine events
  * arrive on the engine's thread, are copied under a mutex into the
  * request's own reused buffers (no allocation per token), the request is
  * put on a ready list and the loop is woken with uv_async_send; only the
  * loop thread touches sockets.
  *
- * Roles: this issue implements role "both".  Prefill/decode roles add a
- * field to the config and a path in the completion handler that reads the
- * request's kv_transfer_params and puts the node's own in the final answer
- * (node_req.extra); nothing else changes. */
+ * Prefill/decode (docs/pd.md, node_pd.c): with a node_kv the server reads
+ * each request's kv_transfer_params, reuses its own prefix cache, pulls
+ * blocks from the node the params name (on a worker thread, before the
+ * request reaches the engine), holds the finished request's blocks under a
+ * lease and answers with its own params.  Without one, params are ignored. */
 #ifndef NODE_SERVER_H
 #define NODE_SERVER_H
 
@@ -23,6 +23,8 @@
 #include <uv.h>
 
 #include "engine/engine.h"
+#include "model/chat_tmpl.h"
+#include "node/node_kv.h"
 
 enum node_role { NODE_ROLE_BOTH, NODE_ROLE_PREFILL, NODE_ROLE_DECODE };
 
@@ -33,11 +35,17 @@ typedef struct {
     int (*cancel)(void *self, uint64_t id);
     void (*stats)(void *self, engine_stats *out);
     /* Tokenise chat messages with the model's template (generation prompt
-     * appended) or plain text; *ids is dx_malloc'd. */
-    int (*encode_chat)(void *self, const chat_msg *msgs, size_t n, int32_t **ids, size_t *n_ids);
+     * appended; replies through `reply`, see chat_tmpl_encode_faithful) or
+     * plain text; *ids is dx_malloc'd. */
+    int (*encode_chat)(void *self, const chat_msg *msgs, size_t n, chat_reply_fn reply,
+                       void *reply_user, int32_t **ids, size_t *n_ids);
     int (*encode_text)(void *self, const char *text, size_t len, int32_t **ids, size_t *n_ids);
     const char *model_name;
     uint32_t n_vocab, n_ctx;
+    const tok *tk;
+    int32_t end_ids[3]; /* tokens that end a reply: EOS, EOT, the template's end of turn */
+    size_t n_end;
+    node_kv *kv; /* the node's KV port and leases; NULL: kv_transfer_params are ignored */
 } node_backend;
 
 typedef struct node_server node_server;
@@ -50,6 +58,11 @@ typedef struct {
     uint64_t request_timeout_ms; /* default 30 s */
     uint64_t idle_timeout_ms;    /* default 120 s */
     double shutdown_grace_s;     /* default 10 */
+    /* P/D (docs/pd.md) */
+    int bidirectional;             /* --bidirectional-kv-xfer */
+    uint32_t recompute_threshold;  /* default 64 (0 means the default; 1 pulls anything) */
+    int no_prefix_cache;           /* --no-enable-prefix-caching */
+    double history_ttl_s;          /* memory of generated replies; default 480 */
     /* Called on the loop thread when a shutdown has drained. */
     void (*on_stopped)(void *user);
     void *user;

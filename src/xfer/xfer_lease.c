@@ -70,6 +70,7 @@ struct xfer_leases {
     dx_hidx *by_pin; /* pin id hash -> pin * */
     dx_hidx *by_tag; /* tag hash -> lease * (tagged leases only) */
     lease *lru_head, *lru_tail;
+    uint64_t lease_blocks; /* sum of the live leases' block counts */
     uint64_t next_pin;
     xfer_leases_stats st;
 };
@@ -274,6 +275,7 @@ static void lease_free(xfer_leases *L, lease *l)
     DX_ASSERT(dx_hidx_remove(L->by_tok, l->h, (uintptr_t)l) == 0);
     if (l->tag) DX_ASSERT(dx_hidx_remove(L->by_tag, tag_hash(L, l->tag), (uintptr_t)l) == 0);
     lru_unlink(L, l);
+    L->lease_blocks -= l->n;
     lease *last = L->leases[--L->n_leases];
     L->leases[l->at] = last;
     last->at = l->at;
@@ -383,6 +385,7 @@ static int lease_add(xfer_leases *L, lease *l)
     l->at = L->n_leases;
     L->leases[L->n_leases++] = l;
     lru_push_recent(L, l);
+    L->lease_blocks += l->n;
     L->st.created++;
     return 0;
 }
@@ -658,6 +661,7 @@ void xfer_leases_get_stats(xfer_leases *L, xfer_leases_stats *out)
     pthread_mutex_lock(&L->mu);
     *out = L->st;
     out->leases = (uint32_t)L->n_leases;
+    out->blocks = L->lease_blocks;
     out->pins = (uint32_t)L->n_pins;
     pthread_mutex_unlock(&L->mu);
 }

@@ -42,6 +42,7 @@ typedef struct {
 
 typedef struct {
     uint32_t leases, pins;
+    uint64_t blocks; /* block references the live leases hold (a block in two counts twice) */
     uint64_t created, expired, revoked, pins_made, pins_timed_out, gone, mismatches;
     uint64_t revoked_lru; /* xfer_leases_revoke_lru: memory pressure */
     uint64_t superseded;  /* xfer_leases_supersede: a newer lease contains them */

@@ -1,0 +1,421 @@
+/* node_pd: prefill/decode steps of a request (see .h). */
+#include "node/node_pd.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "base/dx_alloc.h"
+#include "base/dx_clock.h"
+#include "base/dx_err.h"
+#include "base/dx_log.h"
+#include "node/node_server_priv.h"
+
+static const char *const k_dir[2] = {"p2d", "d2p"};
+
+void node_pd_stats_init(node_pd_stats *st)
+{
+    memset(st, 0, sizeof *st);
+    prom_hist_init_latency(&st->pull_seconds);
+}
+
+void node_pd_stats_free(node_pd_stats *st)
+{
+    (void)st; /* nothing allocated today; kept as the pair of init */
+}
+
+static uint32_t block_size(const node_server *s)
+{
+    return kv_pool_block_size(node_kv_pool(s->be.kv));
+}
+
+static uint32_t threshold(const node_server *s)
+{
+    return s->cfg.recompute_threshold ? s->cfg.recompute_threshold : 64;
+}
+
+/* ---- before tokenising ---------------------------------------------------- */
+
+static int names_self(const node_server *s, const kvtp *p)
+{
+    node_kv *k = s->be.kv;
+    if (p->engine_id[0] && !strcmp(p->engine_id, node_kv_engine_id(k))) return 1;
+    return p->host[0] && p->port == node_kv_port(k) && !strcmp(p->host, node_kv_host(k));
+}
+
+int node_pd_parse(node_server *s, node_req *q, oai_err *err)
+{
+    node_pd_req *pd = &q->pd;
+    node_kv *k = s->be.kv;
+    if (q->o.kv_transfer_params && !k) s->pd.params_ignored++; /* no KV port: plain request */
+    if (q->o.kv_transfer_params && k) {
+        kvtp_limits lim = {s->be.n_vocab, block_size(s), s->be.n_ctx};
+        int rc = kvtp_parse(q->o.kv_transfer_params, &lim, &pd->in, err);
+        if (rc) return rc;
+        pd->has_params = 1;
+        pd->self = names_self(s, &pd->in);
+    }
+    if (k && pd->has_params && pd->in.do_remote_decode)
+        pd->hold = NODE_PD_HOLD_FOR_DECODE;
+    else if (k && s->cfg.bidirectional && s->cfg.role != NODE_ROLE_PREFILL)
+        pd->hold = NODE_PD_HOLD_RETAIN;
+    pd->memo = q->o.kind == OAI_CHAT && pd->hold != NODE_PD_HOLD_FOR_DECODE && s->mem;
+    return 0;
+}
+
+int node_pd_prompt_given(const node_req *q)
+{
+    const node_pd_req *pd = &q->pd;
+    return pd->has_params && pd->in.do_remote_prefill && !pd->in.do_remote_decode && !pd->self &&
+           pd->in.token_ids && pd->in.n_tokens > 0;
+}
+
+int node_pd_take_prompt(node_req *q, int32_t **ids, size_t *n)
+{
+    *ids = q->pd.in.token_ids;
+    *n = q->pd.in.n_tokens;
+    q->pd.in.token_ids = NULL;
+    q->pd.in.n_tokens = 0;
+    return 0;
+}
+
+void node_pd_hist_src(node_server *s, node_req *q, hist_src *src)
+{
+    hist_src_init(src, s->be.tk, s->be.end_ids, s->be.n_end);
+    src->mem = s->mem;
+    src->now_ns = dx_now_ns();
+    if (q->pd.has_params && q->pd.in.token_ids) { /* a holder's sequence: this history */
+        src->seq = q->pd.in.token_ids;
+        src->n_seq = q->pd.in.n_tokens;
+    }
+}
+
+void node_pd_hist_done(node_server *s, node_req *q, const hist_src *src)
+{
+    (void)q;
+    s->pd.replies_from_seq += src->from_seq;
+    s->pd.replies_from_mem += src->from_mem;
+    s->pd.replies_retokenised += src->retokenised;
+}
+
+int node_pd_wants_text(node_server *s, const node_req *q)
+{
+    (void)s;
+    return q->pd.memo;
+}
+
+/* ---- planning and the pull -------------------------------------------------- */
+
+static size_t common_prefix(const int32_t *a, size_t na, const int32_t *b, size_t nb)
+{
+    size_t n = na < nb ? na : nb, i = 0;
+    while (i < n && a[i] == b[i]) i++;
+    return i;
+}
+
+static void pull_work(uv_work_t *w)
+{
+    node_req *q = w->data;
+    node_kv_pull_run(q->srv->be.kv, &q->pd.pull);
+}
+
+static void count_pull(node_server *s, node_pd_req *pd)
+{
+    node_pd_stats *st = &s->pd;
+    const node_kv_pull *p = &pd->pull;
+    st->pulls[pd->d2p]++;
+    st->pull_blocks[pd->d2p] += p->n_pulled;
+    st->pull_bytes[pd->d2p] += p->bytes;
+    if (p->n_pulled) prom_hist_observe(&st->pull_seconds, p->seconds);
+    if (p->why != NODE_KV_OK) st->fallbacks[p->why]++;
+}
+
+static void pull_done(uv_work_t *w, int status)
+{
+    node_req *q = w->data;
+    node_server *s = q->srv;
+    node_pd_req *pd = &q->pd;
+    pd->pulling = 0;
+    pd->n_pulled = status == 0 ? pd->pull.n_pulled : 0;
+    count_pull(s, pd);
+    if (pd->pull.why != NODE_KV_OK)
+        DX_LOGI("%s: pulled %u of %zu blocks from %s:%d (%s: %s); computing the rest", q->id,
+                pd->pull.n_pulled, pd->pull.n, pd->pull.host, pd->pull.port,
+                node_kv_fallback_name(pd->pull.why), pd->pull.reason);
+    node_server_submit(s, q);
+}
+
+/* The prompt's full blocks (all but the last token, which is always
+ * computed) that this node's cache holds: referenced, in pd->blocks. */
+static int match_local(node_server *s, node_req *q, size_t n_full)
+{
+    node_pd_req *pd = &q->pd;
+    kv_pool *pool = node_kv_pool(s->be.kv);
+    pd->chain = dx_malloc(n_full * sizeof *pd->chain);
+    pd->blocks = dx_malloc(n_full * sizeof *pd->blocks);
+    if (!pd->chain || !pd->blocks) return DX_ENOMEM;
+    kv_pool_hash_chain(pool, q->prompt, n_full * block_size(s), pd->chain);
+    pd->n_local = s->cfg.no_prefix_cache ? 0 : kv_pool_match_prefix(pool, pd->chain, n_full, pd->blocks);
+    pd->owns_blocks = 1;
+    return 0;
+}
+
+int node_pd_plan(node_server *s, node_req *q)
+{
+    node_pd_req *pd = &q->pd;
+    const kvtp *in = &pd->in;
+    if (!s->be.kv || !pd->has_params || !in->do_remote_prefill || !kvtp_has_holder(in) ||
+        pd->self)
+        return 0; /* nothing remote: the engine matches its own cache at admission */
+    if (in->do_remote_decode && !s->cfg.bidirectional) return 0; /* one-way P→D only */
+    uint32_t bs = block_size(s);
+    size_t n_full = (q->n_prompt - 1) / bs;
+    /* the holder's blocks that are ours: its sequence agrees with our prompt */
+    size_t avail = in->n_blocks < n_full ? in->n_blocks : n_full;
+    if (in->token_ids) {
+        size_t same = common_prefix(q->prompt, q->n_prompt, in->token_ids, in->n_tokens) / bs;
+        if (same < avail) avail = same;
+    }
+    if (!avail || match_local(s, q, n_full)) return 0;
+    if (pd->n_local >= avail) return 0;
+    size_t want = avail - pd->n_local;
+    if (want * bs < threshold(s)) {
+        pd->below_threshold = 1;
+        s->pd.below_threshold++;
+        return 0;
+    }
+    pd->d2p = in->do_remote_decode;
+    pd->pull = (node_kv_pull){.host = in->host, .port = in->port, .lease = in->lease,
+                              .chain = pd->chain + pd->n_local,
+                              .remote_ids = in->block_ids + pd->n_local, .n = want,
+                              .local_ids = pd->blocks + pd->n_local};
+    pd->work.data = q;
+    pd->pulling = 1;
+    if (uv_queue_work(s->loop, &pd->work, pull_work, pull_done) < 0) {
+        pd->pulling = 0;
+        return 0;
+    }
+    return 1;
+}
+
+int node_pd_want_kv(const node_req *q)
+{
+    return q->pd.hold != NODE_PD_HOLD_NONE || q->pd.memo;
+}
+
+void node_pd_submitted(node_req *q)
+{
+    q->pd.owns_blocks = 0;
+}
+
+/* ---- the end of the request ------------------------------------------------- */
+
+static int32_t *copy_ids(const int32_t *ids, size_t n)
+{
+    return dx_memdup(n ? ids : (const int32_t[1]){0}, (n ? n : 1) * sizeof *ids);
+}
+
+/* Engine thread: the blocks are still the sequence's; a lease keeps them. */
+void node_pd_on_kv(node_server *s, node_req *q, const engine_event *ev)
+{
+    node_pd_req *pd = &q->pd;
+    size_t n = ev->n_kv_blocks;
+    if (pd->hold == NODE_PD_HOLD_FOR_DECODE && n > q->n_prompt / block_size(s))
+        n = q->n_prompt / block_size(s); /* the prompt's blocks, not the probe token's */
+    if (pd->hold != NODE_PD_HOLD_NONE && n) {
+        pd->held_ids = copy_ids(ev->kv_blocks, n);
+        int retain = pd->hold == NODE_PD_HOLD_RETAIN;
+        if (pd->held_ids && node_kv_hold(s->be.kv, ev->kv_blocks, n, retain, &pd->lease) == 0) {
+            pd->held = 1;
+            pd->n_held = n;
+        } else {
+            pd->hold_failed = 1;
+        }
+    }
+    if (pd->hold == NODE_PD_HOLD_RETAIN || pd->memo) {
+        pd->seq = copy_ids(ev->tokens, ev->n_tokens);
+        pd->n_seq = pd->seq ? ev->n_tokens : 0;
+    }
+}
+
+/* The answer's params: what this node now holds for a next reader. */
+static void answer_params(node_server *s, node_req *q)
+{
+    node_pd_req *pd = &q->pd;
+    node_kv *k = s->be.kv;
+    kvtp out = {.do_remote_prefill = 1, .port = node_kv_port(k), .num_tokens = 0, .ttl_s = -1};
+    snprintf(out.engine_id, sizeof out.engine_id, "%s", node_kv_engine_id(k));
+    snprintf(out.request_id, sizeof out.request_id, "%s", q->id);
+    snprintf(out.host, sizeof out.host, "%s", node_kv_host(k));
+    out.block_ids = pd->held ? pd->held_ids : (int32_t[1]){0};
+    out.n_blocks = pd->held ? pd->n_held : 0;
+    out.num_tokens = (int64_t)out.n_blocks * block_size(s);
+    out.has_lease = pd->held;
+    out.lease = pd->lease;
+    if (pd->held) out.ttl_s = node_kv_lease_ttl(k, pd->hold == NODE_PD_HOLD_RETAIN);
+    int retain = pd->hold == NODE_PD_HOLD_RETAIN;
+    out.token_ids = retain ? pd->seq : q->prompt;
+    out.n_tokens = retain ? pd->n_seq : q->n_prompt;
+    dx_buf b;
+    dx_buf_init(&b, 0);
+    if (kvtp_write(&b, &out) == 0) q->extra = dx_buf_take(&b);
+    dx_buf_free(&b);
+}
+
+/* Remembers the reply for token-faithful history, when the client got
+ * exactly the text its ids give (a stop string cuts it otherwise). */
+static void remember_reply(node_server *s, node_req *q)
+{
+    node_pd_req *pd = &q->pd;
+    if (!pd->memo || !pd->seq || pd->n_seq < q->n_prompt || !q->keep_text || q->lost) return;
+    const int32_t *gen = pd->seq + q->n_prompt;
+    size_t n = hist_strip_end(gen, pd->n_seq - q->n_prompt, s->be.end_ids, s->be.n_end);
+    dx_buf t;
+    dx_buf_init(&t, 0);
+    int same = hist_reply_text(s->be.tk, gen, n, &t) == 0 && t.len == q->text.len &&
+               (t.len == 0 || !memcmp(t.data, q->text.data, t.len));
+    dx_buf_free(&t);
+    if (same)
+        hist_mem_put(s->mem, q->prompt, q->n_prompt, q->text.data ? q->text.data : "", q->text.len,
+                     gen, n, dx_now_ns());
+}
+
+void node_pd_finish(node_server *s, node_req *q)
+{
+    node_pd_req *pd = &q->pd;
+    const node_done *d = &q->fin;
+    int normal = (d->finish == ENGINE_FINISH_STOP || d->finish == ENGINE_FINISH_LENGTH) && !q->lost;
+    uint32_t pulled = node_pd_pulled_tokens(q);
+    s->pd.tokens_pulled += pulled;
+    s->pd.tokens_local += d->n_cached - pulled;
+    s->pd.tokens_computed += d->n_prompt - d->n_cached;
+    s->pd.holds += pd->held;
+    s->pd.hold_failed += pd->hold_failed;
+    if (normal && (pd->held || pd->hold == NODE_PD_HOLD_FOR_DECODE)) answer_params(s, q);
+    if (normal) remember_reply(s, q);
+}
+
+void node_pd_req_free(node_server *s, node_req *q)
+{
+    node_pd_req *pd = &q->pd;
+    if (pd->owns_blocks) {
+        kv_pool *pool = node_kv_pool(s->be.kv);
+        for (size_t i = 0; i < pd->n_local + pd->n_pulled; i++) kv_pool_unref(pool, pd->blocks[i]);
+    }
+    kvtp_free(&pd->in);
+    dx_free(pd->blocks);
+    dx_free(pd->chain);
+    dx_free(pd->held_ids);
+    dx_free(pd->seq);
+    memset(pd, 0, sizeof *pd);
+}
+
+uint32_t node_pd_pulled_tokens(const node_req *q)
+{
+    return (uint32_t)q->pd.n_pulled * (q->pd.n_pulled ? block_size(q->srv) : 0);
+}
+
+const char *node_pd_log_suffix(node_req *q)
+{
+    node_pd_req *pd = &q->pd;
+    pd->log[0] = 0;
+    if (pd->pull.n)
+        snprintf(pd->log, sizeof pd->log, " pull=%s:%u/%zu(%s)%s", k_dir[pd->d2p],
+                 pd->pull.n_pulled, pd->pull.n, node_kv_fallback_name(pd->pull.why),
+                 pd->held ? " held" : "");
+    else if (pd->below_threshold)
+        snprintf(pd->log, sizeof pd->log, " pull=below_threshold%s", pd->held ? " held" : "");
+    else if (pd->held)
+        snprintf(pd->log, sizeof pd->log, " held");
+    return pd->log;
+}
+
+/* ---- metrics ------------------------------------------------------------------ */
+
+static void write_tokens(dx_buf *b, const node_pd_stats *st)
+{
+    const char *name = "duplex_kv_prompt_tokens_total";
+    prom_write_header(b, name, "counter",
+                      "Prompt tokens of finished requests by where their KV came from");
+    prom_write_value(b, name, "source=\"local\"", (double)st->tokens_local);
+    prom_write_value(b, name, "source=\"pulled\"", (double)st->tokens_pulled);
+    prom_write_value(b, name, "source=\"computed\"", (double)st->tokens_computed);
+}
+
+static void write_pulls(dx_buf *b, const node_pd_stats *st)
+{
+    static const struct {
+        const char *name, *help;
+        size_t off;
+    } k[] = {
+        {"duplex_kv_pulls_total", "KV pulls from other nodes, by direction",
+         offsetof(node_pd_stats, pulls)},
+        {"duplex_kv_pull_blocks_total", "KV blocks pulled, by direction",
+         offsetof(node_pd_stats, pull_blocks)},
+        {"duplex_kv_pull_bytes_total", "KV bytes pulled, by direction",
+         offsetof(node_pd_stats, pull_bytes)},
+    };
+    for (size_t i = 0; i < DX_ARRAY_LEN(k); i++) {
+        const uint64_t *v = (const uint64_t *)((const char *)st + k[i].off);
+        prom_write_header(b, k[i].name, "counter", k[i].help);
+        for (int d = 0; d < 2; d++) {
+            char labels[32];
+            snprintf(labels, sizeof labels, "direction=\"%s\"", k_dir[d]);
+            prom_write_value(b, k[i].name, labels, (double)v[d]);
+        }
+    }
+    prom_write_hist(b, "duplex_kv_pull_seconds", "Time of a KV pull (connect to release)",
+                    &st->pull_seconds);
+}
+
+static void write_fallbacks(dx_buf *b, const node_pd_stats *st)
+{
+    const char *name = "duplex_kv_fallbacks_total";
+    prom_write_header(b, name, "counter",
+                      "Reuse that did not happen, by reason (the tokens were computed)");
+    char labels[48];
+    for (int f = NODE_KV_PARTIAL; f < NODE_KV_N_FALLBACKS; f++) {
+        snprintf(labels, sizeof labels, "reason=\"%s\"", node_kv_fallback_name(f));
+        prom_write_value(b, name, labels, (double)st->fallbacks[f]);
+    }
+    prom_write_value(b, name, "reason=\"below_threshold\"", (double)st->below_threshold);
+    prom_write_value(b, name, "reason=\"hold_failed\"", (double)st->hold_failed);
+}
+
+static void write_leases(dx_buf *b, node_kv *k, const node_pd_stats *st)
+{
+    node_kv_stats ks;
+    node_kv_get_stats(k, &ks);
+    prom_write_gauge(b, "duplex_kv_leases", "Live leases (held KV for readers)", ks.leases.leases);
+    prom_write_gauge(b, "duplex_kv_leased_blocks", "Block references the live leases hold",
+                     (double)ks.leases.blocks);
+    prom_write_gauge(b, "duplex_kv_pins", "Live pins (reads in progress)", ks.leases.pins);
+    const char *name = "duplex_kv_lease_events_total";
+    prom_write_header(b, name, "counter", "Lease lifecycle events");
+    prom_write_value(b, name, "event=\"issued\"", (double)ks.leases.created);
+    prom_write_value(b, name, "event=\"expired\"", (double)ks.leases.expired);
+    prom_write_value(b, name, "event=\"revoked\"", (double)ks.leases.revoked);
+    prom_write_value(b, name, "event=\"revoked_lru\"", (double)ks.leases.revoked_lru);
+    prom_write_value(b, name, "event=\"superseded\"", (double)ks.leases.superseded);
+    prom_write_value(b, name, "event=\"pinned\"", (double)ks.leases.pins_made);
+    prom_write_counter(b, "duplex_kv_holds_total", "Finished requests whose KV was held",
+                       (double)st->holds);
+}
+
+void node_pd_write_metrics(node_server *s, dx_buf *b)
+{
+    const node_pd_stats *st = &s->pd;
+    write_tokens(b, st);
+    const char *name = "duplex_history_replies_total";
+    prom_write_header(b, name, "counter",
+                      "Assistant messages in prompts, by where their token ids came from");
+    prom_write_value(b, name, "source=\"params\"", (double)st->replies_from_seq);
+    prom_write_value(b, name, "source=\"memory\"", (double)st->replies_from_mem);
+    prom_write_value(b, name, "source=\"tokenised\"", (double)st->replies_retokenised);
+    prom_write_counter(b, "duplex_kv_params_ignored_total",
+                       "Requests whose kv_transfer_params were ignored (no KV port)",
+                       (double)st->params_ignored);
+    if (!s->be.kv) return;
+    write_pulls(b, st);
+    write_fallbacks(b, st);
+    write_leases(b, s->be.kv, st);
+}

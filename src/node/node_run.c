@@ -1,0 +1,201 @@
+/* node_run: a node process — loop, loading, signals, teardown (see .h). */
+#include "node/node_run.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <uv.h>
+
+#include "base/dx_err.h"
+#include "base/dx_log.h"
+#include "node/node_engine.h"
+#include "node/node_kv.h"
+#include "node/oai_req.h"
+
+typedef struct {
+    node_run_config cfg;
+    uv_loop_t loop;
+    uv_work_t load;
+    uv_signal_t sig_int, sig_term;
+    node_server *srv;
+    engine_config ec;
+    model *m;
+    engine *e;
+    node_kv *kv;
+    char engine_id[129];
+    int load_rc, loading, stopping, exit_code;
+    char load_err[512];
+} run_ctx;
+
+static int kv_wanted(const run_ctx *r)
+{
+    return r->cfg.kv_port >= 0 || r->cfg.role != NODE_ROLE_BOTH;
+}
+
+/* Loader thread: the model, the transfer agent the pool comes from, the
+ * engine, then the KV side's leases and client. */
+static void load_work(uv_work_t *w)
+{
+    run_ctx *r = w->data;
+    int rc = model_load(r->cfg.model_path, &r->m);
+    if (!rc && kv_wanted(r)) {
+        node_kv_config kc = {.host = r->cfg.kv_host ? r->cfg.kv_host : r->cfg.host,
+                             .port = r->cfg.kv_port > 0 ? r->cfg.kv_port : 0,
+                             .tls = r->cfg.kv_tls,
+                             .engine_id = r->engine_id,
+                             .pin_ttl_s = r->cfg.pin_ttl_s,
+                             .lease_ttl_s = r->cfg.lease_ttl_s,
+                             .retain_ttl_s = r->cfg.retain_ttl_s};
+        rc = node_kv_create(&kc, &r->kv);
+        if (!rc) node_kv_engine_hooks(r->kv, &r->ec);
+    }
+    if (!rc) rc = engine_create(&r->ec, r->m, &r->e);
+    r->load_rc = rc;
+    if (rc < 0) snprintf(r->load_err, sizeof r->load_err, "%s", dx_errmsg());
+}
+
+/* Dependency order (node_kv.h): no more pins, no more engine events, no
+ * more leases, then the pool, then the agent that allocated it. */
+static void teardown_engine(run_ctx *r)
+{
+    node_kv_close_port(r->kv);
+    engine_stop(r->e);
+    node_kv_drop_leases(r->kv);
+    engine_destroy(r->e);
+    r->e = NULL;
+    node_kv_destroy(r->kv);
+    r->kv = NULL;
+}
+
+static void close_signals(run_ctx *r)
+{
+    uv_close((uv_handle_t *)&r->sig_int, NULL);
+    uv_close((uv_handle_t *)&r->sig_term, NULL);
+}
+
+/* The server has drained (or never started serving): the engine goes first,
+ * so its last events land in the server's queue. */
+static void on_stopped(void *user)
+{
+    run_ctx *r = user;
+    r->stopping = 1;
+    if (r->loading) return; /* load_done finishes the teardown */
+    teardown_engine(r);
+    node_server_destroy(r->srv);
+    r->srv = NULL;
+    model_free(r->m);
+    r->m = NULL;
+    close_signals(r);
+}
+
+static void log_startup(run_ctx *r)
+{
+    kv_pool *kv = engine_kv_pool(r->e);
+    double mib = (double)kv_pool_arena_bytes(kv) / (1024.0 * 1024.0);
+    char kvport[192] = "off";
+    if (r->kv)
+        snprintf(kvport, sizeof kvport, "%s:%d (engine id %s)", node_kv_host(r->kv),
+                 node_kv_port(r->kv), node_kv_engine_id(r->kv));
+    DX_LOGI("duplex serve: model=%s role=%s address=http://%s:%d kv_pool=%.0fMiB "
+            "(%u blocks x %u tokens) n_ctx=%u prefix_caching=%s bidirectional=%s kv_port=%s",
+            model_name(r->m), node_role_name(r->cfg.role), r->cfg.host, node_server_port(r->srv),
+            mib, kv_pool_n_blocks(kv), kv_pool_block_size(kv), engine_n_ctx(r->e),
+            r->ec.no_prefix_cache ? "off" : "on", r->cfg.bidirectional ? "on" : "off", kvport);
+}
+
+static void fail_start(run_ctx *r, const char *what, const char *msg)
+{
+    DX_LOGE("duplex serve: %s: %s", what, msg);
+    r->exit_code = 1;
+    node_server_shutdown(r->srv); /* nothing running: stops at once */
+}
+
+static void load_done(uv_work_t *w, int status)
+{
+    run_ctx *r = w->data;
+    r->loading = 0;
+    if (status < 0 || r->load_rc < 0) {
+        char what[600];
+        snprintf(what, sizeof what, "loading %s", r->cfg.model_path);
+        fail_start(r, what, status < 0 ? uv_strerror(status) : r->load_err);
+        if (r->srv && r->stopping) on_stopped(r);
+        return;
+    }
+    if (r->stopping) { /* a signal came while loading */
+        on_stopped(r);
+        return;
+    }
+    uint64_t fp[2];
+    model_fingerprint(r->m, fp);
+    if (r->kv && node_kv_start(r->kv, &r->loop, fp, engine_kv_pool(r->e)) < 0) {
+        fail_start(r, "KV port", dx_errmsg());
+        return;
+    }
+    node_backend be;
+    node_engine_backend(r->e, r->m, &be);
+    be.kv = r->kv;
+    node_server_set_backend(r->srv, &be);
+    log_startup(r);
+}
+
+static void on_signal(uv_signal_t *h, int signum)
+{
+    run_ctx *r = h->data;
+    DX_LOGI("duplex serve: %s received", signum == SIGINT ? "SIGINT" : "SIGTERM");
+    if (r->srv) node_server_shutdown(r->srv);
+}
+
+static int start_server(run_ctx *r)
+{
+    node_server_config sc = {
+        .host = r->cfg.host,
+        .port = r->cfg.port,
+        .role = r->cfg.role,
+        .max_body_bytes = r->cfg.max_body_bytes,
+        .request_timeout_ms = r->cfg.request_timeout_ms,
+        .shutdown_grace_s = r->cfg.shutdown_grace_s,
+        .on_stopped = on_stopped,
+        .user = r,
+        .bidirectional = r->cfg.bidirectional,
+        .recompute_threshold = r->cfg.recompute_threshold,
+        .no_prefix_cache = r->cfg.engine.no_prefix_cache,
+        .history_ttl_s = r->cfg.retain_ttl_s,
+    };
+    int rc = node_server_create(&r->loop, &sc, &r->srv);
+    if (rc < 0) return rc;
+    if (r->cfg.engine_id && *r->cfg.engine_id)
+        snprintf(r->engine_id, sizeof r->engine_id, "%s", r->cfg.engine_id);
+    else /* default: the HTTP address, known once bound */
+        snprintf(r->engine_id, sizeof r->engine_id, "%s:%d", r->cfg.host,
+                 node_server_port(r->srv));
+    return 0;
+}
+
+int node_run(const node_run_config *cfg)
+{
+    static run_ctx r; /* one node per process; signal handlers reach it through handles */
+    memset(&r, 0, sizeof r);
+    r.cfg = *cfg;
+    if (!r.cfg.host) r.cfg.host = "127.0.0.1";
+    r.ec = cfg->engine;
+    signal(SIGPIPE, SIG_IGN); /* a client gone mid-write is an error code, not a death */
+    oai_json_use_dx_alloc();
+    uv_loop_init(&r.loop);
+    if (start_server(&r) < 0) {
+        fprintf(stderr, "duplex serve: %s\n", dx_errmsg());
+        uv_run(&r.loop, UV_RUN_DEFAULT);
+        uv_loop_close(&r.loop);
+        return 1;
+    }
+    uv_signal_init(&r.loop, &r.sig_int);
+    uv_signal_init(&r.loop, &r.sig_term);
+    r.sig_int.data = r.sig_term.data = &r;
+    uv_signal_start(&r.sig_int, on_signal, SIGINT);
+    uv_signal_start(&r.sig_term, on_signal, SIGTERM);
+    r.load.data = &r;
+    r.loading = 1;
+    uv_queue_work(&r.loop, &r.load, load_work, load_done);
+    uv_run(&r.loop, UV_RUN_DEFAULT);
+    uv_loop_close(&r.loop);
+    return r.exit_code;
+}

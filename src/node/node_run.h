@@ -1,0 +1,42 @@
+/* node_run: one node as a process — what `duplex serve` runs.
+ *
+ * The HTTP socket is bound first, so /health answers 503 while the model
+ * loads (on libuv's thread pool); then the KV transfer side (node_kv) and
+ * the engine start, one start-up line is logged, and completions are served.
+ * SIGINT/SIGTERM start a graceful shutdown: stop accepting, let running
+ * requests finish for the grace period, cancel the rest, tear down in
+ * dependency order (node_kv.h), exit 0. */
+#ifndef NODE_RUN_H
+#define NODE_RUN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/engine.h"
+#include "node/node_server.h"
+
+typedef struct {
+    const char *model_path;
+    const char *host; /* default 127.0.0.1 */
+    int port;
+    enum node_role role;
+    engine_config engine; /* threads, pool, dtype, batch, queue, context, prefix caching */
+    size_t max_body_bytes;
+    uint64_t request_timeout_ms;
+    double shutdown_grace_s;
+    /* KV port: -1 = off (the default for role both), 0 = any free port.
+     * Roles prefill and decode always run one. */
+    int kv_port;
+    const char *kv_host; /* default: host */
+    const char *kv_tls;
+    const char *engine_id; /* default: host:port of the HTTP server */
+    double pin_ttl_s, lease_ttl_s, retain_ttl_s;
+    int bidirectional;
+    uint32_t recompute_threshold;
+} node_run_config;
+
+/* Runs until shutdown; returns the process exit code (0, or 1 when the
+ * model or the KV port could not be set up). */
+int node_run(const node_run_config *cfg);
+
+#endif

@@ -1,0 +1,94 @@
+/* node_server_priv: the server's and a request's state, shared by the
+ * files of the node server (node_server.c: HTTP, engine events, answers;
+ * node_pd.c: the P/D steps of a request). */
+#ifndef NODE_SERVER_PRIV_H
+#define NODE_SERVER_PRIV_H
+
+#include <pthread.h>
+#include <uv.h>
+
+#include "base/dx_buf.h"
+#include "node/hist.h"
+#include "node/http_conn.h"
+#include "node/node_pd.h"
+#include "node/node_server.h"
+#include "node/oai_req.h"
+#include "node/oai_resp.h"
+#include "node/prom.h"
+
+typedef struct node_req node_req;
+
+/* A DONE event's figures, copied off the engine thread into the request
+ * (the message into a fixed array: the DONE path never allocates, so it
+ * cannot be lost). */
+typedef struct {
+    enum engine_finish finish;
+    int error;
+    uint32_t n_prompt, n_cached, n_gen;
+    double ttft_s; /* engine-side: submit → first token */
+    int has_msg;
+    char msg[256];
+} node_done;
+
+struct node_req {
+    node_server *srv;
+    node_req *prev, *next; /* active list */
+    int linked;            /* on the active list */
+    oai_req o;             /* the parsed request, until the engine has it */
+    http_conn *conn;       /* NULL once the client is gone */
+    uint64_t engine_id;
+    char id[64];
+    oai_meta meta;
+    int stream, include_usage;
+    dx_buf text; /* the answer so far (non-streaming, or kept for the reply memory) */
+    int keep_text; /* streaming too: the reply memory needs what the client got */
+    uint64_t t_start_ns, t_first_ns;
+    const char *path;
+    char *extra; /* raw JSON members for the final answer (P/D roles) */
+    int32_t *prompt; /* the tokens submitted (P/D and the reply memory need them) */
+    size_t n_prompt;
+    node_pd_req pd;
+    int lost;    /* loop: text was lost (out of memory); the request is canceled */
+    /* Engine thread → loop, guarded by srv->mu. */
+    dx_buf pend;        /* text not yet taken by the loop (reset, never freed, when taken) */
+    size_t pend_tokens; /* tokens not yet taken */
+    int pend_lost;      /* text could not be appended (out of memory) */
+    int queued;         /* on srv->ready or in the batch the loop is working through */
+    node_req *ready_next;
+    int done;      /* DONE has arrived: `fin` is final, the engine is finished with q */
+    node_done fin; /* the DONE event's figures, copied */
+};
+
+struct node_server {
+    uv_loop_t *loop;
+    node_server_config cfg;
+    http_srv *http;
+    node_backend be;
+    int ready, draining, stopped;
+    uv_async_t wake;
+    uv_timer_t grace;
+    pthread_mutex_t mu;
+    node_req *ready_head, *ready_tail; /* guarded by mu: requests with events to handle */
+    node_req *active;
+    size_t n_active;
+    int64_t started;
+    /* metrics (loop thread only) */
+    dx_buf scratch; /* chunk being built (loop thread) */
+    dx_buf take;    /* a request's pending text, copied out (loop thread) */
+    prom_family requests;
+    prom_hist ttft, engine_ttft, tpot, e2e;
+    uint64_t gen_tokens, prompt_tokens, cached_tokens;
+    hist_mem *mem;   /* replies this node generated (token-faithful history) */
+    node_pd_stats pd; /* loop thread only */
+};
+
+/* Hands q (tokens in q->prompt, P/D blocks in q->pd) to the engine and
+ * links it into the active list; on failure answers the client and frees q.
+ * Returns 0 or the HTTP status sent. */
+int node_server_submit(node_server *s, node_req *q);
+/* Answers an error (param may be NULL) for a request the engine never saw,
+ * and frees it. */
+void node_server_fail_early(node_server *s, node_req *q, int status, const char *msg,
+                            const char *param);
+
+#endif
