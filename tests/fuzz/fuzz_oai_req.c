@@ -1,7 +1,8 @@
-/* Fuzz target: OpenAI request parsing and the answer builders.
- * First byte picks chat or completion; the rest is the body.  Every accepted
- * request's strings are pushed through the JSON writer, whose output must
- * parse back as JSON. */
+/* Fuzz target: OpenAI request parsing, kv_transfer_params (kvtp) and the
+ * answer builders.  First byte picks chat or completion; the rest is the
+ * body.  Every accepted request's strings are pushed through the JSON
+ * writer, whose output must parse back as JSON; accepted params are written
+ * back and must parse again to the same values. */
 #include <jansson.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -9,6 +10,7 @@
 
 #include "base/dx_buf.h"
 #include "base/dx_err.h"
+#include "node/kvtp.h"
 #include "node/oai_req.h"
 #include "node/oai_resp.h"
 
@@ -18,6 +20,36 @@ static void check_json(const dx_buf *b)
     json_t *v = json_loadb(b->data, b->len, JSON_DECODE_ANY, &je);
     DX_ASSERT(v != NULL);
     json_decref(v);
+}
+
+/* Accepted params survive a write and a parse unchanged. */
+static void check_params(const void *obj)
+{
+    kvtp_limits lim = {151936, 16, 1u << 20};
+    kvtp p, q;
+    oai_err e;
+    if (kvtp_parse(obj, &lim, &p, &e) != 0) {
+        DX_ASSERT(e.status == 400 && !strncmp(e.param, "kv_transfer_params.", 19));
+        return;
+    }
+    dx_buf b;
+    dx_buf_init(&b, 0);
+    dx_buf_putc(&b, '{');
+    DX_ASSERT(kvtp_write(&b, &p) == 0);
+    dx_buf_putc(&b, '}');
+    json_error_t je;
+    json_t *v = json_loadb(b.data, b.len, 0, &je);
+    DX_ASSERT(v != NULL);
+    DX_ASSERT(kvtp_parse(json_object_get(v, "kv_transfer_params"), &lim, &q, &e) == 0);
+    DX_ASSERT(p.do_remote_decode == q.do_remote_decode && p.port == q.port &&
+              p.n_blocks == q.n_blocks && p.n_tokens == q.n_tokens &&
+              p.num_tokens == q.num_tokens && p.has_lease == q.has_lease &&
+              !strcmp(p.host, q.host) && !strcmp(p.engine_id, q.engine_id));
+    DX_ASSERT(!p.n_tokens || !memcmp(p.token_ids, q.token_ids, p.n_tokens * sizeof(int32_t)));
+    json_decref(v);
+    kvtp_free(&p);
+    kvtp_free(&q);
+    dx_buf_free(&b);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -31,6 +63,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         DX_ASSERT(e.status == 400 && e.message[0]);
         return 0;
     }
+    if (r.kv_transfer_params) check_params(r.kv_transfer_params);
     dx_buf b;
     dx_buf_init(&b, 0);
     oai_meta m = {kind, "id-1", r.model, 1};

@@ -11,6 +11,7 @@
 
 #include "base/dx_alloc.h"
 #include "base/dx_err.h"
+#include "node/kvtp.h"
 #include "node/oai_req.h"
 #include "node/oai_resp.h"
 #include "node/prom.h"
@@ -413,6 +414,91 @@ static void test_prom(void **state)
     prom_family_free(&f);
 }
 
+/* kv_transfer_params: vLLM's all-null shape, a full duplex set written back
+ * and parsed again, and each bad field named. */
+static kvtp_limits g_lim = {1000, 16, 4096};
+
+static int parse_kv(const char *params, kvtp *p, oai_err *e)
+{
+    json_error_t je;
+    json_t *v = json_loads(params, 0, &je);
+    assert_non_null(v);
+    int rc = kvtp_parse(v, &g_lim, p, e);
+    json_decref(v);
+    return rc;
+}
+
+static void test_kvtp(void **state)
+{
+    (void)state;
+    size_t live = dx_alloc_live_bytes();
+    kvtp p, p2;
+    oai_err e;
+    assert_int_equal(parse_kv("{\"do_remote_decode\":true,\"do_remote_prefill\":false,"
+                              "\"remote_engine_id\":null,\"remote_request_id\":null,"
+                              "\"remote_host\":null,\"remote_port\":null,"
+                              "\"remote_block_ids\":null,\"remote_num_tokens\":null}",
+                              &p, &e),
+                     0);
+    assert_true(p.do_remote_decode && !p.do_remote_prefill && !kvtp_has_holder(&p));
+    assert_true(p.num_tokens == -1 && p.port == 0 && !p.block_ids && !p.engine_id[0]);
+    kvtp_free(&p);
+    const char *full = "{\"do_remote_prefill\":true,\"remote_engine_id\":\"e1\","
+                       "\"remote_request_id\":\"r\",\"remote_host\":\"127.0.0.1\","
+                       "\"remote_port\":4000,\"remote_block_ids\":[3,4],\"remote_num_tokens\":32,"
+                       "\"remote_lease\":\"00112233445566778899aabbccddeeff\","
+                       "\"remote_blocks_ttl_s\":480,\"remote_token_ids\":[" 
+                       "1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,"
+                       "28,29,30,31,32,999]}";
+    assert_int_equal(parse_kv(full, &p, &e), 0);
+    assert_true(kvtp_has_holder(&p));
+    assert_int_equal(p.n_tokens, 33);
+    assert_int_equal(p.token_ids[32], 999);
+    assert_int_equal(p.lease.b[15], 0xff);
+    dx_buf b;
+    dx_buf_init(&b, 0);
+    dx_buf_putc(&b, '{');
+    assert_int_equal(kvtp_write(&b, &p), 0);
+    dx_buf_putc(&b, '}');
+    json_error_t je;
+    json_t *v = json_loadb(b.data, b.len, 0, &je);
+    assert_non_null(v);
+    assert_int_equal(kvtp_parse(json_object_get(v, "kv_transfer_params"), &g_lim, &p2, &e), 0);
+    assert_true(p2.ttl_s == 480 && p2.port == 4000 && p2.n_blocks == 2 && p2.block_ids[1] == 4);
+    assert_memory_equal(p2.lease.b, p.lease.b, 16);
+    assert_string_equal(p2.engine_id, "e1");
+    json_decref(v);
+    kvtp_free(&p);
+    kvtp_free(&p2);
+    dx_buf_free(&b);
+    static const struct {
+        const char *params, *param;
+    } bad[] = {
+        {"{\"do_remote_decode\":1}", "kv_transfer_params.do_remote_decode"},
+        {"{\"remote_host\":\"\"}", "kv_transfer_params.remote_host"},
+        {"{\"remote_host\":7}", "kv_transfer_params.remote_host"},
+        {"{\"remote_port\":0}", "kv_transfer_params.remote_port"},
+        {"{\"remote_port\":65536}", "kv_transfer_params.remote_port"},
+        {"{\"remote_port\":\"80\"}", "kv_transfer_params.remote_port"},
+        {"{\"remote_block_ids\":[1,-2]}", "kv_transfer_params.remote_block_ids"},
+        {"{\"remote_block_ids\":{}}", "kv_transfer_params.remote_block_ids"},
+        {"{\"remote_lease\":\"abc\"}", "kv_transfer_params.remote_lease"},
+        {"{\"remote_lease\":\"zz112233445566778899aabbccddeeff\"}", "kv_transfer_params.remote_lease"},
+        {"{\"remote_blocks_ttl_s\":-1}", "kv_transfer_params.remote_blocks_ttl_s"},
+        {"{\"remote_token_ids\":[1000]}", "kv_transfer_params.remote_token_ids"},
+        {"{\"remote_block_ids\":[1],\"remote_num_tokens\":15}", "kv_transfer_params.remote_num_tokens"},
+        {"{\"remote_num_tokens\":16,\"remote_token_ids\":[1]}", "kv_transfer_params.remote_num_tokens"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        if (parse_kv(bad[i].params, &p, &e) != DX_EINVAL)
+            fail_msg("accepted %s", bad[i].params);
+        assert_int_equal(e.status, 400);
+        assert_string_equal(e.param, bad[i].param);
+        assert_non_null(strstr(e.message, bad[i].param));
+    }
+    assert_int_equal(dx_alloc_live_bytes(), live);
+}
+
 int main(void)
 {
     oai_json_use_dx_alloc();
@@ -422,6 +508,7 @@ int main(void)
         cmocka_unit_test(test_json_str_utf8), cmocka_unit_test(test_resp_full),
         cmocka_unit_test(test_sse_chunks),    cmocka_unit_test(test_errors_models_ids),
         cmocka_unit_test(test_prom),
+        cmocka_unit_test(test_kvtp),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
