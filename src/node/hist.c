@@ -282,13 +282,12 @@ int hist_reply(void *user, const int32_t *ctx, size_t n_ctx, const char *text, s
                tok_ids *out)
 {
     hist_src *s = user;
-    int rc = from_seq(s, ctx, n_ctx, text, len, out);
-    if (rc) {
-        if (rc > 0) s->from_seq++;
-        return rc;
+    int rc = 0;
+    for (int pass = 0; pass < 2 && rc == 0; pass++) {
+        int mem = pass == 0 ? s->mem_first : !s->mem_first;
+        rc = mem ? from_mem(s, ctx, n_ctx, text, len, out) : from_seq(s, ctx, n_ctx, text, len, out);
+        if (rc > 0) *(mem ? &s->from_mem : &s->from_seq) += 1;
     }
-    rc = from_mem(s, ctx, n_ctx, text, len, out);
-    if (rc > 0) s->from_mem++;
     if (rc == 0) s->retokenised++;
     return rc;
 }

@@ -6,7 +6,7 @@
  * KV reuse would stop at the reply's first block.  So when a chat prompt is
  * tokenised (chat_tmpl_encode_faithful), every assistant message whose text
  * is exactly a reply generated after exactly the same preceding tokens gets
- * the generated ids instead.  Two sources give them, tried in order:
+ * the generated ids instead.  Two sources give them:
  *
  *  - the request's own history: `remote_token_ids` of its kv_transfer_params
  *    (the sequence a decode node holds — prompt and reply).  The reply is the
@@ -16,6 +16,13 @@
  *  - the node's memory of the replies it generated itself (hist_mem): keyed
  *    by a hash of the preceding tokens and of the text, kept for the
  *    retention TTL, bounded, least recently used first out.
+ *
+ * A decode node's sequence holds the ids it generated, so it comes first.  A
+ * prefill node's prompt (what a decode node receives) holds whatever that
+ * node knew: its replies are generated ids when it had a decode node's
+ * sequence, a fresh tokenisation when it had nothing (the one-way flow).
+ * For it the memory of the node that generated the replies comes first
+ * (mem_first); a walk over the prompt is then never worse than tokenising.
  *
  * "Its text" is what the client received: the bytes of the reply's
  * non-special tokens, invalid UTF-8 replaced by U+FFFD (hist_reply_text) —
@@ -62,6 +69,7 @@ typedef struct {
     const int32_t *seq; /* the request's remote_token_ids, or NULL */
     size_t n_seq;
     hist_mem *mem; /* or NULL */
+    int mem_first; /* the sequence is a prefill node's prompt, not generated ids: memory first */
     uint64_t now_ns;
     dx_buf scratch; /* hist_src_init/free */
     uint32_t from_seq, from_mem, retokenised; /* replies, by where their ids came from */

@@ -62,30 +62,17 @@ int node_pd_parse(node_server *s, node_req *q, oai_err *err)
     return 0;
 }
 
-int node_pd_prompt_given(const node_req *q)
-{
-    const node_pd_req *pd = &q->pd;
-    return pd->has_params && pd->in.do_remote_prefill && !pd->in.do_remote_decode && !pd->self &&
-           pd->in.token_ids && pd->in.n_tokens > 0;
-}
-
-int node_pd_take_prompt(node_req *q, int32_t **ids, size_t *n)
-{
-    *ids = q->pd.in.token_ids;
-    *n = q->pd.in.n_tokens;
-    q->pd.in.token_ids = NULL;
-    q->pd.in.n_tokens = 0;
-    return 0;
-}
-
 void node_pd_hist_src(node_server *s, node_req *q, hist_src *src)
 {
+    const node_pd_req *pd = &q->pd;
     hist_src_init(src, s->be.tk, s->be.end_ids, s->be.n_end);
     src->mem = s->mem;
     src->now_ns = dx_now_ns();
-    if (q->pd.has_params && q->pd.in.token_ids) { /* a holder's sequence: this history */
-        src->seq = q->pd.in.token_ids;
-        src->n_seq = q->pd.in.n_tokens;
+    if (pd->has_params && pd->in.token_ids) { /* the holder's sequence */
+        src->seq = pd->in.token_ids;
+        src->n_seq = pd->in.n_tokens;
+        /* a prefill node's prompt, not a decode node's generated sequence */
+        src->mem_first = !pd->in.do_remote_decode && !pd->self;
     }
 }
 

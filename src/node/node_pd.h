@@ -3,10 +3,10 @@
  *
  *   node_pd_parse       the request's kv_transfer_params; what the node will
  *                       hold when the request ends
- *   (tokenise)          a decode node takes the prefill node's tokens
- *                       (node_pd_take_prompt); a chat prompt otherwise goes
- *                       through hist with the params' sequence and the
- *                       node's reply memory (node_pd_hist_src)
+ *   (tokenise)          a chat prompt goes through hist with the params'
+ *                       sequence and the node's reply memory
+ *                       (node_pd_hist_src), so prefill and decode nodes
+ *                       agree on the tokens wherever they can
  *   node_pd_plan        this node's cached prefix, and — when the params name
  *                       a holder that can supply at least the threshold more
  *                       tokens — a pull on a worker thread; the request is
@@ -83,9 +83,6 @@ void node_pd_stats_free(node_pd_stats *st);
 
 /* 0, or DX_EINVAL with *err filled (a bad field). */
 int node_pd_parse(node_server *s, node_req *q, oai_err *err);
-/* The prefill node's tokens are this request's prompt. */
-int node_pd_prompt_given(const node_req *q);
-int node_pd_take_prompt(node_req *q, int32_t **ids, size_t *n);
 void node_pd_hist_src(node_server *s, node_req *q, hist_src *src);
 void node_pd_hist_done(node_server *s, node_req *q, const hist_src *src);
 /* The client's text must be kept even when streamed (the reply memory). */

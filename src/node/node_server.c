@@ -289,9 +289,7 @@ static int encode_prompt(node_server *s, node_req *q, oai_err *err)
 {
     const oai_req *o = &q->o;
     int rc;
-    if (node_pd_prompt_given(q)) /* a decode node takes the prefill node's tokens */
-        rc = node_pd_take_prompt(q, &q->prompt, &q->n_prompt);
-    else if (o->kind == OAI_COMPLETION && o->prompt_ids) {
+    if (o->kind == OAI_COMPLETION && o->prompt_ids) {
         q->prompt = dx_memdup(o->prompt_ids, o->n_prompt_ids * sizeof *q->prompt);
         q->n_prompt = o->n_prompt_ids;
         rc = q->prompt ? 0 : DX_ENOMEM;

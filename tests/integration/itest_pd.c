@@ -1,0 +1,669 @@
+/* itest_pd: prefill/decode nodes speaking docs/pd.md, as real processes on
+ * loopback, driven by this test the way a router drives them (the router has
+ * its own tests).  Every output is compared byte for byte with one `--role
+ * both` node without prefix caching that sees the same conversation: the
+ * bidirectional flow, the one-way flow (duplex-aware and vLLM-proxy shaped),
+ * the recompute threshold, edited history, forged params, a decode node that
+ * dies or whose retention expires, a pool too small for what is retained,
+ * and streaming.  Node metrics prove where each prompt's KV came from. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <jansson.h>
+
+#include "../test_client.h"
+#include "../test_proc.h"
+#include "base/dx_dtype.h"
+#include "base/dx_err.h"
+#include "model/synth.h"
+
+static struct {
+    const char *bin;
+    char dir[64], model[128];
+    const char *model_name;
+    int n_logs;
+} G;
+
+#define BS 16 /* the nodes' block size */
+
+/* ---- processes ------------------------------------------------------------ */
+
+/* `duplex serve` on a free port with the test model, plus extra flags. */
+static void node_start(tp_proc *p, const char *tag, const char *const *extra)
+{
+    const char *argv[48] = {"serve", "--model", G.model, "--port", "0", "--threads", "1",
+                            "--kv-cache-mb", "16"};
+    int n = 9;
+    for (int i = 0; extra && extra[i]; i++) argv[n++] = extra[i];
+    argv[n] = NULL;
+    char log[160];
+    snprintf(log, sizeof log, "%s/%s-%d.log", G.dir, tag, G.n_logs++);
+    tp_start(p, G.bin, log, argv, "duplex serve:");
+}
+
+static long metric(const tp_proc *p, const char *name)
+{
+    return tc_metric(p->http, name);
+}
+
+#define PULLED   "duplex_kv_prompt_tokens_total{source=\"pulled\"}"
+#define LOCAL    "duplex_kv_prompt_tokens_total{source=\"local\"}"
+#define COMPUTED "duplex_kv_prompt_tokens_total{source=\"computed\"}"
+
+/* ---- requests --------------------------------------------------------------- */
+
+static json_t *post(const tp_proc *p, json_t *body, long want_status)
+{
+    char *s = json_dumps(body, JSON_COMPACT);
+    dx_buf out;
+    dx_buf_init(&out, 0);
+    long st = tc_http(p->http, "POST", "/v1/chat/completions", s, &out, 120);
+    if (st != want_status) fail_msg("status %ld, wanted %ld: %s", st, want_status, out.data);
+    json_t *v = tc_json(&out);
+    free(s);
+    dx_buf_free(&out);
+    return v;
+}
+
+/* A streamed answer: its text (malloc'd) and the final chunk's params
+ * (NULL when none), checking that they ride in the chunk with
+ * finish_reason, before [DONE]. */
+static json_t *post_stream(const tp_proc *p, json_t *body, json_t **params)
+{
+    char *s = json_dumps(body, JSON_COMPACT);
+    dx_buf out, text;
+    dx_buf_init(&out, 0);
+    dx_buf_init(&text, 0);
+    assert_int_equal(tc_http(p->http, "POST", "/v1/chat/completions", s, &out, 120), 200);
+    char finish[32];
+    int usage;
+    tc_parse_sse(&out, 1, &text, finish, &usage);
+    *params = NULL;
+    const char *k = strstr(out.data, "\"kv_transfer_params\"");
+    if (k) {
+        const char *ev = k;
+        while (ev > out.data && strncmp(ev, "data: ", 6)) ev--;
+        const char *end = strstr(ev, "\n\n");
+        json_error_t je;
+        json_t *chunk = json_loadb(ev + 6, (size_t)(end - ev - 6), 0, &je);
+        assert_non_null(chunk);
+        json_t *fr = json_object_get(json_array_get(json_object_get(chunk, "choices"), 0),
+                                     "finish_reason");
+        assert_true(json_is_string(fr)); /* the final chunk */
+        *params = json_incref(json_object_get(chunk, "kv_transfer_params"));
+        json_decref(chunk);
+        assert_null(strstr(end, "kv_transfer_params")); /* once */
+    }
+    json_t *r = json_stringn_nocheck(text.data, text.len);
+    free(s);
+    dx_buf_free(&out);
+    dx_buf_free(&text);
+    return r;
+}
+
+static json_t *chat_body(json_t *msgs, int max_tokens)
+{
+    return json_pack("{s:s, s:O, s:i, s:f}", "model", G.model_name, "messages", msgs, "max_tokens",
+                     max_tokens, "temperature", 0.0);
+}
+
+/* The answer as a JSON string (a model can emit NUL: keep the length). */
+static json_t *answer_of(json_t *resp)
+{
+    json_t *c = json_object_get(
+        json_object_get(json_array_get(json_object_get(resp, "choices"), 0), "message"),
+        "content");
+    assert_true(json_is_string(c));
+    return json_incref(c);
+}
+
+static long usage_of(json_t *resp, const char *field)
+{
+    json_t *u = json_object_get(resp, "usage");
+    if (!strcmp(field, "cached_tokens"))
+        u = json_object_get(u, "prompt_tokens_details");
+    return (long)json_integer_value(json_object_get(u, field));
+}
+
+/* ---- conversations -------------------------------------------------------------- */
+
+typedef struct {
+    json_t *msgs;     /* as the client keeps it */
+    json_t *dparams;  /* the decode node's last params (the router's state) */
+    long prompt, gen; /* the last turn's prompt and answer tokens */
+    long p_prompt;    /* the prompt as the prefill node tokenised it */
+} conv;
+
+static const char *const k_words[] = {
+    "the", "cache", "moves", "between", "nodes", "and", "every", "turn", "keeps", "its",
+    "history", "while", "agents", "call", "tools", "with", "long", "outputs", "that", "grow",
+    "quickly", "so", "prefill", "work", "matters", "more", "than", "decode", "for", "them"};
+
+/* n words of deterministic text (malloc'd). */
+static char *words(unsigned seed, int n)
+{
+    dx_buf b;
+    dx_buf_init(&b, 0);
+    for (int i = 0; i < n; i++) {
+        seed = seed * 1103515245u + 12345u;
+        dx_buf_printf(&b, "%s%s", i ? " " : "", k_words[(seed >> 16) % DX_ARRAY_LEN(k_words)]);
+    }
+    char *s = strdup(b.data ? b.data : "");
+    dx_buf_free(&b);
+    return s;
+}
+
+static void conv_init(conv *c, unsigned seed, int first_words)
+{
+    memset(c, 0, sizeof *c);
+    char *sys = words(seed, 12), *user = words(seed + 1, first_words);
+    c->msgs = json_pack("[{s:s,s:s},{s:s,s:s}]", "role", "system", "content", sys, "role", "user",
+                        "content", user);
+    free(sys);
+    free(user);
+}
+
+static void conv_free(conv *c)
+{
+    json_decref(c->msgs);
+    json_decref(c->dparams);
+}
+
+static void conv_add(conv *c, const char *role, const char *text)
+{
+    json_array_append_new(c->msgs, json_pack("{s:s,s:s}", "role", role, "content", text));
+}
+
+static void conv_add_answer(conv *c, json_t *text)
+{
+    json_array_append_new(c->msgs, json_pack("{s:s,s:O}", "role", "assistant", "content", text));
+}
+
+/* Params for the prefill node: the decode node's, flipped to "pull and hold"
+ * (bidirectional), or vLLM's one-way shape with every other field null. */
+static json_t *prefill_params(const conv *c, int bidi)
+{
+    if (bidi && c->dparams) {
+        json_t *p = json_deep_copy(c->dparams);
+        json_object_set_new(p, "do_remote_decode", json_true());
+        json_object_set_new(p, "do_remote_prefill", json_true());
+        return p;
+    }
+    return json_pack("{s:b,s:b,s:n,s:n,s:n,s:n,s:n,s:n}", "do_remote_decode", 1,
+                     "do_remote_prefill", 0, "remote_engine_id", "remote_request_id",
+                     "remote_host", "remote_port", "remote_block_ids", "remote_num_tokens");
+}
+
+/* One turn through P and D; returns the answer (malloc'd), appended to the
+ * conversation. */
+static json_t *turn_pd(conv *c, const tp_proc *P, const tp_proc *D, int max_tokens, int bidi,
+                       int stream)
+{
+    json_t *pb = chat_body(c->msgs, 1);
+    json_object_set_new(pb, "stream", json_false());
+    json_object_set_new(pb, "kv_transfer_params", prefill_params(c, bidi));
+    json_t *pr = post(P, pb, 200);
+    json_t *pp = json_object_get(pr, "kv_transfer_params");
+    c->p_prompt = usage_of(pr, "prompt_tokens");
+    assert_true(json_is_object(pp));
+    assert_true(json_is_true(json_object_get(pp, "do_remote_prefill")));
+    json_t *db = chat_body(c->msgs, max_tokens);
+    json_object_set(db, "kv_transfer_params", pp);
+    json_t *ans, *dp = NULL;
+    if (stream) {
+        json_object_set_new(db, "stream", json_true());
+        ans = post_stream(D, db, &dp);
+    } else {
+        json_t *dr = post(D, db, 200);
+        ans = answer_of(dr);
+        dp = json_incref(json_object_get(dr, "kv_transfer_params"));
+        c->prompt = usage_of(dr, "prompt_tokens");
+        c->gen = usage_of(dr, "completion_tokens");
+        json_decref(dr);
+    }
+    json_decref(c->dparams);
+    c->dparams = dp;
+    conv_add_answer(c, ans);
+    json_decref(pb);
+    json_decref(pr);
+    json_decref(db);
+    return ans;
+}
+
+/* The same turn on one node. */
+static json_t *turn_single(conv *c, const tp_proc *S, int max_tokens)
+{
+    json_t *b = chat_body(c->msgs, max_tokens);
+    json_t *r = post(S, b, 200);
+    json_t *ans = answer_of(r);
+    c->prompt = usage_of(r, "prompt_tokens");
+    c->gen = usage_of(r, "completion_tokens");
+    conv_add_answer(c, ans);
+    json_decref(b);
+    json_decref(r);
+    return ans;
+}
+
+/* The next user message, to both copies of a conversation. */
+static void user_turn(conv *a, conv *b, unsigned seed, int n_words)
+{
+    char *u = words(seed, n_words);
+    conv_add(a, "user", u);
+    if (b) conv_add(b, "user", u);
+    free(u);
+}
+
+/* Byte-for-byte equal answers; both references are dropped. */
+static void assert_same(json_t *a, json_t *b, int turn)
+{
+    if (!json_equal(a, b))
+        fail_msg("turn %d differs:\n  P/D:    %s\n  single: %s", turn, json_string_value(a),
+                 json_string_value(b));
+    json_decref(a);
+    json_decref(b);
+}
+
+/* ---- tests -------------------------------------------------------------------- */
+
+static const char *const k_ref[] = {"--no-enable-prefix-caching", NULL};
+
+/* An 8-turn conversation: from turn 2 the prefill node pulls the whole
+ * history the decode node kept (previous prompt and answer, block-aligned)
+ * and computes only the new tokens; the decode node pulls back only the
+ * delta; every answer equals the single node's. */
+static void test_bidirectional_exact(void **state)
+{
+    (void)state;
+    const char *pa[] = {"--role", "prefill", "--bidirectional-kv-xfer", "--no-enable-prefix-caching",
+                        "--kv-recompute-threshold", "16", NULL};
+    const char *da[] = {"--role", "decode", "--bidirectional-kv-xfer", "--kv-recompute-threshold",
+                        "16", NULL};
+    tp_proc P, D, S;
+    node_start(&P, "p", pa);
+    node_start(&D, "d", da);
+    node_start(&S, "s", k_ref);
+    conv c, r;
+    conv_init(&c, 1, 90);
+    conv_init(&r, 1, 90);
+    for (int t = 1; t <= 8; t++) {
+        int max_tokens = 32 + (t * 13) % 33; /* 32..64 */
+        long pulled_p = metric(&P, PULLED), computed_p = metric(&P, COMPUTED);
+        long pulled_d = metric(&D, PULLED), local_d = metric(&D, LOCAL);
+        long held = c.prompt + c.gen > 0 ? (c.prompt + c.gen - 1) / BS * BS : 0;
+        long prev = c.prompt + c.gen;
+        json_t *a = turn_pd(&c, &P, &D, max_tokens, 1, 0);
+        json_t *b = turn_single(&r, &S, max_tokens);
+        assert_same(a, b, t);
+        long dp = metric(&P, PULLED) - pulled_p, dc = metric(&P, COMPUTED) - computed_p;
+        long dd = metric(&D, PULLED) - pulled_d, dl = metric(&D, LOCAL) - local_d;
+        assert_int_equal(dp + dc, c.prompt);
+        if (t >= 2) {
+            /* the history came from D: all it held, block-aligned */
+            if (dp != held) fail_msg("turn %d: P pulled %ld tokens, D held %ld", t, dp, held);
+            /* computed: the new tokens and at most one partial block */
+            if (dc > c.prompt - prev + BS)
+                fail_msg("turn %d: P computed %ld of %ld (new: %ld)", t, dc, c.prompt,
+                         c.prompt - prev);
+            /* D reused what it held and pulled back only the delta */
+            assert_int_equal(dl, held);
+            assert_true(dd <= c.prompt - held);
+            assert_true(dd >= c.prompt - held - 2 * BS);
+        }
+        user_turn(&c, &r, 100 + (unsigned)t, 20 + t * 7);
+    }
+    /* one retention per conversation: each turn superseded the previous */
+    assert_int_equal(metric(&D, "duplex_kv_leases"), 1);
+    assert_int_equal(metric(&D, "duplex_kv_lease_events_total{event=\"superseded\"}"), 7);
+    assert_int_equal(metric(&P, "duplex_kv_pulls_total{direction=\"d2p\"}"), 7);
+    conv_free(&c);
+    conv_free(&r);
+    tp_stop(&P, SIGTERM);
+    tp_stop(&D, SIGTERM);
+    assert_int_equal(tp_stop(&S, SIGTERM), 0);
+}
+
+/* One-way P→D: a prefill node without --bidirectional-kv-xfer recomputes
+ * the history (prefix cache off) or reuses only its own prompt blocks
+ * (cache on); the decode node keeps nothing; outputs are the same. */
+static void test_unidirectional(void **state)
+{
+    (void)state;
+    const char *pa_off[] = {"--role", "prefill", "--no-enable-prefix-caching", NULL};
+    const char *pa_on[] = {"--role", "prefill", NULL};
+    const char *da[] = {"--role", "decode", NULL};
+    for (int cache = 0; cache < 2; cache++) {
+        tp_proc P, D, S;
+        node_start(&P, "p", cache ? pa_on : pa_off);
+        node_start(&D, "d", da);
+        node_start(&S, "s", k_ref);
+        conv c, r;
+        conv_init(&c, 7, 60);
+        conv_init(&r, 7, 60);
+        for (int t = 1; t <= 4; t++) {
+            long local_p = metric(&P, LOCAL), computed_p = metric(&P, COMPUTED);
+            json_t *a = turn_pd(&c, &P, &D, 40, 0, 0);
+            json_t *b = turn_single(&r, &S, 40);
+            assert_same(a, b, t);
+            assert_null(c.dparams); /* the decode node retained nothing */
+            long dl = metric(&P, LOCAL) - local_p, dc = metric(&P, COMPUTED) - computed_p;
+            if (!cache) assert_int_equal(dc, c.p_prompt); /* the whole history again */
+            if (cache && t >= 2) assert_true(dl > 0 && dc > 0); /* its own prompt blocks only */
+            user_turn(&c, &r, 300 + (unsigned)t, 30);
+        }
+        assert_int_equal(metric(&P, PULLED), 0);
+        /* D released the holds it read; the rest expire with --kv-lease-ttl */
+        assert_true(metric(&P, "duplex_kv_leases") <= 4);
+        conv_free(&c);
+        conv_free(&r);
+        tp_stop(&P, SIGTERM);
+        tp_stop(&D, SIGTERM);
+        tp_stop(&S, SIGTERM);
+    }
+}
+
+/* Fewer than 64 reusable tokens at the decode node: the prefill node
+ * recomputes (and counts it); 64 or more: it pulls. */
+static void test_threshold(void **state)
+{
+    (void)state;
+    const char *pa[] = {"--role", "prefill", "--bidirectional-kv-xfer", "--no-enable-prefix-caching",
+                        NULL};
+    const char *da[] = {"--role", "decode", "--bidirectional-kv-xfer", NULL};
+    tp_proc P, D;
+    node_start(&P, "p", pa);
+    node_start(&D, "d", da);
+    conv shortc, longc;
+    conv_init(&shortc, 11, 3);
+    conv_init(&longc, 12, 60);
+    json_decref(turn_pd(&shortc, &P, &D, 8, 1, 0)); /* D holds < 64 tokens */
+    json_decref(turn_pd(&longc, &P, &D, 8, 1, 0));
+    long held_short = (shortc.prompt + shortc.gen - 1) / BS * BS;
+    assert_true(held_short < 64);
+    user_turn(&shortc, NULL, 5, 40);
+    user_turn(&longc, NULL, 6, 40);
+    long below = metric(&P, "duplex_kv_fallbacks_total{reason=\"below_threshold\"}");
+    long pulled = metric(&P, PULLED);
+    json_decref(turn_pd(&shortc, &P, &D, 8, 1, 0));
+    assert_int_equal(metric(&P, "duplex_kv_fallbacks_total{reason=\"below_threshold\"}"), below + 1);
+    assert_int_equal(metric(&P, PULLED), pulled);
+    long held_long = (longc.prompt + longc.gen - 1) / BS * BS;
+    json_decref(turn_pd(&longc, &P, &D, 8, 1, 0));
+    assert_int_equal(metric(&P, PULLED), pulled + held_long);
+    conv_free(&shortc);
+    conv_free(&longc);
+    tp_stop(&P, SIGTERM);
+    tp_stop(&D, SIGTERM);
+}
+
+static const char *const k_pa[] = {"--role", "prefill", "--bidirectional-kv-xfer",
+                                   "--no-enable-prefix-caching", NULL};
+static const char *const k_da[] = {"--role", "decode", "--bidirectional-kv-xfer", NULL};
+
+/* A past answer edited (its second half stripped, as clients strip
+ * reasoning): outputs still equal the single node's; reuse stops at the
+ * first changed block. */
+static void test_edited_history(void **state)
+{
+    (void)state;
+    tp_proc P, D, S;
+    node_start(&P, "p", k_pa);
+    node_start(&D, "d", k_da);
+    node_start(&S, "s", k_ref);
+    conv c, r;
+    conv_init(&c, 21, 70);
+    conv_init(&r, 21, 70);
+    for (int t = 1; t <= 3; t++) {
+        json_t *a = turn_pd(&c, &P, &D, 40, 1, 0), *b = turn_single(&r, &S, 40);
+        assert_same(a, b, t);
+        user_turn(&c, &r, 40 + (unsigned)t, 25);
+    }
+    /* cut the first answer (message 2) in half in both copies */
+    long first_prompt_tokens = 0;
+    {
+        json_t *m = json_array_get(c.msgs, 2), *m2 = json_array_get(r.msgs, 2);
+        const char *txt = json_string_value(json_object_get(m, "content"));
+        char *half = strndup(txt, strlen(txt) / 2);
+        json_object_set_new(m, "content", json_string(half));
+        json_object_set_new(m2, "content", json_string(half));
+        free(half);
+        json_t *probe = chat_body(json_pack("[O,O]", json_array_get(c.msgs, 0),
+                                            json_array_get(c.msgs, 1)), 1);
+        json_t *pr = post(&S, probe, 200);
+        first_prompt_tokens = usage_of(pr, "prompt_tokens");
+        json_decref(pr);
+        json_decref(probe);
+    }
+    long pulled = metric(&P, PULLED);
+    json_t *a = turn_pd(&c, &P, &D, 40, 1, 0), *b = turn_single(&r, &S, 40);
+    assert_same(a, b, 4);
+    /* only blocks before the edit: the first prompt and part of the answer */
+    long got = metric(&P, PULLED) - pulled;
+    assert_true(got <= first_prompt_tokens + 40);
+    conv_free(&c);
+    conv_free(&r);
+    tp_stop(&P, SIGTERM);
+    tp_stop(&D, SIGTERM);
+    tp_stop(&S, SIGTERM);
+}
+
+/* Params a client forged or guessed: a made-up lease (GONE), another
+ * conversation's real params with or without its token ids (nothing shared:
+ * no pull, or MISMATCH), a port nobody listens on (unreachable).  No foreign
+ * KV is ever used: outputs equal the single node's. */
+static void test_forged_params(void **state)
+{
+    (void)state;
+    tp_proc P, D, S;
+    node_start(&P, "p", k_pa);
+    node_start(&D, "d", k_da);
+    node_start(&S, "s", k_ref);
+    conv other, c, r;
+    conv_init(&other, 31, 80);
+    json_decref(turn_pd(&other, &P, &D, 40, 1, 0)); /* a real retention to steal from */
+    conv_init(&c, 32, 80);
+    conv_init(&r, 32, 80);
+    json_t *a = turn_pd(&c, &P, &D, 30, 1, 0), *b = turn_single(&r, &S, 30);
+    assert_same(a, b, 1);
+    for (int k = 0; k < 4; k++) {
+        user_turn(&c, &r, 50 + (unsigned)k, 20);
+        json_t *forged = json_deep_copy(k < 2 ? other.dparams : c.dparams);
+        if (k == 1) json_object_del(forged, "remote_token_ids"); /* then the pin's hashes decide */
+        if (k == 2) json_object_set_new(forged, "remote_lease",
+                                        json_string("0123456789abcdef0123456789abcdef"));
+        if (k == 3) json_object_set_new(forged, "remote_port", json_integer(1));
+        long pulled = metric(&P, PULLED);
+        json_t *keep = c.dparams;
+        c.dparams = forged;
+        a = turn_pd(&c, &P, &D, 30, 1, 0);
+        json_decref(keep);
+        b = turn_single(&r, &S, 30);
+        assert_same(a, b, 2 + k);
+        assert_int_equal(metric(&P, PULLED), pulled); /* nothing foreign, nothing at all */
+    }
+    assert_int_equal(metric(&P, "duplex_kv_fallbacks_total{reason=\"mismatch\"}"), 1);
+    assert_int_equal(metric(&P, "duplex_kv_fallbacks_total{reason=\"gone\"}"), 1);
+    assert_int_equal(metric(&P, "duplex_kv_fallbacks_total{reason=\"unreachable\"}"), 1);
+    conv_free(&other);
+    conv_free(&c);
+    conv_free(&r);
+    tp_stop(&P, SIGTERM);
+    tp_stop(&D, SIGTERM);
+    tp_stop(&S, SIGTERM);
+}
+
+/* The decode node dies between turns: the next turn recomputes and a new
+ * decode node serves it; a retention that expired (TTL 1 s) is GONE and
+ * recomputed.  Outputs equal the single node's. */
+static void test_decode_dies_and_ttl(void **state)
+{
+    (void)state;
+    const char *da_ttl[] = {"--role", "decode", "--bidirectional-kv-xfer",
+                            "--decoder-kv-blocks-ttl", "1", NULL};
+    tp_proc P, D, D2, S;
+    node_start(&P, "p", k_pa);
+    node_start(&D, "d", k_da);
+    node_start(&S, "s", k_ref);
+    conv c, r;
+    conv_init(&c, 41, 70);
+    conv_init(&r, 41, 70);
+    json_t *a = turn_pd(&c, &P, &D, 30, 1, 0), *b = turn_single(&r, &S, 30);
+    assert_same(a, b, 1);
+    tp_stop(&D, SIGKILL);
+    node_start(&D2, "d2", da_ttl);
+    user_turn(&c, &r, 61, 20);
+    a = turn_pd(&c, &P, &D2, 30, 1, 0);
+    b = turn_single(&r, &S, 30);
+    assert_same(a, b, 2);
+    assert_int_equal(metric(&P, "duplex_kv_fallbacks_total{reason=\"unreachable\"}"), 1);
+    tp_sleep_ms(1600); /* D2's retention expires */
+    user_turn(&c, &r, 62, 20);
+    long pulled = metric(&P, PULLED);
+    a = turn_pd(&c, &P, &D2, 30, 1, 0);
+    b = turn_single(&r, &S, 30);
+    assert_same(a, b, 3);
+    assert_int_equal(metric(&P, PULLED), pulled);
+    assert_int_equal(metric(&P, "duplex_kv_fallbacks_total{reason=\"gone\"}"), 1);
+    conv_free(&c);
+    conv_free(&r);
+    tp_stop(&P, SIGTERM);
+    tp_stop(&D2, SIGTERM);
+    tp_stop(&S, SIGTERM);
+}
+
+/* A decode pool too small for every retained conversation: retained leases
+ * are revoked least recently used first, no request fails or stalls, and
+ * the outputs do not change. */
+static void test_pool_pressure(void **state)
+{
+    (void)state;
+    const char *da[] = {"--role", "decode", "--bidirectional-kv-xfer", "--kv-blocks", "48", NULL};
+    tp_proc P, D, S;
+    node_start(&P, "p", k_pa);
+    node_start(&D, "d", da);
+    node_start(&S, "s", k_ref);
+    enum { N = 5 };
+    conv c[N], r[N];
+    for (int t = 1; t <= 2; t++)
+        for (int i = 0; i < N; i++) {
+            if (t == 1) {
+                conv_init(&c[i], 70 + (unsigned)i, 60);
+                conv_init(&r[i], 70 + (unsigned)i, 60);
+            }
+            json_t *a = turn_pd(&c[i], &P, &D, 24, 1, 0), *b = turn_single(&r[i], &S, 24);
+            assert_same(a, b, t);
+            user_turn(&c[i], &r[i], 80 + (unsigned)(t * N + i), 10);
+        }
+    assert_true(metric(&D, "duplex_kv_lease_events_total{event=\"revoked_lru\"}") > 0);
+    assert_true(metric(&D, "duplex_kv_leases") < N);
+    for (int i = 0; i < N; i++) {
+        conv_free(&c[i]);
+        conv_free(&r[i]);
+    }
+    tp_stop(&P, SIGTERM);
+    tp_stop(&D, SIGTERM);
+    tp_stop(&S, SIGTERM);
+}
+
+/* Streaming from the decode node: the params ride in the final chunk, and
+ * the next turn pulls with them as with a non-streamed answer. */
+static void test_streaming(void **state)
+{
+    (void)state;
+    tp_proc P, D, S;
+    node_start(&P, "p", k_pa);
+    node_start(&D, "d", k_da);
+    node_start(&S, "s", k_ref);
+    conv c, r;
+    conv_init(&c, 51, 70);
+    conv_init(&r, 51, 70);
+    for (int t = 1; t <= 3; t++) {
+        long pulled = metric(&P, PULLED);
+        json_t *a = turn_pd(&c, &P, &D, 30, 1, 1), *b = turn_single(&r, &S, 30);
+        assert_same(a, b, t);
+        assert_non_null(c.dparams);
+        if (t >= 2) assert_true(metric(&P, PULLED) > pulled);
+        user_turn(&c, &r, 90 + (unsigned)t, 20);
+    }
+    conv_free(&c);
+    conv_free(&r);
+    tp_stop(&P, SIGTERM);
+    tp_stop(&D, SIGTERM);
+    tp_stop(&S, SIGTERM);
+}
+
+/* One node with prefix caching: every turn reuses the previous prompt and
+ * the whole answer, although some answers do not come back as the same
+ * tokens when tokenised again — the node remembers what it generated. */
+static void test_token_faithful_single_node(void **state)
+{
+    (void)state;
+    tp_proc S;
+    node_start(&S, "s", NULL);
+    conv r;
+    conv_init(&r, 61, 50);
+    for (int t = 1; t <= 6; t++) {
+        long prev = r.prompt + r.gen;
+        json_t *b = chat_body(r.msgs, 48);
+        json_t *resp = post(&S, b, 200);
+        json_t *ans = answer_of(resp);
+        long cached = usage_of(resp, "cached_tokens");
+        r.prompt = usage_of(resp, "prompt_tokens");
+        r.gen = usage_of(resp, "completion_tokens");
+        if (t >= 2 && cached < (prev - 1) / BS * BS)
+            fail_msg("turn %d: %ld cached, the history had %ld", t, cached, prev);
+        conv_add_answer(&r, ans);
+        json_decref(ans);
+        json_decref(b);
+        json_decref(resp);
+        user_turn(&r, NULL, 120 + (unsigned)t, 15);
+    }
+    assert_true(metric(&S, "duplex_history_replies_total{source=\"memory\"}") > 0);
+    conv_free(&r);
+    tp_stop(&S, SIGTERM);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    G.bin = getenv("DUPLEX_BIN");
+    if (!G.bin) G.bin = "build/release/duplex";
+    strcpy(G.dir, "/tmp/dx_itest_pd_XXXXXX");
+    if (!mkdtemp(G.dir)) return -1;
+    snprintf(G.model, sizeof G.model, "%s/tiny.gguf", G.dir);
+    synth_config c = {.arch = MODEL_QWEN3, .preset = "tiny", .dtype = DX_F32, .seed = 5};
+    if (synth_write(&c, G.model)) return -1;
+    G.model_name = "duplex-synth-qwen3-tiny-f32";
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    char cmd[128];
+    if (!getenv("DX_KEEP_LOGS")) {
+        snprintf(cmd, sizeof cmd, "rm -rf %s", G.dir);
+        if (system(cmd)) return -1;
+    }
+    curl_global_cleanup();
+    return 0;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bidirectional_exact),
+        cmocka_unit_test(test_unidirectional),
+        cmocka_unit_test(test_threshold),
+        cmocka_unit_test(test_edited_history),
+        cmocka_unit_test(test_forged_params),
+        cmocka_unit_test(test_decode_dies_and_ttl),
+        cmocka_unit_test(test_pool_pressure),
+        cmocka_unit_test(test_streaming),
+        cmocka_unit_test(test_token_faithful_single_node),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
