@@ -301,9 +301,9 @@ static void fp_str(XXH3_state_t *st, const void *p, size_t n)
 
 static void fp_hparams(XXH3_state_t *st, const model_hparams *hp)
 {
-    const uint64_t u[] = {hp->arch,      hp->n_vocab,   hp->n_embd,      hp->n_layer,
-                          hp->n_head,    hp->n_kv_head, hp->head_dim,    hp->n_ff,
-                          hp->rope_neox, hp->qk_norm,   hp->qkv_bias,    hp->tied_output};
+    const uint64_t u[] = {hp->arch,      hp->n_vocab,   hp->n_embd,   hp->n_layer,
+                          hp->n_head,    hp->n_kv_head, hp->head_dim, hp->n_ff,
+                          hp->rope_neox, hp->qk_norm,   hp->qkv_bias, hp->tied_output};
     fp_str(st, hp->arch_name, strlen(hp->arch_name));
     for (size_t i = 0; i < DX_ARRAY_LEN(u); i++) fp_u64(st, u[i]);
     fp_f32(st, hp->rms_eps);
