@@ -6,10 +6,8 @@
 #ifndef KV_PROC_H
 #define KV_PROC_H
 
-#include <fcntl.h>
 #include <jansson.h>
 #include <poll.h>
-#include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -29,8 +27,10 @@ typedef struct {
 } kp_proc;
 
 /* Runs g_bin with argv, stdout into a pipe; inside network namespace
- * `netns` (a name under /run/netns, as `ip netns add` makes) unless NULL. */
-static void kp_spawn(kp_proc *p, const char *netns, char *const argv[])
+ * `netns` (as `ip netns add` makes them) unless NULL.  Through `ip netns
+ * exec`, not a bare setns(): that also mounts the namespace's own /sys,
+ * where UCX looks for network devices. */
+static inline void kp_spawn(kp_proc *p, const char *netns, char *const argv[])
 {
     int pfd[2];
     assert_int_equal(pipe(pfd), 0);
@@ -41,16 +41,13 @@ static void kp_spawn(kp_proc *p, const char *netns, char *const argv[])
         dup2(pfd[1], 1);
         close(pfd[0]);
         close(pfd[1]);
-        if (netns) {
-            char path[256];
-            snprintf(path, sizeof path, "/run/netns/%s", netns);
-            int nfd = open(path, O_RDONLY | O_CLOEXEC);
-            if (nfd < 0 || setns(nfd, CLONE_NEWNET) < 0) {
-                fprintf(stderr, "kv_proc: cannot enter network namespace %s\n", netns);
-                _exit(126);
-            }
+        if (!netns) {
+            execv(g_bin, argv);
+            _exit(127);
         }
-        execv(g_bin, argv);
+        char *nargv[48] = {"ip", "netns", "exec", (char *)netns, (char *)g_bin};
+        for (int i = 1, n = 5; argv[i] && n < 47; i++) nargv[n++] = argv[i];
+        execvp("ip", nargv);
         _exit(127);
     }
     close(pfd[1]);
@@ -58,7 +55,7 @@ static void kp_spawn(kp_proc *p, const char *netns, char *const argv[])
 }
 
 /* Next stdout line that is a JSON object (UCX may log to stdout too). */
-static json_t *kp_next_json(kp_proc *p, int timeout_ms)
+static inline json_t *kp_next_json(kp_proc *p, int timeout_ms)
 {
     for (;;) {
         char *nl = memchr(p->buf, '\n', p->len);
@@ -80,7 +77,7 @@ static json_t *kp_next_json(kp_proc *p, int timeout_ms)
 }
 
 /* Waits for exit, at most limit_s (a hang is a failure, not a timing). */
-static int kp_reap(kp_proc *p, int limit_s)
+static inline int kp_reap(kp_proc *p, int limit_s)
 {
     int st = 0;
     for (int i = 0; i < limit_s * 100; i++) {
@@ -106,7 +103,7 @@ typedef struct {
 
 /* Starts `duplex kv hold --fill-seed 7` with the NULL-terminated extra
  * arguments and reads its port and lease tokens. */
-static void kp_hold_start(kp_holder *h, const char *netns, ...)
+static inline void kp_hold_start(kp_holder *h, const char *netns, ...)
 {
     char *argv[40] = {"duplex", "kv", "hold", "--fill-seed", "7"};
     int n = 5;
@@ -129,7 +126,7 @@ static void kp_hold_start(kp_holder *h, const char *netns, ...)
     assert_true(h->port > 0);
 }
 
-static void kp_hold_stop(kp_holder *h)
+static inline void kp_hold_stop(kp_holder *h)
 {
     kill(h->p.pid, SIGTERM);
     g_holder = -1;
@@ -139,7 +136,7 @@ static void kp_hold_stop(kp_holder *h)
 /* Runs `duplex kv pull --port <holder's> --token T --remote R --fill-seed 7`
  * plus the NULL-terminated extra arguments, in namespace `netns` (NULL:
  * ours); returns its last JSON line and its exit status in *rc (if given). */
-static json_t *kp_vpull(const kp_holder *h, const char *netns, int *rc, const char *token,
+static inline json_t *kp_vpull(const kp_holder *h, const char *netns, int *rc, const char *token,
                         const char *remote, va_list ap)
 {
     char port[16];
@@ -162,19 +159,29 @@ static json_t *kp_vpull(const kp_holder *h, const char *netns, int *rc, const ch
     return last;
 }
 
-static long kp_jint(json_t *j, const char *k)
+static inline json_t *kp_pull(const kp_holder *h, const char *netns, int *rc, const char *token,
+                       const char *remote, ...)
+{
+    va_list ap;
+    va_start(ap, remote);
+    json_t *j = kp_vpull(h, netns, rc, token, remote, ap);
+    va_end(ap);
+    return j;
+}
+
+static inline long kp_jint(json_t *j, const char *k)
 {
     return (long)json_integer_value(json_object_get(j, k));
 }
 
-static const char *kp_jstr(json_t *j, const char *k)
+static inline const char *kp_jstr(json_t *j, const char *k)
 {
     const char *s = json_string_value(json_object_get(j, k));
     return s ? s : "";
 }
 
 /* A pull that succeeded: n blocks pulled, all verified, nothing leaked. */
-static void kp_expect_ok(json_t *j, long n)
+static inline void kp_expect_ok(json_t *j, long n)
 {
     if (kp_jint(j, "err")) fail_msg("pull failed: %s", kp_jstr(j, "reason"));
     assert_int_equal(kp_jint(j, "pulled"), n);
@@ -184,7 +191,7 @@ static void kp_expect_ok(json_t *j, long n)
 }
 
 /* Per-test teardown: a holder left running by a failed test goes. */
-static int kp_kill_holder(void **state)
+static inline int kp_kill_holder(void **state)
 {
     (void)state;
     if (g_holder > 0) {
