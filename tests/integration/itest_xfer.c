@@ -221,9 +221,24 @@ static void send_frame(int fd, dx_buf *b)
     b->len = 0;
 }
 
-/* PINs blocks 0-1 n times over fd; the pin ids go to ids[]. */
+/* The reader's view of holder h's first lease: its token and the hash
+ * chain of blocks 0-1 (same layout, model seed 1, fill seed 7). */
+static void holder_lease(const kp_holder *h, xfer_token *t, kv_hash chain[2])
+{
+    kv_pool_config cfg;
+    uint8_t fp[16];
+    kv_pool *pool;
+    assert_int_equal(xfer_synth_layout(8192, 16, 1, &cfg, fp), 0);
+    assert_int_equal(kv_pool_create(&cfg, &pool), 0);
+    xfer_synth_chain(pool, 7, 2, chain);
+    kv_pool_destroy(pool);
+    assert_int_equal(xfer_token_parse(h->tok[0], t), 0);
+}
+
+/* PINs blocks 0-1 n times over fd; the pin ids go to ids[], each PIN_OK's
+ * pin TTL must be ttl_ms (0: any). */
 static void pin_many(int fd, const xfer_token *t, const kv_hash *chain, uint64_t *ids, int n,
-                     uint8_t *buf, size_t cap)
+                     uint32_t ttl_ms, uint8_t *buf, size_t cap)
 {
     int32_t blk[2] = {0, 1};
     uint64_t hs[4] = {chain[0].lo, chain[0].hi, chain[1].lo, chain[1].hi};
@@ -235,6 +250,7 @@ static void pin_many(int fd, const xfer_token *t, const kv_hash *chain, uint64_t
         send_frame(fd, &b);
         assert_int_equal(read_frame(fd, &m, buf, cap), KVPORT_PIN_OK);
         assert_int_equal(m.u.pin_ok.n_matched, 2);
+        if (ttl_ms) assert_int_equal(m.u.pin_ok.ttl_ms, ttl_ms);
         ids[i] = m.u.pin_ok.pin_id;
     }
     dx_buf_free(&b);
@@ -260,23 +276,15 @@ static void test_many_pins_one_connection(void **state)
     kp_holder h;
     hold_start(&h, "16", "8192", "60", "1.5");
     static uint8_t buf[1 << 16];
-    /* the holder's hash chain: same layout, model seed 1, fill seed 7 */
-    kv_pool_config cfg;
-    uint8_t fp[16];
-    kv_pool *pool;
     kv_hash chain[2];
-    assert_int_equal(xfer_synth_layout(8192, 16, 1, &cfg, fp), 0);
-    assert_int_equal(kv_pool_create(&cfg, &pool), 0);
-    xfer_synth_chain(pool, 7, 2, chain);
-    kv_pool_destroy(pool);
     xfer_token t;
-    assert_int_equal(xfer_token_parse(h.tok[0], &t), 0);
+    holder_lease(&h, &t, chain);
     int fd = tcp_connect(h.port), code;
     /* 100 pins; the odd ones released newest first, the even ones left to
      * time out */
     enum { N1 = 100, N2 = 300 };
     uint64_t first[N1], second[N2];
-    pin_many(fd, &t, chain, first, N1, buf, sizeof buf);
+    pin_many(fd, &t, chain, first, N1, 1500, buf, sizeof buf);
     for (int i = N1 - 1; i > 0; i -= 2) {
         assert_int_equal(release_one(fd, first[i], buf, sizeof buf, &code), KVPORT_RELEASE_OK);
         assert_int_equal(release_one(fd, first[i], buf, sizeof buf, &code), KVPORT_ERROR);
@@ -287,7 +295,7 @@ static void test_many_pins_one_connection(void **state)
     usleep(2000000); /* past the 1.5 s pin TTL: the even pins time out */
     /* enough new pins that the connection forgets the dead ones on the way;
      * released in an order unrelated to their ids */
-    pin_many(fd, &t, chain, second, N2, buf, sizeof buf);
+    pin_many(fd, &t, chain, second, N2, 1500, buf, sizeof buf);
     for (int k = 0; k < N2; k++) {
         int i = (k * 7) % N2; /* 7 is coprime to 300 */
         assert_int_equal(release_one(fd, second[i], buf, sizeof buf, &code), KVPORT_RELEASE_OK);
@@ -333,28 +341,12 @@ static void test_renew_and_idle(void **state)
     kp_hold_start(&h, NULL, "--blocks", "16", "--block-bytes", "8192", "--pin-ttl", "3",
                   "--idle-timeout-s", "0.5", NULL);
     static uint8_t buf[1 << 16];
-    kv_pool_config cfg;
-    uint8_t fp[16];
-    kv_pool *pool;
     kv_hash chain[2];
-    assert_int_equal(xfer_synth_layout(8192, 16, 1, &cfg, fp), 0);
-    assert_int_equal(kv_pool_create(&cfg, &pool), 0);
-    xfer_synth_chain(pool, 7, 2, chain);
-    kv_pool_destroy(pool);
     xfer_token t;
-    assert_int_equal(xfer_token_parse(h.tok[0], &t), 0);
+    holder_lease(&h, &t, chain);
     int fd = tcp_connect(h.port);
-    int32_t blk[2] = {0, 1};
-    uint64_t hs[4] = {chain[0].lo, chain[0].hi, chain[1].lo, chain[1].hi};
-    dx_buf b;
-    dx_buf_init(&b, 0);
-    assert_int_equal(kvport_encode_pin(&b, t.b, blk, hs, 2), 0);
-    send_frame(fd, &b);
-    dx_buf_free(&b);
-    kvport_msg m;
-    assert_int_equal(read_frame(fd, &m, buf, sizeof buf), KVPORT_PIN_OK);
-    assert_int_equal(m.u.pin_ok.ttl_ms, 3000);
-    uint64_t id = m.u.pin_ok.pin_id;
+    uint64_t id;
+    pin_many(fd, &t, chain, &id, 1, 3000, buf, sizeof buf);
     long val;
     /* over twice the idle timeout in silence, well inside the pin TTL */
     usleep(1200000);
