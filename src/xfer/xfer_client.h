@@ -62,10 +62,10 @@ typedef struct {
 } xfer_pull_req;
 
 typedef struct {
-    int err;            /* 0 or DX_E* (same as the return value) */
-    uint32_t n_matched; /* blocks the holder pinned */
-    uint32_t n_pulled;  /* local_ids[0..n_pulled) now hold the remote KV */
-    uint32_t n_reads;   /* READ requests after coalescing */
+    int err;             /* 0 or DX_E* (same as the return value) */
+    uint32_t n_matched;  /* blocks the holder pinned */
+    uint32_t n_pulled;   /* local_ids[0..n_pulled) now hold the remote KV */
+    uint32_t n_reads;    /* READ requests after coalescing */
     uint32_t n_renewals; /* RENEW_OKs received while the reads ran */
     uint64_t bytes;
     int hello_cached;

@@ -192,8 +192,8 @@ static void test_garbage_frames(void **state)
     /* a PIN whose payload is truncated, then an unknown type: ERROR each,
      * and the connection stays usable */
     fd = tcp_connect(h.port);
-    uint8_t fr[32] = {0x44, 0x58, 0x4b, 0x56, KVPORT_VERSION, 0, KVPORT_PIN, 0, 5, 0, 0, 0,
-                      1,    2,    3,    4,    5};
+    uint8_t fr[32] = {0x44, 0x58, 0x4b, 0x56, KVPORT_VERSION, 0, KVPORT_PIN, 0, 5, 0, 0, 0};
+    memcpy(fr + KVPORT_HDR_BYTES, "\1\2\3\4\5", 5);
     assert_int_equal(write(fd, fr, 17), 17);
     assert_int_equal(read_frame(fd, &m, buf, sizeof buf), KVPORT_ERROR);
     assert_int_equal(m.u.error.code, -5); /* DX_EFORMAT */
@@ -325,9 +325,7 @@ static int renew_one(int fd, uint64_t id, uint8_t *buf, size_t cap, long *val)
     dx_buf_free(&b);
     kvport_msg m;
     int type = read_frame(fd, &m, buf, cap);
-    *val = type == KVPORT_RENEW_OK ? (long)m.u.renew_ok.ttl_ms
-           : type                  ? (long)m.u.error.code
-                                   : 0;
+    *val = type == KVPORT_RENEW_OK ? (long)m.u.renew_ok.ttl_ms : type ? (long)m.u.error.code : 0;
     return type;
 }
 

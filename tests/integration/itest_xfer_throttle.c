@@ -29,7 +29,7 @@
 #include "kv_proc.h"
 
 #define NS_PREFIX  "dxkv"
-#define DEV        "dxkv0"     /* the veth end's name inside each namespace */
+#define DEV        "dxkv0"      /* the veth end's name inside each namespace */
 #define HOLD_ADDR  "10.251.0.1" /* private addresses, inside the namespaces only */
 #define PULL_ADDR  "10.251.0.2"
 #define RATE       "8mbit"
@@ -59,7 +59,7 @@ static int sh(const char *fmt, ...)
 static void link_remove(void)
 {
     for (int i = 0; i < 2; i++) {
-        if (g_ns[i][0]) sh("ip netns del %s", g_ns[i]); /* takes its veth end along */
+        if (g_ns[i][0]) sh("ip netns del %s", g_ns[i]);    /* takes its veth end along */
         if (g_veth[i][0]) sh("ip link del %s", g_veth[i]); /* one never moved */
     }
 }
@@ -73,8 +73,8 @@ static void remove_stale(void)
     while (d && (e = readdir(d))) {
         int pid;
         char side;
-        if (sscanf(e->d_name, NS_PREFIX "%d-%c", &pid, &side) == 2 && pid > 0 &&
-            kill(pid, 0) < 0 && errno == ESRCH) {
+        if (sscanf(e->d_name, NS_PREFIX "%d-%c", &pid, &side) == 2 && pid > 0 && kill(pid, 0) < 0 &&
+            errno == ESRCH) {
             sh("ip netns del %s", e->d_name);
             sh("ip link del " NS_PREFIX "%d%c", pid, side);
         }
@@ -99,8 +99,7 @@ static int step(const char *why, const char *fmt, ...)
 static int side_up(int i, const char *addr)
 {
     const char *ns = g_ns[i];
-    if (step("cannot move a veth end into a namespace", "ip link set %s netns %s", g_veth[i],
-             ns) ||
+    if (step("cannot move a veth end into a namespace", "ip link set %s netns %s", g_veth[i], ns) ||
         step("cannot configure the veth", "ip -n %s link set %s name " DEV, ns, g_veth[i]))
         return -1;
     g_veth[i][0] = 0; /* gone with the namespace from now on */
@@ -165,16 +164,16 @@ static void skip_unless_link(void)
 
 static void hold(kp_holder *h)
 {
-    kp_hold_start(h, g_ns[0], "--host", HOLD_ADDR, "--blocks", BLOCKS, "--block-bytes",
-                  BLOCK_SIZE, "--lease-ttls", "600", "--pin-ttl", "2", "--idle-timeout-s", "1",
-                  "--tls", "tcp", NULL);
+    kp_hold_start(h, g_ns[0], "--host", HOLD_ADDR, "--blocks", BLOCKS, "--block-bytes", BLOCK_SIZE,
+                  "--lease-ttls", "600", "--pin-ttl", "2", "--idle-timeout-s", "1", "--tls", "tcp",
+                  NULL);
 }
 
 /* Pulls every block from the other namespace; extra: NULL or one flag. */
 static json_t *pull_all(const kp_holder *h, const char *extra, int *rc)
 {
-    return kp_pull(h, g_ns[1], rc, h->tok[0], ALL_BLOCKS, "--host", HOLD_ADDR,
-                   "--block-bytes", BLOCK_SIZE, "--tls", "tcp", "--timeout", "120", extra, NULL);
+    return kp_pull(h, g_ns[1], rc, h->tok[0], ALL_BLOCKS, "--host", HOLD_ADDR, "--block-bytes",
+                   BLOCK_SIZE, "--tls", "tcp", "--timeout", "120", extra, NULL);
 }
 
 /* Else the test would prove nothing: the reads must outlast the pin TTL

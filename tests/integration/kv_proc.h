@@ -137,7 +137,7 @@ static inline void kp_hold_stop(kp_holder *h)
  * plus the NULL-terminated extra arguments, in namespace `netns` (NULL:
  * ours); returns its last JSON line and its exit status in *rc (if given). */
 static inline json_t *kp_vpull(const kp_holder *h, const char *netns, int *rc, const char *token,
-                        const char *remote, va_list ap)
+                               const char *remote, va_list ap)
 {
     char port[16];
     snprintf(port, sizeof port, "%d", h->port);
@@ -160,7 +160,7 @@ static inline json_t *kp_vpull(const kp_holder *h, const char *netns, int *rc, c
 }
 
 static inline json_t *kp_pull(const kp_holder *h, const char *netns, int *rc, const char *token,
-                       const char *remote, ...)
+                              const char *remote, ...)
 {
     va_list ap;
     va_start(ap, remote);

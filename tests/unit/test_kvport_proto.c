@@ -277,12 +277,9 @@ static void test_bad_headers(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_hello_roundtrip),
-        cmocka_unit_test(test_pin_roundtrip),
-        cmocka_unit_test(test_small_frames),
-        cmocka_unit_test(test_renew_frames),
-        cmocka_unit_test(test_version1_peer),
-        cmocka_unit_test(test_bad_headers),
+        cmocka_unit_test(test_hello_roundtrip), cmocka_unit_test(test_pin_roundtrip),
+        cmocka_unit_test(test_small_frames),    cmocka_unit_test(test_renew_frames),
+        cmocka_unit_test(test_version1_peer),   cmocka_unit_test(test_bad_headers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

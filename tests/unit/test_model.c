@@ -321,9 +321,8 @@ static void test_fingerprint_covers_hparams(void **state)
     char a[256], eps[256];
     synth_to("a.gguf", MODEL_QWEN3, DX_F32, 1, a);
     snprintf(eps, sizeof eps, "%s/eps.gguf", g_dir);
-    rewrite_model(&(model_edit){.f32_key = "qwen3.attention.layer_norm_rms_epsilon",
-                                .f32_val = 1e-5f},
-                  eps);
+    rewrite_model(
+        &(model_edit){.f32_key = "qwen3.attention.layer_norm_rms_epsilon", .f32_val = 1e-5f}, eps);
     uint64_t fa[2], fe[2];
     fingerprint_of(a, fa);
     fingerprint_of(eps, fe);
