@@ -6,7 +6,7 @@ set -euo pipefail
 PKGS=(build-essential pkg-config clang
       libpcre2-dev libxxhash-dev libjansson-dev libcmocka-dev
       libuv1-dev libhttp-parser-dev libcurl4-openssl-dev libucx-dev
-      nodejs npm curl)
+      iproute2 nodejs npm curl)
 
 missing=()
 for p in "${PKGS[@]}"; do

@@ -151,16 +151,24 @@ static int hold_setup(kv_side *s, uint64_t seed, const char *ttls, int policy, x
     return rc;
 }
 
-static int hold_serve(kv_side *s, xfer_leases *L, long port, uint64_t n_blocks, json_t *leases)
+typedef struct {
+    const char *host;
+    long port;
+    double idle_timeout_s;
+} hold_net;
+
+static int hold_serve(kv_side *s, xfer_leases *L, const hold_net *net, uint64_t n_blocks,
+                      json_t *leases)
 {
     uv_loop_t loop;
     uv_loop_init(&loop);
     hold_loop hl;
-    kvport_server_config sc = {.port = (int)port,
+    kvport_server_config sc = {.host = net->host,
+                               .port = (int)net->port,
                                .leases = L,
                                .hello = &s->hello,
                                .sweep_interval_s = 0.1,
-                               .idle_timeout_s = 10};
+                               .idle_timeout_s = net->idle_timeout_s};
     int rc = kvport_server_create(&loop, &sc, &hl.srv);
     if (rc) {
         uv_run(&loop, UV_RUN_DEFAULT);
@@ -188,15 +196,19 @@ static int hold_serve(kv_side *s, xfer_leases *L, long port, uint64_t n_blocks, 
 
 int cli_kv_hold(int argc, char **argv)
 {
-    long blocks = 64, block_bytes = 8192, port = 0, preset = 0;
+    long blocks = 64, block_bytes = 8192, preset = 0;
     uint64_t seed = 1, model_seed = 1;
     const char *ttls = "60", *tls = NULL, *policy = "multi";
     double pin_ttl = 30;
+    hold_net net = {"127.0.0.1", 0, 10};
     cli_opt opts[] = {
         {"blocks", CLI_INT, &blocks, 1, 1 << 20, "pool blocks (all filled and leased)"},
         {"block-bytes", CLI_INT, &block_bytes, 64, 1 << 30, "bytes per block (multiple of 64)"},
         {"preset-06b", CLI_FLAG, &preset, 0, 0, "use the 0.6b preset's layout instead"},
-        {"port", CLI_INT, &port, 0, 65535, "KV port (0: any free port)"},
+        {"host", CLI_STR, &net.host, 0, 0, "address to listen on (default 127.0.0.1)"},
+        {"port", CLI_INT, &net.port, 0, 65535, "KV port (0: any free port)"},
+        {"idle-timeout-s", CLI_DBL, &net.idle_timeout_s, 0.01, 86400,
+         "close a connection this long silent and without live pins (default 10)"},
         {"fill-seed", CLI_U64, &seed, 0, 0, "pattern and token seed"},
         {"model-seed", CLI_U64, &model_seed, 0, 0, "fingerprint seed"},
         {"lease-ttls", CLI_STR, &ttls, 0, 0, "comma list: one lease per TTL over equal chunks"},
@@ -217,7 +229,7 @@ int cli_kv_hold(int argc, char **argv)
     rc = side_open(&s, tls, 1, (size_t)block_bytes, (uint32_t)blocks, model_seed, (int)preset);
     if (!rc) rc = xfer_leases_create(s.pool, pin_ttl, &L);
     if (!rc) rc = hold_setup(&s, seed, ttls, pol, L, leases);
-    if (!rc) rc = hold_serve(&s, L, port, (uint64_t)blocks, leases);
+    if (!rc) rc = hold_serve(&s, L, &net, (uint64_t)blocks, leases);
     if (rc) fprintf(stderr, "duplex kv hold: %s\n", dx_errmsg());
     json_decref(leases);
     xfer_leases_destroy(L);
@@ -251,17 +263,18 @@ static json_t *pull_report(const xfer_pull_result *res, kv_side *s, const int32_
         else
             bad++;
     }
-    return json_pack("{s:i,s:s,s:s,s:i,s:i,s:i,s:I,s:i,s:i,s:i,s:f,s:f,s:f}", "err", res->err,
+    return json_pack("{s:i,s:s,s:s,s:i,s:i,s:i,s:I,s:i,s:i,s:i,s:i,s:f,s:f,s:f}", "err", res->err,
                      "errname", res->err ? dx_strerror(res->err) : "ok", "reason", res->reason,
                      "matched", (int)res->n_matched, "pulled", (int)res->n_pulled, "reads",
                      (int)res->n_reads, "bytes", (json_int_t)res->bytes, "verified", (int)ok,
-                     "corrupt", (int)bad, "hello_cached", res->hello_cached, "ms", ms, "read_ms",
-                     res->t_read_ms, "pin_ms", res->t_pin_ms);
+                     "corrupt", (int)bad, "hello_cached", res->hello_cached, "renewals",
+                     (int)res->n_renewals, "ms", ms, "read_ms", res->t_read_ms, "pin_ms",
+                     res->t_pin_ms);
 }
 
 typedef struct {
     const char *host, *token, *remote, *local, *tls;
-    long port, pool_blocks, block_bytes, diverge_at, pause_ms, repeat, preset;
+    long port, pool_blocks, block_bytes, diverge_at, pause_ms, repeat, preset, no_renew;
     uint64_t seed, model_seed;
     double timeout;
 } pull_opts;
@@ -312,7 +325,8 @@ static int pull_run(const pull_opts *o)
                              .n = (size_t)n,
                              .timeout_s = o->timeout,
                              .on_pinned = on_pinned,
-                             .user = &hook};
+                             .user = &hook,
+                             .no_renew = (int)o->no_renew};
         xfer_pull_result res;
         uint64_t t0 = dx_now_ns();
         xfer_pull(c, &req, &res);
@@ -364,6 +378,8 @@ int cli_kv_pull(int argc, char **argv)
         {"timeout", CLI_DBL, &o.timeout, 0.01, 3600, "seconds for the whole pull"},
         {"pause-after-pin-ms", CLI_INT, &o.pause_ms, 0, 600000,
          "test hook: sleep between PIN and READ"},
+        {"no-renew", CLI_FLAG, &o.no_renew, 0, 0,
+         "test hook: never RENEW the pin, so a read longer than its TTL must fail"},
         {"repeat", CLI_INT, &o.repeat, 1, 1000000, "pull this many times (one JSON line each)"},
         {"tls", CLI_STR, &o.tls, 0, 0, "UCX_TLS value (default: UCX's choice)"},
     };

@@ -92,6 +92,9 @@ static void print_info(const model *m)
     printf("chat template:   %s\n", chat_tmpl_name(model_chat_kind(m)));
     printf("fingerprint:     %016llx%016llx\n", (unsigned long long)fp[1],
            (unsigned long long)fp[0]);
+    printf("                 (XXH3-128 of the architecture, its hyper-parameters and every\n"
+           "                 tensor's name, shape, type and data; nodes share KV only when\n"
+           "                 it matches)\n");
 }
 
 static int cmd_info(int argc, char **argv)

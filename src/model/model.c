@@ -264,32 +264,82 @@ static int load_chat(model *m)
     return rc ? dx_err_wrap(rc, "%s", m->path) : 0;
 }
 
-/* Hash of the architecture, every tensor's name/shape/type and a sample of
- * its bytes (start, middle, end), so two random-weight files with the same
- * shapes but different seeds get different fingerprints without reading
- * whole multi-GB files at start-up. */
-static void compute_fingerprint(model *m)
+/* ---- fingerprint ----
+ *
+ * Two nodes share KV only if their fingerprints match, and the fingerprint
+ * seeds every KV block hash chain, so it must change whenever a single
+ * computed value could: it is XXH3-128 over a version tag, the hyper-
+ * parameters that enter the forward pass, and every tensor's name, shape,
+ * type and *all* of its bytes.  (A sample of each tensor let two different
+ * weight files share a fingerprint.)  Fields are hashed one by one as
+ * little-endian integers, never as struct bytes, so padding and layout
+ * cannot leak in.  n_ctx_train is left out on purpose: it bounds the context
+ * a node accepts but changes no value computed at any position.  Each
+ * tensor's data gets its own XXH3-128 digest, folded in file order. */
+#define FP_TAG "duplex model fingerprint v2"
+
+static void fp_u64(XXH3_state_t *st, uint64_t v)
+{
+    uint8_t b[8];
+    for (int i = 0; i < 8; i++, v >>= 8) b[i] = (uint8_t)v;
+    XXH3_128bits_update(st, b, sizeof b);
+}
+
+static void fp_f32(XXH3_state_t *st, float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    fp_u64(st, u);
+}
+
+/* Length first, so that adjacent strings cannot trade bytes. */
+static void fp_str(XXH3_state_t *st, const void *p, size_t n)
+{
+    fp_u64(st, n);
+    XXH3_128bits_update(st, p, n);
+}
+
+static void fp_hparams(XXH3_state_t *st, const model_hparams *hp)
+{
+    const uint64_t u[] = {hp->arch,      hp->n_vocab,   hp->n_embd,   hp->n_layer,
+                          hp->n_head,    hp->n_kv_head, hp->head_dim, hp->n_ff,
+                          hp->rope_neox, hp->qk_norm,   hp->qkv_bias, hp->tied_output};
+    fp_str(st, hp->arch_name, strlen(hp->arch_name));
+    for (size_t i = 0; i < DX_ARRAY_LEN(u); i++) fp_u64(st, u[i]);
+    fp_f32(st, hp->rms_eps);
+    fp_f32(st, hp->rope_base);
+}
+
+static void fp_tensor(XXH3_state_t *st, const gguf_tensor_info *ti)
+{
+    fp_str(st, ti->name.ptr, ti->name.len);
+    fp_u64(st, (uint64_t)ti->type);
+    fp_u64(st, ti->n_dims);
+    for (uint32_t d = 0; d < ti->n_dims; d++) fp_u64(st, ti->ne[d]);
+    XXH128_hash_t h = XXH3_128bits(ti->data, ti->nbytes);
+    fp_u64(st, ti->nbytes);
+    fp_u64(st, h.low64);
+    fp_u64(st, h.high64);
+}
+
+static int compute_fingerprint(model *m)
 {
     XXH3_state_t *st = XXH3_createState();
-    DX_ASSERT(st);
+    if (!st) return dx_errf(DX_ENOMEM, "out of memory fingerprinting %s", m->path);
     XXH3_128bits_reset(st);
-    XXH3_128bits_update(st, &m->hp, sizeof m->hp);
+    fp_str(st, FP_TAG, strlen(FP_TAG));
+    fp_hparams(st, &m->hp);
+    fp_u64(st, gguf_n_tensors(m->g));
     for (uint64_t i = 0; i < gguf_n_tensors(m->g); i++) {
         gguf_tensor_info ti;
         gguf_tensor(m->g, i, &ti);
-        XXH3_128bits_update(st, ti.name.ptr, ti.name.len);
-        XXH3_128bits_update(st, ti.ne, sizeof ti.ne);
-        XXH3_128bits_update(st, &ti.type, sizeof ti.type);
-        const uint8_t *d = ti.data;
-        uint64_t span = ti.nbytes < 1024 ? ti.nbytes : 1024;
-        XXH3_128bits_update(st, d, span);
-        XXH3_128bits_update(st, d + ti.nbytes / 2 - span / 2, span);
-        XXH3_128bits_update(st, d + ti.nbytes - span, span);
+        fp_tensor(st, &ti);
     }
     XXH128_hash_t h = XXH3_128bits_digest(st);
     XXH3_freeState(st);
     m->fingerprint[0] = h.low64;
     m->fingerprint[1] = h.high64;
+    return 0;
 }
 
 static int load_all(model *m)
@@ -325,8 +375,7 @@ static int load_all(model *m)
         const char *b = strrchr(m->path, '/');
         snprintf(m->name, sizeof m->name, "%s", b ? b + 1 : m->path);
     }
-    compute_fingerprint(m);
-    return 0;
+    return compute_fingerprint(m);
 }
 
 int model_load(const char *path, model **out)

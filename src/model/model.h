@@ -4,9 +4,15 @@
  * Supported architectures: llama, qwen2 (q/k/v biases), qwen3 (q/k RMSNorm).
  * Loading checks every tensor the architecture needs: present, the expected
  * shape, a supported type; a missing or misshapen tensor is an error that
- * names it.  The fingerprint is a 128-bit hash of the architecture
- * parameters and every tensor's name, shape and type: two nodes share KV only
- * if their fingerprints match. */
+ * names it.
+ *
+ * The fingerprint is XXH3-128 over everything that changes what the model
+ * computes: the architecture, its hyper-parameters (each field hashed on its
+ * own), and every tensor's name, shape, type and all of its data bytes.  It
+ * is computed once at load (one pass over the weights: ~50 ms for 843 MiB
+ * with the file in the page cache).  Two nodes share KV only if their
+ * fingerprints match, and it seeds every KV block hash chain, so a change
+ * of one weight byte anywhere gives other KV. */
 #ifndef MODEL_H
 #define MODEL_H
 
@@ -57,7 +63,7 @@ enum chat_tmpl_kind model_chat_kind(const model *m);
 const gguf_ctx *model_gguf(const model *m);
 const char *model_path(const model *m);
 const char *model_name(const model *m); /* general.name, or the file's base name */
-/* 128-bit fingerprint (see above). */
+/* 128-bit fingerprint (see above): out[0] = low 64 bits, out[1] = high. */
 void model_fingerprint(const model *m, uint64_t out[2]);
 uint64_t model_n_params(const model *m);
 

@@ -88,8 +88,8 @@ static int rd_end(rd *r)
 
 const char *kvport_type_name(uint16_t type)
 {
-    static const char *names[] = {"?",        "HELLO",   "PIN",        "PIN_OK", "GONE",
-                                  "MISMATCH", "RELEASE", "RELEASE_OK", "ERROR"};
+    static const char *names[] = {"?",       "HELLO",      "PIN",   "PIN_OK", "GONE",    "MISMATCH",
+                                  "RELEASE", "RELEASE_OK", "ERROR", "RENEW",  "RENEW_OK"};
     return type < DX_ARRAY_LEN(names) ? names[type] : "unknown";
 }
 
@@ -158,12 +158,19 @@ int kvport_decode(const kvport_hdr *h, const uint8_t *payload, kvport_msg *out)
         out->u.pin_ok.pin_id = rd_uint(&r, 8, "pin_id");
         out->u.pin_ok.n_matched = (uint32_t)rd_uint(&r, 4, "n_matched");
         out->u.pin_ok.instance = rd_uint(&r, 8, "instance");
+        out->u.pin_ok.ttl_ms = (uint32_t)rd_uint(&r, 4, "ttl_ms");
         break;
     case KVPORT_RELEASE:
         out->u.release.pin_id = rd_uint(&r, 8, "pin_id");
         out->u.release.consumed = (uint8_t)rd_uint(&r, 1, "consumed");
         break;
     case KVPORT_RELEASE_OK:
+        break;
+    case KVPORT_RENEW:
+        out->u.renew.pin_id = rd_uint(&r, 8, "pin_id");
+        break;
+    case KVPORT_RENEW_OK:
+        out->u.renew_ok.ttl_ms = (uint32_t)rd_uint(&r, 4, "ttl_ms");
         break;
     case KVPORT_GONE:
     case KVPORT_MISMATCH:
@@ -273,6 +280,7 @@ int kvport_encode_pin_ok(dx_buf *b, const kvport_pin_ok *m)
     wr_uint(&w, m->pin_id, 8);
     wr_uint(&w, m->n_matched, 4);
     wr_uint(&w, m->instance, 8);
+    wr_uint(&w, m->ttl_ms, 4);
     return wr_finish(&w);
 }
 
@@ -287,6 +295,20 @@ int kvport_encode_release(dx_buf *b, const kvport_release *m)
 int kvport_encode_release_ok(dx_buf *b)
 {
     wr w = wr_begin(b, KVPORT_RELEASE_OK);
+    return wr_finish(&w);
+}
+
+int kvport_encode_renew(dx_buf *b, const kvport_renew *m)
+{
+    wr w = wr_begin(b, KVPORT_RENEW);
+    wr_uint(&w, m->pin_id, 8);
+    return wr_finish(&w);
+}
+
+int kvport_encode_renew_ok(dx_buf *b, const kvport_renew_ok *m)
+{
+    wr w = wr_begin(b, KVPORT_RENEW_OK);
+    wr_uint(&w, m->ttl_ms, 4);
     return wr_finish(&w);
 }
 

@@ -11,13 +11,20 @@
  * and never reads past the buffer; arrays are not copied: the decoded message
  * points into the frame (read them with the accessors below).
  *
- * Conversation: the reader sends HELLO (its own identity and layout) and the
- * holder answers HELLO or ERROR(MISMATCH); PIN → PIN_OK | GONE | MISMATCH;
- * RELEASE → RELEASE_OK.  Any request the holder cannot accept is answered
- * with ERROR {code, message}; a frame with a bad magic, version or length
- * gets an ERROR and the connection is closed (the stream cannot be resynced);
- * a frame of unknown type or with a malformed payload gets an ERROR and the
- * connection stays usable. */
+ * Conversation (docs/kvport.md): the reader sends HELLO (its own identity
+ * and layout) and the holder answers HELLO or ERROR(MISMATCH);
+ * PIN → PIN_OK {pin_id, n_matched, instance, ttl_ms} | GONE | MISMATCH;
+ * while its one-sided reads run, the reader renews the pin every ttl_ms/3:
+ * RENEW {pin_id} → RENEW_OK {ttl_ms} | GONE (the pin lapsed) | ERROR (not a
+ * pin of this connection); then RELEASE → RELEASE_OK, which is the holder's
+ * word that the blocks stayed pinned for the whole read.  Any request the
+ * holder cannot accept is answered with ERROR {code, message}; a frame with
+ * a bad magic, version or length gets an ERROR and the connection is closed
+ * (the stream cannot be resynced); a frame of unknown type or with a
+ * malformed payload gets an ERROR and the connection stays usable.
+ *
+ * Version 2 added RENEW/RENEW_OK and PIN_OK's ttl_ms; a version-1 peer gets
+ * the version error. */
 #ifndef KVPORT_PROTO_H
 #define KVPORT_PROTO_H
 
@@ -27,7 +34,7 @@
 #include "base/dx_buf.h"
 
 #define KVPORT_MAGIC       0x564b5844u /* "DXKV" read as little-endian u32 */
-#define KVPORT_VERSION     1
+#define KVPORT_VERSION     2
 #define KVPORT_HDR_BYTES   12
 #define KVPORT_MAX_PAYLOAD (8u << 20)
 /* Most blocks one PIN may name (1 Mi tokens at 16 tokens per block). */
@@ -44,6 +51,8 @@ enum kvport_type {
     KVPORT_RELEASE = 6,
     KVPORT_RELEASE_OK = 7,
     KVPORT_ERROR = 8,
+    KVPORT_RENEW = 9,
+    KVPORT_RENEW_OK = 10,
 };
 
 typedef struct {
@@ -82,12 +91,21 @@ typedef struct {
     uint64_t pin_id;
     uint32_t n_matched;
     uint64_t instance;
+    uint32_t ttl_ms; /* the pin lapses this long after PIN_OK or a RENEW_OK unless renewed */
 } kvport_pin_ok;
 
 typedef struct {
     uint64_t pin_id;
     uint8_t consumed;
 } kvport_release;
+
+typedef struct {
+    uint64_t pin_id;
+} kvport_renew;
+
+typedef struct {
+    uint32_t ttl_ms; /* the pin's new deadline is this far from the holder's now */
+} kvport_renew_ok;
 
 typedef struct {
     int32_t code; /* DX_E* */
@@ -101,6 +119,8 @@ typedef struct {
         kvport_pin pin;
         kvport_pin_ok pin_ok;
         kvport_release release;
+        kvport_renew renew;
+        kvport_renew_ok renew_ok;
         kvport_error error; /* ERROR, GONE and MISMATCH (code = DX_EGONE/DX_EMISMATCH) */
     } u;
 } kvport_msg;
@@ -124,6 +144,8 @@ int kvport_encode_pin(dx_buf *b, const uint8_t token[16], const int32_t *ids,
 int kvport_encode_pin_ok(dx_buf *b, const kvport_pin_ok *m);
 int kvport_encode_release(dx_buf *b, const kvport_release *m);
 int kvport_encode_release_ok(dx_buf *b);
+int kvport_encode_renew(dx_buf *b, const kvport_renew *m);
+int kvport_encode_renew_ok(dx_buf *b, const kvport_renew_ok *m);
 /* type is KVPORT_ERROR, KVPORT_GONE or KVPORT_MISMATCH. */
 int kvport_encode_error(dx_buf *b, uint16_t type, int32_t code, const char *msg);
 

@@ -4,7 +4,10 @@
  * Connections sit in a list nothing walks per frame; a connection's pins are
  * a hash set (a RELEASE names any id it likes), and ids of pins that timed
  * out in the registry are forgotten as the set grows, so it tracks live pins
- * rather than every pin ever made on a long-lived connection. */
+ * rather than every pin ever made on a long-lived connection.  The idle
+ * timer closes only connections whose pins are all gone: a reader's one-
+ * sided reads are invisible here, so "no frames lately" is not "idle" while
+ * it holds a pin. */
 #include "xfer/kvport_server.h"
 
 #include <string.h>
@@ -196,6 +199,13 @@ static int remember_pin(conn *c, uint64_t id)
     return dx_hidx_insert(c->pins, pin_key(c->s, id), id);
 }
 
+/* PIN_OK and RENEW_OK carry the pin TTL in whole milliseconds, at least 1. */
+static uint32_t ttl_ms(double ttl_s)
+{
+    double ms = ttl_s * 1000;
+    return ms >= (double)UINT32_MAX ? UINT32_MAX : ms < 1 ? 1 : (uint32_t)ms;
+}
+
 static void reply_pin(conn *c, int rc, uint64_t pin_id, uint32_t k)
 {
     if (rc == DX_EGONE || rc == DX_EMISMATCH) {
@@ -213,7 +223,7 @@ static void reply_pin(conn *c, int rc, uint64_t pin_id, uint32_t k)
     }
     dx_buf b;
     dx_buf_init(&b, 0);
-    kvport_pin_ok ok = {pin_id, k, c->s->hello.instance};
+    kvport_pin_ok ok = {pin_id, k, c->s->hello.instance, ttl_ms(xfer_leases_pin_ttl(c->s->leases))};
     if (kvport_encode_pin_ok(&b, &ok) == 0) conn_send(c, &b);
     dx_buf_free(&b);
 }
@@ -260,6 +270,36 @@ static void handle_release(conn *c, const kvport_release *m)
     dx_buf_free(&b);
 }
 
+static int conn_has_pin(const conn *c, uint64_t id)
+{
+    dx_hidx_iter it;
+    uint64_t v;
+    for (dx_hidx_find(c->pins, pin_key(c->s, id), &it); dx_hidx_next(c->pins, &it, &v);)
+        if (v == id) return 1;
+    return 0;
+}
+
+static void handle_renew(conn *c, const kvport_renew *m)
+{
+    /* Only the connection that pinned may renew, as for RELEASE.  A pin the
+     * set already forgot (timed out) lands here too: either way the reader
+     * cannot count on the blocks. */
+    if (!conn_has_pin(c, m->pin_id)) {
+        send_error(c, KVPORT_ERROR, DX_ENOENT, "RENEW: no such pin on this connection");
+        return;
+    }
+    double ttl;
+    if (xfer_pin_renew(c->s->leases, m->pin_id, &ttl)) {
+        send_error(c, KVPORT_GONE, DX_EGONE, dx_errmsg());
+        return;
+    }
+    dx_buf b;
+    dx_buf_init(&b, 0);
+    kvport_renew_ok ok = {ttl_ms(ttl)};
+    if (kvport_encode_renew_ok(&b, &ok) == 0) conn_send(c, &b);
+    dx_buf_free(&b);
+}
+
 static void handle_frame(conn *c, const kvport_hdr *h, const uint8_t *payload)
 {
     kvport_msg m;
@@ -278,6 +318,9 @@ static void handle_frame(conn *c, const kvport_hdr *h, const uint8_t *payload)
         break;
     case KVPORT_RELEASE:
         handle_release(c, &m.u.release);
+        break;
+    case KVPORT_RENEW:
+        handle_renew(c, &m.u.renew);
         break;
     default: {
         char msg[96];
@@ -329,6 +372,11 @@ static void conn_on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf)
 static void conn_on_idle(uv_timer_t *t)
 {
     conn *c = t->data;
+    /* Reads are one-sided: a reader busy copying pinned blocks sends nothing
+     * here, so a connection that holds live pins is never idle.  Its pins end
+     * at RELEASE, at their own deadline (the sweep), or when the peer goes. */
+    if (dx_hidx_count(c->pins)) forget_dead_pins(c);
+    if (dx_hidx_count(c->pins)) return;
     DX_LOGD("kvport: closing an idle connection");
     conn_close(c);
 }

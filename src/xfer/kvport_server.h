@@ -1,5 +1,5 @@
 /* kvport_server: the KV port — a TCP listener on the node's libuv loop that
- * answers HELLO, PIN and RELEASE frames (kvport_proto.h) against a lease
+ * answers HELLO, PIN, RENEW and RELEASE frames (kvport_proto.h) against a lease
  * registry (xfer_lease.h).  The data itself never crosses this socket: after
  * PIN_OK the reader copies blocks one-sidedly through the transfer agent.
  *
@@ -8,7 +8,11 @@
  * answered with an ERROR frame; a bad header closes only that connection.
  * Pins made on a connection are released when it closes, so a reader that
  * dies frees the holder's blocks at once rather than at the pin timeout.
- * Expired leases and pins are swept on a timer.
+ * The idle timeout never closes a connection that holds live pins: its
+ * reader may be copying for longer than any timeout, with nothing to say on
+ * this socket but RENEW.  Such pins end at RELEASE, at their deadline
+ * (renewed by RENEW) or when the peer really goes.  Expired leases and pins
+ * are swept on a timer.
  *
  * All functions run on the loop's thread. */
 #ifndef KVPORT_SERVER_H
@@ -26,7 +30,7 @@ typedef struct {
     /* This node's HELLO (engine id, fingerprint, layout, transfer
      * description); copied. */
     const kvport_hello *hello;
-    double idle_timeout_s;   /* default 60 */
+    double idle_timeout_s;   /* default 60; connections without live pins only */
     double sweep_interval_s; /* default 1 */
     unsigned max_conns;      /* default 256 */
 } kvport_server_config;

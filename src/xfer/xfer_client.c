@@ -275,6 +275,16 @@ static int expect(const kvport_msg *m, uint16_t type, const char *step)
     return dx_errf(DX_EPROTO, "%s: unexpected %s reply", step, kvport_type_name(m->type));
 }
 
+/* Sends one request frame and receives its reply, which must be `type`. */
+static int exchange(int fd, dx_buf *in, const dx_buf *out, uint64_t deadline, uint16_t type,
+                    const char *step, kvport_msg *m)
+{
+    int rc = sock_send(fd, out, deadline);
+    if (!rc) rc = sock_recv(fd, in, deadline, m);
+    if (!rc) rc = expect(m, type, step);
+    return rc;
+}
+
 static double ms_since(uint64_t t0)
 {
     return (double)(dx_now_ns() - t0) * 1e-6;
@@ -285,9 +295,7 @@ static int do_hello(xfer_client *c, int fd, dx_buf *in, const char *key, uint64_
                     peer_entry **out)
 {
     kvport_msg m = {0};
-    int rc = sock_send(fd, &c->hello_frame, deadline);
-    if (!rc) rc = sock_recv(fd, in, deadline, &m);
-    if (!rc) rc = expect(&m, KVPORT_HELLO, "HELLO");
+    int rc = exchange(fd, in, &c->hello_frame, deadline, KVPORT_HELLO, "HELLO", &m);
     if (!rc) rc = kvport_hello_compatible(&c->hello, &m.u.hello);
     if (rc) return dx_err_wrap(rc, "HELLO");
     const kvport_hello *h = &m.u.hello;
@@ -331,21 +339,57 @@ static int do_pin(xfer_client *c, int fd, dx_buf *in, const xfer_pull_req *r, ui
     int rc = kvport_encode_pin(&out, r->token.b, r->remote_ids, hs, (uint32_t)r->n);
     dx_free(hs);
     kvport_msg m = {0};
-    if (!rc) rc = sock_send(fd, &out, deadline);
+    if (!rc) rc = exchange(fd, in, &out, deadline, KVPORT_PIN_OK, "PIN", &m);
     dx_buf_free(&out);
-    if (!rc) rc = sock_recv(fd, in, deadline, &m);
-    if (!rc) rc = expect(&m, KVPORT_PIN_OK, "PIN");
     if (rc) return rc;
     *ok = m.u.pin_ok;
     if (ok->n_matched == 0 || ok->n_matched > r->n)
         return dx_errf(DX_EPROTO, "PIN: holder claims %u matching blocks of %zu", ok->n_matched,
                        r->n);
+    if (ok->ttl_ms == 0) return dx_errf(DX_EPROTO, "PIN: holder gave the pin a TTL of 0 ms");
+    return 0;
+}
+
+/* Keeps the pin alive while the one-sided reads run: the holder cannot see
+ * them, so without RENEW the pin lapses at its TTL and the blocks may be
+ * freed and reused under the read.  A RENEW every ttl/3 leaves room for two
+ * slow round trips before the deadline. */
+typedef struct {
+    int fd;
+    dx_buf *in;
+    uint64_t pin_id, deadline;
+    uint32_t n_renewed;
+    xfer_read_tick tick;
+} pin_keeper;
+
+static uint64_t renew_period_ns(uint32_t ttl_ms)
+{
+    return (uint64_t)ttl_ms * 1000000 / 3;
+}
+
+static int renew_tick(void *user)
+{
+    pin_keeper *k = user;
+    dx_buf out;
+    dx_buf_init(&out, 0);
+    kvport_renew rn = {k->pin_id};
+    kvport_msg m = {0};
+    int rc = kvport_encode_renew(&out, &rn);
+    if (!rc) rc = exchange(k->fd, k->in, &out, k->deadline, KVPORT_RENEW_OK, "RENEW", &m);
+    dx_buf_free(&out);
+    if (!rc && m.u.renew_ok.ttl_ms == 0)
+        rc = dx_errf(DX_EPROTO, "RENEW: holder renewed the pin for 0 ms");
+    if (rc)
+        return dx_err_wrap(rc, "pin %llu may lapse before the reads complete",
+                           (unsigned long long)k->pin_id);
+    k->tick.period_ns = renew_period_ns(m.u.renew_ok.ttl_ms);
+    k->n_renewed++;
     return 0;
 }
 
 /* One read per run of blocks adjacent on both sides. */
 static int do_read(xfer_client *c, peer_entry *e, const xfer_pull_req *r, uint32_t k,
-                   uint64_t deadline, xfer_pull_result *res)
+                   uint64_t deadline, xfer_read_tick *tick, xfer_pull_result *res)
 {
     size_t bb = kv_pool_block_bytes(c->pool);
     for (uint32_t i = 0; i < k; i++) {
@@ -370,7 +414,7 @@ static int do_read(xfer_client *c, peer_entry *e, const xfer_pull_req *r, uint32
                                   kv_pool_block_ptr(c->pool, r->local_ids[i]), bb};
     }
     res->n_reads = (uint32_t)n;
-    int rc = xfer_read(e->ep, ops, n, deadline);
+    int rc = xfer_read(e->ep, ops, n, deadline, tick);
     dx_free(ops);
     return rc;
 }
@@ -379,6 +423,7 @@ static void fail(xfer_pull_result *res, int rc)
 {
     res->err = rc;
     res->n_pulled = 0;
+    res->bytes = 0;
     snprintf(res->reason, sizeof res->reason, "%s", dx_errmsg());
 }
 
@@ -389,10 +434,8 @@ static int do_release(int fd, dx_buf *in, uint64_t pin_id, int consumed, uint64_
     kvport_release rel = {pin_id, (uint8_t)consumed};
     kvport_msg m = {0};
     int rc = kvport_encode_release(&out, &rel);
-    if (!rc) rc = sock_send(fd, &out, deadline);
+    if (!rc) rc = exchange(fd, in, &out, deadline, KVPORT_RELEASE_OK, "RELEASE", &m);
     dx_buf_free(&out);
-    if (!rc) rc = sock_recv(fd, in, deadline, &m);
-    if (!rc) rc = expect(&m, KVPORT_RELEASE_OK, "RELEASE");
     return rc;
 }
 
@@ -421,7 +464,7 @@ static int pull_steps(xfer_client *c, int fd, dx_buf *in, const xfer_pull_req *r
     int rc = get_peer(c, fd, in, key, deadline, res, &e);
     if (rc) return rc;
     uint64_t t = dx_now_ns();
-    kvport_pin_ok ok = {0, 0, 0};
+    kvport_pin_ok ok = {0};
     rc = do_pin(c, fd, in, r, deadline, &ok);
     res->t_pin_ms = ms_since(t);
     if (!rc && ok.instance != e->instance) {
@@ -434,24 +477,30 @@ static int pull_steps(xfer_client *c, int fd, dx_buf *in, const xfer_pull_req *r
     if (rc) goto out;
     res->n_matched = ok.n_matched;
     if (r->on_pinned) r->on_pinned(r->user, ok.n_matched);
+    pin_keeper keep = {fd, in, ok.pin_id, deadline, 0, {0, renew_tick, NULL}};
+    keep.tick.user = &keep;
+    keep.tick.period_ns = r->no_renew ? 0 : renew_period_ns(ok.ttl_ms);
     t = dx_now_ns();
-    rc = do_read(c, e, r, ok.n_matched, deadline, res);
+    rc = do_read(c, e, r, ok.n_matched, deadline, &keep.tick, res);
     res->t_read_ms = ms_since(t);
+    res->n_renewals = keep.n_renewed;
     if (rc) {
         if (xfer_peer_failed(e->ep)) entry_kill(c, e);
         goto out;
     }
-    res->n_pulled = ok.n_matched;
-    res->bytes = (uint64_t)ok.n_matched * kv_pool_block_bytes(c->pool);
     t = dx_now_ns();
     rc = do_release(fd, in, ok.pin_id, ok.n_matched == r->n, deadline);
     res->t_release_ms = ms_since(t);
     if (rc) {
-        /* The data is here and complete; the holder frees the pin when the
-         * connection closes.  Report, but keep the blocks. */
-        snprintf(res->reason, sizeof res->reason, "pulled, but RELEASE failed: %s", dx_errmsg());
-        rc = 0;
+        /* Only RELEASE_OK says the pin held to the end of the reads.  Without
+         * it the blocks may have been freed and reused while we copied them,
+         * so what arrived cannot be trusted to be this prefix's KV. */
+        dx_err_wrap(rc, "RELEASE not confirmed, so the pin may have lapsed before the reads "
+                        "completed; the pulled blocks are discarded");
+        goto out;
     }
+    res->n_pulled = ok.n_matched;
+    res->bytes = (uint64_t)ok.n_matched * kv_pool_block_bytes(c->pool);
 out:
     if (e) entry_put(c, e);
     return rc;

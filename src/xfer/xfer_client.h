@@ -6,14 +6,22 @@
  *   TCP connect → HELLO (once per peer; the peer's identity, layout and
  *   transfer description are cached with a connected endpoint) → PIN →
  *   one READ per run of adjacent blocks (remote and local ids both adjacent),
- *   all in flight → RELEASE → close.
+ *   all in flight, with a RENEW of the pin every ttl/3 while they run →
+ *   RELEASE → close.
  *
  * Every step shares one deadline.  Any failure (peer unreachable, timeout,
- * GONE, MISMATCH, refused HELLO, UCX error, peer died mid-transfer) comes back
- * as res->err plus res->reason — never a crash or hang.  On failure after the
- * PIN the connection is just closed: the holder releases pins of a closed
- * connection.  The local blocks belong to the caller throughout; after a
- * failed read their contents are undefined (n_pulled is 0).
+ * GONE, MISMATCH, refused HELLO, UCX error, peer died mid-transfer, a RENEW
+ * not answered RENEW_OK) comes back as res->err plus res->reason — never a
+ * crash or hang.  On failure after the PIN the connection is just closed:
+ * the holder releases pins of a closed connection.  The local blocks belong
+ * to the caller throughout; after a failed pull their contents are undefined
+ * (n_pulled is 0).
+ *
+ * The reads are one-sided, so only the holder's RELEASE_OK proves that the
+ * pin — and with it the blocks — held until they completed.  A RELEASE
+ * answered otherwise (an error, the connection closed, a timeout) fails the
+ * pull: err is set, n_pulled is 0 and reason says the pin may have lapsed,
+ * because the blocks may have been freed and reused under the read.
  *
  * A short pull is not an error: if the holder's hashes match only the first
  * k blocks, k blocks are pulled, err is 0 and reason says where the chain
@@ -50,13 +58,15 @@ typedef struct {
      * the holder mid-transfer). */
     void (*on_pinned)(void *user, uint32_t n_matched);
     void *user;
+    int no_renew; /* tests only: never RENEW, to prove a lapsed pin fails the pull */
 } xfer_pull_req;
 
 typedef struct {
-    int err;            /* 0 or DX_E* (same as the return value) */
-    uint32_t n_matched; /* blocks the holder pinned */
-    uint32_t n_pulled;  /* local_ids[0..n_pulled) now hold the remote KV */
-    uint32_t n_reads;   /* READ requests after coalescing */
+    int err;             /* 0 or DX_E* (same as the return value) */
+    uint32_t n_matched;  /* blocks the holder pinned */
+    uint32_t n_pulled;   /* local_ids[0..n_pulled) now hold the remote KV */
+    uint32_t n_reads;    /* READ requests after coalescing */
+    uint32_t n_renewals; /* RENEW_OKs received while the reads ran */
     uint64_t bytes;
     int hello_cached;
     double t_connect_ms, t_hello_ms, t_pin_ms, t_read_ms, t_release_ms;

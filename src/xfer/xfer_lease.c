@@ -633,6 +633,27 @@ int xfer_pin_live(xfer_leases *L, uint64_t pin_id)
     return live;
 }
 
+int xfer_pin_renew(xfer_leases *L, uint64_t pin_id, double *ttl_s)
+{
+    uint64_t now = dx_now_ns();
+    pthread_mutex_lock(&L->mu);
+    pin *p = find_pin(L, pin_id);
+    /* Past its deadline a pin is gone even before the sweep frees it: the
+     * reader must not be told its blocks are held for another TTL. */
+    int live = p && p->expires_ns > now;
+    if (live) p->expires_ns = now + ttl_ns(L->pin_ttl_s);
+    pthread_mutex_unlock(&L->mu);
+    *ttl_s = L->pin_ttl_s;
+    return live ? 0
+                : dx_errf(DX_EGONE, "RENEW: pin %llu was released or timed out",
+                          (unsigned long long)pin_id);
+}
+
+double xfer_leases_pin_ttl(const xfer_leases *L)
+{
+    return L->pin_ttl_s;
+}
+
 /* ---- sweep, stats, check ------------------------------------------------ */
 
 uint32_t xfer_leases_sweep(xfer_leases *L, uint64_t now_ns)

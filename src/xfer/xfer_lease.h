@@ -11,7 +11,8 @@
  * hash chain with the held blocks' hashes, pinning the leading blocks that
  * match.  A pin takes its own pool references, so revoking or expiring the
  * lease while a read is in flight cannot free the blocks under the reader;
- * they go back on RELEASE or when the pin times out.
+ * they go back on RELEASE or when the pin times out.  A reader whose read
+ * outlasts the pin TTL renews the pin (xfer_pin_renew) before it lapses.
  *
  * Thread-safe (one mutex); the registry never touches block contents. */
 #ifndef XFER_LEASE_H
@@ -83,6 +84,13 @@ int xfer_pin(xfer_leases *L, const xfer_token *tok, const int32_t *ids, const kv
              size_t n, uint64_t *pin_id, uint32_t *n_matched);
 /* RELEASE: drops the pin's references.  DX_ENOENT for an unknown pin. */
 int xfer_unpin(xfer_leases *L, uint64_t pin_id, int consumed);
+/* RENEW: a reader whose one-sided reads are still running pushes the pin's
+ * deadline to now + the pin TTL, which goes to *ttl_s.  O(1).  DX_EGONE for
+ * a pin that was released, timed out (its deadline passed, swept or not) or
+ * never existed: its blocks may already be back in the pool. */
+int xfer_pin_renew(xfer_leases *L, uint64_t pin_id, double *ttl_s);
+/* The pin TTL the registry was created with (what PIN_OK tells the reader). */
+double xfer_leases_pin_ttl(const xfer_leases *L);
 
 /* Drops expired leases and timed-out pins; returns how many went. */
 uint32_t xfer_leases_sweep(xfer_leases *L, uint64_t now_ns);

@@ -389,10 +389,15 @@ static int check_ops(const xfer_peer *p, const xfer_read_op *ops, size_t n)
     return 0;
 }
 
-/* Waits for every posted request; 0 when all completed before the deadline. */
-static int wait_batch(xfer_peer *p, batch *b, size_t posted, uint64_t deadline)
+/* Waits for every posted request, calling the tick (if any) on its period:
+ * 0 when all completed, 1 at the deadline or on peer failure, or the tick's
+ * negative code when it asked to stop. */
+static int wait_batch(xfer_peer *p, batch *b, size_t posted, uint64_t deadline,
+                      xfer_read_tick *tick)
 {
     xfer_agent *a = p->a;
+    int ticking = tick && tick->fn && tick->period_ns;
+    uint64_t next_tick = ticking ? dx_now_ns() + tick->period_ns : UINT64_MAX;
     for (;;) {
         pthread_mutex_lock(&a->mu);
         unsigned n = ucp_worker_progress(a->worker);
@@ -400,7 +405,14 @@ static int wait_batch(xfer_peer *p, batch *b, size_t posted, uint64_t deadline)
         ucs_status_t st = n || done == posted ? UCS_ERR_BUSY : ucp_worker_arm(a->worker);
         pthread_mutex_unlock(&a->mu);
         if (done == posted) return 0;
-        if (atomic_load(&p->failed) || dx_now_ns() >= deadline) return -1;
+        uint64_t now = dx_now_ns();
+        if (atomic_load(&p->failed) || now >= deadline) return 1;
+        if (now >= next_tick) {
+            int rc = tick->fn(tick->user);
+            if (rc) return rc;
+            next_tick = tick->period_ns ? dx_now_ns() + tick->period_ns : UINT64_MAX;
+            continue; /* the tick took time: progress before sleeping */
+        }
         if (st == UCS_OK) {
             struct pollfd pfd = {.fd = a->efd, .events = POLLIN};
             poll(&pfd, 1, 1);
@@ -408,7 +420,8 @@ static int wait_batch(xfer_peer *p, batch *b, size_t posted, uint64_t deadline)
     }
 }
 
-int xfer_read(xfer_peer *p, const xfer_read_op *ops, size_t n, uint64_t deadline_ns)
+int xfer_read(xfer_peer *p, const xfer_read_op *ops, size_t n, uint64_t deadline_ns,
+              xfer_read_tick *tick)
 {
     xfer_agent *a = p->a;
     if (!p->ep || atomic_load(&p->failed))
@@ -427,7 +440,7 @@ int xfer_read(xfer_peer *p, const xfer_read_op *ops, size_t n, uint64_t deadline
     pthread_mutex_lock(&a->mu);
     size_t nreq = post_reads(p, ops, n, b, reqs, &posted);
     pthread_mutex_unlock(&a->mu);
-    int stopped = wait_batch(p, b, posted, deadline_ns) != 0;
+    int stopped = wait_batch(p, b, posted, deadline_ns, tick);
     int peer_died = atomic_load(&p->failed);
     ucs_status_t first = b->status;
     if (b->done != posted) {
@@ -440,7 +453,7 @@ int xfer_read(xfer_peer *p, const xfer_read_op *ops, size_t n, uint64_t deadline
         pthread_mutex_unlock(&a->mu);
         atomic_store(&p->failed, 1);
         peer_close_ep(p, 1);
-        wait_batch(p, b, posted, dx_now_ns() + 2000000000ull);
+        wait_batch(p, b, posted, dx_now_ns() + 2000000000ull, NULL);
     }
     int all_done = b->done == posted;
     ucs_status_t st = b->status;
@@ -453,6 +466,8 @@ int xfer_read(xfer_peer *p, const xfer_read_op *ops, size_t n, uint64_t deadline
     else
         DX_LOGE("xfer: %zu reads never completed after a forced close; leaking their state",
                 posted - b->done);
+    if (stopped < 0) /* the tick's message still stands: nothing above sets one */
+        return dx_err_wrap(stopped, "xfer: %zu reads aborted", posted);
     if (stopped && !peer_died)
         return dx_errf(DX_ETIMEDOUT, "xfer: %zu reads did not finish in time", posted);
     if (peer_died || first != UCS_OK || st != UCS_OK) {

@@ -11,9 +11,11 @@
  *    needs (sent in the KV port's HELLO).
  *  - read: xfer_read copies runs of remote bytes into local memory with
  *    ucp_get_nbx, all runs in flight at once; the caller coalesces blocks
- *    into runs.  Bounded by a deadline: on timeout or peer failure the
- *    outstanding requests are cancelled and the endpoint force-closed before
- *    returning, so nothing writes into the caller's memory afterwards.
+ *    into runs.  Bounded by a deadline: on timeout, peer failure or an abort
+ *    from the caller's tick the outstanding requests are cancelled and the
+ *    endpoint force-closed before returning, so nothing writes into the
+ *    caller's memory afterwards.  The tick is how a reader keeps the
+ *    holder's pin alive during a long read (xfer_client renews it).
  *  - progress: a thread sleeps on the worker's event fd (ucp_worker_arm) and
  *    progresses the worker, because over TCP UCX emulates READ in software on
  *    the holder.  On one host the pool (allocated by UCX's sysv/posix
@@ -75,9 +77,23 @@ int xfer_peer_connect(xfer_agent *a, const uint8_t *worker_addr, size_t addr_len
 int xfer_peer_failed(const xfer_peer *p);
 void xfer_peer_destroy(xfer_peer *p);
 
+/* Work to do at intervals while reads are outstanding: xfer_read calls
+ * fn(user) every period_ns (the first call one period after the reads were
+ * posted; fn may change period_ns).  A non-zero return from fn — a DX_E*
+ * code with its message set — aborts the read with that code.  Between
+ * calls xfer_read only compares the clock, so a short read costs nothing
+ * more. */
+typedef struct {
+    uint64_t period_ns; /* 0: never */
+    int (*fn)(void *user);
+    void *user;
+} xfer_read_tick;
+
 /* Reads ops[0..n) (remote ranges must lie in the peer's region).  0, or
  * DX_ETIMEDOUT at deadline_ns (dx_now_ns clock), DX_ETRANSPORT on a UCX
- * error (peer died, connection reset); the message says which op and why. */
-int xfer_read(xfer_peer *p, const xfer_read_op *ops, size_t n, uint64_t deadline_ns);
+ * error (peer died, connection reset), or the tick's code; the message says
+ * which op and why.  tick may be NULL. */
+int xfer_read(xfer_peer *p, const xfer_read_op *ops, size_t n, uint64_t deadline_ns,
+              xfer_read_tick *tick);
 
 #endif

@@ -3,8 +3,9 @@
  * for byte — run once with UCX's default transports and once with
  * UCX_TLS=tcp.  Covers exact pulls (adjacent, scattered, 256 MiB), lease
  * security, hash-chain divergence, a holder killed mid-transfer, a stopped
- * holder, garbage on the KV port, and many pins on one connection released
- * out of order, some after they timed out. */
+ * holder, garbage on the KV port, many pins on one connection released
+ * out of order, some after they timed out, and RENEW against the idle
+ * timeout.  The throttled-link test is itest_xfer_throttle. */
 #include <errno.h>
 #include <jansson.h>
 #include <netinet/in.h>
@@ -28,212 +29,79 @@
 #include "xfer/kvport_proto.h"
 #include "xfer/xfer_lease.h"
 #include "xfer/xfer_synth.h"
-
-static const char *g_bin;
-static pid_t g_holder = -1; /* killed by the teardown if a test fails midway */
-
-typedef struct {
-    pid_t pid;
-    int fd;
-    char buf[65536];
-    size_t len;
-} proc;
-
-static void spawn(proc *p, char *const argv[])
-{
-    int pfd[2];
-    assert_int_equal(pipe(pfd), 0);
-    p->len = 0;
-    p->pid = fork();
-    assert_true(p->pid >= 0);
-    if (p->pid == 0) {
-        dup2(pfd[1], 1);
-        close(pfd[0]);
-        close(pfd[1]);
-        execv(g_bin, argv);
-        _exit(127);
-    }
-    close(pfd[1]);
-    p->fd = pfd[0];
-}
-
-/* Next stdout line that is a JSON object (UCX may log to stdout too). */
-static json_t *next_json(proc *p, int timeout_ms)
-{
-    for (;;) {
-        char *nl = memchr(p->buf, '\n', p->len);
-        if (nl) {
-            *nl = 0;
-            json_t *j = p->buf[0] == '{' ? json_loads(p->buf, 0, NULL) : NULL;
-            size_t used = (size_t)(nl - p->buf) + 1;
-            memmove(p->buf, nl + 1, p->len - used);
-            p->len -= used;
-            if (j) return j;
-            continue;
-        }
-        struct pollfd pf = {.fd = p->fd, .events = POLLIN};
-        if (poll(&pf, 1, timeout_ms) <= 0) return NULL;
-        ssize_t r = read(p->fd, p->buf + p->len, sizeof p->buf - 1 - p->len);
-        if (r <= 0) return NULL;
-        p->len += (size_t)r;
-    }
-}
-
-/* Waits for exit, at most limit_s (a hang is a failure, not a timing). */
-static int reap(proc *p, int limit_s)
-{
-    int st = 0;
-    for (int i = 0; i < limit_s * 100; i++) {
-        if (waitpid(p->pid, &st, WNOHANG) == p->pid) {
-            close(p->fd);
-            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-        }
-        usleep(10000);
-    }
-    kill(p->pid, SIGKILL);
-    waitpid(p->pid, &st, 0);
-    close(p->fd);
-    fail_msg("process %d did not exit within %d s", (int)p->pid, limit_s);
-    return -1;
-}
-
-typedef struct {
-    proc p;
-    int port;
-    char tok[4][33];
-} holder;
+#include "kv_proc.h"
 
 /* pin_ttl: NULL for the holder's default. */
-static void hold_start(holder *h, const char *blocks, const char *bytes, const char *ttls,
+static void hold_start(kp_holder *h, const char *blocks, const char *bytes, const char *ttls,
                        const char *pin_ttl)
 {
-    char *argv[] = {"duplex",
-                    "kv",
-                    "hold",
-                    "--blocks",
-                    (char *)blocks,
-                    "--block-bytes",
-                    (char *)bytes,
-                    "--lease-ttls",
-                    (char *)ttls,
-                    "--fill-seed",
-                    "7",
-                    pin_ttl ? "--pin-ttl" : NULL,
-                    (char *)pin_ttl,
-                    NULL};
-    spawn(&h->p, argv);
-    g_holder = h->p.pid;
-    json_t *j = next_json(&h->p, 30000);
-    assert_non_null(j);
-    h->port = (int)json_integer_value(json_object_get(j, "port"));
-    json_t *ls = json_object_get(j, "leases");
-    for (size_t i = 0; i < json_array_size(ls) && i < 4; i++)
-        snprintf(h->tok[i], 33, "%s",
-                 json_string_value(json_object_get(json_array_get(ls, i), "token")));
-    json_decref(j);
-    assert_true(h->port > 0);
-}
-
-static void hold_stop(holder *h)
-{
-    kill(h->p.pid, SIGTERM);
-    g_holder = -1;
-    assert_int_equal(reap(&h->p, 30), 0); /* clean exit: asan leak check passes */
+    kp_hold_start(h, NULL, "--blocks", blocks, "--block-bytes", bytes, "--lease-ttls", ttls,
+                  pin_ttl ? "--pin-ttl" : NULL, pin_ttl, NULL);
 }
 
 /* Runs `duplex kv pull` with the given extra args; returns its last JSON. */
-static json_t *pull(const holder *h, const char *token, const char *remote, ...)
+static json_t *pull(const kp_holder *h, const char *token, const char *remote, ...)
 {
-    char port[16];
-    snprintf(port, sizeof port, "%d", h->port);
-    char *argv[32] = {"duplex",      "kv",       "pull",         "--port",      port, "--token",
-                      (char *)token, "--remote", (char *)remote, "--fill-seed", "7"};
-    int n = 11;
     va_list ap;
     va_start(ap, remote);
-    for (char *a; n < 30 && (a = va_arg(ap, char *));) argv[n++] = a;
+    json_t *j = kp_vpull(h, NULL, NULL, token, remote, ap);
     va_end(ap);
-    argv[n] = NULL;
-    proc p;
-    spawn(&p, argv);
-    json_t *last = NULL, *j;
-    while ((j = next_json(&p, 60000))) {
-        json_decref(last);
-        last = j;
-    }
-    reap(&p, 60);
-    assert_non_null(last);
-    return last;
-}
-
-static long jint(json_t *j, const char *k)
-{
-    return (long)json_integer_value(json_object_get(j, k));
-}
-
-static void expect_ok(json_t *j, long n)
-{
-    if (jint(j, "err"))
-        fail_msg("pull failed: %s", json_string_value(json_object_get(j, "reason")));
-    assert_int_equal(jint(j, "pulled"), n);
-    assert_int_equal(jint(j, "verified"), n);
-    assert_int_equal(jint(j, "corrupt"), 0);
-    assert_int_equal(jint(j, "leaked"), 0);
+    return j;
 }
 
 static void test_exact_and_security(void **state)
 {
-    holder h;
+    kp_holder h;
     hold_start(&h, "64", "8192", "60,60,0.3", NULL);
     json_t *j = pull(&h, h.tok[0], "0-19", NULL);
-    expect_ok(j, 20);
-    assert_int_equal(jint(j, "reads"), 1); /* adjacent blocks coalesce into one read */
+    kp_expect_ok(j, 20);
+    assert_int_equal(kp_jint(j, "reads"), 1); /* adjacent blocks coalesce into one read */
     json_decref(j);
     j = pull(&h, h.tok[0], "1,3,5-9,20", "--pool-blocks", "64", NULL);
-    expect_ok(j, 8);
+    kp_expect_ok(j, 8);
     json_decref(j);
     /* hash chain diverging at block k pins exactly k */
     j = pull(&h, h.tok[0], "2-12", "--diverge-at", "4", NULL);
-    expect_ok(j, 4);
-    assert_int_equal(jint(j, "matched"), 4);
+    kp_expect_ok(j, 4);
+    assert_int_equal(kp_jint(j, "matched"), 4);
     json_decref(j);
     j = pull(&h, h.tok[0], "2-12", "--diverge-at", "0", NULL);
-    assert_int_equal(jint(j, "err"), -12); /* MISMATCH */
+    assert_int_equal(kp_jint(j, "err"), -12); /* MISMATCH */
     json_decref(j);
     /* a token for other blocks, a wrong token, an expired token: GONE */
     j = pull(&h, h.tok[1], "0-3", NULL);
-    assert_int_equal(jint(j, "err"), -13);
-    assert_int_equal(jint(j, "pulled"), 0);
+    assert_int_equal(kp_jint(j, "err"), -13);
+    assert_int_equal(kp_jint(j, "pulled"), 0);
     json_decref(j);
     j = pull(&h, "0123456789abcdef0123456789abcdef", "0-3", NULL);
-    assert_int_equal(jint(j, "err"), -13);
+    assert_int_equal(kp_jint(j, "err"), -13);
     json_decref(j);
     usleep(500000); /* lease 2 had a 0.3 s TTL */
     j = pull(&h, h.tok[2], "44-46", NULL);
-    assert_int_equal(jint(j, "err"), -13);
+    assert_int_equal(kp_jint(j, "err"), -13);
     json_decref(j);
     /* different model → refused at HELLO */
     j = pull(&h, h.tok[0], "0-3", "--model-seed", "99", NULL);
-    assert_int_equal(jint(j, "err"), -12);
+    assert_int_equal(kp_jint(j, "err"), -12);
     assert_non_null(strstr(json_string_value(json_object_get(j, "reason")), "fingerprint"));
     json_decref(j);
-    hold_stop(&h);
+    kp_hold_stop(&h);
 }
 
 static void test_256mib(void **state)
 {
-    holder h;
+    kp_holder h;
     hold_start(&h, "128", "2097152", "60", NULL);
     json_t *j = pull(&h, h.tok[0], "0-127", "--timeout", "60", "--block-bytes", "2097152", NULL);
-    expect_ok(j, 128);
-    assert_int_equal(jint(j, "bytes"), 256l << 20);
+    kp_expect_ok(j, 128);
+    assert_int_equal(kp_jint(j, "bytes"), 256l << 20);
     json_decref(j);
-    hold_stop(&h);
+    kp_hold_stop(&h);
 }
 
 static void test_holder_killed(void **state)
 {
-    holder h;
+    kp_holder h;
     hold_start(&h, "64", "262144", "60", NULL);
     char port[16];
     snprintf(port, sizeof port, "%d", h.port);
@@ -241,48 +109,42 @@ static void test_holder_killed(void **state)
         "duplex", "kv",        "pull", "--port",        port,     "--token",
         h.tok[0], "--remote",  "0-63", "--fill-seed",   "7",      "--pause-after-pin-ms",
         "1000",   "--timeout", "5",    "--block-bytes", "262144", NULL};
-    proc p;
-    spawn(&p, argv);
-    json_t *j = next_json(&p, 30000);
+    kp_proc p;
+    kp_spawn(&p, NULL, argv);
+    json_t *j = kp_next_json(&p, 30000);
     assert_non_null(j);
     assert_non_null(json_object_get(j, "pinned"));
     json_decref(j);
     kill(h.p.pid, SIGKILL);
     g_holder = -1;
-    reap(&h.p, 10);
-    j = next_json(&p, 30000);
+    kp_reap(&h.p, 10);
+    j = kp_next_json(&p, 30000);
     assert_non_null(j);
-    assert_int_equal(jint(j, "leaked"), 0);
-    const char *tls = getenv("UCX_TLS");
-    if (jint(j, "err") == 0 && !(tls && !strcmp(tls, "tcp"))) {
-        /* Over shared memory the reader has the holder's pool attached
-         * since HELLO, so the pinned blocks stay readable after the holder
-         * died: the pull may succeed (only RELEASE fails), and then every
-         * block must be intact. */
-        expect_ok(j, 64);
-        assert_non_null(strstr(json_string_value(json_object_get(j, "reason")), "RELEASE"));
-    } else {
-        assert_int_not_equal(jint(j, "err"), 0);
-        assert_int_equal(jint(j, "pulled"), 0);
-    }
+    assert_int_equal(kp_jint(j, "leaked"), 0);
+    /* Over shared memory the reader has the holder's pool attached since
+     * HELLO, so the reads themselves may complete after the holder died; but
+     * nobody answers RELEASE, so nothing vouches that the pin held, and the
+     * pull must fail all the same. */
+    assert_int_not_equal(kp_jint(j, "err"), 0);
+    assert_int_equal(kp_jint(j, "pulled"), 0);
     json_decref(j);
-    reap(&p, 30);
+    kp_reap(&p, 30);
 }
 
 static void test_holder_stopped(void **state)
 {
-    holder h;
+    kp_holder h;
     hold_start(&h, "16", "8192", "60", NULL);
     kill(h.p.pid, SIGSTOP);
     json_t *j = pull(&h, h.tok[0], "0-7", "--timeout", "1", NULL);
-    assert_int_equal(jint(j, "err"), -10); /* DX_ETIMEDOUT */
-    assert_int_equal(jint(j, "leaked"), 0);
+    assert_int_equal(kp_jint(j, "err"), -10); /* DX_ETIMEDOUT */
+    assert_int_equal(kp_jint(j, "leaked"), 0);
     json_decref(j);
     kill(h.p.pid, SIGCONT);
     j = pull(&h, h.tok[0], "0-7", NULL);
-    expect_ok(j, 8);
+    kp_expect_ok(j, 8);
     json_decref(j);
-    hold_stop(&h);
+    kp_hold_stop(&h);
 }
 
 static int tcp_connect(int port)
@@ -316,7 +178,7 @@ static int read_frame(int fd, kvport_msg *m, uint8_t *buf, size_t cap)
 
 static void test_garbage_frames(void **state)
 {
-    holder h;
+    kp_holder h;
     hold_start(&h, "16", "8192", "60", NULL);
     static uint8_t buf[1 << 16];
     kvport_msg m;
@@ -330,11 +192,12 @@ static void test_garbage_frames(void **state)
     /* a PIN whose payload is truncated, then an unknown type: ERROR each,
      * and the connection stays usable */
     fd = tcp_connect(h.port);
-    uint8_t fr[32] = {0x44, 0x58, 0x4b, 0x56, 1, 0, KVPORT_PIN, 0, 5, 0, 0, 0, 1, 2, 3, 4, 5};
+    uint8_t fr[32] = {0x44, 0x58, 0x4b, 0x56, KVPORT_VERSION, 0, KVPORT_PIN, 0, 5, 0, 0, 0};
+    memcpy(fr + KVPORT_HDR_BYTES, "\1\2\3\4\5", 5);
     assert_int_equal(write(fd, fr, 17), 17);
     assert_int_equal(read_frame(fd, &m, buf, sizeof buf), KVPORT_ERROR);
     assert_int_equal(m.u.error.code, -5); /* DX_EFORMAT */
-    uint8_t unk[12] = {0x44, 0x58, 0x4b, 0x56, 1, 0, 99, 0, 0, 0, 0, 0};
+    uint8_t unk[12] = {0x44, 0x58, 0x4b, 0x56, KVPORT_VERSION, 0, 99, 0, 0, 0, 0, 0};
     assert_int_equal(write(fd, unk, 12), 12);
     assert_int_equal(read_frame(fd, &m, buf, sizeof buf), KVPORT_ERROR);
     uint8_t badver[12] = {0x44, 0x58, 0x4b, 0x56, 9, 0, KVPORT_PIN, 0, 0, 0, 0, 0};
@@ -347,9 +210,9 @@ static void test_garbage_frames(void **state)
     close(fd);
     /* the holder still serves */
     json_t *j = pull(&h, h.tok[0], "0-15", NULL);
-    expect_ok(j, 16);
+    kp_expect_ok(j, 16);
     json_decref(j);
-    hold_stop(&h);
+    kp_hold_stop(&h);
 }
 
 static void send_frame(int fd, dx_buf *b)
@@ -358,9 +221,24 @@ static void send_frame(int fd, dx_buf *b)
     b->len = 0;
 }
 
-/* PINs blocks 0-1 n times over fd; the pin ids go to ids[]. */
+/* The reader's view of holder h's first lease: its token and the hash
+ * chain of blocks 0-1 (same layout, model seed 1, fill seed 7). */
+static void holder_lease(const kp_holder *h, xfer_token *t, kv_hash chain[2])
+{
+    kv_pool_config cfg;
+    uint8_t fp[16];
+    kv_pool *pool;
+    assert_int_equal(xfer_synth_layout(8192, 16, 1, &cfg, fp), 0);
+    assert_int_equal(kv_pool_create(&cfg, &pool), 0);
+    xfer_synth_chain(pool, 7, 2, chain);
+    kv_pool_destroy(pool);
+    assert_int_equal(xfer_token_parse(h->tok[0], t), 0);
+}
+
+/* PINs blocks 0-1 n times over fd; the pin ids go to ids[], each PIN_OK's
+ * pin TTL must be ttl_ms (0: any). */
 static void pin_many(int fd, const xfer_token *t, const kv_hash *chain, uint64_t *ids, int n,
-                     uint8_t *buf, size_t cap)
+                     uint32_t ttl_ms, uint8_t *buf, size_t cap)
 {
     int32_t blk[2] = {0, 1};
     uint64_t hs[4] = {chain[0].lo, chain[0].hi, chain[1].lo, chain[1].hi};
@@ -372,6 +250,7 @@ static void pin_many(int fd, const xfer_token *t, const kv_hash *chain, uint64_t
         send_frame(fd, &b);
         assert_int_equal(read_frame(fd, &m, buf, cap), KVPORT_PIN_OK);
         assert_int_equal(m.u.pin_ok.n_matched, 2);
+        if (ttl_ms) assert_int_equal(m.u.pin_ok.ttl_ms, ttl_ms);
         ids[i] = m.u.pin_ok.pin_id;
     }
     dx_buf_free(&b);
@@ -394,26 +273,18 @@ static int release_one(int fd, uint64_t id, uint8_t *buf, size_t cap, int *code)
 
 static void test_many_pins_one_connection(void **state)
 {
-    holder h;
+    kp_holder h;
     hold_start(&h, "16", "8192", "60", "1.5");
     static uint8_t buf[1 << 16];
-    /* the holder's hash chain: same layout, model seed 1, fill seed 7 */
-    kv_pool_config cfg;
-    uint8_t fp[16];
-    kv_pool *pool;
     kv_hash chain[2];
-    assert_int_equal(xfer_synth_layout(8192, 16, 1, &cfg, fp), 0);
-    assert_int_equal(kv_pool_create(&cfg, &pool), 0);
-    xfer_synth_chain(pool, 7, 2, chain);
-    kv_pool_destroy(pool);
     xfer_token t;
-    assert_int_equal(xfer_token_parse(h.tok[0], &t), 0);
+    holder_lease(&h, &t, chain);
     int fd = tcp_connect(h.port), code;
     /* 100 pins; the odd ones released newest first, the even ones left to
      * time out */
     enum { N1 = 100, N2 = 300 };
     uint64_t first[N1], second[N2];
-    pin_many(fd, &t, chain, first, N1, buf, sizeof buf);
+    pin_many(fd, &t, chain, first, N1, 1500, buf, sizeof buf);
     for (int i = N1 - 1; i > 0; i -= 2) {
         assert_int_equal(release_one(fd, first[i], buf, sizeof buf, &code), KVPORT_RELEASE_OK);
         assert_int_equal(release_one(fd, first[i], buf, sizeof buf, &code), KVPORT_ERROR);
@@ -424,7 +295,7 @@ static void test_many_pins_one_connection(void **state)
     usleep(2000000); /* past the 1.5 s pin TTL: the even pins time out */
     /* enough new pins that the connection forgets the dead ones on the way;
      * released in an order unrelated to their ids */
-    pin_many(fd, &t, chain, second, N2, buf, sizeof buf);
+    pin_many(fd, &t, chain, second, N2, 1500, buf, sizeof buf);
     for (int k = 0; k < N2; k++) {
         int i = (k * 7) % N2; /* 7 is coprime to 300 */
         assert_int_equal(release_one(fd, second[i], buf, sizeof buf, &code), KVPORT_RELEASE_OK);
@@ -437,23 +308,73 @@ static void test_many_pins_one_connection(void **state)
     close(fd);
     /* the holder still serves */
     json_t *j = pull(&h, h.tok[0], "0-15", NULL);
-    expect_ok(j, 16);
+    kp_expect_ok(j, 16);
     json_decref(j);
-    hold_stop(&h);
+    kp_hold_stop(&h);
 }
 
-static int kill_holder(void **state)
+/* Sends a RENEW of pin `id`; returns the reply type (0: connection closed)
+ * and the TTL or error code in *val. */
+static int renew_one(int fd, uint64_t id, uint8_t *buf, size_t cap, long *val)
 {
-    if (g_holder > 0) {
-        kill(g_holder, SIGCONT);
-        kill(g_holder, SIGKILL);
-        waitpid(g_holder, NULL, 0);
-    }
-    g_holder = -1;
-    return 0;
+    dx_buf b;
+    dx_buf_init(&b, 0);
+    kvport_renew rn = {id};
+    assert_int_equal(kvport_encode_renew(&b, &rn), 0);
+    send_frame(fd, &b);
+    dx_buf_free(&b);
+    kvport_msg m;
+    int type = read_frame(fd, &m, buf, cap);
+    *val = type == KVPORT_RENEW_OK ? (long)m.u.renew_ok.ttl_ms : type ? (long)m.u.error.code : 0;
+    return type;
 }
 
-#define T(f) cmocka_unit_test_teardown(f, kill_holder)
+/* RENEW over the wire, and the idle timeout against live pins: PIN_OK says
+ * the pin TTL; a connection silent for longer than the idle timeout stays
+ * open while it holds a live pin; only that connection may renew; a pin past
+ * its deadline is GONE; once its pins are gone an idle connection closes. */
+static void test_renew_and_idle(void **state)
+{
+    kp_holder h;
+    kp_hold_start(&h, NULL, "--blocks", "16", "--block-bytes", "8192", "--pin-ttl", "3",
+                  "--idle-timeout-s", "0.5", NULL);
+    static uint8_t buf[1 << 16];
+    kv_hash chain[2];
+    xfer_token t;
+    holder_lease(&h, &t, chain);
+    int fd = tcp_connect(h.port);
+    uint64_t id;
+    pin_many(fd, &t, chain, &id, 1, 3000, buf, sizeof buf);
+    long val;
+    /* over twice the idle timeout in silence, well inside the pin TTL */
+    usleep(1200000);
+    assert_int_equal(renew_one(fd, id, buf, sizeof buf, &val), KVPORT_RENEW_OK);
+    assert_int_equal(val, 3000);
+    /* another connection may neither renew nor release it */
+    int other = tcp_connect(h.port);
+    assert_int_equal(renew_one(other, id, buf, sizeof buf, &val), KVPORT_ERROR);
+    assert_int_equal(val, -8); /* DX_ENOENT */
+    int code;
+    assert_int_equal(release_one(other, id, buf, sizeof buf, &code), KVPORT_ERROR);
+    assert_int_equal(code, -8);
+    close(other);
+    /* stop renewing; keep the connection busy (RENEWs of a pin it never
+     * made) until the pin's deadline has passed, then it is GONE */
+    for (int i = 0; i < 34; i++) {
+        usleep(100000);
+        assert_int_equal(renew_one(fd, id + 1000, buf, sizeof buf, &val), KVPORT_ERROR);
+    }
+    assert_int_equal(renew_one(fd, id, buf, sizeof buf, &val), KVPORT_GONE);
+    assert_int_equal(val, -13); /* DX_EGONE */
+    /* no live pins any more: silence now closes the connection */
+    struct pollfd pf = {.fd = fd, .events = POLLIN};
+    assert_int_equal(poll(&pf, 1, 10000), 1);
+    assert_int_equal(read(fd, buf, sizeof buf), 0);
+    close(fd);
+    kp_hold_stop(&h);
+}
+
+#define T(f) cmocka_unit_test_teardown(f, kp_kill_holder)
 
 int main(void)
 {
@@ -463,6 +384,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         T(test_exact_and_security), T(test_256mib),         T(test_holder_killed),
         T(test_holder_stopped),     T(test_garbage_frames), T(test_many_pins_one_connection),
+        T(test_renew_and_idle),
     };
     int fails = 0;
     const char *user_tls = getenv("UCX_TLS");

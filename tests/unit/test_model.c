@@ -1,7 +1,7 @@
 /* Synthetic models and the model loader: same seed → byte-identical file,
  * the loader reads back what synth wrote for every arch and dtype, and bad
  * model files (missing tensor, wrong shape, unknown architecture) are clear
- * errors. */
+ * errors; the fingerprint covers every tensor byte and the hyper-parameters. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -129,71 +129,89 @@ static void test_load_every_arch_and_dtype(void **state)
     assert_int_equal(dx_alloc_live_bytes(), live);
 }
 
-/* Rewrites the tiny model with one change and expects `code` with `phrase`
- * in the message. */
-static void expect_bad(const char *drop_tensor, const char *arch, int code, const char *phrase)
+/* One change to make while copying a model through the GGUF writer. */
+typedef struct {
+    const char *drop_tensor; /* leave this tensor out */
+    const char *arch;        /* general.architecture */
+    const char *f32_key;     /* set this float key to f32_val */
+    float f32_val;
+} model_edit;
+
+static void copy_kv(const gguf_ctx *g, uint64_t i, const model_edit *e, gguf_writer *w)
+{
+    gguf_str k = gguf_kv_key(g, i);
+    char key[256];
+    snprintf(key, sizeof key, "%.*s", (int)k.len, k.ptr);
+    enum gguf_vtype t = gguf_kv_type(g, i);
+    if (t == GGUF_T_STRING) {
+        gguf_str v;
+        gguf_get_str(g, key, &v);
+        char *s = dx_strndup(v.ptr, v.len);
+        gguf_w_set_str(w, key, !strcmp(key, "general.architecture") && e->arch ? e->arch : s);
+        dx_free(s);
+    } else if (t == GGUF_T_ARRAY) {
+        enum gguf_vtype et;
+        uint64_t n;
+        const void *d;
+        gguf_get_arr(g, key, &et, &n, &d);
+        if (et == GGUF_T_STRING) {
+            const char **strs = dx_calloc(n, sizeof *strs);
+            for (uint64_t j = 0; j < n; j++) {
+                gguf_str v;
+                gguf_get_arr_str(g, key, j, &v);
+                strs[j] = dx_strndup(v.ptr, v.len);
+            }
+            gguf_w_set_arr_str(w, key, strs, n);
+            for (uint64_t j = 0; j < n; j++) dx_free((void *)strs[j]);
+            dx_free(strs);
+        } else {
+            gguf_w_set_arr(w, key, et, d, n);
+        }
+    } else if (t == GGUF_T_FLOAT32) {
+        float f;
+        gguf_get_f32(g, key, &f);
+        gguf_w_set_f32(w, key, e->f32_key && !strcmp(key, e->f32_key) ? e->f32_val : f);
+    } else if (t == GGUF_T_BOOL) {
+        int b;
+        gguf_get_bool(g, key, &b);
+        gguf_w_set_bool(w, key, b);
+    } else {
+        uint32_t u;
+        gguf_get_u32(g, key, &u);
+        gguf_w_set_u32(w, key, u);
+    }
+}
+
+/* Writes the tiny qwen3 f32 model (seed 1) to `out` through the GGUF writer,
+ * with edit e applied. */
+static void rewrite_model(const model_edit *e, const char *out)
 {
     char path[256];
     synth_to("ok.gguf", MODEL_QWEN3, DX_F32, 1, path);
     gguf_ctx *g;
     assert_int_equal(gguf_open(path, &g), 0);
     gguf_writer *w = gguf_writer_create();
-    for (uint64_t i = 0; i < gguf_n_kv(g); i++) {
-        gguf_str k = gguf_kv_key(g, i);
-        char key[256];
-        snprintf(key, sizeof key, "%.*s", (int)k.len, k.ptr);
-        enum gguf_vtype t = gguf_kv_type(g, i);
-        if (t == GGUF_T_STRING) {
-            gguf_str v;
-            gguf_get_str(g, key, &v);
-            char *s = dx_strndup(v.ptr, v.len);
-            gguf_w_set_str(w, key, !strcmp(key, "general.architecture") && arch ? arch : s);
-            dx_free(s);
-        } else if (t == GGUF_T_ARRAY) {
-            enum gguf_vtype et;
-            uint64_t n;
-            const void *d;
-            gguf_get_arr(g, key, &et, &n, &d);
-            if (et == GGUF_T_STRING) {
-                const char **strs = dx_calloc(n, sizeof *strs);
-                for (uint64_t j = 0; j < n; j++) {
-                    gguf_str v;
-                    gguf_get_arr_str(g, key, j, &v);
-                    strs[j] = dx_strndup(v.ptr, v.len);
-                }
-                gguf_w_set_arr_str(w, key, strs, n);
-                for (uint64_t j = 0; j < n; j++) dx_free((void *)strs[j]);
-                dx_free(strs);
-            } else {
-                gguf_w_set_arr(w, key, et, d, n);
-            }
-        } else if (t == GGUF_T_FLOAT32) {
-            float f;
-            gguf_get_f32(g, key, &f);
-            gguf_w_set_f32(w, key, f);
-        } else if (t == GGUF_T_BOOL) {
-            int b;
-            gguf_get_bool(g, key, &b);
-            gguf_w_set_bool(w, key, b);
-        } else {
-            uint32_t u;
-            gguf_get_u32(g, key, &u);
-            gguf_w_set_u32(w, key, u);
-        }
-    }
+    for (uint64_t i = 0; i < gguf_n_kv(g); i++) copy_kv(g, i, e, w);
     for (uint64_t i = 0; i < gguf_n_tensors(g); i++) {
         gguf_tensor_info ti;
         gguf_tensor(g, i, &ti);
         char name[128];
         snprintf(name, sizeof name, "%.*s", (int)ti.name.len, ti.name.ptr);
-        if (drop_tensor && !strcmp(name, drop_tensor)) continue;
+        if (e->drop_tensor && !strcmp(name, e->drop_tensor)) continue;
         gguf_w_add_tensor(w, name, ti.type, ti.n_dims, ti.ne, ti.data);
     }
-    char bad[256];
-    snprintf(bad, sizeof bad, "%s/bad.gguf", g_dir);
-    assert_int_equal(gguf_w_write_file(w, bad), 0);
+    assert_int_equal(gguf_w_write_file(w, out), 0);
     gguf_writer_destroy(w);
     gguf_close(g);
+}
+
+/* Rewrites the tiny model with one change and expects `code` with `phrase`
+ * in the message. */
+static void expect_bad(const char *drop_tensor, const char *arch, int code, const char *phrase)
+{
+    char bad[256];
+    snprintf(bad, sizeof bad, "%s/bad.gguf", g_dir);
+    rewrite_model(&(model_edit){.drop_tensor = drop_tensor, .arch = arch}, bad);
     model *m;
     assert_int_equal(model_load(bad, &m), code);
     assert_null(m);
@@ -213,12 +231,117 @@ static void test_bad_models(void **state)
     assert_non_null(strstr(dx_errmsg(), "/nonexistent/x.gguf"));
 }
 
+static void fingerprint_of(const char *path, uint64_t fp[2])
+{
+    model *m;
+    int rc = model_load(path, &m);
+    if (rc) fail_msg("load %s: %s", path, dx_errmsg());
+    model_fingerprint(m, fp);
+    model_free(m);
+}
+
+static int fp_equal(const uint64_t a[2], const uint64_t b[2])
+{
+    return a[0] == b[0] && a[1] == b[1];
+}
+
+/* Copies `src` to `dst` with the byte at `off` of tensor `name`'s data
+ * flipped. */
+static void flip_tensor_byte(const char *src, const char *dst, const char *name, uint64_t off)
+{
+    gguf_ctx *g;
+    gguf_tensor_info ti;
+    assert_int_equal(gguf_open(src, &g), 0);
+    assert_int_equal(gguf_find_tensor(g, name, &ti), 0);
+    assert_true(off < ti.nbytes);
+    uint64_t at = gguf_data_offset(g) + ti.offset + off;
+    gguf_close(g);
+    size_t n;
+    uint8_t *p = slurp(src, &n);
+    assert_true(at < n);
+    p[at] ^= 0x01;
+    FILE *f = fopen(dst, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(p, 1, n, f), n);
+    fclose(f);
+    free(p);
+}
+
+/* The fingerprint covers every byte of every tensor: identical files (also
+ * one copied through the GGUF writer, which lays it out afresh) agree, and
+ * one flipped bit anywhere — including where the old per-tensor samples
+ * (first, middle and last KiB) never looked — changes it. */
+static void test_fingerprint_covers_all_data(void **state)
+{
+    (void)state;
+    char a[256], b[256], c[256], flipped[256];
+    synth_to("a.gguf", MODEL_QWEN3, DX_F32, 1, a);
+    synth_to("b.gguf", MODEL_QWEN3, DX_F32, 1, b);
+    snprintf(c, sizeof c, "%s/copy.gguf", g_dir);
+    snprintf(flipped, sizeof flipped, "%s/flipped.gguf", g_dir);
+    rewrite_model(&(model_edit){0}, c);
+    uint64_t fa[2], fb[2], fc[2], ff[2];
+    fingerprint_of(a, fa);
+    fingerprint_of(b, fb);
+    fingerprint_of(c, fc);
+    assert_true(fp_equal(fa, fb));
+    assert_true(fp_equal(fa, fc));
+    gguf_ctx *g;
+    gguf_tensor_info big, last;
+    assert_int_equal(gguf_open(a, &g), 0);
+    assert_int_equal(gguf_find_tensor(g, "blk.0.ffn_up.weight", &big), 0);
+    assert_int_equal(gguf_tensor(g, gguf_n_tensors(g) - 1, &last), 0);
+    char last_name[128];
+    snprintf(last_name, sizeof last_name, "%.*s", (int)last.name.len, last.name.ptr);
+    gguf_close(g);
+    /* a quarter in: outside [0, 1K), [n/2 - 512, n/2 + 512) and [n - 1K, n) */
+    assert_true(big.nbytes >= 16384);
+    const struct {
+        const char *name;
+        uint64_t off;
+    } flips[] = {
+        {"blk.0.ffn_up.weight", big.nbytes / 4},
+        {"blk.0.ffn_up.weight", big.nbytes / 2 + 4096},
+        {"blk.0.ffn_up.weight", 0},
+        {last_name, last.nbytes - 1},
+    };
+    for (size_t i = 0; i < DX_ARRAY_LEN(flips); i++) {
+        flip_tensor_byte(a, flipped, flips[i].name, flips[i].off);
+        fingerprint_of(flipped, ff);
+        if (fp_equal(fa, ff))
+            fail_msg("flipping byte %llu of %s left the fingerprint unchanged",
+                     (unsigned long long)flips[i].off, flips[i].name);
+    }
+}
+
+/* A hyper-parameter that changes the computation changes the fingerprint. */
+static void test_fingerprint_covers_hparams(void **state)
+{
+    (void)state;
+    char a[256], eps[256];
+    synth_to("a.gguf", MODEL_QWEN3, DX_F32, 1, a);
+    snprintf(eps, sizeof eps, "%s/eps.gguf", g_dir);
+    rewrite_model(
+        &(model_edit){.f32_key = "qwen3.attention.layer_norm_rms_epsilon", .f32_val = 1e-5f}, eps);
+    uint64_t fa[2], fe[2];
+    fingerprint_of(a, fa);
+    fingerprint_of(eps, fe);
+    assert_false(fp_equal(fa, fe));
+    /* same file otherwise: the edit really reached the hyper-parameter */
+    model *m;
+    assert_int_equal(model_load(eps, &m), 0);
+    assert_true(model_hp(m)->rms_eps == 1e-5f);
+    model_free(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_synth_deterministic),
         cmocka_unit_test(test_load_every_arch_and_dtype),
         cmocka_unit_test(test_bad_models),
+        cmocka_unit_test(test_fingerprint_covers_all_data),
+        cmocka_unit_test(test_fingerprint_covers_hparams),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

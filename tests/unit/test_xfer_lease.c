@@ -1,5 +1,5 @@
 /* test_xfer_lease: leases and pins against a real pool — token security,
- * expiry and sweep, hash-chain matching, single-use and renew policies,
+ * expiry and sweep, pin renewal, hash-chain matching, single-use and renew policies,
  * that pool pressure (eviction) cannot take a pinned block, and the token
  * and pin-id indexes against a plain model (many leases, forced hash
  * collisions, unknown tokens). */
@@ -139,6 +139,64 @@ static void test_expiry_and_sweep(void **state)
     kv_pool_get_stats(f->pool, &st);
     assert_int_equal(st.n_used, 0);
     assert_int_equal(st.n_cached, 8);
+}
+
+/* RENEW pushes a pin's deadline to now + the pin TTL.  The sweep runs at an
+ * instant chosen between the two possible deadlines, so the outcome does not
+ * depend on how long anything took. */
+static void test_pin_renew(void **state)
+{
+    fx *f = *state;
+    xfer_token t;
+    assert_int_equal(xfer_lease_create(f->L, f->ids, 8, 600, XFER_LEASE_MULTI, &t), 0);
+    drop_own_refs(f);
+    assert_true(xfer_leases_pin_ttl(f->L) == 30);
+    uint64_t kept, lapsed;
+    uint32_t k;
+    assert_int_equal(xfer_pin(f->L, &t, f->ids, f->chain, 4, &kept, &k), 0);
+    assert_int_equal(xfer_pin(f->L, &t, f->ids, f->chain, 2, &lapsed, &k), 0);
+    uint64_t pinned_by = dx_now_ns(); /* both deadlines <= pinned_by + 30 s */
+    usleep(20000);
+    /* the lease going away does not stop its pin being renewed */
+    assert_int_equal(xfer_lease_revoke(f->L, &t), 0);
+    uint64_t renewed_after = dx_now_ns(); /* kept's new deadline >= this + 30 s */
+    double ttl = 0;
+    assert_int_equal(xfer_pin_renew(f->L, kept, &ttl), 0);
+    assert_true(ttl == 30);
+    assert_true(renewed_after > pinned_by);
+    uint64_t between = pinned_by + 30000000000ull + (renewed_after - pinned_by) / 2;
+    assert_int_equal(xfer_leases_sweep(f->L, between), 1);
+    assert_int_equal(xfer_pin_live(f->L, lapsed), 0);
+    assert_int_equal(xfer_pin_live(f->L, kept), 1);
+    for (int i = 0; i < 4; i++) assert_int_equal(kv_pool_refcount(f->pool, f->ids[i]), 1);
+    assert_int_equal(kv_pool_refcount(f->pool, f->ids[4]), 0);
+    /* gone: timed out, released, or never made */
+    assert_int_equal(xfer_pin_renew(f->L, lapsed, &ttl), DX_EGONE);
+    assert_non_null(strstr(dx_errmsg(), "RENEW"));
+    assert_int_equal(xfer_unpin(f->L, kept, 0), 0);
+    assert_int_equal(xfer_pin_renew(f->L, kept, &ttl), DX_EGONE);
+    assert_int_equal(xfer_pin_renew(f->L, kept + 1000, &ttl), DX_EGONE);
+    assert_int_equal(xfer_leases_check(f->L), 0);
+}
+
+/* A pin past its deadline is gone for RENEW before the sweep frees it. */
+static void test_pin_renew_after_deadline(void **state)
+{
+    fx *f = *state;
+    xfer_leases *L;
+    assert_int_equal(xfer_leases_create(f->pool, 0.01, &L), 0);
+    xfer_token t;
+    assert_int_equal(xfer_lease_create(L, f->ids, 8, 600, XFER_LEASE_MULTI, &t), 0);
+    uint64_t pin;
+    uint32_t k;
+    double ttl;
+    assert_int_equal(xfer_pin(L, &t, f->ids, f->chain, 8, &pin, &k), 0);
+    usleep(30000);
+    assert_int_equal(xfer_pin_renew(L, pin, &ttl), DX_EGONE);
+    assert_true(ttl == 0.01);
+    assert_int_equal(xfer_pin_live(L, pin), 1); /* not swept yet: still holds its blocks */
+    assert_int_equal(xfer_leases_sweep(L, dx_now_ns()), 1);
+    xfer_leases_destroy(L);
 }
 
 static void test_pin_survives_pressure(void **state)
@@ -522,6 +580,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_token_security, setup, teardown),
         cmocka_unit_test_setup_teardown(test_chain_divergence, setup, teardown),
         cmocka_unit_test_setup_teardown(test_expiry_and_sweep, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_pin_renew, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_pin_renew_after_deadline, setup, teardown),
         cmocka_unit_test_setup_teardown(test_pin_survives_pressure, setup, teardown),
         cmocka_unit_test_setup_teardown(test_policies, setup, teardown),
         cmocka_unit_test_setup_teardown(test_many_leases_model, setup, teardown),
