@@ -429,8 +429,9 @@ static void test_edited_history(void **state)
         json_object_set_new(m, "content", json_string(half));
         json_object_set_new(m2, "content", json_string(half));
         free(half);
-        json_t *probe = chat_body(json_pack("[O,O]", json_array_get(c.msgs, 0),
-                                            json_array_get(c.msgs, 1)), 1);
+        json_t *first = json_pack("[O,O]", json_array_get(c.msgs, 0), json_array_get(c.msgs, 1));
+        json_t *probe = chat_body(first, 1);
+        json_decref(first);
         json_t *pr = post(&S, probe, 200);
         first_prompt_tokens = usage_of(pr, "prompt_tokens");
         json_decref(pr);
