@@ -44,6 +44,17 @@ static void node_start(tp_proc *p, const char *tag, const char *const *extra)
     tp_start(p, G.bin, log, argv, "duplex serve:");
 }
 
+/* SIGTERM: a graceful drain and exit 0 (under ASan also: no leak, no error). */
+static void stop_ok(tp_proc *p)
+{
+    int st = tp_stop(p, SIGTERM);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+        char buf[4096];
+        tp_read_log(p, buf, sizeof buf);
+        fail_msg("%s did not exit cleanly (status %d): %s", p->log, st, buf);
+    }
+}
+
 static long metric(const tp_proc *p, const char *name)
 {
     return tc_metric(p->http, name);
@@ -320,9 +331,9 @@ static void test_bidirectional_exact(void **state)
     assert_int_equal(metric(&P, "duplex_kv_pulls_total{direction=\"d2p\"}"), 7);
     conv_free(&c);
     conv_free(&r);
-    tp_stop(&P, SIGTERM);
-    tp_stop(&D, SIGTERM);
-    assert_int_equal(tp_stop(&S, SIGTERM), 0);
+    stop_ok(&P);
+    stop_ok(&D);
+    stop_ok(&S);
 }
 
 /* One-way P→D: a prefill node without --bidirectional-kv-xfer recomputes
@@ -358,9 +369,9 @@ static void test_unidirectional(void **state)
         assert_true(metric(&P, "duplex_kv_leases") <= 4);
         conv_free(&c);
         conv_free(&r);
-        tp_stop(&P, SIGTERM);
-        tp_stop(&D, SIGTERM);
-        tp_stop(&S, SIGTERM);
+        stop_ok(&P);
+        stop_ok(&D);
+        stop_ok(&S);
     }
 }
 
@@ -394,8 +405,8 @@ static void test_threshold(void **state)
     assert_int_equal(metric(&P, PULLED), pulled + held_long);
     conv_free(&shortc);
     conv_free(&longc);
-    tp_stop(&P, SIGTERM);
-    tp_stop(&D, SIGTERM);
+    stop_ok(&P);
+    stop_ok(&D);
 }
 
 static const char *const k_pa[] = {"--role", "prefill", "--bidirectional-kv-xfer",
@@ -445,9 +456,9 @@ static void test_edited_history(void **state)
     assert_true(got <= first_prompt_tokens + 40);
     conv_free(&c);
     conv_free(&r);
-    tp_stop(&P, SIGTERM);
-    tp_stop(&D, SIGTERM);
-    tp_stop(&S, SIGTERM);
+    stop_ok(&P);
+    stop_ok(&D);
+    stop_ok(&S);
 }
 
 /* Params a client forged or guessed: a made-up lease (GONE), another
@@ -490,9 +501,9 @@ static void test_forged_params(void **state)
     conv_free(&other);
     conv_free(&c);
     conv_free(&r);
-    tp_stop(&P, SIGTERM);
-    tp_stop(&D, SIGTERM);
-    tp_stop(&S, SIGTERM);
+    stop_ok(&P);
+    stop_ok(&D);
+    stop_ok(&S);
 }
 
 /* The decode node dies between turns: the next turn recomputes and a new
@@ -529,9 +540,9 @@ static void test_decode_dies_and_ttl(void **state)
     assert_int_equal(metric(&P, "duplex_kv_fallbacks_total{reason=\"gone\"}"), 1);
     conv_free(&c);
     conv_free(&r);
-    tp_stop(&P, SIGTERM);
-    tp_stop(&D2, SIGTERM);
-    tp_stop(&S, SIGTERM);
+    stop_ok(&P);
+    stop_ok(&D2);
+    stop_ok(&S);
 }
 
 /* A decode pool too small for every retained conversation: retained leases
@@ -563,9 +574,9 @@ static void test_pool_pressure(void **state)
         conv_free(&c[i]);
         conv_free(&r[i]);
     }
-    tp_stop(&P, SIGTERM);
-    tp_stop(&D, SIGTERM);
-    tp_stop(&S, SIGTERM);
+    stop_ok(&P);
+    stop_ok(&D);
+    stop_ok(&S);
 }
 
 /* Streaming from the decode node: the params ride in the final chunk, and
@@ -590,9 +601,9 @@ static void test_streaming(void **state)
     }
     conv_free(&c);
     conv_free(&r);
-    tp_stop(&P, SIGTERM);
-    tp_stop(&D, SIGTERM);
-    tp_stop(&S, SIGTERM);
+    stop_ok(&P);
+    stop_ok(&D);
+    stop_ok(&S);
 }
 
 /* One node with prefix caching: every turn reuses the previous prompt and
@@ -623,7 +634,7 @@ static void test_token_faithful_single_node(void **state)
     }
     assert_true(metric(&S, "duplex_history_replies_total{source=\"memory\"}") > 0);
     conv_free(&r);
-    tp_stop(&S, SIGTERM);
+    stop_ok(&S);
 }
 
 static int setup(void **state)
