@@ -4,8 +4,10 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "base/dx_alloc.h"
 #include "base/dx_dtype.h"
 #include "base/dx_err.h"
+#include "bench/bench_chat.h"
 #include "bench/bench_engine.h"
 #include "engine/engine.h"
 
@@ -57,10 +59,64 @@ static int bench_engine(int argc, char **argv)
     return 0;
 }
 
+static void print_turn(void *user, int turn, const bench_chat_turn *t)
+{
+    int json = *(int *)user;
+    if (json)
+        printf("{\"turn\":%d,\"prompt_tokens\":%ld,\"cached_tokens\":%ld,"
+               "\"completion_tokens\":%ld,\"ttft_ms\":%.3f,\"total_ms\":%.3f}\n",
+               turn, t->prompt_tokens, t->cached_tokens, t->completion_tokens, t->ttft_s * 1e3,
+               t->total_s * 1e3);
+    else
+        printf("turn %2d  prompt %6ld  cached %6ld  computed %6ld  ttft %9.1f ms  total %9.1f ms\n",
+               turn, t->prompt_tokens, t->cached_tokens, t->prompt_tokens - t->cached_tokens,
+               t->ttft_s * 1e3, t->total_s * 1e3);
+    fflush(stdout);
+}
+
+static int bench_chat(int argc, char **argv)
+{
+    const char *url = "http://127.0.0.1:8000", *model = NULL, *cid = NULL;
+    long turns = 8, prefix = 700, input = 80, output = 64, seed = 1;
+    int json = 0;
+    const cli_opt opts[] = {
+        {"url", CLI_STR, &url, 0, 0, "endpoint (default http://127.0.0.1:8000)"},
+        {"model", CLI_STR, &model, 0, 0, "model name (default: the first of /v1/models)"},
+        {"turns", CLI_INT, &turns, 1, 1000, "turns (default 8)"},
+        {"prefix-words", CLI_INT, &prefix, 0, 1 << 20, "words of the first message's document (default 700)"},
+        {"input-words", CLI_INT, &input, 1, 1 << 20, "words each later turn adds (default 80)"},
+        {"output-tokens", CLI_INT, &output, 1, 1 << 20, "tokens generated per turn (default 64)"},
+        {"seed", CLI_INT, &seed, 0, 1L << 31, "text seed (default 1)"},
+        {"conversation-id", CLI_STR, &cid, 0, 0, "send X-Conversation-Id"},
+        {"json", CLI_FLAG, &json, 0, 0, "one JSON object per turn"},
+    };
+    int rc = cli_parse("bench chat", "[--url URL] [--turns 8] [--prefix-words N] [...]", argc, argv,
+                       opts, DX_ARRAY_LEN(opts), NULL, 0, NULL);
+    if (rc) return rc == 1 ? 0 : rc;
+    if (strncmp(url, "http://", 7)) {
+        fprintf(stderr, "duplex bench chat: --url wants http://HOST:PORT, got '%s'\n", url);
+        return 2;
+    }
+    bench_chat_config c = {.url = url, .model = model, .turns = (int)turns,
+                           .prefix_words = (int)prefix, .input_words = (int)input,
+                           .output_tokens = (int)output, .seed = (unsigned)seed,
+                           .conversation_id = cid, .on_turn = print_turn, .user = &json};
+    bench_chat_turn *t = dx_calloc((size_t)turns, sizeof *t);
+    if (!t) return 1;
+    rc = bench_chat_run(&c, t);
+    dx_free(t);
+    if (rc) {
+        fprintf(stderr, "duplex bench chat: %s\n", dx_errmsg());
+        return 1;
+    }
+    return 0;
+}
+
 int cli_bench_main(int argc, char **argv)
 {
     if (argc >= 1 && !strcmp(argv[0], "engine")) return bench_engine(argc - 1, argv + 1);
+    if (argc >= 1 && !strcmp(argv[0], "chat")) return bench_chat(argc - 1, argv + 1);
     if (argc >= 1 && !strcmp(argv[0], "xfer")) return cli_bench_xfer_main(argc - 1, argv + 1);
-    fprintf(stderr, "usage: duplex bench engine|xfer ...   (duplex bench engine --help)\n");
+    fprintf(stderr, "usage: duplex bench engine|xfer|chat ...   (duplex bench engine --help)\n");
     return 2;
 }
