@@ -55,8 +55,10 @@ static int set_value(const char *cmd, const cli_opt *o, const char *val)
     }
     return 0;
 bad:
-    fprintf(stderr, "duplex %s: --%s wants a %s, got '%s'\n", cmd, o->name,
-            o->type == CLI_DBL ? "number" : o->type == CLI_U64 ? "non-negative integer" : "integer",
+    fprintf(stderr, "duplex %s: --%s wants %s, got '%s'\n", cmd, o->name,
+            o->type == CLI_DBL   ? "a number"
+            : o->type == CLI_U64 ? "a non-negative integer"
+                                 : "an integer",
             val);
     return 2;
 }

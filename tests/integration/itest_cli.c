@@ -119,6 +119,22 @@ static void test_bad_flags(void **state)
     expect(2, "--port needs a value", "serve --model /tmp/x --port%s", "");
     expect(2, "--port 70000 is out of range", "serve --model /tmp/x --port 70000%s", "");
     expect(2, "KV cache dtype 'q8_0' is not supported", "serve --model /tmp/x --kv-dtype q8_0%s", "");
+    expect(2, "--role wants prefill|decode|both, got 'leader'", "serve --model /tmp/x --role leader%s",
+           "");
+    expect(2, "contradict", "serve --model /tmp/x --enable-prefix-caching "
+                            "--no-enable-prefix-caching%s", "");
+    expect(2, "--bidirectional-kv-xfer takes no value",
+           "serve --model /tmp/x --bidirectional-kv-xfer=yes%s", "");
+    expect(2, "--decoder-kv-blocks-ttl 0 is out of range",
+           "serve --model /tmp/x --decoder-kv-blocks-ttl 0%s", "");
+    expect(2, "--kv-recompute-threshold wants an integer, got 'many'",
+           "serve --model /tmp/x --kv-recompute-threshold many%s", "");
+    expect(2, "--kv-lease-ttl -1 is out of range", "serve --model /tmp/x --kv-lease-ttl -1%s", "");
+    expect(2, "--engine-id must be 1..128 bytes", "serve --model /tmp/x --engine-id ''%s", "");
+    expect(2, "usage: duplex bench engine|xfer|chat", "bench%s", "");
+    expect(2, "--url wants http://HOST:PORT", "bench chat --url ftp://x%s", "");
+    expect(1, "duplex bench chat: http://127.0.0.1:1/v1/models", "bench chat --url "
+                                                                "http://127.0.0.1:1%s", "");
     char a[400];
     snprintf(a, sizeof a, "tokenize --model %s --decode --text '1 2 x3'", m);
     expect(2, "bad token id at byte 4", "%s", a);
