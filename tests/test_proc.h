@@ -1,0 +1,99 @@
+/* test_proc: duplex processes for integration tests — start one with its
+ * output in a log file, wait for a line of that log (a start-up line's
+ * address), stop it with a signal and collect its exit status.  Waits are
+ * bounded so a hang fails the test instead of blocking it; nothing here
+ * asserts a duration.  Include after cmocka.h. */
+#ifndef TEST_PROC_H
+#define TEST_PROC_H
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+typedef struct {
+    pid_t pid;
+    int status; /* wait status once reaped, else -1 */
+    char log[192];
+} tp_proc;
+
+static inline void tp_sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* Runs argv (argv[0] is the program) with stdout and stderr in `log`. */
+static inline int tp_spawn(tp_proc *p, const char *log, char *const argv[])
+{
+    snprintf(p->log, sizeof p->log, "%s", log);
+    p->status = -1;
+    p->pid = fork();
+    if (p->pid < 0) return -1;
+    if (p->pid == 0) {
+        FILE *f = freopen(log, "w", stderr);
+        (void)f;
+        dup2(2, 1);
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    return 0;
+}
+
+/* Reaps p if it has exited; 1 when it is gone. */
+static inline int tp_gone(tp_proc *p)
+{
+    if (p->pid <= 0 || p->status != -1) return 1;
+    int st;
+    if (waitpid(p->pid, &st, WNOHANG) == p->pid) {
+        p->status = st;
+        return 1;
+    }
+    return 0;
+}
+
+/* The integer after the first `key` in p's log, waiting up to timeout_s for
+ * it to appear; 0 if p died or the time ran out. */
+static inline long tp_wait_int(tp_proc *p, const char *key, int timeout_s)
+{
+    char buf[16384];
+    for (int i = 0; i < timeout_s * 20; i++) {
+        FILE *f = fopen(p->log, "r");
+        size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+        if (f) fclose(f);
+        buf[n] = 0;
+        const char *k = strstr(buf, key);
+        if (k) return strtol(k + strlen(key), NULL, 10);
+        if (tp_gone(p)) return 0;
+        tp_sleep_ms(50);
+    }
+    return 0;
+}
+
+/* Sends sig (0: none) and waits up to timeout_s; the wait status, or -1 if
+ * it is still running (it is then killed). */
+static inline int tp_stop(tp_proc *p, int sig, int timeout_s)
+{
+    if (p->pid <= 0) return -1;
+    if (!tp_gone(p) && sig) kill(p->pid, sig);
+    for (int i = 0; i < timeout_s * 20 && !tp_gone(p); i++) tp_sleep_ms(50);
+    if (!tp_gone(p)) {
+        kill(p->pid, SIGKILL);
+        waitpid(p->pid, NULL, 0);
+        p->pid = 0;
+        return -1;
+    }
+    return p->status;
+}
+
+static inline void tp_log_tail(const tp_proc *p, int lines)
+{
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "tail -n %d %s >&2", lines, p->log);
+    (void)!system(cmd);
+}
+
+#endif
