@@ -55,16 +55,23 @@ static inline int tp_gone(tp_proc *p)
     return 0;
 }
 
+/* The start of p's log (up to cap - 1 bytes), NUL-terminated. */
+static inline size_t tp_read_log(const tp_proc *p, char *buf, size_t cap)
+{
+    FILE *f = fopen(p->log, "r");
+    size_t n = f ? fread(buf, 1, cap - 1, f) : 0;
+    if (f) fclose(f);
+    buf[n] = 0;
+    return n;
+}
+
 /* The integer after the first `key` in p's log, waiting up to timeout_s for
  * it to appear; 0 if p died or the time ran out. */
 static inline long tp_wait_int(tp_proc *p, const char *key, int timeout_s)
 {
-    char buf[16384];
+    char buf[65536];
     for (int i = 0; i < timeout_s * 20; i++) {
-        FILE *f = fopen(p->log, "r");
-        size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
-        if (f) fclose(f);
-        buf[n] = 0;
+        tp_read_log(p, buf, sizeof buf);
         const char *k = strstr(buf, key);
         if (k) return strtol(k + strlen(key), NULL, 10);
         if (tp_gone(p)) return 0;
