@@ -71,6 +71,7 @@ struct rt_req {
     int decode, prefill, decode_tries, prefill_tries;
     int relay_events; /* the decode node streams: events go straight on */
     int stream_begun, sent_any, status_out;
+    int client_left; /* before its answer was complete: counted as 499 */
     router_sse sse;
     dx_buf acc;   /* a whole answer (prefill, non-streamed, errors) */
     dx_buf reply; /* the reply text (content keys; and until the first text, for TTFT) */
@@ -154,7 +155,8 @@ static void req_end(rt_req *q)
         http_conn_set_abort(q->conn, NULL, NULL);
         q->conn = NULL;
     }
-    rt_count_request(r, q->path, q->status_out ? q->status_out : 499);
+    if (q->client_left || !q->status_out) q->status_out = 499; /* nginx's "client closed" */
+    rt_count_request(r, q->path, q->status_out);
     if (q->phase != PH_PASS) log_end(q);
     if (q->prev)
         q->prev->next = q->next;
@@ -187,6 +189,7 @@ static void on_client_gone(void *user)
 {
     rt_req *q = user;
     q->conn = NULL;
+    q->client_left = 1;
     if (q->busy) return; /* the callback stops the transfer and ends q */
     up_stop(q);
     req_end(q);

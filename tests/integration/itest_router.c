@@ -989,6 +989,99 @@ static void test_health(void **state)
     assert_true(WIFEXITED(s2) && WEXITSTATUS(s2) == 0);
 }
 
+/* Both decode nodes idle: no request running, no KV block held (a cancel
+ * reaches the engine asynchronously: wait for it, bounded). */
+static void assert_nodes_idle(void)
+{
+    for (int n = D0; n <= D1; n++) {
+        double running = -1, used = -1;
+        for (int i = 0; i < 600; i++) {
+            running = metric(G.node_port[n], "duplex_requests_running");
+            used = metric(G.node_port[n], "duplex_kv_blocks_used");
+            if (running == 0 && used == 0) break;
+            tp_sleep_ms(20);
+        }
+        assert_true(running == 0 && used == 0);
+    }
+}
+
+/* A client that leaves mid-stream: the router stops the upstream request,
+ * so the node cancels it and frees its blocks; the router keeps serving. */
+static void test_client_leaves(void **state)
+{
+    (void)state;
+    char body[256], rq[512];
+    snprintf(body, sizeof body,
+             "{\"model\":\"%s\",\"prompt\":\"Tell me everything\",\"max_tokens\":900,"
+             "\"ignore_eos\":true,\"stream\":true}",
+             G.model);
+    int n = snprintf(rq, sizeof rq,
+                     "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %zu\r\n\r\n%s",
+                     strlen(body), body);
+    int fd = tc_raw_connect(G.colo_port);
+    assert_int_equal(write(fd, rq, (size_t)n), n);
+    char buf[4096];
+    for (size_t got = 0; got < 600;) { /* a few chunks in: the request is running */
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        assert_int_equal(poll(&p, 1, 30000), 1);
+        ssize_t k = read(fd, buf, sizeof buf);
+        assert_true(k > 0);
+        got += (size_t)k;
+    }
+    close(fd);
+    assert_nodes_idle();
+    const char *left = "duplex_router_http_requests_total{route=\"/v1/completions\",status=\"499\"}";
+    for (int i = 0; i < 600 && metric(G.colo_port, left) < 1; i++) tp_sleep_ms(20);
+    assert_true(metric(G.colo_port, left) == 1);
+    char *ok = chat_body("Still there?", 4, 0, NULL);
+    answer a = ask(G.colo_port, "/v1/chat/completions", ok, NULL, NULL);
+    free(a.text);
+    free(ok);
+}
+
+/* SIGTERM while a stream runs: the router stops accepting, finishes the
+ * stream (every token, [DONE]) and exits 0. */
+static void test_graceful_stop(void **state)
+{
+    (void)state;
+    char d0[64];
+    url_of(G.node_port[D0], d0, sizeof d0);
+    tp_proc r;
+    int port = start_router(&r, "graceful", 1, "--decode", d0, NULL);
+    assert_true(port > 0);
+    char *b = chat_body("A long answer, please.", 400, 1,
+                        "\"ignore_eos\":true,\"stream_options\":{\"include_usage\":true}");
+    dx_buf out;
+    dx_buf_init(&out, 0);
+    struct curl_slist *h;
+    CURL *c = tc_curl(port, "POST", "/v1/chat/completions", b, &out, &h, 120);
+    CURLM *m = curl_multi_init();
+    curl_multi_add_handle(m, c);
+    int running = 1, signalled = 0;
+    while (running) {
+        curl_multi_perform(m, &running);
+        if (!signalled && out.len > 0) { /* the stream has begun */
+            kill(r.pid, SIGTERM);
+            signalled = 1;
+        }
+        if (running) curl_multi_poll(m, NULL, 0, 20, NULL);
+    }
+    assert_true(signalled);
+    tc_terminate(&out);
+    answer got = parse_answer(&out, 1, 1);
+    answer want = ask(G.node_port[D0], "/v1/chat/completions", b, NULL, NULL);
+    assert_int_equal(got.completion_tokens, 400);
+    assert_same(&want, &got);
+    int st = tp_stop(&r, 0, 30);
+    assert_true(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    curl_multi_remove_handle(m, c);
+    curl_easy_cleanup(c);
+    curl_multi_cleanup(m);
+    curl_slist_free_all(h);
+    dx_buf_free(&out);
+    free(b);
+}
+
 /* A prefill node dies: requests are still served, the same answer. */
 static void test_prefill_killed(void **state)
 {
@@ -1041,6 +1134,8 @@ int main(void)
         cmocka_unit_test(test_bad_bodies),
         cmocka_unit_test(test_bad_flags),
         cmocka_unit_test(test_health),
+        cmocka_unit_test(test_client_leaves),
+        cmocka_unit_test(test_graceful_stop),
         /* these two kill nodes: last */
         cmocka_unit_test(test_prefill_killed),
         cmocka_unit_test(test_decode_killed),
