@@ -414,10 +414,16 @@ static void free_parts(router *r)
     dx_buf_free(&r->out);
 }
 
+void rt_maybe_free(router *r)
+{
+    if (r->destroying && r->n_handles == 0 && r->n_work == 0) dx_free(r);
+}
+
 static void on_handle_closed(uv_handle_t *h)
 {
     router *r = h->data;
-    if (--r->n_handles == 0) dx_free(r);
+    r->n_handles--;
+    rt_maybe_free(r);
 }
 
 int router_create(uv_loop_t *loop, const router_config *cfg, router **out)

@@ -36,6 +36,10 @@
 #define ANSWER_MAX ((size_t)64 << 20) /* a node's whole (non-streamed) answer */
 #define EVENT_MAX ((size_t)16 << 20)  /* one SSE event (the final one carries token ids) */
 #define REPLY_MAX ((size_t)16 << 20)  /* reply text kept for a content key */
+/* Prompts up to this many bytes are tokenised on the loop (tens of
+ * microseconds); longer ones on libuv's thread pool, so a long history
+ * (~3 ms per 100 KB) never holds up other streams' events. */
+#define TOKENIZE_INLINE_MAX 8192
 
 enum rt_phase { PH_PASS, PH_PREFILL, PH_DECODE };
 enum rt_keykind { KEY_NONE, KEY_ID, KEY_CHAT };
@@ -77,6 +81,9 @@ struct rt_req {
     dx_buf reply; /* the reply text (content keys; and until the first text, for TTFT) */
     int reply_lost;
     json_t *new_params; /* what the decode node returned */
+    oai_req o;          /* the parsed request, until the first upstream request starts */
+    uv_work_t work;     /* counting the prompt's tokens on the thread pool */
+    int in_work;
 };
 
 static const router_up_cb k_pass_cb, k_prefill_cb, k_decode_cb;
@@ -95,6 +102,7 @@ static void req_free(rt_req *q)
     dx_free(q->pparams);
     dx_free(q->entry_params);
     dx_free(q->auth);
+    oai_req_free(&q->o);
     dx_free(q);
 }
 
@@ -534,8 +542,11 @@ static void pre_on_done(void *user, int rc, long status)
     const char *why = prefill_problem(q, rc, status, buf, sizeof buf);
     if (why) {
         int p2 = q->prefill_tries < 2 ? pick_prefill(r, q->prefill) : -1;
-        DX_LOGW("router: prefill node %s: %s; %s", r->nodes[q->prefill].url, why,
-                p2 >= 0 ? "retrying on another" : "prefilling on the decode node");
+        /* a node without the P/D side answers without params every time:
+         * counted, not shouted */
+        dx_log(rc == 0 && status == 200 ? DX_LOG_DEBUG : DX_LOG_WARN, "router: prefill node %s: %s; %s",
+               r->nodes[q->prefill].url, why,
+               p2 >= 0 ? "retrying on another" : "prefilling on the decode node");
         if (p2 >= 0) {
             rt_count_fallback(r, "prefill_retry");
             q->prefill = p2;
@@ -825,7 +836,6 @@ static int prepare(rt_req *q, const http_req *hr, oai_req *o, char *msg, size_t 
     if (auth && !(q->auth = dx_strdup(auth))) return 500;
     int st = key_and_lookup(q, hr, o, msg, cap);
     if (st) return st;
-    q->prompt_tokens = count_tokens(q->r, o);
     /* only the router issues kv_transfer_params; conversation_id is the router's */
     json_object_del(root, "kv_transfer_params");
     json_object_del(root, "conversation_id");
@@ -894,6 +904,48 @@ static int dispatch(rt_req *q, json_t *root)
     return 0;
 }
 
+/* The prompt is counted: on to the nodes. */
+static void begin(rt_req *q)
+{
+    if (dispatch(q, q->o.root) == 0) {
+        observe(&q->r->added_before, q->t0);
+        oai_req_free(&q->o); /* the bodies are built */
+        return;
+    }
+    req_end(q);
+}
+
+static void count_work(uv_work_t *w)
+{
+    rt_req *q = w->data;
+    q->prompt_tokens = count_tokens(q->r, &q->o); /* the tokenizer is immutable */
+}
+
+static void count_done(uv_work_t *w, int status)
+{
+    rt_req *q = w->data;
+    router *r = q->r;
+    q->in_work = 0;
+    q->busy = 0;
+    r->n_work--;
+    if (r->destroying) { /* answered by rt_abort_all; the router waits for us */
+        rt_forget(r, q);
+        return;
+    }
+    if (!q->conn) {
+        req_end(q);
+        return;
+    }
+    begin(q);
+}
+
+static size_t prompt_bytes(const oai_req *o)
+{
+    size_t n = o->prompt_len;
+    for (size_t i = 0; i < o->n_msgs; i++) n += o->msgs[i].content_len;
+    return n;
+}
+
 void rt_route_completion(router *r, http_conn *c, const http_req *hr, enum oai_kind kind,
                          uint64_t t0)
 {
@@ -910,21 +962,25 @@ void rt_route_completion(router *r, http_conn *c, const http_req *hr, enum oai_k
         oai_req_free(&o);
         return;
     }
+    q->o = o; /* q owns it now */
     q->kind = kind;
     q->stream = o.stream;
     q->phase = PH_DECODE;
     char msg[256] = "out of memory";
     const char *param = NULL;
-    int st = prepare(q, hr, &o, msg, sizeof msg, &param);
+    int st = prepare(q, hr, &q->o, msg, sizeof msg, &param);
     if (st) {
         reply_error(q, st, msg, st == 400 ? param : NULL);
-    } else if (dispatch(q, o.root) == 0) {
-        observe(&r->added_before, t0);
-        oai_req_free(&o);
-        return;
+        req_end(q);
+    } else if (r->tok && prompt_bytes(&q->o) > TOKENIZE_INLINE_MAX) {
+        q->work.data = q;
+        q->in_work = q->busy = 1; /* the pool's callback ends q if the client leaves */
+        r->n_work++;
+        uv_queue_work(r->loop, &q->work, count_work, count_done);
+    } else {
+        q->prompt_tokens = count_tokens(r, &q->o);
+        begin(q);
     }
-    oai_req_free(&o);
-    req_end(q);
 }
 
 void rt_route_passthrough(router *r, http_conn *c, const http_req *hr, uint64_t t0)
@@ -958,6 +1014,20 @@ void rt_abort_all(router *r)
             stream_finish(q, "the router is shutting down");
         else
             reply_error(q, 503, "the router is shutting down", NULL);
-        req_end(q);
+        if (!q->in_work) req_end(q); /* else count_done ends it */
     }
+}
+
+/* A request whose tokens were counted after the router was destroyed: it
+ * was answered then; only its memory is left. */
+void rt_forget(router *r, rt_req *q)
+{
+    if (q->prev)
+        q->prev->next = q->next;
+    else
+        r->active = q->next;
+    if (q->next) q->next->prev = q->prev;
+    r->n_active--;
+    req_free(q);
+    rt_maybe_free(r);
 }

@@ -44,6 +44,7 @@ struct router {
     size_t n_nodes, n_prefill;
     uv_timer_t health, grace;
     int n_handles; /* uv handles not yet closed */
+    int n_work;    /* prompts being counted on the thread pool */
     int draining, stopped, destroying;
     rt_req *active;
     size_t n_active;
@@ -67,6 +68,8 @@ void rt_respond_error(router *r, http_conn *c, const char *method, const char *p
 void rt_node_failed(router *r, int node, const char *why);
 int rt_node_is_decode(const router *r, int node);
 void rt_maybe_stopped(router *r);
+/* Frees a destroyed router once its handles and thread-pool work are done. */
+void rt_maybe_free(router *r);
 double rt_now_s(void);
 
 /* ---- router_flow.c ---- */
@@ -74,7 +77,9 @@ void rt_route_completion(router *r, http_conn *c, const http_req *hr, enum oai_k
                          uint64_t t0);
 /* GET passed through to a healthy node (/v1/models). */
 void rt_route_passthrough(router *r, http_conn *c, const http_req *hr, uint64_t t0);
-/* Ends every request in flight (the grace period is over, or destroy). */
+/* Answers and ends every request in flight (the grace period is over, or
+ * destroy); one whose prompt is being counted is ended when that is done. */
 void rt_abort_all(router *r);
+void rt_forget(router *r, rt_req *q);
 
 #endif

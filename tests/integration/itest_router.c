@@ -303,7 +303,7 @@ static int start_node(int i)
     char log[160], port[] = "0";
     snprintf(log, sizeof log, "%s/node%d.log", G.dir, i);
     char *argv[] = {(char *)G.bin, "serve", "--model", G.model_path, "--port", port, "--threads",
-                    "1", "--kv-cache-mb", "32", "--ctx", "1024", "--shutdown-grace-s", "5", NULL};
+                    "1", "--kv-cache-mb", "32", "--ctx", "4096", "--shutdown-grace-s", "5", NULL};
     if (tp_spawn(&G.node[i], log, argv)) return -1;
     G.node_port[i] = (int)tp_wait_int(&G.node[i], "address=http://127.0.0.1:", 60);
     return G.node_port[i] > 0 ? 0 : -1;
@@ -438,8 +438,9 @@ static long req(int port, const char *method, const char *path, const char *body
 
 static char *chat_body(const char *content, int max_tokens, int stream, const char *extra)
 {
-    char *b = malloc(4096);
-    snprintf(b, 4096,
+    size_t cap = strlen(content) + (extra ? strlen(extra) : 0) + 512;
+    char *b = malloc(cap);
+    snprintf(b, cap,
              "{\"model\":\"%s\",\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},"
              "{\"role\":\"user\",\"content\":\"%s\"}],\"max_tokens\":%d,\"temperature\":0,"
              "\"stream\":%s%s%s}",
@@ -584,6 +585,18 @@ static void test_equal_to_direct(void **state)
         free(cb);
         free(pb);
     }
+    /* a long prompt: the router with --tokenizer counts it on its thread pool */
+    char *long_prompt = malloc(8600), *lb;
+    long_prompt[0] = 0;
+    for (int i = 0; i < 850; i++) strcat(long_prompt, "the river ");
+    lb = chat_body(long_prompt, 6, 1, NULL);
+    for (size_t r = 0; r < DX_ARRAY_LEN(routers); r++) {
+        answer want = ask(G.node_port[D1], "/v1/chat/completions", lb, NULL, NULL);
+        answer got = ask(routers[r], "/v1/chat/completions", lb, NULL, NULL);
+        assert_same(&want, &got);
+    }
+    free(long_prompt);
+    free(lb);
     /* the degenerate flow was taken and counted: prefill answered without params */
     assert_true(metric(G.pd_port, "duplex_router_fallbacks_total{reason=\"prefill_no_params\"}") >= 4);
     assert_true(metric(G.pd_port, "duplex_router_routed_total{via=\"prefill\"}") >= 4);
