@@ -29,8 +29,7 @@ typedef struct {
 
 /* Splits "a,b,c" into urls[] (pointers into the copy *buf); exit code 2
  * with a message for an empty list or an empty or bad element. */
-static int split_urls(const char *flag, const char *list, char **buf, const char **urls,
-                      size_t *n)
+static int split_urls(const char *flag, const char *list, char **buf, const char **urls, size_t *n)
 {
     *n = 0;
     if (!list) return 0;
@@ -96,8 +95,7 @@ static void log_startup(const router_config *c, int port)
     DX_LOGI("duplex router: address=http://%s:%d mode=%s prefill=%s decode=%s tokenizer=%s "
             "local_prefill_max_tokens=%u",
             c->host, port, c->n_prefill ? router_mode_name(c->mode) : "colocated", p.data, d.data,
-            c->tokenizer ? c->tokenizer : "none (~4 bytes per token)",
-            c->local_prefill_max_tokens);
+            c->tokenizer ? c->tokenizer : "none (~4 bytes per token)", c->local_prefill_max_tokens);
     dx_buf_free(&p);
     dx_buf_free(&d);
 }
@@ -134,7 +132,8 @@ int cli_router_main(int argc, char **argv)
     long max_body_mb = 4, state_mb = 1024;
     double ttl = 450, prefill_timeout = 300, grace = 30;
     const cli_opt opts[] = {
-        {"prefill", CLI_STR, &prefill, 0, 0, "prefill node URLs, comma-separated (none: colocated)"},
+        {"prefill", CLI_STR, &prefill, 0, 0,
+         "prefill node URLs, comma-separated (none: colocated)"},
         {"decode", CLI_STR, &decode, 0, 0, "decode node URLs, comma-separated (required)"},
         {"host", CLI_STR, &host, 0, 0, "address to bind (default 127.0.0.1)"},
         {"port", CLI_INT, &port, 0, 65535, "port (default 8000; 0 = any free port)"},

@@ -69,11 +69,13 @@ int cli_up_main(int argc, char **argv)
         {"decode", CLI_INT, &n_decode, 1, 64, "decode nodes (default 1)"},
         {"port", CLI_INT, &port, 0, 65535, "the router's port (default 8000; 0 = any free)"},
         {"mode", CLI_STR, &mode, 0, 0, "bidirectional|unidirectional|colocated"},
-        {"threads-per-node", CLI_INT, &threads, 0, 1024, "engine threads per node (default: shared)"},
+        {"threads-per-node", CLI_INT, &threads, 0, 1024,
+         "engine threads per node (default: shared)"},
         {"kv-cache-mb", CLI_INT, &kv_mb, 1, 1 << 22, "KV pool per node (default: serve's)"},
         {"prefill-no-prefix-caching", CLI_FLAG, &no_prefix, 0, 0,
          "prefill nodes recompute everything (benchmarks)"},
-        {"startup-timeout-s", CLI_DBL, &startup, 1, 86400, "limit for everything to be ready (600)"},
+        {"startup-timeout-s", CLI_DBL, &startup, 1, 86400,
+         "limit for everything to be ready (600)"},
         {"stop-timeout-s", CLI_DBL, &stop, 1, 86400, "then SIGKILL on stop (60)"},
         {"log-level", CLI_STR, &level, 0, 0, "error|warn|info|debug (default info)"},
     };
@@ -96,8 +98,10 @@ int cli_up_main(int argc, char **argv)
         return 2;
     }
     if (c.mode != LAUNCH_COLOCATED && n_prefill == 0) {
-        fprintf(stderr, "duplex up: --prefill 0: mode %s needs prefill nodes (or --mode "
-                        "colocated)\n", mode);
+        fprintf(stderr,
+                "duplex up: --prefill 0: mode %s needs prefill nodes (or --mode "
+                "colocated)\n",
+                mode);
         return 2;
     }
     c.n_prefill = c.mode == LAUNCH_COLOCATED ? 0 : n_prefill < 0 ? 1 : (int)n_prefill;

@@ -78,8 +78,7 @@ int router_parse_url(const char *url, char *out, size_t cap)
         return dx_errf(DX_EINVAL, "'%s': only http://HOST:PORT, no path, query or user", url);
     int rc = parse_host_port(hp, hlen, url);
     if (rc) return rc;
-    if (len + 1 > cap || len + 1 > RT_URL_MAX)
-        return dx_errf(DX_EINVAL, "'%s': URL too long", url);
+    if (len + 1 > cap || len + 1 > RT_URL_MAX) return dx_errf(DX_EINVAL, "'%s': URL too long", url);
     memcpy(out, url, len);
     out[len] = 0;
     return 0;
@@ -154,9 +153,9 @@ static void render_metrics(router *r, dx_buf *b)
     prom_write_counter(b, "duplex_router_affinity_misses_total",
                        "Keyed requests with no usable entry, or whose node could not take them",
                        (double)r->affinity_misses);
-    prom_write_family(b, "duplex_router_routed_total",
-                      "Completions by path: local prefill on the decode node, or via a prefill node",
-                      &r->routed);
+    prom_write_family(
+        b, "duplex_router_routed_total",
+        "Completions by path: local prefill on the decode node, or via a prefill node", &r->routed);
     prom_write_family(b, "duplex_router_fallbacks_total", "Fallbacks and retries by reason",
                       &r->fallbacks);
     write_node_gauges(r, b);
@@ -172,8 +171,8 @@ static void render_metrics(router *r, dx_buf *b)
 static void log_simple(const char *method, const char *path, int status, uint64_t t0)
 {
     int quiet = !strcmp(path, "/health") || !strcmp(path, "/metrics");
-    dx_log(quiet && status < 400 ? DX_LOG_DEBUG : DX_LOG_INFO, "%s %.200s %d total_ms=%.2f",
-           method, path, status, (double)(dx_now_ns() - t0) * 1e-6);
+    dx_log(quiet && status < 400 ? DX_LOG_DEBUG : DX_LOG_INFO, "%s %.200s %d total_ms=%.2f", method,
+           path, status, (double)(dx_now_ns() - t0) * 1e-6);
 }
 
 void rt_respond_error(router *r, http_conn *c, const char *method, const char *path, int status,
@@ -183,8 +182,7 @@ void rt_respond_error(router *r, http_conn *c, const char *method, const char *p
     dx_buf_init(&b, 0);
     oai_error_json(&b, msg, oai_error_type(status), param && *param ? param : NULL, NULL);
     const char *allow = NULL;
-    if (status == 405)
-        allow = strstr(path, "completions") ? "Allow: POST\r\n" : "Allow: GET\r\n";
+    if (status == 405) allow = strstr(path, "completions") ? "Allow: POST\r\n" : "Allow: GET\r\n";
     http_conn_set_abort(c, NULL, NULL);
     http_conn_respond(c, status, "application/json", allow, b.data, b.len);
     dx_buf_free(&b);
@@ -249,8 +247,8 @@ static void on_request(void *user, http_conn *c, const http_req *hr)
     else if (!strcmp(p, "/v1/models"))
         rt_route_passthrough(r, c, hr, t0);
     else
-        rt_route_completion(r, c, hr, !strcmp(p, "/v1/chat/completions") ? OAI_CHAT : OAI_COMPLETION,
-                            t0);
+        rt_route_completion(r, c, hr,
+                            !strcmp(p, "/v1/chat/completions") ? OAI_CHAT : OAI_COMPLETION, t0);
 }
 
 /* ---- health ------------------------------------------------------------------- */
@@ -302,8 +300,8 @@ static void start_check(router *r, int i)
     long timeout = (long)(r->cfg.health_interval_ms * 2);
     if (timeout < 1000) timeout = 1000;
     if (timeout > 10000) timeout = 10000;
-    router_up_request rq = {.method = "GET", .url = url, .timeout_ms = timeout,
-                            .connect_timeout_ms = timeout};
+    router_up_request rq = {
+        .method = "GET", .url = url, .timeout_ms = timeout, .connect_timeout_ms = timeout};
     static const router_up_cb cb = {.on_data = on_check_data, .on_done = on_check_done};
     if (router_up_start(r->up, &rq, &cb, n, &n->check) < 0) n->check = NULL;
 }

@@ -27,24 +27,24 @@ enum router_mode { ROUTER_BIDIRECTIONAL, ROUTER_UNIDIRECTIONAL };
 typedef struct router router;
 
 typedef struct {
-    const char *host;              /* default 127.0.0.1 */
-    int port;                      /* 0 = ephemeral */
-    const char *const *prefill;    /* node base URLs ("http://host:port"), may be none */
+    const char *host;           /* default 127.0.0.1 */
+    int port;                   /* 0 = ephemeral */
+    const char *const *prefill; /* node base URLs ("http://host:port"), may be none */
     size_t n_prefill;
-    const char *const *decode;     /* at least one */
+    const char *const *decode; /* at least one */
     size_t n_decode;
     enum router_mode mode;
-    const char *tokenizer;         /* GGUF whose tokenizer counts prompt tokens, or NULL */
-    double conversation_ttl_s;     /* default 450 */
-    size_t max_conversations;      /* default 100000 */
-    size_t max_state_bytes;        /* stored params, default 1 GiB */
+    const char *tokenizer;             /* GGUF whose tokenizer counts prompt tokens, or NULL */
+    double conversation_ttl_s;         /* default 450 */
+    size_t max_conversations;          /* default 100000 */
+    size_t max_state_bytes;            /* stored params, default 1 GiB */
     uint32_t local_prefill_max_tokens; /* uncached tokens below this skip the prefill node */
     uint32_t decode_max_outstanding;   /* default 64: affinity yields to load beyond it */
-    uint64_t health_interval_ms;   /* default 1000 */
-    double prefill_timeout_s;      /* default 300 */
-    size_t max_body_bytes;         /* client request bodies; default 4 MiB */
-    double shutdown_grace_s;       /* default 30 */
-    uint64_t key_seed;             /* 0: random (tests fix it) */
+    uint64_t health_interval_ms;       /* default 1000 */
+    double prefill_timeout_s;          /* default 300 */
+    size_t max_body_bytes;             /* client request bodies; default 4 MiB */
+    double shutdown_grace_s;           /* default 30 */
+    uint64_t key_seed;                 /* 0: random (tests fix it) */
     /* Called on the loop thread when a shutdown has drained. */
     void (*on_stopped)(void *user);
     void *user;

@@ -34,8 +34,8 @@
 #include "router/router_priv.h"
 
 #define ANSWER_MAX ((size_t)64 << 20) /* a node's whole (non-streamed) answer */
-#define EVENT_MAX ((size_t)16 << 20)  /* one SSE event (the final one carries token ids) */
-#define REPLY_MAX ((size_t)16 << 20)  /* reply text kept for a content key */
+#define EVENT_MAX  ((size_t)16 << 20) /* one SSE event (the final one carries token ids) */
+#define REPLY_MAX  ((size_t)16 << 20) /* reply text kept for a content key */
 /* Prompts up to this many bytes are tokenised on the loop (tens of
  * microseconds); longer ones on libuv's thread pool, so a long history
  * (~3 ms per 100 KB) never holds up other streams' events. */
@@ -56,19 +56,19 @@ struct rt_req {
     uint64_t t0, t_first;
     /* conversation */
     enum rt_keykind key_kind;
-    router_key key;   /* ID: the key; CHAT: the prefix an entry was found under */
-    router_key chain; /* CHAT: the key of all the request's messages */
+    router_key key;                  /* ID: the key; CHAT: the prefix an entry was found under */
+    router_key chain;                /* CHAT: the key of all the request's messages */
     int found, entry_node, affinity; /* affinity: -1 unkeyed, 0 miss, 1 hit */
     char *entry_params;
     uint32_t entry_tokens, prompt_tokens;
     char *auth;
     /* bodies */
-    dx_buf body;        /* the client's body, stripped: what a decode node gets */
-    dx_buf pbody;       /* what a prefill node gets */
-    dx_buf dbody;       /* body with the decode params spliced in */
-    char *pparams;      /* the prefill node's params (JSON text) */
+    dx_buf body;         /* the client's body, stripped: what a decode node gets */
+    dx_buf pbody;        /* what a prefill node gets */
+    dx_buf dbody;        /* body with the decode params spliced in */
+    char *pparams;       /* the prefill node's params (JSON text) */
     const char *dparams; /* what the decode request carries: pparams, entry_params or NULL */
-    const char *via;    /* "local" | "prefill" */
+    const char *via;     /* "local" | "prefill" */
     /* upstream */
     router_up_req *up;
     int up_node; /* the node whose load counters hold q, or -1 */
@@ -150,8 +150,11 @@ static void log_end(rt_req *q)
             "tries=%d/%d ttft_ms=%s total_ms=%.2f",
             q->method, q->path, q->status_out, q->via, node_url(q, q->decode),
             node_url(q, q->prefill), keys[q->key_kind],
-            q->affinity < 0 ? "-" : q->affinity ? "hit" : "miss", q->prompt_tokens,
-            q->prefill_tries, q->decode_tries, ttft, (double)(dx_now_ns() - q->t0) * 1e-6);
+            q->affinity < 0 ? "-"
+            : q->affinity   ? "hit"
+                            : "miss",
+            q->prompt_tokens, q->prefill_tries, q->decode_tries, ttft,
+            (double)(dx_now_ns() - q->t0) * 1e-6);
 }
 
 /* q is over: the client has its answer (or is gone). */
@@ -341,8 +344,12 @@ static int up_send(rt_req *q, int node, const char *body, size_t len, long timeo
     rt_node *n = &r->nodes[node];
     char url[RT_URL_MAX + 32];
     snprintf(url, sizeof url, "%s%s", n->url, q->path);
-    router_up_request rq = {.method = q->method, .url = url, .auth = q->auth, .body = body,
-                            .body_len = len, .timeout_ms = timeout_ms};
+    router_up_request rq = {.method = q->method,
+                            .url = url,
+                            .auth = q->auth,
+                            .body = body,
+                            .body_len = len,
+                            .timeout_ms = timeout_ms};
     int rc = router_up_start(r->up, &rq, cb, q, &q->up);
     if (rc) return rc;
     q->up_node = node;
@@ -544,8 +551,8 @@ static void pre_on_done(void *user, int rc, long status)
         int p2 = q->prefill_tries < 2 ? pick_prefill(r, q->prefill) : -1;
         /* a node without the P/D side answers without params every time:
          * counted, not shouted */
-        dx_log(rc == 0 && status == 200 ? DX_LOG_DEBUG : DX_LOG_WARN, "router: prefill node %s: %s; %s",
-               r->nodes[q->prefill].url, why,
+        dx_log(rc == 0 && status == 200 ? DX_LOG_DEBUG : DX_LOG_WARN,
+               "router: prefill node %s: %s; %s", r->nodes[q->prefill].url, why,
                p2 >= 0 ? "retrying on another" : "prefilling on the decode node");
         if (p2 >= 0) {
             rt_count_fallback(r, "prefill_retry");
@@ -708,7 +715,8 @@ static const router_up_cb k_prefill_cb = {.on_data = acc_on_data, .on_done = pre
 static const router_up_cb k_decode_cb = {
     .on_head = dec_on_head, .on_data = dec_on_data, .on_done = dec_on_done};
 
-/* ---- parse, key, count ------------------------------------------------------------------------ */
+/* ---- parse, key, count ------------------------------------------------------------------------
+ */
 
 static const char *header(const http_req *hr, const char *name)
 {

@@ -63,8 +63,7 @@ void router_key_ns(uint64_t seed, const char *auth, size_t auth_len, router_key 
     rec_finish(&r, seed, ns);
 }
 
-void router_key_id(uint64_t seed, const router_key *ns, const char *id, size_t len,
-                   router_key *out)
+void router_key_id(uint64_t seed, const router_key *ns, const char *id, size_t len, router_key *out)
 {
     key_rec r = {.n = 0};
     uint8_t tag = TAG_ID;

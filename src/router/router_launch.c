@@ -203,9 +203,7 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 static void kid_line(lkid *k, const char *line);
 static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf);
 
-static void on_pipe_closed(uv_handle_t *h)
-{
-}
+static void on_pipe_closed(uv_handle_t *h) {}
 
 static int kid_spawn(launch *L, lkid *k, char *const argv[])
 {
@@ -314,9 +312,7 @@ static int all_exited(const launch *L)
     return 1;
 }
 
-static void on_handle_closed(uv_handle_t *h)
-{
-}
+static void on_handle_closed(uv_handle_t *h) {}
 
 /* Everything has exited: close the handles so the loop ends. */
 static void finish(launch *L)

@@ -22,7 +22,7 @@
 typedef struct {
     router *r;
     int index;
-    char url[RT_URL_MAX]; /* normalised base, "http://host:port" */
+    char url[RT_URL_MAX];         /* normalised base, "http://host:port" */
     char labels[RT_URL_MAX + 32]; /* node="...",role="..." */
     int prefill;                  /* role: 1 prefill, 0 decode */
     int healthy;                  /* the last check or connection succeeded */
@@ -39,7 +39,7 @@ struct router {
     http_srv *http;
     router_up *up;
     router_state *state;
-    model *tok; /* tokenizer and chat template only, or NULL */
+    model *tok;     /* tokenizer and chat template only, or NULL */
     rt_node *nodes; /* prefill nodes first, then decode nodes */
     size_t n_nodes, n_prefill;
     uv_timer_t health, grace;
@@ -48,7 +48,7 @@ struct router {
     int draining, stopped, destroying;
     rt_req *active;
     size_t n_active;
-    unsigned rr; /* rotates ties between equally loaded nodes */
+    unsigned rr;         /* rotates ties between equally loaded nodes */
     dx_buf scratch, out; /* per event work space (loop thread) */
     /* metrics */
     prom_family http_requests; /* route, status */

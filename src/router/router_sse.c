@@ -175,8 +175,8 @@ static void take_text(json_t *root, int chat, const char *holder, router_sse_inf
 /* Parses a JSON object, reads its text, takes out kv_transfer_params.
  * 1: removed (root stays for re-serialising), 0: nothing to change,
  * negative: out of memory. */
-static int inspect(const char *js, size_t len, int chat, const char *holder,
-                   router_sse_info *info, json_t **root_out)
+static int inspect(const char *js, size_t len, int chat, const char *holder, router_sse_info *info,
+                   json_t **root_out)
 {
     info->text_added = 0;
     info->text_lost = 0;

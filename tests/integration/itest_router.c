@@ -42,7 +42,7 @@
 
 /* ---- fake P/D nodes -------------------------------------------------------- */
 
-#define FAKE_LOG 64
+#define FAKE_LOG   64
 #define FAKE_CONNS 16
 
 typedef struct {
@@ -60,14 +60,14 @@ typedef struct {
 } fake_node;
 
 #define P_PARAMS                                                                                   \
-    "{\"do_remote_prefill\":true,\"do_remote_decode\":false,\"remote_engine_id\":\"fakeP\","      \
-    "\"remote_request_id\":\"p-1\",\"remote_host\":\"127.0.0.1\",\"remote_port\":1,"              \
+    "{\"do_remote_prefill\":true,\"do_remote_decode\":false,\"remote_engine_id\":\"fakeP\","       \
+    "\"remote_request_id\":\"p-1\",\"remote_host\":\"127.0.0.1\",\"remote_port\":1,"               \
     "\"remote_block_ids\":[1,2],\"remote_num_tokens\":32,"                                         \
     "\"remote_lease\":\"00112233445566778899aabbccddeeff\",\"remote_blocks_ttl_s\":30,"            \
     "\"remote_token_ids\":[1,2,3]}"
 #define D_PARAMS                                                                                   \
-    "{\"do_remote_prefill\":true,\"do_remote_decode\":false,\"remote_engine_id\":\"fakeD\","      \
-    "\"remote_request_id\":\"d-1\",\"remote_host\":\"127.0.0.1\",\"remote_port\":2,"              \
+    "{\"do_remote_prefill\":true,\"do_remote_decode\":false,\"remote_engine_id\":\"fakeD\","       \
+    "\"remote_request_id\":\"d-1\",\"remote_host\":\"127.0.0.1\",\"remote_port\":2,"               \
     "\"remote_block_ids\":[5,6,7],\"remote_num_tokens\":48,"                                       \
     "\"remote_lease\":\"ffeeddccbbaa99887766554433221100\",\"remote_blocks_ttl_s\":480,"           \
     "\"remote_token_ids\":[4,5,6]}"
@@ -302,8 +302,21 @@ static int start_node(int i)
 {
     char log[160], port[] = "0";
     snprintf(log, sizeof log, "%s/node%d.log", G.dir, i);
-    char *argv[] = {(char *)G.bin, "serve", "--model", G.model_path, "--port", port, "--threads",
-                    "1", "--kv-cache-mb", "32", "--ctx", "4096", "--shutdown-grace-s", "5", NULL};
+    char *argv[] = {(char *)G.bin,
+                    "serve",
+                    "--model",
+                    G.model_path,
+                    "--port",
+                    port,
+                    "--threads",
+                    "1",
+                    "--kv-cache-mb",
+                    "32",
+                    "--ctx",
+                    "4096",
+                    "--shutdown-grace-s",
+                    "5",
+                    NULL};
     if (tp_spawn(&G.node[i], log, argv)) return -1;
     G.node_port[i] = (int)tp_wait_int(&G.node[i], "address=http://127.0.0.1:", 60);
     return G.node_port[i] > 0 ? 0 : -1;
@@ -320,8 +333,8 @@ static int start_router(tp_proc *p, const char *name, int want_healthy, ...)
 {
     char log[160];
     snprintf(log, sizeof log, "%s/router-%s.log", G.dir, name);
-    char *argv[40] = {(char *)G.bin, "router", "--port", "0", "--health-interval-ms", "100",
-                      "--log-level", "debug"};
+    char *argv[40] = {(char *)G.bin,          "router", "--port",      "0",
+                      "--health-interval-ms", "100",    "--log-level", "debug"};
     int n = 8;
     va_list ap;
     va_start(ap, want_healthy);
@@ -499,7 +512,8 @@ static answer ask(int port, const char *path, const char *body, const char *h1, 
     dx_buf_init(&b, 0);
     long st = req(port, "POST", path, body, &b, h1, h2);
     if (st != 200) fail_msg("POST %s on %d: %ld %s", path, port, st, b.data);
-    answer a = parse_answer(&b, strstr(path, "chat") != NULL, strstr(body, "\"stream\":true") != NULL);
+    answer a =
+        parse_answer(&b, strstr(path, "chat") != NULL, strstr(body, "\"stream\":true") != NULL);
     dx_buf_free(&b);
     return a;
 }
@@ -555,9 +569,10 @@ static void test_routes(void **state)
     assert_non_null(json_object_get(v, "error"));
     json_decref(v);
     assert_int_equal(req(G.pd_port, "GET", "/metrics", NULL, &b, NULL, NULL), 200);
-    const char *names[] = {"duplex_router_conversations", "duplex_router_affinity_hits_total",
-                           "duplex_router_ttft_seconds_bucket", "duplex_router_added_seconds_bucket",
-                           "duplex_router_node_healthy{", "duplex_router_node_outstanding_requests{"};
+    const char *names[] = {
+        "duplex_router_conversations",       "duplex_router_affinity_hits_total",
+        "duplex_router_ttft_seconds_bucket", "duplex_router_added_seconds_bucket",
+        "duplex_router_node_healthy{",       "duplex_router_node_outstanding_requests{"};
     for (size_t i = 0; i < DX_ARRAY_LEN(names); i++)
         if (!strstr(b.data, names[i])) fail_msg("/metrics lacks %s", names[i]);
     dx_buf_free(&b);
@@ -598,7 +613,8 @@ static void test_equal_to_direct(void **state)
     free(long_prompt);
     free(lb);
     /* the degenerate flow was taken and counted: prefill answered without params */
-    assert_true(metric(G.pd_port, "duplex_router_fallbacks_total{reason=\"prefill_no_params\"}") >= 4);
+    assert_true(metric(G.pd_port, "duplex_router_fallbacks_total{reason=\"prefill_no_params\"}") >=
+                4);
     assert_true(metric(G.pd_port, "duplex_router_routed_total{via=\"prefill\"}") >= 4);
     assert_true(metric(G.colo_port, "duplex_router_routed_total{via=\"local\"}") >= 4);
 }
@@ -722,14 +738,16 @@ static void test_content_keys(void **state)
     const char *t1 = "{\"model\":\"m\",\"stream\":true,\"messages\":[{\"role\":\"user\","
                      "\"content\":\"content-key\"}]}";
     char t2[512], t2_edit[512];
-    snprintf(t2, sizeof t2,
-             "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"content-key\"},"
-             "{\"role\":\"assistant\",\"content\":\"%s\"},{\"role\":\"user\",\"content\":\"more\"}]}",
-             FAKE_REPLY);
-    snprintf(t2_edit, sizeof t2_edit,
-             "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"content-key\"},"
-             "{\"role\":\"assistant\",\"content\":\"%s!\"},{\"role\":\"user\",\"content\":\"more\"}]}",
-             FAKE_REPLY);
+    snprintf(
+        t2, sizeof t2,
+        "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"content-key\"},"
+        "{\"role\":\"assistant\",\"content\":\"%s\"},{\"role\":\"user\",\"content\":\"more\"}]}",
+        FAKE_REPLY);
+    snprintf(
+        t2_edit, sizeof t2_edit,
+        "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"content-key\"},"
+        "{\"role\":\"assistant\",\"content\":\"%s!\"},{\"role\":\"user\",\"content\":\"more\"}]}",
+        FAKE_REPLY);
     answer a = ask(G.fl_port, "/v1/chat/completions", t1, NULL, NULL);
     free(a.text);
     const char *bodies[] = {t2_edit, t2, t2};
@@ -910,9 +928,8 @@ static void test_bad_bodies(void **state)
         if (st != 400 || !strstr(b.data, bad[i].phrase))
             fail_msg("body %zu: %ld %s (want 400 naming '%s')", i, st, b.data, bad[i].phrase);
         json_t *v = tc_json(&b);
-        assert_string_equal(
-            json_string_value(json_object_get(json_object_get(v, "error"), "type")),
-            "invalid_request_error");
+        assert_string_equal(json_string_value(json_object_get(json_object_get(v, "error"), "type")),
+                            "invalid_request_error");
         json_decref(v);
     }
     assert_int_equal(req(G.pd_port, "POST", "/v1/completions", "{\"model\":\"m\"}", &b, NULL, NULL),
@@ -1043,7 +1060,8 @@ static void test_client_leaves(void **state)
     }
     close(fd);
     assert_nodes_idle();
-    const char *left = "duplex_router_http_requests_total{route=\"/v1/completions\",status=\"499\"}";
+    const char *left =
+        "duplex_router_http_requests_total{route=\"/v1/completions\",status=\"499\"}";
     for (int i = 0; i < 600 && metric(G.colo_port, left) < 1; i++) tp_sleep_ms(20);
     assert_true(metric(G.colo_port, left) == 1);
     char *ok = chat_body("Still there?", 4, 0, NULL);

@@ -31,7 +31,7 @@ static struct {
 
 typedef struct {
     tp_proc p;
-    int port;             /* the router's */
+    int port;                /* the router's */
     int pid[3], url_port[3]; /* decode0, decode1, router */
 } up_run;
 
@@ -50,8 +50,21 @@ static void start_up(up_run *u, const char *name)
 {
     char log[160];
     snprintf(log, sizeof log, "%s/up-%s.log", G.dir, name);
-    char *argv[] = {(char *)G.bin, "up", "--mode", "colocated", "--decode", "2", "--port", "0",
-                    "--model", G.model, "--kv-cache-mb", "32", "--threads-per-node", "1", NULL};
+    char *argv[] = {(char *)G.bin,
+                    "up",
+                    "--mode",
+                    "colocated",
+                    "--decode",
+                    "2",
+                    "--port",
+                    "0",
+                    "--model",
+                    G.model,
+                    "--kv-cache-mb",
+                    "32",
+                    "--threads-per-node",
+                    "1",
+                    NULL};
     assert_int_equal(tp_spawn(&u->p, log, argv), 0);
     u->port = (int)tp_wait_int(&u->p, "ready: http://127.0.0.1:", 120);
     if (u->port <= 0) {
@@ -78,10 +91,11 @@ static char *chat_text(int port)
     assert_int_equal(tc_http(port, "GET", "/v1/models", NULL, &b, 30), 200);
     json_t *v = tc_json(&b);
     char body[512];
-    snprintf(body, sizeof body,
-             "{\"model\":\"%s\",\"messages\":[{\"role\":\"user\",\"content\":\"Hello from up\"}],"
-             "\"max_tokens\":12,\"temperature\":0}",
-             json_string_value(json_object_get(json_array_get(json_object_get(v, "data"), 0), "id")));
+    snprintf(
+        body, sizeof body,
+        "{\"model\":\"%s\",\"messages\":[{\"role\":\"user\",\"content\":\"Hello from up\"}],"
+        "\"max_tokens\":12,\"temperature\":0}",
+        json_string_value(json_object_get(json_array_get(json_object_get(v, "data"), 0), "id")));
     json_decref(v);
     assert_int_equal(tc_http(port, "POST", "/v1/chat/completions", body, &b, 120), 200);
     tc_answer_text(&b, 1, &t);

@@ -69,10 +69,8 @@ static void test_namespaces(void **state)
 static void test_prefix_chain(void **state)
 {
     (void)state;
-    msg turn2[] = {{"system", "be brief"},
-                   {"user", "hi"},
-                   {"assistant", "hello there"},
-                   {"user", "and now?"}};
+    msg turn2[] = {
+        {"system", "be brief"}, {"user", "hi"}, {"assistant", "hello there"}, {"user", "and now?"}};
     /* turn 1 finished: stored under its messages + the reply as received */
     router_key stored = chat_key(NULL, turn2, 2);
     router_key_chat_add(SEED, &stored, "assistant", "hello there", 11);

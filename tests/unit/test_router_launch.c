@@ -26,8 +26,13 @@ static const char *joined(const router_launch_argv *a)
 
 static router_launch_config cfg(enum router_launch_mode m)
 {
-    router_launch_config c = {.exe = "/bin/duplex", .model = "m.gguf", .n_prefill = 1,
-                              .n_decode = 2, .mode = m, .port = 8000, .threads_per_node = 2,
+    router_launch_config c = {.exe = "/bin/duplex",
+                              .model = "m.gguf",
+                              .n_prefill = 1,
+                              .n_decode = 2,
+                              .mode = m,
+                              .port = 8000,
+                              .threads_per_node = 2,
                               .kv_cache_mb = 512};
     return c;
 }
@@ -67,8 +72,11 @@ static void test_router(void **state)
     (void)state;
     router_launch_argv a;
     router_launch_config c = cfg(LAUNCH_BIDIRECTIONAL);
-    assert_int_equal(router_launch_router_argv(&c, "http://127.0.0.1:1", "http://127.0.0.1:2,"
-                                               "http://127.0.0.1:3", &a), 0);
+    assert_int_equal(router_launch_router_argv(&c, "http://127.0.0.1:1",
+                                               "http://127.0.0.1:2,"
+                                               "http://127.0.0.1:3",
+                                               &a),
+                     0);
     assert_string_equal(joined(&a), "/bin/duplex router --prefill http://127.0.0.1:1 --decode "
                                     "http://127.0.0.1:2,http://127.0.0.1:3 --host 127.0.0.1 --port "
                                     "8000 --tokenizer m.gguf --mode bidirectional");

@@ -40,9 +40,9 @@ static const char *const k_events[] = {
 };
 
 typedef struct {
-    dx_buf all;    /* every event, concatenated */
-    size_t n;      /* events seen */
-    int bad;       /* an event that is not the expected one */
+    dx_buf all;          /* every event, concatenated */
+    size_t n;            /* events seen */
+    int bad;             /* an event that is not the expected one */
     const char *lo, *hi; /* the caller's chunk, for the zero-copy check */
     size_t n_direct;
 } seen;
@@ -189,7 +189,8 @@ static void test_strip_final(void **state)
     for (size_t i = 0; i < DX_ARRAY_LEN(k_events); i++) {
         if (k_events[i] == (const char *)FINAL || strstr(k_events[i], "\"kv_transfer_params\":"))
             continue;
-        assert_int_equal(router_sse_event(k_events[i], strlen(k_events[i]), 1, &sc, &out, &info), 0);
+        assert_int_equal(router_sse_event(k_events[i], strlen(k_events[i]), 1, &sc, &out, &info),
+                         0);
         assert_null(info.params);
     }
     assert_int_equal(text.len, strlen("Hello \"kv_transfer_params\""));

@@ -36,8 +36,8 @@ static void put(router_state *st, uint64_t i, int node, const char *params, doub
                 double now)
 {
     router_key k = key(i);
-    assert_int_equal(router_state_put(st, &k, node, params, params ? strlen(params) : 0, 7 * (uint32_t)i,
-                                      expiry, now),
+    assert_int_equal(router_state_put(st, &k, node, params, params ? strlen(params) : 0,
+                                      7 * (uint32_t)i, expiry, now),
                      0);
     assert_int_equal(router_state_check(st), 0);
 }
@@ -152,7 +152,7 @@ static void test_expire_sweep(void **state)
     put(st, 2, 0, "b", 6, 1);
     put(st, 3, 0, "c", 100, 2);
     put(st, 4, 0, "d", 3, 3); /* short-lived, but most recent: outlives the sweep */
-    assert_int_equal(router_state_expire(st, 10, 1), 1); /* visit bound */
+    assert_int_equal(router_state_expire(st, 10, 1), 1);   /* visit bound */
     assert_int_equal(router_state_expire(st, 10, 100), 1); /* stops at 3, which is live */
     assert_int_equal(router_state_count(st), 2);
     assert_int_equal(router_state_check(st), 0);
@@ -240,9 +240,12 @@ int main(void)
 {
     size_t live = dx_alloc_live_bytes();
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_put_get_replace), cmocka_unit_test(test_ttl),
-        cmocka_unit_test(test_lru_entries),     cmocka_unit_test(test_lru_bytes),
-        cmocka_unit_test(test_expire_sweep),    cmocka_unit_test(test_churn_model),
+        cmocka_unit_test(test_put_get_replace),
+        cmocka_unit_test(test_ttl),
+        cmocka_unit_test(test_lru_entries),
+        cmocka_unit_test(test_lru_bytes),
+        cmocka_unit_test(test_expire_sweep),
+        cmocka_unit_test(test_churn_model),
         cmocka_unit_test(test_oom),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
