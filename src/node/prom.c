@@ -130,8 +130,9 @@ int prom_write_hist_series(dx_buf *b, const char *name, const char *labels, cons
                            (unsigned long long)cum);
     }
     if (!rc)
-        rc = dx_buf_printf(b, "%s_bucket{%s%sle=\"+Inf\"} %llu\n%s_sum%s%s%s %.17g\n%s_count%s%s%s %llu\n",
-                           name, l, sep, (unsigned long long)h->count, name, open, l, close, h->sum,
-                           name, open, l, close, (unsigned long long)h->count);
+        rc = dx_buf_printf(
+            b, "%s_bucket{%s%sle=\"+Inf\"} %llu\n%s_sum%s%s%s %.17g\n%s_count%s%s%s %llu\n", name,
+            l, sep, (unsigned long long)h->count, name, open, l, close, h->sum, name, open, l,
+            close, (unsigned long long)h->count);
     return rc;
 }
