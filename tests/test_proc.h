@@ -96,6 +96,24 @@ static inline int tp_stop(tp_proc *p, int sig, int timeout_s)
     return p->status;
 }
 
+/* Runs `bin sub args` (stderr joined to stdout) and fails the test unless it
+ * exits with want_rc and its output contains phrase. */
+static inline void tp_expect(const char *bin, const char *sub, int want_rc, const char *phrase,
+                             const char *args)
+{
+    char cmd[1024], out[8192];
+    snprintf(cmd, sizeof cmd, "%s %s %s 2>&1", bin, sub, args);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    size_t n = fread(out, 1, sizeof out - 1, p);
+    out[n] = 0;
+    int st = pclose(p);
+    int rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    if (rc != want_rc || !strstr(out, phrase))
+        fail_msg("duplex %s %s: exit %d (want %d), output lacks '%s':\n%s", sub, args, rc, want_rc,
+                 phrase, out);
+}
+
 static inline void tp_log_tail(const tp_proc *p, int lines)
 {
     char cmd[300];

@@ -473,12 +473,22 @@ static int acc_on_data(void *user, const char *p, size_t n)
     return !q->conn || dx_buf_append(&q->acc, p, n) < 0;
 }
 
+/* An upstream request is over: q is the callback's to end.  1 when the
+ * client has left (q is then ended already). */
+static int up_finished(rt_req *q)
+{
+    q->up = NULL;
+    release_node(q);
+    q->busy = 1;
+    if (q->conn) return 0;
+    req_end(q);
+    return 1;
+}
+
 static void pass_on_done(void *user, int rc, long status)
 {
     rt_req *q = user;
-    q->busy = 1;
-    q->up = NULL;
-    release_node(q);
+    if (up_finished(q)) return;
     if (rc < 0)
         reply_error(q, rc == DX_ETIMEDOUT ? 504 : 502, dx_errmsg(), NULL);
     else
@@ -533,13 +543,7 @@ static void pre_on_done(void *user, int rc, long status)
     rt_req *q = user;
     router *r = q->r;
     uint64_t t = dx_now_ns();
-    q->up = NULL;
-    release_node(q);
-    q->busy = 1;
-    if (!q->conn) {
-        req_end(q);
-        return;
-    }
+    if (up_finished(q)) return;
     if (rc == 0 && status >= 400 && status < 500) { /* the client's mistake: its answer */
         reply_full(q, (int)status, q->acc.data, q->acc.len);
         req_end(q);
@@ -680,13 +684,7 @@ static void dec_on_done(void *user, int rc, long status)
     rt_req *q = user;
     router *r = q->r;
     uint64_t t = dx_now_ns();
-    q->up = NULL;
-    release_node(q);
-    q->busy = 1;
-    if (!q->conn) {
-        req_end(q);
-        return;
-    }
+    if (up_finished(q)) return;
     if (status == 0 && rc == DX_ETRANSPORT) rt_node_failed(r, q->decode, dx_errmsg());
     int failed = rc < 0 || status >= 500;
     if (failed && !q->sent_any) {

@@ -63,25 +63,26 @@ void router_key_ns(uint64_t seed, const char *auth, size_t auth_len, router_key 
     rec_finish(&r, seed, ns);
 }
 
-void router_key_id(uint64_t seed, const router_key *ns, const char *id, size_t len, router_key *out)
+/* A key derived from the namespace, a tag and one string. */
+static void key_tagged(uint64_t seed, const router_key *ns, uint8_t tag, const char *s, size_t len,
+                       router_key *out)
 {
     key_rec r = {.n = 0};
-    uint8_t tag = TAG_ID;
     rec_key(&r, ns);
     rec_put(&r, &tag, 1);
-    rec_digest(&r, seed, id, len);
+    rec_digest(&r, seed, s, len);
     rec_finish(&r, seed, out);
+}
+
+void router_key_id(uint64_t seed, const router_key *ns, const char *id, size_t len, router_key *out)
+{
+    key_tagged(seed, ns, TAG_ID, id, len, out);
 }
 
 void router_key_chat_begin(uint64_t seed, const router_key *ns, const char *model, size_t len,
                            router_key *chain)
 {
-    key_rec r = {.n = 0};
-    uint8_t tag = TAG_CHAT;
-    rec_key(&r, ns);
-    rec_put(&r, &tag, 1);
-    rec_digest(&r, seed, model, len);
-    rec_finish(&r, seed, chain);
+    key_tagged(seed, ns, TAG_CHAT, model, len, chain);
 }
 
 void router_key_chat_add(uint64_t seed, router_key *chain, const char *role, const char *content,

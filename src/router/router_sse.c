@@ -202,6 +202,22 @@ static int inspect(const char *js, size_t len, int chat, const char *holder, rou
     return 0;
 }
 
+/* *out = pre + root (its params removed) + post; 1, or DX_ENOMEM (and no
+ * params: nothing was rewritten).  Drops root. */
+static int rewrite(json_t *root, const char *pre, const char *post, dx_buf *out,
+                   router_sse_info *info)
+{
+    dx_buf_reset(out);
+    int rc = dx_buf_puts(out, pre);
+    if (rc == 0) rc = router_json_append(out, root);
+    if (rc == 0) rc = dx_buf_puts(out, post);
+    json_decref(root);
+    if (rc == 0) return 1;
+    json_decref(info->params);
+    info->params = NULL;
+    return DX_ENOMEM;
+}
+
 int router_sse_event(const char *ev, size_t len, int chat, dx_buf *scratch, dx_buf *out,
                      router_sse_info *info)
 {
@@ -215,32 +231,12 @@ int router_sse_event(const char *ev, size_t len, int chat, dx_buf *scratch, dx_b
     if (rc < 0) return rc;
     json_t *root;
     rc = inspect(d, dl, chat, "delta", info, &root);
-    if (rc <= 0) return rc;
-    dx_buf_reset(out);
-    rc = dx_buf_puts(out, "data: ");
-    if (rc == 0) rc = router_json_append(out, root);
-    if (rc == 0) rc = dx_buf_puts(out, "\n\n");
-    json_decref(root);
-    if (rc < 0) {
-        json_decref(info->params);
-        info->params = NULL;
-        return DX_ENOMEM;
-    }
-    return 1;
+    return rc <= 0 ? rc : rewrite(root, "data: ", "\n\n", out, info);
 }
 
 int router_sse_answer(const char *body, size_t len, int chat, dx_buf *out, router_sse_info *info)
 {
     json_t *root;
     int rc = inspect(body, len, chat, "message", info, &root);
-    if (rc <= 0) return rc;
-    dx_buf_reset(out);
-    rc = router_json_append(out, root);
-    json_decref(root);
-    if (rc < 0) {
-        json_decref(info->params);
-        info->params = NULL;
-        return DX_ENOMEM;
-    }
-    return 1;
+    return rc <= 0 ? rc : rewrite(root, "", "", out, info);
 }

@@ -531,15 +531,20 @@ static void assert_same(answer *want, answer *got)
 /* A metric with its labels, 0 when the series does not exist yet. */
 static double metric(int port, const char *series)
 {
-    dx_buf b;
-    dx_buf_init(&b, 0);
-    assert_int_equal(tc_http(port, "GET", "/metrics", NULL, &b, 20), 200);
-    char key[256];
-    snprintf(key, sizeof key, "\n%s ", series);
-    const char *p = strstr(b.data, key);
-    double v = p ? strtod(p + strlen(key), NULL) : 0;
-    dx_buf_free(&b);
-    return v;
+    return tc_metric_or(port, series, 0);
+}
+
+/* Asks through `port` (a router in front of the fake decode node); returns
+ * what the fake decode node received, after checking the client got the
+ * fake's reply. */
+static json_t *via_fake(int port, const char *body, const char *h1, const char *h2, char *auth,
+                        size_t cap)
+{
+    fake_clear(&G.fd);
+    answer a = ask(port, "/v1/chat/completions", body, h1, h2);
+    assert_string_equal(a.text, FAKE_REPLY);
+    free(a.text);
+    return fake_only(&G.fd, auth, cap);
 }
 
 #define NODE_CHATS "duplex_http_requests_total{route=\"/v1/chat/completions\",status=\"200\"}"
@@ -641,10 +646,7 @@ static void test_concurrent_streams(void **state)
         c[i] = tc_curl(G.pd_port, "POST", "/v1/chat/completions", bodies[i], &out[i], &h[i], 120);
         curl_multi_add_handle(m, c[i]);
     }
-    for (int running = 1; running;) {
-        curl_multi_perform(m, &running);
-        if (running) curl_multi_poll(m, NULL, 0, 100, NULL);
-    }
+    tc_multi_run(m);
     for (int i = 0; i < N_CONC; i++) {
         long st = 0;
         curl_easy_getinfo(c[i], CURLINFO_RESPONSE_CODE, &st);
@@ -675,11 +677,7 @@ static void test_client_params_stripped(void **state)
     answer got = ask(G.pd_port, "/v1/chat/completions", b, NULL, NULL);
     assert_same(&want, &got);
     /* a fake decode node: what it received */
-    fake_clear(&G.fd);
-    got = ask(G.fl_port, "/v1/chat/completions", b, NULL, NULL);
-    assert_string_equal(got.text, FAKE_REPLY);
-    free(got.text);
-    json_t *v = fake_only(&G.fd, NULL, 0);
+    json_t *v = via_fake(G.fl_port, b, NULL, NULL, NULL, 0);
     assert_null(json_object_get(v, "kv_transfer_params"));
     assert_null(json_object_get(v, "conversation_id"));
     assert_int_equal(json_integer_value(json_object_get(v, "max_tokens")), 8);
@@ -701,26 +699,17 @@ static void test_params_kept_per_tenant(void **state)
         snprintf(auth_a, sizeof auth_a, "Authorization: Bearer tenant-a-%d", stream);
         snprintf(auth_b, sizeof auth_b, "Authorization: Bearer tenant-b-%d", stream);
         char *b = chat_body("turn", 16, stream, NULL);
-        fake_clear(&G.fd);
-        answer a = ask(G.fl_port, "/v1/chat/completions", b, id, auth_a); /* no kv_... inside */
-        assert_string_equal(a.text, FAKE_REPLY);
-        free(a.text);
-        json_t *v = fake_only(&G.fd, seen, sizeof seen);
-        assert_null(json_object_get(v, "kv_transfer_params")); /* nothing stored yet */
-        assert_string_equal(seen, auth_a + 15);                /* Authorization passed on */
+        /* the client sees no params (ask checks); nothing stored yet */
+        json_t *v = via_fake(G.fl_port, b, id, auth_a, seen, sizeof seen);
+        assert_null(json_object_get(v, "kv_transfer_params"));
+        assert_string_equal(seen, auth_a + 15); /* Authorization passed on */
         json_decref(v);
         /* turn 2, same tenant: the stored params go to the decode node */
-        fake_clear(&G.fd);
-        a = ask(G.fl_port, "/v1/chat/completions", b, id, auth_a);
-        free(a.text);
-        v = fake_only(&G.fd, NULL, 0);
+        v = via_fake(G.fl_port, b, id, auth_a, NULL, 0);
         assert_true(json_equal(json_object_get(v, "kv_transfer_params"), dp));
         json_decref(v);
         /* the same conversation id from another tenant: its own entry */
-        fake_clear(&G.fd);
-        a = ask(G.fl_port, "/v1/chat/completions", b, id, auth_b);
-        free(a.text);
-        v = fake_only(&G.fd, NULL, 0);
+        v = via_fake(G.fl_port, b, id, auth_b, NULL, 0);
         assert_null(json_object_get(v, "kv_transfer_params"));
         json_decref(v);
         free(b);
@@ -748,16 +737,12 @@ static void test_content_keys(void **state)
         "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"content-key\"},"
         "{\"role\":\"assistant\",\"content\":\"%s!\"},{\"role\":\"user\",\"content\":\"more\"}]}",
         FAKE_REPLY);
-    answer a = ask(G.fl_port, "/v1/chat/completions", t1, NULL, NULL);
-    free(a.text);
+    json_decref(via_fake(G.fl_port, t1, NULL, NULL, NULL, 0));
     const char *bodies[] = {t2_edit, t2, t2};
     const char *auths[] = {NULL, "Authorization: Bearer other", NULL};
     int want_params[] = {0, 0, 1};
     for (int i = 0; i < 3; i++) {
-        fake_clear(&G.fd);
-        a = ask(G.fl_port, "/v1/chat/completions", bodies[i], auths[i], NULL);
-        free(a.text);
-        json_t *v = fake_only(&G.fd, NULL, 0);
+        json_t *v = via_fake(G.fl_port, bodies[i], auths[i], NULL, NULL, 0);
         json_t *kv = json_object_get(v, "kv_transfer_params");
         if (want_params[i])
             assert_true(json_equal(kv, dp));
@@ -845,12 +830,8 @@ static void test_prefill_flow(void **state)
     free(b);
     /* a 5xx: local prefill on the decode node (no retry: one prefill node) */
     double failed = metric(G.fpd_port, "duplex_router_fallbacks_total{reason=\"prefill_failed\"}");
-    fake_clear(&G.fd);
     b = chat_body("p500", 4, 0, NULL);
-    answer a = ask(G.fpd_port, "/v1/chat/completions", b, NULL, NULL);
-    assert_string_equal(a.text, FAKE_REPLY);
-    free(a.text);
-    json_t *d = fake_only(&G.fd, NULL, 0);
+    json_t *d = via_fake(G.fpd_port, b, NULL, NULL, NULL, 0);
     assert_null(json_object_get(d, "kv_transfer_params"));
     json_decref(d);
     assert_true(metric(G.fpd_port, "duplex_router_fallbacks_total{reason=\"prefill_failed\"}") ==
@@ -949,17 +930,7 @@ static void test_bad_bodies(void **state)
 
 static void expect_flags(int want_rc, const char *phrase, const char *args)
 {
-    char cmd[1024], out[8192];
-    snprintf(cmd, sizeof cmd, "%s router %s 2>&1", G.bin, args);
-    FILE *p = popen(cmd, "r");
-    assert_non_null(p);
-    size_t n = fread(out, 1, sizeof out - 1, p);
-    out[n] = 0;
-    int st = pclose(p);
-    int rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-    if (rc != want_rc || !strstr(out, phrase))
-        fail_msg("duplex router %s: exit %d (want %d), output lacks '%s':\n%s", args, rc, want_rc,
-                 phrase, out);
+    tp_expect(G.bin, "router", want_rc, phrase, args);
 }
 
 static void test_bad_flags(void **state)
@@ -1040,24 +1011,12 @@ static void assert_nodes_idle(void)
 static void test_client_leaves(void **state)
 {
     (void)state;
-    char body[256], rq[512];
+    char body[256];
     snprintf(body, sizeof body,
              "{\"model\":\"%s\",\"prompt\":\"Tell me everything\",\"max_tokens\":900,"
              "\"ignore_eos\":true,\"stream\":true}",
              G.model);
-    int n = snprintf(rq, sizeof rq,
-                     "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %zu\r\n\r\n%s",
-                     strlen(body), body);
-    int fd = tc_raw_connect(G.colo_port);
-    assert_int_equal(write(fd, rq, (size_t)n), n);
-    char buf[4096];
-    for (size_t got = 0; got < 600;) { /* a few chunks in: the request is running */
-        struct pollfd p = {.fd = fd, .events = POLLIN};
-        assert_int_equal(poll(&p, 1, 30000), 1);
-        ssize_t k = read(fd, buf, sizeof buf);
-        assert_true(k > 0);
-        got += (size_t)k;
-    }
+    int fd = tc_raw_stream_open(G.colo_port, "/v1/completions", body, 600);
     close(fd);
     assert_nodes_idle();
     const char *left =

@@ -140,16 +140,7 @@ static void test_child_dies(void **state)
 
 static void expect(int want_rc, const char *phrase, const char *args)
 {
-    char cmd[512], out[8192];
-    snprintf(cmd, sizeof cmd, "%s up %s 2>&1", G.bin, args);
-    FILE *p = popen(cmd, "r");
-    size_t n = fread(out, 1, sizeof out - 1, p);
-    out[n] = 0;
-    int st = pclose(p);
-    int rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-    if (rc != want_rc || !strstr(out, phrase))
-        fail_msg("duplex up %s: exit %d (want %d), output lacks '%s':\n%s", args, rc, want_rc,
-                 phrase, out);
+    tp_expect(G.bin, "up", want_rc, phrase, args);
 }
 
 static void test_bad_flags(void **state)
