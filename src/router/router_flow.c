@@ -157,6 +157,18 @@ static void log_end(rt_req *q)
             (double)(dx_now_ns() - q->t0) * 1e-6);
 }
 
+static void req_unlink_free(rt_req *q)
+{
+    router *r = q->r;
+    if (q->prev)
+        q->prev->next = q->next;
+    else
+        r->active = q->next;
+    if (q->next) q->next->prev = q->prev;
+    r->n_active--;
+    req_free(q);
+}
+
 /* q is over: the client has its answer (or is gone). */
 static void req_end(rt_req *q)
 {
@@ -169,13 +181,7 @@ static void req_end(rt_req *q)
     if (q->client_left || !q->status_out) q->status_out = 499; /* nginx's "client closed" */
     rt_count_request(r, q->path, q->status_out);
     if (q->phase != PH_PASS) log_end(q);
-    if (q->prev)
-        q->prev->next = q->next;
-    else
-        r->active = q->next;
-    if (q->next) q->next->prev = q->prev;
-    r->n_active--;
-    req_free(q);
+    req_unlink_free(q);
     rt_maybe_stopped(r);
 }
 
@@ -1028,12 +1034,6 @@ void rt_abort_all(router *r)
  * was answered then; only its memory is left. */
 void rt_forget(router *r, rt_req *q)
 {
-    if (q->prev)
-        q->prev->next = q->next;
-    else
-        r->active = q->next;
-    if (q->next) q->next->prev = q->prev;
-    r->n_active--;
-    req_free(q);
+    req_unlink_free(q);
     rt_maybe_free(r);
 }

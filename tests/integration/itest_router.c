@@ -534,6 +534,18 @@ static double metric(int port, const char *series)
     return tc_metric_or(port, series, 0);
 }
 
+/* The kv_transfer_params a fake node received are `want` (NULL: none);
+ * drops v. */
+static void assert_kv(json_t *v, const json_t *want)
+{
+    json_t *kv = json_object_get(v, "kv_transfer_params");
+    if (want ? !json_equal(kv, want) : kv != NULL) {
+        char *got = json_dumps(v, JSON_COMPACT);
+        fail_msg("a fake node received: %s", got);
+    }
+    json_decref(v);
+}
+
 /* Asks through `port` (a router in front of the fake decode node); returns
  * what the fake decode node received, after checking the client got the
  * fake's reply. */
@@ -700,18 +712,12 @@ static void test_params_kept_per_tenant(void **state)
         snprintf(auth_b, sizeof auth_b, "Authorization: Bearer tenant-b-%d", stream);
         char *b = chat_body("turn", 16, stream, NULL);
         /* the client sees no params (ask checks); nothing stored yet */
-        json_t *v = via_fake(G.fl_port, b, id, auth_a, seen, sizeof seen);
-        assert_null(json_object_get(v, "kv_transfer_params"));
+        assert_kv(via_fake(G.fl_port, b, id, auth_a, seen, sizeof seen), NULL);
         assert_string_equal(seen, auth_a + 15); /* Authorization passed on */
-        json_decref(v);
         /* turn 2, same tenant: the stored params go to the decode node */
-        v = via_fake(G.fl_port, b, id, auth_a, NULL, 0);
-        assert_true(json_equal(json_object_get(v, "kv_transfer_params"), dp));
-        json_decref(v);
+        assert_kv(via_fake(G.fl_port, b, id, auth_a, NULL, 0), dp);
         /* the same conversation id from another tenant: its own entry */
-        v = via_fake(G.fl_port, b, id, auth_b, NULL, 0);
-        assert_null(json_object_get(v, "kv_transfer_params"));
-        json_decref(v);
+        assert_kv(via_fake(G.fl_port, b, id, auth_b, NULL, 0), NULL);
         free(b);
     }
     json_decref(dp);
@@ -741,15 +747,9 @@ static void test_content_keys(void **state)
     const char *bodies[] = {t2_edit, t2, t2};
     const char *auths[] = {NULL, "Authorization: Bearer other", NULL};
     int want_params[] = {0, 0, 1};
-    for (int i = 0; i < 3; i++) {
-        json_t *v = via_fake(G.fl_port, bodies[i], auths[i], NULL, NULL, 0);
-        json_t *kv = json_object_get(v, "kv_transfer_params");
-        if (want_params[i])
-            assert_true(json_equal(kv, dp));
-        else
-            assert_null(kv);
-        json_decref(v);
-    }
+    for (int i = 0; i < 3; i++)
+        assert_kv(via_fake(G.fl_port, bodies[i], auths[i], NULL, NULL, 0),
+                  want_params[i] ? dp : NULL);
     json_decref(dp);
     /* real nodes: the second turn is an affinity hit on the first turn's node */
     char *b1 = chat_body("A conversation without an id.", 12, 0, NULL);
@@ -831,9 +831,7 @@ static void test_prefill_flow(void **state)
     /* a 5xx: local prefill on the decode node (no retry: one prefill node) */
     double failed = metric(G.fpd_port, "duplex_router_fallbacks_total{reason=\"prefill_failed\"}");
     b = chat_body("p500", 4, 0, NULL);
-    json_t *d = via_fake(G.fpd_port, b, NULL, NULL, NULL, 0);
-    assert_null(json_object_get(d, "kv_transfer_params"));
-    json_decref(d);
+    assert_kv(via_fake(G.fpd_port, b, NULL, NULL, NULL, 0), NULL);
     assert_true(metric(G.fpd_port, "duplex_router_fallbacks_total{reason=\"prefill_failed\"}") ==
                 failed + 1);
     free(b);
@@ -852,9 +850,7 @@ static void test_unidirectional(void **state)
         fake_clear(&G.fp);
         answer a = ask(G.funi_port, "/v1/chat/completions", b, "X-Conversation-Id: uni", NULL);
         free(a.text);
-        json_t *p = fake_only(&G.fp, NULL, 0);
-        assert_true(json_equal(json_object_get(p, "kv_transfer_params"), want));
-        json_decref(p);
+        assert_kv(fake_only(&G.fp, NULL, 0), want);
     }
     free(b);
     json_decref(want);
