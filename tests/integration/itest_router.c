@@ -118,6 +118,15 @@ static void fake_completion(fake_node *f, int fd, const char *body)
                     "{\"error\":{\"message\":\"fake: bad\",\"type\":\"invalid_request_error\","
                     "\"param\":null,\"code\":null}}",
                     0);
+    } else if (!strcmp(content, "die-mid")) { /* two events of a promised many, then gone */
+        const char *h = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                        "Content-Length: 100000\r\n\r\n"
+                        "data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{\"role\":"
+                        "\"assistant\",\"content\":\"\"}}]}\n\n"
+                        "data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{\"content\":"
+                        "\"Hel\"}}]}\n\ndata: {\"id\":";
+        fake_write(fd, h, strlen(h));
+        shutdown(fd, SHUT_RDWR);
     } else if (f->prefill && !strcmp(content, "p500")) {
         fake_answer(fd, 500, "application/json", "{\"error\":{\"message\":\"fake: 500\"}}", 0);
     } else if (f->prefill) {
@@ -840,6 +849,28 @@ static void test_prefill_flow(void **state)
     json_decref(dp);
 }
 
+/* The decode node dies after the first bytes went to the client: the
+ * stream ends with an OpenAI-style error event and [DONE]; what the client
+ * had is intact, the half event is not passed on. */
+static void test_decode_dies_mid_stream(void **state)
+{
+    (void)state;
+    char *b = chat_body("die-mid", 8, 1, NULL);
+    dx_buf out;
+    dx_buf_init(&out, 0);
+    assert_int_equal(req(G.fl_port, "POST", "/v1/chat/completions", b, &out, NULL, NULL), 200);
+    const char *err = strstr(out.data, "data: {\"error\":");
+    if (!err || !strstr(out.data, "\"content\":\"Hel\"") || strstr(out.data, "{\"id\":\n") ||
+        !strstr(err, "decode node failed mid-answer") || !strstr(err, "data: [DONE]\n\n"))
+        fail_msg("stream: %s", out.data);
+    dx_buf_free(&out);
+    free(b);
+    /* and the router keeps serving */
+    b = chat_body("after", 8, 0, NULL);
+    json_decref(via_fake(G.fl_port, b, NULL, NULL, NULL, 0));
+    free(b);
+}
+
 /* Unidirectional: stored params never go to a prefill node. */
 static void test_unidirectional(void **state)
 {
@@ -1116,6 +1147,7 @@ int main(void)
         cmocka_unit_test(test_content_keys),
         cmocka_unit_test(test_prefill_flow),
         cmocka_unit_test(test_unidirectional),
+        cmocka_unit_test(test_decode_dies_mid_stream),
         cmocka_unit_test(test_affinity),
         cmocka_unit_test(test_bad_bodies),
         cmocka_unit_test(test_bad_flags),
