@@ -72,6 +72,12 @@ function fakeNode(req, res) {
   req.on('data', (c) => (body += c));
   req.on('end', () => {
     const q = JSON.parse(body);
+    if (q.kv_transfer_params && q.kv_transfer_params.do_remote_decode) { // as a prefill node
+      res.setHeader('Content-Type', 'application/json');
+      return res.end(JSON.stringify({ id: 'p', object: 'chat.completion', choices: [{ index: 0,
+        message: { role: 'assistant', content: 'x' }, finish_reason: 'length' }],
+        kv_transfer_params: { ...PARAMS, remote_engine_id: 'fake-prefill' } }));
+    }
     if (!q.stream) {
       res.setHeader('Content-Type', 'application/json');
       sentAt = performance.now();
@@ -167,6 +173,17 @@ try {
   await interleave('fake node, streamed: its content event -> the client', fakeStream, fakePort, r1);
   await interleave('fake node, non-streamed: its answer -> the client', fakeFull, fakePort, r1);
   console.log(`router histogram (fake node): ${await routerStages(r1)}`);
+  // a second fake as the prefill node: every request goes through it first
+  const fakeP = http.createServer(fakeNode);
+  await new Promise((r) => fakeP.listen(0, '127.0.0.1', r));
+  const r3 = await startProc(['router', '--prefill', `http://127.0.0.1:${fakeP.address().port}`,
+    '--decode', `http://127.0.0.1:${fakePort}`, '--port', '0', '--local-prefill-max-tokens', '0',
+    '--health-interval-ms', '200', '--log-level', 'info']);
+  while ((await request(r3, '/health')).status !== 200) await new Promise((r) => setTimeout(r, 50));
+  await interleave('fake prefill + decode nodes, streamed: the content event -> the client',
+    fakeStream, fakePort, r3);
+  console.log(`router histogram (fake P/D): ${await routerStages(r3)}`);
+  fakeP.close();
 
   const nodePort = await startProc(['serve', '--model', modelPath, '--port', '0', '--threads', '1',
     '--kv-cache-mb', '64', '--log-level', 'info']);
