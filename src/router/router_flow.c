@@ -958,13 +958,32 @@ static size_t prompt_bytes(const oai_req *o)
     return n;
 }
 
+/* The node's validation, except that a client's kv_transfer_params are
+ * dropped whatever they hold (only the router issues them): a body whose
+ * only fault is a malformed one is parsed again without it. */
+static int parse_body(enum oai_kind kind, const http_req *hr, oai_req *o, oai_err *err)
+{
+    oai_parse_opts opts = {.n_vocab = 0};
+    int rc = oai_req_parse(kind, hr->body, hr->body_len, &opts, o, err);
+    if (rc == 0 || strcmp(err->param, "kv_transfer_params") != 0) return rc;
+    json_error_t je;
+    json_t *root = json_loadb(hr->body, hr->body_len, 0, &je);
+    dx_buf b;
+    dx_buf_init(&b, 0);
+    json_object_del(root, "kv_transfer_params");
+    if (router_json_append(&b, root) == 0)
+        rc = oai_req_parse(kind, b.data, b.len, &opts, o, err);
+    json_decref(root);
+    dx_buf_free(&b);
+    return rc;
+}
+
 void rt_route_completion(router *r, http_conn *c, const http_req *hr, enum oai_kind kind,
                          uint64_t t0)
 {
     oai_req o;
     oai_err err;
-    oai_parse_opts opts = {.n_vocab = 0};
-    if (oai_req_parse(kind, hr->body, hr->body_len, &opts, &o, &err) < 0) {
+    if (parse_body(kind, hr, &o, &err) < 0) {
         rt_respond_error(r, c, hr->method, hr->path, err.status, err.message, err.param, t0);
         return;
     }

@@ -704,6 +704,10 @@ static void test_client_params_stripped(void **state)
     assert_int_equal(json_integer_value(json_object_get(v, "max_tokens")), 8);
     json_decref(v);
     free(b);
+    /* whatever they hold */
+    b = chat_body("Hi", 8, 0, "\"kv_transfer_params\":\"not even an object\"");
+    assert_kv(via_fake(G.fl_port, b, NULL, NULL, NULL, 0), NULL);
+    free(b);
     free(plain);
 }
 
