@@ -641,6 +641,8 @@ static int retry_decode(rt_req *q, const char *why)
     if (d < 0) return 0;
     rt_count_fallback(r, "decode_retry");
     q->decode = d;
+    if (q->dparams == q->entry_params && !entry_usable(q))
+        q->dparams = NULL; /* they name the node that just failed: nothing to pull */
     return start_decode(q) == 0;
 }
 
