@@ -47,7 +47,8 @@ typedef struct {
 
 int router_up_create(uv_loop_t *loop, router_up **out);
 /* Aborts every request without callbacks and closes the handles: run the
- * loop afterwards, as libuv closes them asynchronously.  NULL: no-op. */
+ * loop afterwards, as libuv closes them asynchronously.  Not from inside
+ * one of this client's callbacks.  NULL: no-op. */
 void router_up_destroy(router_up *u);
 
 /* Starts a request; its callbacks run on later loop turns, never inside
