@@ -60,7 +60,7 @@ FUZZ_BIN := $(FUZZ_SRC:tests/fuzz/%.c=$(BUILD)/fuzz/%)
 ITEST_SRC := $(wildcard tests/integration/itest_*.c)
 ITEST_BIN := $(ITEST_SRC:tests/integration/%.c=$(BUILD)/tests/%)
 
-.PHONY: all release debug asan tests test demo clean fmt fuzz bench-server
+.PHONY: all release debug asan tests test demo clean fmt fuzz bench-server bench-router
 .DEFAULT_GOAL := all
 
 all: $(BIN)
@@ -119,6 +119,9 @@ fuzz:
 
 bench-server: $(BIN)
 	scripts/bench_server.sh $(BIN)
+
+bench-router: $(BIN)
+	scripts/bench_router.sh $(BIN)
 
 fmt:
 	clang-format -i $$(git ls-files '*.c' '*.h')

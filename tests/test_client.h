@@ -99,7 +99,8 @@ static inline void tc_raw_read_all(int fd, dx_buf *out, int timeout_ms)
 
 /* Sends the bytes on a new connection (the server may close early, e.g. 413)
  * and reads the answer into *out (reset first). */
-static inline void tc_raw_exchange(int port, const char *req, size_t len, dx_buf *out, int timeout_ms)
+static inline void tc_raw_exchange(int port, const char *req, size_t len, dx_buf *out,
+                                   int timeout_ms)
 {
     int fd = tc_raw_connect(port);
     for (size_t off = 0; off < len;) {
@@ -139,7 +140,8 @@ static inline void tc_answer_text(const dx_buf *b, int chat, dx_buf *out)
 /* Parses an SSE body: checks the framing and that [DONE] ends it; returns the
  * concatenated text, the finish reason and the usage chunk's
  * completion_tokens (-1: none). */
-static inline void tc_parse_sse(const dx_buf *b, int chat, dx_buf *text, char *finish, int *usage_tokens)
+static inline void tc_parse_sse(const dx_buf *b, int chat, dx_buf *text, char *finish,
+                                int *usage_tokens)
 {
     const char *p = b->data ? b->data : "";
     int done = 0;
@@ -178,19 +180,58 @@ static inline void tc_parse_sse(const dx_buf *b, int chat, dx_buf *text, char *f
     tc_terminate(text);
 }
 
-/* A counter or gauge from /metrics (fails the test if absent). */
-static inline long tc_metric(int port, const char *name)
+/* A series from /metrics — a name with its labels, as printed
+ * ("x_total{route=\"/a\"}") — or dflt when there is no such series. */
+static inline double tc_metric_or(int port, const char *series, double dflt)
 {
     dx_buf b;
     dx_buf_init(&b, 0);
     assert_int_equal(tc_http(port, "GET", "/metrics", NULL, &b, 20), 200);
-    char key[160];
-    snprintf(key, sizeof key, "\n%s ", name);
+    char key[256];
+    snprintf(key, sizeof key, "\n%s ", series);
     const char *p = strstr(b.data, key);
-    if (!p) fail_msg("metric %s missing", name);
-    long v = strtol(p + strlen(key), NULL, 10);
+    double v = p ? strtod(p + strlen(key), NULL) : dflt;
     dx_buf_free(&b);
     return v;
+}
+
+/* A counter or gauge from /metrics (fails the test if absent). */
+static inline long tc_metric(int port, const char *name)
+{
+    double v = tc_metric_or(port, name, -1e300);
+    if (v == -1e300) fail_msg("metric %s missing", name);
+    return (long)v;
+}
+
+/* Runs every transfer of a multi handle to its end. */
+static inline void tc_multi_run(CURLM *m)
+{
+    for (int running = 1; running;) {
+        curl_multi_perform(m, &running);
+        if (running) curl_multi_poll(m, NULL, 0, 100, NULL);
+    }
+}
+
+/* Sends a streaming POST on a raw connection and reads until at least
+ * min_bytes of the answer have come (the stream is running); the caller
+ * closes the socket, e.g. to walk away mid-stream. */
+static inline int tc_raw_stream_open(int port, const char *path, const char *body, size_t min_bytes)
+{
+    char rq[1024];
+    int n = snprintf(rq, sizeof rq, "POST %s HTTP/1.1\r\nHost: x\r\nContent-Length: %zu\r\n\r\n%s",
+                     path, strlen(body), body);
+    assert_true(n > 0 && (size_t)n < sizeof rq);
+    int fd = tc_raw_connect(port);
+    assert_int_equal(write(fd, rq, (size_t)n), n);
+    char buf[4096];
+    for (size_t got = 0; got < min_bytes;) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        assert_int_equal(poll(&p, 1, 30000), 1);
+        ssize_t k = read(fd, buf, sizeof buf);
+        assert_true(k > 0);
+        got += (size_t)k;
+    }
+    return fd;
 }
 
 /* Runs a shell command; its stdout is appended to *out (may be NULL).

@@ -1,8 +1,8 @@
-/* test_proc: duplex processes for integration tests — start `duplex serve`
- * (or any subcommand that prints an `address=http://127.0.0.1:PORT` line)
- * with stderr to a log, wait for its start-up line, read its HTTP and KV
- * ports, stop it.  A start that does not finish within 60 s fails the test
- * (a hang is a failure, never a timing).  Include after cmocka.h. */
+/* test_proc: duplex processes for integration tests — start one with its
+ * output in a log file, wait for a line of that log (a start-up line's
+ * address), stop it with a signal and collect its exit status.  Waits are
+ * bounded so a hang fails the test instead of blocking it; nothing here
+ * asserts a duration.  Include after cmocka.h. */
 #ifndef TEST_PROC_H
 #define TEST_PROC_H
 
@@ -16,8 +16,9 @@
 
 typedef struct {
     pid_t pid;
-    int http, kv; /* kv 0: no KV port */
-    char log[256];
+    int status;   /* wait status once reaped, else -1 */
+    int http, kv; /* ports read by tp_start (kv 0: no KV port) */
+    char log[192];
 } tp_proc;
 
 static inline void tp_sleep_ms(int ms)
@@ -26,7 +27,36 @@ static inline void tp_sleep_ms(int ms)
     nanosleep(&ts, NULL);
 }
 
-/* Reads the whole log (up to cap - 1 bytes). */
+/* Runs argv (argv[0] is the program) with stdout and stderr in `log`. */
+static inline int tp_spawn(tp_proc *p, const char *log, char *const argv[])
+{
+    snprintf(p->log, sizeof p->log, "%s", log);
+    p->status = -1;
+    p->pid = fork();
+    if (p->pid < 0) return -1;
+    if (p->pid == 0) {
+        FILE *f = freopen(log, "w", stderr);
+        (void)f;
+        dup2(2, 1);
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    return 0;
+}
+
+/* Reaps p if it has exited; 1 when it is gone. */
+static inline int tp_gone(tp_proc *p)
+{
+    if (p->pid <= 0 || p->status != -1) return 1;
+    int st;
+    if (waitpid(p->pid, &st, WNOHANG) == p->pid) {
+        p->status = st;
+        return 1;
+    }
+    return 0;
+}
+
+/* The start of p's log (up to cap - 1 bytes), NUL-terminated. */
 static inline size_t tp_read_log(const tp_proc *p, char *buf, size_t cap)
 {
     FILE *f = fopen(p->log, "r");
@@ -36,56 +66,89 @@ static inline size_t tp_read_log(const tp_proc *p, char *buf, size_t cap)
     return n;
 }
 
-/* Spawns bin with argv (NULL-terminated, argv[0] = the subcommand) and
- * waits for `ready` (e.g. "address=http://") in its log. */
+/* The integer after the first `key` in p's log, waiting up to timeout_s for
+ * it to appear; 0 if p died or the time ran out. */
+static inline long tp_wait_int(tp_proc *p, const char *key, int timeout_s)
+{
+    char buf[65536];
+    for (int i = 0; i < timeout_s * 20; i++) {
+        tp_read_log(p, buf, sizeof buf);
+        const char *k = strstr(buf, key);
+        if (k) return strtol(k + strlen(key), NULL, 10);
+        if (tp_gone(p)) return 0;
+        tp_sleep_ms(50);
+    }
+    return 0;
+}
+
+/* Sends sig (0: none) and waits up to timeout_s; the wait status, or -1 if
+ * it is still running (it is then killed). */
+static inline int tp_stop(tp_proc *p, int sig, int timeout_s)
+{
+    if (p->pid <= 0) return -1;
+    if (!tp_gone(p) && sig) kill(p->pid, sig);
+    for (int i = 0; i < timeout_s * 20 && !tp_gone(p); i++) tp_sleep_ms(50);
+    if (!tp_gone(p)) {
+        kill(p->pid, SIGKILL);
+        waitpid(p->pid, NULL, 0);
+        p->pid = 0;
+        return -1;
+    }
+    return p->status;
+}
+
+/* Runs `bin sub args` (stderr joined to stdout) and fails the test unless it
+ * exits with want_rc and its output contains phrase. */
+static inline void tp_expect(const char *bin, const char *sub, int want_rc, const char *phrase,
+                             const char *args)
+{
+    char cmd[1024], out[8192];
+    snprintf(cmd, sizeof cmd, "%s %s %s 2>&1", bin, sub, args);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    size_t n = fread(out, 1, sizeof out - 1, p);
+    out[n] = 0;
+    int st = pclose(p);
+    int rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    if (rc != want_rc || !strstr(out, phrase))
+        fail_msg("duplex %s %s: exit %d (want %d), output lacks '%s':\n%s", sub, args, rc, want_rc,
+                 phrase, out);
+}
+
+/* Runs `bin argv...` (argv NULL-terminated, argv[0] the subcommand) and
+ * waits up to 60 s for `ready` and an `address=http://127.0.0.1:PORT` in its
+ * log; reads the HTTP port and, if the log names one, the KV port
+ * (`kv_port=127.0.0.1:PORT`).  Fails the test if it dies or hangs first. */
 static inline void tp_start(tp_proc *p, const char *bin, const char *log, const char *const *argv,
                             const char *ready)
 {
+    char *args[64] = {(char *)bin};
+    int n = 1;
+    for (; argv[n - 1] && n < 63; n++) args[n] = (char *)argv[n - 1];
+    args[n] = NULL;
     memset(p, 0, sizeof *p);
-    snprintf(p->log, sizeof p->log, "%s", log);
-    p->pid = fork();
-    assert_true(p->pid >= 0);
-    if (p->pid == 0) {
-        FILE *f = freopen(log, "w", stderr);
-        (void)f;
-        const char *args[64] = {bin};
-        int n = 1;
-        for (; argv[n - 1] && n < 63; n++) args[n] = argv[n - 1];
-        args[n] = NULL;
-        execv(bin, (char *const *)args);
-        _exit(127);
-    }
+    assert_int_equal(tp_spawn(p, log, args), 0);
     static char buf[1 << 16];
-    for (int i = 0; i < 600; i++) {
+    for (int i = 0; i < 1200; i++) {
         tp_read_log(p, buf, sizeof buf);
-        const char *a = strstr(buf, ready);
         const char *h = strstr(buf, "address=http://127.0.0.1:");
-        if (a && h) {
+        if (strstr(buf, ready) && h) {
             p->http = atoi(h + strlen("address=http://127.0.0.1:"));
             const char *k = strstr(buf, "kv_port=127.0.0.1:");
             p->kv = k ? atoi(k + strlen("kv_port=127.0.0.1:")) : 0;
             return;
         }
-        int st;
-        if (waitpid(p->pid, &st, WNOHANG) == p->pid) {
-            p->pid = -1;
-            fail_msg("%s exited before it was ready: %s", argv[0], buf);
-        }
-        tp_sleep_ms(100);
+        if (tp_gone(p)) fail_msg("%s exited before it was ready: %s", argv[0], buf);
+        tp_sleep_ms(50);
     }
     fail_msg("%s did not start within 60 s: %s", argv[0], buf);
 }
 
-/* Sends sig and waits; returns the exit status (waitpid's). */
-static inline int tp_stop(tp_proc *p, int sig)
+static inline void tp_log_tail(const tp_proc *p, int lines)
 {
-    int st = 0;
-    if (p->pid > 0) {
-        kill(p->pid, sig);
-        waitpid(p->pid, &st, 0);
-    }
-    p->pid = -1;
-    return st;
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "tail -n %d %s >&2", lines, p->log);
+    (void)!system(cmd);
 }
 
 #endif

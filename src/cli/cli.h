@@ -34,5 +34,7 @@ int cli_bench_main(int argc, char **argv);
 int cli_kv_main(int argc, char **argv);
 int cli_bench_xfer_main(int argc, char **argv); /* `duplex bench xfer` */
 int cli_serve_main(int argc, char **argv);
+int cli_router_main(int argc, char **argv);
+int cli_up_main(int argc, char **argv);
 
 #endif

@@ -12,8 +12,9 @@ void cli_usage(const char *cmd, const char *usage, const cli_opt *opts, size_t n
     fprintf(stderr, "usage: duplex %s %s\n", cmd, usage);
     for (size_t i = 0; i < nopts; i++) {
         const char *arg = opts[i].type == CLI_FLAG ? "" : opts[i].type == CLI_STR ? " S" : " N";
-        fprintf(stderr, "  --%s%s%*s%s\n", opts[i].name, arg,
-                (int)(24 - strlen(opts[i].name) - strlen(arg)), "", opts[i].help ? opts[i].help : "");
+        int pad = 24 - (int)(strlen(opts[i].name) + strlen(arg)); /* long names: one space */
+        fprintf(stderr, "  --%s%s%*s%s\n", opts[i].name, arg, pad > 1 ? pad : 1, "",
+                opts[i].help ? opts[i].help : "");
     }
 }
 

@@ -17,6 +17,8 @@ static const struct {
     {"bench", cli_bench_main, "engine|xfer: engine speed, KV transfer speed"},
     {"kv", cli_kv_main, "hold|pull|bench: KV transfer between processes (tests, bench)"},
     {"serve", cli_serve_main, "OpenAI-compatible HTTP server for one node"},
+    {"router", cli_router_main, "KV-aware router in front of prefill and decode nodes"},
+    {"up", cli_up_main, "router + prefill/decode nodes on this machine, one command"},
 };
 
 static void usage(FILE *f)

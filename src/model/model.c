@@ -342,6 +342,17 @@ static int compute_fingerprint(model *m)
     return 0;
 }
 
+static void set_name(model *m)
+{
+    gguf_str nm;
+    if (gguf_get_str(m->g, "general.name", &nm) == 0 && nm.len)
+        snprintf(m->name, sizeof m->name, "%.*s", (int)(nm.len < 127 ? nm.len : 127), nm.ptr);
+    else {
+        const char *b = strrchr(m->path, '/');
+        snprintf(m->name, sizeof m->name, "%s", b ? b + 1 : m->path);
+    }
+}
+
 static int load_all(model *m)
 {
     int rc;
@@ -368,17 +379,22 @@ static int load_all(model *m)
         return dx_errf(DX_EFORMAT, "%s: tokenizer has %zu tokens but the embedding only %u rows",
                        m->path, tok_vocab_size(m->tk), hp->n_vocab);
     if ((rc = load_chat(m))) return rc;
-    gguf_str nm;
-    if (gguf_get_str(m->g, "general.name", &nm) == 0 && nm.len)
-        snprintf(m->name, sizeof m->name, "%.*s", (int)(nm.len < 127 ? nm.len : 127), nm.ptr);
-    else {
-        const char *b = strrchr(m->path, '/');
-        snprintf(m->name, sizeof m->name, "%s", b ? b + 1 : m->path);
-    }
+    set_name(m);
     return compute_fingerprint(m);
 }
 
-int model_load(const char *path, model **out)
+/* Only what counting a prompt's tokens needs: the hyper-parameters (the
+ * architecture picks the pre-tokenizer and template), the tokenizer and the
+ * chat template.  Tensors are neither bound nor read. */
+static int load_tokenizer_only(model *m)
+{
+    int rc;
+    if ((rc = load_hparams(m)) || (rc = load_tokenizer(m)) || (rc = load_chat(m))) return rc;
+    set_name(m);
+    return 0;
+}
+
+static int load_with(const char *path, int (*load)(model *), model **out)
 {
     *out = NULL;
     model *m = dx_calloc(1, sizeof *m);
@@ -387,13 +403,23 @@ int model_load(const char *path, model **out)
         return dx_errf(DX_ENOMEM, "out of memory");
     }
     int rc = gguf_open(path, &m->g);
-    if (!rc) rc = load_all(m);
+    if (!rc) rc = load(m);
     if (rc) {
         model_free(m);
         return rc;
     }
     *out = m;
     return 0;
+}
+
+int model_load(const char *path, model **out)
+{
+    return load_with(path, load_all, out);
+}
+
+int model_load_tokenizer(const char *path, model **out)
+{
+    return load_with(path, load_tokenizer_only, out);
 }
 
 void model_free(model *m)

@@ -51,6 +51,10 @@ typedef struct {
 typedef struct model model;
 
 int model_load(const char *path, model **out);
+/* The tokenizer, chat template, name and hyper-parameters only (a router
+ * counting prompt tokens): no tensor is bound or read, so the weight
+ * accessors and the fingerprint must not be used on the result. */
+int model_load_tokenizer(const char *path, model **out);
 void model_free(model *m);
 
 const model_hparams *model_hp(const model *m);

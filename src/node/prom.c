@@ -115,15 +115,24 @@ int prom_write_family(dx_buf *b, const char *name, const char *help, const prom_
 int prom_write_hist(dx_buf *b, const char *name, const char *help, const prom_hist *h)
 {
     int rc = prom_write_header(b, name, "histogram", help);
+    return rc ? rc : prom_write_hist_series(b, name, NULL, h);
+}
+
+int prom_write_hist_series(dx_buf *b, const char *name, const char *labels, const prom_hist *h)
+{
+    const char *l = labels && *labels ? labels : "", *sep = *l ? "," : "";
+    const char *open = *l ? "{" : "", *close = *l ? "}" : "";
     uint64_t cum = 0;
+    int rc = 0;
     for (size_t i = 0; rc == 0 && i < h->n_bounds; i++) {
         cum += h->counts[i];
-        rc = dx_buf_printf(b, "%s_bucket{le=\"%g\"} %llu\n", name, h->bounds[i],
+        rc = dx_buf_printf(b, "%s_bucket{%s%sle=\"%g\"} %llu\n", name, l, sep, h->bounds[i],
                            (unsigned long long)cum);
     }
     if (!rc)
-        rc = dx_buf_printf(b, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.17g\n%s_count %llu\n", name,
-                           (unsigned long long)h->count, name, h->sum, name,
-                           (unsigned long long)h->count);
+        rc = dx_buf_printf(
+            b, "%s_bucket{%s%sle=\"+Inf\"} %llu\n%s_sum%s%s%s %.17g\n%s_count%s%s%s %llu\n", name,
+            l, sep, (unsigned long long)h->count, name, open, l, close, h->sum, name, open, l,
+            close, (unsigned long long)h->count);
     return rc;
 }

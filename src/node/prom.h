@@ -44,5 +44,9 @@ int prom_write_counter(dx_buf *b, const char *name, const char *help, double v);
 int prom_write_gauge(dx_buf *b, const char *name, const char *help, double v);
 int prom_write_family(dx_buf *b, const char *name, const char *help, const prom_family *f);
 int prom_write_hist(dx_buf *b, const char *name, const char *help, const prom_hist *h);
+/* One labelled series of a histogram family ("stage=\"x\""; NULL or "" for
+ * none), without the HELP/TYPE header: write that once with
+ * prom_write_header(b, name, "histogram", help), then each series. */
+int prom_write_hist_series(dx_buf *b, const char *name, const char *labels, const prom_hist *h);
 
 #endif

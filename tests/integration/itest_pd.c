@@ -47,7 +47,7 @@ static void node_start(tp_proc *p, const char *tag, const char *const *extra)
 /* SIGTERM: a graceful drain and exit 0 (under ASan also: no leak, no error). */
 static void stop_ok(tp_proc *p)
 {
-    int st = tp_stop(p, SIGTERM);
+    int st = tp_stop(p, SIGTERM, 60);
     if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
         char buf[4096];
         tp_read_log(p, buf, sizeof buf);
@@ -523,7 +523,7 @@ static void test_decode_dies_and_ttl(void **state)
     conv_init(&r, 41, 70);
     json_t *a = turn_pd(&c, &P, &D, 30, 1, 0), *b = turn_single(&r, &S, 30);
     assert_same(a, b, 1);
-    tp_stop(&D, SIGKILL);
+    tp_stop(&D, SIGKILL, 60);
     node_start(&D2, "d2", da_ttl);
     user_turn(&c, &r, 61, 20);
     a = turn_pd(&c, &P, &D2, 30, 1, 0);

@@ -410,6 +410,14 @@ static void test_prom(void **state)
     assert_non_null(strstr(b.data, "lat_seconds_bucket{le=\"60\"} 2\n"));
     assert_non_null(strstr(b.data, "lat_seconds_bucket{le=\"+Inf\"} 3\n"));
     assert_non_null(strstr(b.data, "lat_seconds_count 3\n"));
+    /* a labelled series (the router's per-stage histograms) */
+    dx_buf_reset(&b);
+    prom_write_hist_series(&b, "lat_seconds", "stage=\"x\"", &h);
+    assert_non_null(strstr(b.data, "lat_seconds_bucket{stage=\"x\",le=\"0.001\"} 1\n"));
+    assert_non_null(strstr(b.data, "lat_seconds_bucket{stage=\"x\",le=\"+Inf\"} 3\n"));
+    assert_non_null(strstr(b.data, "lat_seconds_sum{stage=\"x\"} "));
+    assert_non_null(strstr(b.data, "lat_seconds_count{stage=\"x\"} 3\n"));
+    assert_null(strstr(b.data, "# TYPE"));
     dx_buf_free(&b);
     prom_family_free(&f);
 }

@@ -1,0 +1,202 @@
+/* cli_router: `duplex router` — the KV-aware router in front of prefill and
+ * decode nodes (src/router/router.h, docs/router.md).
+ *
+ * Parses and checks the flags (a bad URL, an empty list, a node named twice
+ * or a bad mode exit 2 with a message naming the flag), prints the one
+ * start-up line, and runs the router's loop until SIGINT/SIGTERM, which
+ * drain it: stop accepting, let running requests finish, exit 0. */
+#include "cli.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <uv.h>
+
+#include "base/dx_alloc.h"
+#include "base/dx_buf.h"
+#include "base/dx_err.h"
+#include "base/dx_log.h"
+#include "node/oai_req.h"
+#include "router/router.h"
+
+#define MAX_NODES 256
+
+typedef struct {
+    uv_loop_t loop;
+    uv_signal_t sig_int, sig_term;
+    router *r;
+} router_ctx;
+
+/* Splits "a,b,c" into urls[] (pointers into the copy *buf); exit code 2
+ * with a message for an empty list or an empty or bad element. */
+static int split_urls(const char *flag, const char *list, char **buf, const char **urls, size_t *n)
+{
+    *n = 0;
+    if (!list) return 0;
+    if (!*list) {
+        fprintf(stderr, "duplex router: --%s: empty list (want URL[,URL...])\n", flag);
+        return 2;
+    }
+    *buf = dx_strdup(list);
+    if (!*buf) return 1;
+    char *p = *buf;
+    for (;;) {
+        char *comma = strchr(p, ',');
+        if (comma) *comma = 0;
+        char norm[256];
+        if (!*p) {
+            fprintf(stderr, "duplex router: --%s: an empty entry in '%s'\n", flag, list);
+            return 2;
+        }
+        if (*n == MAX_NODES) {
+            fprintf(stderr, "duplex router: --%s: more than %d nodes\n", flag, MAX_NODES);
+            return 2;
+        }
+        if (router_parse_url(p, norm, sizeof norm) < 0) {
+            fprintf(stderr, "duplex router: --%s: %s\n", flag, dx_errmsg());
+            return 2;
+        }
+        urls[(*n)++] = p;
+        if (!comma) return 0;
+        p = comma + 1;
+    }
+}
+
+static void on_signal(uv_signal_t *h, int signum)
+{
+    router_ctx *x = h->data;
+    DX_LOGI("duplex router: %s received", signum == SIGINT ? "SIGINT" : "SIGTERM");
+    if (x->r) router_shutdown(x->r);
+}
+
+static void on_stopped(void *user)
+{
+    router_ctx *x = user;
+    router_destroy(x->r);
+    x->r = NULL;
+    uv_close((uv_handle_t *)&x->sig_int, NULL);
+    uv_close((uv_handle_t *)&x->sig_term, NULL);
+}
+
+static void list_str(const char *const *urls, size_t n, dx_buf *b)
+{
+    dx_buf_putc(b, '[');
+    for (size_t i = 0; i < n; i++) dx_buf_printf(b, "%s%s", i ? "," : "", urls[i]);
+    dx_buf_putc(b, ']');
+}
+
+static void log_startup(const router_config *c, int port)
+{
+    dx_buf p, d;
+    dx_buf_init(&p, 0);
+    dx_buf_init(&d, 0);
+    list_str(c->prefill, c->n_prefill, &p);
+    list_str(c->decode, c->n_decode, &d);
+    DX_LOGI("duplex router: address=http://%s:%d mode=%s prefill=%s decode=%s tokenizer=%s "
+            "local_prefill_max_tokens=%u",
+            c->host, port, c->n_prefill ? router_mode_name(c->mode) : "colocated", p.data, d.data,
+            c->tokenizer ? c->tokenizer : "none (~4 bytes per token)", c->local_prefill_max_tokens);
+    dx_buf_free(&p);
+    dx_buf_free(&d);
+}
+
+static int run(router_config *cfg)
+{
+    router_ctx x = {0};
+    uv_loop_init(&x.loop);
+    cfg->on_stopped = on_stopped;
+    cfg->user = &x;
+    int rc = router_create(&x.loop, cfg, &x.r);
+    if (rc < 0) {
+        fprintf(stderr, "duplex router: %s\n", dx_errmsg());
+        uv_run(&x.loop, UV_RUN_DEFAULT);
+        uv_loop_close(&x.loop);
+        return rc == DX_EINVAL ? 2 : 1;
+    }
+    log_startup(cfg, router_port(x.r));
+    uv_signal_init(&x.loop, &x.sig_int);
+    uv_signal_init(&x.loop, &x.sig_term);
+    x.sig_int.data = x.sig_term.data = &x;
+    uv_signal_start(&x.sig_int, on_signal, SIGINT);
+    uv_signal_start(&x.sig_term, on_signal, SIGTERM);
+    uv_run(&x.loop, UV_RUN_DEFAULT);
+    uv_loop_close(&x.loop);
+    return 0;
+}
+
+int cli_router_main(int argc, char **argv)
+{
+    const char *prefill = NULL, *decode = NULL, *host = "127.0.0.1", *tokenizer = NULL;
+    const char *mode = "bidirectional", *level = "info";
+    long port = 8000, max_conv = 100000, local_max = 256, health_ms = 1000, max_out = 64;
+    long max_body_mb = 4, state_mb = 1024;
+    double ttl = 450, prefill_timeout = 300, grace = 30;
+    const cli_opt opts[] = {
+        {"prefill", CLI_STR, &prefill, 0, 0,
+         "prefill node URLs, comma-separated (none: colocated)"},
+        {"decode", CLI_STR, &decode, 0, 0, "decode node URLs, comma-separated (required)"},
+        {"host", CLI_STR, &host, 0, 0, "address to bind (default 127.0.0.1)"},
+        {"port", CLI_INT, &port, 0, 65535, "port (default 8000; 0 = any free port)"},
+        {"tokenizer", CLI_STR, &tokenizer, 0, 0, "GGUF whose tokenizer counts prompt tokens"},
+        {"mode", CLI_STR, &mode, 0, 0, "bidirectional|unidirectional (default bidirectional)"},
+        {"conversation-ttl", CLI_DBL, &ttl, 1, 1e7, "seconds a conversation is remembered (450)"},
+        {"max-conversations", CLI_INT, &max_conv, 1, 1e9, "conversations kept (100000)"},
+        {"max-state-mb", CLI_INT, &state_mb, 1, 1 << 20, "kv_transfer_params bytes kept (1024)"},
+        {"local-prefill-max-tokens", CLI_INT, &local_max, 0, 1 << 30,
+         "uncached prompt tokens below this skip the prefill node (256)"},
+        {"decode-max-outstanding", CLI_INT, &max_out, 1, 1 << 20,
+         "requests at a decode node beyond which affinity yields (64)"},
+        {"health-interval-ms", CLI_INT, &health_ms, 10, 3600000, "node health checks (1000)"},
+        {"prefill-timeout-s", CLI_DBL, &prefill_timeout, 0.1, 86400, "prefill request limit (300)"},
+        {"max-body-mb", CLI_INT, &max_body_mb, 1, 1024, "request body limit (4)"},
+        {"shutdown-grace-s", CLI_DBL, &grace, 0.001, 86400, "drain time on SIGTERM (30)"},
+        {"log-level", CLI_STR, &level, 0, 0, "error|warn|info|debug (default info)"},
+    };
+    int rc = cli_parse("router", "--decode URL[,URL...] [--prefill URL[,URL...]] [--port N] [...]",
+                       argc, argv, opts, DX_ARRAY_LEN(opts), NULL, 0, NULL);
+    if (rc) return rc == 1 ? 0 : rc;
+    enum dx_log_level lvl;
+    router_config cfg = {0};
+    if (!decode) {
+        fprintf(stderr, "duplex router: --decode is required (decode node URLs)\n");
+        return 2;
+    }
+    if (dx_log_parse_level(level, &lvl) < 0) {
+        fprintf(stderr, "duplex router: --log-level wants error|warn|info|debug\n");
+        return 2;
+    }
+    if (router_parse_mode(mode, &cfg.mode) < 0) {
+        fprintf(stderr, "duplex router: --mode: %s\n", dx_errmsg());
+        return 2;
+    }
+    char *pbuf = NULL, *dbuf = NULL;
+    const char *purls[MAX_NODES], *durls[MAX_NODES];
+    size_t np = 0, nd = 0;
+    rc = split_urls("prefill", prefill, &pbuf, purls, &np);
+    if (!rc) rc = split_urls("decode", decode, &dbuf, durls, &nd);
+    if (!rc) {
+        dx_log_set_level(lvl);
+        signal(SIGPIPE, SIG_IGN); /* a peer gone mid-write is an error code, not a death */
+        oai_json_use_dx_alloc();
+        cfg.host = host;
+        cfg.port = (int)port;
+        cfg.prefill = purls;
+        cfg.n_prefill = np;
+        cfg.decode = durls;
+        cfg.n_decode = nd;
+        cfg.tokenizer = tokenizer;
+        cfg.conversation_ttl_s = ttl;
+        cfg.max_conversations = (size_t)max_conv;
+        cfg.max_state_bytes = (size_t)state_mb << 20;
+        cfg.local_prefill_max_tokens = (uint32_t)local_max;
+        cfg.decode_max_outstanding = (uint32_t)max_out;
+        cfg.health_interval_ms = (uint64_t)health_ms;
+        cfg.prefill_timeout_s = prefill_timeout;
+        cfg.max_body_bytes = (size_t)max_body_mb << 20;
+        cfg.shutdown_grace_s = grace;
+        rc = run(&cfg);
+    }
+    dx_free(pbuf);
+    dx_free(dbuf);
+    return rc;
+}

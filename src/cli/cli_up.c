@@ -1,0 +1,128 @@
+/* cli_up: `duplex up` — a router and its prefill/decode nodes on this
+ * machine in one command (src/router/router_launch.h, docs/up.md).
+ *
+ * Checks the flags, makes sure there is a model (without --model the
+ * default demo model, synthesised once into models/ like `make demo`
+ * does), and hands over to router_launch_run. */
+#include "cli.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "base/dx_dtype.h"
+#include "base/dx_err.h"
+#include "base/dx_log.h"
+#include "model/synth.h"
+#include "router/router_launch.h"
+
+#define DEFAULT_MODEL "models/qwen3-small-bf16.gguf"
+
+/* The demo model (`duplex model synth --arch qwen3 --preset small --dtype
+ * bf16 --seed 1`), written under a temporary name and renamed, so an
+ * interrupted run never leaves half a file behind. */
+static int ensure_default_model(void)
+{
+    struct stat st;
+    if (stat(DEFAULT_MODEL, &st) == 0) return 0;
+    if (mkdir("models", 0755) < 0 && errno != EEXIST) {
+        fprintf(stderr, "duplex up: mkdir models: %s\n", strerror(errno));
+        return 1;
+    }
+    fprintf(stderr, "duplex up: synthesising %s (once)\n", DEFAULT_MODEL);
+    char tmp[64];
+    snprintf(tmp, sizeof tmp, DEFAULT_MODEL ".%d.tmp", (int)getpid());
+    synth_config c = {.arch = MODEL_QWEN3, .preset = "small", .dtype = DX_BF16, .seed = 1};
+    if (synth_write(&c, tmp) < 0 || rename(tmp, DEFAULT_MODEL) < 0) {
+        fprintf(stderr, "duplex up: synthesising %s: %s\n", DEFAULT_MODEL, dx_errmsg());
+        unlink(tmp);
+        return 1;
+    }
+    return 0;
+}
+
+static int self_exe(char *out, size_t cap)
+{
+    ssize_t n = readlink("/proc/self/exe", out, cap - 1);
+    if (n <= 0) {
+        fprintf(stderr, "duplex up: cannot find its own binary (/proc/self/exe): %s\n",
+                strerror(errno));
+        return 1;
+    }
+    out[n] = 0;
+    return 0;
+}
+
+int cli_up_main(int argc, char **argv)
+{
+    const char *model = NULL, *mode = "bidirectional", *level = "info";
+    long n_prefill = -1, n_decode = 1, port = 8000, threads = 0, kv_mb = 0;
+    int no_prefix = 0;
+    double startup = 600, stop = 60;
+    const cli_opt opts[] = {
+        {"model", CLI_STR, &model, 0, 0, "GGUF model (default: " DEFAULT_MODEL ", made once)"},
+        {"prefill", CLI_INT, &n_prefill, 0, 64, "prefill nodes (default 1; colocated: 0)"},
+        {"decode", CLI_INT, &n_decode, 1, 64, "decode nodes (default 1)"},
+        {"port", CLI_INT, &port, 0, 65535, "the router's port (default 8000; 0 = any free)"},
+        {"mode", CLI_STR, &mode, 0, 0, "bidirectional|unidirectional|colocated"},
+        {"threads-per-node", CLI_INT, &threads, 0, 1024,
+         "engine threads per node (default: shared)"},
+        {"kv-cache-mb", CLI_INT, &kv_mb, 1, 1 << 22, "KV pool per node (default: serve's)"},
+        {"prefill-no-prefix-caching", CLI_FLAG, &no_prefix, 0, 0,
+         "prefill nodes recompute everything (benchmarks)"},
+        {"startup-timeout-s", CLI_DBL, &startup, 1, 86400,
+         "limit for everything to be ready (600)"},
+        {"stop-timeout-s", CLI_DBL, &stop, 1, 86400, "then SIGKILL on stop (60)"},
+        {"log-level", CLI_STR, &level, 0, 0, "error|warn|info|debug (default info)"},
+    };
+    int rc = cli_parse("up", "[--model FILE] [--prefill N] [--decode M] [--port 8000] [--mode M]",
+                       argc, argv, opts, DX_ARRAY_LEN(opts), NULL, 0, NULL);
+    if (rc) return rc == 1 ? 0 : rc;
+    router_launch_config c = {.port = (int)port, .n_decode = (int)n_decode};
+    enum dx_log_level lvl;
+    if (router_launch_parse_mode(mode, &c.mode) < 0) {
+        fprintf(stderr, "duplex up: --mode: %s\n", dx_errmsg());
+        return 2;
+    }
+    if (dx_log_parse_level(level, &lvl) < 0) {
+        fprintf(stderr, "duplex up: --log-level wants error|warn|info|debug\n");
+        return 2;
+    }
+    if (c.mode == LAUNCH_COLOCATED && n_prefill > 0) {
+        fprintf(stderr, "duplex up: --prefill %ld: colocated mode has no prefill nodes\n",
+                n_prefill);
+        return 2;
+    }
+    if (c.mode != LAUNCH_COLOCATED && n_prefill == 0) {
+        fprintf(stderr,
+                "duplex up: --prefill 0: mode %s needs prefill nodes (or --mode "
+                "colocated)\n",
+                mode);
+        return 2;
+    }
+    c.n_prefill = c.mode == LAUNCH_COLOCATED ? 0 : n_prefill < 0 ? 1 : (int)n_prefill;
+    if (model && access(model, R_OK) != 0) {
+        fprintf(stderr, "duplex up: --model %s: %s\n", model, strerror(errno));
+        return 1;
+    }
+    char exe[PATH_MAX];
+    if (self_exe(exe, sizeof exe)) return 1;
+    if (!model && ensure_default_model()) return 1;
+    dx_log_set_level(lvl);
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int nodes = c.n_prefill + c.n_decode;
+    c.exe = exe;
+    c.model = model ? model : DEFAULT_MODEL;
+    c.threads_per_node = threads ? (int)threads : cores / nodes > 1 ? (int)(cores / nodes) : 1;
+    c.kv_cache_mb = kv_mb;
+    c.prefill_no_prefix_caching = no_prefix;
+    c.startup_timeout_s = startup;
+    c.stop_timeout_s = stop;
+    c.out = stdout;
+    signal(SIGPIPE, SIG_IGN);
+    return router_launch_run(&c);
+}

@@ -1,0 +1,508 @@
+/* router: configuration, nodes and their health, metrics, the simple routes
+ * and the lifecycle (see router.h; the completion flow is router_flow.c). */
+#include "router/router_priv.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+
+#include "base/dx_alloc.h"
+#include "base/dx_clock.h"
+#include "base/dx_err.h"
+#include "base/dx_log.h"
+#include "node/oai_resp.h"
+
+double rt_now_s(void)
+{
+    return dx_now_s();
+}
+
+const char *router_mode_name(enum router_mode m)
+{
+    return m == ROUTER_UNIDIRECTIONAL ? "unidirectional" : "bidirectional";
+}
+
+int router_parse_mode(const char *s, enum router_mode *out)
+{
+    if (!strcmp(s, "bidirectional"))
+        *out = ROUTER_BIDIRECTIONAL;
+    else if (!strcmp(s, "unidirectional"))
+        *out = ROUTER_UNIDIRECTIONAL;
+    else
+        return dx_errf(DX_EINVAL, "'%s' is not a mode (bidirectional|unidirectional)", s);
+    return 0;
+}
+
+/* Host: letters, digits, '.', '-', or an [IPv6] literal; port 1..65535. */
+static int parse_host_port(const char *hp, size_t len, const char *url)
+{
+    const char *colon = NULL;
+    if (len && hp[0] == '[') {
+        const char *rb = memchr(hp, ']', len);
+        if (!rb || rb == hp + 1) return dx_errf(DX_EINVAL, "'%s': bad IPv6 literal", url);
+        colon = rb + 1 < hp + len && rb[1] == ':' ? rb + 1 : NULL;
+        if (!colon) return dx_errf(DX_EINVAL, "'%s': wants http://HOST:PORT", url);
+    } else {
+        for (size_t i = 0; i < len; i++)
+            if (hp[i] == ':') colon = hp + i;
+        if (!colon || colon == hp) return dx_errf(DX_EINVAL, "'%s': wants http://HOST:PORT", url);
+        for (const char *p = hp; p < colon; p++)
+            if (!(*p == '.' || *p == '-' || (*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'z') ||
+                  (*p >= 'A' && *p <= 'Z')))
+                return dx_errf(DX_EINVAL, "'%s': bad character in the host", url);
+    }
+    const char *port = colon + 1, *end = hp + len;
+    long v = 0;
+    if (port == end || end - port > 5) return dx_errf(DX_EINVAL, "'%s': bad port", url);
+    for (const char *p = port; p < end; p++) {
+        if (*p < '0' || *p > '9') return dx_errf(DX_EINVAL, "'%s': bad port", url);
+        v = v * 10 + (*p - '0');
+    }
+    if (v < 1 || v > 65535) return dx_errf(DX_EINVAL, "'%s': port out of range 1..65535", url);
+    return 0;
+}
+
+int router_parse_url(const char *url, char *out, size_t cap)
+{
+    if (strncmp(url, "http://", 7) != 0) {
+        if (strncmp(url, "https://", 8) == 0)
+            return dx_errf(DX_EINVAL, "'%s': https is not supported (nodes speak plain HTTP)", url);
+        return dx_errf(DX_EINVAL, "'%s': wants http://HOST:PORT", url);
+    }
+    size_t len = strlen(url);
+    if (len > 7 && url[len - 1] == '/') len--;
+    const char *hp = url + 7;
+    size_t hlen = len - 7;
+    if (memchr(hp, '/', hlen) || memchr(hp, '?', hlen) || memchr(hp, '@', hlen))
+        return dx_errf(DX_EINVAL, "'%s': only http://HOST:PORT, no path, query or user", url);
+    int rc = parse_host_port(hp, hlen, url);
+    if (rc) return rc;
+    if (len + 1 > cap || len + 1 > RT_URL_MAX) return dx_errf(DX_EINVAL, "'%s': URL too long", url);
+    memcpy(out, url, len);
+    out[len] = 0;
+    return 0;
+}
+
+/* ---- metrics -------------------------------------------------------------- */
+
+void rt_count_request(router *r, const char *path, int status)
+{
+    static const char *const known[] = {"/v1/chat/completions", "/v1/completions", "/v1/models",
+                                        "/health", "/metrics"};
+    const char *route = "other"; /* never the raw path: a scanner must not grow the family */
+    for (size_t i = 0; i < DX_ARRAY_LEN(known); i++)
+        if (!strcmp(path, known[i])) route = known[i];
+    char labels[128];
+    snprintf(labels, sizeof labels, "route=\"%s\",status=\"%d\"", route, status);
+    prom_family_add(&r->http_requests, labels, 1);
+}
+
+void rt_count_fallback(router *r, const char *reason)
+{
+    char labels[96];
+    snprintf(labels, sizeof labels, "reason=\"%s\"", reason);
+    prom_family_add(&r->fallbacks, labels, 1);
+}
+
+static void write_node_gauges(router *r, dx_buf *b)
+{
+    prom_write_header(b, "duplex_router_node_healthy", "gauge", "1 while the node passes checks");
+    for (size_t i = 0; i < r->n_nodes; i++)
+        prom_write_value(b, "duplex_router_node_healthy", r->nodes[i].labels, r->nodes[i].healthy);
+    prom_write_header(b, "duplex_router_node_outstanding_requests", "gauge",
+                      "Requests the router has in flight at the node");
+    for (size_t i = 0; i < r->n_nodes; i++)
+        prom_write_value(b, "duplex_router_node_outstanding_requests", r->nodes[i].labels,
+                         r->nodes[i].outstanding);
+    prom_write_header(b, "duplex_router_node_outstanding_prompt_tokens", "gauge",
+                      "Prompt tokens the router has in flight at the node (prefill nodes)");
+    for (size_t i = 0; i < r->n_prefill; i++)
+        prom_write_value(b, "duplex_router_node_outstanding_prompt_tokens", r->nodes[i].labels,
+                         (double)r->nodes[i].outstanding_tokens);
+}
+
+static void write_added(router *r, dx_buf *b)
+{
+    const char *name = "duplex_router_added_seconds";
+    prom_write_header(b, name, "histogram",
+                      "Time spent in the router itself: before the upstream request is sent, "
+                      "between the prefill answer and the decode request, and from upstream "
+                      "bytes to their write to the client");
+    prom_write_hist_series(b, name, "stage=\"before_upstream\"", &r->added_before);
+    prom_write_hist_series(b, name, "stage=\"prefill_to_decode\"", &r->added_between);
+    prom_write_hist_series(b, name, "stage=\"upstream_to_client\"", &r->added_stream);
+}
+
+static void render_metrics(router *r, dx_buf *b)
+{
+    router_state_expire(r->state, rt_now_s(), SIZE_MAX);
+    prom_write_family(b, "duplex_router_http_requests_total", "HTTP requests by route and status",
+                      &r->http_requests);
+    prom_write_gauge(b, "duplex_router_conversations", "Conversations tracked",
+                     (double)router_state_count(r->state));
+    prom_write_gauge(b, "duplex_router_conversation_params_bytes",
+                     "Bytes of kv_transfer_params held for conversations",
+                     (double)router_state_bytes(r->state));
+    prom_write_counter(b, "duplex_router_conversation_evictions_total",
+                       "Conversations dropped to stay within --max-conversations / the bytes bound",
+                       (double)router_state_evictions(r->state));
+    prom_write_counter(b, "duplex_router_affinity_hits_total",
+                       "Keyed requests sent to the decode node that holds the conversation",
+                       (double)r->affinity_hits);
+    prom_write_counter(b, "duplex_router_affinity_misses_total",
+                       "Keyed requests with no usable entry, or whose node could not take them",
+                       (double)r->affinity_misses);
+    prom_write_family(
+        b, "duplex_router_routed_total",
+        "Completions by path: local prefill on the decode node, or via a prefill node", &r->routed);
+    prom_write_family(b, "duplex_router_fallbacks_total", "Fallbacks and retries by reason",
+                      &r->fallbacks);
+    write_node_gauges(r, b);
+    prom_write_hist(b, "duplex_router_ttft_seconds",
+                    "Request arrival to the first content byte written to the client", &r->ttft);
+    write_added(r, b);
+    prom_write_gauge(b, "duplex_router_http_connections", "Open client connections",
+                     (double)http_srv_n_conns(r->http));
+}
+
+/* ---- simple routes ---------------------------------------------------------- */
+
+static void log_simple(const char *method, const char *path, int status, uint64_t t0)
+{
+    int quiet = !strcmp(path, "/health") || !strcmp(path, "/metrics");
+    dx_log(quiet && status < 400 ? DX_LOG_DEBUG : DX_LOG_INFO, "%s %.200s %d total_ms=%.2f", method,
+           path, status, (double)(dx_now_ns() - t0) * 1e-6);
+}
+
+void rt_respond_error(router *r, http_conn *c, const char *method, const char *path, int status,
+                      const char *msg, const char *param, uint64_t t0)
+{
+    dx_buf b;
+    dx_buf_init(&b, 0);
+    oai_error_json(&b, msg, oai_error_type(status), param && *param ? param : NULL, NULL);
+    const char *allow = NULL;
+    if (status == 405) allow = strstr(path, "completions") ? "Allow: POST\r\n" : "Allow: GET\r\n";
+    http_conn_set_abort(c, NULL, NULL);
+    http_conn_respond(c, status, "application/json", allow, b.data, b.len);
+    dx_buf_free(&b);
+    rt_count_request(r, path, status);
+    log_simple(method, path, status, t0);
+}
+
+/* Healthy when a decode node is, and a prefill node too if any are set. */
+static int cluster_healthy(const router *r)
+{
+    int p = r->n_prefill == 0, d = 0;
+    for (size_t i = 0; i < r->n_nodes; i++) {
+        if (!r->nodes[i].healthy) continue;
+        if (r->nodes[i].prefill)
+            p = 1;
+        else
+            d = 1;
+    }
+    return p && d;
+}
+
+static void route_health(router *r, http_conn *c, const http_req *hr, uint64_t t0)
+{
+    int ok = cluster_healthy(r) && !r->draining;
+    const char *st = r->draining ? "draining" : ok ? "ok" : "no healthy node";
+    char body[64];
+    int n = snprintf(body, sizeof body, "{\"status\":\"%s\"}", st);
+    http_conn_respond(c, ok ? 200 : 503, "application/json", NULL, body, (size_t)n);
+    rt_count_request(r, hr->path, ok ? 200 : 503);
+    log_simple(hr->method, hr->path, ok ? 200 : 503, t0);
+}
+
+static void route_metrics(router *r, http_conn *c, const http_req *hr, uint64_t t0)
+{
+    rt_count_request(r, hr->path, 200); /* this scrape counts itself */
+    dx_buf b;
+    dx_buf_init(&b, 0);
+    render_metrics(r, &b);
+    http_conn_respond(c, 200, "text/plain; version=0.0.4", NULL, b.data, b.len);
+    dx_buf_free(&b);
+    log_simple(hr->method, hr->path, 200, t0);
+}
+
+static void on_request(void *user, http_conn *c, const http_req *hr)
+{
+    router *r = user;
+    uint64_t t0 = dx_now_ns();
+    const char *p = hr->path;
+    int get = !strcmp(hr->method, "GET"), post = !strcmp(hr->method, "POST");
+    int is_get = !strcmp(p, "/health") || !strcmp(p, "/v1/models") || !strcmp(p, "/metrics");
+    int is_post = !strcmp(p, "/v1/chat/completions") || !strcmp(p, "/v1/completions");
+    if ((is_get && !get) || (is_post && !post))
+        rt_respond_error(r, c, hr->method, p, 405, "method not allowed", NULL, t0);
+    else if (!is_get && !is_post)
+        rt_respond_error(r, c, hr->method, p, 404, "unknown route", NULL, t0);
+    else if (!strcmp(p, "/health"))
+        route_health(r, c, hr, t0);
+    else if (!strcmp(p, "/metrics"))
+        route_metrics(r, c, hr, t0);
+    else if (r->draining)
+        rt_respond_error(r, c, hr->method, p, 503, "the router is shutting down", NULL, t0);
+    else if (!strcmp(p, "/v1/models"))
+        rt_route_passthrough(r, c, hr, t0);
+    else
+        rt_route_completion(r, c, hr,
+                            !strcmp(p, "/v1/chat/completions") ? OAI_CHAT : OAI_COMPLETION, t0);
+}
+
+/* ---- health ------------------------------------------------------------------- */
+
+static void set_health(router *r, int i, int healthy, const char *why)
+{
+    rt_node *n = &r->nodes[i];
+    if (n->healthy == healthy) return;
+    n->healthy = healthy;
+    if (healthy)
+        DX_LOGI("router: %s node %s is healthy", n->prefill ? "prefill" : "decode", n->url);
+    else
+        DX_LOGW("router: %s node %s is unhealthy: %s", n->prefill ? "prefill" : "decode", n->url,
+                why);
+}
+
+void rt_node_failed(router *r, int node, const char *why)
+{
+    set_health(r, node, 0, why);
+}
+
+int rt_node_is_decode(const router *r, int node)
+{
+    return node >= (int)r->n_prefill && node < (int)r->n_nodes;
+}
+
+static void on_check_done(void *user, int rc, long status)
+{
+    rt_node *n = user;
+    n->check = NULL;
+    char why[160];
+    if (rc < 0)
+        snprintf(why, sizeof why, "%s", dx_errmsg());
+    else
+        snprintf(why, sizeof why, "GET /health answered %ld", status);
+    set_health(n->r, n->index, rc == 0 && status == 200, why);
+}
+
+static int on_check_data(void *user, const char *p, size_t n)
+{
+    return 0; /* the status says it all */
+}
+
+static void start_check(router *r, int i)
+{
+    rt_node *n = &r->nodes[i];
+    char url[RT_URL_MAX + 16];
+    snprintf(url, sizeof url, "%s/health", n->url);
+    long timeout = (long)(r->cfg.health_interval_ms * 2);
+    if (timeout < 1000) timeout = 1000;
+    if (timeout > 10000) timeout = 10000;
+    router_up_request rq = {
+        .method = "GET", .url = url, .timeout_ms = timeout, .connect_timeout_ms = timeout};
+    static const router_up_cb cb = {.on_data = on_check_data, .on_done = on_check_done};
+    if (router_up_start(r->up, &rq, &cb, n, &n->check) < 0) n->check = NULL;
+}
+
+static void on_health_tick(uv_timer_t *t)
+{
+    router *r = t->data;
+    for (size_t i = 0; i < r->n_nodes; i++)
+        if (!r->nodes[i].check) start_check(r, (int)i);
+    router_state_expire(r->state, rt_now_s(), 4096); /* keep the map's memory honest */
+}
+
+/* ---- lifecycle ------------------------------------------------------------------ */
+
+static int add_nodes(router *r, const char *const *urls, size_t n, int prefill, const char *flag)
+{
+    for (size_t i = 0; i < n; i++) {
+        rt_node *nd = &r->nodes[r->n_nodes];
+        int rc = router_parse_url(urls[i], nd->url, sizeof nd->url);
+        if (rc) return dx_err_wrap(rc, "%s", flag);
+        for (size_t j = 0; j < r->n_nodes; j++)
+            if (!strcmp(r->nodes[j].url, nd->url))
+                return dx_errf(DX_EINVAL, "%s: node %s is given twice%s", flag, nd->url,
+                               r->nodes[j].prefill != prefill ? " (as prefill and as decode)" : "");
+        nd->prefill = prefill;
+        nd->r = r;
+        nd->index = (int)r->n_nodes;
+        snprintf(nd->labels, sizeof nd->labels, "node=\"%s\",role=\"%s\"", nd->url,
+                 prefill ? "prefill" : "decode");
+        r->n_nodes++;
+    }
+    return 0;
+}
+
+static void fill_defaults(router_config *c)
+{
+    if (!c->host) c->host = "127.0.0.1";
+    if (c->conversation_ttl_s <= 0) c->conversation_ttl_s = 450;
+    if (!c->max_conversations) c->max_conversations = 100000;
+    if (!c->max_state_bytes) c->max_state_bytes = (size_t)1 << 30;
+    if (!c->decode_max_outstanding) c->decode_max_outstanding = 64;
+    if (!c->health_interval_ms) c->health_interval_ms = 1000;
+    if (c->prefill_timeout_s <= 0) c->prefill_timeout_s = 300;
+    if (!c->max_body_bytes) c->max_body_bytes = 4u << 20;
+    if (c->shutdown_grace_s <= 0) c->shutdown_grace_s = 30;
+    while (!c->key_seed)
+        if (getrandom(&c->key_seed, sizeof c->key_seed, 0) != sizeof c->key_seed) c->key_seed = 1;
+}
+
+static int setup_nodes(router *r)
+{
+    const router_config *c = &r->cfg;
+    if (c->n_decode == 0) return dx_errf(DX_EINVAL, "--decode: at least one decode node is needed");
+    r->nodes = dx_calloc(c->n_prefill + c->n_decode, sizeof *r->nodes);
+    if (!r->nodes) return dx_errf(DX_ENOMEM, "out of memory");
+    int rc = add_nodes(r, c->prefill, c->n_prefill, 1, "--prefill");
+    r->n_prefill = r->n_nodes;
+    if (rc == 0) rc = add_nodes(r, c->decode, c->n_decode, 0, "--decode");
+    return rc;
+}
+
+static int setup_parts(router *r)
+{
+    int rc = setup_nodes(r);
+    if (rc) return rc;
+    if (r->cfg.tokenizer && (rc = model_load_tokenizer(r->cfg.tokenizer, &r->tok)))
+        return dx_err_wrap(rc, "--tokenizer");
+    router_state_config sc = {.max_entries = r->cfg.max_conversations,
+                              .max_bytes = r->cfg.max_state_bytes};
+    if ((rc = router_state_create(&sc, &r->state))) return rc;
+    if ((rc = router_up_create(r->loop, &r->up))) return rc;
+    http_srv_config hc = {.host = r->cfg.host,
+                          .port = r->cfg.port,
+                          .max_body_bytes = r->cfg.max_body_bytes,
+                          .on_request = on_request,
+                          .user = r};
+    return http_srv_create(r->loop, &hc, &r->http);
+}
+
+static void init_metrics(router *r)
+{
+    /* the router's own share is microseconds: finer buckets than latency's */
+    static const double fine[] = {0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001,
+                                  0.0025,  0.005,    0.01,    0.025,  0.05,    0.1,    0.25};
+    prom_family_init(&r->http_requests);
+    prom_family_init(&r->routed);
+    prom_family_init(&r->fallbacks);
+    prom_hist_init_latency(&r->ttft);
+    prom_hist_init(&r->added_before, fine, DX_ARRAY_LEN(fine));
+    prom_hist_init(&r->added_between, fine, DX_ARRAY_LEN(fine));
+    prom_hist_init(&r->added_stream, fine, DX_ARRAY_LEN(fine));
+    dx_buf_init(&r->scratch, 0);
+    dx_buf_init(&r->out, 0);
+}
+
+static void free_parts(router *r)
+{
+    router_state_destroy(r->state);
+    r->state = NULL;
+    model_free(r->tok);
+    r->tok = NULL;
+    dx_free(r->nodes);
+    r->nodes = NULL;
+    prom_family_free(&r->http_requests);
+    prom_family_free(&r->routed);
+    prom_family_free(&r->fallbacks);
+    dx_buf_free(&r->scratch);
+    dx_buf_free(&r->out);
+}
+
+void rt_maybe_free(router *r)
+{
+    if (r->destroying && r->n_handles == 0 && r->n_work == 0) dx_free(r);
+}
+
+static void on_handle_closed(uv_handle_t *h)
+{
+    router *r = h->data;
+    r->n_handles--;
+    rt_maybe_free(r);
+}
+
+int router_create(uv_loop_t *loop, const router_config *cfg, router **out)
+{
+    *out = NULL;
+    router *r = dx_calloc(1, sizeof *r);
+    if (!r) return dx_errf(DX_ENOMEM, "out of memory");
+    r->loop = loop;
+    r->cfg = *cfg;
+    fill_defaults(&r->cfg);
+    init_metrics(r);
+    int rc = setup_parts(r);
+    if (rc) {
+        router_up_destroy(r->up); /* closes on the next loop run */
+        free_parts(r);
+        dx_free(r);
+        return rc;
+    }
+    uv_timer_init(loop, &r->health);
+    uv_timer_init(loop, &r->grace);
+    r->health.data = r->grace.data = r;
+    r->n_handles = 2;
+    uv_timer_start(&r->health, on_health_tick, 0, r->cfg.health_interval_ms);
+    *out = r;
+    return 0;
+}
+
+int router_port(const router *r)
+{
+    return http_srv_port(r->http);
+}
+
+static void on_stopped_turn(uv_timer_t *t)
+{
+    router *r = t->data;
+    if (r->cfg.on_stopped) r->cfg.on_stopped(r->cfg.user);
+}
+
+/* on_stopped runs on a later loop turn, from a clean stack: it may destroy
+ * the router, and this is called from deep inside request handling. */
+void rt_maybe_stopped(router *r)
+{
+    if (!r->draining || r->stopped || r->n_active > 0 || r->destroying) return;
+    r->stopped = 1;
+    http_srv_close_idle(r->http);
+    DX_LOGI("router: shutdown: all requests finished");
+    uv_timer_start(&r->grace, on_stopped_turn, 0, 0);
+}
+
+static void on_grace_over(uv_timer_t *t)
+{
+    router *r = t->data;
+    DX_LOGW("router: shutdown: grace period over, ending %zu requests", r->n_active);
+    rt_abort_all(r);
+    rt_maybe_stopped(r);
+}
+
+void router_shutdown(router *r)
+{
+    if (r->draining) return;
+    r->draining = 1;
+    http_srv_stop_accepting(r->http);
+    http_srv_close_idle(r->http);
+    DX_LOGI("router: shutdown: no longer accepting; %zu requests running (grace %.0f s)",
+            r->n_active, r->cfg.shutdown_grace_s);
+    uv_timer_start(&r->grace, on_grace_over, (uint64_t)(r->cfg.shutdown_grace_s * 1e3), 0);
+    rt_maybe_stopped(r);
+}
+
+void router_destroy(router *r)
+{
+    if (!r) return;
+    r->destroying = 1;
+    rt_abort_all(r);
+    for (size_t i = 0; i < r->n_nodes; i++) {
+        router_up_cancel(r->nodes[i].check);
+        r->nodes[i].check = NULL;
+    }
+    http_srv_destroy(r->http);
+    router_up_destroy(r->up);
+    free_parts(r);
+    uv_close((uv_handle_t *)&r->health, on_handle_closed);
+    uv_close((uv_handle_t *)&r->grace, on_handle_closed);
+}

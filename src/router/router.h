@@ -1,0 +1,71 @@
+/* router: the KV-aware router (`duplex router`) — an OpenAI-compatible HTTP
+ * front for prefill and decode nodes that implements the router's side of
+ * docs/pd.md and is described in docs/router.md.
+ *
+ * One libuv loop carries everything: the listening side (node/http_conn),
+ * the upstream requests (router_up: curl multi), the health checks and the
+ * conversation map (router_state).  A completion request is parsed,
+ * stripped of client kv_transfer_params and conversation_id, keyed
+ * (router_key), and sent either straight to a decode node ("local
+ * prefill") or first to a prefill node with max_tokens 1 and then to a
+ * decode node with the prefill node's params.  The decode node's answer is
+ * proxied event by event; the params it returns are removed from what the
+ * client sees and kept as the conversation's entry.
+ *
+ * The router owns its wiring: the HTTP server, the upstream client, the
+ * tokenizer (--tokenizer: loaded without the weights) and the health timer;
+ * the CLI parses flags and runs the loop. */
+#ifndef ROUTER_H
+#define ROUTER_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+enum router_mode { ROUTER_BIDIRECTIONAL, ROUTER_UNIDIRECTIONAL };
+
+typedef struct router router;
+
+typedef struct {
+    const char *host;           /* default 127.0.0.1 */
+    int port;                   /* 0 = ephemeral */
+    const char *const *prefill; /* node base URLs ("http://host:port"), may be none */
+    size_t n_prefill;
+    const char *const *decode; /* at least one */
+    size_t n_decode;
+    enum router_mode mode;
+    const char *tokenizer;             /* GGUF whose tokenizer counts prompt tokens, or NULL */
+    double conversation_ttl_s;         /* default 450 */
+    size_t max_conversations;          /* default 100000 */
+    size_t max_state_bytes;            /* stored params, default 1 GiB */
+    uint32_t local_prefill_max_tokens; /* uncached tokens below this skip the prefill node */
+    uint32_t decode_max_outstanding;   /* default 64: affinity yields to load beyond it */
+    uint64_t health_interval_ms;       /* default 1000 */
+    double prefill_timeout_s;          /* default 300 */
+    size_t max_body_bytes;             /* client request bodies; default 4 MiB */
+    double shutdown_grace_s;           /* default 30 */
+    uint64_t key_seed;                 /* 0: random (tests fix it) */
+    /* Called on the loop thread when a shutdown has drained. */
+    void (*on_stopped)(void *user);
+    void *user;
+} router_config;
+
+/* Validates the config (every URL, no node twice, at least one decode
+ * node), loads the tokenizer, binds and starts the health checks.
+ * DX_EINVAL / DX_EIO / ... with a message naming what was wrong. */
+int router_create(uv_loop_t *loop, const router_config *cfg, router **out);
+int router_port(const router *r);
+/* Stop accepting, let running requests finish for the grace period, then
+ * end the rest and call on_stopped.  Idempotent. */
+void router_shutdown(router *r);
+/* Frees everything; run the loop afterwards so libuv can close the
+ * handles.  NULL: no-op. */
+void router_destroy(router *r);
+
+/* "http://HOST:PORT" with an optional trailing "/": 0 and the normalised
+ * URL (no trailing slash) in out, or DX_EINVAL saying what is wrong. */
+int router_parse_url(const char *url, char *out, size_t cap);
+const char *router_mode_name(enum router_mode m);
+int router_parse_mode(const char *s, enum router_mode *out);
+
+#endif

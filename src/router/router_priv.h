@@ -1,0 +1,85 @@
+/* router_priv: what router.c (nodes, health, metrics, simple routes,
+ * lifecycle) and router_flow.c (the completion flow) share. */
+#ifndef ROUTER_PRIV_H
+#define ROUTER_PRIV_H
+
+#include <jansson.h>
+#include <stdint.h>
+
+#include "base/dx_buf.h"
+#include "model/model.h"
+#include "node/http_conn.h"
+#include "node/oai_req.h"
+#include "node/prom.h"
+#include "router/router.h"
+#include "router/router_key.h"
+#include "router/router_sse.h"
+#include "router/router_state.h"
+#include "router/router_up.h"
+
+#define RT_URL_MAX 256
+
+typedef struct {
+    router *r;
+    int index;
+    char url[RT_URL_MAX];         /* normalised base, "http://host:port" */
+    char labels[RT_URL_MAX + 32]; /* node="...",role="..." */
+    int prefill;                  /* role: 1 prefill, 0 decode */
+    int healthy;                  /* the last check or connection succeeded */
+    router_up_req *check;         /* health check in flight */
+    uint32_t outstanding;         /* requests in flight */
+    uint64_t outstanding_tokens;  /* prompt tokens in flight (prefill) */
+} rt_node;
+
+typedef struct rt_req rt_req;
+
+struct router {
+    uv_loop_t *loop;
+    router_config cfg;
+    http_srv *http;
+    router_up *up;
+    router_state *state;
+    model *tok;     /* tokenizer and chat template only, or NULL */
+    rt_node *nodes; /* prefill nodes first, then decode nodes */
+    size_t n_nodes, n_prefill;
+    uv_timer_t health, grace;
+    int n_handles; /* uv handles not yet closed */
+    int n_work;    /* prompts being counted on the thread pool */
+    int draining, stopped, destroying;
+    rt_req *active;
+    size_t n_active;
+    unsigned rr;         /* rotates ties between equally loaded nodes */
+    dx_buf scratch, out; /* per event work space (loop thread) */
+    /* metrics */
+    prom_family http_requests; /* route, status */
+    prom_family routed;        /* via = local | prefill */
+    prom_family fallbacks;     /* reason */
+    uint64_t affinity_hits, affinity_misses;
+    prom_hist ttft, added_before, added_between, added_stream;
+};
+
+/* ---- router.c ---- */
+void rt_count_request(router *r, const char *path, int status);
+void rt_count_fallback(router *r, const char *reason);
+/* An OpenAI-shaped error answer; clears the connection's abort first. */
+void rt_respond_error(router *r, http_conn *c, const char *method, const char *path, int status,
+                      const char *msg, const char *param, uint64_t t0);
+/* A request to a node failed to connect: skip it until a check succeeds. */
+void rt_node_failed(router *r, int node, const char *why);
+int rt_node_is_decode(const router *r, int node);
+void rt_maybe_stopped(router *r);
+/* Frees a destroyed router once its handles and thread-pool work are done. */
+void rt_maybe_free(router *r);
+double rt_now_s(void);
+
+/* ---- router_flow.c ---- */
+void rt_route_completion(router *r, http_conn *c, const http_req *hr, enum oai_kind kind,
+                         uint64_t t0);
+/* GET passed through to a healthy node (/v1/models). */
+void rt_route_passthrough(router *r, http_conn *c, const http_req *hr, uint64_t t0);
+/* Answers and ends every request in flight (the grace period is over, or
+ * destroy); one whose prompt is being counted is ended when that is done. */
+void rt_abort_all(router *r);
+void rt_forget(router *r, rt_req *q);
+
+#endif
