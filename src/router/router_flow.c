@@ -81,6 +81,7 @@ struct rt_req {
     dx_buf reply; /* the reply text (content keys; and until the first text, for TTFT) */
     int reply_lost;
     json_t *new_params; /* what the decode node returned */
+    long p_computed;    /* prompt tokens the prefill node computed (its usage) */
     oai_req o;          /* the parsed request, until the first upstream request starts */
     uv_work_t work;     /* counting the prompt's tokens on the thread pool */
     int in_work;
@@ -510,6 +511,10 @@ static int take_prefill_params(rt_req *q)
     json_error_t je;
     json_t *root = json_loadb(q->acc.data ? q->acc.data : "", q->acc.len, JSON_ALLOW_NUL, &je);
     json_t *p = json_object_get(root, "kv_transfer_params");
+    json_t *u = json_object_get(root, "usage");
+    json_t *c = json_object_get(json_object_get(u, "prompt_tokens_details"), "cached_tokens");
+    q->p_computed = (long)(json_integer_value(json_object_get(u, "prompt_tokens")) -
+                           json_integer_value(c));
     int ok = 0;
     if (json_is_object(p)) {
         dx_buf b;
@@ -593,20 +598,30 @@ static void dec_on_head(void *user, long status)
     q->relay_events = status == 200 && q->stream;
 }
 
+/* What the client's usage must not count as cached: the tokens the prefill
+ * node computed, which the decode node then pulled (only when this request
+ * went through one). */
+static long cached_less(const rt_req *q)
+{
+    return q->dparams && q->dparams == q->pparams && q->p_computed > 0 ? q->p_computed : 0;
+}
+
 /* One complete event from the decode node: straight on, unless it carries
- * params (then without them). */
+ * params (then without them) or usage (then the cluster's). */
 static int on_event(void *user, const char *ev, size_t len)
 {
     rt_req *q = user;
     router *r = q->r;
     int want_text = q->key_kind == KEY_CHAT || !q->t_first;
-    router_sse_info info = {.text = want_text ? &q->reply : NULL};
+    router_sse_info info = {.text = want_text ? &q->reply : NULL, .cached_less = cached_less(q)};
     int rc = router_sse_event(ev, len, q->kind == OAI_CHAT, &r->scratch, &r->out, &info);
     if (rc < 0) return rc; /* never pass on an event that may hold params */
     q->reply_lost |= info.text_lost;
-    if (rc == 1) {
+    if (info.params) {
         json_decref(q->new_params);
         q->new_params = info.params;
+    }
+    if (rc == 1) {
         ev = r->out.data;
         len = r->out.len;
     }
@@ -671,7 +686,8 @@ static void dec_finish_full(rt_req *q, long status)
         reply_full(q, (int)status, q->acc.data, q->acc.len);
         return;
     }
-    router_sse_info info = {.text = q->key_kind == KEY_CHAT ? &q->reply : NULL};
+    router_sse_info info = {.text = q->key_kind == KEY_CHAT ? &q->reply : NULL,
+                            .cached_less = cached_less(q)};
     int rc = router_sse_answer(q->acc.data ? q->acc.data : "", q->acc.len, q->kind == OAI_CHAT,
                                &r->out, &info);
     if (rc < 0) {
@@ -679,7 +695,7 @@ static void dec_finish_full(rt_req *q, long status)
         return;
     }
     q->reply_lost |= info.text_lost;
-    if (rc == 1) q->new_params = info.params;
+    if (info.params) q->new_params = info.params;
     const dx_buf *b = rc == 1 ? &r->out : &q->acc;
     reply_full(q, 200, b->data, b->len);
     q->t_first = dx_now_ns();

@@ -172,9 +172,21 @@ static void take_text(json_t *root, int chat, const char *holder, router_sse_inf
         info->text_lost = 1; /* the answer still goes out; only the text is incomplete */
 }
 
-/* Parses a JSON object, reads its text, takes out kv_transfer_params.
- * 1: removed (root stays for re-serialising), 0: nothing to change,
- * negative: out of memory. */
+/* The usage as the cluster sees it: tokens another node computed for this
+ * prompt were not served from a cache, although this node pulled them. */
+static int adjust_usage(json_t *root, long less)
+{
+    json_t *d = json_object_get(json_object_get(root, "usage"), "prompt_tokens_details");
+    json_t *c = json_object_get(d, "cached_tokens");
+    if (less <= 0 || !json_is_integer(c)) return 0;
+    json_int_t v = json_integer_value(c) - less;
+    json_object_set_new(d, "cached_tokens", json_integer(v > 0 ? v : 0));
+    return 1;
+}
+
+/* Parses a JSON object, reads its text, takes out kv_transfer_params and
+ * adjusts its usage.  1: changed (root stays for re-serialising), 0:
+ * nothing to change, negative: out of memory. */
 static int inspect(const char *js, size_t len, int chat, const char *holder, router_sse_info *info,
                    json_t **root_out)
 {
@@ -182,7 +194,8 @@ static int inspect(const char *js, size_t len, int chat, const char *holder, rou
     info->text_lost = 0;
     info->params = NULL;
     *root_out = NULL;
-    int needs_parse = info->text || memmem(js, len, "\"kv_transfer_params\"", 20);
+    int needs_parse = info->text || memmem(js, len, "\"kv_transfer_params\"", 20) ||
+                      (info->cached_less > 0 && memmem(js, len, "\"cached_tokens\"", 15));
     if (!needs_parse || len == 0 || js[0] != '{') return 0;
     json_error_t je;
     json_t *root = json_loadb(js, len, JSON_ALLOW_NUL, &je);
@@ -191,10 +204,14 @@ static int inspect(const char *js, size_t len, int chat, const char *holder, rou
         return 0;
     }
     take_text(root, chat, holder, info);
+    int changed = adjust_usage(root, info->cached_less);
     json_t *p = json_object_get(root, "kv_transfer_params");
     if (p) {
         info->params = json_incref(p);
         json_object_del(root, "kv_transfer_params");
+        changed = 1;
+    }
+    if (changed) {
         *root_out = root;
         return 1;
     }

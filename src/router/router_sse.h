@@ -52,13 +52,18 @@ typedef struct {
     size_t text_added; /* bytes appended to *text */
     int text_lost;     /* *text could not take them (its maximum): it is incomplete */
     json_t *params;    /* the removed kv_transfer_params (new reference) or NULL */
+    /* In: prompt tokens another node (the prefill node) computed for this
+     * request; subtracted from usage.prompt_tokens_details.cached_tokens, so
+     * the client sees what the cluster reused, not what this node pulled. */
+    long cached_less;
 } router_sse_info;
 
-/* One SSE event of an OpenAI stream.  Returns 1 when the event carried a
- * top-level kv_transfer_params: *out then holds the event without it
- * ("data: {...}\n\n") and info->params the member.  Returns 0 when the
- * event goes to the client as it is (not JSON — [DONE], comments — or no
- * such member); DX_ENOMEM on failure.  scratch: reused work space. */
+/* One SSE event of an OpenAI stream.  Returns 1 when the event changes: a
+ * top-level kv_transfer_params taken out (into info->params) or its usage
+ * adjusted (info->cached_less); *out then holds the new event
+ * ("data: {...}\n\n").  Returns 0 when the event goes to the client as it is
+ * (not JSON — [DONE], comments — or nothing to change); DX_ENOMEM on
+ * failure.  scratch: reused work space. */
 int router_sse_event(const char *ev, size_t len, int chat, dx_buf *scratch, dx_buf *out,
                      router_sse_info *info);
 /* The same for a whole JSON answer (non-streamed): 1 with *out the answer

@@ -244,6 +244,39 @@ static void test_answer(void **state)
     dx_buf_free(&text);
 }
 
+/* The usage the client sees counts what the cluster reused: tokens the
+ * prefill node computed are not "cached" because the decode node pulled
+ * them. */
+static void test_cluster_usage(void **state)
+{
+    (void)state;
+    dx_buf out, scratch;
+    dx_buf_init(&out, 0);
+    dx_buf_init(&scratch, 0);
+    const char *ev = "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":300,"
+                     "\"completion_tokens\":8,\"prompt_tokens_details\":{\"cached_tokens\":288}}}\n\n";
+    router_sse_info info = {.cached_less = 120};
+    assert_int_equal(router_sse_event(ev, strlen(ev), 1, &scratch, &out, &info), 1);
+    assert_null(info.params);
+    assert_non_null(strstr(out.data, "\"cached_tokens\":168"));
+    info.cached_less = 400; /* never below zero */
+    assert_int_equal(router_sse_event(ev, strlen(ev), 1, &scratch, &out, &info), 1);
+    assert_non_null(strstr(out.data, "\"cached_tokens\":0"));
+    info.cached_less = 0; /* not through a prefill node: as it is */
+    assert_int_equal(router_sse_event(ev, strlen(ev), 1, &scratch, &out, &info), 0);
+    const char *a = "{\"choices\":[{\"message\":{\"content\":\"x\"}}],\"usage\":{"
+                    "\"prompt_tokens\":40,\"prompt_tokens_details\":{\"cached_tokens\":32}},"
+                    "\"kv_transfer_params\":{\"remote_port\":9}}";
+    info.cached_less = 30;
+    assert_int_equal(router_sse_answer(a, strlen(a), 1, &out, &info), 1);
+    assert_non_null(info.params);
+    assert_non_null(strstr(out.data, "\"cached_tokens\":2"));
+    assert_null(strstr(out.data, "kv_transfer_params"));
+    json_decref(info.params);
+    dx_buf_free(&out);
+    dx_buf_free(&scratch);
+}
+
 int main(void)
 {
     oai_json_use_dx_alloc();
@@ -252,6 +285,7 @@ int main(void)
         cmocka_unit_test(test_split_everywhere), cmocka_unit_test(test_limits_and_stop),
         cmocka_unit_test(test_data_lines),       cmocka_unit_test(test_strip_final),
         cmocka_unit_test(test_answer),
+        cmocka_unit_test(test_cluster_usage),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     if (dx_alloc_live_bytes() != live) {
