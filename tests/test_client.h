@@ -55,14 +55,17 @@ static inline CURL *tc_curl(int port, const char *method, const char *path, cons
     return c;
 }
 
-/* One request; returns the status, the body in *out (reset first).  A
- * transport failure (or no answer within timeout_s) fails the test. */
-static inline long tc_http(int port, const char *method, const char *path, const char *body,
-                           dx_buf *out, long timeout_s)
+/* One request with extra headers ("Name: value", NULL-terminated list or
+ * NULL); returns the status, the body in *out (reset first).  A transport
+ * failure (or no answer within timeout_s) fails the test. */
+static inline long tc_http_h(int port, const char *method, const char *path, const char *body,
+                             const char *const *headers, dx_buf *out, long timeout_s)
 {
     struct curl_slist *hdrs;
     dx_buf_reset(out);
     CURL *c = tc_curl(port, method, path, body, out, &hdrs, timeout_s);
+    for (size_t i = 0; headers && headers[i]; i++) hdrs = curl_slist_append(hdrs, headers[i]);
+    if (headers) curl_easy_setopt(c, CURLOPT_HTTPHEADER, hdrs);
     CURLcode rc = curl_easy_perform(c);
     long status = 0;
     curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
@@ -71,6 +74,12 @@ static inline long tc_http(int port, const char *method, const char *path, const
     if (rc != CURLE_OK) fail_msg("%s %s: %s", method, path, curl_easy_strerror(rc));
     tc_terminate(out);
     return status;
+}
+
+static inline long tc_http(int port, const char *method, const char *path, const char *body,
+                           dx_buf *out, long timeout_s)
+{
+    return tc_http_h(port, method, path, body, NULL, out, timeout_s);
 }
 
 static inline int tc_raw_connect(int port)

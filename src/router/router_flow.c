@@ -60,6 +60,7 @@ struct rt_req {
     router_key chain;                /* CHAT: the key of all the request's messages */
     int found, entry_node, affinity; /* affinity: -1 unkeyed, 0 miss, 1 hit */
     char *entry_params;
+    char *hist_params; /* entry_params without the pull: their holder is down */
     uint32_t entry_tokens, prompt_tokens;
     char *auth;
     /* bodies */
@@ -81,7 +82,7 @@ struct rt_req {
     dx_buf reply; /* the reply text (content keys; and until the first text, for TTFT) */
     int reply_lost;
     json_t *new_params; /* what the decode node returned */
-    long p_computed;    /* prompt tokens the prefill node computed (its usage) */
+    long p_cached;      /* prompt tokens the prefill node did not compute (its usage) */
     oai_req o;          /* the parsed request, until the first upstream request starts */
     uv_work_t work;     /* counting the prompt's tokens on the thread pool */
     int in_work;
@@ -102,6 +103,7 @@ static void req_free(rt_req *q)
     json_decref(q->new_params);
     dx_free(q->pparams);
     dx_free(q->entry_params);
+    dx_free(q->hist_params);
     dx_free(q->auth);
     oai_req_free(&q->o);
     dx_free(q);
@@ -282,7 +284,7 @@ static void stream_finish(rt_req *q, const char *msg)
 static int pick_least(router *r, size_t lo, size_t hi, int exclude, int by_tokens)
 {
     size_t n = hi - lo;
-    unsigned start = r->rr++;
+    unsigned start = r->rr[by_tokens]++; /* one rotation per pool, or picks in step skew it */
     int best = -1;
     for (size_t k = 0; k < n; k++) {
         int i = (int)(lo + (start + k) % n);
@@ -335,11 +337,45 @@ static int entry_usable(const rt_req *q)
     return q->entry_params && q->entry_node >= 0 && q->r->nodes[q->entry_node].healthy;
 }
 
-/* What a decode node gets when it prefills locally: the stored params in
- * bidirectional mode (the holder uses its own cache, another node pulls). */
-static const char *local_params(const rt_req *q)
+/* The entry's params as a JSON object with the two flags set (NULL when
+ * there are none or they do not parse). */
+static json_t *entry_json(const rt_req *q, int decode, int prefill)
 {
-    return q->r->cfg.mode == ROUTER_BIDIRECTIONAL && entry_usable(q) ? q->entry_params : NULL;
+    if (!q->entry_params) return NULL;
+    json_error_t je;
+    json_t *kv = json_loads(q->entry_params, 0, &je);
+    if (!json_is_object(kv)) {
+        json_decref(kv);
+        return NULL;
+    }
+    json_object_set_new(kv, "do_remote_decode", json_boolean(decode));
+    json_object_set_new(kv, "do_remote_prefill", json_boolean(prefill));
+    return kv;
+}
+
+/* The stored params when their holder is down: nothing to pull, but their
+ * remote_token_ids still say which tokens the conversation's replies were,
+ * so the next node tokenises the history exactly as generated
+ * (docs/pd.md, token-faithful history). */
+static const char *history_params(rt_req *q)
+{
+    if (q->hist_params) return q->hist_params;
+    json_t *kv = entry_json(q, 0, 0);
+    dx_buf b;
+    dx_buf_init(&b, 0);
+    if (kv && router_json_append(&b, kv) == 0) q->hist_params = dx_buf_take(&b);
+    dx_buf_free(&b);
+    json_decref(kv);
+    return q->hist_params;
+}
+
+/* What a decode node gets when it prefills locally: the stored params in
+ * bidirectional mode (the holder uses its own cache, another node pulls);
+ * only their history when the holder is down. */
+static const char *local_params(rt_req *q)
+{
+    if (q->r->cfg.mode != ROUTER_BIDIRECTIONAL || !q->entry_params) return NULL;
+    return entry_usable(q) ? q->entry_params : history_params(q);
 }
 
 /* ---- upstream requests ------------------------------------------------------------- */
@@ -513,8 +549,7 @@ static int take_prefill_params(rt_req *q)
     json_t *p = json_object_get(root, "kv_transfer_params");
     json_t *u = json_object_get(root, "usage");
     json_t *c = json_object_get(json_object_get(u, "prompt_tokens_details"), "cached_tokens");
-    q->p_computed = (long)(json_integer_value(json_object_get(u, "prompt_tokens")) -
-                           json_integer_value(c));
+    q->p_cached = json_is_integer(c) ? (long)json_integer_value(c) : -1;
     int ok = 0;
     if (json_is_object(p)) {
         dx_buf b;
@@ -598,12 +633,11 @@ static void dec_on_head(void *user, long status)
     q->relay_events = status == 200 && q->stream;
 }
 
-/* What the client's usage must not count as cached: the tokens the prefill
- * node computed, which the decode node then pulled (only when this request
- * went through one). */
-static long cached_less(const rt_req *q)
+/* The most the client's usage may count as cached: what the prefill node
+ * did not compute (only when this request went through one). */
+static int has_cap(const rt_req *q)
 {
-    return q->dparams && q->dparams == q->pparams && q->p_computed > 0 ? q->p_computed : 0;
+    return q->dparams && q->dparams == q->pparams && q->p_cached >= 0;
 }
 
 /* One complete event from the decode node: straight on, unless it carries
@@ -613,7 +647,8 @@ static int on_event(void *user, const char *ev, size_t len)
     rt_req *q = user;
     router *r = q->r;
     int want_text = q->key_kind == KEY_CHAT || !q->t_first;
-    router_sse_info info = {.text = want_text ? &q->reply : NULL, .cached_less = cached_less(q)};
+    router_sse_info info = {.text = want_text ? &q->reply : NULL, .has_cap = has_cap(q),
+                            .cached_cap = q->p_cached};
     int rc = router_sse_event(ev, len, q->kind == OAI_CHAT, &r->scratch, &r->out, &info);
     if (rc < 0) return rc; /* never pass on an event that may hold params */
     q->reply_lost |= info.text_lost;
@@ -657,7 +692,7 @@ static int retry_decode(rt_req *q, const char *why)
     rt_count_fallback(r, "decode_retry");
     q->decode = d;
     if (q->dparams == q->entry_params && !entry_usable(q))
-        q->dparams = NULL; /* they name the node that just failed: nothing to pull */
+        q->dparams = history_params(q); /* they name the node that just failed: nothing to pull */
     return start_decode(q) == 0;
 }
 
@@ -687,7 +722,7 @@ static void dec_finish_full(rt_req *q, long status)
         return;
     }
     router_sse_info info = {.text = q->key_kind == KEY_CHAT ? &q->reply : NULL,
-                            .cached_less = cached_less(q)};
+                            .has_cap = has_cap(q), .cached_cap = q->p_cached};
     int rc = router_sse_answer(q->acc.data ? q->acc.data : "", q->acc.len, q->kind == OAI_CHAT,
                                &r->out, &info);
     if (rc < 0) {
@@ -882,17 +917,8 @@ static int build_prefill_body(rt_req *q, json_t *root)
     json_object_set_new(root, "stream", json_false());
     json_object_del(root, "stream_options");
     json_t *kv = NULL;
-    if (q->r->cfg.mode == ROUTER_BIDIRECTIONAL && entry_usable(q)) {
-        json_error_t je;
-        kv = json_loads(q->entry_params, 0, &je);
-        if (!json_is_object(kv)) {
-            json_decref(kv);
-            kv = NULL;
-        } else {
-            json_object_set_new(kv, "do_remote_decode", json_true());
-            json_object_set_new(kv, "do_remote_prefill", json_true());
-        }
-    }
+    if (q->r->cfg.mode == ROUTER_BIDIRECTIONAL) /* pull, or (holder down) the history only */
+        kv = entry_json(q, 1, entry_usable(q));
     if (!kv) kv = json_pack("{s:b, s:b}", "do_remote_decode", 1, "do_remote_prefill", 0);
     if (!kv || json_object_set_new(root, "kv_transfer_params", kv) < 0) return DX_ENOMEM;
     return router_json_append(&q->pbody, root);

@@ -48,7 +48,7 @@ struct router {
     int draining, stopped, destroying;
     rt_req *active;
     size_t n_active;
-    unsigned rr;         /* rotates ties between equally loaded nodes */
+    unsigned rr[2];      /* rotate ties between equally loaded nodes: [0] decode, [1] prefill */
     dx_buf scratch, out; /* per event work space (loop thread) */
     /* metrics */
     prom_family http_requests; /* route, status */

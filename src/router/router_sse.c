@@ -172,15 +172,16 @@ static void take_text(json_t *root, int chat, const char *holder, router_sse_inf
         info->text_lost = 1; /* the answer still goes out; only the text is incomplete */
 }
 
-/* The usage as the cluster sees it: tokens another node computed for this
- * prompt were not served from a cache, although this node pulled them. */
-static int adjust_usage(json_t *root, long less)
+/* The usage as the cluster sees it: a prompt token counts as cached only if
+ * neither node computed it.  Both nodes' cached tokens are a prefix of the
+ * prompt, so the cluster's are the shorter of the two. */
+static int adjust_usage(json_t *root, const router_sse_info *info)
 {
+    long cap = info->cached_cap;
     json_t *d = json_object_get(json_object_get(root, "usage"), "prompt_tokens_details");
     json_t *c = json_object_get(d, "cached_tokens");
-    if (less <= 0 || !json_is_integer(c)) return 0;
-    json_int_t v = json_integer_value(c) - less;
-    json_object_set_new(d, "cached_tokens", json_integer(v > 0 ? v : 0));
+    if (!info->has_cap || !json_is_integer(c) || json_integer_value(c) <= cap) return 0;
+    json_object_set_new(d, "cached_tokens", json_integer(cap));
     return 1;
 }
 
@@ -195,7 +196,7 @@ static int inspect(const char *js, size_t len, int chat, const char *holder, rou
     info->params = NULL;
     *root_out = NULL;
     int needs_parse = info->text || memmem(js, len, "\"kv_transfer_params\"", 20) ||
-                      (info->cached_less > 0 && memmem(js, len, "\"cached_tokens\"", 15));
+                      (info->has_cap && memmem(js, len, "\"cached_tokens\"", 15));
     if (!needs_parse || len == 0 || js[0] != '{') return 0;
     json_error_t je;
     json_t *root = json_loadb(js, len, JSON_ALLOW_NUL, &je);
@@ -204,7 +205,7 @@ static int inspect(const char *js, size_t len, int chat, const char *holder, rou
         return 0;
     }
     take_text(root, chat, holder, info);
-    int changed = adjust_usage(root, info->cached_less);
+    int changed = adjust_usage(root, info);
     json_t *p = json_object_get(root, "kv_transfer_params");
     if (p) {
         info->params = json_incref(p);

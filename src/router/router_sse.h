@@ -52,15 +52,17 @@ typedef struct {
     size_t text_added; /* bytes appended to *text */
     int text_lost;     /* *text could not take them (its maximum): it is incomplete */
     json_t *params;    /* the removed kv_transfer_params (new reference) or NULL */
-    /* In: prompt tokens another node (the prefill node) computed for this
-     * request; subtracted from usage.prompt_tokens_details.cached_tokens, so
-     * the client sees what the cluster reused, not what this node pulled. */
-    long cached_less;
+    /* In, when has_cap: the prompt tokens another node (the prefill node)
+     * had cached for this request.  usage.prompt_tokens_details.cached_tokens
+     * is capped by it, so the client sees what the cluster reused, not what
+     * this node pulled from a node that computed it. */
+    int has_cap;
+    long cached_cap;
 } router_sse_info;
 
 /* One SSE event of an OpenAI stream.  Returns 1 when the event changes: a
  * top-level kv_transfer_params taken out (into info->params) or its usage
- * adjusted (info->cached_less); *out then holds the new event
+ * capped (info->cached_cap); *out then holds the new event
  * ("data: {...}\n\n").  Returns 0 when the event goes to the client as it is
  * (not JSON — [DONE], comments — or nothing to change); DX_ENOMEM on
  * failure.  scratch: reused work space. */

@@ -255,22 +255,26 @@ static void test_cluster_usage(void **state)
     dx_buf_init(&scratch, 0);
     const char *ev = "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":300,"
                      "\"completion_tokens\":8,\"prompt_tokens_details\":{\"cached_tokens\":288}}}\n\n";
-    router_sse_info info = {.cached_less = 120};
+    router_sse_info info = {.has_cap = 1, .cached_cap = 160};
     assert_int_equal(router_sse_event(ev, strlen(ev), 1, &scratch, &out, &info), 1);
     assert_null(info.params);
-    assert_non_null(strstr(out.data, "\"cached_tokens\":168"));
-    info.cached_less = 400; /* never below zero */
+    assert_non_null(strstr(out.data, "\"cached_tokens\":160"));
+    info.cached_cap = 0; /* turn 1: the prefill node computed everything */
     assert_int_equal(router_sse_event(ev, strlen(ev), 1, &scratch, &out, &info), 1);
     assert_non_null(strstr(out.data, "\"cached_tokens\":0"));
-    info.cached_less = 0; /* not through a prefill node: as it is */
+    info.cached_cap = 400; /* above: as it is */
+    assert_int_equal(router_sse_event(ev, strlen(ev), 1, &scratch, &out, &info), 0);
+    info.has_cap = 0; /* not through a prefill node: as it is */
+    info.cached_cap = 0;
     assert_int_equal(router_sse_event(ev, strlen(ev), 1, &scratch, &out, &info), 0);
     const char *a = "{\"choices\":[{\"message\":{\"content\":\"x\"}}],\"usage\":{"
                     "\"prompt_tokens\":40,\"prompt_tokens_details\":{\"cached_tokens\":32}},"
                     "\"kv_transfer_params\":{\"remote_port\":9}}";
-    info.cached_less = 30;
+    info.has_cap = 1;
+    info.cached_cap = 16;
     assert_int_equal(router_sse_answer(a, strlen(a), 1, &out, &info), 1);
     assert_non_null(info.params);
-    assert_non_null(strstr(out.data, "\"cached_tokens\":2"));
+    assert_non_null(strstr(out.data, "\"cached_tokens\":16"));
     assert_null(strstr(out.data, "kv_transfer_params"));
     json_decref(info.params);
     dx_buf_free(&out);
