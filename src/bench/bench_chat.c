@@ -176,8 +176,10 @@ static int run_turn(const bench_chat_config *c, const char *model, json_t *msgs,
                                  .cached_tokens = t.cached,
                                  .completion_tokens = t.completion,
                                  .answer_bytes = t.text.len};
-        json_array_append_new(msgs, json_pack("{s:s,s:s%}", "role", "assistant", "content",
-                                              t.text.data ? t.text.data : "", t.text.len));
+        json_t *m = json_pack("{s:s,s:s%}", "role", "assistant", "content",
+                              t.text.data ? t.text.data : "", t.text.len);
+        json_array_append_new(msgs, m);
+        out->answer = json_string_value(json_object_get(m, "content"));
     }
     free(body);
     dx_buf_free(&t.in);
@@ -202,6 +204,7 @@ int bench_chat_run(const bench_chat_config *c, bench_chat_turn *out)
         if (i) json_array_append_new(msgs, user_msg(&seed, "Next: ", c->input_words));
         rc = run_turn(c, model, msgs, &out[i]);
         if (!rc && c->on_turn) c->on_turn(c->user, i + 1, &out[i]);
+        out[i].answer = NULL; /* it lives in msgs, which goes below */
     }
     json_decref(msgs);
     return rc;

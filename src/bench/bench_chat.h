@@ -38,6 +38,7 @@ struct bench_chat_turn {
     double ttft_s, total_s;
     long prompt_tokens, cached_tokens, completion_tokens;
     size_t answer_bytes;
+    const char *answer; /* the answer's text: valid only during on_turn */
 };
 
 /* Runs the conversation; out[0..turns).  0, or a negative code with a

@@ -60,7 +60,7 @@ static int self_exe(char *out, size_t cap)
 int cli_up_main(int argc, char **argv)
 {
     const char *model = NULL, *mode = "bidirectional", *level = "info";
-    long n_prefill = -1, n_decode = 1, port = 8000, threads = 0, kv_mb = 0;
+    long n_prefill = -1, n_decode = 1, port = 8000, threads = 0, kv_mb = 0, local_max = -1;
     int no_prefix = 0;
     double startup = 600, stop = 60;
     const cli_opt opts[] = {
@@ -74,6 +74,8 @@ int cli_up_main(int argc, char **argv)
         {"kv-cache-mb", CLI_INT, &kv_mb, 1, 1 << 22, "KV pool per node (default: serve's)"},
         {"prefill-no-prefix-caching", CLI_FLAG, &no_prefix, 0, 0,
          "prefill nodes recompute everything (benchmarks)"},
+        {"local-prefill-max-tokens", CLI_INT, &local_max, 0, 1 << 30,
+         "the router's: below this many uncached tokens, the decode node prefills (256)"},
         {"startup-timeout-s", CLI_DBL, &startup, 1, 86400,
          "limit for everything to be ready (600)"},
         {"stop-timeout-s", CLI_DBL, &stop, 1, 86400, "then SIGKILL on stop (60)"},
@@ -120,6 +122,8 @@ int cli_up_main(int argc, char **argv)
     c.threads_per_node = threads ? (int)threads : cores / nodes > 1 ? (int)(cores / nodes) : 1;
     c.kv_cache_mb = kv_mb;
     c.prefill_no_prefix_caching = no_prefix;
+    c.has_local_prefill = local_max >= 0;
+    c.local_prefill_max_tokens = local_max;
     c.startup_timeout_s = startup;
     c.stop_timeout_s = stop;
     c.out = stdout;

@@ -156,6 +156,10 @@ int router_launch_router_argv(const router_launch_config *c, const char *prefill
         arg(a, "--mode");
         arg(a, router_launch_mode_name(c->mode));
     }
+    if (c->has_local_prefill) {
+        arg(a, "--local-prefill-max-tokens");
+        arg_num(a, c->local_prefill_max_tokens);
+    }
     if (rc) router_launch_argv_free(a);
     return rc;
 }

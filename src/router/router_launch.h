@@ -35,6 +35,8 @@ typedef struct {
     int threads_per_node;          /* 0: the cores shared out */
     long kv_cache_mb;              /* per node; 0 = serve's default */
     int prefill_no_prefix_caching; /* benchmarks: prefill nodes recompute everything */
+    int has_local_prefill;         /* pass local_prefill_max_tokens to the router */
+    long local_prefill_max_tokens;
     double startup_timeout_s;      /* default 600 */
     double stop_timeout_s;         /* SIGKILL what is left after this; default 60 */
     FILE *out;                     /* the summary lines (stdout) */

@@ -1,8 +1,9 @@
 /* itest_demo: the README's main command works — scripts/demo.sh (what
  * `make demo` runs) with the binary under test and the model in a temporary
- * directory must exit 0 and show each step's result: model info, tokens,
- * generated text, a served chat (plain and streamed) and a second turn with
- * cached prompt tokens. */
+ * directory must exit 0 and show each step's result: model info, generated
+ * text, `duplex up` with its nodes, a streamed chat through the router, a
+ * multi-turn conversation whose later turns reuse the history, and the
+ * node metrics showing that history pulled from the decode node. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -34,12 +35,24 @@ static void test_demo(void **state)
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     if (system(cmd)) fprintf(stderr, "cleanup of %s failed\n", dir);
     if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) fail_msg("demo failed:\n%s", out.data);
-    static const char *const want[] = {
-        "architecture:    qwen3", "tokens, ", "generated: 48 tokens", "duplex serve: model=",
-        "\"object\":\"chat.completion\"", "data: [DONE]", "\"cached_tokens\":16",
-        "shutdown: all requests finished"};
+    static const char *const want[] = {"architecture:    qwen3",
+                                       "generated: 48 tokens",
+                                       "duplex up: prefill0",
+                                       "duplex up: decode0",
+                                       "duplex up: ready: http://127.0.0.1:",
+                                       "\"object\":\"chat.completion.chunk\"",
+                                       "data: [DONE]",
+                                       "turn  6  prompt",
+                                       "from the decode node (",
+                                       "superseded by the next turn",
+                                       "duplex up: stopped"};
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
         if (!strstr(out.data, want[i])) fail_msg("demo output lacks '%s':\n%s", want[i], out.data);
+    /* the history really came from the decode node, and turns 2+ reused it */
+    if (strstr(out.data, "pulled 0 from the decode node")) fail_msg("no D->P pull:\n%s", out.data);
+    const char *t2 = strstr(out.data, "turn  2  prompt");
+    long cached = t2 && strstr(t2, "cached") ? strtol(strstr(t2, "cached") + 6, NULL, 10) : 0;
+    if (cached <= 0) fail_msg("turn 2 reused nothing:\n%s", out.data);
     dx_buf_free(&out);
 }
 

@@ -86,6 +86,12 @@ static void test_router(void **state)
                      0);
     assert_non_null(strstr(joined(&a), " --mode unidirectional"));
     router_launch_argv_free(&a);
+    c.has_local_prefill = 1; /* 0 is a value: every prompt via a prefill node */
+    c.local_prefill_max_tokens = 0;
+    assert_int_equal(router_launch_router_argv(&c, "http://127.0.0.1:1", "http://127.0.0.1:2", &a),
+                     0);
+    assert_non_null(strstr(joined(&a), " --local-prefill-max-tokens 0"));
+    router_launch_argv_free(&a);
     c = cfg(LAUNCH_COLOCATED);
     c.port = 0;
     assert_int_equal(router_launch_router_argv(&c, "", "http://127.0.0.1:2", &a), 0);
