@@ -230,6 +230,11 @@ void node_kv_pull_run(node_kv *k, node_kv_pull *p)
     snprintf(p->reason, sizeof p->reason, "%s", res.reason);
     p->seconds = (double)(dx_now_ns() - t0) * 1e-9;
     if (rc) DX_LOGD("kv pull from %s:%d failed: %s", p->host, p->port, res.reason);
+    DX_LOGD("kv pull from %s:%d: %u of %zu blocks in %u reads, %.2f MB; connect %.2f ms, hello "
+            "%.2f%s, pin %.2f, read %.2f, release %.2f",
+            p->host, p->port, got, p->n, res.n_reads, (double)res.bytes / 1e6, res.t_connect_ms,
+            res.t_hello_ms, res.hello_cached ? " (cached)" : "", res.t_pin_ms, res.t_read_ms,
+            res.t_release_ms);
 }
 
 void node_kv_get_stats(node_kv *k, node_kv_stats *out)
