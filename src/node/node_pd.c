@@ -318,14 +318,16 @@ const char *node_pd_log_suffix(node_req *q)
 
 /* ---- metrics ------------------------------------------------------------------ */
 
-static void write_tokens(dx_buf *b, const node_pd_stats *st)
+/* One counter family whose series differ in one label's value. */
+static void write_counters(dx_buf *b, const char *name, const char *help, const char *label,
+                           const char *const *values, const uint64_t *counts, size_t n)
 {
-    const char *name = "duplex_kv_prompt_tokens_total";
-    prom_write_header(b, name, "counter",
-                      "Prompt tokens of finished requests by where their KV came from");
-    prom_write_value(b, name, "source=\"local\"", (double)st->tokens_local);
-    prom_write_value(b, name, "source=\"pulled\"", (double)st->tokens_pulled);
-    prom_write_value(b, name, "source=\"computed\"", (double)st->tokens_computed);
+    prom_write_header(b, name, "counter", help);
+    for (size_t i = 0; i < n; i++) {
+        char l[96];
+        snprintf(l, sizeof l, "%s=\"%s\"", label, values[i]);
+        prom_write_value(b, name, l, (double)counts[i]);
+    }
 }
 
 static void write_pulls(dx_buf *b, const node_pd_stats *st)
@@ -341,15 +343,9 @@ static void write_pulls(dx_buf *b, const node_pd_stats *st)
         {"duplex_kv_pull_bytes_total", "KV bytes pulled, by direction",
          offsetof(node_pd_stats, pull_bytes)},
     };
-    for (size_t i = 0; i < DX_ARRAY_LEN(k); i++) {
-        const uint64_t *v = (const uint64_t *)((const char *)st + k[i].off);
-        prom_write_header(b, k[i].name, "counter", k[i].help);
-        for (int d = 0; d < 2; d++) {
-            char labels[32];
-            snprintf(labels, sizeof labels, "direction=\"%s\"", k_dir[d]);
-            prom_write_value(b, k[i].name, labels, (double)v[d]);
-        }
-    }
+    for (size_t i = 0; i < DX_ARRAY_LEN(k); i++)
+        write_counters(b, k[i].name, k[i].help, "direction", k_dir,
+                       (const uint64_t *)((const char *)st + k[i].off), 2);
     prom_write_hist(b, "duplex_kv_pull_seconds", "Time of a KV pull (connect to release)",
                     &st->pull_seconds);
 }
@@ -391,13 +387,17 @@ static void write_leases(dx_buf *b, node_kv *k, const node_pd_stats *st)
 void node_pd_write_metrics(node_server *s, dx_buf *b)
 {
     const node_pd_stats *st = &s->pd;
-    write_tokens(b, st);
-    const char *name = "duplex_history_replies_total";
-    prom_write_header(b, name, "counter",
-                      "Assistant messages in prompts, by where their token ids came from");
-    prom_write_value(b, name, "source=\"params\"", (double)st->replies_from_seq);
-    prom_write_value(b, name, "source=\"memory\"", (double)st->replies_from_mem);
-    prom_write_value(b, name, "source=\"tokenised\"", (double)st->replies_retokenised);
+    static const char *const src[] = {"local", "pulled", "computed"};
+    const uint64_t tokens[] = {st->tokens_local, st->tokens_pulled, st->tokens_computed};
+    write_counters(b, "duplex_kv_prompt_tokens_total",
+                   "Prompt tokens of finished requests by where their KV came from", "source", src,
+                   tokens, 3);
+    static const char *const hsrc[] = {"params", "memory", "tokenised"};
+    const uint64_t replies[] = {st->replies_from_seq, st->replies_from_mem,
+                                st->replies_retokenised};
+    write_counters(b, "duplex_history_replies_total",
+                   "Assistant messages in prompts, by where their token ids came from", "source",
+                   hsrc, replies, 3);
     prom_write_counter(b, "duplex_kv_params_ignored_total",
                        "Requests whose kv_transfer_params were ignored (no KV port)",
                        (double)st->params_ignored);
