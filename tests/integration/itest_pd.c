@@ -376,6 +376,35 @@ static void test_token_faithful_single_node(void **state)
     stop_ok(&S);
 }
 
+/* A decode node of another model (same layout, other weights): every pull
+ * between it and the prefill node is refused at HELLO, counted, and the
+ * tokens are computed; every request still succeeds. */
+static void test_other_model_refused(void **state)
+{
+    (void)state;
+    char other[160];
+    snprintf(other, sizeof other, "%s/other.gguf", G.dir);
+    synth_config sc = {.arch = MODEL_QWEN3, .preset = "tiny", .dtype = DX_F32, .seed = 6};
+    assert_int_equal(synth_write(&sc, other), 0);
+    const char *xa[] = {"--role", "decode", "--bidirectional-kv-xfer", "--model", other, NULL};
+    tp_proc P, X;
+    node_start(&P, "p", k_pa);
+    node_start(&X, "x", xa);
+    conv c;
+    conv_init(&c, 91, 80);
+    G.model_name = "duplex-synth-qwen3-tiny-f32"; /* both files carry the preset's name */
+    json_decref(turn_pd(&c, &P, &X, 16, 1, 0));
+    assert_int_equal(metric(&X, "duplex_kv_fallbacks_total{reason=\"refused\"}"), 1);
+    assert_int_equal(metric(&X, PULLED), 0);
+    user_turn(&c, NULL, 92, 20);
+    json_decref(turn_pd(&c, &P, &X, 16, 1, 0));
+    assert_int_equal(metric(&P, "duplex_kv_fallbacks_total{reason=\"refused\"}"), 1);
+    assert_int_equal(metric(&P, PULLED), 0);
+    conv_free(&c);
+    stop_ok(&P);
+    stop_ok(&X);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -400,6 +429,7 @@ int main(void)
         cmocka_unit_test(test_pool_pressure),
         cmocka_unit_test(test_streaming),
         cmocka_unit_test(test_token_faithful_single_node),
+        cmocka_unit_test(test_other_model_refused),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
