@@ -43,6 +43,9 @@ struct engine {
     int stopped; /* engine_stop has run: no scheduler any more */
     uint64_t next_id;
     int kv_type; /* enum dx_dtype parsed from cfg.kv_dtype */
+    pthread_t pop_th; /* faults the pool's pages in while the engine already runs */
+    int pop_started;
+    volatile int pop_stop;
     engine_stats stats; /* snapshot after the last step */
 };
 
@@ -149,6 +152,20 @@ static int make_pool(engine *e)
     return kv_pool_create(&pc, &e->pool);
 }
 
+static void *populate_main(void *arg)
+{
+    engine *e = arg;
+    uint64_t t0 = dx_now_ns();
+    int rc = kv_pool_populate(e->pool, &e->pop_stop);
+    double mib = (double)kv_pool_arena_bytes(e->pool) / (1024.0 * 1024.0);
+    if (rc == 0)
+        DX_LOGI("KV pool: %.0f MiB faulted in, in the background, in %.0f ms", mib,
+                (double)(dx_now_ns() - t0) * 1e-6);
+    else if (rc != DX_ECANCELED)
+        DX_LOGD("KV pool: pages fault in on first use (%s)", dx_errmsg());
+    return NULL;
+}
+
 static void apply_defaults(engine_config *c, const model *m)
 {
     if (c->n_threads <= 0) c->n_threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
@@ -187,6 +204,8 @@ int engine_create(const engine_config *cfg, const model *m, engine **out)
         return rc;
     }
     e->started = 1;
+    /* best effort: without it pages fault in on first use */
+    e->pop_started = !e->cfg.no_populate && pthread_create(&e->pop_th, NULL, populate_main, e) == 0;
     sched_get_stats(e->s, &e->stats);
     *out = e;
     return 0;
@@ -195,6 +214,11 @@ int engine_create(const engine_config *cfg, const model *m, engine **out)
 void engine_stop(engine *e)
 {
     if (!e || e->stopped) return;
+    if (e->pop_started) {
+        e->pop_stop = 1;
+        pthread_join(e->pop_th, NULL);
+        e->pop_started = 0;
+    }
     if (e->started) {
         pthread_mutex_lock(&e->mu);
         e->stop = 1;

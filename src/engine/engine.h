@@ -25,13 +25,20 @@ typedef struct {
     const char *kv_dtype;      /* "f16" (default, NULL) | "bf16" | "f32" */
     uint32_t max_batch_tokens; /* tokens per forward step, default 512 */
     uint32_t max_seqs;         /* running sequences, default 64 */
-    uint32_t max_waiting;      /* queued requests before submit says DX_EBUSY; default 256 */
+    /* Requests waiting to run (not running) at most; the newest past it end
+     * with ERROR / DX_EBUSY ("server busy"); default 256.  A request is
+     * admitted only when it and every running one can add 64 more tokens
+     * without a preemption. */
+    uint32_t max_waiting;
     uint32_t n_ctx;            /* max tokens per sequence; default min(n_ctx_train, 32768) */
     /* 1: never reuse blocks computed for earlier requests (vLLM's
      * --no-enable-prefix-caching).  Blocks are still hashed, so leases and
      * pins can check them, and prefix_blocks handed in with a request are
      * still used. */
     int no_prefix_cache;
+    /* 1: do not fault the pool's pages in on a background thread at start
+     * (kv_pool_populate); they then fault in on first use. */
+    int no_populate;
     /* KV arena allocation hook (the transfer layer registers it with UCX). */
     void *(*kv_alloc)(void *user, size_t bytes);
     void (*kv_release)(void *user, void *p, size_t bytes);
@@ -83,6 +90,7 @@ typedef struct {
     int error;            /* DX_E* when finish == ERROR */
     const char *error_msg;
     uint32_t n_prompt, n_cached, n_gen; /* n_cached: prompt tokens not computed here */
+    uint32_t n_preempted;                /* times the request was preempted (recomputed) */
     double ttft_s;        /* submit → first token */
 } engine_event;
 
@@ -117,6 +125,7 @@ typedef struct {
     uint64_t prompt_tokens_computed, prompt_tokens_cached, gen_tokens;
     uint64_t preemptions;
     uint64_t reclaims; /* kv_reclaim calls that dropped outside references */
+    uint64_t shed;     /* requests turned away past max_waiting (DONE: ERROR, DX_EBUSY) */
 } engine_stats;
 
 typedef struct engine engine;

@@ -35,7 +35,6 @@
 #define KV_MAX_BLOCK_SIZE     1024u
 /* Keeps the index (2x, power of two) within 2^31 slots and ids in int32. */
 #define KV_MAX_BLOCKS   (1u << 30)
-#define KV_TOUCH_STRIDE 4096u
 /* Tokens hashed from a stack buffer in one shot; longer runs stream. */
 #define KV_HASH_STACK_TOKENS 256u
 
@@ -150,8 +149,7 @@ static int kv_layout_from_config(const kv_pool_config *c, kv_layout *L)
 static void *kv_mmap_alloc(void *user, size_t bytes)
 {
     (void)user;
-    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE,
-                   -1, 0);
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     return p == MAP_FAILED ? NULL : p;
 }
 
@@ -177,12 +175,24 @@ static int kv_arena_create(kv_pool *p, const kv_pool_config *c)
         return dx_errf(DX_EINVAL, "kv_pool: config.alloc returned %p, not page-aligned",
                        (void *)base);
     }
-    /* Pre-touch: fault every page in now, not on the first decode step that
-     * writes KV into it.  A write (not a read) so a private mapping gets its
-     * own page rather than the shared zero page. */
-    for (size_t off = 0; off < p->L.arena_bytes; off += KV_TOUCH_STRIDE)
-        ((volatile uint8_t *)base)[off] = 0;
-    p->base = base;
+    p->base = base; /* pages are faulted in later: kv_pool_populate */
+    return 0;
+}
+
+int kv_pool_populate(kv_pool *p, const volatile int *stop)
+{
+    /* MADV_POPULATE_WRITE faults pages in writable without touching their
+     * contents, so it is safe while the engine writes KV into them; in
+     * chunks, so a stop request is seen soon. */
+    const size_t chunk = (size_t)64 << 20;
+    for (size_t off = 0; off < p->L.arena_bytes; off += chunk) {
+        if (stop && *stop) return DX_ECANCELED;
+        size_t n = p->L.arena_bytes - off < chunk ? p->L.arena_bytes - off : chunk;
+        if (madvise(p->base + off, n, MADV_POPULATE_WRITE) != 0)
+            return dx_errf(errno == EINVAL ? DX_EUNSUPPORTED : DX_EIO,
+                           "kv_pool: populating %zu bytes at offset %zu: %s", n, off,
+                           strerror(errno));
+    }
     return 0;
 }
 

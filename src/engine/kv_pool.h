@@ -1,7 +1,9 @@
 /* kv_pool: the paged KV block pool and its prefix cache.
  *
  * One arena, allocated once at start-up through a hook (so the transfer
- * layer can have UCX allocate and register it) and pre-touched.  The arena is
+ * layer can have UCX allocate and register it); its pages are faulted in by
+ * kv_pool_populate, which the engine runs in the background so start-up does
+ * not wait for a GiB of page faults.  The arena is
  * n_blocks fixed-size blocks; a block holds K and V of *all* layers for
  * block_size tokens, contiguously, so one block is one contiguous byte range
  * and adjacent block ids are adjacent memory.  Layout inside a block:
@@ -54,9 +56,8 @@ typedef struct {
     size_t pool_bytes;
     kv_hash seed; /* model fingerprint: seeds every hash chain */
     /* Arena allocation hook; NULL = anonymous mmap.  Must return page-aligned
-     * memory or NULL.  The pool pre-touches it (writes one byte per 4 KiB
-     * page, so contents are unspecified) and calls release(user, p, bytes)
-     * with the same bytes at destroy.  Set both or neither. */
+     * memory or NULL (contents unspecified); the pool calls release(user, p,
+     * bytes) with the same bytes at destroy.  Set both or neither. */
     void *(*alloc)(void *user, size_t bytes);
     void (*release)(void *user, void *p, size_t bytes);
     void *alloc_user;
@@ -86,6 +87,12 @@ uint32_t kv_pool_block_size(const kv_pool *p);
 size_t kv_pool_block_bytes(const kv_pool *p);
 int kv_pool_dtype(const kv_pool *p);
 uint8_t *kv_pool_base(const kv_pool *p);
+/* Faults every page of the arena in, writable, without changing its
+ * contents (madvise MADV_POPULATE_WRITE), so first use does not pay page
+ * faults; safe while the pool is in use.  Stops early with DX_ECANCELED when
+ * *stop becomes non-zero (stop may be NULL); DX_EUNSUPPORTED on a kernel
+ * without it (pages then fault on first use, which is only slower). */
+int kv_pool_populate(kv_pool *p, const volatile int *stop);
 /* Bytes allocated through the hook (n_blocks * block_bytes rounded up to
  * the page size): the range to register for transfers. */
 size_t kv_pool_arena_bytes(const kv_pool *p);

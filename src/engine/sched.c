@@ -1,6 +1,7 @@
 /* sched: continuous batching over the forward pass (see sched.h). */
 #include "engine/sched.h"
 
+#include <stdio.h>
 #include <string.h>
 
 #include "base/dx_alloc.h"
@@ -11,6 +12,10 @@
 #include "base/dx_utf8.h"
 #include "engine/fwd.h"
 #include "engine/sampler.h"
+
+/* Tokens every running sequence must be able to add before another is
+ * admitted (see admit). */
+#define SCHED_CHECKPOINT 64
 
 typedef struct seq {
     uint64_t id;
@@ -35,7 +40,8 @@ typedef struct seq {
     size_t emitted;  /* bytes of text delivered */
     uint64_t t_submit, t_first;
     int canceled;
-    uint64_t order; /* admission order, for preemption */
+    uint64_t order; /* arrival order: the newest running sequence is preempted first */
+    uint32_t n_preempt; /* times this sequence was preempted */
 } seq;
 
 struct sched {
@@ -85,6 +91,7 @@ static void emit_done(sched *s, seq *q, enum engine_finish fin, int err, const c
                        .n_prompt = q->n_prompt,
                        .n_cached = q->n_cached,
                        .n_gen = q->n_tokens - q->n_prompt,
+                       .n_preempted = q->n_preempt,
                        .ttft_s = q->t_first ? (double)(q->t_first - q->t_submit) * 1e-9 : 0};
     (void)s;
     q->req.on_event(q->req.user, &ev);
@@ -258,6 +265,7 @@ int sched_submit_at(sched *s, const engine_request *r, uint64_t id, uint64_t t_s
     dx_rng_seed(&q->rng, r->sampling.has_seed ? r->sampling.seed : dx_now_ns() ^ id);
     q->last_hash = kv_pool_seed(s->pool);
     q->t_submit = t_submit_ns;
+    q->order = s->next_order++;
     if (s->wait_tail) s->wait_tail->next = q;
     else s->wait_head = q;
     s->wait_tail = q;
@@ -394,18 +402,52 @@ static int pool_has_room(sched *s, uint32_t need)
     }
 }
 
+/* Blocks q needs to hold all its tokens and SCHED_CHECKPOINT more (at most
+ * up to its end), beyond what it holds now. */
+static uint32_t growth(const sched *s, const seq *q)
+{
+    uint32_t upto = q->n_tokens + SCHED_CHECKPOINT;
+    if (upto > q->max_total) upto = q->max_total;
+    uint32_t need = (upto + s->bs - 1) / s->bs;
+    uint32_t held = q->n_blocks + q->n_pre;
+    return need > held ? need - held : 0;
+}
+
+/* A sequence is admitted only when it and every running sequence can reach
+ * their next checkpoint without a preemption: otherwise the newest would be
+ * preempted at once, requeued, admitted again — thrash that recomputes the
+ * same tokens over and over.  Nothing running: it is admitted anyway. */
 static void admit(sched *s)
 {
     while (s->wait_head && s->n_running < s->cfg.max_seqs) {
         seq *q = s->wait_head;
-        uint32_t need = (q->n_tokens + s->bs) / s->bs;
-        need = need > q->n_pre ? need - q->n_pre : 0; /* handed-in blocks are held already */
-        /* admit only with room for the whole prompt, unless nothing runs */
+        uint32_t need = growth(s, q);
+        for (uint32_t i = 0; i < s->n_running; i++) need += growth(s, s->running[i]);
         if (s->n_running && !pool_has_room(s, need)) break;
         pop_waiting(s);
         take_cached_prefix(s, q);
-        q->order = s->next_order++;
         s->running[s->n_running++] = q;
+    }
+}
+
+/* Past --max-waiting, requests that never ran are turned away (newest
+ * first): a client gets 503 now rather than a timeout later. */
+static void shed_waiting(sched *s)
+{
+    while (s->n_waiting > s->cfg.max_waiting && s->wait_tail && !s->wait_tail->n_preempt) {
+        seq *q = s->wait_tail, **pp = &s->wait_head;
+        while (*pp != q) pp = &(*pp)->next;
+        *pp = NULL;
+        s->wait_tail = NULL;
+        for (seq *w = s->wait_head; w; w = w->next) s->wait_tail = w;
+        s->n_waiting--;
+        s->st.shed++;
+        drop_pre_blocks(s, q);
+        char msg[160];
+        snprintf(msg, sizeof msg, "server busy: %u requests are waiting (the limit is %u)",
+                 s->n_waiting + 1, s->cfg.max_waiting);
+        emit_done(s, q, ENGINE_FINISH_ERROR, DX_EBUSY, msg);
+        seq_free(q);
     }
 }
 
@@ -415,6 +457,7 @@ static void preempt(sched *s, uint32_t i)
     seq *q = s->running[i];
     DX_LOGD("preempting request %llu (%u tokens computed)", (unsigned long long)q->id,
             q->n_computed);
+    q->n_preempt++;
     release_blocks(s, q);
     remove_running(s, i);
     push_waiting_front(s, q);
@@ -537,6 +580,7 @@ int sched_step(sched *s)
 {
     handle_cancels(s);
     admit(s);
+    shed_waiting(s);
     size_t n = build_batch(s);
     if (!n) return sched_busy(s);
     int rc = fwd_step(s->fw, s->batch, n, s->logits);

@@ -20,6 +20,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "base/dx_addr.h"
 #include "base/dx_alloc.h"
 #include "base/dx_buf.h"
 #include "base/dx_err.h"
@@ -663,9 +664,9 @@ static void fill_defaults(http_srv_config *c)
 static int srv_bind(http_srv *s)
 {
     struct sockaddr_storage addr;
-    int rc = uv_ip4_addr(s->cfg.host, s->cfg.port, (struct sockaddr_in *)&addr);
-    if (rc < 0) rc = uv_ip6_addr(s->cfg.host, s->cfg.port, (struct sockaddr_in6 *)&addr);
-    if (rc < 0) return dx_errf(DX_EINVAL, "http: '%s' is not an IP address", s->cfg.host);
+    socklen_t alen;
+    int rc = dx_addr_resolve(s->cfg.host, s->cfg.port, &addr, &alen);
+    if (rc < 0) return dx_err_wrap(rc, "http");
     rc = uv_tcp_bind(&s->listener, (const struct sockaddr *)&addr, 0);
     if (rc == 0) rc = uv_listen((uv_stream_t *)&s->listener, 511, on_connection);
     if (rc < 0)
@@ -674,8 +675,7 @@ static int srv_bind(http_srv *s)
     struct sockaddr_storage bound;
     int len = sizeof bound;
     uv_tcp_getsockname(&s->listener, (struct sockaddr *)&bound, &len);
-    s->port = ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
-                                                : ((struct sockaddr_in *)&bound)->sin_port);
+    s->port = dx_addr_port(&bound);
     return 0;
 }
 

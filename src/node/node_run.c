@@ -6,6 +6,8 @@
 #include <string.h>
 #include <uv.h>
 
+#include "base/dx_addr.h"
+#include "base/dx_clock.h"
 #include "base/dx_err.h"
 #include "base/dx_log.h"
 #include "node/node_engine.h"
@@ -25,6 +27,7 @@ typedef struct {
     char engine_id[129];
     int load_rc, loading, stopping, exit_code;
     char load_err[512];
+    double t_model_ms, t_engine_ms; /* loading, for the progress lines */
 } run_ctx;
 
 static int kv_wanted(const run_ctx *r)
@@ -37,7 +40,14 @@ static int kv_wanted(const run_ctx *r)
 static void load_work(uv_work_t *w)
 {
     run_ctx *r = w->data;
+    uint64_t t0 = dx_now_ns();
     int rc = model_load(r->cfg.model_path, &r->m);
+    r->t_model_ms = (double)(dx_now_ns() - t0) * 1e-6;
+    t0 = dx_now_ns();
+    uint32_t train = rc ? 0 : model_hp(r->m)->n_ctx_train;
+    if (!rc && r->ec.n_ctx > train)
+        rc = dx_errf(DX_EINVAL, "--ctx %u is over the model's context length of %u", r->ec.n_ctx,
+                     train);
     if (!rc && kv_wanted(r)) {
         node_kv_config kc = {.host = r->cfg.kv_host ? r->cfg.kv_host : r->cfg.host,
                              .port = r->cfg.kv_port > 0 ? r->cfg.kv_port : 0,
@@ -50,6 +60,7 @@ static void load_work(uv_work_t *w)
         if (!rc) node_kv_engine_hooks(r->kv, &r->ec);
     }
     if (!rc) rc = engine_create(&r->ec, r->m, &r->e);
+    r->t_engine_ms = (double)(dx_now_ns() - t0) * 1e-6;
     r->load_rc = rc;
     if (rc < 0) snprintf(r->load_err, sizeof r->load_err, "%s", dx_errmsg());
 }
@@ -96,16 +107,21 @@ static void log_startup(run_ctx *r)
     if (r->kv)
         snprintf(kvport, sizeof kvport, "%s:%d (engine id %s)", node_kv_host(r->kv),
                  node_kv_port(r->kv), node_kv_engine_id(r->kv));
+    char host[300];
+    dx_addr_url_host(r->cfg.host, host, sizeof host);
     DX_LOGI("duplex serve: model=%s role=%s address=http://%s:%d kv_pool=%.0fMiB "
             "(%u blocks x %u tokens) n_ctx=%u prefix_caching=%s bidirectional=%s kv_port=%s",
-            model_name(r->m), node_role_name(r->cfg.role), r->cfg.host, node_server_port(r->srv),
+            model_name(r->m), node_role_name(r->cfg.role), host, node_server_port(r->srv),
             mib, kv_pool_n_blocks(kv), kv_pool_block_size(kv), engine_n_ctx(r->e),
             r->ec.no_prefix_cache ? "off" : "on", r->cfg.bidirectional ? "on" : "off", kvport);
 }
 
 static void fail_start(run_ctx *r, const char *what, const char *msg)
 {
-    DX_LOGE("duplex serve: %s: %s", what, msg);
+    if (what)
+        DX_LOGE("duplex serve: %s: %s", what, msg);
+    else
+        DX_LOGE("duplex serve: %s", msg);
     r->exit_code = 1;
     node_server_shutdown(r->srv); /* nothing running: stops at once */
 }
@@ -117,7 +133,8 @@ static void load_done(uv_work_t *w, int status)
     if (status < 0 || r->load_rc < 0) {
         char what[600];
         snprintf(what, sizeof what, "loading %s", r->cfg.model_path);
-        fail_start(r, what, status < 0 ? uv_strerror(status) : r->load_err);
+        int flag = r->load_rc == DX_EINVAL && !strncmp(r->load_err, "--", 2); /* names a flag */
+        fail_start(r, flag ? NULL : what, status < 0 ? uv_strerror(status) : r->load_err);
         if (r->srv && r->stopping) on_stopped(r);
         return;
     }
@@ -127,6 +144,9 @@ static void load_done(uv_work_t *w, int status)
     }
     uint64_t fp[2];
     model_fingerprint(r->m, fp);
+    DX_LOGI("duplex serve: model loaded in %.0f ms; engine and KV pool ready in %.0f ms "
+            "(its pages fault in in the background)",
+            r->t_model_ms, r->t_engine_ms);
     if (r->kv && node_kv_start(r->kv, &r->loop, fp, engine_kv_pool(r->e)) < 0) {
         fail_start(r, "KV port", dx_errmsg());
         return;
@@ -187,6 +207,10 @@ int node_run(const node_run_config *cfg)
         uv_loop_close(&r.loop);
         return 1;
     }
+    char host[300];
+    dx_addr_url_host(r.cfg.host, host, sizeof host);
+    DX_LOGI("duplex serve: listening on http://%s:%d, loading %s", host, node_server_port(r.srv),
+            r.cfg.model_path);
     uv_signal_init(&r.loop, &r.sig_int);
     uv_signal_init(&r.loop, &r.sig_term);
     r.sig_int.data = r.sig_term.data = &r;

@@ -13,9 +13,11 @@
  * server's mutex, links the request into the ready list unless it is there
  * already, and wakes the loop.  The loop takes the ready list and, for each
  * request, copies the pending text out under the mutex into its own reused
- * buffer; the SSE chunk is built and written outside the mutex.  Tokens that
- * arrive between two wake-ups therefore go out as one chunk: the text is the
- * same, only the chunk boundaries move (they mean nothing to a client).
+ * buffer; the SSE chunks are built and written outside the mutex.  Each
+ * event's text keeps its own chunk (one token per chunk, as OpenAI and vLLM
+ * send them; the engine holds back only an incomplete UTF-8 sequence or a
+ * possible stop-string prefix), so several tokens that arrive between two
+ * wake-ups are several events in one socket write.
  *
  * Lifetime: every accepted request gets exactly one DONE, its final event
  * (engine.h; sched.c emits it last, and engine_destroy delivers it for what
@@ -44,6 +46,9 @@
 #include "node/oai_req.h"
 #include "node/oai_resp.h"
 #include "node/prom.h"
+
+/* Clients may try again after a 503 (queue full, shutting down, loading). */
+static const char k_retry_after[] = "Retry-After: 1\r\n";
 
 const char *node_role_name(enum node_role r)
 {
@@ -92,10 +97,10 @@ static void respond_error(node_server *s, http_conn *c, const http_req *r, int s
     dx_buf b;
     dx_buf_init(&b, 0);
     oai_error_json(&b, msg, oai_error_type(status), param, code);
-    const char *allow = NULL;
+    const char *hdr = status == 503 ? k_retry_after : NULL;
     if (status == 405)
-        allow = strstr(r->path, "completions") ? "Allow: POST\r\n" : "Allow: GET\r\n";
-    respond_json(s, c, r->method, r->path, status, allow, &b, t0);
+        hdr = strstr(r->path, "completions") ? "Allow: POST\r\n" : "Allow: GET\r\n";
+    respond_json(s, c, r->method, r->path, status, hdr, &b, t0);
     dx_buf_free(&b);
 }
 
@@ -191,6 +196,7 @@ static void req_free(node_req *q)
     dx_free(q->prompt);
     dx_buf_free(&q->text);
     dx_buf_free(&q->pend);
+    dx_buf_free(&q->pend_cuts);
     dx_free(q->extra);
     dx_free(q);
 }
@@ -227,6 +233,7 @@ static void done_store(node_done *d, const engine_event *ev)
     d->n_prompt = ev->n_prompt;
     d->n_cached = ev->n_cached;
     d->n_gen = ev->n_gen;
+    d->n_preempted = ev->n_preempted;
     d->ttft_s = ev->ttft_s;
     d->has_msg = ev->error_msg != NULL;
     snprintf(d->msg, sizeof d->msg, "%s", ev->error_msg ? ev->error_msg : "");
@@ -247,7 +254,12 @@ static void on_engine_event(void *user, const engine_event *ev)
     DX_ASSERT(!q->done); /* the engine delivers nothing after DONE */
     if (ev->type == ENGINE_EV_TOKENS) {
         q->pend_tokens += ev->n_tokens;
-        if (ev->text_len && dx_buf_append(&q->pend, ev->text, ev->text_len) < 0) q->pend_lost = 1;
+        if (ev->text_len) { /* one event = one token's text: it keeps its own SSE chunk */
+            uint32_t end = (uint32_t)(q->pend.len + ev->text_len);
+            if (dx_buf_append(&q->pend, ev->text, ev->text_len) < 0 ||
+                dx_buf_append(&q->pend_cuts, &end, sizeof end) < 0)
+                q->pend_lost = 1;
+        }
     } else {
         done_store(&q->fin, ev);
         q->done = 1;
@@ -358,11 +370,13 @@ static node_req *req_new(node_server *s, oai_req *o, http_conn *c, uint64_t t0)
     q->meta = (oai_meta){q->o.kind, q->id, s->be.model_name, (int64_t)time(NULL)};
     dx_buf_init(&q->text, 0);
     dx_buf_init(&q->pend, 0);
+    dx_buf_init(&q->pend_cuts, 0);
     return q;
 }
 
 static void start_stream(node_req *q)
 {
+    q->head_sent = 1;
     dx_buf b;
     dx_buf_init(&b, 0);
     int rc =
@@ -384,7 +398,8 @@ void node_server_fail_early(node_server *s, node_req *q, int status, const char 
         dx_buf_init(&b, 0);
         oai_error_json(&b, msg, oai_error_type(status), param, NULL);
         http_conn_set_abort(q->conn, NULL, NULL);
-        http_conn_respond(q->conn, status, "application/json", NULL, b.data, b.len);
+        http_conn_respond(q->conn, status, "application/json",
+                          status == 503 ? k_retry_after : NULL, b.data, b.len);
         dx_buf_free(&b);
     }
     count_request(s, q->path, q->conn ? status : 499);
@@ -410,15 +425,20 @@ int node_server_submit(node_server *s, node_req *q)
     if (rc < 0) {
         int st = rc == DX_EBUSY ? 503 : rc == DX_EINVAL ? 400 : 500;
         const char *msg = rc == DX_EBUSY ? "server busy: the waiting queue is full" : dx_errmsg();
+        /* the field to blame: the prompt when it alone fills the context */
+        const char *param = st != 400                  ? NULL
+                            : q->n_prompt >= s->be.n_ctx ? (q->meta.kind == OAI_CHAT ? "messages" : "prompt")
+                                                         : "max_tokens";
         /* also drops the P/D blocks, which are still ours */
-        node_server_fail_early(s, q, st, msg, st == 400 ? "max_tokens" : NULL);
+        node_server_fail_early(s, q, st, msg, param);
         return st;
     }
     node_pd_submitted(q); /* the engine owns the handed blocks now */
     oai_req_free(&q->o);  /* everything the engine needs was copied */
     req_link(q);
     http_conn_set_abort(q->conn, on_client_gone, q);
-    if (q->stream) start_stream(q);
+    /* a stream's head goes out with its first text: until then a failure
+     * can still be a plain HTTP error */
     return 0;
 }
 
@@ -500,8 +520,11 @@ static const char *finish_name(enum engine_finish f)
     return f == ENGINE_FINISH_LENGTH ? "length" : "stop";
 }
 
-/* Text the loop took from q in one go (several events' worth). */
-static void handle_tokens(node_req *q, const char *text, size_t len, size_t n_tokens)
+/* Text the loop took from q in one go (several events' worth): streamed as
+ * one SSE chunk per event (a token's text), as OpenAI and vLLM send them;
+ * cuts[0..n_cuts) are the pieces' end offsets. */
+static void handle_tokens(node_req *q, const char *text, size_t len, size_t n_tokens,
+                          const uint32_t *cuts, size_t n_cuts)
 {
     if (!q->t_first_ns && n_tokens) q->t_first_ns = dx_now_ns();
     if (!q->conn || !len || q->lost) return;
@@ -515,11 +538,18 @@ static void handle_tokens(node_req *q, const char *text, size_t len, size_t n_to
         dx_buf_reset(&q->text);
     }
     if (!q->stream) return;
+    if (!q->head_sent) {
+        start_stream(q);
+        if (!q->conn) return; /* the write failed: the client is gone */
+    }
     dx_buf *b = &q->srv->scratch; /* reused: no allocation per token */
     dx_buf_reset(b);
+    int rc = 0;
+    for (size_t i = 0, from = 0; !rc && i < n_cuts; from = cuts[i++])
+        rc = oai_sse_chunk(b, &q->meta, text + from, cuts[i] - from, 0, NULL, q->include_usage,
+                           NULL);
     /* A failed write has already closed the connection and run on_client_gone. */
-    if (oai_sse_chunk(b, &q->meta, text, len, 0, NULL, q->include_usage, NULL) == 0)
-        http_conn_stream_write(q->conn, b->data, b->len);
+    if (rc == 0) http_conn_stream_write(q->conn, b->data, b->len);
 }
 
 /* Why the answer failed, or NULL when it finished normally.  A cancel that
@@ -556,14 +586,16 @@ static int finish_full(node_req *q, const oai_usage *u)
     dx_buf b;
     dx_buf_init(&b, 0);
     const char *fail = failure_msg(q);
-    int server_fault = q->lost || q->fin.finish == ENGINE_FINISH_ERROR;
+    int busy = q->fin.finish == ENGINE_FINISH_ERROR && q->fin.error == DX_EBUSY;
+    int server_fault = !busy && (q->lost || q->fin.finish == ENGINE_FINISH_ERROR);
     int status = !fail ? 200 : server_fault ? 500 : 503;
     if (fail)
-        oai_error_json(&b, fail, "server_error", NULL, NULL);
+        oai_error_json(&b, fail, oai_error_type(status), NULL, NULL);
     else
         oai_resp_full(&b, &q->meta, q->text.data ? q->text.data : "", q->text.len,
                       finish_name(q->fin.finish), u, q->extra);
-    http_conn_respond(q->conn, status, "application/json", NULL, b.data, b.len);
+    http_conn_respond(q->conn, status, "application/json", status == 503 ? k_retry_after : NULL,
+                      b.data, b.len);
     dx_buf_free(&b);
     return status;
 }
@@ -587,14 +619,16 @@ static void record_done(node_server *s, node_req *q, int status)
     if (ttft >= 0) snprintf(ttft_s, sizeof ttft_s, "%.1f", ttft * 1e3);
     /* where the prompt's KV came from: this node's cache, another node, computed */
     uint32_t pulled = node_pd_pulled_tokens(q), local = e->n_cached - pulled;
+    char preempted[32] = "";
+    if (e->n_preempted) snprintf(preempted, sizeof preempted, " preempted=%u", e->n_preempted);
     DX_LOGI("POST %s %d id=%s prompt=%u local=%u pulled=%u computed=%u gen=%u finish=%s "
-            "ttft_ms=%s total_ms=%.1f%s",
+            "ttft_ms=%s total_ms=%.1f%s%s",
             q->path, status, q->id, e->n_prompt, local, pulled, e->n_prompt - e->n_cached,
             e->n_gen,
             e->finish == ENGINE_FINISH_CANCELED ? "canceled"
-            : e->finish == ENGINE_FINISH_ERROR  ? "error"
+            : e->finish == ENGINE_FINISH_ERROR  ? (e->error == DX_EBUSY ? "busy" : "error")
                                                 : finish_name(e->finish),
-            ttft_s, total * 1e3, node_pd_log_suffix(q));
+            ttft_s, total * 1e3, preempted, node_pd_log_suffix(q));
 }
 
 /* q's DONE has been taken: the engine is finished with it, so it is freed. */
@@ -603,6 +637,10 @@ static void handle_done(node_server *s, node_req *q)
     node_pd_finish(s, q); /* the answer's kv_transfer_params, the reply memory */
     oai_usage u = {q->fin.n_prompt, q->fin.n_cached, q->fin.n_gen};
     int status = 499; /* the client closed the connection first (nginx's convention) */
+    /* a stream whose head has not gone out (nothing was generated) can still
+     * get a real status: 503 for a full queue, 500 for an engine error */
+    if (q->conn && q->stream && !q->head_sent && failure_msg(q)) q->stream = 0;
+    if (q->conn && q->stream && !q->head_sent) start_stream(q);
     if (q->conn) status = q->stream ? finish_stream(q, &u) : finish_full(q, &u);
     record_done(s, q, status);
     req_unlink(q);
@@ -640,8 +678,12 @@ static node_req *take_pending(node_server *s, node_req *q, node_take *t)
     node_req *next = q->ready_next;
     q->ready_next = NULL;
     q->queued = 0;
-    if (q->pend.len && dx_buf_append(&s->take, q->pend.data, q->pend.len) < 0) q->pend_lost = 1;
+    dx_buf_reset(&s->take_cuts);
+    if (q->pend.len && (dx_buf_append(&s->take, q->pend.data, q->pend.len) < 0 ||
+                        dx_buf_append(&s->take_cuts, q->pend_cuts.data, q->pend_cuts.len) < 0))
+        q->pend_lost = 1;
     dx_buf_reset(&q->pend);
+    dx_buf_reset(&q->pend_cuts);
     t->n_tokens = q->pend_tokens;
     q->pend_tokens = 0;
     t->lost = q->pend_lost;
@@ -660,7 +702,8 @@ static void drain_events(node_server *s)
             q->lost = 1;
             if (!t.done) s->be.cancel(s->be.self, q->engine_id);
         }
-        handle_tokens(q, s->take.data, s->take.len, t.n_tokens);
+        handle_tokens(q, s->take.data, s->take.len, t.n_tokens, (const uint32_t *)s->take_cuts.data,
+                      s->take_cuts.len / sizeof(uint32_t));
         if (t.done) handle_done(s, q);
     }
 }
@@ -678,7 +721,7 @@ static void maybe_stopped(node_server *s)
     s->stopped = 1;
     uv_timer_stop(&s->grace);
     http_srv_close_idle(s->http);
-    DX_LOGI("shutdown: all requests finished");
+    if (!s->quiet) DX_LOGI("shutdown: all requests finished");
     if (s->cfg.on_stopped) s->cfg.on_stopped(s->cfg.user);
 }
 
@@ -695,8 +738,11 @@ void node_server_shutdown(node_server *s)
     s->draining = 1;
     http_srv_stop_accepting(s->http);
     http_srv_close_idle(s->http);
-    DX_LOGI("shutdown: no longer accepting; %zu requests running (grace %.0f s)", s->n_active,
-            s->cfg.shutdown_grace_s);
+    /* a node that never served (its model failed to load) has nothing to say */
+    s->quiet = !s->ready;
+    if (!s->quiet)
+        DX_LOGI("shutdown: no longer accepting; %zu requests running (grace %.0f s)",
+                s->n_active, s->cfg.shutdown_grace_s);
     uv_timer_start(&s->grace, on_grace_over, (uint64_t)(s->cfg.shutdown_grace_s * 1e3), 0);
     maybe_stopped(s);
 }
@@ -713,6 +759,7 @@ int node_server_create(uv_loop_t *loop, const node_server_config *cfg, node_serv
     prom_family_init(&s->requests);
     dx_buf_init(&s->scratch, 0);
     dx_buf_init(&s->take, 0);
+    dx_buf_init(&s->take_cuts, 0);
     prom_hist_init_latency(&s->ttft);
     prom_hist_init_latency(&s->engine_ttft);
     prom_hist_init_latency(&s->tpot);
@@ -792,5 +839,6 @@ void node_server_destroy(node_server *s)
     hist_mem_destroy(s->mem);
     dx_buf_free(&s->scratch);
     dx_buf_free(&s->take);
+    dx_buf_free(&s->take_cuts);
     uv_close((uv_handle_t *)&s->wake, on_handle_closed);
 }

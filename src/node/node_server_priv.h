@@ -24,7 +24,7 @@ typedef struct node_req node_req;
 typedef struct {
     enum engine_finish finish;
     int error;
-    uint32_t n_prompt, n_cached, n_gen;
+    uint32_t n_prompt, n_cached, n_gen, n_preempted;
     double ttft_s; /* engine-side: submit → first token */
     int has_msg;
     char msg[256];
@@ -40,6 +40,7 @@ struct node_req {
     char id[64];
     oai_meta meta;
     int stream, include_usage;
+    int head_sent; /* a stream's HTTP head and first chunk have gone out */
     dx_buf text; /* the answer so far (non-streaming, or kept for the reply memory) */
     int keep_text; /* streaming too: the reply memory needs what the client got */
     uint64_t t_start_ns, t_first_ns;
@@ -51,6 +52,7 @@ struct node_req {
     int lost;    /* loop: text was lost (out of memory); the request is canceled */
     /* Engine thread → loop, guarded by srv->mu. */
     dx_buf pend;        /* text not yet taken by the loop (reset, never freed, when taken) */
+    dx_buf pend_cuts;   /* uint32 end offset in pend of each event's text */
     size_t pend_tokens; /* tokens not yet taken */
     int pend_lost;      /* text could not be appended (out of memory) */
     int queued;         /* on srv->ready or in the batch the loop is working through */
@@ -64,7 +66,7 @@ struct node_server {
     node_server_config cfg;
     http_srv *http;
     node_backend be;
-    int ready, draining, stopped;
+    int ready, draining, stopped, quiet;
     uv_async_t wake;
     uv_timer_t grace;
     pthread_mutex_t mu;
@@ -75,6 +77,7 @@ struct node_server {
     /* metrics (loop thread only) */
     dx_buf scratch; /* chunk being built (loop thread) */
     dx_buf take;    /* a request's pending text, copied out (loop thread) */
+    dx_buf take_cuts; /* and its pieces' end offsets */
     prom_family requests;
     prom_hist ttft, engine_ttft, tpot, e2e;
     uint64_t gen_tokens, prompt_tokens, cached_tokens;

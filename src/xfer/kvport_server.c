@@ -13,6 +13,7 @@
 #include <string.h>
 #include <xxhash.h>
 
+#include "base/dx_addr.h"
 #include "base/dx_alloc.h"
 #include "base/dx_clock.h"
 #include "base/dx_err.h"
@@ -425,16 +426,15 @@ static void server_on_closed(uv_handle_t *h)
 static int server_listen(kvport_server *s, const char *host, int port)
 {
     struct sockaddr_storage ss;
-    int rc = uv_ip4_addr(host, port, (struct sockaddr_in *)&ss);
-    if (rc) rc = uv_ip6_addr(host, port, (struct sockaddr_in6 *)&ss);
-    if (rc) return dx_errf(DX_EINVAL, "kvport: bad listen address '%s'", host);
+    socklen_t alen;
+    int rc = dx_addr_resolve(host, port, &ss, &alen);
+    if (rc) return dx_err_wrap(rc, "kvport");
     rc = uv_tcp_bind(&s->listener, (struct sockaddr *)&ss, 0);
     if (!rc) rc = uv_listen((uv_stream_t *)&s->listener, 128, on_connection);
     if (rc) return dx_errf(DX_EIO, "kvport: listen on %s:%d: %s", host, port, uv_strerror(rc));
     int len = sizeof ss;
     uv_tcp_getsockname(&s->listener, (struct sockaddr *)&ss, &len);
-    s->port = ntohs(ss.ss_family == AF_INET ? ((struct sockaddr_in *)&ss)->sin_port
-                                            : ((struct sockaddr_in6 *)&ss)->sin6_port);
+    s->port = dx_addr_port(&ss);
     return 0;
 }
 

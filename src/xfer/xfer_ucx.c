@@ -222,8 +222,7 @@ void *xfer_agent_alloc(void *user, size_t bytes)
     }
     pthread_mutex_unlock(&a->mu);
     if (rc) return NULL;
-    /* Pre-touch so the first transfer does not pay page faults. */
-    for (size_t off = 0; off < bytes; off += (size_t)page) ((volatile uint8_t *)a->base)[off] = 0;
+    /* its pages are faulted in by the pool's owner (kv_pool_populate) */
     DX_LOGD("xfer: KV pool of %zu bytes at %p registered with UCX", bytes, a->base);
     return a->base;
 }

@@ -5,8 +5,8 @@
  *  - register: the KV pool arena is allocated *by* the agent (pass
  *    xfer_agent_alloc / xfer_agent_release as kv_pool_config.alloc/release
  *    with the agent as user data): ucp_mem_map(UCP_MEM_MAP_ALLOCATE), so UCX
- *    can place it where its shared-memory transports read it directly; the
- *    region is pre-touched.
+ *    can place it where its shared-memory transports read it directly (its
+ *    pages are faulted in by the pool's owner: kv_pool_populate).
  *  - describe: worker address + packed rkey + base address, the bytes a peer
  *    needs (sent in the KV port's HELLO).
  *  - read: xfer_read copies runs of remote bytes into local memory with

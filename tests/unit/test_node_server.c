@@ -974,11 +974,8 @@ static int open_long_stream(int i)
                  req("\"prompt\":\"%s\",\"max_tokens\":%d,\"stream\":true", prompt, LONG_TOKENS));
     int fd = raw_connect();
     assert_int_equal(write(fd, rq, (size_t)n), n);
-    dx_buf b;
-    dx_buf_init(&b, 0);
-    assert_true(raw_read_until(fd, &b, "\r\n\r\n"));
-    assert_memory_equal(b.data, "HTTP/1.1 200 OK", 15);
-    dx_buf_free(&b);
+    /* the stream's head goes out with its first token: a waiting request
+     * has none yet (the caller waits for the engine to count it) */
     return fd;
 }
 
@@ -1014,6 +1011,7 @@ static void test_capacity_and_disconnect(void **state)
     /* the first stream has produced text: leave in the middle of it */
     dx_buf_reset(&b);
     assert_true(raw_read_until(fds[0], &b, "\"text\":"));
+    assert_memory_equal(b.data, "HTTP/1.1 200 OK", 15);
     for (int i = 0; i < 4; i++) close(fds[i]);
     wait_idle();
     /* canceled long before their 4000 tokens */

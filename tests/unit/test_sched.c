@@ -227,28 +227,76 @@ static void test_concurrent_equals_alone(void **state)
     srig_free(&r);
 }
 
+/* A pool too small for everything: sequences outgrow their checkpoint, the
+ * newest is preempted and recomputed later — its tokens do not change, and
+ * nothing thrashes (each sequence is preempted a bounded number of times). */
 static void test_preemption_keeps_tokens(void **state)
 {
     (void)state;
+    enum { N = 6, GEN = 150 };
+    collector alone[N], c[N];
+    for (int i = 0; i < N; i++) { /* references: each alone, in a pool that fits it */
+        srig r;
+        srig_init(&r, g_m, 64, 512, 1);
+        col_init(&alone[i]);
+        engine_request q = greedy(g_prompts[i], g_plen[i], GEN, &alone[i]);
+        assert_int_equal(sched_submit(r.s, &q, 1), 0);
+        run_all(&r);
+        srig_free(&r);
+    }
     srig r;
-    /* 14 blocks of 16 tokens for 8 sequences needing up to 7 blocks each */
-    srig_init(&r, g_m, 14, 512, 1);
-    collector c[8];
-    for (int i = 0; i < 8; i++) {
+    /* 16 blocks of 16 tokens; each sequence ends needing 10 to 15 */
+    srig_init(&r, g_m, 16, 512, 1);
+    for (int i = 0; i < N; i++) {
         col_init(&c[i]);
-        engine_request q = greedy(g_prompts[i], g_plen[i], 24, &c[i]);
+        engine_request q = greedy(g_prompts[i], g_plen[i], GEN, &c[i]);
         assert_int_equal(sched_submit(r.s, &q, (uint64_t)i + 1), 0);
     }
     run_all(&r);
     engine_stats st;
     sched_get_stats(r.s, &st);
     assert_true(st.preemptions > 0);
-    for (int i = 0; i < 8; i++) {
+    uint32_t most = 0;
+    for (int i = 0; i < N; i++) {
         assert_int_equal(c[i].fin.finish, ENGINE_FINISH_LENGTH);
-        assert_memory_equal(c[i].toks, g_alone[i].toks, 24 * sizeof(int32_t));
+        assert_memory_equal(c[i].toks, alone[i].toks, GEN * sizeof(int32_t));
+        if (c[i].fin.n_preempted > most) most = c[i].fin.n_preempted;
+        col_free(&c[i]);
+        col_free(&alone[i]);
+    }
+    if (most > 3) fail_msg("a sequence was preempted %u times", most);
+    assert_int_equal(st.kv.n_used, 0);
+    srig_free(&r);
+}
+
+/* Past max_waiting, the newest requests that never ran end at once with
+ * DX_EBUSY; the others run to the end. */
+static void test_waiting_limit(void **state)
+{
+    (void)state;
+    srig r;
+    srig_init(&r, g_m, 16, 512, 1);
+    sched_config sc = {512, 16, 2, 1024, 0, NULL, NULL}; /* at most 2 waiting */
+    sched_destroy(r.s);
+    assert_int_equal(sched_create(&sc, g_m, r.pool, r.tp, &r.s), 0);
+    collector c[8];
+    for (int i = 0; i < 8; i++) {
+        col_init(&c[i]);
+        engine_request q = greedy(g_prompts[7], g_plen[7], 100, &c[i]); /* 12 blocks each */
+        assert_int_equal(sched_submit(r.s, &q, (uint64_t)i + 1), 0);
+    }
+    run_all(&r);
+    int ok = 0, busy = 0;
+    for (int i = 0; i < 8; i++) {
+        if (c[i].fin.finish == ENGINE_FINISH_LENGTH) ok++;
+        if (c[i].fin.finish == ENGINE_FINISH_ERROR && c[i].fin.error == DX_EBUSY) busy++;
         col_free(&c[i]);
     }
-    assert_int_equal(st.kv.n_used, 0);
+    assert_int_equal(ok, 3); /* one running, two waiting */
+    assert_int_equal(busy, 5);
+    engine_stats st;
+    sched_get_stats(r.s, &st);
+    assert_int_equal(st.shed, 5);
     srig_free(&r);
 }
 
@@ -619,6 +667,7 @@ int main(void)
         cmocka_unit_test(test_pinned_greedy),
         cmocka_unit_test(test_concurrent_equals_alone),
         cmocka_unit_test(test_preemption_keeps_tokens),
+        cmocka_unit_test(test_waiting_limit),
         cmocka_unit_test(test_prefix_cache_reuse),
         cmocka_unit_test(test_kv_event_and_prefix_blocks),
         cmocka_unit_test(test_prefix_blocks_rules),
