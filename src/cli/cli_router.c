@@ -157,7 +157,7 @@ int cli_router_main(int argc, char **argv)
     if (rc) return rc == 1 ? 0 : rc;
     enum dx_log_level lvl;
     router_config cfg = {0};
-    if (!decode) return cli_required("router", "--decode URL[,URL...] (the decode nodes)");
+    if (!decode) return cli_required("router", "--decode URL[,URL...]");
     if (dx_log_parse_level(level, &lvl) < 0) return cli_bad_value("router", "--log-level");
     if (router_parse_mode(mode, &cfg.mode) < 0) return cli_bad_value("router", "--mode");
     char *pbuf = NULL, *dbuf = NULL;

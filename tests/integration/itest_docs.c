@@ -248,7 +248,8 @@ static void test_checker(void **state)
     size_t outn = 0;
     FILE *report = open_memstream(&out, &outn);
     int links = 0;
-    int bad = check_md(root, "README.md", report, &links) + check_md(root, "docs/a.md", report, &links);
+    int bad = check_md(root, "README.md", report, &links);
+    bad += check_md(root, "docs/a.md", report, &links);
     fclose(report);
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
     assert_int_equal(system(cmd), 0);
