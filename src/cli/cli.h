@@ -30,6 +30,10 @@ typedef struct {
 int cli_parse(const char *cmd, const char *usage, int argc, char **argv, const cli_opt *opts,
               size_t nopts, char **pos, int max_pos, int *npos);
 
+/* A number for people: integral values as integers (1048576, never
+ * 1.04858e+06), others with %g (0.001). */
+void cli_fmt_num(char *buf, size_t cap, double v);
+
 /* "duplex CMD: WHAT is required" on stderr; returns 2. */
 int cli_required(const char *cmd, const char *what);
 /* For a value a library parser rejected (its message in dx_errmsg()):

@@ -41,8 +41,7 @@ static void usage(const char *cmd, const char *use, const cli_opt *opts, size_t 
     }
 }
 
-/* Integral bounds print as integers (1048576, 86400), others with %g. */
-static void fmt_bound(char *buf, size_t cap, double v)
+void cli_fmt_num(char *buf, size_t cap, double v)
 {
     if (v == floor(v) && fabs(v) < 1e15)
         snprintf(buf, cap, "%.0f", v);
@@ -84,8 +83,8 @@ static int set_value(const char *cmd, const cli_opt *o, const char *val)
     }
     if ((o->min != 0 || o->max != 0) && (num < o->min || num > o->max)) {
         char lo[32], hi[32];
-        fmt_bound(lo, sizeof lo, o->min);
-        fmt_bound(hi, sizeof hi, o->max);
+        cli_fmt_num(lo, sizeof lo, o->min);
+        cli_fmt_num(hi, sizeof hi, o->max);
         fprintf(stderr, "duplex %s: %s%s %s is out of range [%s, %s]\n", cmd, dashes(o->name),
                 o->name, val, lo, hi);
         return 2;

@@ -58,7 +58,9 @@ static void print_info(const model *m)
            hp->n_head / hp->n_kv_head, hp->head_dim);
     printf("context length:  %u\n", hp->n_ctx_train);
     printf("rms epsilon:     %g\n", hp->rms_eps);
-    printf("rope:            base %g, %s\n", hp->rope_base, hp->rope_neox ? "neox" : "normal");
+    char base[32];
+    cli_fmt_num(base, sizeof base, hp->rope_base);
+    printf("rope:            base %s, %s\n", base, hp->rope_neox ? "neox" : "normal");
     printf("extras:          %s%s%s\n", hp->qk_norm ? "q/k norm " : "",
            hp->qkv_bias ? "qkv bias " : "", hp->tied_output ? "tied output" : "untied output");
     uint64_t count[64] = {0}, bytes[64] = {0};

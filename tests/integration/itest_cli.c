@@ -75,6 +75,10 @@ static void test_user_path(void **state)
                           "pre-tokenizer llama-bpe", "chat template:   llama3", "parameters:"};
     for (size_t i = 0; i < 6; i++)
         if (!strstr(out, want[i])) fail_msg("model info lacks '%s':\n%s", want[i], out);
+    /* qwen3's rope base, 1e6, is a whole number and shows as one */
+    assert_int_equal(run(out, sizeof out, "model synth --preset tiny -o %s/q.gguf && %s model info "
+                                          "%s/q.gguf", g_dir, g_bin, g_dir), 0);
+    if (!strstr(out, "rope:            base 1000000, neox\n")) fail_msg("rope base:\n%s", out);
     /* tokenize → ids → decode gives the text back */
     assert_int_equal(run(out, sizeof out, "tokenize --model %s --ids --text 'Hello, KV world! 12345'",
                          g_model), 0);
