@@ -15,6 +15,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "../test_proc.h"
+
 static const char *g_bin;
 static char g_dir[64], g_model[128];
 
@@ -28,12 +30,7 @@ static int run(char *out, size_t cap, const char *fmt, ...)
     va_end(ap);
     /* stderr joins stdout unless the arguments redirect it themselves */
     snprintf(cmd, sizeof cmd, "%s %s%s", g_bin, args, strstr(args, "2>") ? "" : " 2>&1");
-    FILE *p = popen(cmd, "r");
-    assert_non_null(p);
-    size_t n = fread(out, 1, cap - 1, p);
-    out[n] = 0;
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return tp_capture(cmd, out, cap);
 }
 
 static void expect(int want_rc, const char *phrase, const char *fmt, const char *arg)
@@ -59,9 +56,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     (void)state;
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
-    return system(cmd) ? -1 : 0;
+    return tp_rm_rf(g_dir);
 }
 
 static void test_user_path(void **state)

@@ -20,6 +20,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "../test_proc.h"
+
 static char *slurp(const char *path)
 {
     FILE *f = fopen(path, "rb");
@@ -226,12 +228,12 @@ static void write_file(const char *dir, const char *name, const char *text)
 static void test_checker(void **state)
 {
     (void)state;
-    char tmp[] = "/tmp/dx_itest_docs_XXXXXX", root[PATH_MAX], cmd[PATH_MAX + 16];
+    char tmp[] = "/tmp/dx_itest_docs_XXXXXX", root[PATH_MAX], docs[PATH_MAX + 8];
     assert_non_null(mkdtemp(tmp));
     snprintf(root, sizeof root, "%s/repo", tmp);
-    snprintf(cmd, sizeof cmd, "%s/docs", root);
+    snprintf(docs, sizeof docs, "%s/docs", root);
     assert_int_equal(mkdir(root, 0755), 0);
-    assert_int_equal(mkdir(cmd, 0755), 0);
+    assert_int_equal(mkdir(docs, 0755), 0);
     write_file(tmp, "outside.md", "# Out\n");
     write_file(root, "docs/a.md",
                "# The P/D flow (v2)\n\n## Limits\n\n## Limits\n\n```\n# not a heading\n```\n"
@@ -251,8 +253,7 @@ static void test_checker(void **state)
     int bad = check_md(root, "README.md", report, &links);
     bad += check_md(root, "docs/a.md", report, &links);
     fclose(report);
-    snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
-    assert_int_equal(system(cmd), 0);
+    assert_int_equal(tp_rm_rf(tmp), 0);
     static const char *const want[] = {
         "README.md:3: (docs/missing.md): no such file or folder in the repository\n",
         "README.md:3: (docs/a.md#limits-2): docs/a.md has no heading with anchor '#limits-2'\n",

@@ -19,6 +19,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "../test_proc.h"
+
 static char g_dir[64];
 
 /* Runs a bash script (with scripts/lib.sh sourced) and captures its stdout
@@ -36,12 +38,7 @@ static int bash(char *out, size_t cap, const char *fmt, ...)
     fprintf(f, ". scripts/lib.sh\nlog_dir=%s\n%s\n", g_dir, body);
     fclose(f);
     snprintf(cmd, sizeof cmd, "bash %s 2>&1", path);
-    FILE *p = popen(cmd, "r");
-    assert_non_null(p);
-    size_t n = fread(out, 1, cap - 1, p);
-    out[n] = 0;
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return tp_capture(cmd, out, cap);
 }
 
 /* Whether the whole of s matches the extended regular expression re
@@ -92,9 +89,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     (void)state;
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
-    return system(cmd) ? -1 : 0;
+    return tp_rm_rf(g_dir);
 }
 
 /* Every test's block ends with its verdict line: nothing of a test follows
