@@ -131,13 +131,13 @@ $(BUILD)/fuzz/%: $(BUILD)/obj/tests/fuzz/%.o $(BUILD)/obj/tests/fuzz/replay_main
 	$(Q)$(CC) $(LDFLAGS_ALL) -o $@ $< $(BUILD)/obj/tests/fuzz/replay_main.o $(LIB_A) $(LIBS)
 
 test:
-	scripts/test.sh
+	@scripts/test.sh
 
 demo:
-	scripts/demo.sh
+	@scripts/demo.sh
 
 fuzz:
-	scripts/fuzz.sh
+	@scripts/fuzz.sh
 
 bench-server: $(BIN)
 	scripts/bench_server.sh $(BIN)
