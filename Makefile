@@ -5,6 +5,8 @@
 #   make test       install missing deps, build release + asan, run every test
 #   make demo       build, synthesise the default model, run the main job
 # CC=clang works too.  V selects the variant for the generic targets.
+# Each step prints one short line ("  CC  src/engine/sched.c"); VERBOSE=1
+# prints the full commands instead.
 
 V ?= release
 CC ?= cc
@@ -31,6 +33,14 @@ else ifeq ($(V),asan)
   VLDFLAGS := -fsanitize=address,undefined
 else
   $(error unknown variant V=$(V) (release|debug|asan))
+endif
+
+ifeq ($(VERBOSE),1)
+  Q :=
+  say = @:
+else
+  Q := @
+  say = @printf '  %-4s%s\n' $(1) $(2)
 endif
 
 CFLAGS_ALL := $(BASE_CFLAGS) $(VFLAGS) $(CFLAGS)
@@ -76,46 +86,58 @@ tests: $(BIN) $(UNIT_BIN) $(FUZZ_BIN) $(ITEST_BIN)
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) -MMD -MP -c $< -o $@
+	$(call say,CC,$<)
+	$(Q)$(CC) $(CFLAGS_ALL) -MMD -MP -c $< -o $@
 
 $(BUILD)/obj/%_avx2.o: %_avx2.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) $(AVX2_FLAGS) -MMD -MP -c $< -o $@
+	$(call say,CC,$<)
+	$(Q)$(CC) $(CFLAGS_ALL) $(AVX2_FLAGS) -MMD -MP -c $< -o $@
 
 $(BUILD)/obj/%_avx512.o: %_avx512.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) $(AVX512_FLAGS) -MMD -MP -c $< -o $@
+	$(call say,CC,$<)
+	$(Q)$(CC) $(CFLAGS_ALL) $(AVX512_FLAGS) -MMD -MP -c $< -o $@
+
+# Test objects are intermediate files to make: keep them, so that a change
+# to the library relinks the tests instead of recompiling every one.
+.SECONDARY:
 
 $(LIB_A): $(LIB_OBJ)
 	@mkdir -p $(dir $@)
-	rm -f $@
-	ar rcs $@ $^
+	$(call say,AR,$@)
+	$(Q)rm -f $@
+	$(Q)ar rcs $@ $^
 
 $(BIN): $(CLI_OBJ) $(LIB_A)
-	$(CC) $(LDFLAGS_ALL) -o $@ $(CLI_OBJ) $(LIB_A) $(LIBS)
+	$(call say,LD,$@)
+	$(Q)$(CC) $(LDFLAGS_ALL) -o $@ $(CLI_OBJ) $(LIB_A) $(LIBS)
 
 $(BUILD)/tests/%: $(BUILD)/obj/tests/unit/%.o $(LIB_A)
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS_ALL) -o $@ $< $(LIB_A) $(LIBS) $(CMOCKA_LIBS)
+	$(call say,LD,$@)
+	$(Q)$(CC) $(LDFLAGS_ALL) -o $@ $< $(LIB_A) $(LIBS) $(CMOCKA_LIBS)
 
 $(BUILD)/tests/itest_%: $(BUILD)/obj/tests/integration/itest_%.o $(LIB_A)
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS_ALL) -o $@ $< $(LIB_A) $(LIBS) $(CMOCKA_LIBS)
+	$(call say,LD,$@)
+	$(Q)$(CC) $(LDFLAGS_ALL) -o $@ $< $(LIB_A) $(LIBS) $(CMOCKA_LIBS)
 
 # Fuzz targets build two ways: with a replay main (runs the checked-in corpus,
 # part of `make test`) and, with `make fuzz` under clang, with libFuzzer.
 $(BUILD)/fuzz/%: $(BUILD)/obj/tests/fuzz/%.o $(BUILD)/obj/tests/fuzz/replay_main.o $(LIB_A)
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS_ALL) -o $@ $< $(BUILD)/obj/tests/fuzz/replay_main.o $(LIB_A) $(LIBS)
+	$(call say,LD,$@)
+	$(Q)$(CC) $(LDFLAGS_ALL) -o $@ $< $(BUILD)/obj/tests/fuzz/replay_main.o $(LIB_A) $(LIBS)
 
 test:
-	scripts/test.sh
+	@scripts/test.sh
 
 demo:
-	scripts/demo.sh
+	@scripts/demo.sh
 
 fuzz:
-	scripts/fuzz.sh
+	@scripts/fuzz.sh
 
 bench-server: $(BIN)
 	scripts/bench_server.sh $(BIN)

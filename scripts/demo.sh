@@ -8,16 +8,21 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # DUPLEX_BIN: run the demo with an already built binary (the test suite runs
 # it with each variant); otherwise build the release binary first.
+. scripts/lib.sh
 if [ -z "${DUPLEX_BIN:-}" ]; then
+    start=$SECONDS
     scripts/deps.sh
-    make -s -j"$(nproc)"
+    stage_done deps "$start"
+    build release all
 fi
 BIN=${DUPLEX_BIN:-build/release/duplex}
 MODEL=${DUPLEX_MODEL:-models/qwen3-small-bf16.gguf}
 mkdir -p "$(dirname "$MODEL")"
 if [ ! -f "$MODEL" ]; then
-    echo "== synthesising $MODEL"
+    echo "== synthesising $MODEL …"
+    start=$SECONDS
     "$BIN" model synth --arch qwen3 --preset small --dtype bf16 --seed 1 -o "$MODEL"
+    stage_done "synthesising $MODEL" "$start"
 fi
 echo "== duplex model info $MODEL"
 "$BIN" model info "$MODEL"

@@ -97,6 +97,26 @@ static inline int tp_stop(tp_proc *p, int sig, int timeout_s)
     return p->status;
 }
 
+/* Runs a shell command with its stdout in out (cut at cap - 1 bytes, NUL
+ * ended); returns its exit code, -1 if a signal ended it. */
+static inline int tp_capture(const char *cmd, char *out, size_t cap)
+{
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    size_t n = fread(out, 1, cap - 1, p);
+    out[n] = 0;
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* Removes a test's temporary folder and all in it; 0, or -1. */
+static inline int tp_rm_rf(const char *dir)
+{
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    return system(cmd) ? -1 : 0;
+}
+
 /* Runs `bin sub args` (stderr joined to stdout) and fails the test unless it
  * exits with want_rc and its output contains phrase. */
 static inline void tp_expect(const char *bin, const char *sub, int want_rc, const char *phrase,
@@ -104,12 +124,7 @@ static inline void tp_expect(const char *bin, const char *sub, int want_rc, cons
 {
     char cmd[1024], out[8192];
     snprintf(cmd, sizeof cmd, "%s %s %s 2>&1", bin, sub, args);
-    FILE *p = popen(cmd, "r");
-    assert_non_null(p);
-    size_t n = fread(out, 1, sizeof out - 1, p);
-    out[n] = 0;
-    int st = pclose(p);
-    int rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    int rc = tp_capture(cmd, out, sizeof out);
     if (rc != want_rc || !strstr(out, phrase))
         fail_msg("duplex %s %s: exit %d (want %d), output lacks '%s':\n%s", sub, args, rc, want_rc,
                  phrase, out);

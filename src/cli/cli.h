@@ -2,17 +2,21 @@
  *
  * Every subcommand validates its flags through cli_parse, which rejects
  * unknown flags, missing values and out-of-range numbers with a message that
- * names the flag, so a typo never silently runs with a default. */
+ * names the flag as the user types it, so a typo never silently runs with a
+ * default.  A one-letter option is spelled with one dash (`-n`, `-o`) in
+ * parsing, help and messages; every other option with two (`--kv-dtype`). */
 #ifndef CLI_H
 #define CLI_H
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
-enum cli_opt_type { CLI_STR, CLI_INT, CLI_U64, CLI_DBL, CLI_FLAG };
+/* CLI_PATH is a CLI_STR that help shows as FILE. */
+enum cli_opt_type { CLI_STR, CLI_PATH, CLI_INT, CLI_U64, CLI_DBL, CLI_FLAG };
 
 typedef struct {
-    const char *name; /* without the leading "--" */
+    const char *name; /* without dashes: "n" is -n, "kv-dtype" is --kv-dtype */
     enum cli_opt_type type;
     void *dst;        /* const char **, long *, uint64_t *, double *, int * */
     double min, max;  /* for numbers; both 0 = unchecked */
@@ -22,10 +26,35 @@ typedef struct {
 /* Parses argv[0..argc) (argv[0] is the first flag, not the program name).
  * Positional arguments are collected into pos[] (up to max_pos). Prints the
  * error to stderr and returns 2 on bad usage; returns 1 if --help was asked
- * (usage already printed); 0 on success. */
+ * (usage already printed to stdout); 0 on success. */
 int cli_parse(const char *cmd, const char *usage, int argc, char **argv, const cli_opt *opts,
               size_t nopts, char **pos, int max_pos, int *npos);
-void cli_usage(const char *cmd, const char *usage, const cli_opt *opts, size_t nopts);
+
+/* A number for people: integral values as integers (1048576, never
+ * 1.04858e+06), others with %g (0.001). */
+void cli_fmt_num(char *buf, size_t cap, double v);
+
+/* "duplex CMD: WHAT is required" on stderr; returns 2. */
+int cli_required(const char *cmd, const char *what);
+/* For a value a library parser rejected (its message in dx_errmsg()):
+ * "duplex CMD: FLAG: message" on stderr; returns 2. */
+int cli_bad_value(const char *cmd, const char *flag);
+
+/* A command of a group (`duplex model synth`) or of duplex itself. */
+typedef struct {
+    const char *name;
+    int (*fn)(int argc, char **argv); /* argv[0] is the first argument after the name */
+    const char *help;                 /* one line */
+} cli_cmd;
+
+/* Prints "  name  help" for each command. */
+void cli_list_cmds(FILE *f, const cli_cmd *cmds, size_t n);
+/* `duplex GROUP ...`: runs the command argv[0] names.  `--help`, `-h` or
+ * `help` (anywhere, unless a command comes first) lists the commands on
+ * stdout and returns 0; `help CMD` is `CMD --help`; no arguments list them
+ * on stderr and return 2; an unknown command is named with the accepted
+ * ones, 2. */
+int cli_group(const char *group, const cli_cmd *cmds, size_t n, int argc, char **argv);
 
 int cli_model_main(int argc, char **argv);
 int cli_tokenize_main(int argc, char **argv);

@@ -16,7 +16,7 @@ static int bench_engine(int argc, char **argv)
     const char *path = NULL, *kv = "f16";
     long threads = 0, pp = 512, tg = 128, depth = 0, reps = 3;
     const cli_opt opts[] = {
-        {"model", CLI_STR, &path, 0, 0, "GGUF model file (required)"},
+        {"model", CLI_PATH, &path, 0, 0, "GGUF model file (required)"},
         {"prompt-tokens", CLI_INT, &pp, 0, 1 << 20, "prefill tokens timed (default 512)"},
         {"gen-tokens", CLI_INT, &tg, 0, 1 << 20, "decode tokens timed (default 128)"},
         {"depth", CLI_INT, &depth, 0, 1 << 20, "context before the timed tokens (default 0)"},
@@ -29,10 +29,8 @@ static int bench_engine(int argc, char **argv)
                        NULL);
     if (rc) return rc == 1 ? 0 : rc;
     int kvt;
-    if (!path || engine_parse_kv_dtype(kv, &kvt)) {
-        fprintf(stderr, "duplex bench engine: need --model FILE; --kv-dtype f16|bf16|f32\n");
-        return 2;
-    }
+    if (!path) return cli_required("bench engine", "--model FILE");
+    if (engine_parse_kv_dtype(kv, &kvt)) return cli_bad_value("bench engine", "--kv-dtype");
     model *m;
     if (model_load(path, &m)) {
         fprintf(stderr, "duplex bench engine: %s\n", dx_errmsg());
@@ -134,9 +132,10 @@ static int bench_chat(int argc, char **argv)
 
 int cli_bench_main(int argc, char **argv)
 {
-    if (argc >= 1 && !strcmp(argv[0], "engine")) return bench_engine(argc - 1, argv + 1);
-    if (argc >= 1 && !strcmp(argv[0], "chat")) return bench_chat(argc - 1, argv + 1);
-    if (argc >= 1 && !strcmp(argv[0], "xfer")) return cli_bench_xfer_main(argc - 1, argv + 1);
-    fprintf(stderr, "usage: duplex bench engine|xfer|chat ...   (duplex bench engine --help)\n");
-    return 2;
+    static const cli_cmd cmds[] = {
+        {"engine", bench_engine, "prefill and decode speed of one engine (tok/s)"},
+        {"xfer", cli_bench_xfer_main, "KV transfer speed between two processes (GB/s)"},
+        {"chat", bench_chat, "a multi-turn chat against a server: per-turn TTFT and reuse"},
+    };
+    return cli_group("bench", cmds, DX_ARRAY_LEN(cmds), argc, argv);
 }

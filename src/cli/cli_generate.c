@@ -58,7 +58,7 @@ int cli_generate_main(int argc, char **argv)
     uint64_t seed = 0;
     int ignore_eos = 0, has_seed = 0;
     const cli_opt opts[] = {
-        {"model", CLI_STR, &path, 0, 0, "GGUF model file (required)"},
+        {"model", CLI_PATH, &path, 0, 0, "GGUF model file (required)"},
         {"prompt", CLI_STR, &prompt, 0, 0, "raw prompt text"},
         {"chat", CLI_STR, &chat, 0, 0, "a user message, rendered with the chat template"},
         {"n", CLI_INT, &n_gen, 1, 1 << 20, "tokens to generate (default 64)"},
@@ -75,18 +75,19 @@ int cli_generate_main(int argc, char **argv)
         {"kv-dtype", CLI_STR, &kv_type, 0, 0, "f16 | bf16 | f32 (default f16)"},
         {"max-batch-tokens", CLI_INT, &batch, 1, 1 << 16, "prefill chunk (default 512)"},
     };
-    for (int i = 0; i < argc; i++)
-        if (!strcmp(argv[i], "-n")) argv[i] = "--n";
     int rc = cli_parse("generate", "--model FILE (--prompt S | --chat S) [-n N] [--temp T ...]",
                        argc, argv, opts, DX_ARRAY_LEN(opts), NULL, 0, NULL);
     if (rc) return rc == 1 ? 0 : rc;
     for (int i = 0; i < argc; i++) has_seed |= !strcmp(argv[i], "--seed") || !strncmp(argv[i], "--seed=", 7);
     int kvt;
-    if (!path || (!prompt == !chat) || engine_parse_kv_dtype(kv_type, &kvt)) {
-        fprintf(stderr, "duplex generate: need --model and exactly one of --prompt / --chat, and "
-                        "--kv-dtype f16|bf16|f32\n");
+    if (!path) return cli_required("generate", "--model FILE");
+    if (!prompt == !chat) {
+        fprintf(stderr, "duplex generate: %s\n",
+                prompt ? "--prompt and --chat exclude each other: give one"
+                       : "give the text: --prompt S (raw) or --chat S (a user message)");
         return 2;
     }
+    if (engine_parse_kv_dtype(kv_type, &kvt)) return cli_bad_value("generate", "--kv-dtype");
     model *m;
     if (model_load(path, &m)) {
         fprintf(stderr, "duplex generate: %s\n", dx_errmsg());

@@ -98,6 +98,23 @@ static int parse_policy(const char *s)
 
 /* ---- hold ---- */
 
+/* --lease-ttls: a comma list of positive seconds. */
+static int check_ttls(const char *list)
+{
+    for (const char *p = list;;) {
+        char *end;
+        double ttl = strtod(p, &end);
+        if (end == p || !(ttl > 0) || (*end && *end != ',')) {
+            fprintf(stderr, "duplex kv hold: --lease-ttls: '%.*s' in '%s' is not a positive "
+                            "number of seconds (want e.g. 60,5)\n",
+                    (int)strcspn(p, ","), p, list);
+            return 2;
+        }
+        if (!*end) return 0;
+        p = end + 1;
+    }
+}
+
 typedef struct {
     uv_signal_t sig[2];
     kvport_server *srv;
@@ -220,9 +237,10 @@ int cli_kv_hold(int argc, char **argv)
     if (rc) return rc == 1 ? 0 : rc;
     int pol = parse_policy(policy);
     if (pol < 0) {
-        fprintf(stderr, "duplex kv hold: --policy must be multi|single|renew\n");
+        fprintf(stderr, "duplex kv hold: --policy wants multi|single|renew, got '%s'\n", policy);
         return 2;
     }
+    if (check_ttls(ttls)) return 2;
     kv_side s;
     xfer_leases *L = NULL;
     json_t *leases = json_array();
@@ -386,20 +404,19 @@ int cli_kv_pull(int argc, char **argv)
     int rc = cli_parse("kv pull", "--port P --token T [options]", argc, argv, opts,
                        DX_ARRAY_LEN(opts), NULL, 0, NULL);
     if (rc) return rc == 1 ? 0 : rc;
-    if (!o.token || !o.port) {
-        fprintf(stderr, "duplex kv pull: --port and --token are required\n");
-        return 2;
-    }
+    if (!o.port) return cli_required("kv pull", "--port P");
+    if (!o.token) return cli_required("kv pull", "--token T");
     return pull_run(&o);
 }
 
 int cli_kv_main(int argc, char **argv)
 {
-    if (argc >= 1 && !strcmp(argv[0], "hold")) return cli_kv_hold(argc - 1, argv + 1);
-    if (argc >= 1 && !strcmp(argv[0], "pull")) return cli_kv_pull(argc - 1, argv + 1);
-    if (argc >= 1 && !strcmp(argv[0], "bench")) return cli_bench_xfer_main(argc - 1, argv + 1);
-    fprintf(stderr, "usage: duplex kv hold|pull|bench [options]   (duplex kv hold --help)\n");
-    return 2;
+    static const cli_cmd cmds[] = {
+        {"hold", cli_kv_hold, "lease a pool of synthetic KV blocks and serve them on a KV port"},
+        {"pull", cli_kv_pull, "pull leased blocks from a holder and verify them byte for byte"},
+        {"bench", cli_bench_xfer_main, "the same as duplex bench xfer"},
+    };
+    return cli_group("kv", cmds, DX_ARRAY_LEN(cmds), argc, argv);
 }
 
 int cli_bench_xfer_main(int argc, char **argv)

@@ -2,8 +2,6 @@
 #include "cli.h"
 
 #include <stdio.h>
-#include <string.h>
-#include <sys/stat.h>
 
 #include "base/dx_dtype.h"
 #include "base/dx_err.h"
@@ -19,27 +17,18 @@ static int cmd_synth(int argc, char **argv)
         {"preset", CLI_STR, &preset, 0, 0, "tiny | small | 0.6b (default tiny)"},
         {"dtype", CLI_STR, &dtype, 0, 0, "f32 | f16 | bf16 | q8_0 (default f32)"},
         {"seed", CLI_U64, &seed, 0, 0, "random seed (default 1)"},
-        {"o", CLI_STR, &out, 0, 0, "output file (required)"},
-        {"output", CLI_STR, &out, 0, 0, "same as -o"},
+        {"o", CLI_PATH, &out, 0, 0, "output file (required)"},
+        {"output", CLI_PATH, &out, 0, 0, "same as -o"},
     };
     const char *usage = "--arch A --preset P --dtype T [--seed N] -o FILE";
-    /* accept the conventional single-dash -o */
-    for (int i = 0; i < argc; i++)
-        if (!strcmp(argv[i], "-o")) argv[i] = "--o";
     int rc = cli_parse("model synth", usage, argc, argv, opts, DX_ARRAY_LEN(opts), NULL, 0, NULL);
     if (rc) return rc == 1 ? 0 : rc;
-    if (!out) {
-        fprintf(stderr, "duplex model synth: -o FILE is required\n");
-        return 2;
-    }
+    if (!out) return cli_required("model synth", "-o FILE");
     synth_config cfg = {.preset = preset, .seed = seed};
     enum dx_dtype dt;
-    if (synth_parse_arch(arch, &cfg.arch) || dx_dtype_parse(dtype, &dt) ||
-        !synth_find_preset(preset)) {
-        fprintf(stderr, "duplex model synth: %s\n",
-                synth_find_preset(preset) ? dx_errmsg() : "unknown --preset (want tiny|small|0.6b)");
-        return 2;
-    }
+    if (synth_parse_arch(arch, &cfg.arch)) return cli_bad_value("model synth", "--arch");
+    if (synth_check_preset(preset)) return cli_bad_value("model synth", "--preset");
+    if (dx_dtype_parse(dtype, &dt)) return cli_bad_value("model synth", "--dtype");
     cfg.dtype = dt;
     if ((rc = synth_write(&cfg, out))) {
         fprintf(stderr, "duplex model synth: %s\n", dx_errmsg());
@@ -69,7 +58,9 @@ static void print_info(const model *m)
            hp->n_head / hp->n_kv_head, hp->head_dim);
     printf("context length:  %u\n", hp->n_ctx_train);
     printf("rms epsilon:     %g\n", hp->rms_eps);
-    printf("rope:            base %g, %s\n", hp->rope_base, hp->rope_neox ? "neox" : "normal");
+    char base[32];
+    cli_fmt_num(base, sizeof base, hp->rope_base);
+    printf("rope:            base %s, %s\n", base, hp->rope_neox ? "neox" : "normal");
     printf("extras:          %s%s%s\n", hp->qk_norm ? "q/k norm " : "",
            hp->qkv_bias ? "qkv bias " : "", hp->tied_output ? "tied output" : "untied output");
     uint64_t count[64] = {0}, bytes[64] = {0};
@@ -103,10 +94,7 @@ static int cmd_info(int argc, char **argv)
     int np = 0;
     int rc = cli_parse("model info", "FILE", argc, argv, NULL, 0, pos, 1, &np);
     if (rc) return rc == 1 ? 0 : rc;
-    if (np != 1) {
-        fprintf(stderr, "usage: duplex model info FILE\n");
-        return 2;
-    }
+    if (np != 1) return cli_required("model info", "a GGUF file (duplex model info FILE)");
     model *m;
     if (model_load(pos[0], &m)) {
         fprintf(stderr, "duplex model info: %s\n", dx_errmsg());
@@ -119,8 +107,9 @@ static int cmd_info(int argc, char **argv)
 
 int cli_model_main(int argc, char **argv)
 {
-    if (argc >= 1 && !strcmp(argv[0], "synth")) return cmd_synth(argc - 1, argv + 1);
-    if (argc >= 1 && !strcmp(argv[0], "info")) return cmd_info(argc - 1, argv + 1);
-    fprintf(stderr, "usage: duplex model synth|info ...  (duplex model synth --help)\n");
-    return 2;
+    static const cli_cmd cmds[] = {
+        {"synth", cmd_synth, "write a random-weight GGUF model (qwen3|qwen2|llama shapes)"},
+        {"info", cmd_info, "print a GGUF model's shapes, tensors, tokenizer and fingerprint"},
+    };
+    return cli_group("model", cmds, DX_ARRAY_LEN(cmds), argc, argv);
 }

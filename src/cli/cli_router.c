@@ -137,7 +137,7 @@ int cli_router_main(int argc, char **argv)
         {"decode", CLI_STR, &decode, 0, 0, "decode node URLs, comma-separated (required)"},
         {"host", CLI_STR, &host, 0, 0, "address to bind (default 127.0.0.1)"},
         {"port", CLI_INT, &port, 0, 65535, "port (default 8000; 0 = any free port)"},
-        {"tokenizer", CLI_STR, &tokenizer, 0, 0, "GGUF whose tokenizer counts prompt tokens"},
+        {"tokenizer", CLI_PATH, &tokenizer, 0, 0, "GGUF whose tokenizer counts prompt tokens"},
         {"mode", CLI_STR, &mode, 0, 0, "bidirectional|unidirectional (default bidirectional)"},
         {"conversation-ttl", CLI_DBL, &ttl, 1, 1e7, "seconds a conversation is remembered (450)"},
         {"max-conversations", CLI_INT, &max_conv, 1, 1e9, "conversations kept (100000)"},
@@ -157,18 +157,9 @@ int cli_router_main(int argc, char **argv)
     if (rc) return rc == 1 ? 0 : rc;
     enum dx_log_level lvl;
     router_config cfg = {0};
-    if (!decode) {
-        fprintf(stderr, "duplex router: --decode is required (decode node URLs)\n");
-        return 2;
-    }
-    if (dx_log_parse_level(level, &lvl) < 0) {
-        fprintf(stderr, "duplex router: --log-level wants error|warn|info|debug\n");
-        return 2;
-    }
-    if (router_parse_mode(mode, &cfg.mode) < 0) {
-        fprintf(stderr, "duplex router: --mode: %s\n", dx_errmsg());
-        return 2;
-    }
+    if (!decode) return cli_required("router", "--decode URL[,URL...]");
+    if (dx_log_parse_level(level, &lvl) < 0) return cli_bad_value("router", "--log-level");
+    if (router_parse_mode(mode, &cfg.mode) < 0) return cli_bad_value("router", "--mode");
     char *pbuf = NULL, *dbuf = NULL;
     const char *purls[MAX_NODES], *durls[MAX_NODES];
     size_t np = 0, nd = 0;

@@ -40,19 +40,10 @@ static int to_config(const serve_flags *f, node_run_config *c)
     enum dx_log_level lvl;
     int kvt;
     memset(c, 0, sizeof *c);
-    if (!f->path) {
-        fprintf(stderr, "duplex serve: --model is required\n");
-        return 2;
-    }
-    if (dx_log_parse_level(f->level, &lvl) < 0) {
-        fprintf(stderr, "duplex serve: --log-level wants error|warn|info|debug\n");
-        return 2;
-    }
+    if (!f->path) return cli_required("serve", "--model FILE");
+    if (dx_log_parse_level(f->level, &lvl) < 0) return cli_bad_value("serve", "--log-level");
     if (parse_role(f->role, &c->role)) return 2;
-    if (engine_parse_kv_dtype(f->kv_dtype, &kvt)) {
-        fprintf(stderr, "duplex serve: --kv-dtype: %s\n", dx_errmsg());
-        return 2;
-    }
+    if (engine_parse_kv_dtype(f->kv_dtype, &kvt)) return cli_bad_value("serve", "--kv-dtype");
     if (f->prefix_on && f->prefix_off) {
         fprintf(stderr, "duplex serve: --enable-prefix-caching and --no-enable-prefix-caching "
                         "contradict each other\n");
@@ -96,7 +87,7 @@ int cli_serve_main(int argc, char **argv)
                      .req_timeout_ms = 30000, .max_body_mb = 4, .kv_port = -1, .threshold = 64,
                      .grace = 10, .pin_ttl = 30, .lease_ttl = 30, .retain_ttl = 480};
     const cli_opt opts[] = {
-        {"model", CLI_STR, &f.path, 0, 0, "GGUF model file (required)"},
+        {"model", CLI_PATH, &f.path, 0, 0, "GGUF model file (required)"},
         {"role", CLI_STR, &f.role, 0, 0, "prefill|decode|both (default both)"},
         {"host", CLI_STR, &f.host, 0, 0, "address to bind (default 127.0.0.1)"},
         {"port", CLI_INT, &f.port, 0, 65535, "port (default 8000; 0 = any free port)"},

@@ -1,5 +1,6 @@
 /* cli_tokenize: `duplex tokenize --model FILE [--text S | stdin] [--decode]`.
- * Encoding prints one line per token: id and the token's bytes (escaped);
+ * Encoding prints one line per token: id and the token's bytes, quoted and
+ * escaped, or as <0xE6> per byte when they are not UTF-8 on their own;
  * --ids prints only the ids.  --decode reads ids (space or comma separated)
  * and prints the text. */
 #include "cli.h"
@@ -13,6 +14,7 @@
 #include "base/dx_alloc.h"
 #include "base/dx_buf.h"
 #include "base/dx_err.h"
+#include "base/dx_utf8.h"
 #include "model/model.h"
 
 static int read_all(FILE *f, dx_buf *b)
@@ -34,9 +36,21 @@ static void print_escaped(const char *s, int n)
         else if (c == '\r') fputs("\\r", stdout);
         else if (c == '\'' || c == '\\') printf("\\%c", c);
         else if (c < 0x20 || c == 0x7f) printf("\\x%02x", c);
-        else putchar(c); /* UTF-8 bytes pass through; partial sequences show as-is */
+        else putchar(c);
     }
     putchar('\'');
+}
+
+/* A piece that is not valid UTF-8 on its own (a byte token holding part of
+ * a multi-byte character) shows its bytes as <0xE6>, as llama.cpp shows byte
+ * tokens, instead of a U+FFFD on the terminal; others show quoted. */
+static void print_piece(const char *s, int n)
+{
+    if (dx_utf8_valid_prefix((const uint8_t *)s, (size_t)n) == (size_t)n) {
+        print_escaped(s, n);
+        return;
+    }
+    for (int i = 0; i < n; i++) printf("<0x%02X>", (unsigned char)s[i]);
 }
 
 static int encode(const model *m, const char *text, size_t len, int special, int ids_only)
@@ -57,7 +71,7 @@ static int encode(const model *m, const char *text, size_t len, int special, int
         char piece[512];
         int n = tok_token_bytes(tk, ids.ids[i], piece, sizeof piece);
         printf("%8d  ", ids.ids[i]);
-        print_escaped(piece, n > 0 ? n : 0);
+        print_piece(piece, n > 0 ? n : 0);
         putchar('\n');
     }
     if (ids_only) putchar('\n');
@@ -110,7 +124,7 @@ int cli_tokenize_main(int argc, char **argv)
     const char *path = NULL, *text = NULL;
     int dec = 0, special = 0, ids_only = 0;
     const cli_opt opts[] = {
-        {"model", CLI_STR, &path, 0, 0, "GGUF model file (required)"},
+        {"model", CLI_PATH, &path, 0, 0, "GGUF model file (required)"},
         {"text", CLI_STR, &text, 0, 0, "text to tokenise (default: standard input)"},
         {"decode", CLI_FLAG, &dec, 0, 0, "input is token ids; print the text"},
         {"special", CLI_FLAG, &special, 0, 0, "match special tokens like <|im_start|> in the text"},
@@ -119,8 +133,10 @@ int cli_tokenize_main(int argc, char **argv)
     int rc = cli_parse("tokenize", "--model FILE [--text S] [--decode] [--special] [--ids]", argc,
                        argv, opts, DX_ARRAY_LEN(opts), NULL, 0, NULL);
     if (rc) return rc == 1 ? 0 : rc;
-    if (!path) {
-        fprintf(stderr, "duplex tokenize: --model FILE is required\n");
+    if (!path) return cli_required("tokenize", "--model FILE");
+    if (dec && (special || ids_only)) {
+        fprintf(stderr, "duplex tokenize: %s applies to encoding, not to --decode\n",
+                special ? "--special" : "--ids");
         return 2;
     }
     model *m;

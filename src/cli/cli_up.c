@@ -64,7 +64,7 @@ int cli_up_main(int argc, char **argv)
     int no_prefix = 0;
     double startup = 600, stop = 60;
     const cli_opt opts[] = {
-        {"model", CLI_STR, &model, 0, 0, "GGUF model (default: " DEFAULT_MODEL ", made once)"},
+        {"model", CLI_PATH, &model, 0, 0, "GGUF model (default: " DEFAULT_MODEL ", made once)"},
         {"prefill", CLI_INT, &n_prefill, 0, 64, "prefill nodes (default 1; colocated: 0)"},
         {"decode", CLI_INT, &n_decode, 1, 64, "decode nodes (default 1)"},
         {"port", CLI_INT, &port, 0, 65535, "the router's port (default 8000; 0 = any free)"},
@@ -86,14 +86,8 @@ int cli_up_main(int argc, char **argv)
     if (rc) return rc == 1 ? 0 : rc;
     router_launch_config c = {.port = (int)port, .n_decode = (int)n_decode};
     enum dx_log_level lvl;
-    if (router_launch_parse_mode(mode, &c.mode) < 0) {
-        fprintf(stderr, "duplex up: --mode: %s\n", dx_errmsg());
-        return 2;
-    }
-    if (dx_log_parse_level(level, &lvl) < 0) {
-        fprintf(stderr, "duplex up: --log-level wants error|warn|info|debug\n");
-        return 2;
-    }
+    if (router_launch_parse_mode(mode, &c.mode) < 0) return cli_bad_value("up", "--mode");
+    if (dx_log_parse_level(level, &lvl) < 0) return cli_bad_value("up", "--log-level");
     if (c.mode == LAUNCH_COLOCATED && n_prefill > 0) {
         fprintf(stderr, "duplex up: --prefill %ld: colocated mode has no prefill nodes\n",
                 n_prefill);

@@ -6,15 +6,11 @@
 
 #define DUPLEX_VERSION "0.1.0"
 
-static const struct {
-    const char *name;
-    int (*fn)(int, char **);
-    const char *help;
-} k_cmds[] = {
+static const cli_cmd k_cmds[] = {
     {"model", cli_model_main, "synth|info: write or inspect GGUF models"},
     {"tokenize", cli_tokenize_main, "tokenise text with a model's tokenizer (or --decode)"},
     {"generate", cli_generate_main, "generate text from a prompt on one engine"},
-    {"bench", cli_bench_main, "engine|xfer: engine speed, KV transfer speed"},
+    {"bench", cli_bench_main, "engine|xfer|chat: engine speed, KV transfer speed, a chat"},
     {"kv", cli_kv_main, "hold|pull|bench: KV transfer between processes (tests, bench)"},
     {"serve", cli_serve_main, "OpenAI-compatible HTTP server for one node"},
     {"router", cli_router_main, "KV-aware router in front of prefill and decode nodes"},
@@ -26,8 +22,7 @@ static void usage(FILE *f)
     fprintf(f, "duplex %s — P/D disaggregated LLM serving with bidirectional KV transfer\n\n",
             DUPLEX_VERSION);
     fprintf(f, "usage: duplex <command> [options]   (duplex <command> --help)\n\ncommands:\n");
-    for (size_t i = 0; i < sizeof k_cmds / sizeof k_cmds[0]; i++)
-        fprintf(f, "  %-10s %s\n", k_cmds[i].name, k_cmds[i].help);
+    cli_list_cmds(f, k_cmds, sizeof k_cmds / sizeof k_cmds[0]);
     fprintf(f, "  %-10s %s\n", "version", "print the version");
 }
 

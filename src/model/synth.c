@@ -38,6 +38,12 @@ const synth_preset *synth_find_preset(const char *name)
     return NULL;
 }
 
+int synth_check_preset(const char *name)
+{
+    if (synth_find_preset(name)) return 0;
+    return dx_errf(DX_EINVAL, "unknown preset '%s' (want tiny|small|0.6b)", name ? name : "");
+}
+
 int synth_parse_arch(const char *s, enum model_arch *out)
 {
     if (s && !strcmp(s, "qwen3")) *out = MODEL_QWEN3;
@@ -231,7 +237,7 @@ out:
 int synth_write(const synth_config *cfg, const char *path)
 {
     const synth_preset *p = synth_find_preset(cfg->preset);
-    if (!p) return dx_errf(DX_EINVAL, "unknown preset '%s' (want tiny|small|0.6b)", cfg->preset);
+    if (!p) return synth_check_preset(cfg->preset);
     if (!dx_dtype_name(cfg->dtype))
         return dx_errf(DX_EINVAL, "unsupported weight dtype %d", cfg->dtype);
     if (cfg->dtype == DX_Q8_0 && (p->n_embd % 32 || p->n_ff % 32 || p->head_dim % 32))

@@ -25,6 +25,8 @@ typedef struct {
 } synth_config;
 
 const synth_preset *synth_find_preset(const char *name); /* NULL if unknown */
+/* 0 for a known preset, else DX_EINVAL with a message naming it and the presets. */
+int synth_check_preset(const char *name);
 int synth_parse_arch(const char *s, enum model_arch *out);
 int synth_write(const synth_config *cfg, const char *path);
 

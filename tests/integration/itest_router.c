@@ -967,7 +967,7 @@ static void expect_flags(int want_rc, const char *phrase, const char *args)
 static void test_bad_flags(void **state)
 {
     (void)state;
-    expect_flags(2, "--decode is required", "--prefill http://127.0.0.1:1");
+    expect_flags(2, "--decode URL[,URL...] is required", "--prefill http://127.0.0.1:1");
     expect_flags(2, "--decode: empty list", "--decode ''");
     expect_flags(2, "--decode: 'ftp://x:1': wants http://HOST:PORT", "--decode ftp://x:1");
     expect_flags(2, "--decode: 'http://127.0.0.1': wants http://HOST:PORT",
@@ -982,7 +982,8 @@ static void test_bad_flags(void **state)
     expect_flags(2, "--mode: 'sideways' is not a mode", "--decode http://a:1 --mode sideways");
     expect_flags(2, "--port 70000 is out of range", "--decode http://a:1 --port 70000");
     expect_flags(2, "unknown option '--bogus'", "--decode http://a:1 --bogus 1");
-    expect_flags(2, "--log-level wants", "--decode http://a:1 --log-level loud");
+    expect_flags(2, "--log-level: unknown log level 'loud' (want error|warn|info|debug)",
+                 "--decode http://a:1 --log-level loud");
     expect_flags(1, "/nonexistent.gguf", "--decode http://a:1 --tokenizer /nonexistent.gguf");
 }
 

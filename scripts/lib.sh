@@ -1,0 +1,112 @@
+# scripts/lib.sh — sourced by test.sh and demo.sh: timed stages, the build
+# with compact progress, and test.sh's per-test runner and closing line.
+# Sourced, not run; needs bash.
+
+# "== NAME … 41 s", from START (a $SECONDS value).
+stage_done() {
+    printf '== %s … %d s\n' "$1" $((SECONDS - $2))
+}
+
+# tty (progress updated in place) or plain; BUILD_PROGRESS=tty|plain
+# overrides what stdout being a terminal says.
+progress_mode() {
+    if [ -n "${BUILD_PROGRESS:-}" ]; then
+        echo "$BUILD_PROGRESS"
+    elif [ -t 1 ]; then
+        echo tty
+    else
+        echo plain
+    fi
+}
+
+# Reads make's output for the stage LABEL: the Makefile's step lines
+# ("  CC  src/x.c", "  AR  …", "  LD  …") and anything else (compiler
+# messages).  tty mode shows the steps on one status line updated in place;
+# plain mode drops them, so a log shows only the stage lines.  Compiler
+# messages always pass through whole.
+build_progress() {
+    local label=$1 mode=$2 line n=0 cols
+    cols=$(tput cols 2>/dev/null || echo 80)
+    while IFS= read -r line; do
+        case $line in
+        "  CC  "* | "  AR  "* | "  LD  "*)
+            n=$((n + 1))
+            if [ "$mode" = tty ]; then
+                line="== $label … [$n] ${line#  }"
+                printf '\r\033[K%s' "${line:0:cols-1}"
+            fi
+            ;;
+        *)
+            if [ "$mode" = tty ]; then printf '\r\033[K'; fi
+            printf '%s\n' "$line"
+            ;;
+        esac
+    done
+    if [ "$mode" = tty ]; then printf '\r\033[K'; fi
+}
+
+# build VARIANT TARGET: `make TARGET` for the variant with build_progress,
+# then "== build (VARIANT) … 41 s".  Returns make's status.
+build() {
+    local v=$1 target=$2 start=$SECONDS rc=0 mode
+    local -
+    set -o pipefail
+    mode=$(progress_mode)
+    if [ "$mode" = tty ]; then printf '== build (%s) …' "$v"; else echo "== build ($v) …"; fi
+    make -s -j"${JOBS:-$(nproc)}" V="$v" "$target" 2>&1 | build_progress "build ($v)" "$mode" || rc=$?
+    if [ $rc -ne 0 ]; then
+        echo "== build ($v) failed after $((SECONDS - start)) s"
+        return $rc
+    fi
+    stage_done "build ($v)" "$start"
+}
+
+# test.sh's tallies; run_one adds to them, test_summary prints them.
+passed=0 failed=0 skipped=0 failures=()
+log_dir=${log_dir:-build/test-logs}
+
+# run_one NAME CMD...: runs one test program with its output in a log;
+# counts cmocka's per-test results when it prints them, else counts the
+# program as one test.  A skipped test is neither a pass nor a failure.
+# Prints the test's cmocka summary lines (or, on failure, the end of its
+# log), then its verdict line, so each verdict closes its own block.
+run_one() {
+    local name=$1
+    shift
+    local log="$log_dir/${name//\//_}.log"
+    local start=$SECONDS
+    timeout "${TEST_TIMEOUT:-900}" "$@" >"$log" 2>&1
+    local rc=$?
+    local p f s
+    p=$(grep -Eo '^\[  PASSED  \] [0-9]+' "$log" | awk '{s+=$4} END {print s+0}')
+    f=$(grep -Eo '^\[  FAILED  \] [0-9]+' "$log" | awk '{s+=$4} END {print s+0}')
+    s=$(grep -Eo '^\[  SKIPPED \] [0-9]+' "$log" | awk '{s+=$4} END {print s+0}')
+    skipped=$((skipped + s))
+    if [ "$p" -eq 0 ] && [ "$f" -eq 0 ] && [ "$s" -eq 0 ]; then
+        if [ $rc -eq 0 ]; then p=1; else f=1; fi
+    elif [ $rc -ne 0 ] && [ "$f" -eq 0 ]; then
+        f=1 # crashed after reporting passes
+    fi
+    passed=$((passed + p))
+    failed=$((failed + f))
+    if [ $rc -ne 0 ]; then
+        failures+=("$name")
+        tail -n 60 "$log" | sed 's/^/    /'
+        echo "FAIL $name (rc=$rc, $((SECONDS - start))s) — the end of $log above"
+    else
+        grep -E '^\[==========\]|^\[  (PASSED|FAILED)  \]|^\[  SKIPPED \]|^skipped: ' "$log" |
+            sed 's/^/    /'
+        echo "ok   $name ($p passed$([ "$s" -gt 0 ] && echo ", $s skipped"), $((SECONDS - start))s)"
+    fi
+}
+
+# The closing lines; CI reads the last one ("N passed, N failed[, N
+# skipped]").  Returns non-zero when anything failed.
+test_summary() {
+    echo
+    if [ ${#failures[@]} -gt 0 ]; then
+        echo "failed: ${failures[*]}"
+    fi
+    echo "$passed passed, $failed failed$([ "$skipped" -gt 0 ] && echo ", $skipped skipped")"
+    [ "$failed" -eq 0 ] && [ ${#failures[@]} -eq 0 ]
+}
