@@ -159,8 +159,9 @@ static void *populate_main(void *arg)
     int rc = kv_pool_populate(e->pool, &e->pop_stop);
     double mib = (double)kv_pool_arena_bytes(e->pool) / (1024.0 * 1024.0);
     if (rc == 0)
-        DX_LOGI("KV pool: %.0f MiB faulted in, in the background, in %.0f ms", mib,
-                (double)(dx_now_ns() - t0) * 1e-6);
+        dx_log(e->cfg.log_populate ? DX_LOG_INFO : DX_LOG_DEBUG,
+               "KV pool: %.0f MiB faulted in, in the background, in %.0f ms", mib,
+               (double)(dx_now_ns() - t0) * 1e-6);
     else if (rc != DX_ECANCELED)
         DX_LOGD("KV pool: pages fault in on first use (%s)", dx_errmsg());
     return NULL;

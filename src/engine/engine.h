@@ -39,6 +39,7 @@ typedef struct {
     /* 1: do not fault the pool's pages in on a background thread at start
      * (kv_pool_populate); they then fault in on first use. */
     int no_populate;
+    int log_populate; /* say when the pages are in at INFO (servers), else DEBUG */
     /* KV arena allocation hook (the transfer layer registers it with UCX). */
     void *(*kv_alloc)(void *user, size_t bytes);
     void (*kv_release)(void *user, void *p, size_t bytes);

@@ -198,6 +198,7 @@ int node_run(const node_run_config *cfg)
     r.cfg = *cfg;
     if (!r.cfg.host) r.cfg.host = "127.0.0.1";
     r.ec = cfg->engine;
+    r.ec.log_populate = 1;
     signal(SIGPIPE, SIG_IGN); /* a client gone mid-write is an error code, not a death */
     oai_json_use_dx_alloc();
     uv_loop_init(&r.loop);
