@@ -163,6 +163,17 @@ static void store_kv(float *src, uint8_t *dst, int dtype, size_t n)
     }
 }
 
+/* One token's K row into the block's transposed K (kern.h): dim d goes to
+ * element d*block_size; converted as a row first, so the bits are store_kv's. */
+static void store_k_transposed(float *src, uint8_t *dst, int dtype, size_t n, size_t bs)
+{
+    uint8_t row[4 * 512]; /* head_dim <= 512 (model.c) */
+    size_t es = dx_dtype_block_bytes(dtype);
+    DX_ASSERT(n * es <= sizeof row);
+    store_kv(src, row, dtype, n);
+    for (size_t d = 0; d < n; d++) memcpy(dst + d * bs * es, row + d * es, es);
+}
+
 /* Biases, q/k norm, RoPE, then K/V into the sequence's KV block. */
 static void qkv_post_tok(fwd *f, uint32_t l, size_t t)
 {
@@ -191,9 +202,9 @@ static void qkv_post_tok(fwd *f, uint32_t l, size_t t)
     uint8_t *base = kv_pool_block_ptr(f->pool, blk);
     size_t koff = kv_pool_k_offset(f->pool, l), voff = kv_pool_v_offset(f->pool, l);
     for (uint32_t h = 0; h < hp->n_kv_head; h++) {
-        size_t row = ((size_t)h * bs + pos % bs) * D * es;
-        store_kv(k + h * D, base + koff + row, dtype, D);
-        store_kv(v + h * D, base + voff + row, dtype, D);
+        size_t krow = ((size_t)h * D * bs + pos % bs) * es, vrow = ((size_t)h * bs + pos % bs) * D * es;
+        store_k_transposed(k + h * D, base + koff + krow, dtype, D, bs);
+        store_kv(v + h * D, base + voff + vrow, dtype, D);
     }
 }
 

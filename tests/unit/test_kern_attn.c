@@ -144,10 +144,11 @@ static void attn_naive(const attn_case *c, double *out)
             const float *q = c->q + (t * L->n_head + hq) * D;
             double mx = -INFINITY, l = 0;
             for (size_t j = 0; j <= pos; j++) {
-                const uint8_t *k = L->base + c->blocks[j / bs] * L->block_bytes + L->k_off +
-                                   (h * bs + j % bs) * D * es;
+                const uint8_t *k = L->base + c->blocks[j / bs] * L->block_bytes + L->k_off;
                 double dot = 0;
-                for (int d = 0; d < D; d++) dot += (double)q[d] * load_elem(L->kv_type, k + d * es);
+                for (int d = 0; d < D; d++)
+                    dot += (double)q[d] *
+                           load_elem(L->kv_type, k + kern_attn_k_index(L, (int)h, (int)(j % bs), d) * es);
                 s[j] = dot * L->scale;
                 mx = s[j] > mx ? s[j] : mx;
             }
@@ -155,7 +156,7 @@ static void attn_naive(const attn_case *c, double *out)
             for (int d = 0; d < D; d++) o[d] = 0;
             for (size_t j = 0; j <= pos; j++) {
                 const uint8_t *v = L->base + c->blocks[j / bs] * L->block_bytes + L->v_off +
-                                   (h * bs + j % bs) * D * es;
+                                   kern_attn_v_index(L, (int)h, (int)(j % bs), 0) * es;
                 double p = exp(s[j] - mx);
                 l += p;
                 for (int d = 0; d < D; d++) o[d] += p * load_elem(L->kv_type, v + d * es);
