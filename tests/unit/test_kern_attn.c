@@ -243,55 +243,6 @@ static void test_fast_vs_scalar(void **state)
 
 /* ------------------------------------------------------------ invariance */
 
-/* One layout: all queries in one call is the reference; chunked calls and
- * single-kv-head calls must reproduce it bit for bit. */
-static void check_invariance(int kv_type, int G, int bs, int D, size_t pos0)
-{
-    attn_case c;
-    case_init(&c, kv_type, G, bs, D, pos0, 100);
-    size_t bytes = c.n_q * c.L.n_head * c.L.head_dim * sizeof(float);
-    float *ref = out_alloc(&c), *out = out_alloc(&c);
-    run_attn(kern_attn, &c, 0, c.n_q, 0, N_KV, ref);
-    static const size_t chunks[] = {1, 7, 16};
-    for (size_t ci = 0; ci < DX_ARRAY_LEN(chunks); ci++) {
-        memset(out, 0, bytes);
-        for (size_t t0 = 0; t0 < c.n_q; t0 += chunks[ci]) {
-            size_t n = c.n_q - t0 < chunks[ci] ? c.n_q - t0 : chunks[ci];
-            run_attn(kern_attn, &c, t0, n, 0, N_KV, out);
-        }
-        assert_memory_equal(out, ref, bytes);
-    }
-    memset(out, 0, bytes);
-    for (int h = N_KV - 1; h >= 0; h--) run_attn(kern_attn, &c, 0, c.n_q, h, h + 1, out);
-    assert_memory_equal(out, ref, bytes);
-    dx_free(ref);
-    dx_free(out);
-    case_free(&c);
-}
-
-static void test_invariance(void **state)
-{
-    (void)state;
-    enum kern_isa isas[3];
-    int n_isa = isa_list(isas);
-    /* 48: a 32-key step spans two blocks; 4: the scalar path */
-    static const int gs[] = {1, 2, 4}, bss[] = {16, 32, 48};
-    for (int ii = 0; ii < n_isa; ii++) {
-        assert_int_equal(kern_set_isa(isas[ii]), 0);
-        for (int ti = 0; ti < 3; ti++) {
-            /* The scalar path is per row by construction: one layout is enough. */
-            int n_cfg = isas[ii] == KERN_SCALAR ? 1 : 9;
-            for (int k = 0; k < n_cfg; k++)
-                check_invariance(kv_types[ti], gs[k % 3], bss[k / 3], 64, (size_t)(5 + k));
-            if (isas[ii] != KERN_SCALAR) {
-                check_invariance(kv_types[ti], 2, 16, 128, 16);
-                check_invariance(kv_types[ti], 2, 4, 64, 3);
-            }
-        }
-    }
-    assert_int_equal(kern_set_isa(kern_isa_detect()), 0);
-}
-
 /* The split form: kern_attn_part for every split, then kern_attn_merge, must
  * give kern_attn's bits; rows whose position precedes a split must be left
  * alone by it (their part slots keep a poison that would show). */
@@ -317,10 +268,10 @@ static void check_split_form(const attn_case *c, const float *ref)
     dx_free(out);
 }
 
-/* Query tokens [pos0, pos0 + n_q) that cross split boundaries: one call is the
- * reference; chunks of 1, 7, 16 and 33 (boundaries inside a split), one kv
- * head at a time, and the split form reproduce it bit for bit. */
-static void check_long(int kv_type, int G, int bs, int D, size_t pos0, size_t n_q)
+/* Query tokens [pos0, pos0 + n_q): all in one call is the reference; chunks
+ * of 1, 7, 16 and 33 (with a long history, boundaries inside a split), one kv
+ * head at a time, and the split form must reproduce it bit for bit. */
+static void check_invariance(int kv_type, int G, int bs, int D, size_t pos0, size_t n_q)
 {
     attn_case c;
     case_init(&c, kv_type, G, bs, D, pos0, n_q);
@@ -345,6 +296,29 @@ static void check_long(int kv_type, int G, int bs, int D, size_t pos0, size_t n_
     case_free(&c);
 }
 
+static void test_invariance(void **state)
+{
+    (void)state;
+    enum kern_isa isas[3];
+    int n_isa = isa_list(isas);
+    /* 48: a 32-key step spans two blocks; 4: the scalar path */
+    static const int gs[] = {1, 2, 4}, bss[] = {16, 32, 48};
+    for (int ii = 0; ii < n_isa; ii++) {
+        assert_int_equal(kern_set_isa(isas[ii]), 0);
+        for (int ti = 0; ti < 3; ti++) {
+            /* The scalar path is per row by construction: one layout is enough. */
+            int n_cfg = isas[ii] == KERN_SCALAR ? 1 : 9;
+            for (int k = 0; k < n_cfg; k++)
+                check_invariance(kv_types[ti], gs[k % 3], bss[k / 3], 64, (size_t)(5 + k), 100);
+            if (isas[ii] != KERN_SCALAR) {
+                check_invariance(kv_types[ti], 2, 16, 128, 16, 100);
+                check_invariance(kv_types[ti], 2, 4, 64, 3, 100);
+            }
+        }
+    }
+    assert_int_equal(kern_set_isa(kern_isa_detect()), 0);
+}
+
 static void test_split_invariance(void **state)
 {
     (void)state;
@@ -354,10 +328,10 @@ static void test_split_invariance(void **state)
         assert_int_equal(kern_set_isa(isas[ii]), 0);
         for (int ti = 0; ti < 3; ti++) {
             /* two split boundaries inside the queries; a step spanning blocks */
-            check_long(kv_types[ti], 2, 16, 64, 2 * KERN_ATTN_SPLIT - 30, 60);
+            check_invariance(kv_types[ti], 2, 16, 64, 2 * KERN_ATTN_SPLIT - 30, 60);
             if (isas[ii] == KERN_SCALAR) continue;
-            check_long(kv_types[ti], 4, 48, 32, KERN_ATTN_SPLIT - 5, 40);
-            check_long(kv_types[ti], 1, 32, 128, 3 * KERN_ATTN_SPLIT + 1, 3);
+            check_invariance(kv_types[ti], 4, 48, 32, KERN_ATTN_SPLIT - 5, 40);
+            check_invariance(kv_types[ti], 1, 32, 128, 3 * KERN_ATTN_SPLIT + 1, 3);
         }
     }
     assert_int_equal(kern_set_isa(kern_isa_detect()), 0);
@@ -399,7 +373,7 @@ static void test_long_depth(void **state)
         case_free(&c);
         for (int ii = 1; ii < n_isa; ii++) {
             assert_int_equal(kern_set_isa(isas[ii]), 0);
-            check_long(kv_types[ti], 2, 16, 32, 8 * KERN_ATTN_SPLIT - 13, 29);
+            check_invariance(kv_types[ti], 2, 16, 32, 8 * KERN_ATTN_SPLIT - 13, 29);
         }
     }
     assert_int_equal(kern_set_isa(kern_isa_detect()), 0);
