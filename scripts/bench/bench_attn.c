@@ -24,7 +24,8 @@
 #include "base/dx_dtype.h"
 #include "engine/kern.h"
 
-enum { N_HEAD = 16, N_KV = 8, D = 128, BS = 16, MAX_THR = 8 };
+enum { N_HEAD = 16, N_KV = 8, D = 128, MAX_THR = 8 };
+static size_t BS = 16;
 
 typedef struct {
     const kern_attn_layout *L;
@@ -104,6 +105,7 @@ int main(int argc, char **argv)
     enum dx_dtype kv = DX_F16;
     if (argc > 5 && dx_dtype_parse(argv[5], &kv)) return 2;
     if (reps < 1 || reps > 31) reps = 5;
+    if (getenv("BS")) BS = strtoul(getenv("BS"), NULL, 10);
     if (layers < 1) layers = 1;
     size_t es = kv == DX_F32 ? 4 : 2, n_blocks = (depth + n_q + BS - 1) / BS;
     size_t region = (size_t)N_KV * BS * D * es;
@@ -111,7 +113,7 @@ int main(int argc, char **argv)
                           .k_off = 0,
                           .v_off = region,
                           .kv_type = kv,
-                          .block_size = BS,
+                          .block_size = (int)BS,
                           .head_dim = D,
                           .n_head = N_HEAD,
                           .n_kv_head = N_KV,
