@@ -10,7 +10,9 @@
  *   cc -O2 -march=native -ffp-contract=off -std=c11 -D_GNU_SOURCE -pthread -Isrc \
  *      scripts/bench/bench_attn.c build/release/libduplex.a -lm -o build/bench_attn
  *   build/bench_attn [reps=5] [depth=4096] [n_q=512] [layers=28] [f16|bf16|f32]
- * HUGE=0 leaves the arena on 4 KiB pages (the pool asks for huge pages).
+ * HUGE=0 leaves the arena on 4 KiB pages (the pool asks for huge pages);
+ * BS=n sets the block size (default 16); QSCALE=x scales the queries (wider
+ * score ranges, more probabilities near zero).
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -139,7 +141,8 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < n_blocks; i++) blocks[i] = (int32_t)i;
     size_t nq = n_q * N_HEAD * D;
     float *q = dx_calloc(nq, 4), *out = dx_calloc(nq, 4);
-    for (size_t i = 0; i < nq; i++) q[i] = (float)((i * 40503u) % 2001) / 1000.0f - 1.0f;
+    float qs = getenv("QSCALE") ? strtof(getenv("QSCALE"), NULL) : 1.0f;
+    for (size_t i = 0; i < nq; i++) q[i] = qs * ((float)((i * 40503u) % 2001) / 1000.0f - 1.0f);
     double flops = 0, kv_bytes = (double)(depth + n_q) * N_KV * D * es * 2;
     for (size_t t = 0; t < n_q; t++) flops += 4.0 * N_HEAD * D * (double)(depth + t + 1);
     bench_job j = {.L = &L, .blocks = blocks, .pos0 = depth, .n_q = n_q, .q = q, .out = out};
