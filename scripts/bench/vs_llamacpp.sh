@@ -3,7 +3,10 @@
 # GGUF files, in one run, side by side.  Timings on a shared machine drift,
 # so the two are interleaved (every test runs once per engine per round, the
 # order alternating between rounds) and each figure is the median over the
-# rounds; the ratio is duplex / llama.cpp of those medians.  duplex's own
+# rounds; the ratio is duplex / llama.cpp of those medians.  A run during
+# which other processes kept a CPU waiting (Linux pressure stall information,
+# /proc/pressure/cpu: more than MAX_STALL percent of its time) is discarded and
+# repeated, so another job on the machine does not land in one column.  duplex's own
 # lines add where its time goes (attention GFLOP/s, KV GB/s, the share of the
 # decode memory limit reached).  A benchmark: prints figures, asserts nothing.
 #
@@ -21,6 +24,7 @@
 #   ROUNDS [3]  THREADS [2]  REPS (runs inside each invocation) [1]
 #   KV       KV cache type for both [f16]
 #   FA       llama.cpp flash attention on|off [off: its faster setting here]
+#   MAX_STALL  percent of a run's time others may keep a CPU waiting [2]
 #   DUPLEX_BIN [build/release/duplex]
 set -euo pipefail
 [ $# -eq 1 ] || { sed -n '2,/^set -e/p' "$0" | sed 's/^# \{0,1\}//; /^set -e/d'; exit 2; }
@@ -34,6 +38,7 @@ THREADS=${THREADS:-2}
 REPS=${REPS:-1}
 KV=${KV:-f16}
 FA=${FA:-off}
+MAX_STALL=${MAX_STALL:-2}
 [ -x "$LLAMA_BENCH" ] || { echo "vs_llamacpp: no llama-bench at $LLAMA_BENCH" >&2; exit 1; }
 [ -x "$BIN" ] || make -s -j"$(nproc)"
 dir=$(mktemp -d /tmp/duplex-vs-llamacpp.XXXXXX)
@@ -47,11 +52,33 @@ for t in $DTYPES; do
     fi
 done
 
+# Microseconds some task waited for a CPU since boot (0 without PSI).
+stall_us() {
+    [ -r /proc/pressure/cpu ] || { echo 0; return; }
+    sed -n 's/^some .*total=\([0-9]*\)$/\1/p' /proc/pressure/cpu
+}
+
+# Runs a command (its stdout into $out) until a run is not disturbed: at most
+# MAX_STALL percent of its wall time with a task waiting for a CPU; 10 tries.
+quiet_run() {
+    local try s0 s1 t0 t1 pct
+    for try in 1 2 3 4 5 6 7 8 9 10; do
+        s0=$(stall_us) t0=$(date +%s%N)
+        out=$("$@")
+        s1=$(stall_us) t1=$(date +%s%N)
+        pct=$(( (s1 - s0) * 100000 / ((t1 - t0) / 1000 + 1) ))
+        if [ "$pct" -le $((MAX_STALL * 1000)) ]; then return 0; fi
+        echo "  (disturbed: others kept a CPU waiting $((pct / 1000))% of the run; again)" >&2
+        sleep 10
+    done
+    echo "  (still disturbed after 10 tries; keeping the last run)" >&2
+}
+
 # One duplex run: appends "dtype test engine metric value" lines to results.
 run_duplex() { # dtype P G D test
     local out
-    out=$("$BIN" bench engine --model "models/qwen3-0.6b-$1.gguf" --threads "$THREADS" \
-        --prompt-tokens "$2" --gen-tokens "$3" --depth "$4" --reps "$REPS" --kv-dtype "$KV")
+    quiet_run "$BIN" bench engine --model "models/qwen3-0.6b-$1.gguf" --threads "$THREADS" \
+        --prompt-tokens "$2" --gen-tokens "$3" --depth "$4" --reps "$REPS" --kv-dtype "$KV"
     echo "$out" >>"$dir/duplex.log"
     echo "$out" | awk -v t="$1" -v test="$5" '
         function before(word,   i) { for (i = 2; i <= NF; i++) if ($i ~ word) return $(i - 1) + 0; return -1 }
@@ -69,9 +96,10 @@ run_duplex() { # dtype P G D test
 run_llama() { # dtype P G D test
     local args=(-m "models/qwen3-0.6b-$1.gguf" -t "$THREADS" -d "$4" -r "$REPS" -fa "$FA"
         -ctk "$KV" -ctv "$KV" -o csv)
-    [ "$2" -gt 0 ] && args+=(-p "$2") || args+=(-p 0)
-    [ "$3" -gt 0 ] && args+=(-n "$3") || args+=(-n 0)
-    "$LLAMA_BENCH" "${args[@]}" 2>>"$dir/llama.err" | tee -a "$dir/llama.log" |
+    local out
+    args+=(-p "$2" -n "$3")
+    quiet_run "$LLAMA_BENCH" "${args[@]}" 2>>"$dir/llama.err"
+    echo "$out" | tee -a "$dir/llama.log" |
         awk -F, -v t="$1" -v test="$5" '
         NR == 1 { for (i = 1; i <= NF; i++) { gsub(/"/, "", $i); col[$i] = i }; next }
         { gsub(/"/, ""); kind = $col["n_prompt"] > 0 ? "pp" : "tg"
