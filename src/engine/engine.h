@@ -97,6 +97,8 @@ typedef struct {
 
 typedef void (*engine_event_fn)(void *user, const engine_event *ev);
 
+#define ENGINE_MAX_PREGEN 8
+
 typedef struct {
     const int32_t *prompt; /* copied at submit */
     size_t n_prompt;
@@ -116,6 +118,15 @@ typedef struct {
     const int32_t *prefix_blocks;
     size_t n_prefix_blocks;
     int want_kv; /* deliver an ENGINE_EV_KV event before a normal DONE */
+    /* Tokens already generated after this prompt by another engine with the
+     * same model and sampling (a prefill node's first token): delivered as
+     * the request's first output when it is admitted, without waiting for a
+     * forward step, and the sampler's generator is advanced past them, so
+     * that what follows equals a run that generated them here.  Their KV is
+     * computed with the next step, and all n_prompt / block_size full
+     * prompt blocks may then come in prefix_blocks.  At most max_tokens. */
+    int32_t pregen[ENGINE_MAX_PREGEN];
+    uint32_t n_pregen;
     engine_event_fn on_event;
     void *user;
 } engine_request;

@@ -182,12 +182,15 @@ static int check_prefix_blocks(const sched *s, const engine_request *r)
 {
     if (!r->n_prefix_blocks) return 0;
     if (!r->prefix_blocks) return dx_errf(DX_EINVAL, "prefix_blocks is NULL");
-    if (r->n_prefix_blocks > (r->n_prompt - 1) / s->bs)
+    /* the last token is computed for its logits: the prompt's last one, or
+     * with pregen tokens the last of those */
+    size_t max_pre = (r->n_pregen ? r->n_prompt : r->n_prompt - 1) / s->bs;
+    if (r->n_prefix_blocks > max_pre)
         return dx_errf(DX_EINVAL,
                        "%zu prefix blocks cover %zu tokens, but at most %zu of the %zu-token "
                        "prompt may come precomputed (the last token is always computed)",
-                       r->n_prefix_blocks, r->n_prefix_blocks * s->bs,
-                       (r->n_prompt - 1) / s->bs * s->bs, r->n_prompt);
+                       r->n_prefix_blocks, r->n_prefix_blocks * s->bs, max_pre * s->bs,
+                       r->n_prompt);
     for (size_t i = 0; i < r->n_prefix_blocks; i++) {
         kv_hash h;
         if (!kv_pool_valid_id(s->pool, r->prefix_blocks[i]) ||
@@ -218,6 +221,13 @@ int sched_check(const sched *s, const engine_request *r)
                            r->prompt[i], s->n_vocab);
     for (size_t i = 0; i < r->n_stop; i++)
         if (!r->stop[i] || !r->stop[i][0]) return dx_errf(DX_EINVAL, "stop[%zu] is empty", i);
+    if (r->n_pregen > ENGINE_MAX_PREGEN || (r->max_tokens && r->n_pregen > r->max_tokens))
+        return dx_errf(DX_EINVAL, "%u pregenerated tokens: at most %u and at most max_tokens (%u)",
+                       r->n_pregen, ENGINE_MAX_PREGEN, r->max_tokens);
+    for (uint32_t i = 0; i < r->n_pregen; i++)
+        if (r->pregen[i] < 0 || (uint32_t)r->pregen[i] >= s->n_vocab)
+            return dx_errf(DX_EINVAL, "pregenerated token %u (%d) is outside the vocabulary of %u",
+                           i, r->pregen[i], s->n_vocab);
     return check_prefix_blocks(s, r);
 }
 
@@ -371,7 +381,8 @@ static void take_cached_prefix(sched *s, seq *q)
 
 static void match_cached_prefix(sched *s, seq *q)
 {
-    uint32_t n_full = (q->n_tokens - 1) / s->bs;
+    /* the last token is computed: the last given one when there are some */
+    uint32_t n_full = (q->req.n_pregen ? q->n_tokens : q->n_tokens - 1) / s->bs;
     kv_hash *chain = dx_malloc((n_full ? n_full : 1) * sizeof *chain);
     if (!chain) return; /* no reuse; correct, just slower */
     kv_pool_hash_chain(s->pool, q->tokens, (size_t)n_full * s->bs, chain);
@@ -413,6 +424,27 @@ static uint32_t growth(const sched *s, const seq *q)
     return need > held ? need - held : 0;
 }
 
+static enum engine_finish accept_token(sched *s, seq *q, int32_t t);
+static void finish(sched *s, uint32_t i, enum engine_finish fin, int err, const char *msg);
+
+/* The tokens another engine generated for this prompt, taken as if sampled
+ * here (once: a preempted sequence keeps them as generated tokens).  The
+ * sampler draws one uniform per token when it samples at random and none
+ * when greedy; drawing the same here keeps the tokens after them equal. */
+static void accept_pregen(sched *s, seq *q)
+{
+    uint32_t n = q->req.n_pregen;
+    q->req.n_pregen = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        if (q->sp.temperature > 0.0f) (void)dx_rng_uniform(&q->rng);
+        enum engine_finish fin = accept_token(s, q, q->req.pregen[i]);
+        if (fin != ENGINE_FINISH_NONE) {
+            finish(s, s->n_running - 1, fin, 0, NULL);
+            return;
+        }
+    }
+}
+
 /* A sequence is admitted only when it and every running sequence can reach
  * their next checkpoint without a preemption: otherwise the newest would be
  * preempted at once, requeued, admitted again — thrash that recomputes the
@@ -427,6 +459,7 @@ static void admit(sched *s)
         pop_waiting(s);
         take_cached_prefix(s, q);
         s->running[s->n_running++] = q;
+        if (q->req.n_pregen) accept_pregen(s, q);
     }
 }
 

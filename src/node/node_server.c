@@ -349,6 +349,7 @@ static void fill_engine_request(node_req *q, engine_request *er)
     er->prefix_blocks = q->pd.blocks;
     er->n_prefix_blocks = q->pd.n_local + q->pd.n_pulled;
     er->want_kv = node_pd_want_kv(q);
+    er->n_pregen = node_pd_pregen(q, er->pregen);
     er->on_event = on_engine_event;
     er->user = q;
 }

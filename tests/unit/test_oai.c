@@ -457,7 +457,8 @@ static void test_kvtp(void **state)
                        "\"remote_lease\":\"00112233445566778899aabbccddeeff\","
                        "\"remote_blocks_ttl_s\":480,\"remote_token_ids\":[" 
                        "1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,"
-                       "28,29,30,31,32,999]}";
+                       "28,29,30,31,32,999],\"first_token_ids\":[42],"
+                       "\"first_token_model\":\"ffeeddccbbaa99887766554433221100\"}";
     assert_int_equal(parse_kv(full, &p, &e), 0);
     assert_true(kvtp_has_holder(&p));
     assert_int_equal(p.n_tokens, 33);
@@ -475,6 +476,7 @@ static void test_kvtp(void **state)
     assert_true(p2.ttl_s == 480 && p2.port == 4000 && p2.n_blocks == 2 && p2.block_ids[1] == 4);
     assert_memory_equal(p2.lease.b, p.lease.b, 16);
     assert_string_equal(p2.engine_id, "e1");
+    assert_true(p2.n_first == 1 && p2.first_ids[0] == 42 && p2.first_model.b[0] == 0xff);
     json_decref(v);
     kvtp_free(&p);
     kvtp_free(&p2);
@@ -496,6 +498,13 @@ static void test_kvtp(void **state)
         {"{\"remote_token_ids\":[1000]}", "kv_transfer_params.remote_token_ids"},
         {"{\"remote_block_ids\":[1],\"remote_num_tokens\":15}", "kv_transfer_params.remote_num_tokens"},
         {"{\"remote_num_tokens\":16,\"remote_token_ids\":[1]}", "kv_transfer_params.remote_num_tokens"},
+        {"{\"remote_token_ids\":[1],\"first_token_ids\":[1000],"
+         "\"first_token_model\":\"00112233445566778899aabbccddeeff\"}", "kv_transfer_params.first_token_ids"},
+        {"{\"remote_token_ids\":[1],\"first_token_ids\":[1]}", "kv_transfer_params.first_token_ids"},
+        {"{\"first_token_ids\":[1],\"first_token_model\":\"00112233445566778899aabbccddeeff\"}",
+         "kv_transfer_params.first_token_ids"},
+        {"{\"remote_token_ids\":[1],\"first_token_ids\":[1],\"first_token_model\":\"0011\"}",
+         "kv_transfer_params.first_token_model"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         if (parse_kv(bad[i].params, &p, &e) != DX_EINVAL)

@@ -454,6 +454,106 @@ static void test_prefix_blocks_rules(void **state)
     srig_free(&r);
 }
 
+/* Tokens generated elsewhere (a prefill node's first token): given with the
+ * prompt they are the request's first output, every full prompt block may
+ * come precomputed, and what follows equals generating them here — greedy
+ * and with seeded sampling (the generator is advanced past them). */
+static void test_pregen_first_token(void **state)
+{
+    (void)state;
+    srig a, b;
+    srig_init(&a, g_m, 64, 512, 2);
+    srig_init(&b, g_m, 64, 512, 1);
+    collector ca, cb;
+    col_init(&ca);
+    col_init(&cb);
+    ca.hold_pool = a.pool;
+    engine_request q = greedy(g_prompts[7], g_plen[7], 1, &ca);
+    q.want_kv = 1;
+    assert_int_equal(sched_submit(a.s, &q, 1), 0);
+    run_all(&a);
+    assert_int_equal(ca.kv_n_blocks, 5); /* the 80-token prompt's 5 blocks */
+    int32_t pre[8];
+    size_t n_pre = transplant(a.pool, ca.kv_blocks, b.pool, g_prompts[7], 5, pre);
+    engine_request q2 = greedy(g_prompts[7], g_plen[7], 24, &cb);
+    q2.prefix_blocks = pre;
+    q2.n_prefix_blocks = n_pre;
+    assert_int_equal(sched_submit(b.s, &q2, 1), DX_EINVAL); /* 5 blocks: nothing to compute */
+    q2.pregen[0] = ca.toks[0];
+    q2.n_pregen = 1;
+    assert_int_equal(sched_submit(b.s, &q2, 1), 0);
+    sched_step(b.s); /* admission delivers the given token before any compute */
+    assert_true(cb.n >= 1);
+    assert_int_equal(cb.toks[0], g_alone[7].toks[0]);
+    run_all(&b);
+    assert_int_equal(cb.n, 24);
+    assert_memory_equal(cb.toks, g_alone[7].toks, 24 * sizeof(int32_t));
+    assert_int_equal(cb.fin.n_cached, 80);
+    assert_int_equal(cb.fin.n_gen, 24);
+    engine_stats st;
+    sched_get_stats(b.s, &st);
+    assert_int_equal(st.prompt_tokens_computed, 0);
+    for (size_t i = 0; i < 5; i++) kv_pool_unref(a.pool, ca.kv_blocks[i]);
+
+    /* max_tokens 1: ends at admission, with the KV event of what it holds */
+    collector c1;
+    col_init(&c1);
+    c1.hold_pool = b.pool;
+    engine_request q3 = greedy(g_prompts[7], g_plen[7], 1, &c1);
+    q3.pregen[0] = 7;
+    q3.n_pregen = 1;
+    q3.want_kv = 1;
+    assert_int_equal(sched_submit(b.s, &q3, 2), 0);
+    sched_step(b.s);
+    assert_true(c1.done);
+    assert_int_equal(c1.fin.finish, ENGINE_FINISH_LENGTH);
+    assert_int_equal(c1.n, 1);
+    assert_int_equal(c1.toks[0], 7);
+    assert_int_equal(c1.kv_events, 1);
+    assert_int_equal(c1.kv_n_toks, 81);
+    assert_int_equal(c1.kv_n_blocks, 5); /* b's cache had the prompt's blocks */
+    for (size_t i = 0; i < c1.kv_n_blocks; i++) kv_pool_unref(b.pool, c1.kv_blocks[i]);
+    /* bad given tokens */
+    q3.n_pregen = 2;
+    assert_int_equal(sched_submit(b.s, &q3, 3), DX_EINVAL); /* over max_tokens */
+    q3.max_tokens = 4;
+    q3.pregen[1] = (int32_t)model_hp(g_m)->n_vocab;
+    assert_int_equal(sched_submit(b.s, &q3, 3), DX_EINVAL);
+    q3.n_pregen = ENGINE_MAX_PREGEN + 1;
+    q3.max_tokens = 0;
+    assert_int_equal(sched_submit(b.s, &q3, 3), DX_EINVAL);
+    kv_pool_stats ps;
+    kv_pool_get_stats(b.pool, &ps);
+    assert_int_equal(ps.n_used, 0);
+    assert_int_equal(kv_pool_check(b.pool), 0);
+
+    /* seeded sampling: the rest of the reply equals sampling it all here */
+    collector cs[2];
+    for (int i = 0; i < 2; i++) {
+        srig r;
+        srig_init(&r, g_m, 64, 512, 1);
+        col_init(&cs[i]);
+        engine_request s = greedy(g_prompts[1], g_plen[1], 24, &cs[i]);
+        s.sampling = (engine_sampling){.temperature = 1.5f, .top_k = 50, .top_p = 0.95f,
+                                       .min_p = 0.01f, .seed = 5, .has_seed = 1};
+        if (i) {
+            s.pregen[0] = cs[0].toks[0];
+            s.n_pregen = 1;
+        }
+        assert_int_equal(sched_submit(r.s, &s, 1), 0);
+        run_all(&r);
+        srig_free(&r);
+    }
+    assert_int_equal(cs[1].n, 24);
+    assert_memory_equal(cs[0].toks, cs[1].toks, 24 * 4);
+    for (int i = 0; i < 2; i++) col_free(&cs[i]);
+    col_free(&ca);
+    col_free(&cb);
+    col_free(&c1);
+    srig_free(&a);
+    srig_free(&b);
+}
+
 static void test_no_prefix_cache(void **state)
 {
     (void)state;
@@ -671,6 +771,7 @@ int main(void)
         cmocka_unit_test(test_prefix_cache_reuse),
         cmocka_unit_test(test_kv_event_and_prefix_blocks),
         cmocka_unit_test(test_prefix_blocks_rules),
+        cmocka_unit_test(test_pregen_first_token),
         cmocka_unit_test(test_no_prefix_cache),
         cmocka_unit_test(test_reclaim_before_preempt),
         cmocka_unit_test(test_cancel_frees_blocks),
