@@ -7,7 +7,6 @@
 #include "base/dx_alloc.h"
 #include "base/dx_dtype.h"
 #include "base/dx_err.h"
-#include "bench/bench_chat.h"
 #include "bench/bench_engine.h"
 #include "engine/engine.h"
 
@@ -57,77 +56,19 @@ static int bench_engine(int argc, char **argv)
     return 0;
 }
 
-typedef struct {
-    int json, show;
-} chat_out;
-
-/* The first line of an answer, at most 72 bytes, control bytes as '.'. */
-static void print_answer(const char *a, size_t n)
+static int bench_run_cmd(int argc, char **argv)
 {
-    char line[80];
-    size_t k = 0;
-    for (size_t i = 0; i < n && k < 72 && a[i] != '\n'; i++)
-        line[k++] = (unsigned char)a[i] < 0x20 ? '.' : a[i];
-    /* do not cut a UTF-8 sequence */
-    while (k && k < n && ((unsigned char)line[k - 1] & 0xC0) == 0x80) k--;
-    if (k && (unsigned char)line[k - 1] >= 0xC0) k--;
-    printf("         assistant: %.*s%s\n", (int)k, line, k < n ? " ..." : "");
+    return cli_bench_multi_main("run", argc, argv);
 }
 
-static void print_turn(void *user, int turn, const bench_chat_turn *t)
+static int bench_compare_cmd(int argc, char **argv)
 {
-    const chat_out *o = user;
-    int json = o->json;
-    if (json)
-        printf("{\"turn\":%d,\"prompt_tokens\":%ld,\"cached_tokens\":%ld,"
-               "\"completion_tokens\":%ld,\"ttft_ms\":%.3f,\"total_ms\":%.3f}\n",
-               turn, t->prompt_tokens, t->cached_tokens, t->completion_tokens, t->ttft_s * 1e3,
-               t->total_s * 1e3);
-    else
-        printf("turn %2d  prompt %6ld  cached %6ld  computed %6ld  ttft %9.1f ms  total %9.1f ms\n",
-               turn, t->prompt_tokens, t->cached_tokens, t->prompt_tokens - t->cached_tokens,
-               t->ttft_s * 1e3, t->total_s * 1e3);
-    if (o->show && !json && t->answer) print_answer(t->answer, t->answer_bytes);
-    fflush(stdout);
+    return cli_bench_multi_main("compare", argc, argv);
 }
 
-static int bench_chat(int argc, char **argv)
+static int bench_chat_cmd(int argc, char **argv)
 {
-    const char *url = "http://127.0.0.1:8000", *model = NULL, *cid = NULL;
-    long turns = 8, prefix = 700, input = 80, output = 64, seed = 1;
-    chat_out o = {0};
-    const cli_opt opts[] = {
-        {"url", CLI_STR, &url, 0, 0, "endpoint (default http://127.0.0.1:8000)"},
-        {"model", CLI_STR, &model, 0, 0, "model name (default: the first of /v1/models)"},
-        {"turns", CLI_INT, &turns, 1, 1000, "turns (default 8)"},
-        {"prefix-words", CLI_INT, &prefix, 0, 1 << 20, "words of the first message's document (default 700)"},
-        {"input-words", CLI_INT, &input, 1, 1 << 20, "words each later turn adds (default 80)"},
-        {"output-tokens", CLI_INT, &output, 1, 1 << 20, "tokens generated per turn (default 64)"},
-        {"seed", CLI_INT, &seed, 0, 1L << 31, "text seed (default 1)"},
-        {"conversation-id", CLI_STR, &cid, 0, 0, "send X-Conversation-Id"},
-        {"json", CLI_FLAG, &o.json, 0, 0, "one JSON object per turn"},
-        {"show", CLI_FLAG, &o.show, 0, 0, "print the start of each answer"},
-    };
-    int rc = cli_parse("bench chat", "[--url URL] [--turns 8] [--prefix-words N] [...]", argc, argv,
-                       opts, DX_ARRAY_LEN(opts), NULL, 0, NULL);
-    if (rc) return rc == 1 ? 0 : rc;
-    if (strncmp(url, "http://", 7)) {
-        fprintf(stderr, "duplex bench chat: --url wants http://HOST:PORT, got '%s'\n", url);
-        return 2;
-    }
-    bench_chat_config c = {.url = url, .model = model, .turns = (int)turns,
-                           .prefix_words = (int)prefix, .input_words = (int)input,
-                           .output_tokens = (int)output, .seed = (unsigned)seed,
-                           .conversation_id = cid, .on_turn = print_turn, .user = &o};
-    bench_chat_turn *t = dx_calloc((size_t)turns, sizeof *t);
-    if (!t) return 1;
-    rc = bench_chat_run(&c, t);
-    dx_free(t);
-    if (rc) {
-        fprintf(stderr, "duplex bench chat: %s\n", dx_errmsg());
-        return 1;
-    }
-    return 0;
+    return cli_bench_multi_main("chat", argc, argv);
 }
 
 int cli_bench_main(int argc, char **argv)
@@ -135,7 +76,9 @@ int cli_bench_main(int argc, char **argv)
     static const cli_cmd cmds[] = {
         {"engine", bench_engine, "prefill and decode speed of one engine (tok/s)"},
         {"xfer", cli_bench_xfer_main, "KV transfer speed between two processes (GB/s)"},
-        {"chat", bench_chat, "a multi-turn chat against a server: per-turn TTFT and reuse"},
+        {"run", bench_run_cmd, "multi-turn agentic benchmark against any OpenAI endpoint"},
+        {"compare", bench_compare_cmd, "the same workload on each serving mode (duplex up)"},
+        {"chat", bench_chat_cmd, "one multi-turn chat, printed turn by turn"},
     };
     return cli_group("bench", cmds, DX_ARRAY_LEN(cmds), argc, argv);
 }

@@ -79,7 +79,7 @@ int cli_up_main(int argc, char **argv)
         {"startup-timeout-s", CLI_DBL, &startup, 1, 86400,
          "limit for everything to be ready (600)"},
         {"stop-timeout-s", CLI_DBL, &stop, 1, 86400, "then SIGKILL on stop (60)"},
-        {"log-level", CLI_STR, &level, 0, 0, "error|warn|info|debug (default info)"},
+        {"log-level", CLI_STR, &level, 0, 0, "error|warn|info|debug (default info; debug reaches every process)"},
     };
     int rc = cli_parse("up", "[--model FILE] [--prefill N] [--decode M] [--port 8000] [--mode M]",
                        argc, argv, opts, DX_ARRAY_LEN(opts), NULL, 0, NULL);
@@ -120,6 +120,7 @@ int cli_up_main(int argc, char **argv)
     c.local_prefill_max_tokens = local_max;
     c.startup_timeout_s = startup;
     c.stop_timeout_s = stop;
+    c.debug_children = lvl == DX_LOG_DEBUG;
     c.out = stdout;
     signal(SIGPIPE, SIG_IGN);
     return router_launch_run(&c);
