@@ -200,9 +200,22 @@ typedef struct {
     bench_series s[DX_ARRAY_LEN(k_modes)];
     size_t n;
     bench_meta meta;
-    int failed;
+    int round;
 } compare;
 
+/* The mode's series (made at its first round). */
+static bench_series *series_of(compare *C, int mode)
+{
+    for (size_t i = 0; i < C->n; i++)
+        if (C->s[i].name == k_modes[mode].name) return &C->s[i];
+    bench_series *s = &C->s[C->n];
+    s->name = k_modes[mode].name;
+    s->res = &C->res[C->n++];
+    return s;
+}
+
+/* One round of one mode: duplex up afresh, the workload, duplex up stopped;
+ * its records join the mode's (conversations numbered on across rounds). */
 static int run_mode(void *user, int mode)
 {
     compare *C = user;
@@ -210,32 +223,46 @@ static int run_mode(void *user, int mode)
     char dir[600], path[700];
     snprintf(dir, sizeof dir, "%s/%s", c->out_dir, k_modes[mode].name);
     mkdir(dir, 0755);
-    snprintf(path, sizeof path, "%s/up.log", dir);
+    snprintf(path, sizeof path, "%s/up%s%.0d.log", dir, C->round ? "-" : "", C->round);
     if (c->progress != BENCH_PROGRESS_NONE)
-        fprintf(stderr, "bench compare: %s — starting duplex up\n", k_modes[mode].name);
+        fprintf(stderr, "bench compare: %s%s%.0d — starting duplex up\n", k_modes[mode].name,
+                C->round ? ", round " : "", C->round ? C->round + 1 : 0);
     up_child u;
     int rc = up_start(c, mode, path, &u);
-    bench_series *s = &C->s[C->n];
-    bench_results *r = &C->res[C->n];
-    s->name = k_modes[mode].name;
-    s->res = r;
+    bench_series *s = series_of(C, mode);
+    bench_results r = {0};
     if (!rc) {
         wait_populated(path, u.n_nodes, c->stop);
         scrape(&u, -1, &s->kv);
         bench_run_config rc_ = {.url = u.url, .w = c->w, .text = c->text,
                                 .progress = c->progress, .stop = c->stop};
-        rc = bench_run(&rc_, r);
+        rc = bench_run(&rc_, &r);
         scrape(&u, +1, &s->kv);
     }
     up_stop(&u);
-    if (rc) {
-        bench_results_free(r);
-        return dx_err_wrap(rc, "mode %s", k_modes[mode].name);
+    bench_results *all = (bench_results *)s->res;
+    for (size_t i = 0; !rc && i < r.n; i++) {
+        bench_record x = r.rec[i];
+        x.conversation += (uint32_t)C->round * c->w->conversations;
+        rc = bench_results_add(all, &x);
     }
-    snprintf(path, sizeof path, "%s/results.json", dir);
-    C->meta.url = u.url;
-    rc = bench_write_json(path, c->w, &C->meta, r);
-    C->n++;
+    all->wall_s += r.wall_s;
+    snprintf(all->model, sizeof all->model, "%s", r.model);
+    bench_results_free(&r);
+    return rc ? dx_err_wrap(rc, "mode %s", k_modes[mode].name) : 0;
+}
+
+/* DIR/<mode>/results.json of every mode, all rounds in one. */
+static int write_results(compare *C)
+{
+    int rc = 0;
+    for (size_t i = 0; !rc && i < C->n; i++) {
+        char path[700];
+        snprintf(path, sizeof path, "%s/%s/results.json", C->c->out_dir, C->s[i].name);
+        C->meta.url = "duplex up on 127.0.0.1";
+        C->meta.kv = C->s[i].kv;
+        rc = bench_write_json(path, C->c->w, &C->meta, C->s[i].res);
+    }
     return rc;
 }
 
@@ -273,6 +300,7 @@ static int write_reports(compare *C)
     FILE *f = fopen(path, "w");
     if (!f) return dx_errf(DX_EIO, "%s: %s", path, strerror(errno));
     C->meta.url = "duplex up on 127.0.0.1, one mode after the other";
+    C->meta.kv = (bench_kv){0};
     int rc = bench_write_summary(f, c->w, &C->meta, C->s, C->n);
     fclose(f);
     snprintf(path, sizeof path, "%s/ttft.svg", c->out_dir);
@@ -308,7 +336,9 @@ int bench_compare_run(const bench_compare_config *c)
     C->c = c;
     C->meta.tokens_exact = bench_text_exact(c->text);
     C->meta.overhead_ms = client_overhead(c);
-    rc = each_mode(c->modes, run_mode, C);
+    int rounds = c->w->rounds > 1 ? (int)c->w->rounds : 1;
+    for (C->round = 0; !rc && C->round < rounds; C->round++) rc = each_mode(c->modes, run_mode, C);
+    if (!rc) rc = write_results(C);
     if (!rc) rc = write_reports(C);
     for (size_t i = 0; i < C->n; i++) bench_results_free(&C->res[i]);
     dx_free(C);

@@ -15,6 +15,10 @@
  *   colocated    one `--role both` node behind the router: what a
  *                disaggregated system chases
  *
+ * With w->rounds > 1 the modes run in turn, round after round (A B C A B C
+ * ...), each time started afresh, and every figure is over all rounds'
+ * requests: a slow minute on a shared machine then falls on every mode.
+ *
  * Before the modes, the client's own overhead is measured against an instant
  * endpoint (bench_fake).  Each mode's requests go to DIR/<mode>/results.json
  * (and duplex up's log to DIR/<mode>/up.log); DIR/summary.md has the per-turn

@@ -97,6 +97,14 @@ int bench_write_json(const char *path, const bench_workload *w, const bench_meta
         dist_json(&w->output), "think_time_s", w->think_s, "seed", (json_int_t)w->seed, "warmup",
         (int)w->warmup, "send_conversation_id", w->send_conversation_id, "client_overhead_ms",
         m->overhead_ms, "tokens_exact", m->tokens_exact, "wall_s", r->wall_s, "records", recs);
+    if (root && w->rounds > 1)
+        json_object_set_new(json_object_get(root, "meta"), "rounds", json_integer(w->rounds));
+    if (root && m->kv.has)
+        json_object_set_new(json_object_get(root, "meta"), "kv",
+                            json_pack("{s:f,s:f,s:f,s:f,s:f}", "bytes_p2d", m->kv.bytes_p2d,
+                                      "bytes_d2p", m->kv.bytes_d2p, "tokens_local",
+                                      m->kv.tok_local, "tokens_pulled", m->kv.tok_pulled,
+                                      "tokens_computed", m->kv.tok_computed));
     if (!root) return dx_errf(DX_ENOMEM, "out of memory");
     int rc = json_dump_file(root, path, JSON_INDENT(1)) ? dx_errf(DX_EIO, "%s: cannot write", path)
                                                         : 0;
@@ -175,6 +183,15 @@ int bench_read_json(const char *path, bench_workload *w, bench_meta *m, bench_re
         w->scale = json_number_value(json_object_get(meta, "scale"));
         w->conversations = (uint32_t)json_integer_value(json_object_get(meta, "conversations"));
         w->turns = (uint32_t)json_integer_value(json_object_get(meta, "turns"));
+        w->rounds = (uint32_t)json_integer_value(json_object_get(meta, "rounds"));
+        json_t *kv = json_object_get(meta, "kv");
+        m->kv = (bench_kv){0};
+        if (json_is_object(kv))
+            m->kv = (bench_kv){1, json_number_value(json_object_get(kv, "bytes_p2d")),
+                               json_number_value(json_object_get(kv, "bytes_d2p")),
+                               json_number_value(json_object_get(kv, "tokens_local")),
+                               json_number_value(json_object_get(kv, "tokens_pulled")),
+                               json_number_value(json_object_get(kv, "tokens_computed"))};
         w->clients = (uint32_t)json_integer_value(json_object_get(meta, "clients"));
         w->shared_prefix =
             (uint32_t)json_integer_value(json_object_get(meta, "shared_prefix_tokens"));
@@ -230,6 +247,10 @@ static void write_workload(FILE *f, const bench_workload *w, const bench_meta *m
             w->conversations, w->turns, w->clients, w->shared_prefix, pre, in, out,
             m->tokens_exact ? "counted by the model's tokenizer" : "estimated from words",
             w->think_s, (unsigned long long)w->seed, r ? r->model : "");
+    if (w->rounds > 1)
+        fprintf(f, "Each mode ran %u times, the modes in turn (A B C A B C ...), each time "
+                   "started afresh; the figures are over all %u rounds.\n",
+                w->rounds, w->rounds);
     if (m->overhead_ms >= 0)
         fprintf(f, "The client's own time to first token against an instant endpoint: %.2f ms "
                    "(p50).\n",
@@ -414,26 +435,77 @@ static const char *mode_label(const char *name)
     static const char *const k[][2] = {
         {"uni-nocache", "P/D one-way, P recomputes"}, {"uni", "P/D one-way, P prefix cache"},
         {"bidi", "P/D bidirectional"},                 {"bidi-rt", "bidirectional + local prefill"},
-        {"colocated", "one node (colocated)"},
+        {"colocated", "one node, prefill and decode"},
     };
     for (size_t i = 0; i < DX_ARRAY_LEN(k); i++)
         if (!strcmp(name, k[i][0])) return k[i][1];
     return NULL;
 }
 
+/* The y axis: linear from 0, or logarithmic when the lines span more than
+ * a factor of 8 (a 10x baseline would otherwise flatten the lines that
+ * matter onto the x axis); ticks at 1, 2 and 5 times powers of ten. */
+typedef struct {
+    int log;
+    double lo, hi, step; /* ms; step: linear only */
+    double top, bottom;  /* pixels */
+} yaxis;
+
+static double y_of(const yaxis *a, double v)
+{
+    double f = a->log ? (log10(fmax(v, a->lo)) - log10(a->lo)) / (log10(a->hi) - log10(a->lo))
+                      : v / a->hi;
+    return a->bottom - f * (a->bottom - a->top);
+}
+
+static void y_ticks(FILE *f, const yaxis *a, double x0, double x1)
+{
+    double dec = a->log ? pow(10, floor(log10(a->lo) + 1e-9)) : 0;
+    for (double v = a->log ? a->lo : 0; v <= a->hi * 1.0001;) {
+        fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>\n",
+                x0, y_of(a, v), x1, y_of(a, v));
+        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%g</text>\n", x0 - 6,
+                y_of(a, v) + 4, v);
+        if (!a->log) {
+            v += a->step;
+        } else { /* 1, 2, 5, 10, 20, ... */
+            double m = v / dec;
+            v = m < 1.5 ? 2 * dec : m < 3 ? 5 * dec : (dec *= 10);
+        }
+    }
+}
+
+static yaxis y_axis(const bench_workload *w, const bench_series *s, size_t n, double top,
+                    double bottom)
+{
+    double ymin = INFINITY, ymax = 0;
+    for (size_t i = 0; i < n; i++)
+        for (uint32_t t = 1; t <= w->turns; t++) {
+            double p = bench_turn_p50(s[i].res, t) * 1e3;
+            if (p > 0) ymin = fmin(ymin, p), ymax = fmax(ymax, p);
+        }
+    yaxis a = {.top = top, .bottom = bottom};
+    if (ymax > 0 && ymax / ymin > 8) {
+        a.log = 1; /* the nearest 1-2-5 values around the data */
+        double d = pow(10, floor(log10(ymin)));
+        a.lo = ymin >= 5 * d ? 5 * d : ymin >= 2 * d ? 2 * d : d;
+        d = pow(10, floor(log10(ymax)));
+        a.hi = ymax <= d ? d : ymax <= 2 * d ? 2 * d : ymax <= 5 * d ? 5 * d : 10 * d;
+        return a;
+    }
+    a.step = nice_step(ymax > 0 ? ymax : 1);
+    a.hi = ceil((ymax > 0 ? ymax : 1) / a.step) * a.step;
+    return a;
+}
+
 int bench_write_svg(FILE *f, const bench_workload *w, const bench_series *s, size_t n)
 {
     static const char *const colors[] = {"#d62728", "#ff7f0e", "#1f77b4", "#2ca02c", "#9467bd",
                                          "#8c564b"};
-    const double W = 840, H = 460, L = 70, R = 250, T = 56, B = 50;
-    double ymax = 0;
-    for (size_t i = 0; i < n; i++)
-        for (uint32_t t = 1; t <= w->turns; t++) ymax = fmax(ymax, bench_turn_p50(s[i].res, t) * 1e3);
-    double step = nice_step(ymax > 0 ? ymax : 1);
-    ymax = ceil((ymax > 0 ? ymax : 1) / step) * step;
+    const double W = 860, H = 460, L = 70, R = 250, T = 56, B = 50;
+    yaxis ya = y_axis(w, s, n, T, H - B);
     uint32_t turns = w->turns > 1 ? w->turns : 2;
 #define X(t) (L + ((double)(t) - 1) * (W - L - R) / (turns - 1))
-#define Y(v) (H - B - (v) / ymax * (H - T - B))
     fprintf(f, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
                "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
                "viewBox=\"0 0 %.0f %.0f\" font-family=\"sans-serif\" font-size=\"12\">\n"
@@ -441,17 +513,13 @@ int bench_write_svg(FILE *f, const bench_workload *w, const bench_series *s, siz
             W, H, W, H);
     fprintf(f, "<text x=\"%.0f\" y=\"22\" font-size=\"15\">Time to first token by turn (p50 of %u "
                "conversations)</text>\n",
-            L, w->conversations);
+            L, w->conversations * (w->rounds > 1 ? w->rounds : 1));
     fprintf(f, "<text x=\"%.0f\" y=\"40\" fill=\"#555\">%s%s%sscale %g; %u at a time; model ",
             L, w->preset ? "preset " : "", w->preset ? w->preset : "", w->preset ? ", " : "",
             w->scale, w->clients);
     xml_text(f, n && s[0].res->model[0] ? s[0].res->model : "?");
     fputs("</text>\n", f);
-    for (double v = 0; v <= ymax + step / 2; v += step) { /* grid and y ticks */
-        fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>\n", L,
-                Y(v), W - R, Y(v));
-        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%g</text>\n", L - 6, Y(v) + 4, v);
-    }
+    y_ticks(f, &ya, L, W - R);
     for (uint32_t t = 1; t <= w->turns; t++)
         fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%u</text>\n", X(t),
                 H - B + 18, t);
@@ -462,8 +530,8 @@ int bench_write_svg(FILE *f, const bench_workload *w, const bench_series *s, siz
     fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">turn</text>\n",
             (L + W - R) / 2, H - 12);
     fprintf(f, "<text transform=\"translate(18 %.1f) rotate(-90)\" text-anchor=\"middle\">"
-               "TTFT (ms)</text>\n",
-            (T + H - B) / 2);
+               "TTFT (ms%s)</text>\n",
+            (T + H - B) / 2, ya.log ? ", log scale" : "");
     for (size_t i = 0; i < n; i++) {
         const char *col = colors[i % DX_ARRAY_LEN(colors)];
         fprintf(f, "<path fill=\"none\" stroke=\"%s\" stroke-width=\"2\" d=\"", col);
@@ -471,26 +539,29 @@ int bench_write_svg(FILE *f, const bench_workload *w, const bench_series *s, siz
         for (uint32_t t = 1; t <= w->turns; t++) {
             double p = bench_turn_p50(s[i].res, t);
             if (p < 0) continue;
-            fprintf(f, "%s%.1f %.1f", pen++ ? " L" : "M", X(t), Y(p * 1e3));
+            fprintf(f, "%s%.1f %.1f", pen++ ? " L" : "M", X(t), y_of(&ya, p * 1e3));
         }
         fprintf(f, "\"/>\n");
         for (uint32_t t = 1; t <= w->turns; t++) { /* a dot per measured turn */
             double p = bench_turn_p50(s[i].res, t);
             if (p >= 0)
                 fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"%s\"/>\n", X(t),
-                        Y(p * 1e3), col);
+                        y_of(&ya, p * 1e3), col);
         }
-        double ly = T + 10 + 20.0 * (double)i;
+        /* the legend: the mode's name, and under it what it is */
+        double ly = T + 10 + 34.0 * (double)i;
+        const char *label = mode_label(s[i].name);
         fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" "
                    "stroke-width=\"2\"/>\n",
                 W - R + 15, ly, W - R + 40, ly, col);
-        const char *label = mode_label(s[i].name);
-        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\">", W - R + 46, ly + 4);
+        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-weight=\"bold\">", W - R + 46, ly + 4);
         xml_text(f, s[i].name);
-        fprintf(f, "%s%s%s</text>\n", label ? " (" : "", label ? label : "", label ? ")" : "");
+        fputs("</text>\n", f);
+        if (label)
+            fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" fill=\"#555\" font-size=\"11\">%s</text>\n",
+                    W - R + 46, ly + 18, label);
     }
     fprintf(f, "</svg>\n");
 #undef X
-#undef Y
     return ferror(f) ? dx_errf(DX_EIO, "writing the plot failed") : 0;
 }

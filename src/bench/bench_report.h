@@ -39,6 +39,7 @@ typedef struct {
     const char *url;
     double overhead_ms; /* the client's own TTFT against an instant endpoint; < 0: unknown */
     int tokens_exact;   /* lengths counted by the model's tokenizer */
+    bench_kv kv;        /* bench compare: the mode's node counters (kept in results.json) */
 } bench_meta;
 
 int bench_write_json(const char *path, const bench_workload *w, const bench_meta *m,

@@ -49,6 +49,8 @@ typedef struct {
     uint32_t warmup; /* conversations run first and not recorded */
     int send_conversation_id; /* X-Conversation-Id (else routers derive keys) */
     double scale;             /* the preset's scale factor (reports say it) */
+    uint32_t rounds;          /* bench compare: interleaved rounds (0 = 1); the reports'
+                               * figures are over conversations x rounds */
     const char *preset;       /* name, or NULL */
 } bench_workload;
 

@@ -66,6 +66,11 @@ static int bench_compare_cmd(int argc, char **argv)
     return cli_bench_multi_main("compare", argc, argv);
 }
 
+static int bench_report_cmd(int argc, char **argv)
+{
+    return cli_bench_multi_main("report", argc, argv);
+}
+
 static int bench_chat_cmd(int argc, char **argv)
 {
     return cli_bench_multi_main("chat", argc, argv);
@@ -79,6 +84,7 @@ int cli_bench_main(int argc, char **argv)
         {"run", bench_run_cmd, "multi-turn agentic benchmark against any OpenAI endpoint"},
         {"compare", bench_compare_cmd, "the same workload on each serving mode (duplex up)"},
         {"chat", bench_chat_cmd, "one multi-turn chat, printed turn by turn"},
+        {"report", bench_report_cmd, "summary.md and ttft.svg again from results.json files"},
     };
     return cli_group("bench", cmds, DX_ARRAY_LEN(cmds), argc, argv);
 }

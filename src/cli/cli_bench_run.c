@@ -122,19 +122,19 @@ static int workload_from(wflags *f, bench_workload *w)
 #define WORKLOAD_OPTS(f)                                                                            \
     {"preset", CLI_STR, &(f).preset, 0, 0, "quick | paper (lengths scaled by --scale)"},            \
         {"scale", CLI_DBL, &(f).scale, 0.001, 1, "scale of the preset's lengths (default 1)"},      \
-        {"config", CLI_PATH, &(f).config, 0, 0, "JSON file with the same keys as the flags"},       \
-        {"conversations", CLI_INT, &(f).conversations, 1, 1 << 20, "conversations measured"},       \
-        {"turns", CLI_INT, &(f).turns, 1, 10000, "turns per conversation"},                         \
-        {"clients", CLI_INT, &(f).clients, 1, 4096, "conversations at once"},                       \
+        {"config", CLI_PATH, &(f).config, 0, 0, "JSON file: the workload flags as keys"},       \
+        {"conversations", CLI_INT, &(f).conversations, 1, 1 << 20, "conversations measured (default 8)"},       \
+        {"turns", CLI_INT, &(f).turns, 1, 10000, "turns per conversation (default 8)"},                         \
+        {"clients", CLI_INT, &(f).clients, 1, 4096, "conversations at once (default 4)"},                       \
         {"shared-prefix-tokens", CLI_INT, &(f).shared, 0, 1 << 24,                                  \
-         "system prompt all conversations share (tokens)"},                                         \
+         "system prompt all conversations share (tokens; default 0)"},                                         \
         {"prefix-tokens", CLI_STR, &(f).prefix, 0, 0, "each conversation's document: N | "          \
-                                                     "uniform:A:B | lognormal:MEDIAN:SIGMA"},       \
-        {"input-tokens", CLI_STR, &(f).input, 0, 0, "each turn's new message (same forms)"},        \
-        {"output-tokens", CLI_STR, &(f).output, 0, 0, "tokens asked per turn (same forms)"},        \
-        {"think-time", CLI_DBL, &(f).think, 0, 86400, "seconds between a reply and the next turn"}, \
-        {"seed", CLI_INT, &(f).seed, 0, 1L << 62, "text and lengths seed"},                         \
-        {"warmup", CLI_INT, &(f).warmup, 0, 1 << 20, "conversations run first, not measured"},      \
+                                                     "uniform:A:B | lognormal:MEDIAN:SIGMA (default 1000)"},       \
+        {"input-tokens", CLI_STR, &(f).input, 0, 0, "each turn's new message (same forms; default 150)"},        \
+        {"output-tokens", CLI_STR, &(f).output, 0, 0, "tokens asked per turn (same forms; default 128)"},        \
+        {"think-time", CLI_DBL, &(f).think, 0, 86400, "seconds between a reply and the next turn (default 0)"}, \
+        {"seed", CLI_INT, &(f).seed, 0, 1L << 62, "text and lengths seed (default 1)"},                         \
+        {"warmup", CLI_INT, &(f).warmup, 0, 1 << 20, "conversations run first, not measured (default 0)"},      \
         {"send-conversation-id", CLI_FLAG, &(f).send_id, 0, 0, "send X-Conversation-Id"},           \
         {"tokenizer", CLI_PATH, &(f).tokenizer, 0, 0, "GGUF whose tokenizer counts the lengths"},   \
         {"no-progress", CLI_FLAG, &(f).no_progress, 0, 0, "no progress on stderr"}
@@ -274,7 +274,7 @@ static int bench_compare_main(int argc, char **argv)
 {
     wflags f = {.out = "bench-out", .timeout = 600};
     const char *modes = "uni-nocache,uni,bidi,colocated", *model = NULL, *sweep = NULL;
-    long kv_mb = 0, threads = 0;
+    long kv_mb = 0, threads = 0, rounds = 1;
     bench_workload w;
     if (workload_defaults(argc, argv, &f, &w)) return fail("compare", 2);
     const cli_opt opts[] = {
@@ -285,21 +285,24 @@ static int bench_compare_main(int argc, char **argv)
         {"kv-cache-mb", CLI_INT, &kv_mb, 1, 1 << 22, "KV pool per node (default: serve's)"},
         {"threads-per-node", CLI_INT, &threads, 0, 1024, "engine threads per node (default: cores)"},
         {"prefix-sweep", CLI_STR, &sweep, 0, 0, "prefix lengths to run in turn, e.g. 2048,8192"},
+        {"rounds", CLI_INT, &rounds, 1, 1000, "run the modes in turn this many times (default 1)"},
         WORKLOAD_OPTS(f),
     };
     int rc = cli_parse("bench compare", "[--preset quick|paper] [--modes LIST] [--out DIR] [...]",
                        argc, argv, opts, DX_ARRAY_LEN(opts), NULL, 0, NULL);
     if (rc) return rc == 1 ? 0 : rc;
     if (workload_from(&f, &w) || bench_compare_check_modes(modes)) return fail("compare", 2);
+    w.rounds = (uint32_t)rounds;
     if (!threads) threads = sysconf(_SC_NPROCESSORS_ONLN); /* one node computes at a time */
     bench_text *t;
     if (bench_text_create(f.tokenizer ? f.tokenizer : model, &t)) return fail("compare", 1);
     signal(SIGINT, on_sigint);
     signal(SIGTERM, on_sigint);
     printf("duplex bench compare: %u conversations x %u turns, %u at a time%s%s (scale %g); "
-           "modes %s\n",
+           "modes %s%s%.0ld%s\n",
            w.conversations, w.turns, w.clients, w.preset ? ", preset " : "",
-           w.preset ? w.preset : "", w.scale, modes);
+           w.preset ? w.preset : "", w.scale, modes, rounds > 1 ? ", " : "", rounds > 1 ? rounds : 0,
+           rounds > 1 ? " interleaved rounds" : "");
     fflush(stdout);
     rc = sweep ? compare_sweep(&f, &w, t, modes, model, kv_mb, threads, sweep)
                : compare_one(&f, &w, t, modes, model, kv_mb, threads, f.out, NULL, 0);
@@ -383,9 +386,74 @@ static int bench_chat_main(int argc, char **argv)
     return failed ? 1 : 0;
 }
 
+/* The series' name for a results file: its folder's name (bench compare's
+ * DIR/<mode>/results.json), else the file's name without .json. */
+static void series_name(const char *path, char *out, size_t cap)
+{
+    const char *slash = strrchr(path, '/');
+    const char *base = slash ? slash + 1 : path;
+    if (slash && !strcmp(base, "results.json")) {
+        const char *p = slash;
+        while (p > path && p[-1] != '/') p--;
+        snprintf(out, cap, "%.*s", (int)(slash - p), p);
+    } else {
+        size_t n = strlen(base);
+        snprintf(out, cap, "%.*s", (int)(n > 5 && !strcmp(base + n - 5, ".json") ? n - 5 : n), base);
+    }
+    if (!out[0]) snprintf(out, cap, "run");
+}
+
+/* Reports again from results.json files: one series each. */
+static int bench_report_main(int argc, char **argv)
+{
+    const char *out = "bench-out";
+    const cli_opt opts[] = {
+        {"out", CLI_PATH, &out, 0, 0, "directory for summary.md and ttft.svg (default bench-out)"},
+    };
+    enum { MAX = 8 };
+    char *files[MAX];
+    int n = 0;
+    int rc = cli_parse("bench report", "[--out DIR] RESULTS.json...", argc, argv, opts,
+                       DX_ARRAY_LEN(opts), files, MAX, &n);
+    if (rc) return rc == 1 ? 0 : rc;
+    if (!n) {
+        fprintf(stderr, "duplex bench report: name one or more results.json files\n");
+        return 2;
+    }
+    bench_workload w[MAX];
+    bench_meta m[MAX];
+    bench_results r[MAX];
+    bench_series s[MAX];
+    char names[MAX][64];
+    int got = 0;
+    for (; got < n; got++) {
+        if ((rc = bench_read_json(files[got], &w[got], &m[got], &r[got]))) break;
+        series_name(files[got], names[got], sizeof names[got]);
+        s[got] = (bench_series){.name = names[got], .res = &r[got], .kv = m[got].kv};
+    }
+    if (!rc && mkdir(out, 0755) && errno != EEXIST)
+        rc = dx_errf(DX_EIO, "--out %s: %s", out, strerror(errno));
+    FILE *f;
+    if (!rc && !(rc = out_file(out, "summary.md", &f))) {
+        rc = bench_write_summary(f, &w[0], &m[0], s, (size_t)n);
+        fclose(f);
+    }
+    if (!rc && !(rc = out_file(out, "ttft.svg", &f))) {
+        rc = bench_write_svg(f, &w[0], s, (size_t)n);
+        fclose(f);
+    }
+    if (!rc) {
+        bench_print_turns(stdout, &w[0], s, (size_t)n);
+        printf("reports: %s/summary.md, %s/ttft.svg\n", out, out);
+    }
+    for (int i = 0; i < got; i++) bench_results_free(&r[i]);
+    return rc ? fail("report", 1) : 0;
+}
+
 int cli_bench_multi_main(const char *what, int argc, char **argv)
 {
     if (!strcmp(what, "run")) return bench_run_main(argc, argv);
     if (!strcmp(what, "compare")) return bench_compare_main(argc, argv);
+    if (!strcmp(what, "report")) return bench_report_main(argc, argv);
     return bench_chat_main(argc, argv);
 }

@@ -4,8 +4,8 @@
  * holds one record per request, none failed, every TTFT is positive, and
  * from turn 2 the prompt's history came from the decode node (the usage's
  * cached tokens and the prefill node's pulled-token counter).  `bench
- * compare`, `chat`, `xfer` and `engine` run, their output parses and their
- * figures are positive.  Bad flags and files exit 2 with a message naming
+ * compare`, `chat`, `xfer`, `engine` and `report` run, their output
+ * parses and their figures are positive.  Bad flags and files exit 2 with a message naming
  * what is wrong; an endpoint nobody serves exits 1 naming it. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -174,7 +174,22 @@ static void test_compare_smoke(void **state)
     assert_non_null(sum);
     assert_non_null(strstr(sum, "## Where the prompts' KV came from"));
     number_after(sum, "\n| bidi | "); /* its share reused locally */
+    /* bench report: the same summary again from the results files */
+    run(0, "%s bench report --out %s/again %s/uni-nocache/results.json %s/bidi/results.json "
+           "%s/colocated/results.json",
+        G.bin, out, out, out, out);
+    assert_non_null(strstr(g_out, "At the last turn, bidi takes"));
+    snprintf(path, sizeof path, "%s/again/summary.md", out);
+    char *again = tp_slurp(path, NULL);
+    assert_non_null(again);
+    /* the figures and where the KV came from are all kept in results.json */
+    const char *a = strstr(again, "## TTFT by turn"), *b = strstr(sum, "## TTFT by turn");
+    assert_true(a && b);
+    assert_string_equal(a, b);
+    free(again);
     free(sum);
+    tp_expect(G.bin, "bench report", 2, "name one or more results.json files", "");
+    tp_expect(G.bin, "bench report", 1, "/nonexistent/results.json", "/nonexistent/results.json");
 }
 
 static void test_xfer_and_engine_smoke(void **state)

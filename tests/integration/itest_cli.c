@@ -279,10 +279,11 @@ static void test_groups(void **state)
 {
     (void)state;
     static const struct {
-        const char *group, *cmds[4], *accepted;
+        const char *group, *cmds[8], *accepted;
     } groups[] = {
         {"model", {"synth", "info"}, "synth|info"},
-        {"bench", {"engine", "xfer", "chat"}, "engine|xfer|chat"},
+        {"bench", {"engine", "xfer", "run", "compare", "chat", "report"},
+         "engine|xfer|run|compare|chat|report"},
         {"kv", {"hold", "pull", "bench"}, "hold|pull|bench"},
     };
     /* every way to ask, and the bare group (stderr only) */
