@@ -68,4 +68,9 @@ int cli_serve_main(int argc, char **argv);
 int cli_router_main(int argc, char **argv);
 int cli_up_main(int argc, char **argv);
 
+/* duplex up's and bench compare's model when none is named: synthesised
+ * once (small preset, bf16) if missing.  0, or 1 after printing why not. */
+#define DEFAULT_MODEL "models/qwen3-small-bf16.gguf"
+int cli_default_model(void);
+
 #endif
