@@ -266,32 +266,6 @@ static int write_results(compare *C)
     return rc;
 }
 
-/* The client's own time to first token: the workload against an endpoint
- * that answers at once. */
-static double client_overhead(const bench_compare_config *c)
-{
-    bench_fake *f;
-    if (bench_fake_start(&(bench_fake_config){0}, &f)) return -1;
-    char url[64];
-    snprintf(url, sizeof url, "http://127.0.0.1:%d", bench_fake_port(f));
-    bench_results r;
-    bench_run_config rc = {.url = url, .w = c->w, .text = c->text, .stop = c->stop};
-    double p50 = -1;
-    if (bench_run(&rc, &r) == 0) {
-        bench_stat st;
-        double *v = dx_malloc((r.n ? r.n : 1) * sizeof *v);
-        size_t k = 0;
-        for (size_t i = 0; v && i < r.n; i++)
-            if (!r.rec[i].err) v[k++] = r.rec[i].ttft_s;
-        bench_stat_of(v, k, &st);
-        if (k) p50 = st.p50 * 1e3;
-        dx_free(v);
-    }
-    bench_results_free(&r);
-    bench_fake_stop(f);
-    return p50;
-}
-
 static int write_reports(compare *C)
 {
     const bench_compare_config *c = C->c;
@@ -335,7 +309,7 @@ int bench_compare_run(const bench_compare_config *c)
     if (!C) return dx_errf(DX_ENOMEM, "out of memory");
     C->c = c;
     C->meta.tokens_exact = bench_text_exact(c->text);
-    C->meta.overhead_ms = client_overhead(c);
+    C->meta.overhead_ms = bench_fake_overhead_ms(c->w, c->text, c->stop);
     int rounds = c->w->rounds > 1 ? (int)c->w->rounds : 1;
     for (C->round = 0; !rc && C->round < rounds; C->round++) rc = each_mode(c->modes, run_mode, C);
     if (!rc) rc = write_results(C);

@@ -3,12 +3,15 @@
 
 #include <jansson.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <string.h>
 #include <uv.h>
 
 #include "base/dx_alloc.h"
 #include "base/dx_buf.h"
 #include "base/dx_err.h"
+#include "bench/bench_report.h"
+#include "bench/bench_run.h"
 #include "node/http_conn.h"
 
 struct bench_fake {
@@ -130,4 +133,28 @@ void bench_fake_stop(bench_fake *f)
     pthread_join(f->th, NULL);
     uv_loop_close(&f->loop);
     dx_free(f);
+}
+
+double bench_fake_overhead_ms(const bench_workload *w, bench_text *text, const volatile int *stop)
+{
+    bench_fake *f;
+    if (bench_fake_start(&(bench_fake_config){0}, &f)) return -1;
+    char url[64];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d", bench_fake_port(f));
+    bench_results r;
+    bench_run_config rc = {.url = url, .w = w, .text = text, .stop = stop};
+    double p50 = -1;
+    if (bench_run(&rc, &r) == 0) {
+        double *v = dx_malloc((r.n ? r.n : 1) * sizeof *v);
+        size_t k = 0;
+        for (size_t i = 0; v && i < r.n; i++)
+            if (!r.rec[i].err) v[k++] = r.rec[i].ttft_s;
+        bench_stat st;
+        bench_stat_of(v, k, &st);
+        if (k) p50 = st.p50 * 1e3;
+        dx_free(v);
+        bench_results_free(&r);
+    }
+    bench_fake_stop(f);
+    return p50;
 }

@@ -12,6 +12,8 @@
 
 #include <stdint.h>
 
+#include "bench/bench_work.h"
+
 typedef struct {
     unsigned fail_every;  /* every Nth chat request: 500 (0: never) */
     unsigned stall_every; /* every Nth: never answered */
@@ -23,5 +25,9 @@ typedef struct bench_fake bench_fake;
 int bench_fake_start(const bench_fake_config *cfg, bench_fake **out);
 int bench_fake_port(const bench_fake *f);
 void bench_fake_stop(bench_fake *f);
+
+/* The benchmark client's own time to first token (p50, ms): the workload
+ * run against an instant endpoint; -1 if it could not run. */
+double bench_fake_overhead_ms(const bench_workload *w, bench_text *text, const volatile int *stop);
 
 #endif

@@ -16,6 +16,7 @@
 #include "base/dx_alloc.h"
 #include "base/dx_err.h"
 #include "bench/bench_compare.h"
+#include "bench/bench_fake.h"
 #include "bench/bench_report.h"
 #include "bench/bench_run.h"
 
@@ -205,7 +206,8 @@ static int bench_run_main(int argc, char **argv)
                           .text = t, .timeout_s = f.timeout, .progress = progress_kind(&f),
                           .stop = &g_stop};
     rc = bench_run(&c, &r);
-    bench_meta m = {.url = f.url, .overhead_ms = -1, .tokens_exact = bench_text_exact(t)};
+    bench_meta m = {.url = f.url, .tokens_exact = bench_text_exact(t)};
+    m.overhead_ms = rc ? -1 : bench_fake_overhead_ms(&w, t, &g_stop);
     if (!rc) rc = write_run(f.out, &w, &m, &r);
     if (!rc) {
         bench_series s = {.name = "run", .res = &r};
@@ -312,7 +314,10 @@ static int bench_compare_main(int argc, char **argv)
                : compare_one(&f, &w, t, modes, model, kv_mb, threads, f.out, NULL, 0);
     bench_text_destroy(t);
     if (rc) return fail("compare", g_stop ? 130 : 1);
-    printf("reports: %s/%s\n", f.out, sweep ? "sweep.md and prefix-*/" : "summary.md, ttft.svg");
+    if (sweep)
+        printf("reports: %s/sweep.md and %s/prefix-*/\n", f.out, f.out);
+    else
+        printf("reports: %s/summary.md, %s/ttft.svg\n", f.out, f.out);
     return 0;
 }
 

@@ -5,7 +5,8 @@
  * from turn 2 the prompt's history came from the decode node (the usage's
  * cached tokens and the prefill node's pulled-token counter).  `bench
  * compare`, `chat`, `xfer`, `engine` and `report` run, their output
- * parses and their figures are positive.  Bad flags and files exit 2 with a message naming
+ * parses and their figures are positive; Ctrl-C stops a comparison and
+ * everything it started.  Bad flags and files exit 2 with a message naming
  * what is wrong; an endpoint nobody serves exits 1 naming it. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -13,6 +14,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <dirent.h>
 #include <jansson.h>
 #include <signal.h>
 #include <stdio.h>
@@ -192,6 +194,62 @@ static void test_compare_smoke(void **state)
     tp_expect(G.bin, "bench report", 1, "/nonexistent/results.json", "/nonexistent/results.json");
 }
 
+/* Processes whose command line mentions needle (this test's directory). */
+static int procs_with(const char *needle)
+{
+    int n = 0;
+    DIR *d = opendir("/proc");
+    for (struct dirent *e; d && (e = readdir(d));) {
+        if (e->d_name[0] < '0' || e->d_name[0] > '9' || atoi(e->d_name) == getpid()) continue;
+        char path[300], buf[4096];
+        snprintf(path, sizeof path, "/proc/%s/cmdline", e->d_name);
+        FILE *f = fopen(path, "r");
+        size_t len = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+        if (f) fclose(f);
+        for (size_t i = 0; i < len; i++)
+            if (!buf[i]) buf[i] = ' ';
+        buf[len] = 0;
+        n += strstr(buf, needle) != NULL;
+    }
+    if (d) closedir(d);
+    return n;
+}
+
+/* Ctrl-C in the middle of a comparison: exit 130, and no `duplex up`, node
+ * or router left behind. */
+static void test_compare_interrupted(void **state)
+{
+    (void)state;
+    char log[96], out[96];
+    snprintf(log, sizeof log, "%.60s/int.log", G.dir);
+    snprintf(out, sizeof out, "%.60s/int", G.dir);
+    char *argv[] = {(char *)G.bin, "bench", "compare", "--model", G.model, "--modes",
+                    "uni-nocache,bidi", "--conversations", "200", "--turns", "8",
+                    "--prefix-tokens", "300", "--output-tokens", "32", "--kv-cache-mb", "16",
+                    "--threads-per-node", "1", "--out", out, NULL};
+    tp_proc p;
+    assert_int_equal(tp_spawn(&p, log, argv), 0);
+    char path[160];
+    snprintf(path, sizeof path, "%s/uni-nocache/up.log", out);
+    for (int i = 0; i < 600; i++) { /* until the first mode's router is up */
+        char *l = tp_slurp(path, NULL);
+        int ready = l && strstr(l, "[router]") && strstr(l, "POST /v1/chat/completions");
+        free(l);
+        if (ready) break;
+        if (tp_gone(&p)) fail_msg("bench compare ended early");
+        tp_sleep_ms(50);
+    }
+    assert_true(procs_with(G.dir) >= 4); /* compare, up, two nodes, the router */
+    int st = tp_stop(&p, SIGINT, 60);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 130) {
+        tp_log_tail(&p, 20);
+        fail_msg("bench compare after SIGINT: status %d, want exit 130", st);
+    }
+    int left = 0;
+    for (int i = 0; i < 100 && (left = procs_with(G.dir)) > 0; i++) tp_sleep_ms(50);
+    if (left) fail_msg("%d processes of the comparison outlived it", left);
+}
+
 static void test_xfer_and_engine_smoke(void **state)
 {
     (void)state;
@@ -243,6 +301,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_run_against_up),
         cmocka_unit_test(test_compare_smoke),
+        cmocka_unit_test(test_compare_interrupted),
         cmocka_unit_test(test_xfer_and_engine_smoke),
         cmocka_unit_test(test_bad_input),
     };
