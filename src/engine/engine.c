@@ -54,6 +54,7 @@ static void item_free(item *it)
     if (!it) return;
     if (!it->cancel) {
         dx_free((void *)it->req.prefix_blocks);
+        dx_free((void *)it->req.sampling.bias);
         dx_free((void *)it->req.prompt);
         for (size_t i = 0; i < it->req.n_stop; i++) dx_free((void *)it->req.stop[i]);
         dx_free((void *)it->req.stop);
@@ -271,8 +272,12 @@ static item *copy_request(const engine_request *r)
     it->req.prefix_blocks =
         r->n_prefix_blocks ? dx_memdup(r->prefix_blocks, r->n_prefix_blocks * sizeof(int32_t))
                            : NULL;
+    it->req.sampling.bias = r->sampling.n_bias ? dx_memdup(r->sampling.bias, r->sampling.n_bias *
+                                                                              sizeof(engine_bias))
+                                                : NULL;
     int oom = !it->req.prompt || (r->n_stop && !it->req.stop) ||
-              (r->n_prefix_blocks && !it->req.prefix_blocks);
+              (r->n_prefix_blocks && !it->req.prefix_blocks) ||
+              (r->sampling.n_bias && !it->req.sampling.bias);
     for (size_t i = 0; !oom && i < r->n_stop; i++)
         oom = !(((char **)it->req.stop)[i] = dx_strdup(r->stop[i]));
     if (oom) {

@@ -57,12 +57,29 @@ enum engine_finish { ENGINE_FINISH_NONE = 0, ENGINE_FINISH_STOP, ENGINE_FINISH_L
                      ENGINE_FINISH_CANCELED, ENGINE_FINISH_ERROR };
 
 typedef struct {
+    int32_t id;
+    float bias;
+} engine_bias;
+
+#define ENGINE_MAX_TOP_LOGPROBS 20
+
+/* Applied to a sequence's logits row before sampling, in this order: the
+ * logit biases, the repetition penalty (Hugging Face's: every token of the
+ * prompt or the reply so far, a positive logit divided by it, a negative one
+ * multiplied), the presence and frequency penalties (OpenAI's: over the
+ * reply so far, minus presence once and frequency per occurrence); then
+ * temperature, top-k, top-p, min-p. */
+typedef struct {
     float temperature; /* 0 = greedy */
     int top_k;         /* 0 = off */
     float top_p;       /* 1 = off */
     float min_p;       /* 0 = off */
     uint64_t seed;
     int has_seed; /* else a random seed per request */
+    float presence_penalty, frequency_penalty; /* 0 = off */
+    float repetition_penalty;                  /* 0 or 1 = off; else > 0 */
+    const engine_bias *bias;                   /* copied at submit */
+    size_t n_bias;
 } engine_sampling;
 
 enum engine_event_type { ENGINE_EV_TOKENS, ENGINE_EV_KV, ENGINE_EV_DONE };
@@ -78,6 +95,15 @@ typedef struct {
     size_t n_tokens;
     const char *text;
     size_t text_len;
+    /* TOKENS of a request with logprobs (n_tokens is then 1): the token's
+     * log-probability under the model (the raw logits: before biases,
+     * penalties and temperature, as vLLM reports by default) and the
+     * n_top most likely tokens with theirs, most likely first. */
+    int has_logprob;
+    float logprob;
+    const int32_t *top_ids;
+    const float *top_logprobs;
+    uint32_t n_top;
     /* KV (only for requests with want_kv, just before a DONE that ends them
      * normally — stop or length): the sequence's tokens (prompt, then every
      * generated token) and the ids of its full blocks whose KV is computed,
@@ -127,6 +153,11 @@ typedef struct {
      * prompt blocks may then come in prefix_blocks.  At most max_tokens. */
     int32_t pregen[ENGINE_MAX_PREGEN];
     uint32_t n_pregen;
+    /* Report each generated token's log-probability, and the top_logprobs
+     * (<= ENGINE_MAX_TOP_LOGPROBS) most likely tokens at each step.  Not
+     * with pregen tokens (their probabilities were another engine's). */
+    int logprobs;
+    uint32_t top_logprobs;
     engine_event_fn on_event;
     void *user;
 } engine_request;

@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <math.h>
 #include <pthread.h>
 
 #include "base/dx_alloc.h"
@@ -36,6 +37,12 @@ typedef struct {
     int32_t kv_toks[512], kv_blocks[64];
     size_t kv_n_toks, kv_n_blocks;
     kv_pool *hold_pool;
+    /* logprobs of each token, when asked */
+    int n_lp;
+    float lp[512];
+    int32_t top_ids[512][ENGINE_MAX_TOP_LOGPROBS];
+    float top_lp[512][ENGINE_MAX_TOP_LOGPROBS];
+    uint32_t n_top[512];
 } collector;
 
 static void collect(void *user, const engine_event *ev)
@@ -44,6 +51,13 @@ static void collect(void *user, const engine_event *ev)
     pthread_mutex_lock(&c->mu);
     if (ev->type == ENGINE_EV_TOKENS) {
         for (size_t i = 0; i < ev->n_tokens && c->n < 512; i++) c->toks[c->n++] = ev->tokens[i];
+        if (ev->has_logprob && c->n_lp < 512) {
+            c->lp[c->n_lp] = ev->logprob;
+            c->n_top[c->n_lp] = ev->n_top;
+            memcpy(c->top_ids[c->n_lp], ev->top_ids, ev->n_top * sizeof(int32_t));
+            memcpy(c->top_lp[c->n_lp], ev->top_logprobs, ev->n_top * sizeof(float));
+            c->n_lp++;
+        }
         dx_buf_append(&c->text, ev->text, ev->text_len);
         if (c->engine_for_cancel && c->n == c->cancel_after)
             engine_cancel(c->engine_for_cancel, c->id);
@@ -554,6 +568,97 @@ static void test_pregen_first_token(void **state)
     srig_free(&b);
 }
 
+/* Logit biases, penalties and logprobs: a +100 bias makes a token every
+ * answer; huge presence/frequency penalties repeat no reply token; a huge
+ * repetition penalty reuses no prompt or reply token; logprobs are sorted
+ * log-probabilities whose first is the greedy token; and all of it is the
+ * same batched as alone, bit for bit.  Bad values are refused. */
+static void test_bias_penalties_logprobs(void **state)
+{
+    (void)state;
+    srig r;
+    srig_init(&r, g_m, 128, 512, 2);
+    uint32_t nv = model_hp(g_m)->n_vocab;
+    collector c[6], alone[6];
+    engine_bias up = {77, 100.0f};
+    engine_request q[6];
+    for (int i = 0; i < 6; i++) {
+        col_init(&c[i]);
+        col_init(&alone[i]);
+        q[i] = greedy(g_prompts[6], g_plen[6], 24, &c[i]);
+    }
+    q[0].sampling.bias = &up, q[0].sampling.n_bias = 1;
+    q[1].sampling.presence_penalty = 100;
+    q[2].sampling.frequency_penalty = 100;
+    q[3].sampling.repetition_penalty = 1000;
+    q[4].logprobs = 1, q[4].top_logprobs = 5;
+    q[5] = q[1];
+    q[5].logprobs = 1, q[5].top_logprobs = ENGINE_MAX_TOP_LOGPROBS;
+    q[5].sampling.temperature = 0.8f, q[5].sampling.seed = 3, q[5].sampling.has_seed = 1;
+    q[5].user = &c[5];
+    for (int i = 0; i < 6; i++) assert_int_equal(sched_submit(r.s, &q[i], (uint64_t)i + 1), 0);
+    run_all(&r);
+    for (int i = 0; i < 24; i++) assert_int_equal(c[0].toks[i], 77);
+    for (int k = 1; k <= 2; k++)
+        for (int i = 0; i < 24; i++)
+            for (int j = 0; j < i; j++)
+                if (c[k].toks[i] == c[k].toks[j]) fail_msg("penalty %d: token %d repeats", k, i);
+    for (int i = 0; i < 24; i++) {
+        for (int j = 0; j < i; j++) assert_int_not_equal(c[3].toks[i], c[3].toks[j]);
+        for (size_t j = 0; j < g_plen[6]; j++) assert_int_not_equal(c[3].toks[i], g_prompts[6][j]);
+    }
+    assert_int_equal(c[4].n_lp, 24);
+    for (int i = 0; i < 24; i++) {
+        assert_int_equal(c[4].n_top[i], 5);
+        assert_int_equal(c[4].top_ids[i][0], c[4].toks[i]); /* greedy: the most likely */
+        assert_true(c[4].lp[i] == c[4].top_lp[i][0] && c[4].lp[i] <= 0);
+        double mass = 0;
+        for (int j = 0; j < 5; j++) {
+            if (j) assert_true(c[4].top_lp[i][j] <= c[4].top_lp[i][j - 1]);
+            mass += exp(c[4].top_lp[i][j]);
+        }
+        assert_true(mass <= 1.0 + 1e-5);
+    }
+    assert_memory_equal(c[4].toks, g_alone[6].toks, 24 * sizeof(int32_t)); /* unchanged */
+    /* the sampled token's logprob is among the top 20 ones when it is there */
+    for (int i = 0; i < 24; i++)
+        for (uint32_t j = 0; j < c[5].n_top[i]; j++)
+            if (c[5].top_ids[i][j] == c[5].toks[i]) assert_true(c[5].top_lp[i][j] == c[5].lp[i]);
+    /* alone, on a fresh scheduler each: the same bits */
+    for (int i = 0; i < 6; i++) {
+        srig one;
+        srig_init(&one, g_m, 128, 512, 1);
+        engine_request a = q[i];
+        a.user = &alone[i];
+        assert_int_equal(sched_submit(one.s, &a, 1), 0);
+        run_all(&one);
+        assert_memory_equal(alone[i].toks, c[i].toks, 24 * sizeof(int32_t));
+        assert_int_equal(alone[i].n_lp, c[i].n_lp);
+        assert_memory_equal(alone[i].lp, c[i].lp, (size_t)c[i].n_lp * sizeof(float));
+        assert_memory_equal(alone[i].top_lp, c[i].top_lp, sizeof c[i].top_lp);
+        srig_free(&one);
+    }
+    /* refused */
+    engine_request bad = greedy(g_prompts[6], g_plen[6], 4, &c[0]);
+    engine_bias out = {(int32_t)nv, 1.0f};
+    bad.sampling.bias = &out, bad.sampling.n_bias = 1;
+    assert_int_equal(sched_submit(r.s, &bad, 9), DX_EINVAL);
+    bad.sampling.n_bias = 0;
+    bad.top_logprobs = ENGINE_MAX_TOP_LOGPROBS + 1;
+    assert_int_equal(sched_submit(r.s, &bad, 9), DX_EINVAL);
+    bad.top_logprobs = 0;
+    bad.sampling.repetition_penalty = -1;
+    assert_int_equal(sched_submit(r.s, &bad, 9), DX_EINVAL);
+    bad.sampling.repetition_penalty = 0;
+    bad.logprobs = 1, bad.n_pregen = 1, bad.pregen[0] = 3;
+    assert_int_equal(sched_submit(r.s, &bad, 9), DX_EINVAL);
+    for (int i = 0; i < 6; i++) {
+        col_free(&c[i]);
+        col_free(&alone[i]);
+    }
+    srig_free(&r);
+}
+
 static void test_no_prefix_cache(void **state)
 {
     (void)state;
@@ -772,6 +877,7 @@ int main(void)
         cmocka_unit_test(test_kv_event_and_prefix_blocks),
         cmocka_unit_test(test_prefix_blocks_rules),
         cmocka_unit_test(test_pregen_first_token),
+        cmocka_unit_test(test_bias_penalties_logprobs),
         cmocka_unit_test(test_no_prefix_cache),
         cmocka_unit_test(test_reclaim_before_preempt),
         cmocka_unit_test(test_cancel_frees_blocks),
