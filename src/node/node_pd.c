@@ -162,6 +162,7 @@ static void take_first(node_server *s, node_req *q)
         memcmp(in->token_ids, q->prompt, q->n_prompt * sizeof *q->prompt) != 0)
         return;
     if (q->o.has_max_tokens && in->n_first > (size_t)q->o.max_tokens) return;
+    if (q->o.logprobs) return; /* its probabilities were the prefill node's: compute it here */
     memcpy(pd->first, in->first_ids, in->n_first * sizeof *pd->first);
     pd->n_first = in->n_first;
 }

@@ -180,6 +180,7 @@ static int start_server(run_ctx *r)
         .recompute_threshold = r->cfg.recompute_threshold,
         .no_prefix_cache = r->cfg.engine.no_prefix_cache,
         .history_ttl_s = r->cfg.retain_ttl_s,
+        .served_model_name = r->cfg.served_model_name,
     };
     int rc = node_server_create(&r->loop, &sc, &r->srv);
     if (rc < 0) return rc;

@@ -30,6 +30,7 @@ typedef struct {
     const char *kv_host; /* default: host */
     const char *kv_tls;
     const char *engine_id; /* default: host:port of the HTTP server */
+    const char *served_model_name; /* NULL: the model file's name */
     double pin_ttl_s, lease_ttl_s, retain_ttl_s;
     int bidirectional;
     uint32_t recompute_threshold;

@@ -58,6 +58,9 @@ typedef struct {
     uint64_t request_timeout_ms; /* default 30 s */
     uint64_t idle_timeout_ms;    /* default 120 s */
     double shutdown_grace_s;     /* default 10 */
+    /* The name /v1/models lists and answers carry (--served-model-name);
+     * requests may name it or the model file's name.  NULL: the file's. */
+    const char *served_model_name;
     /* P/D (docs/pd.md) */
     int bidirectional;             /* --bidirectional-kv-xfer */
     uint32_t recompute_threshold;  /* default 64 (0 means the default; 1 pulls anything) */

@@ -9,6 +9,7 @@
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "base/dx_alloc.h"
@@ -277,6 +278,79 @@ static int parse_sampling(json_t *root, oai_req *r, oai_err *err)
     return 0;
 }
 
+static int cmp_bias(const void *a, const void *b)
+{
+    const oai_bias *x = a, *y = b;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+/* logit_bias: {"<token id>": bias, ...} as OpenAI takes it. */
+static int parse_logit_bias(json_t *v, const oai_parse_opts *opts, oai_req *r, oai_err *err)
+{
+    if (!json_is_object(v)) return fail(err, "logit_bias", "logit_bias: expected an object");
+    size_t n = json_object_size(v);
+    if (n > OAI_MAX_LOGIT_BIAS)
+        return fail(err, "logit_bias", "logit_bias: %zu entries, at most %d", n,
+                    OAI_MAX_LOGIT_BIAS);
+    if (!n) return 0;
+    r->logit_bias = dx_malloc(n * sizeof *r->logit_bias);
+    if (!r->logit_bias) return fail(err, "logit_bias", "out of memory");
+    const char *key;
+    json_t *b;
+    json_object_foreach(v, key, b)
+    {
+        char *end;
+        long long id = strtoll(key, &end, 10);
+        char param[64];
+        snprintf(param, sizeof param, "logit_bias.%.40s", key);
+        if (!*key || *end || id < 0 || id > INT32_MAX ||
+            (opts && opts->n_vocab && (uint64_t)id >= opts->n_vocab))
+            return fail(err, param, "logit_bias: key '%.40s' is not a token id%s", key,
+                        opts && opts->n_vocab ? " of this model's vocabulary" : "");
+        double d;
+        if (get_num(b, param, -100, 100, &d, err)) return DX_EINVAL;
+        r->logit_bias[r->n_logit_bias++] = (oai_bias){(int32_t)id, (float)d};
+    }
+    qsort(r->logit_bias, r->n_logit_bias, sizeof *r->logit_bias, cmp_bias);
+    return 0;
+}
+
+/* Penalties, logit_bias and logprobs. */
+static int parse_shaping(json_t *root, const oai_parse_opts *opts, oai_req *r, oai_err *err)
+{
+    json_t *v;
+    int64_t n;
+    if ((v = field(root, "presence_penalty")) &&
+        get_num(v, "presence_penalty", -2, 2, &r->presence_penalty, err))
+        return DX_EINVAL;
+    if ((v = field(root, "frequency_penalty")) &&
+        get_num(v, "frequency_penalty", -2, 2, &r->frequency_penalty, err))
+        return DX_EINVAL;
+    if ((v = field(root, "repetition_penalty"))) {
+        if (get_num(v, "repetition_penalty", 0, 2, &r->repetition_penalty, err)) return DX_EINVAL;
+        if (r->repetition_penalty == 0)
+            return fail(err, "repetition_penalty", "repetition_penalty: must be greater than 0");
+    }
+    if ((v = field(root, "logit_bias")) && parse_logit_bias(v, opts, r, err)) return DX_EINVAL;
+    if (r->kind == OAI_COMPLETION) { /* the legacy form: logprobs is how many alternatives */
+        if ((v = field(root, "logprobs"))) {
+            if (get_int(v, "logprobs", 0, 5, &n, err) < 0) return DX_EINVAL;
+            r->logprobs = 1;
+            r->top_logprobs = (uint32_t)n;
+        }
+        return 0;
+    }
+    if ((v = field(root, "logprobs")) && get_bool(v, "logprobs", &r->logprobs, err))
+        return DX_EINVAL;
+    if ((v = field(root, "top_logprobs"))) {
+        if (get_int(v, "top_logprobs", 0, OAI_MAX_TOP_LOGPROBS, &n, err) < 0) return DX_EINVAL;
+        if (!r->logprobs)
+            return fail(err, "top_logprobs", "top_logprobs: requires \"logprobs\": true");
+        r->top_logprobs = (uint32_t)n;
+    }
+    return 0;
+}
+
 static int parse_stream(json_t *root, oai_req *r, oai_err *err)
 {
     json_t *v;
@@ -324,6 +398,7 @@ static int parse_root(enum oai_kind kind, json_t *root, const oai_parse_opts *op
     int rc = kind == OAI_CHAT ? parse_messages(root, r, err) : parse_prompt(root, opts, r, err);
     if (rc == 0) rc = parse_max_tokens(root, r, err);
     if (rc == 0) rc = parse_sampling(root, r, err);
+    if (rc == 0) rc = parse_shaping(root, opts, r, err);
     if (rc == 0) rc = parse_stop(root, r, err);
     if (rc == 0) rc = parse_stream(root, r, err);
     if (rc == 0) rc = parse_misc(root, r, err);
@@ -338,6 +413,7 @@ int oai_req_parse(enum oai_kind kind, const char *body, size_t len, const oai_pa
     out->kind = kind;
     out->temperature = 1.0;
     out->top_p = 1.0;
+    out->repetition_penalty = 1.0;
     json_error_t jerr;
     /* a model can emit any byte, NUL included, and the client sends it back */
     json_t *root = json_loadb(body, len, JSON_ALLOW_NUL, &jerr);
@@ -356,6 +432,7 @@ void oai_req_free(oai_req *r)
     for (size_t i = 0; i < r->n_msgs; i++) dx_free(r->msgs[i].owned);
     dx_free(r->msgs);
     dx_free(r->prompt_ids);
+    dx_free(r->logit_bias);
     if (r->root) json_decref(r->root);
     enum oai_kind kind = r->kind;
     memset(r, 0, sizeof *r);

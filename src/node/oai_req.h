@@ -27,6 +27,15 @@ typedef struct {
     char *owned; /* content joined from text parts (dx_malloc), else NULL */
 } oai_msg;
 
+/* logit_bias: a token id and what is added to its logit ([-100, 100]). */
+typedef struct {
+    int32_t id;
+    float bias;
+} oai_bias;
+
+#define OAI_MAX_LOGIT_BIAS 1024
+#define OAI_MAX_TOP_LOGPROBS 20
+
 typedef struct {
     enum oai_kind kind;
     const char *model;
@@ -44,6 +53,12 @@ typedef struct {
     double min_p;       /* default 0 */
     int has_seed;
     uint64_t seed;
+    double presence_penalty, frequency_penalty; /* [-2, 2], default 0 */
+    double repetition_penalty;                  /* (0, 2], default 1 (vLLM extension) */
+    oai_bias *logit_bias; /* dx_malloc'd, sorted by id */
+    size_t n_logit_bias;
+    int logprobs;          /* chat: "logprobs": true; completions: "logprobs": N given */
+    uint32_t top_logprobs; /* chat: top_logprobs (0..20); completions: N (0..5) */
     const char *stop[OAI_MAX_STOP];
     size_t n_stop;
     int stream;

@@ -494,6 +494,22 @@ static void test_first_token(void **state)
         json_decref(db);
         json_decref(resp);
     }
+    /* logprobs asked: the decode node computes the first token itself (its
+     * probabilities were the prefill node's), and reports every token's */
+    {
+        json_t *db = chat_body(c.msgs, 4);
+        json_object_set(db, "kv_transfer_params", pp);
+        json_object_set_new(db, "logprobs", json_true());
+        long first = metric(&D, FIRST);
+        json_t *dr = post(&D, db, 200);
+        json_t *lc = json_object_get(
+            json_object_get(json_array_get(json_object_get(dr, "choices"), 0), "logprobs"),
+            "content");
+        assert_int_equal(json_array_size(lc), 4);
+        assert_int_equal(metric(&D, FIRST), first);
+        json_decref(db);
+        json_decref(dr);
+    }
     /* max_tokens 1: P's token is the whole answer */
     json_t *db = chat_body(c.msgs, 1);
     json_object_set(db, "kv_transfer_params", pp);

@@ -265,7 +265,7 @@ static void test_resp_full(void **state)
     dx_buf_init(&b, 0);
     oai_meta m = {OAI_CHAT, "chatcmpl-1", "tiny", 1700000000};
     oai_usage u = {10, 4, 3};
-    assert_int_equal(oai_resp_full(&b, &m, "hi \xff", 4, "length", &u, "\"x\":1"), 0);
+    assert_int_equal(oai_resp_full(&b, &m, &(oai_choice){.text = "hi \xff", .len = 4, .finish = "length"}, &u, "\"x\":1"), 0);
     json_t *v = load(b.data, b.len);
     assert_string_equal(json_string_value(json_object_get(v, "object")), "chat.completion");
     assert_int_equal(json_integer_value(json_object_get(v, "created")), 1700000000);
@@ -283,7 +283,7 @@ static void test_resp_full(void **state)
     json_decref(v);
     dx_buf_reset(&b);
     m.kind = OAI_COMPLETION;
-    assert_int_equal(oai_resp_full(&b, &m, "t", 1, "stop", &u, NULL), 0);
+    assert_int_equal(oai_resp_full(&b, &m, &(oai_choice){.text = "t", .len = 1, .finish = "stop"}, &u, NULL), 0);
     v = load(b.data, b.len);
     assert_string_equal(json_string_value(json_object_get(v, "object")), "text_completion");
     ch = json_array_get(json_object_get(v, "choices"), 0);
@@ -307,7 +307,7 @@ static void test_sse_chunks(void **state)
     dx_buf b;
     dx_buf_init(&b, 0);
     oai_meta m = {OAI_CHAT, "chatcmpl-2", "tiny", 1};
-    oai_sse_chunk(&b, &m, "", 0, 1, NULL, 1, NULL);
+    oai_sse_chunk(&b, &m, &(oai_choice){.text = ""}, 1, 1, NULL);
     json_t *v = sse_json(&b);
     json_t *ch = json_array_get(json_object_get(v, "choices"), 0);
     assert_string_equal(json_string_value(json_object_get(v, "object")), "chat.completion.chunk");
@@ -317,7 +317,7 @@ static void test_sse_chunks(void **state)
     assert_true(json_is_null(json_object_get(v, "usage")));
     json_decref(v);
     dx_buf_reset(&b);
-    oai_sse_chunk(&b, &m, "tok", 3, 0, NULL, 0, NULL);
+    oai_sse_chunk(&b, &m, &(oai_choice){.text = "tok", .len = 3}, 0, 0, NULL);
     v = sse_json(&b);
     ch = json_array_get(json_object_get(v, "choices"), 0);
     assert_string_equal(json_string_value(json_object_get(json_object_get(ch, "delta"), "content")),
@@ -325,7 +325,7 @@ static void test_sse_chunks(void **state)
     assert_null(json_object_get(v, "usage"));
     json_decref(v);
     dx_buf_reset(&b);
-    oai_sse_chunk(&b, &m, "", 0, 0, "stop", 0, "\"kv_transfer_params\":{\"a\":1}");
+    oai_sse_chunk(&b, &m, &(oai_choice){.text = "", .finish = "stop"}, 0, 0, "\"kv_transfer_params\":{\"a\":1}");
     v = sse_json(&b);
     ch = json_array_get(json_object_get(v, "choices"), 0);
     assert_int_equal(json_object_size(json_object_get(ch, "delta")), 0);
@@ -345,7 +345,7 @@ static void test_sse_chunks(void **state)
     assert_string_equal(b.data, "data: [DONE]\n\n");
     dx_buf_reset(&b);
     m.kind = OAI_COMPLETION;
-    oai_sse_chunk(&b, &m, "z", 1, 0, NULL, 0, NULL);
+    oai_sse_chunk(&b, &m, &(oai_choice){.text = "z", .len = 1}, 0, 0, NULL);
     v = sse_json(&b);
     assert_string_equal(json_string_value(json_object_get(v, "object")), "text_completion");
     ch = json_array_get(json_object_get(v, "choices"), 0);
