@@ -25,7 +25,13 @@ typedef struct {
     const char *content;
     size_t content_len;
     char *owned; /* content joined from text parts (dx_malloc), else NULL */
+    size_t n_tool_calls; /* assistant: its tool_calls (checked; the JSON is in the document) */
+    const char *tool_call_id; /* tool: the call it answers */
+    const char *reasoning;    /* assistant: reasoning_content, or NULL */
+    size_t reasoning_len;
 } oai_msg;
+
+enum oai_tool_choice { OAI_TOOLS_AUTO = 0, OAI_TOOLS_NONE, OAI_TOOLS_REQUIRED, OAI_TOOLS_NAMED };
 
 /* logit_bias: a token id and what is added to its logit ([-100, 100]). */
 typedef struct {
@@ -64,6 +70,14 @@ typedef struct {
     int stream;
     int include_usage;
     int ignore_eos; /* vLLM extension, used by benchmarks */
+    /* tools: the function definitions (a json_t array borrowed from root,
+     * each checked: type "function", function.name, parameters an object),
+     * NULL when none; tool_choice, and the named function's name. */
+    void *tools;
+    size_t n_tools;
+    enum oai_tool_choice tool_choice;
+    const char *tool_choice_name;
+    int parallel_tool_calls; /* default 1 */
     const char *user;
     void *kv_transfer_params; /* json_t object or NULL (borrowed from root) */
     void *root;               /* json_t document */

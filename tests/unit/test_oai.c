@@ -67,6 +67,39 @@ static void test_chat_full(void **state)
     assert_int_equal(dx_alloc_live_bytes(), live);
 }
 
+/* An agentic history: tools, an assistant turn of tool calls (arguments as
+ * text and as an object), tool results, reasoning. */
+static void test_tools_accepted(void **state)
+{
+    (void)state;
+    size_t live = dx_alloc_live_bytes();
+    oai_req r;
+    oai_err e;
+    const char *body =
+        "{\"model\":\"m\",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\","
+        "\"description\":\"d\",\"parameters\":{\"type\":\"object\"}}},{\"type\":\"function\","
+        "\"function\":{\"name\":\"now\"}}],\"tool_choice\":{\"type\":\"function\",\"function\":"
+        "{\"name\":\"now\"}},\"parallel_tool_calls\":false,\"messages\":["
+        "{\"role\":\"user\",\"content\":\"weather?\"},"
+        "{\"role\":\"assistant\",\"content\":null,\"reasoning_content\":\"think\",\"tool_calls\":["
+        "{\"id\":\"call_1\",\"type\":\"function\",\"function\":{\"name\":\"get_weather\","
+        "\"arguments\":\"{\\\"city\\\":\\\"Paris\\\"}\"}},"
+        "{\"id\":\"call_2\",\"function\":{\"name\":\"now\",\"arguments\":{}}}]},"
+        "{\"role\":\"tool\",\"tool_call_id\":\"call_1\",\"content\":\"sunny\"},"
+        "{\"role\":\"tool\",\"tool_call_id\":\"call_2\",\"content\":\"noon\"}]}";
+    if (parse(OAI_CHAT, body, &r, &e)) fail_msg("%s: %s", e.param, e.message);
+    assert_int_equal(r.n_tools, 2);
+    assert_int_equal(r.tool_choice, OAI_TOOLS_NAMED);
+    assert_string_equal(r.tool_choice_name, "now");
+    assert_int_equal(r.parallel_tool_calls, 0);
+    assert_int_equal(r.msgs[1].n_tool_calls, 2);
+    assert_string_equal(r.msgs[1].content, "");
+    assert_memory_equal(r.msgs[1].reasoning, "think", 5);
+    assert_string_equal(r.msgs[2].tool_call_id, "call_1");
+    oai_req_free(&r);
+    assert_int_equal(dx_alloc_live_bytes(), live);
+}
+
 static void test_defaults_and_prompts(void **state)
 {
     (void)state;
@@ -195,6 +228,40 @@ static void test_bad_corpus(void **state)
         {OAI_COMPLETION, "{\"model\":\"m\",\"prompt\":\"x\",\"user\":[]}", "user", "user"},
         {OAI_COMPLETION, "{\"model\":\"m\",\"prompt\":\"x\",\"kv_transfer_params\":[]}",
          "kv_transfer_params", "kv_transfer_params"},
+#define M(x) "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"}," x "]}"
+#define T "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get\"}}]"
+        {OAI_CHAT, M("{\"role\":\"assistant\",\"content\":null,\"tool_calls\":{}}"),
+         "messages[1].tool_calls", "expected an array"},
+        {OAI_CHAT, M("{\"role\":\"assistant\",\"tool_calls\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}}]}"),
+         "messages[1].tool_calls[0]", "id: required"},
+        {OAI_CHAT, M("{\"role\":\"assistant\",\"tool_calls\":[{\"id\":\"c\",\"function\":{\"name\":\"f\",\"arguments\":3}}]}"),
+         "messages[1].tool_calls[0].function.arguments", "JSON string"},
+        {OAI_CHAT, M("{\"role\":\"assistant\",\"tool_calls\":[{\"id\":\"c\",\"function\":{\"name\":\"\"}}]}"),
+         "messages[1].tool_calls[0].function.name", "non-empty"},
+        {OAI_CHAT, M("{\"role\":\"user\",\"content\":\"a\",\"tool_calls\":[]}"),
+         "messages[1].tool_calls", "only on assistant"},
+        {OAI_CHAT, M("{\"role\":\"tool\",\"content\":\"42\"}"), "messages[1].tool_call_id",
+         "required for a tool message"},
+        {OAI_CHAT, M("{\"role\":\"assistant\",\"content\":\"a\",\"reasoning_content\":7}"),
+         "messages[1].reasoning_content", "string"},
+        {OAI_CHAT, "{\"model\":\"m\",\"tools\":{},\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]}",
+         "tools", "array"},
+        {OAI_CHAT, "{\"model\":\"m\",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"g\",\"parameters\":[]}}],"
+                   "\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]}",
+         "tools[0].function.parameters", "JSON Schema"},
+        {OAI_CHAT, "{\"model\":\"m\",\"tools\":[{\"type\":\"code\"}],\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]}",
+         "tools[0]", "function"},
+        {OAI_CHAT, "{\"model\":\"m\"," T ",\"tool_choice\":\"always\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]}",
+         "tool_choice", "always"},
+        {OAI_CHAT, "{\"model\":\"m\"," T ",\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"put\"}},"
+                   "\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]}",
+         "tool_choice", "no tool named 'put'"},
+        {OAI_CHAT, "{\"model\":\"m\",\"tool_choice\":\"required\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]}",
+         "tool_choice", "no tools"},
+        {OAI_CHAT, "{\"model\":\"m\",\"parallel_tool_calls\":1,\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]}",
+         "parallel_tool_calls", "true or false"},
+#undef M
+#undef T
     };
     size_t live = dx_alloc_live_bytes();
     for (size_t i = 0; i < DX_ARRAY_LEN(cases); i++) {
@@ -526,6 +593,7 @@ int main(void)
         cmocka_unit_test(test_sse_chunks),    cmocka_unit_test(test_errors_models_ids),
         cmocka_unit_test(test_prom),
         cmocka_unit_test(test_kvtp),
+        cmocka_unit_test(test_tools_accepted),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
