@@ -10,6 +10,7 @@
  * role. */
 #include "model/chat_tmpl.h"
 
+#include <ctype.h>
 #include <string.h>
 
 #include "base/dx_err.h"
@@ -197,4 +198,43 @@ int chat_tmpl_encode_faithful(enum chat_tmpl_kind k, const tok *t, const chat_ms
 {
     enc_ctx c = {t, out, reply, user};
     return render(k, msgs, n, add_gen, emit_tokens, &c);
+}
+
+/* Where msg's content (or its trimmed form) first appears in s[from..len). */
+static int find_content(const char *s, size_t len, size_t from, const chat_msg *m, size_t *at,
+                        size_t *n)
+{
+    const char *c = m->content ? m->content : "";
+    size_t cl = m->content_len;
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass) { /* the trimmed form: `| trim`, `.strip()` */
+            while (cl && isspace((unsigned char)*c)) c++, cl--;
+            while (cl && isspace((unsigned char)c[cl - 1])) cl--;
+        }
+        if (!cl) return 0;
+        const char *p = memmem(s + from, len - from, c, cl);
+        if (p) {
+            *at = (size_t)(p - s);
+            *n = cl;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+int chat_tmpl_encode_rendered(const tok *t, const char *s, size_t len, const chat_msg *msgs,
+                              size_t n, chat_reply_fn reply, void *user, tok_ids *out)
+{
+    enc_ctx c = {t, out, reply, user};
+    size_t pos = 0;
+    int rc = check_msgs(msgs, n);
+    for (size_t i = 0; !rc && i < n; i++) {
+        size_t at, cl;
+        if (!find_content(s, len, pos, &msgs[i], &at, &cl)) continue;
+        int is_reply = !strcmp(msgs[i].role, "assistant");
+        rc = emit_tokens(&c, s + pos, at - pos, PART_MARKUP);
+        if (!rc) rc = emit_tokens(&c, s + at, cl, is_reply ? PART_REPLY : PART_CONTENT);
+        pos = at + cl;
+    }
+    return rc ? rc : emit_tokens(&c, s + pos, len - pos, PART_MARKUP);
 }

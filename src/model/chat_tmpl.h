@@ -54,4 +54,15 @@ int chat_tmpl_encode_faithful(enum chat_tmpl_kind k, const tok *t, const chat_ms
                               int add_generation_prompt, chat_reply_fn reply, void *user,
                               tok_ids *out);
 
+/* Tokenises a chat template's output s (a Jinja template's): each
+ * message's content, where it appears verbatim after the previous one (or
+ * trimmed of surrounding whitespace, as templates often do), is tokenised
+ * without special tokens — an assistant's through `reply` first — and
+ * everything else (the template's markup) with them.  A content the
+ * template changed beyond trimming is found nowhere and is tokenised as
+ * markup, as llama.cpp and vLLM tokenise whole prompts.  With a native
+ * template's output this gives chat_tmpl_encode_faithful's tokens. */
+int chat_tmpl_encode_rendered(const tok *t, const char *s, size_t len, const chat_msg *msgs,
+                              size_t n, chat_reply_fn reply, void *user, tok_ids *out);
+
 #endif
