@@ -76,7 +76,7 @@ static int push(oai_jscan *s, int object)
     if (object)
         s->stack[d / 8] |= (uint8_t)(1u << (d % 8));
     else
-        s->stack[d / 8] &= (uint8_t)~(1u << (d % 8));
+        s->stack[d / 8] &= (uint8_t) ~(1u << (d % 8));
     s->mode = object ? M_OBJ_FIRST : M_ARR_FIRST;
     return OAI_JSCAN_MORE;
 }
@@ -104,16 +104,26 @@ static int begin_value(oai_jscan *s, unsigned char c)
 {
     value_begin(s);
     switch (c) {
-    case '{': return push(s, 1);
-    case '[': return push(s, 0);
+    case '{':
+        return push(s, 1);
+    case '[':
+        return push(s, 0);
     case '"':
         s->mode = M_STR;
         s->is_key = 0;
         return OAI_JSCAN_MORE;
-    case 't': s->lit = "true"; break;
-    case 'f': s->lit = "false"; break;
-    case 'n': s->lit = "null"; break;
-    case '-': s->mode = M_NUM, s->num = N_MINUS; return OAI_JSCAN_MORE;
+    case 't':
+        s->lit = "true";
+        break;
+    case 'f':
+        s->lit = "false";
+        break;
+    case 'n':
+        s->lit = "null";
+        break;
+    case '-':
+        s->mode = M_NUM, s->num = N_MINUS;
+        return OAI_JSCAN_MORE;
     default:
         if (!is_digit(c)) return OAI_JSCAN_BAD;
         s->mode = M_NUM;
@@ -132,14 +142,22 @@ static int num_next(int st, unsigned char c)
 {
     int d = is_digit(c), e = c == 'e' || c == 'E';
     switch (st) {
-    case N_MINUS: return c == '0' ? N_ZERO : d ? N_INT : -1;
-    case N_ZERO: return c == '.' ? N_DOT : e ? N_E : -1;
-    case N_INT: return d ? N_INT : c == '.' ? N_DOT : e ? N_E : -1;
-    case N_DOT: return d ? N_FRAC : -1;
-    case N_FRAC: return d ? N_FRAC : e ? N_E : -1;
-    case N_E: return c == '+' || c == '-' ? N_ESIGN : d ? N_EXP : -1;
-    case N_ESIGN: return d ? N_EXP : -1;
-    default: return d ? N_EXP : -1;
+    case N_MINUS:
+        return c == '0' ? N_ZERO : d ? N_INT : -1;
+    case N_ZERO:
+        return c == '.' ? N_DOT : e ? N_E : -1;
+    case N_INT:
+        return d ? N_INT : c == '.' ? N_DOT : e ? N_E : -1;
+    case N_DOT:
+        return d ? N_FRAC : -1;
+    case N_FRAC:
+        return d ? N_FRAC : e ? N_E : -1;
+    case N_E:
+        return c == '+' || c == '-' ? N_ESIGN : d ? N_EXP : -1;
+    case N_ESIGN:
+        return d ? N_EXP : -1;
+    default:
+        return d ? N_EXP : -1;
     }
 }
 
@@ -214,7 +232,8 @@ static int step(oai_jscan *s, unsigned char c)
         }
         if (c == (top_is_object(s) ? '}' : ']')) return pop(s);
         return OAI_JSCAN_BAD;
-    case M_STR: return step_str(s, c);
+    case M_STR:
+        return step_str(s, c);
     case M_ESC:
         if (c == 'u') {
             s->mode = M_HEX;
@@ -230,7 +249,8 @@ static int step(oai_jscan *s, unsigned char c)
         if (!is_hex(c)) return OAI_JSCAN_BAD;
         if (--s->hex_left == 0) s->mode = M_STR;
         return OAI_JSCAN_MORE;
-    case M_NUM: return step_num(s, c);
+    case M_NUM:
+        return step_num(s, c);
     case M_LIT:
         if (c != (unsigned char)s->lit[s->lit_pos]) return OAI_JSCAN_BAD;
         if (s->lit[++s->lit_pos] == '\0') value_end(s, s->pos + 1);

@@ -40,10 +40,10 @@ typedef struct {
 
 typedef struct {
     uint8_t mode, num, lit_pos, hex_left, is_key;
-    uint8_t key_len;   /* bytes of the current top-level key kept in key[] */
-    int8_t cur;        /* tracked key whose value is being read, or -1 */
-    uint8_t dup;       /* a tracked key appeared twice */
-    const char *lit;   /* "true" | "false" | "null" being matched */
+    uint8_t key_len; /* bytes of the current top-level key kept in key[] */
+    int8_t cur;      /* tracked key whose value is being read, or -1 */
+    uint8_t dup;     /* a tracked key appeared twice */
+    const char *lit; /* "true" | "false" | "null" being matched */
     uint32_t depth;
     uint8_t stack[OAI_JSCAN_MAX_DEPTH / 8]; /* bit set: object, clear: array */
     char key[12];

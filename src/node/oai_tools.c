@@ -64,15 +64,15 @@ struct oai_tools {
     int r_state, r_seen_open;
     size_t r_m; /* bytes of the tag being matched */
     dx_buf r_hold;
-    int t_state, t_content; /* t_content: some content went out */
+    int t_state, t_content;   /* t_content: some content went out */
     size_t t_m, t_ws, js_off; /* t_ws: whitespace before the call's tag; js_off: its JSON */
     dx_buf t_hold;
     dx_buf pend; /* whitespace cut off by calls, sent only if more content follows */
     oai_jscan js;
-    dx_buf out;            /* the text of this feed's events */
-    dx_buf carry;          /* a UTF-8 character's first bytes, for the next feed */
+    dx_buf out;   /* the text of this feed's events */
+    dx_buf carry; /* a UTF-8 character's first bytes, for the next feed */
     enum oai_tools_ev_kind carry_kind;
-    dx_buf call, args;     /* a call being checked: name, NUL, arguments; decoded args */
+    dx_buf call, args; /* a call being checked: name, NUL, arguments; decoded args */
     ev_rec *ev;
     size_t n_ev, cap_ev;
     oai_tools_ev *pub;
@@ -118,8 +118,10 @@ static void emit_text(oai_tools *t, enum oai_tools_ev_kind kind, const char *p, 
     if (!e || e->kind != kind) e = ev_push(t, kind, 0);
     if (!e) return;
     int rc = dx_buf_append(&t->out, p, n);
-    if (rc) set_err(t, rc);
-    else e->len += n;
+    if (rc)
+        set_err(t, rc);
+    else
+        e->len += n;
 }
 
 static void flush_hold(oai_tools *t, dx_buf *hold, enum oai_tools_ev_kind kind)
@@ -250,8 +252,10 @@ static int call_check(oai_tools *t)
     const oai_jscan *s = &t->js;
     const char *obj = t->t_hold.data + t->js_off;
     const oai_jscan_val *name = &s->val[OAI_JSCAN_NAME], *args = &s->val[OAI_JSCAN_ARGUMENTS];
-    if (!args->seen) args = &s->val[OAI_JSCAN_PARAMETERS];
-    else if (s->val[OAI_JSCAN_PARAMETERS].seen) return 0; /* which one? */
+    if (!args->seen)
+        args = &s->val[OAI_JSCAN_PARAMETERS];
+    else if (s->val[OAI_JSCAN_PARAMETERS].seen)
+        return 0; /* which one? */
     if (s->dup || !name->seen || obj[name->start] != '"') return 0;
     if (dx_utf8_valid_prefix((const uint8_t *)obj, s->pos) != s->pos) return 0;
     dx_buf_reset(&t->call);
@@ -347,7 +351,9 @@ static int t_byte(oai_tools *t, unsigned char c)
 {
     int m;
     switch (t->t_state) {
-    case T_PLAIN: emit_content(t, (const char *)&c, 1); return 1;
+    case T_PLAIN:
+        emit_content(t, (const char *)&c, 1);
+        return 1;
     case T_TEXT:
         m = tag_step(t, &t->t_hold, &t->t_m, k_call, c);
         if (m == TAG_MATCH) {
@@ -355,8 +361,10 @@ static int t_byte(oai_tools *t, unsigned char c)
             call_begin(t);
         }
         return m != TAG_MISS || text_miss(t, c, T_TEXT);
-    case T_CALL: return call_byte(t, c);
-    case T_CALL_END: return call_end_byte(t, c);
+    case T_CALL:
+        return call_byte(t, c);
+    case T_CALL_END:
+        return call_end_byte(t, c);
     case T_AFTER:
         if (!is_ws(c)) {
             t->t_state = T_TEXT;
@@ -374,7 +382,8 @@ static int t_byte(oai_tools *t, unsigned char c)
         }
         return text_miss(t, c, T_PLAIN);
     case T_LTAG:
-    case T_LSEP2: return lnext_byte(t, c);
+    case T_LSEP2:
+        return lnext_byte(t, c);
     case T_LSEP:
         if (is_ws(c)) {
             after_call_ws(t, (const char *)&c, 1);
@@ -412,7 +421,7 @@ static void t_feed(oai_tools *t, const char *p, size_t n)
 
 static void t_finish(oai_tools *t)
 {
-    flush_content(t); /* an unfinished tag or call */
+    flush_content(t);       /* an unfinished tag or call */
     dx_buf_reset(&t->pend); /* whitespace after the last call */
     t->t_state = T_PLAIN;
 }
@@ -535,8 +544,8 @@ oai_tools *oai_tools_create(const oai_tools_opts *o)
     dx_buf_init(&t->call, 0);
     dx_buf_init(&t->args, 0);
     t->id_state = o->id_seed;
-    if (!t->id_state && getrandom(&t->id_state, sizeof t->id_state, GRND_NONBLOCK) !=
-                            (ssize_t)sizeof t->id_state)
+    if (!t->id_state &&
+        getrandom(&t->id_state, sizeof t->id_state, GRND_NONBLOCK) != (ssize_t)sizeof t->id_state)
         t->id_state = dx_now_ns() ^ (uint64_t)(uintptr_t)t; /* unique enough for ids */
     return t;
 }
@@ -591,8 +600,8 @@ static int end_events(oai_tools *t, const oai_tools_ev **ev, size_t *n_ev)
     if (t->err) return dx_errf(t->err, "tool-call parser: %s", dx_strerror(t->err));
     for (size_t i = 0; i < t->n_ev; i++) {
         const ev_rec *e = &t->ev[i];
-        t->pub[i] = (oai_tools_ev){.kind = e->kind, .index = e->index,
-                                   .text = t->out.data + e->off, .len = e->len};
+        t->pub[i] = (oai_tools_ev){
+            .kind = e->kind, .index = e->index, .text = t->out.data + e->off, .len = e->len};
         if (e->kind == OAI_TOOLS_EV_CALL) t->pub[i].id = t->out.data + e->id_off;
     }
     *ev = t->pub, *n_ev = t->n_ev;
@@ -765,8 +774,8 @@ int oai_tools_ev_json(dx_buf *b, const oai_tools_ev *ev)
         if (!rc) rc = put_call(b, ev->id, ev->text, ev->len);
         return rc ? rc : dx_buf_puts(b, "\"\"}}]");
     case OAI_TOOLS_EV_ARGS:
-        rc = dx_buf_printf(b, "\"tool_calls\":[{\"index\":%u,\"function\":{\"arguments\":",
-                           ev->index);
+        rc = dx_buf_printf(b,
+                           "\"tool_calls\":[{\"index\":%u,\"function\":{\"arguments\":", ev->index);
         if (!rc) rc = oai_json_str(b, ev->text, ev->len);
         return rc ? rc : dx_buf_puts(b, "}}]");
     }
@@ -781,16 +790,20 @@ int oai_tools_fmt_parse(const char *name, enum oai_tools_fmt *out)
     static const struct {
         const char *name;
         enum oai_tools_fmt fmt;
-    } k_names[] = {{"none", OAI_TOOLS_NONE},     {"qwen", OAI_TOOLS_QWEN},
-                   {"hermes", OAI_TOOLS_QWEN},   {"llama3", OAI_TOOLS_LLAMA3},
+    } k_names[] = {{"none", OAI_TOOLS_NONE},
+                   {"qwen", OAI_TOOLS_QWEN},
+                   {"hermes", OAI_TOOLS_QWEN},
+                   {"llama3", OAI_TOOLS_LLAMA3},
                    {"llama3_json", OAI_TOOLS_LLAMA3}};
     for (size_t i = 0; i < DX_ARRAY_LEN(k_names); i++)
         if (!strcmp(name, k_names[i].name)) {
             *out = k_names[i].fmt;
             return 0;
         }
-    return dx_errf(DX_EINVAL, "tool-call format '%s': expected none, qwen (hermes) or llama3 "
-                              "(llama3_json)", name);
+    return dx_errf(DX_EINVAL,
+                   "tool-call format '%s': expected none, qwen (hermes) or llama3 "
+                   "(llama3_json)",
+                   name);
 }
 
 int oai_tools_think_open(const char *prompt, size_t len)
