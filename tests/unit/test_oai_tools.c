@@ -815,6 +815,61 @@ static void test_delta_json(void **state)
     dx_buf_free(&b);
 }
 
+/* docs/api.md's example, answer and message, exactly. */
+static void test_doc_example(void **state)
+{
+    (void)state;
+    const char *text =
+        "<think>\nThe user wants the weather in Paris and in Tokyo: two calls.\n</think>\n\nI'll "
+        "check both cities.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "
+        "{\"location\": "
+        "\"Paris, France\", \"unit\": \"celsius\"}}\n</tool_call>\n<tool_call>\n{\"name\": "
+        "\"get_weather\", \"arguments\": {\"location\": \"東京\", \"unit\": \"celsius\"}}\n"
+        "</tool_call>";
+    oai_tools_opts o = {.tools = OAI_TOOLS_QWEN, .reasoning = 1, .id_seed = 1};
+    oai_tools_result r;
+    parse(&o, text, strlen(text), &r);
+    dx_buf b;
+    dx_buf_init(&b, 0);
+    assert_int_equal(oai_tools_message_json(&b, &r), 0);
+    assert_string_equal(
+        b.data, "\"content\":\"I'll check both cities.\",\"reasoning_content\":\"The user wants "
+                "the weather "
+                "in Paris and in Tokyo: two "
+                "calls.\",\"tool_calls\":[{\"id\":\"call_910a2dec89025cc1beeb8da1"
+                "\",\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"arguments\":\"{"
+                "\\\"location"
+                "\\\":\\\"Paris, "
+                "France\\\",\\\"unit\\\":\\\"celsius\\\"}\"}},{\"id\":\"call_f893a2eefb32555e71"
+                "c18690\",\"type\":\"function\",\"function\":{\"name\":\"get_weather\","
+                "\"arguments\":\"{\\\""
+                "location\\\":\\\"東京\\\",\\\"unit\\\":\\\"celsius\\\"}\"}}]");
+    dx_buf_free(&b);
+    oai_tools_result_free(&r);
+}
+
+/* Feeds allocate nothing once the buffers have grown: the same stretch of
+ * answer (content, two calls) fed again costs no allocation. */
+static void test_no_alloc_when_warm(void **state)
+{
+    (void)state;
+    const char *text = k_cases[8].text;
+    oai_tools_opts o = QWEN;
+    oai_tools *t = oai_tools_create(&o);
+    const oai_tools_ev *ev;
+    size_t n, len = strlen(text), calls = 0;
+    for (int pass = 0; pass < 4; pass++) {
+        size_t before = dx_alloc_total_count();
+        for (size_t at = 0; at < len; at += 3) {
+            assert_int_equal(oai_tools_feed(t, text + at, len - at < 3 ? len - at : 3, &ev, &n), 0);
+            for (size_t i = 0; i < n; i++) calls += ev[i].kind == OAI_TOOLS_EV_CALL;
+        }
+        if (pass > 0) assert_int_equal(dx_alloc_total_count(), before);
+    }
+    assert_int_equal(calls, 8);
+    oai_tools_destroy(t);
+}
+
 /* ---- options ------------------------------------------------------------------- */
 
 static void test_think_open(void **state)
@@ -956,6 +1011,8 @@ int main(void)
         cmocka_unit_test(test_feed_after_finish),
         cmocka_unit_test(test_message_json),
         cmocka_unit_test(test_delta_json),
+        cmocka_unit_test(test_doc_example),
+        cmocka_unit_test(test_no_alloc_when_warm),
         cmocka_unit_test(test_think_open),
         cmocka_unit_test(test_fmt_parse),
         cmocka_unit_test(test_jscan),
