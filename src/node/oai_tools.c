@@ -162,7 +162,11 @@ static int tag_step(oai_tools *t, dx_buf *hold, size_t *m, const char *tag, unsi
 {
     int cont = *m ? c == (unsigned char)tag[*m] : is_ws(c) || c == (unsigned char)tag[0];
     if (!cont || hold->len >= t->o.max_held) return TAG_MISS;
-    set_err(t, dx_buf_putc(hold, (char)c));
+    int rc = dx_buf_putc(hold, (char)c);
+    if (rc) { /* the feed stops at this byte */
+        set_err(t, rc);
+        return TAG_HELD;
+    }
     if (*m || !is_ws(c)) (*m)++;
     return tag[*m] ? TAG_HELD : TAG_MATCH;
 }
@@ -290,12 +294,20 @@ static void call_commit(oai_tools *t)
     t->t_m = 0;
 }
 
+/* Keeps c with the held call; 0 when out of memory, which stops the feed. */
+static int hold_byte(oai_tools *t, unsigned char c)
+{
+    int rc = dx_buf_putc(&t->t_hold, (char)c);
+    set_err(t, rc);
+    return !rc;
+}
+
 static int call_byte(oai_tools *t, unsigned char c)
 {
     if (t->t_hold.len >= t->o.max_held) return call_fail(t);
     int rc = oai_jscan_byte(&t->js, c);
     if (rc == OAI_JSCAN_BAD) return call_fail(t);
-    set_err(t, dx_buf_putc(&t->t_hold, (char)c));
+    if (!hold_byte(t, c)) return 1;
     if (rc == OAI_JSCAN_DONE) {
         if (t->o.tools == OAI_TOOLS_QWEN)
             t->t_state = T_CALL_END;
@@ -310,7 +322,7 @@ static int call_end_byte(oai_tools *t, unsigned char c)
 {
     int cont = t->t_m ? c == (unsigned char)k_uncall[t->t_m] : is_ws(c) || c == '<';
     if (!cont || t->t_hold.len >= t->o.max_held) return call_fail(t);
-    set_err(t, dx_buf_putc(&t->t_hold, (char)c));
+    if (!hold_byte(t, c)) return 1;
     if (t->t_m || c == '<') t->t_m++;
     if (!k_uncall[t->t_m]) call_commit(t);
     return 1;
@@ -335,7 +347,7 @@ static int text_miss(oai_tools *t, unsigned char c, int next_state)
 static int lnext_byte(oai_tools *t, unsigned char c)
 {
     if (is_ws(c) && t->t_hold.len < t->o.max_held) {
-        set_err(t, dx_buf_putc(&t->t_hold, (char)c));
+        hold_byte(t, c);
         return 1;
     }
     if (c == '{') {
@@ -394,7 +406,7 @@ static int t_byte(oai_tools *t, unsigned char c)
             return 0;
         }
         t->t_state = T_LSEP2;
-        set_err(t, dx_buf_putc(&t->t_hold, ';'));
+        hold_byte(t, c);
         return 1;
     }
     DX_ASSERT(!"oai_tools: unknown tool state");
@@ -455,7 +467,7 @@ static int r_open_byte(oai_tools *t, unsigned char c)
     }
     int m = tag_step(t, &t->r_hold, &t->r_m, k_think, c);
     if (m == TAG_HELD) return 1;
-    if (m == TAG_MISS) /* a partial tag is reasoning text; the whitespace goes */
+    if (m == TAG_MISS && t->r_m) /* a partial tag is reasoning text; the whitespace goes */
         emit_text(t, OAI_TOOLS_EV_REASONING, t->r_hold.data + t->r_hold.len - t->r_m, t->r_m);
     dx_buf_reset(&t->r_hold);
     t->r_seen_open = 1, t->r_m = 0;
@@ -516,7 +528,7 @@ static void r_finish(oai_tools *t)
 {
     if (t->r_state == R_LEAD) /* whitespace or a partial <think>: answer */
         t_feed(t, t->r_hold.data, t->r_hold.len);
-    else if (t->r_state == R_OPEN)
+    else if (t->r_state == R_OPEN && t->r_m)
         emit_text(t, OAI_TOOLS_EV_REASONING, t->r_hold.data + t->r_hold.len - t->r_m, t->r_m);
     else if (t->r_state == R_THINK)
         emit_text(t, OAI_TOOLS_EV_REASONING, t->r_hold.data, t->r_hold.len);
@@ -709,8 +721,9 @@ int oai_tools_parse(const oai_tools_opts *o, const char *text, size_t len, oai_t
     }
     dx_buf_free(&c.content);
     dx_buf_free(&c.reasoning);
-    if (rc == DX_ENOMEM) return dx_errf(rc, "tool-call parser: out of memory");
-    return rc;
+    if (!rc) return 0;
+    oai_tools_result_free(r);
+    return rc == DX_ENOMEM ? dx_errf(rc, "tool-call parser: out of memory") : rc;
 }
 
 void oai_tools_result_free(oai_tools_result *r)

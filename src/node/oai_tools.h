@@ -4,8 +4,8 @@
  *
  * Formats (docs/api.md has them with examples):
  *  - reasoning: `<think>…</think>` at the start of the answer becomes
- *    reasoning_content.  When the prompt already opened the block (Qwen3's
- *    template with enable_thinking, Qwen3-Thinking, DeepSeek-R1) the answer
+ *    reasoning_content.  When the prompt already opened the block (the
+ *    templates of Qwen3-Thinking-2507, Qwen3.5, DeepSeek-R1) the answer
  *    starts inside it: set think_open (oai_tools_think_open tells from the
  *    prompt); an opening tag the model writes anyway is dropped.  An answer
  *    that ends before `</think>` is all reasoning.
@@ -19,10 +19,12 @@
  * JSON text, strings and numbers exactly as the model wrote them.
  *
  * Anything that is not a complete, valid call — no closing tag, bad JSON,
- * no name, two names — stays in the content byte for byte: nothing the
- * model wrote is ever dropped, except whitespace next to a recognised tag or
- * call (between `</think>` and the answer, around a call), which templates
- * drop when they render the turn again.
+ * no name, two names — stays in the content byte for byte.  Nothing the
+ * model wrote is dropped but the tags and calls themselves and the
+ * whitespace between them and the start or end of the reasoning or content
+ * ("<think>\nA\n</think>\n\nB\n<tool_call>…" gives "A" and "B"; text
+ * between two calls keeps its whitespace), which templates drop too when
+ * they render the turn again.
  *
  * One machine does both jobs.  Streaming: feed the text as it is generated
  * and send the events each feed returns.  Content and reasoning come out as
@@ -85,8 +87,8 @@ typedef struct {
     size_t n_calls;
 } oai_tools_result;
 
-/* Parses a whole answer into *r (freed with oai_tools_result_free, also
- * after a failure).  Fails only with DX_ENOMEM. */
+/* Parses a whole answer into *r, to be freed with oai_tools_result_free.
+ * Fails only with DX_ENOMEM, leaving *r empty. */
 int oai_tools_parse(const oai_tools_opts *o, const char *text, size_t len, oai_tools_result *r);
 void oai_tools_result_free(oai_tools_result *r);
 /* The assistant message's members, raw JSON without braces:
