@@ -25,6 +25,7 @@ struct model {
     size_t n_owned, cap_owned;
     tok *tk;
     enum chat_tmpl_kind chat;
+    char *chat_text; /* tokenizer.chat_template, or NULL */
     uint64_t fingerprint[2];
     uint64_t n_params;
 };
@@ -260,7 +261,7 @@ static int load_chat(model *m)
         if (!text) return dx_errf(DX_ENOMEM, "out of memory");
     }
     int rc = chat_tmpl_detect(text, m->hp.arch_name, &m->chat);
-    dx_free(text);
+    m->chat_text = text;
     return rc ? dx_err_wrap(rc, "%s", m->path) : 0;
 }
 
@@ -428,6 +429,7 @@ void model_free(model *m)
     for (size_t i = 0; i < m->n_owned; i++) dx_free(m->owned[i]);
     dx_free(m->owned);
     dx_free(m->layers);
+    dx_free(m->chat_text);
     tok_destroy(m->tk);
     gguf_close(m->g);
     dx_free(m->path);
@@ -435,6 +437,7 @@ void model_free(model *m)
 }
 
 const model_hparams *model_hp(const model *m) { return &m->hp; }
+const char *model_chat_template(const model *m) { return m->chat_text; }
 const model_layer *model_layer_at(const model *m, uint32_t i) { return &m->layers[i]; }
 const model_tensor *model_tok_embd(const model *m) { return &m->tok_embd; }
 const model_tensor *model_output_norm(const model *m) { return &m->output_norm; }

@@ -64,6 +64,7 @@ const model_tensor *model_output_norm(const model *m); /* [n_embd] */
 const model_tensor *model_output(const model *m);      /* [n_vocab][n_embd], may be tok_embd */
 const tok *model_tokenizer(const model *m);
 enum chat_tmpl_kind model_chat_kind(const model *m);
+const char *model_chat_template(const model *m); /* the GGUF's Jinja text, or NULL */
 const gguf_ctx *model_gguf(const model *m);
 const char *model_path(const model *m);
 const char *model_name(const model *m); /* general.name, or the file's base name */

@@ -1,6 +1,8 @@
 /* node_run: a node process — loop, loading, signals, teardown (see .h). */
 #include "node/node_run.h"
 
+#include "node/oai_tools.h"
+
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
@@ -154,6 +156,8 @@ static void load_done(uv_work_t *w, int status)
     node_backend be;
     node_engine_backend(r->e, r->m, &be);
     be.kv = r->kv;
+    node_run_parsers(&r->cfg, model_chat_kind(r->m), model_chat_template(r->m), &be.tool_fmt,
+                     &be.reasoning); /* the names were checked before the load */
     node_server_set_backend(r->srv, &be);
     log_startup(r);
 }
@@ -224,4 +228,24 @@ int node_run(const node_run_config *cfg)
     uv_run(&r.loop, UV_RUN_DEFAULT);
     uv_loop_close(&r.loop);
     return r.exit_code;
+}
+
+int node_run_parsers(const node_run_config *c, enum chat_tmpl_kind kind, const char *tmpl,
+                     int *tool_fmt, int *reasoning)
+{
+    const char *t = c->tool_parser ? c->tool_parser : "auto";
+    const char *r = c->reasoning_parser ? c->reasoning_parser : "auto";
+    enum oai_tools_fmt f;
+    if (!strcmp(t, "auto"))
+        f = kind == CHAT_TMPL_LLAMA3 ? OAI_TOOLS_LLAMA3 : OAI_TOOLS_QWEN;
+    else if (oai_tools_fmt_parse(t, &f))
+        return dx_errf(DX_EINVAL, "--tool-call-parser: '%s' is not auto, qwen, llama3 or none", t);
+    *tool_fmt = (int)f;
+    if (!strcmp(r, "auto"))
+        *reasoning = tmpl && strstr(tmpl, "<think>") != NULL;
+    else if (!strcmp(r, "think") || !strcmp(r, "none"))
+        *reasoning = !strcmp(r, "think");
+    else
+        return dx_errf(DX_EINVAL, "--reasoning-parser: '%s' is not auto, think or none", r);
+    return 0;
 }

@@ -205,6 +205,7 @@ static void req_free(node_req *q)
     dx_buf_free(&q->pend_cuts);
     dx_buf_free(&q->pend_lp);
     dx_buf_free(&q->lp_all);
+    oai_tools_destroy(q->tp);
     dx_free(q->extra);
     dx_free(q);
 }
@@ -442,6 +443,30 @@ void node_server_fail_early(node_server *s, node_req *q, int status, const char 
     if (s->draining) maybe_stopped(s);
 }
 
+/* Chat answers go through the tool-call/reasoning parser when the request
+ * has tools (and tool_choice is not "none") or reasoning is split off; the
+ * prompt's end tells whether the answer starts inside <think>. */
+static int setup_parse(node_server *s, node_req *q)
+{
+    const oai_req *o = &q->o;
+    if (o->kind != OAI_CHAT) return 0;
+    q->topts = (oai_tools_opts){
+        .tools = o->n_tools && o->tool_choice != OAI_CHOICE_NONE ? s->be.tool_fmt : OAI_TOOLS_NONE,
+        .reasoning = s->be.reasoning};
+    q->parse = q->topts.tools != OAI_TOOLS_NONE || q->topts.reasoning;
+    if (!q->parse) return 0;
+    if (q->topts.reasoning && s->be.tk) {
+        size_t n = q->n_prompt < 16 ? q->n_prompt : 16;
+        dx_buf tail;
+        dx_buf_init(&tail, 0);
+        if (tok_decode(s->be.tk, q->prompt + q->n_prompt - n, n, &tail) == 0)
+            q->topts.think_open = oai_tools_think_open(tail.data ? tail.data : "", tail.len);
+        dx_buf_free(&tail);
+    }
+    if (q->stream && !(q->tp = oai_tools_create(&q->topts))) return DX_ENOMEM;
+    return 0;
+}
+
 int node_server_submit(node_server *s, node_req *q)
 {
     if (!q->conn) { /* the client left while the request was being prepared */
@@ -451,6 +476,10 @@ int node_server_submit(node_server *s, node_req *q)
     if (s->draining) {
         node_server_fail_early(s, q, 503, "the server is shutting down", NULL);
         return 503;
+    }
+    if (setup_parse(s, q) < 0) {
+        node_server_fail_early(s, q, 500, "out of memory", NULL);
+        return 500;
     }
     engine_request er;
     fill_engine_request(q, &er);
@@ -591,6 +620,28 @@ static int lp_json(node_server *s, node_req *q, const node_lp *r, size_t n, dx_b
     return rc;
 }
 
+/* A stream's chunks for the parser's events: one each, the logprobs (if
+ * any) on the first, or on an empty content chunk when there is none. */
+static int parsed_chunks(node_req *q, dx_buf *b, const oai_tools_ev *ev, size_t n_ev,
+                         const char *logprobs, const char *finish)
+{
+    dx_buf raw;
+    dx_buf_init(&raw, 0);
+    int rc = 0;
+    for (size_t i = 0; !rc && i < n_ev; i++) {
+        dx_buf_reset(&raw);
+        rc = oai_tools_ev_json(&raw, &ev[i]);
+        oai_choice c = {.raw = raw.data ? raw.data : "", .logprobs = i ? NULL : logprobs};
+        if (!rc) rc = oai_sse_chunk(b, &q->meta, &c, 0, q->include_usage, NULL);
+    }
+    if (!rc && ((!n_ev && logprobs) || finish)) {
+        oai_choice c = {.text = "", .logprobs = n_ev ? NULL : logprobs, .finish = finish};
+        rc = oai_sse_chunk(b, &q->meta, &c, 0, q->include_usage, finish ? q->extra : NULL);
+    }
+    dx_buf_free(&raw);
+    return rc;
+}
+
 /* Text the loop took from q in one go (several events' worth): streamed as
  * one SSE chunk per event (a token's text, and its logprobs when asked), as
  * OpenAI and vLLM send them; cuts[0..n_cuts) are the pieces. */
@@ -629,6 +680,13 @@ static void handle_tokens(node_req *q, const char *text, size_t len, size_t n_to
             rc = lp_json(s, q, &lps[cuts[i].lp], 1, &s->scratch_lp);
             c.logprobs = s->scratch_lp.data;
         }
+        if (!rc && q->tp) {
+            const oai_tools_ev *ev;
+            size_t n_ev;
+            rc = oai_tools_feed(q->tp, c.text, c.len, &ev, &n_ev);
+            if (!rc) rc = parsed_chunks(q, b, ev, n_ev, c.logprobs, NULL);
+            continue;
+        }
         if (!rc) rc = oai_sse_chunk(b, &q->meta, &c, 0, q->include_usage, NULL);
     }
     /* A failed write has already closed the connection and run on_client_gone. */
@@ -652,11 +710,18 @@ static int finish_stream(node_req *q, const oai_usage *u)
     dx_buf b;
     dx_buf_init(&b, 0);
     const char *fail = failure_msg(q);
-    if (fail)
+    if (fail) {
         oai_sse_error(&b, fail, "server_error");
-    else
+    } else if (q->tp) { /* what the parser held, then the finish */
+        const oai_tools_ev *ev;
+        size_t n_ev;
+        if (oai_tools_finish(q->tp, &ev, &n_ev) == 0)
+            parsed_chunks(q, &b, ev, n_ev, NULL,
+                          oai_tools_finish_reason(q->tp, finish_name(q->fin.finish)));
+    } else {
         oai_sse_chunk(&b, &q->meta, &(oai_choice){.text = "", .finish = finish_name(q->fin.finish)},
                       0, q->include_usage, q->extra);
+    }
     if (q->include_usage) oai_sse_usage(&b, &q->meta, u);
     oai_sse_done(&b);
     if (http_conn_stream_write(q->conn, b.data, b.len) == 0) http_conn_stream_end(q->conn);
@@ -677,13 +742,22 @@ static int finish_full(node_req *q, const oai_usage *u)
     else {
         oai_choice c = {.text = q->text.data ? q->text.data : "", .len = q->text.len,
                         .finish = finish_name(q->fin.finish)};
-        dx_buf lp;
+        dx_buf lp, msg;
         dx_buf_init(&lp, 0);
+        dx_buf_init(&msg, 0);
         if (q->logprobs && lp_json(q->srv, q, (const node_lp *)q->lp_all.data,
                                    q->lp_all.len / sizeof(node_lp), &lp) == 0)
             c.logprobs = lp.data ? lp.data : "{\"content\":[]}";
+        oai_tools_result r = {0};
+        if (q->parse && oai_tools_parse(&q->topts, c.text, c.len, &r) == 0 &&
+            oai_tools_message_json(&msg, &r) == 0) { /* content, reasoning, tool calls */
+            c.raw = msg.data ? msg.data : "";
+            if (r.n_calls) c.finish = "tool_calls";
+        }
         oai_resp_full(&b, &q->meta, &c, u, q->extra);
+        oai_tools_result_free(&r);
         dx_buf_free(&lp);
+        dx_buf_free(&msg);
     }
     http_conn_respond(q->conn, status, "application/json", status == 503 ? k_retry_after : NULL,
                       b.data, b.len);

@@ -46,6 +46,11 @@ typedef struct {
     int32_t end_ids[3]; /* tokens that end a reply: EOS, EOT, the template's end of turn */
     size_t n_end;
     node_kv *kv; /* the node's KV port and leases; NULL: kv_transfer_params are ignored */
+    /* Agentic answers (docs/api.md): the tool-call format the model writes
+     * (enum oai_tools_fmt; parsed when a request has tools), and whether
+     * <think>…</think> is returned as reasoning_content. */
+    int tool_fmt;
+    int reasoning;
 } node_backend;
 
 typedef struct node_server node_server;

@@ -14,6 +14,7 @@
 #include "node/node_server.h"
 #include "node/oai_req.h"
 #include "node/oai_resp.h"
+#include "node/oai_tools.h"
 #include "node/prom.h"
 
 typedef struct node_req node_req;
@@ -59,6 +60,9 @@ struct node_req {
     int logprobs;          /* report logprobs (copied from o) */
     uint32_t top_logprobs;
     dx_buf lp_all;         /* loop: every token's node_lp, for a non-streamed answer */
+    int parse;             /* tool calls or reasoning are parsed out of the answer */
+    oai_tools_opts topts;
+    oai_tools *tp;         /* streaming: the parser the answer's pieces go through */
     size_t lp_offset;      /* loop: completions' text_offset so far */
     int head_sent; /* a stream's HTTP head and first chunk have gone out */
     dx_buf text; /* the answer so far (non-streaming, or kept for the reply memory) */

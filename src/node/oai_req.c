@@ -461,9 +461,9 @@ static int parse_tools(json_t *root, oai_req *r, oai_err *err)
     if (!(v = field(root, "tool_choice"))) return 0;
     if (json_is_string(v)) {
         const char *c = json_string_value(v);
-        if (!strcmp(c, "auto")) r->tool_choice = OAI_TOOLS_AUTO;
-        else if (!strcmp(c, "none")) r->tool_choice = OAI_TOOLS_NONE;
-        else if (!strcmp(c, "required")) r->tool_choice = OAI_TOOLS_REQUIRED;
+        if (!strcmp(c, "auto")) r->tool_choice = OAI_CHOICE_AUTO;
+        else if (!strcmp(c, "none")) r->tool_choice = OAI_CHOICE_NONE;
+        else if (!strcmp(c, "required")) r->tool_choice = OAI_CHOICE_REQUIRED;
         else
             return fail(err, "tool_choice",
                         "tool_choice: '%.32s' is not auto, none, required or a function", c);
@@ -474,7 +474,7 @@ static int parse_tools(json_t *root, oai_req *r, oai_err *err)
             return fail(err, "tool_choice",
                         "tool_choice: expected \"auto\", \"none\", \"required\" or "
                         "{\"type\":\"function\",\"function\":{\"name\":...}}");
-        r->tool_choice = OAI_TOOLS_NAMED;
+        r->tool_choice = OAI_CHOICE_NAMED;
         r->tool_choice_name = json_string_value(fname);
         int found = 0;
         json_array_foreach(r->tools, i, t)
@@ -484,7 +484,7 @@ static int parse_tools(json_t *root, oai_req *r, oai_err *err)
             return fail(err, "tool_choice", "tool_choice: no tool named '%.64s' in tools",
                         r->tool_choice_name);
     }
-    if (r->tool_choice >= OAI_TOOLS_REQUIRED && !r->n_tools)
+    if (r->tool_choice >= OAI_CHOICE_REQUIRED && !r->n_tools)
         return fail(err, "tool_choice", "tool_choice: a tool call is required but no tools are given");
     return 0;
 }

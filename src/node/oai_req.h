@@ -31,7 +31,7 @@ typedef struct {
     size_t reasoning_len;
 } oai_msg;
 
-enum oai_tool_choice { OAI_TOOLS_AUTO = 0, OAI_TOOLS_NONE, OAI_TOOLS_REQUIRED, OAI_TOOLS_NAMED };
+enum oai_tool_choice { OAI_CHOICE_AUTO = 0, OAI_CHOICE_NONE, OAI_CHOICE_REQUIRED, OAI_CHOICE_NAMED };
 
 /* logit_bias: a token id and what is added to its logit ([-100, 100]). */
 typedef struct {

@@ -96,25 +96,14 @@ static int put_choice_end(dx_buf *b, const oai_choice *c)
     return rc;
 }
 
-/* The chat message's or delta's members after "role" (none when empty). */
-static int put_chat_fields(dx_buf *b, const oai_choice *c, int content, int *first)
+/* The chat message's or delta's members after "role": the raw ones, or
+ * the content (none when content is 0). */
+static int put_chat_fields(dx_buf *b, const oai_choice *c, int content, int first)
 {
-    int rc = 0;
-    if (content) {
-        rc = dx_buf_puts(b, *first ? "\"content\":" : ",\"content\":");
-        if (!rc) rc = c->null_content ? dx_buf_puts(b, "null") : oai_json_str(b, c->text, c->len);
-        *first = 0;
-    }
-    if (!rc && c->reasoning) {
-        rc = dx_buf_puts(b, *first ? "\"reasoning_content\":" : ",\"reasoning_content\":");
-        if (!rc) rc = oai_json_str(b, c->reasoning, c->reasoning_len);
-        *first = 0;
-    }
-    if (!rc && c->tool_calls) {
-        rc = dx_buf_printf(b, "%s\"tool_calls\":%s", *first ? "" : ",", c->tool_calls);
-        *first = 0;
-    }
-    return rc;
+    if (c->raw) return *c->raw ? dx_buf_printf(b, "%s%s", first ? "" : ",", c->raw) : 0;
+    if (!content) return 0;
+    int rc = dx_buf_puts(b, first ? "\"content\":" : ",\"content\":");
+    return rc ? rc : oai_json_str(b, c->text, c->len);
 }
 
 int oai_resp_full(dx_buf *b, const oai_meta *m, const oai_choice *c, const oai_usage *u,
@@ -123,9 +112,8 @@ int oai_resp_full(dx_buf *b, const oai_meta *m, const oai_choice *c, const oai_u
     int rc = put_head(b, m, 0);
     if (!rc) rc = dx_buf_puts(b, ",\"choices\":[{\"index\":0,");
     if (!rc && m->kind == OAI_CHAT) {
-        int first = 0;
         rc = dx_buf_puts(b, "\"message\":{\"role\":\"assistant\"");
-        if (!rc) rc = put_chat_fields(b, c, 1, &first);
+        if (!rc) rc = put_chat_fields(b, c, 1, 0);
         if (!rc) rc = dx_buf_putc(b, '}');
     } else if (!rc) {
         rc = dx_buf_puts(b, "\"text\":");
@@ -145,11 +133,9 @@ int oai_sse_chunk(dx_buf *b, const oai_meta *m, const oai_choice *c, int role_fi
     if (!rc) rc = put_head(b, m, 1);
     if (!rc) rc = dx_buf_puts(b, ",\"choices\":[{\"index\":0,");
     if (!rc && m->kind == OAI_CHAT) {
-        int first = !role_first;
         rc = dx_buf_puts(b, role_first ? "\"delta\":{\"role\":\"assistant\"" : "\"delta\":{");
-        /* a content member unless the chunk only finishes, reasons or calls */
-        int content = role_first || (!c->finish && !c->reasoning && !c->tool_calls) || c->len;
-        if (!rc) rc = put_chat_fields(b, c, content, &first);
+        /* a content member unless the chunk only finishes */
+        if (!rc) rc = put_chat_fields(b, c, role_first || !c->finish || c->len, !role_first);
         if (!rc) rc = dx_buf_putc(b, '}');
     } else if (!rc) {
         rc = dx_buf_puts(b, "\"text\":");

@@ -38,12 +38,12 @@ int oai_json_str(dx_buf *b, const char *s, size_t len);
 typedef struct {
     const char *text; /* content (may be NULL with len 0) */
     size_t len;
-    int null_content;     /* chat: "content": null (an answer that is only tool calls) */
-    const char *reasoning; /* chat: reasoning_content, or NULL */
-    size_t reasoning_len;
-    const char *tool_calls; /* chat: raw JSON array for tool_calls, or NULL */
-    const char *logprobs;   /* raw JSON value of "logprobs", or NULL (null) */
-    const char *finish;     /* "stop" | "length" | "tool_calls", or NULL */
+    /* chat: the message's or delta's members after "role" as raw JSON
+     * ("content":…,"reasoning_content":…,"tool_calls":[…], from oai_tools),
+     * used instead of text when not NULL */
+    const char *raw;
+    const char *logprobs; /* raw JSON value of "logprobs", or NULL (null) */
+    const char *finish;   /* "stop" | "length" | "tool_calls", or NULL */
 } oai_choice;
 
 /* Non-streaming answer. */

@@ -134,6 +134,12 @@ static void test_bad_flags(void **state)
            "serve --model /tmp/x --kv-recompute-threshold many%s", "");
     expect(2, "--kv-lease-ttl -1 is out of range", "serve --model /tmp/x --kv-lease-ttl -1%s", "");
     expect(2, "--engine-id must be 1..128 bytes", "serve --model /tmp/x --engine-id ''%s", "");
+    expect(2, "--served-model-name must be 1..200 bytes",
+           "serve --model /tmp/x --served-model-name ''%s", "");
+    expect(2, "--tool-call-parser: 'xml' is not auto, qwen, llama3 or none",
+           "serve --model /tmp/x --tool-call-parser xml%s", "");
+    expect(2, "--reasoning-parser: 'r1' is not auto, think or none",
+           "serve --model /tmp/x --reasoning-parser r1%s", "");
     expect(2, "--url wants http://HOST:PORT", "bench chat --url ftp://x%s", "");
     expect(1, "duplex bench chat: http://127.0.0.1:1/v1/models", "bench chat --url "
                                                                 "http://127.0.0.1:1%s", "");

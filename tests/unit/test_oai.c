@@ -89,7 +89,7 @@ static void test_tools_accepted(void **state)
         "{\"role\":\"tool\",\"tool_call_id\":\"call_2\",\"content\":\"noon\"}]}";
     if (parse(OAI_CHAT, body, &r, &e)) fail_msg("%s: %s", e.param, e.message);
     assert_int_equal(r.n_tools, 2);
-    assert_int_equal(r.tool_choice, OAI_TOOLS_NAMED);
+    assert_int_equal(r.tool_choice, OAI_CHOICE_NAMED);
     assert_string_equal(r.tool_choice_name, "now");
     assert_int_equal(r.parallel_tool_calls, 0);
     assert_int_equal(r.msgs[1].n_tool_calls, 2);
