@@ -632,18 +632,20 @@ static int fn_namespace(jcx *cx, uint32_t pos, const jv *args, size_t n, jv *out
     return rc;
 }
 
-/* A number argument of range(): false when absent (JavaScript undefined). */
+/* A number argument of range() as JavaScript would use it (ToNumber for
+ * stop, which is only compared); false when absent.  A string start or a
+ * non-number step would make the reference concatenate strings, which is
+ * not followed: an error. */
 static int range_arg(jcx *cx, uint32_t pos, const jv *args, size_t n, size_t i, double *v,
                      bool *present)
 {
     const jv *a = arg_at(args, n, i);
     *present = a && a->k != JV_UNDEF;
     if (!*present) return 0;
-    if (a->k == JV_INT || a->k == JV_FLOAT) *v = a->n;
-    else if (a->k == JV_BOOL) *v = a->b;
-    else if (a->k == JV_NULL) *v = 0;
-    else return jx_fail(cx, pos, "range() takes numbers, not %s", jx_type_name(*a));
-    return 0;
+    if (i != 1 && a->k != JV_INT && a->k != JV_FLOAT && a->k != JV_BOOL && a->k != JV_NULL &&
+        !(i == 0 && n == 1))
+        return jx_fail(cx, pos, "range() takes numbers, not %s", jx_type_name(*a));
+    return jx_to_number(cx, pos, *a, v);
 }
 
 static int fn_range(jcx *cx, uint32_t pos, const jv *args, size_t n, jv *out)
@@ -673,7 +675,6 @@ static int fn_range(jcx *cx, uint32_t pos, const jv *args, size_t n, jv *out)
         }
         out->a->v[out->a->n++] = v;
         if ((rc = jx_steps(cx, pos, 1))) return rc;
-        if (isnan(step)) break;
     }
     return 0;
 }
@@ -792,7 +793,8 @@ bool jx_test_exists(jstr name) { return find_named(k_tests, DX_ARRAY_LEN(k_tests
 
 static int test_case(jcx *cx, uint32_t pos, jv v, bool upper, bool *res)
 {
-    if (v.k != JV_STR) return jx_fail(cx, pos, "the '%s' test needs a string", upper ? "upper" : "lower");
+    *res = false;
+    if (v.k != JV_STR) return 0;
     jv c;
     int rc = jx_case(cx, pos, v.s, upper, &c);
     if (!rc) *res = jstr_eq(c.s, v.s);

@@ -251,7 +251,12 @@ static int eval_call(jcx *cx, jenv *env, const jnode *n, jv *out)
         nargs = l.n;
     }
     if (!rc) rc = jx_eval(cx, env, n->a, &fn);
-    return rc ? rc : jx_call(cx, n->pos, env, fn, args, nargs, out);
+    if (rc) return rc;
+    const jnode *name = n->a->kind == JN_MEMBER && !n->a->op ? n->a->b : n->a;
+    if (fn.k != JV_FN && name->kind == JN_IDENT)
+        return jx_fail(cx, n->pos, "'%.*s' is not a function (it is %s)", (int)name->str.n,
+                       name->str.p, jx_type_name(fn));
+    return jx_call(cx, n->pos, env, fn, args, nargs, out);
 }
 
 /* ---- member access -------------------------------------------------------- */

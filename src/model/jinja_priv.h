@@ -327,6 +327,8 @@ int jx_put_json(jcx *cx, uint32_t pos, dx_buf *b, jv v, const jjson_opts *o, uns
 bool jx_truthy(jv v);
 bool jx_truthy_raw(jv v);
 
+/* JavaScript's ToNumber of the raw value ("3" is 3, an array joins first). */
+int jx_to_number(jcx *cx, uint32_t pos, jv v, double *out);
 /* `==` (JavaScript's loose equality on the raw values), `===`, SameValueZero. */
 int jx_loose_eq(jcx *cx, uint32_t pos, jv a, jv b, bool *eq);
 bool jx_strict_eq(jv a, jv b);

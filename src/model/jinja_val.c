@@ -513,22 +513,62 @@ int jx_case(jcx *cx, uint32_t pos, jstr s, bool upper, jv *out)
 
 /* ---- numbers as JavaScript prints them ------------------------------------ */
 
+static bool reads_back(uint64_t m, int e, double x)
+{
+    char b[48];
+    snprintf(b, sizeof b, "%llue%d", (unsigned long long)m, e);
+    return strtod(b, NULL) == x;
+}
+
+/* The fewest digits m * 10^e that read back as x > 0 (ECMAScript
+ * Number::toString).  The correctly rounded p-digit value is tried first;
+ * next to a power of two, where the gap below x is half the gap above, the
+ * value one unit up (or down) may read back when it does not. */
+static void shortest(double x, uint64_t *mant, int *exp10)
+{
+    uint64_t pow10 = 1;
+    for (int p = 1; p <= 17; p++, pow10 *= 10) {
+        char tmp[48];
+        snprintf(tmp, sizeof tmp, "%.*e", p - 1, x);
+        uint64_t m = 0;
+        const char *c = tmp;
+        for (; *c && *c != 'e'; c++)
+            if (*c >= '0' && *c <= '9') m = m * 10 + (uint64_t)(*c - '0');
+        int e = atoi(c + 1) - (p - 1);
+        uint64_t up = m + 1 < pow10 * 10 ? m + 1 : pow10;
+        int up_e = m + 1 < pow10 * 10 ? e : e + 1;
+        uint64_t down = m > pow10 ? m - 1 : pow10 * 10 - 1;
+        int down_e = m > pow10 ? e : e - 1;
+        if (reads_back(m, e, x) || p == 17) {
+            *mant = m;
+            *exp10 = e;
+            return;
+        }
+        if (reads_back(up, up_e, x)) {
+            *mant = up;
+            *exp10 = up_e;
+            return;
+        }
+        if (reads_back(down, down_e, x)) {
+            *mant = down;
+            *exp10 = down_e;
+            return;
+        }
+    }
+}
+
 /* Shortest digits that read back as x: digits[0..k), x = 0.d1d2... * 10^n. */
 static int shortest_digits(double x, char *digits, int *n)
 {
-    char tmp[40];
-    int p;
-    for (p = 1; p <= 17; p++) {
-        snprintf(tmp, sizeof tmp, "%.*e", p - 1, x);
-        if (strtod(tmp, NULL) == x) break;
+    uint64_t m;
+    int e;
+    shortest(x, &m, &e);
+    while (m >= 10 && m % 10 == 0) {
+        m /= 10;
+        e++;
     }
-    int k = 0;
-    const char *c = tmp;
-    for (; *c && *c != 'e'; c++)
-        if (*c >= '0' && *c <= '9') digits[k++] = *c;
-    while (k > 1 && digits[k - 1] == '0') k--;
-    digits[k] = 0;
-    *n = atoi(c + 1) + 1;
+    int k = snprintf(digits, 24, "%llu", (unsigned long long)m);
+    *n = e + k;
     return k;
 }
 
@@ -860,6 +900,27 @@ static double js_str_num(jstr s)
 }
 
 /* A raw value reduced to a JavaScript primitive for ==. */
+static int to_primitive_str(jcx *cx, uint32_t pos, jv v, jstr *out);
+
+int jx_to_number(jcx *cx, uint32_t pos, jv v, double *out)
+{
+    jstr s;
+    int rc;
+    switch (v.k) {
+    case JV_INT:
+    case JV_FLOAT: *out = v.n; return 0;
+    case JV_BOOL: *out = v.b; return 0;
+    case JV_NULL: *out = 0; return 0;
+    case JV_STR: *out = js_str_num(v.s); return 0;
+    case JV_ARR:
+        rc = to_primitive_str(cx, pos, v, &s);
+        if (!rc) *out = js_str_num(s);
+        return rc;
+    case JV_RAW: return jx_raw_error(cx, pos);
+    default: *out = NAN; return 0;
+    }
+}
+
 typedef struct {
     enum { P_NUM, P_STR, P_BOOL, P_NULLISH, P_OBJ } t;
     double n;
@@ -883,7 +944,7 @@ static jprim prim_of(jv v)
 }
 
 /* ToPrimitive of an object: an array joins its items, a Map is "[object Map]". */
-static int to_primitive(jcx *cx, uint32_t pos, jv v, jprim *out)
+static int to_primitive_str(jcx *cx, uint32_t pos, jv v, jstr *out)
 {
     if (v.k == JV_FN) return jx_fail(cx, pos, "cannot compare a function with a value");
     dx_buf b;
@@ -892,7 +953,15 @@ static int to_primitive(jcx *cx, uint32_t pos, jv v, jprim *out)
     jv s;
     if (!rc) rc = jx_buf_str(cx, pos, &b, &s);
     dx_buf_free(&b);
-    if (!rc) *out = (jprim){.t = P_STR, .s = s.s};
+    if (!rc) *out = s.s;
+    return rc;
+}
+
+static int to_primitive(jcx *cx, uint32_t pos, jv v, jprim *out)
+{
+    jstr s;
+    int rc = to_primitive_str(cx, pos, v, &s);
+    if (!rc) *out = (jprim){.t = P_STR, .s = s};
     return rc;
 }
 
