@@ -294,15 +294,8 @@ static int str_affix(jcx *cx, uint32_t pos, jstr s, const jv *args, size_t n, bo
 
 static int push_part(jcx *cx, uint32_t pos, jv *list, const char *p, size_t n)
 {
-    jarr *a = list->a;
-    if (a->n % 16 == 0) {
-        jv *v = jx_alloc(cx, (a->n + 16) * sizeof *v);
-        if (!v) return jx_oom(cx, pos);
-        if (a->n) memcpy(v, a->v, a->n * sizeof *v);
-        a->v = v;
-    }
-    a->v[a->n++] = jv_str((jstr){p, n});
-    return jx_steps(cx, pos, 1);
+    int rc = jx_arr_push(cx, pos, list->a, jv_str((jstr){p, n}));
+    return rc ? rc : jx_steps(cx, pos, 1);
 }
 
 /* split() without a separator: runs of non-whitespace; with maxsplit the
@@ -666,15 +659,8 @@ static int fn_range(jcx *cx, uint32_t pos, const jv *args, size_t n, jv *out)
     if (step == 0) return jx_fail(cx, pos, "range() step must not be zero");
     if ((rc = jx_arr_new(cx, pos, 0, out))) return rc;
     for (double i = start; step > 0 ? i < stop : i > stop; i += step) {
-        jv v = i == floor(i) ? jv_int(i) : jv_float(i);
-        if (out->a->n % 16 == 0) {
-            jv *nv = jx_alloc(cx, (out->a->n + 16) * sizeof *nv);
-            if (!nv) return jx_oom(cx, pos);
-            if (out->a->n) memcpy(nv, out->a->v, out->a->n * sizeof *nv);
-            out->a->v = nv;
-        }
-        out->a->v[out->a->n++] = v;
         if ((rc = jx_steps(cx, pos, 1))) return rc;
+        if ((rc = jx_arr_push(cx, pos, out->a, i == floor(i) ? jv_int(i) : jv_float(i)))) return rc;
     }
     return 0;
 }
@@ -875,15 +861,13 @@ static int unique(jcx *cx, uint32_t pos, const jarr *a, jv *out)
 {
     int rc = jx_steps(cx, pos, a->n * a->n / 64);
     if (!rc) rc = jx_arr_new(cx, pos, 0, out);
-    jv *v = rc ? NULL : jx_alloc(cx, (a->n + 1) * sizeof *v);
-    if (!rc && !v) rc = jx_oom(cx, pos);
     for (size_t i = 0; !rc && i < a->n; i++) {
         if (a->v[i].k == JV_RAW) return jx_raw_error(cx, pos);
         bool seen = false;
-        for (size_t j = 0; j < out->a->n && !seen; j++) seen = jx_same_value_zero(v[j], a->v[i]);
-        if (!seen) v[out->a->n++] = a->v[i];
+        for (size_t j = 0; j < out->a->n && !seen; j++)
+            seen = jx_same_value_zero(out->a->v[j], a->v[i]);
+        if (!seen) rc = jx_arr_push(cx, pos, out->a, a->v[i]);
     }
-    if (!rc) out->a->v = v;
     return rc;
 }
 

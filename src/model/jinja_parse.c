@@ -767,7 +767,7 @@ static int parse_call_member(parser *p, jnode **out)
 
 static int parse_call_in(parser *p, jnode *callee, jnode **out)
 {
-    jnode *n = node(p, JN_CALL, here(p));
+    jnode *n = node(p, JN_CALL, callee->pos);
     if (!n) return dx_errcode();
     n->a = callee;
     int rc = parse_args(p, false, &n->l1);

@@ -217,7 +217,7 @@ typedef struct {
 } jv;
 
 struct jarr {
-    size_t n;
+    size_t n, cap; /* cap: room in v, for jx_arr_push */
     bool tuple;
     jv *v;
 };
@@ -287,6 +287,7 @@ void *jx_alloc(jcx *cx, size_t n);
 int jx_strdup(jcx *cx, uint32_t pos, const char *p, size_t n, jv *out);
 int jx_buf_str(jcx *cx, uint32_t pos, const dx_buf *b, jv *out); /* copy b into a string */
 int jx_arr_new(jcx *cx, uint32_t pos, size_t n, jv *out);         /* n undefined elements */
+int jx_arr_push(jcx *cx, uint32_t pos, jarr *a, jv v);             /* grows by doubling */
 int jx_obj_new(jcx *cx, uint32_t pos, enum jkind k, jv *out);     /* JV_OBJ or JV_NS */
 jv *jo_get(const jobj *o, jstr key);
 int jo_set(jcx *cx, uint32_t pos, jobj *o, jstr key, jv v);

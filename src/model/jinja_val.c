@@ -165,8 +165,22 @@ int jx_arr_new(jcx *cx, uint32_t pos, size_t n, jv *out)
         return jx_limit(cx, pos, "a list of %zu items is too long", n);
     jarr *a = jx_alloc(cx, sizeof *a);
     if (!a || !(a->v = jx_alloc(cx, bytes))) return jx_oom(cx, pos);
-    a->n = n;
+    a->n = a->cap = n;
     *out = (jv){.k = JV_ARR, .a = a};
+    return 0;
+}
+
+int jx_arr_push(jcx *cx, uint32_t pos, jarr *a, jv v)
+{
+    if (a->n == a->cap) {
+        size_t cap = a->cap ? a->cap * 2 : 8;
+        jv *nv = jx_alloc(cx, cap * sizeof *nv);
+        if (!nv) return jx_oom(cx, pos);
+        if (a->n) memcpy(nv, a->v, a->n * sizeof *nv);
+        a->v = nv;
+        a->cap = cap;
+    }
+    a->v[a->n++] = v;
     return 0;
 }
 
