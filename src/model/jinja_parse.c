@@ -122,6 +122,15 @@ static int enter(parser *p)
     return ++p->depth <= JINJA_MAX_PARSE_DEPTH ? 0 : p_too_deep(p, JINJA_MAX_PARSE_DEPTH);
 }
 
+/* Each link of a left-associative chain (a + b + c, x|f|g, x is t) nests
+ * the tree one level deeper, so it counts like any other nesting; the
+ * caller gives the levels back with p->depth -= links. */
+static int link(parser *p, unsigned *links)
+{
+    (*links)++;
+    return enter(p);
+}
+
 static jnode *node(parser *p, uint8_t kind, uint32_t pos)
 {
     jnode *n = ja_alloc(p->ar, sizeof *n);
@@ -569,27 +578,33 @@ static int parse_not(parser *p, jnode **out);
 
 static int parse_or(parser *p, jnode **out)
 {
+    unsigned links = 0;
     int rc = parse_and(p, out);
     while (!rc && is_ident(p, "or")) {
+        if ((rc = link(p, &links))) break;
         uint32_t pos = here(p);
         jnode *b;
         p->i++;
         rc = parse_and(p, &b);
         if (!rc) rc = binary(p, JOP_OR, pos, *out, b, out);
     }
+    p->depth -= links;
     return rc;
 }
 
 static int parse_and(parser *p, jnode **out)
 {
+    unsigned links = 0;
     int rc = parse_not(p, out);
     while (!rc && is_ident(p, "and")) {
+        if ((rc = link(p, &links))) break;
         uint32_t pos = here(p);
         jnode *b;
         p->i++;
         rc = parse_not(p, &b);
         if (!rc) rc = binary(p, JOP_AND, pos, *out, b, out);
     }
+    p->depth -= links;
     return rc;
 }
 
@@ -645,8 +660,10 @@ static int parse_add(parser *p, jnode **out);
 
 static int parse_cmp(parser *p, jnode **out)
 {
+    unsigned links = 0;
     int rc = parse_add(p, out);
     while (!rc) {
+        if ((rc = link(p, &links))) break;
         uint32_t pos = here(p);
         uint8_t op;
         if (is_ident(p, "not") && is_ident_at(p, 1, "in")) {
@@ -664,20 +681,24 @@ static int parse_cmp(parser *p, jnode **out)
         rc = parse_add(p, &b);
         if (!rc) rc = binary(p, op, pos, *out, b, out);
     }
+    p->depth -= links;
     return rc;
 }
 
 /* One left-associative level: operands from next, operators of type `type`. */
 static int parse_level(parser *p, uint8_t type, int (*next)(parser *, jnode **), jnode **out)
 {
+    unsigned links = 0;
     int rc = next(p, out);
     while (!rc && is(p, type)) {
+        if ((rc = link(p, &links))) break;
         uint32_t pos = here(p);
         uint8_t op = op_of(p->t[p->i++].s);
         jnode *b;
         rc = next(p, &b);
         if (!rc) rc = binary(p, op, pos, *out, b, out);
     }
+    p->depth -= links;
     return rc;
 }
 
@@ -694,8 +715,10 @@ static int parse_filter_expr(parser *p, jnode **out);
 
 static int parse_test(parser *p, jnode **out)
 {
+    unsigned links = 0;
     int rc = parse_filter_expr(p, out);
     while (!rc && is_ident(p, "is")) {
+        if ((rc = link(p, &links))) break;
         uint32_t pos = here(p);
         p->i++;
         bool negate = is_ident(p, "not");
@@ -709,6 +732,7 @@ static int parse_test(parser *p, jnode **out)
         n->op = negate;
         *out = n;
     }
+    p->depth -= links;
     return rc;
 }
 
@@ -716,8 +740,10 @@ static int parse_unary(parser *p, jnode **out);
 
 static int parse_filter_expr(parser *p, jnode **out)
 {
+    unsigned links = 0;
     int rc = parse_unary(p, out);
     while (!rc && is(p, JT_PIPE)) {
+        if ((rc = link(p, &links))) break;
         uint32_t pos = here(p);
         p->i++;
         jnode *f, *n;
@@ -729,6 +755,7 @@ static int parse_filter_expr(parser *p, jnode **out)
         n->b = f;
         *out = n;
     }
+    p->depth -= links;
     return rc;
 }
 
@@ -905,7 +932,9 @@ static int parse_subscript(parser *p, jnode **out)
 
 static int parse_member(parser *p, jnode *obj, jnode **out)
 {
+    unsigned links = 0;
     while (is(p, JT_DOT) || is(p, JT_LBRACKET)) {
+        if (link(p, &links)) return dx_errcode();
         bool computed = is(p, JT_LBRACKET);
         jnode *n = node(p, JN_MEMBER, here(p));
         if (!n) return dx_errcode();
@@ -919,6 +948,7 @@ static int parse_member(parser *p, jnode *obj, jnode **out)
             return p_fail(p, "expected a name or an integer after '.'");
         obj = n;
     }
+    p->depth -= links;
     *out = obj;
     return 0;
 }
