@@ -50,10 +50,10 @@ typedef struct {
 } named;
 
 static const named k_str_methods[] = {
-    {"upper", NF_S_UPPER},         {"lower", NF_S_LOWER},     {"strip", NF_S_STRIP},
-    {"title", NF_S_TITLE},         {"capitalize", NF_S_CAPITALIZE}, {"rstrip", NF_S_RSTRIP},
-    {"lstrip", NF_S_LSTRIP},       {"startswith", NF_S_STARTSWITH}, {"endswith", NF_S_ENDSWITH},
-    {"split", NF_S_SPLIT},         {"replace", NF_S_REPLACE}, {"find", NF_S_FIND},
+    {"upper", NF_S_UPPER},   {"lower", NF_S_LOWER},           {"strip", NF_S_STRIP},
+    {"title", NF_S_TITLE},   {"capitalize", NF_S_CAPITALIZE}, {"rstrip", NF_S_RSTRIP},
+    {"lstrip", NF_S_LSTRIP}, {"startswith", NF_S_STARTSWITH}, {"endswith", NF_S_ENDSWITH},
+    {"split", NF_S_SPLIT},   {"replace", NF_S_REPLACE},       {"find", NF_S_FIND},
 };
 
 static const named k_obj_methods[] = {
@@ -107,7 +107,10 @@ static const jv *opt_arg(const jv *args, size_t n, size_t i, const jobj *kw, con
     return k && k->k != JV_RAW ? k : NULL;
 }
 
-static int new_str(jcx *cx, uint32_t pos, const dx_buf *b, jv *out) { return jx_buf_str(cx, pos, b, out); }
+static int new_str(jcx *cx, uint32_t pos, const dx_buf *b, jv *out)
+{
+    return jx_buf_str(cx, pos, b, out);
+}
 
 /* ---- number parsing (parseInt, parseFloat) -------------------------------- */
 
@@ -138,7 +141,8 @@ static double parse_float(jstr s)
 {
     s = js_trim(s, true, false);
     size_t i = s.n && (s.p[0] == '+' || s.p[0] == '-');
-    if (s.n - i >= 8 && !memcmp(s.p + i, "Infinity", 8)) return s.p[0] == '-' ? -INFINITY : INFINITY;
+    if (s.n - i >= 8 && !memcmp(s.p + i, "Infinity", 8))
+        return s.p[0] == '-' ? -INFINITY : INFINITY;
     size_t int_end = digits_at(s, i), end = int_end;
     bool digits = int_end > i;
     if (end < s.n && s.p[end] == '.') {
@@ -164,8 +168,10 @@ static double parse_float(jstr s)
 
 /* ---- slicing (utils.ts slice) --------------------------------------------- */
 
-int jx_slice_indices(jcx *cx, uint32_t pos, size_t n, jv start, jv stop, jv step, size_t **idx,
-                     size_t *count)
+/* Python-style slicing (utils.ts slice) of n items: the indices taken, in an
+ * arena array. */
+static int slice_indices(jcx *cx, uint32_t pos, size_t n, jv start, jv stop, jv step, size_t **idx,
+                         size_t *count)
 {
     double len = (double)n, st = step.k == JV_INT ? step.n : 1;
     double dir = st > 0 ? 1 : st < 0 ? -1 : isnan(st) ? NAN : 0;
@@ -203,7 +209,7 @@ int jx_slice_value(jcx *cx, uint32_t pos, jv obj, jv start, jv stop, jv step, jv
         }
         offs[n] = obj.s.n;
     }
-    int rc = jx_slice_indices(cx, pos, n, start, stop, step, &idx, &count);
+    int rc = slice_indices(cx, pos, n, start, stop, step, &idx, &count);
     if (rc) return rc;
     if (obj.k == JV_ARR) {
         rc = jx_arr_new(cx, pos, count, out);
@@ -265,8 +271,14 @@ static int str_capitalize(jcx *cx, uint32_t pos, jstr s, jv *out)
     return rc;
 }
 
-static bool starts_with(jstr s, jstr p) { return p.n <= s.n && !memcmp(s.p, p.p, p.n); }
-static bool ends_with(jstr s, jstr p) { return p.n <= s.n && !memcmp(s.p + s.n - p.n, p.p, p.n); }
+static bool starts_with(jstr s, jstr p)
+{
+    return p.n <= s.n && !memcmp(s.p, p.p, p.n);
+}
+static bool ends_with(jstr s, jstr p)
+{
+    return p.n <= s.n && !memcmp(s.p + s.n - p.n, p.p, p.n);
+}
 
 static int str_affix(jcx *cx, uint32_t pos, jstr s, const jv *args, size_t n, bool start, jv *out)
 {
@@ -359,8 +371,7 @@ static int str_split(jcx *cx, uint32_t pos, jstr s, const jv *args, size_t n, jv
         return jx_fail(cx, pos, "split(): the separator must be a string or none, not %s",
                        jx_type_name(*sep));
     if (max && max->k != JV_INT)
-        return jx_fail(cx, pos, "split(): maxsplit must be an integer, not %s",
-                       jx_type_name(*max));
+        return jx_fail(cx, pos, "split(): maxsplit must be an integer, not %s", jx_type_name(*max));
     double maxsplit = max ? max->n : -1;
     int rc = jx_arr_new(cx, pos, 0, out);
     if (rc) return rc;
@@ -443,22 +454,36 @@ static int str_find(jcx *cx, uint32_t pos, jstr s, const jv *args, size_t n, jv 
     return 0;
 }
 
-static int call_str_method(jcx *cx, uint32_t pos, int id, jstr s, const jv *args, size_t n,
-                           jv *out)
+static int call_str_method(jcx *cx, uint32_t pos, int id, jstr s, const jv *args, size_t n, jv *out)
 {
     switch (id) {
-    case NF_S_UPPER: return jx_case(cx, pos, s, true, out);
-    case NF_S_LOWER: return jx_case(cx, pos, s, false, out);
-    case NF_S_STRIP: *out = jv_str(js_trim(s, true, true)); return 0;
-    case NF_S_LSTRIP: *out = jv_str(js_trim(s, true, false)); return 0;
-    case NF_S_RSTRIP: *out = jv_str(js_trim(s, false, true)); return 0;
-    case NF_S_TITLE: return str_title(cx, pos, s, out);
-    case NF_S_CAPITALIZE: return str_capitalize(cx, pos, s, out);
-    case NF_S_STARTSWITH: return str_affix(cx, pos, s, args, n, true, out);
-    case NF_S_ENDSWITH: return str_affix(cx, pos, s, args, n, false, out);
-    case NF_S_SPLIT: return str_split(cx, pos, s, args, n, out);
-    case NF_S_REPLACE: return str_replace(cx, pos, s, args, n, out);
-    default: return str_find(cx, pos, s, args, n, out);
+    case NF_S_UPPER:
+        return jx_case(cx, pos, s, true, out);
+    case NF_S_LOWER:
+        return jx_case(cx, pos, s, false, out);
+    case NF_S_STRIP:
+        *out = jv_str(js_trim(s, true, true));
+        return 0;
+    case NF_S_LSTRIP:
+        *out = jv_str(js_trim(s, true, false));
+        return 0;
+    case NF_S_RSTRIP:
+        *out = jv_str(js_trim(s, false, true));
+        return 0;
+    case NF_S_TITLE:
+        return str_title(cx, pos, s, out);
+    case NF_S_CAPITALIZE:
+        return str_capitalize(cx, pos, s, out);
+    case NF_S_STARTSWITH:
+        return str_affix(cx, pos, s, args, n, true, out);
+    case NF_S_ENDSWITH:
+        return str_affix(cx, pos, s, args, n, false, out);
+    case NF_S_SPLIT:
+        return str_split(cx, pos, s, args, n, out);
+    case NF_S_REPLACE:
+        return str_replace(cx, pos, s, args, n, out);
+    default:
+        return str_find(cx, pos, s, args, n, out);
     }
 }
 
@@ -477,7 +502,8 @@ static int pair(jcx *cx, uint32_t pos, jstr k, jv v, jv *out)
 static int obj_items(jcx *cx, uint32_t pos, const jobj *o, jv *out)
 {
     int rc = jx_arr_new(cx, pos, o->n, out);
-    for (size_t i = 0; !rc && i < o->n; i++) rc = pair(cx, pos, o->keys[i], o->vals[i], &out->a->v[i]);
+    for (size_t i = 0; !rc && i < o->n; i++)
+        rc = pair(cx, pos, o->keys[i], o->vals[i], &out->a->v[i]);
     return rc ? rc : jx_steps(cx, pos, o->n / 16);
 }
 
@@ -570,11 +596,16 @@ static int call_obj_method(jcx *cx, uint32_t pos, int id, const jobj *o, const j
                            jv *out)
 {
     switch (id) {
-    case NF_O_GET: return obj_get(cx, pos, o, args, n, out);
-    case NF_O_ITEMS: return obj_items(cx, pos, o, out);
-    case NF_O_KEYS: return jx_builtin_keys(cx, pos, o, out);
-    case NF_O_VALUES: return obj_values(cx, pos, o, out);
-    default: return obj_dictsort(cx, pos, o, args, n, out);
+    case NF_O_GET:
+        return obj_get(cx, pos, o, args, n, out);
+    case NF_O_ITEMS:
+        return obj_items(cx, pos, o, out);
+    case NF_O_KEYS:
+        return jx_builtin_keys(cx, pos, o, out);
+    case NF_O_VALUES:
+        return obj_values(cx, pos, o, out);
+    default:
+        return obj_dictsort(cx, pos, o, args, n, out);
     }
 }
 
@@ -616,7 +647,8 @@ static int fn_namespace(jcx *cx, uint32_t pos, const jv *args, size_t n, jv *out
             for (size_t i = 0; !rc && i < src.o->n; i++)
                 rc = jo_set(cx, pos, out->o, src.o->keys[i], src.o->vals[i]);
         else if (src.k == JV_ARR)
-            for (size_t i = 0; !rc && i < src.a->n; i++) rc = ns_entry(cx, pos, out->o, src.a->v[i]);
+            for (size_t i = 0; !rc && i < src.a->n; i++)
+                rc = ns_entry(cx, pos, out->o, src.a->v[i]);
         else
             rc = jx_fail(cx, pos, "namespace(): %s is not iterable", jx_type_name(src));
     }
@@ -671,10 +703,36 @@ static int fn_raise(jcx *cx, uint32_t pos, const jv *args, size_t n)
     jx_buf_init(cx, &b);
     const jv *m = arg_at(args, n, 0);
     int rc = m && m->k != JV_UNDEF ? jx_put_raw(cx, pos, &b, *m) : 0;
-    if (!rc) rc = jx_fail(cx, pos, "raise_exception: %.*s", (int)(b.len > 600 ? 600 : b.len),
-                          b.data ? b.data : "");
+    if (!rc)
+        rc = jx_fail(cx, pos, "raise_exception: %.*s", (int)(b.len > 600 ? 600 : b.len),
+                     b.data ? b.data : "");
     dx_buf_free(&b);
     return rc;
+}
+
+static const char *const k_months[] = {"January",   "February", "March",    "April",
+                                       "May",       "June",     "July",     "August",
+                                       "September", "October",  "November", "December"};
+
+/* The text for %c, or NULL when c is not one of the supported fields. */
+static const char *strftime_field(char c, const struct tm *tm, char tmp[16])
+{
+    int v = c == 'Y'   ? tm->tm_year + 1900
+            : c == 'm' ? tm->tm_mon + 1
+            : c == 'd' ? tm->tm_mday
+            : c == 'H' ? tm->tm_hour
+            : c == 'M' ? tm->tm_min
+                       : -1;
+    if (v >= 0) {
+        snprintf(tmp, 16, c == 'Y' ? "%d" : "%02d", v);
+        return tmp;
+    }
+    if (c == 'B') return k_months[tm->tm_mon];
+    if (c == 'b') {
+        snprintf(tmp, 16, "%.3s", k_months[tm->tm_mon]);
+        return tmp;
+    }
+    return c == '%' ? "%" : NULL;
 }
 
 /* strftime_now(format): %Y %m %d %b %B %H %M %% in local time, English
@@ -683,9 +741,6 @@ static int fn_strftime(jcx *cx, uint32_t pos, const jv *args, size_t n, jv *out)
 {
     const jv *f = arg_at(args, n, 0);
     if (!f || f->k != JV_STR) return jx_fail(cx, pos, "strftime_now() needs a format string");
-    static const char *const months[] = {"January", "February", "March",     "April",
-                                         "May",     "June",     "July",      "August",
-                                         "September", "October", "November", "December"};
     time_t now = time(NULL);
     struct tm tm;
     localtime_r(&now, &tm);
@@ -693,25 +748,11 @@ static int fn_strftime(jcx *cx, uint32_t pos, const jv *args, size_t n, jv *out)
     jx_buf_init(cx, &b);
     int rc = 0;
     for (size_t i = 0; !rc && i < f->s.n; i++) {
-        char c = i + 1 < f->s.n && f->s.p[i] == '%' ? f->s.p[i + 1] : 0;
         char tmp[16];
-        const char *rep = NULL;
-        switch (c) {
-        case 'Y': snprintf(tmp, sizeof tmp, "%d", tm.tm_year + 1900); rep = tmp; break;
-        case 'm': snprintf(tmp, sizeof tmp, "%02d", tm.tm_mon + 1); rep = tmp; break;
-        case 'd': snprintf(tmp, sizeof tmp, "%02d", tm.tm_mday); rep = tmp; break;
-        case 'H': snprintf(tmp, sizeof tmp, "%02d", tm.tm_hour); rep = tmp; break;
-        case 'M': snprintf(tmp, sizeof tmp, "%02d", tm.tm_min); rep = tmp; break;
-        case 'B': rep = months[tm.tm_mon]; break;
-        case 'b': snprintf(tmp, sizeof tmp, "%.3s", months[tm.tm_mon]); rep = tmp; break;
-        case '%': rep = "%"; break;
-        }
-        if (rep) {
-            rc = jx_append(cx, pos, &b, rep, strlen(rep));
-            i++;
-        } else {
-            rc = jx_append(cx, pos, &b, f->s.p + i, 1);
-        }
+        const char *rep =
+            f->s.p[i] == '%' && i + 1 < f->s.n ? strftime_field(f->s.p[i + 1], &tm, tmp) : NULL;
+        rc = rep ? jx_append(cx, pos, &b, rep, strlen(rep)) : jx_append(cx, pos, &b, f->s.p + i, 1);
+        i += rep != NULL;
     }
     if (!rc) rc = new_str(cx, pos, &b, out);
     dx_buf_free(&b);
@@ -721,20 +762,24 @@ static int fn_strftime(jcx *cx, uint32_t pos, const jv *args, size_t n, jv *out)
 int jx_call_native(jcx *cx, uint32_t pos, const jfn *f, jv *args, size_t nargs, jv *out)
 {
     switch (f->id) {
-    case NF_NAMESPACE: return fn_namespace(cx, pos, args, nargs, out);
-    case NF_RANGE: return fn_range(cx, pos, args, nargs, out);
-    case NF_RAISE: return fn_raise(cx, pos, args, nargs);
-    case NF_STRFTIME: return fn_strftime(cx, pos, args, nargs, out);
+    case NF_NAMESPACE:
+        return fn_namespace(cx, pos, args, nargs, out);
+    case NF_RANGE:
+        return fn_range(cx, pos, args, nargs, out);
+    case NF_RAISE:
+        return fn_raise(cx, pos, args, nargs);
+    case NF_STRFTIME:
+        return fn_strftime(cx, pos, args, nargs, out);
     case NF_O_GET:
     case NF_O_ITEMS:
     case NF_O_KEYS:
     case NF_O_VALUES:
-    case NF_O_DICTSORT: return call_obj_method(cx, pos, f->id, f->self.o, args, nargs, out);
-    default: return call_str_method(cx, pos, f->id, f->self.s, args, nargs, out);
+    case NF_O_DICTSORT:
+        return call_obj_method(cx, pos, f->id, f->self.o, args, nargs, out);
+    default:
+        return call_str_method(cx, pos, f->id, f->self.s, args, nargs, out);
     }
 }
-
-jv jx_namespace_fn(jcx *cx) { return cx->ns_fn; }
 
 int jx_add_globals(jcx *cx, jenv *g)
 {
@@ -743,10 +788,14 @@ int jx_add_globals(jcx *cx, jenv *g)
         int id; /* -1: a constant */
         jv v;
     } globals[] = {
-        {"false", -1, {.k = JV_BOOL, .b = false}}, {"true", -1, {.k = JV_BOOL, .b = true}},
-        {"none", -1, {.k = JV_NULL}},             {"raise_exception", NF_RAISE, {0}},
-        {"range", NF_RANGE, {0}},                 {"strftime_now", NF_STRFTIME, {0}},
-        {"True", -1, {.k = JV_BOOL, .b = true}},   {"False", -1, {.k = JV_BOOL, .b = false}},
+        {"false", -1, {.k = JV_BOOL, .b = false}},
+        {"true", -1, {.k = JV_BOOL, .b = true}},
+        {"none", -1, {.k = JV_NULL}},
+        {"raise_exception", NF_RAISE, {0}},
+        {"range", NF_RANGE, {0}},
+        {"strftime_now", NF_STRFTIME, {0}},
+        {"True", -1, {.k = JV_BOOL, .b = true}},
+        {"False", -1, {.k = JV_BOOL, .b = false}},
         {"None", -1, {.k = JV_NULL}},
     };
     int rc = make_fn(cx, 0, NF_NAMESPACE, jv_undef(), &cx->ns_fn);
@@ -761,21 +810,40 @@ int jx_add_globals(jcx *cx, jenv *g)
 /* ---- tests ---------------------------------------------------------------- */
 
 enum test_id {
-    T_BOOLEAN, T_CALLABLE, T_ODD, T_EVEN, T_FALSE, T_TRUE, T_NONE, T_STRING, T_NUMBER, T_INTEGER,
-    T_ITERABLE, T_MAPPING, T_SEQUENCE, T_LOWER, T_UPPER, T_DEFINED, T_UNDEFINED, T_EQUALTO,
+    T_BOOLEAN,
+    T_CALLABLE,
+    T_ODD,
+    T_EVEN,
+    T_FALSE,
+    T_TRUE,
+    T_NONE,
+    T_STRING,
+    T_NUMBER,
+    T_INTEGER,
+    T_ITERABLE,
+    T_MAPPING,
+    T_SEQUENCE,
+    T_LOWER,
+    T_UPPER,
+    T_DEFINED,
+    T_UNDEFINED,
+    T_EQUALTO,
 };
 
 static const named k_tests[] = {
-    {"boolean", T_BOOLEAN},   {"callable", T_CALLABLE}, {"odd", T_ODD},
-    {"even", T_EVEN},         {"false", T_FALSE},       {"true", T_TRUE},
-    {"none", T_NONE},         {"string", T_STRING},     {"number", T_NUMBER},
-    {"integer", T_INTEGER},   {"iterable", T_ITERABLE}, {"mapping", T_MAPPING},
-    {"sequence", T_SEQUENCE}, {"lower", T_LOWER},       {"upper", T_UPPER},
+    {"boolean", T_BOOLEAN},   {"callable", T_CALLABLE},   {"odd", T_ODD},
+    {"even", T_EVEN},         {"false", T_FALSE},         {"true", T_TRUE},
+    {"none", T_NONE},         {"string", T_STRING},       {"number", T_NUMBER},
+    {"integer", T_INTEGER},   {"iterable", T_ITERABLE},   {"mapping", T_MAPPING},
+    {"sequence", T_SEQUENCE}, {"lower", T_LOWER},         {"upper", T_UPPER},
     {"defined", T_DEFINED},   {"undefined", T_UNDEFINED}, {"equalto", T_EQUALTO},
     {"eq", T_EQUALTO},
 };
 
-bool jx_test_exists(jstr name) { return find_named(k_tests, DX_ARRAY_LEN(k_tests), name) >= 0; }
+bool jx_test_exists(jstr name)
+{
+    return find_named(k_tests, DX_ARRAY_LEN(k_tests), name) >= 0;
+}
 
 static int test_case(jcx *cx, uint32_t pos, jv v, bool upper, bool *res)
 {
@@ -800,8 +868,12 @@ int jx_run_test(jcx *cx, uint32_t pos, jstr name, jv v, const jv *arg, bool *res
         return 0;
     }
     switch (id) {
-    case T_BOOLEAN: *res = v.k == JV_BOOL; return 0;
-    case T_CALLABLE: *res = v.k == JV_FN; return 0;
+    case T_BOOLEAN:
+        *res = v.k == JV_BOOL;
+        return 0;
+    case T_CALLABLE:
+        *res = v.k == JV_FN;
+        return 0;
     case T_ODD:
     case T_EVEN:
         if (v.k != JV_INT)
@@ -810,18 +882,37 @@ int jx_run_test(jcx *cx, uint32_t pos, jstr name, jv v, const jv *arg, bool *res
         *res = (fmod(v.n, 2) != 0) == (id == T_ODD);
         return 0;
     case T_FALSE:
-    case T_TRUE: *res = v.k == JV_BOOL && v.b == (id == T_TRUE); return 0;
-    case T_NONE: *res = v.k == JV_NULL; return 0;
-    case T_STRING: *res = v.k == JV_STR; return 0;
-    case T_NUMBER: *res = jv_is_num(v); return 0;
-    case T_INTEGER: *res = v.k == JV_INT; return 0;
-    case T_ITERABLE: *res = (v.k == JV_ARR && !v.a->tuple) || v.k == JV_STR; return 0;
-    case T_MAPPING: *res = v.k == JV_OBJ; return 0;
-    case T_SEQUENCE: *res = v.k == JV_ARR || v.k == JV_OBJ || v.k == JV_STR; return 0;
+    case T_TRUE:
+        *res = v.k == JV_BOOL && v.b == (id == T_TRUE);
+        return 0;
+    case T_NONE:
+        *res = v.k == JV_NULL;
+        return 0;
+    case T_STRING:
+        *res = v.k == JV_STR;
+        return 0;
+    case T_NUMBER:
+        *res = jv_is_num(v);
+        return 0;
+    case T_INTEGER:
+        *res = v.k == JV_INT;
+        return 0;
+    case T_ITERABLE:
+        *res = (v.k == JV_ARR && !v.a->tuple) || v.k == JV_STR;
+        return 0;
+    case T_MAPPING:
+        *res = v.k == JV_OBJ;
+        return 0;
+    case T_SEQUENCE:
+        *res = v.k == JV_ARR || v.k == JV_OBJ || v.k == JV_STR;
+        return 0;
     case T_LOWER:
-    case T_UPPER: return test_case(cx, pos, v, id == T_UPPER, res);
+    case T_UPPER:
+        return test_case(cx, pos, v, id == T_UPPER, res);
     case T_DEFINED:
-    case T_UNDEFINED: *res = (v.k == JV_UNDEF) == (id == T_UNDEFINED); return 0;
+    case T_UNDEFINED:
+        *res = (v.k == JV_UNDEF) == (id == T_UNDEFINED);
+        return 0;
     default:
         if (!arg || arg->k == JV_RAW)
             return jx_fail(cx, pos, "the '%.*s' test needs a value to compare with", (int)name.n,
@@ -899,7 +990,8 @@ static int indent_lines(jcx *cx, uint32_t pos, jstr s, double width, bool first,
     for (size_t i = 0; !rc && i <= s.n; i++) {
         if (i < s.n && s.p[i] != '\n') continue;
         bool pad = !((!first && line == 0) || (!blank && i == start));
-        for (size_t k = 0; !rc && pad && k < (size_t)width; k++) rc = jx_append(cx, pos, &b, " ", 1);
+        for (size_t k = 0; !rc && pad && k < (size_t)width; k++)
+            rc = jx_append(cx, pos, &b, " ", 1);
         if (!rc) rc = jx_append(cx, pos, &b, s.p + start, i - start + (i < s.n));
         start = i + 1;
         line++;
@@ -929,49 +1021,79 @@ static int unknown_filter(jcx *cx, uint32_t pos, jstr name, jv v)
                    jx_type_name(v));
 }
 
-static bool is_name(jstr n, const char *z) { return jstr_is(n, z); }
+static bool is_name(jstr n, const char *z)
+{
+    return jstr_is(n, z);
+}
 
 static int array_filter(jcx *cx, uint32_t pos, jv v, jstr f, jv *out)
 {
     const jarr *a = v.a;
-    if (is_name(f, "list")) *out = v;
-    else if (is_name(f, "first")) *out = a->n ? a->v[0] : (jv){.k = JV_RAW};
-    else if (is_name(f, "last")) *out = a->n ? a->v[a->n - 1] : (jv){.k = JV_RAW};
-    else if (is_name(f, "length") || is_name(f, "count")) *out = jv_int((double)a->n);
-    else if (is_name(f, "reverse")) return reversed(cx, pos, a, out);
-    else if (is_name(f, "sort")) return sorted(cx, pos, a, a->v, false, false, out);
-    else if (is_name(f, "join")) return join_items(cx, pos, a, JSTR(""), out);
-    else if (is_name(f, "string")) return to_json_str(cx, pos, v, &(jjson_opts){0}, false, out);
-    else if (is_name(f, "unique")) return unique(cx, pos, a, out);
-    else return unknown_filter(cx, pos, f, v);
+    if (is_name(f, "list"))
+        *out = v;
+    else if (is_name(f, "first"))
+        *out = a->n ? a->v[0] : (jv){.k = JV_RAW};
+    else if (is_name(f, "last"))
+        *out = a->n ? a->v[a->n - 1] : (jv){.k = JV_RAW};
+    else if (is_name(f, "length") || is_name(f, "count"))
+        *out = jv_int((double)a->n);
+    else if (is_name(f, "reverse"))
+        return reversed(cx, pos, a, out);
+    else if (is_name(f, "sort"))
+        return sorted(cx, pos, a, a->v, false, false, out);
+    else if (is_name(f, "join"))
+        return join_items(cx, pos, a, JSTR(""), out);
+    else if (is_name(f, "string"))
+        return to_json_str(cx, pos, v, &(jjson_opts){0}, false, out);
+    else if (is_name(f, "unique"))
+        return unique(cx, pos, a, out);
+    else
+        return unknown_filter(cx, pos, f, v);
     return 0;
 }
 
 static int string_filter(jcx *cx, uint32_t pos, jv v, jstr f, jv *out)
 {
     double d;
-    if (is_name(f, "length") || is_name(f, "count")) *out = jv_int((double)js_utf16_len(v.s));
-    else if (is_name(f, "upper")) return jx_case(cx, pos, v.s, true, out);
-    else if (is_name(f, "lower")) return jx_case(cx, pos, v.s, false, out);
-    else if (is_name(f, "title")) return str_title(cx, pos, v.s, out);
-    else if (is_name(f, "capitalize")) return str_capitalize(cx, pos, v.s, out);
-    else if (is_name(f, "trim")) *out = jv_str(js_trim(v.s, true, true));
-    else if (is_name(f, "indent")) return indent_lines(cx, pos, v.s, 4, false, false, out);
-    else if (is_name(f, "join") || is_name(f, "string")) *out = v;
-    else if (is_name(f, "int")) *out = jv_int(isnan(d = parse_int10(v.s)) ? 0 : d);
-    else if (is_name(f, "float")) *out = jv_float(isnan(d = parse_float(v.s)) ? 0 : d);
-    else return unknown_filter(cx, pos, f, v);
+    if (is_name(f, "length") || is_name(f, "count"))
+        *out = jv_int((double)js_utf16_len(v.s));
+    else if (is_name(f, "upper"))
+        return jx_case(cx, pos, v.s, true, out);
+    else if (is_name(f, "lower"))
+        return jx_case(cx, pos, v.s, false, out);
+    else if (is_name(f, "title"))
+        return str_title(cx, pos, v.s, out);
+    else if (is_name(f, "capitalize"))
+        return str_capitalize(cx, pos, v.s, out);
+    else if (is_name(f, "trim"))
+        *out = jv_str(js_trim(v.s, true, true));
+    else if (is_name(f, "indent"))
+        return indent_lines(cx, pos, v.s, 4, false, false, out);
+    else if (is_name(f, "join") || is_name(f, "string"))
+        *out = v;
+    else if (is_name(f, "int"))
+        *out = jv_int(isnan(d = parse_int10(v.s)) ? 0 : d);
+    else if (is_name(f, "float"))
+        *out = jv_float(isnan(d = parse_float(v.s)) ? 0 : d);
+    else
+        return unknown_filter(cx, pos, f, v);
     return 0;
 }
 
 static int number_filter(jcx *cx, uint32_t pos, jv v, jstr f, jv *out)
 {
-    if (is_name(f, "abs")) *out = v.k == JV_INT ? jv_int(fabs(v.n)) : jv_float(fabs(v.n));
-    else if (is_name(f, "int")) *out = jv_int(floor(v.n));
-    else if (is_name(f, "float")) *out = jv_float(v.n);
-    else if (is_name(f, "string")) return jx_to_str(cx, pos, v, out);
-    else if (is_name(f, "round")) *out = v.k == JV_INT ? v : jv_float(round_common(v.n, 0));
-    else return unknown_filter(cx, pos, f, v);
+    if (is_name(f, "abs"))
+        *out = v.k == JV_INT ? jv_int(fabs(v.n)) : jv_float(fabs(v.n));
+    else if (is_name(f, "int"))
+        *out = jv_int(floor(v.n));
+    else if (is_name(f, "float"))
+        *out = jv_float(v.n);
+    else if (is_name(f, "string"))
+        return jx_to_str(cx, pos, v, out);
+    else if (is_name(f, "round"))
+        *out = v.k == JV_INT ? v : jv_float(round_common(v.n, 0));
+    else
+        return unknown_filter(cx, pos, f, v);
     return 0;
 }
 
@@ -989,11 +1111,16 @@ static int object_filter(jcx *cx, uint32_t pos, jv v, jstr f, jv *out)
 
 static int bool_filter(jcx *cx, uint32_t pos, jv v, jstr f, jv *out)
 {
-    if (is_name(f, "bool")) *out = v;
-    else if (is_name(f, "int")) *out = jv_int(v.b);
-    else if (is_name(f, "float")) *out = jv_float(v.b);
-    else if (is_name(f, "string")) *out = jv_str(v.b ? JSTR("true") : JSTR("false"));
-    else return unknown_filter(cx, pos, f, v);
+    if (is_name(f, "bool"))
+        *out = v;
+    else if (is_name(f, "int"))
+        *out = jv_int(v.b);
+    else if (is_name(f, "float"))
+        *out = jv_float(v.b);
+    else if (is_name(f, "string"))
+        *out = jv_str(v.b ? JSTR("true") : JSTR("false"));
+    else
+        return unknown_filter(cx, pos, f, v);
     return 0;
 }
 
@@ -1005,14 +1132,21 @@ static int ident_filter(jcx *cx, uint32_t pos, jv v, jstr f, jv *out)
     }
     if (is_name(f, "tojson")) return to_json_str(cx, pos, v, &(jjson_opts){0}, true, out);
     switch (v.k) {
-    case JV_ARR: return array_filter(cx, pos, v, f, out);
-    case JV_STR: return string_filter(cx, pos, v, f, out);
+    case JV_ARR:
+        return array_filter(cx, pos, v, f, out);
+    case JV_STR:
+        return string_filter(cx, pos, v, f, out);
     case JV_INT:
-    case JV_FLOAT: return number_filter(cx, pos, v, f, out);
-    case JV_OBJ: return object_filter(cx, pos, v, f, out);
-    case JV_BOOL: return bool_filter(cx, pos, v, f, out);
-    case JV_RAW: return jx_raw_error(cx, pos);
-    default: return unknown_filter(cx, pos, f, v);
+    case JV_FLOAT:
+        return number_filter(cx, pos, v, f, out);
+    case JV_OBJ:
+        return object_filter(cx, pos, v, f, out);
+    case JV_BOOL:
+        return bool_filter(cx, pos, v, f, out);
+    case JV_RAW:
+        return jx_raw_error(cx, pos);
+    default:
+        return unknown_filter(cx, pos, f, v);
     }
 }
 
@@ -1085,7 +1219,10 @@ static int number_conv_filter(jcx *cx, uint32_t pos, jv v, bool to_int, const fa
     const jv *d = fa_get(a, 0, "default");
     if (v.k == JV_STR) {
         double x = to_int ? parse_int10(v.s) : parse_float(v.s);
-        *out = !isnan(x) ? (to_int ? jv_int(x) : jv_float(x)) : d ? *d : to_int ? jv_int(0) : jv_float(0);
+        *out = !isnan(x) ? (to_int ? jv_int(x) : jv_float(x))
+               : d       ? *d
+               : to_int  ? jv_int(0)
+                         : jv_float(0);
     } else if (jv_is_num(v)) {
         *out = v; /* the reference leaves numbers as they are here */
     } else if (v.k == JV_BOOL) {
@@ -1162,7 +1299,8 @@ static int select_filter(jcx *cx, jenv *env, uint32_t pos, jv v, const jnode *f,
             return jx_fail(cx, pos, "%s can only be applied to a list of dicts", name);
     jv args[3];
     for (uint32_t i = 0; i < f->l1.n; i++) {
-        if (f->l1.v[i]->kind != JN_STR) return jx_fail(cx, pos, "%s: the arguments must be strings", name);
+        if (f->l1.v[i]->kind != JN_STR)
+            return jx_fail(cx, pos, "%s: the arguments must be strings", name);
         if (i < 3) args[i] = jv_str(f->l1.v[i]->str);
     }
     if (f->l1.n > 1 && !jx_test_exists(args[1].s))
@@ -1201,7 +1339,8 @@ static int map_filter(jcx *cx, uint32_t pos, jv v, const fargs *a, jv *out)
 
 static int indent_filter(jcx *cx, uint32_t pos, jv v, const fargs *a, jv *out)
 {
-    const jv *w = fa_get(a, 0, "width"), *first = fa_get(a, 1, "first"), *blank = fa_get(a, 2, "blank");
+    const jv *w = fa_get(a, 0, "width"), *first = fa_get(a, 1, "first"),
+             *blank = fa_get(a, 2, "blank");
     if (w && w->k != JV_INT) return jx_fail(cx, pos, "indent: width must be an integer");
     return indent_lines(cx, pos, v.s, w ? w->n : 4, first && jx_truthy_raw(*first),
                         blank && jx_truthy_raw(*blank), out);
@@ -1225,13 +1364,14 @@ static int round_filter(jcx *cx, uint32_t pos, jv v, const fargs *a, jv *out)
 {
     const jv *p = fa_get(a, 0, "precision"), *m = fa_get(a, 1, "method");
     if (p && p->k != JV_INT) return jx_fail(cx, pos, "round: precision must be an integer");
-    if (m && (m->k != JV_STR || !(jstr_is(m->s, "common") || jstr_is(m->s, "ceil") ||
-                                  jstr_is(m->s, "floor"))))
+    if (m && (m->k != JV_STR ||
+              !(jstr_is(m->s, "common") || jstr_is(m->s, "ceil") || jstr_is(m->s, "floor"))))
         return jx_fail(cx, pos, "round: method must be 'common', 'ceil' or 'floor'");
     double prec = p ? p->n : 0;
     if (!m || jstr_is(m->s, "common")) {
-        *out = v.k == JV_INT && prec >= 0 ? v : v.k == JV_INT ? jv_int(round_common(v.n, prec))
-                                                              : jv_float(round_common(v.n, prec));
+        *out = v.k == JV_INT && prec >= 0 ? v
+               : v.k == JV_INT            ? jv_int(round_common(v.n, prec))
+                                          : jv_float(round_common(v.n, prec));
         return 0;
     }
     double scale = pow(10, prec), x = v.n * scale;

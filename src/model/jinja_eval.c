@@ -182,7 +182,8 @@ static int bind_args(jcx *cx, uint32_t pos, const jnode *fn_node, const jlist *p
     if (rc) return rc;
     if (nargs && args[nargs - 1].k == JV_OBJ && args[nargs - 1].o->kw) {
         const jobj *src = args[--nargs].o;
-        for (size_t i = 0; !rc && i < src->n; i++) rc = jo_set(cx, pos, kwv.o, src->keys[i], src->vals[i]);
+        for (size_t i = 0; !rc && i < src->n; i++)
+            rc = jo_set(cx, pos, kwv.o, src->keys[i], src->vals[i]);
     }
     bool *pending = params->n ? jx_alloc(cx, params->n * sizeof *pending) : NULL;
     if (params->n && !pending) return jx_oom(cx, pos);
@@ -305,7 +306,10 @@ static int eval_slice(jcx *cx, jenv *env, jv obj, const jnode *s, jv *out)
         if (rc) return rc;
         if (part[i].k != JV_INT && part[i].k != JV_UNDEF)
             return jx_fail(cx, s->pos, "slice %s must be an integer or left out, not %s",
-                           i == 0 ? "start" : i == 1 ? "stop" : "step", jx_type_name(part[i]));
+                           i == 0   ? "start"
+                           : i == 1 ? "stop"
+                                    : "step",
+                           jx_type_name(part[i]));
     }
     return jx_slice_value(cx, s->pos, obj, part[0], part[1], part[2], out);
 }
@@ -363,11 +367,11 @@ static int eval_member(jcx *cx, jenv *env, const jnode *n, jv *out)
 static const char *op_name(uint8_t op)
 {
     static const char *const names[] = {
-        [JOP_AND] = "and", [JOP_OR] = "or",   [JOP_NOT] = "not",    [JOP_EQ] = "==",
-        [JOP_NE] = "!=",   [JOP_LT] = "<",    [JOP_GT] = ">",       [JOP_LE] = "<=",
-        [JOP_GE] = ">=",   [JOP_IN] = "in",   [JOP_NOT_IN] = "not in", [JOP_ADD] = "+",
-        [JOP_SUB] = "-",   [JOP_CONCAT] = "~", [JOP_MUL] = "*",     [JOP_DIV] = "/",
-        [JOP_FLOORDIV] = "//", [JOP_MOD] = "%", [JOP_POW] = "**",
+        [JOP_AND] = "and",     [JOP_OR] = "or",    [JOP_NOT] = "not",       [JOP_EQ] = "==",
+        [JOP_NE] = "!=",       [JOP_LT] = "<",     [JOP_GT] = ">",          [JOP_LE] = "<=",
+        [JOP_GE] = ">=",       [JOP_IN] = "in",    [JOP_NOT_IN] = "not in", [JOP_ADD] = "+",
+        [JOP_SUB] = "-",       [JOP_CONCAT] = "~", [JOP_MUL] = "*",         [JOP_DIV] = "/",
+        [JOP_FLOORDIV] = "//", [JOP_MOD] = "%",    [JOP_POW] = "**",
     };
     return op < DX_ARRAY_LEN(names) && names[op] ? names[op] : "?";
 }
@@ -425,17 +429,38 @@ static bool eval_numeric(uint8_t op, jv l, jv r, jv *out)
     double a = l.n, b = r.n, res;
     bool fl = l.k == JV_FLOAT || r.k == JV_FLOAT;
     switch (op) {
-    case JOP_ADD: res = a + b; break;
-    case JOP_SUB: res = a - b; break;
-    case JOP_MUL: res = a * b; break;
-    case JOP_DIV: *out = jv_float(a / b); return true;
-    case JOP_FLOORDIV: res = floor(a / b); break;
-    case JOP_MOD: res = fmod(a, b); break;
-    case JOP_LT: *out = jv_bool(a < b); return true;
-    case JOP_GT: *out = jv_bool(a > b); return true;
-    case JOP_GE: *out = jv_bool(a >= b); return true;
-    case JOP_LE: *out = jv_bool(a <= b); return true;
-    default: return false;
+    case JOP_ADD:
+        res = a + b;
+        break;
+    case JOP_SUB:
+        res = a - b;
+        break;
+    case JOP_MUL:
+        res = a * b;
+        break;
+    case JOP_DIV:
+        *out = jv_float(a / b);
+        return true;
+    case JOP_FLOORDIV:
+        res = floor(a / b);
+        break;
+    case JOP_MOD:
+        res = fmod(a, b);
+        break;
+    case JOP_LT:
+        *out = jv_bool(a < b);
+        return true;
+    case JOP_GT:
+        *out = jv_bool(a > b);
+        return true;
+    case JOP_GE:
+        *out = jv_bool(a >= b);
+        return true;
+    case JOP_LE:
+        *out = jv_bool(a <= b);
+        return true;
+    default:
+        return false;
     }
     *out = fl ? jv_float(res) : jv_int(res);
     return true;
@@ -549,8 +574,7 @@ static int eval_dict(jcx *cx, jenv *env, const jnode *n, jv *out)
         jv k, v;
         rc = jx_eval(cx, env, n->l1.v[i], &k);
         if (!rc && k.k != JV_STR)
-            rc = jx_fail(cx, n->l1.v[i]->pos, "dict keys must be strings, not %s",
-                         jx_type_name(k));
+            rc = jx_fail(cx, n->l1.v[i]->pos, "dict keys must be strings, not %s", jx_type_name(k));
         if (!rc) rc = jx_eval(cx, env, n->l1.v[i + 1], &v);
         if (!rc) rc = jo_set(cx, n->pos, out->o, k.s, v);
     }
@@ -589,25 +613,42 @@ static int eval_in(jcx *cx, jenv *env, const jnode *n, jv *out)
     jv v;
     int rc;
     switch (n->kind) {
-    case JN_INT: *out = jv_int(n->num); return 0;
-    case JN_FLOAT: *out = jv_float(n->num); return 0;
+    case JN_INT:
+        *out = jv_int(n->num);
+        return 0;
+    case JN_FLOAT:
+        *out = jv_float(n->num);
+        return 0;
     case JN_STR:
-    case JN_TEXT: *out = jv_str(n->str); return 0;
-    case JN_IDENT: *out = jx_lookup(cx, env, n->str); return 0;
+    case JN_TEXT:
+        *out = jv_str(n->str);
+        return 0;
+    case JN_IDENT:
+        *out = jx_lookup(cx, env, n->str);
+        return 0;
     case JN_ARRAY:
-    case JN_TUPLE: return eval_list(cx, env, n, out);
-    case JN_OBJECT: return eval_dict(cx, env, n, out);
-    case JN_CALL: return eval_call(cx, env, n, out);
-    case JN_MEMBER: return eval_member(cx, env, n, out);
-    case JN_UNARY: return eval_unary(cx, env, n, out);
-    case JN_BINARY: return eval_binary(cx, env, n, out);
+    case JN_TUPLE:
+        return eval_list(cx, env, n, out);
+    case JN_OBJECT:
+        return eval_dict(cx, env, n, out);
+    case JN_CALL:
+        return eval_call(cx, env, n, out);
+    case JN_MEMBER:
+        return eval_member(cx, env, n, out);
+    case JN_UNARY:
+        return eval_unary(cx, env, n, out);
+    case JN_BINARY:
+        return eval_binary(cx, env, n, out);
     case JN_FILTER:
         rc = jx_eval(cx, env, n->a, &v);
         return rc ? rc : jx_apply_filter(cx, env, v, n->b, out);
-    case JN_TEST: return eval_test(cx, env, n, out);
+    case JN_TEST:
+        return eval_test(cx, env, n, out);
     case JN_SELECT:
-    case JN_TERNARY: return eval_cond(cx, env, n, out);
-    default: return jx_fail(cx, n->pos, "this cannot be used as a value here");
+    case JN_TERNARY:
+        return eval_cond(cx, env, n, out);
+    default:
+        return jx_fail(cx, n->pos, "this cannot be used as a value here");
     }
 }
 
@@ -653,8 +694,7 @@ static int bind_loop_var(jcx *cx, jenv *scope, const jnode *var, jv item)
     int rc = 0;
     for (uint32_t j = 0; !rc && j < var->l1.n; j++) {
         const jnode *name = var->l1.v[j];
-        if (name->kind != JN_IDENT)
-            return jx_fail(cx, name->pos, "a loop variable must be a name");
+        if (name->kind != JN_IDENT) return jx_fail(cx, name->pos, "a loop variable must be a name");
         rc = env_set(cx, name->pos, scope, name->str, item.a->v[j]);
     }
     return rc;
@@ -669,7 +709,8 @@ static int loop_items(jcx *cx, jenv *scope, const jnode *n, vlist *items)
     jv it;
     int rc = jx_eval(cx, scope, src, &it);
     if (rc) return rc;
-    if (it.k == JV_OBJ) rc = jx_builtin_keys(cx, n->pos, it.o, &it);
+    if (it.k == JV_OBJ)
+        rc = jx_builtin_keys(cx, n->pos, it.o, &it);
     else if (it.k != JV_ARR)
         return jx_fail(cx, n->pos, "for loop: cannot iterate over %s", jx_type_name(it));
     for (size_t i = 0; !rc && i < it.a->n; i++) {
@@ -749,8 +790,7 @@ static int set_target(jcx *cx, jenv *env, const jnode *t, jv v)
 {
     if (t->kind == JN_IDENT) return env_set(cx, t->pos, env, t->str, v);
     if (t->kind == JN_TUPLE) {
-        if (v.k != JV_ARR)
-            return jx_fail(cx, t->pos, "cannot unpack %s in set", jx_type_name(v));
+        if (v.k != JV_ARR) return jx_fail(cx, t->pos, "cannot unpack %s in set", jx_type_name(v));
         if (v.a->n != t->l1.n)
             return jx_fail(cx, t->pos, "too %s items to unpack in set: %zu for %u names",
                            v.a->n < t->l1.n ? "few" : "many", v.a->n, t->l1.n);
@@ -828,17 +868,24 @@ static int exec_in(jcx *cx, jenv *env, const jnode *n)
     bool b = false;
     int rc;
     switch (n->kind) {
-    case JN_TEXT: return jx_append(cx, n->pos, cx->out, n->str.p, n->str.n);
-    case JN_COMMENT: return 0;
+    case JN_TEXT:
+        return jx_append(cx, n->pos, cx->out, n->str.p, n->str.n);
+    case JN_COMMENT:
+        return 0;
     case JN_IF:
         rc = jx_eval(cx, env, n->a, &v);
         if (!rc) rc = jx_test_truth(cx, n->pos, v, &b);
         return rc ? rc : jx_exec(cx, env, b ? &n->l1 : &n->l2);
-    case JN_FOR: return exec_for(cx, env, n);
-    case JN_SET: return exec_set(cx, env, n);
-    case JN_MACRO: return exec_macro(cx, env, n);
-    case JN_CALL_BLOCK: return exec_call_block(cx, env, n);
-    case JN_FILTER_BLOCK: return exec_filter_block(cx, env, n);
+    case JN_FOR:
+        return exec_for(cx, env, n);
+    case JN_SET:
+        return exec_set(cx, env, n);
+    case JN_MACRO:
+        return exec_macro(cx, env, n);
+    case JN_CALL_BLOCK:
+        return exec_call_block(cx, env, n);
+    case JN_FILTER_BLOCK:
+        return exec_filter_block(cx, env, n);
     case JN_BREAK:
     case JN_CONTINUE:
         cx->signal_pos = n->pos;
@@ -866,14 +913,16 @@ int jx_exec(jcx *cx, jenv *env, const jlist *body)
 static int add_vars(jcx *cx, const json_t *vars)
 {
     if (!vars) return 0;
-    if (!json_is_object(vars)) return dx_errf(DX_EINVAL, "jinja: the variables must be a JSON object");
+    if (!json_is_object(vars))
+        return dx_errf(DX_EINVAL, "jinja: the variables must be a JSON object");
     const char *k;
     json_t *v;
     json_object_foreach((json_t *)vars, k, v)
     {
         jstr name = {k, strlen(k)};
         if (jo_get(&cx->global->vars, name) || jstr_is(name, "namespace"))
-            return dx_errf(DX_EINVAL, "jinja: variable '%s' is a built-in name and cannot be passed", k);
+            return dx_errf(DX_EINVAL,
+                           "jinja: variable '%s' is a built-in name and cannot be passed", k);
         jv val;
         int rc = jx_from_json(cx, v, 0, &val);
         if (!rc) rc = env_set(cx, 0, cx->global, name, val);

@@ -97,8 +97,7 @@ static void pp_lstrip(const ppbuf *in, ppbuf *out)
         if (line_start(in->s, i)) {
             size_t j = i;
             while (j < in->n && (in->s[j] == ' ' || in->s[j] == '\t')) j++;
-            if (j + 1 < in->n && in->s[j] == '{' && strchr("#%-", in->s[j + 1]) &&
-                in->s[j + 1]) {
+            if (j + 1 < in->n && in->s[j] == '{' && strchr("#%-", in->s[j + 1]) && in->s[j + 1]) {
                 pp_copy(out, in, j, j + 2);
                 i = j + 2;
                 continue;
@@ -254,7 +253,10 @@ static int lx_push(lexer *lx, uint8_t type, size_t at, const char *p, size_t n)
     return 0;
 }
 
-static int lx_last(const lexer *lx) { return lx->nt ? lx->v[lx->nt - 1].type : -1; }
+static int lx_last(const lexer *lx)
+{
+    return lx->nt ? lx->v[lx->nt - 1].type : -1;
+}
 
 static void lx_strip_last_text(lexer *lx)
 {
@@ -264,7 +266,10 @@ static void lx_strip_last_text(lexer *lx)
     if (!t->s.n) lx->nt--;
 }
 
-static bool is_digit(char c) { return c >= '0' && c <= '9'; }
+static bool is_digit(char c)
+{
+    return c >= '0' && c <= '9';
+}
 static bool is_word(char c)
 {
     return is_digit(c) || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';

@@ -83,14 +83,20 @@ static int p_expected(parser *p, const char *what)
     return p_fail(p, "expected %s, found %s", what, p_found(p, buf, sizeof buf));
 }
 
-static bool is(const parser *p, uint8_t type) { return p->i < p->n && p->t[p->i].type == type; }
+static bool is(const parser *p, uint8_t type)
+{
+    return p->i < p->n && p->t[p->i].type == type;
+}
 
 static bool is_ident_at(const parser *p, size_t k, const char *name)
 {
     return p->i + k < p->n && p->t[p->i + k].type == JT_IDENT && jstr_is(p->t[p->i + k].s, name);
 }
 
-static bool is_ident(const parser *p, const char *name) { return is_ident_at(p, 0, name); }
+static bool is_ident(const parser *p, const char *name)
+{
+    return is_ident_at(p, 0, name);
+}
 
 /* {% name ... with name one of names (NULL-terminated). */
 static bool is_stmt(const parser *p, const char *const *names)
@@ -141,7 +147,10 @@ static jnode *node(parser *p, uint8_t kind, uint32_t pos)
     return n;
 }
 
-static uint32_t here(const parser *p) { return p->i < p->n ? p->t[p->i].pos : (uint32_t)p->len; }
+static uint32_t here(const parser *p)
+{
+    return p->i < p->n ? p->t[p->i].pos : (uint32_t)p->len;
+}
 
 static int nl_push(nlist *l, jnode *n)
 {
@@ -311,7 +320,9 @@ typedef struct {
 
 static unsigned special_bit(jstr name)
 {
-    return jstr_is(name, "kwargs") ? JN_USES_KWARGS : jstr_is(name, "varargs") ? JN_USES_VARARGS : 0;
+    return jstr_is(name, "kwargs")    ? JN_USES_KWARGS
+           : jstr_is(name, "varargs") ? JN_USES_VARARGS
+                                      : 0;
 }
 
 static void sc_target(scan *s, const jnode *t)
@@ -646,10 +657,9 @@ static uint8_t op_of(jstr s)
         const char *s;
         uint8_t op;
     } ops[] = {
-        {"==", JOP_EQ},   {"!=", JOP_NE},  {"<", JOP_LT},        {">", JOP_GT},
-        {"<=", JOP_LE},   {">=", JOP_GE},  {"+", JOP_ADD},       {"-", JOP_SUB},
-        {"~", JOP_CONCAT}, {"*", JOP_MUL}, {"/", JOP_DIV},       {"//", JOP_FLOORDIV},
-        {"%", JOP_MOD},   {"**", JOP_POW},
+        {"==", JOP_EQ}, {"!=", JOP_NE},       {"<", JOP_LT},  {">", JOP_GT},     {"<=", JOP_LE},
+        {">=", JOP_GE}, {"+", JOP_ADD},       {"-", JOP_SUB}, {"~", JOP_CONCAT}, {"*", JOP_MUL},
+        {"/", JOP_DIV}, {"//", JOP_FLOORDIV}, {"%", JOP_MOD}, {"**", JOP_POW},
     };
     for (size_t i = 0; i < DX_ARRAY_LEN(ops); i++)
         if (jstr_is(s, ops[i].s)) return ops[i].op;
@@ -706,10 +716,19 @@ static int parse_mul(parser *p, jnode **out);
 static int parse_pow(parser *p, jnode **out);
 static int parse_test(parser *p, jnode **out);
 
-static int parse_add(parser *p, jnode **out) { return parse_level(p, JT_ADD, parse_mul, out); }
-static int parse_mul(parser *p, jnode **out) { return parse_level(p, JT_MUL, parse_pow, out); }
+static int parse_add(parser *p, jnode **out)
+{
+    return parse_level(p, JT_ADD, parse_mul, out);
+}
+static int parse_mul(parser *p, jnode **out)
+{
+    return parse_level(p, JT_MUL, parse_pow, out);
+}
 /* left-associative, as in Jinja: 2 ** 3 ** 2 is 64 */
-static int parse_pow(parser *p, jnode **out) { return parse_level(p, JT_POW, parse_test, out); }
+static int parse_pow(parser *p, jnode **out)
+{
+    return parse_level(p, JT_POW, parse_test, out);
+}
 
 static int parse_filter_expr(parser *p, jnode **out);
 
@@ -1029,8 +1048,10 @@ static int parse_primary(parser *p, jnode **out)
     if (p->i >= p->n) return p_expected(p, "an expression");
     const jtok *t = &p->t[p->i++];
     switch (t->type) {
-    case JT_NUM: return parse_number(p, t, out);
-    case JT_STR: return parse_string(p, t, out);
+    case JT_NUM:
+        return parse_number(p, t, out);
+    case JT_STR:
+        return parse_string(p, t, out);
     case JT_IDENT:
         if (!(*out = node(p, JN_IDENT, t->pos))) return dx_errcode();
         (*out)->str = t->s;
@@ -1039,8 +1060,10 @@ static int parse_primary(parser *p, jnode **out)
         int rc = parse_expr_seq(p, false, out);
         return rc ? rc : expect(p, JT_RPAREN, "')'");
     }
-    case JT_LBRACKET: return parse_list_lit(p, t->pos, out);
-    case JT_LBRACE: return parse_dict_lit(p, t->pos, out);
+    case JT_LBRACKET:
+        return parse_list_lit(p, t->pos, out);
+    case JT_LBRACE:
+        return parse_dict_lit(p, t->pos, out);
     default:
         p->i--;
         return p_expected(p, "an expression");

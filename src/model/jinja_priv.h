@@ -102,32 +102,32 @@ int jl_tokenize(jarena *a, const char *src, size_t len, jtoks *out);
 /* ---- syntax tree (ast.ts) ------------------------------------------------- */
 
 enum jnode_kind {
-    JN_TEXT,        /* str */
-    JN_COMMENT,     /* - */
-    JN_INT,         /* num */
-    JN_FLOAT,       /* num */
-    JN_STR,         /* str */
-    JN_IDENT,       /* str: the name */
-    JN_ARRAY,       /* l1: elements */
-    JN_TUPLE,       /* l1: elements */
-    JN_OBJECT,      /* l1: key, value, key, value... */
-    JN_MEMBER,      /* a: object, b: property, op: computed ([...]) */
-    JN_SLICE,       /* a, b, c: start, stop, step (each may be NULL) */
-    JN_CALL,        /* a: callee, l1: arguments */
-    JN_KWARG,       /* str: key, a: value */
-    JN_SPREAD,      /* a: *expr */
-    JN_KWSPREAD,    /* a: **expr */
-    JN_BINARY,      /* op, a, b */
-    JN_UNARY,       /* op, a */
-    JN_FILTER,      /* a: operand, b: the filter (identifier or call) */
-    JN_TEST,        /* a: operand, str: test name, op: negated */
-    JN_SELECT,      /* a: value, b: condition (`a if b` without else) */
-    JN_TERNARY,     /* a: condition, b: if true, c: if false */
-    JN_IF,          /* a: test, l1: body, l2: else (an elif is a nested JN_IF) */
-    JN_FOR,         /* a: loop variable(s), b: iterable, l1: body, l2: else */
-    JN_SET,         /* a: target, b: value or NULL (block set), l1: block body */
-    JN_MACRO,       /* str: name, l1: parameters, l2: body, op: JN_USES_* */
-    JN_CALL_BLOCK,  /* a: the call, l1: caller parameters, l2: body, op: JN_USES_* */
+    JN_TEXT,         /* str */
+    JN_COMMENT,      /* - */
+    JN_INT,          /* num */
+    JN_FLOAT,        /* num */
+    JN_STR,          /* str */
+    JN_IDENT,        /* str: the name */
+    JN_ARRAY,        /* l1: elements */
+    JN_TUPLE,        /* l1: elements */
+    JN_OBJECT,       /* l1: key, value, key, value... */
+    JN_MEMBER,       /* a: object, b: property, op: computed ([...]) */
+    JN_SLICE,        /* a, b, c: start, stop, step (each may be NULL) */
+    JN_CALL,         /* a: callee, l1: arguments */
+    JN_KWARG,        /* str: key, a: value */
+    JN_SPREAD,       /* a: *expr */
+    JN_KWSPREAD,     /* a: **expr */
+    JN_BINARY,       /* op, a, b */
+    JN_UNARY,        /* op, a */
+    JN_FILTER,       /* a: operand, b: the filter (identifier or call) */
+    JN_TEST,         /* a: operand, str: test name, op: negated */
+    JN_SELECT,       /* a: value, b: condition (`a if b` without else) */
+    JN_TERNARY,      /* a: condition, b: if true, c: if false */
+    JN_IF,           /* a: test, l1: body, l2: else (an elif is a nested JN_IF) */
+    JN_FOR,          /* a: loop variable(s), b: iterable, l1: body, l2: else */
+    JN_SET,          /* a: target, b: value or NULL (block set), l1: block body */
+    JN_MACRO,        /* str: name, l1: parameters, l2: body, op: JN_USES_* */
+    JN_CALL_BLOCK,   /* a: the call, l1: caller parameters, l2: body, op: JN_USES_* */
     JN_FILTER_BLOCK, /* b: the filter, l1: body */
     JN_BREAK,
     JN_CONTINUE,
@@ -245,14 +245,38 @@ struct jenv {
     jobj vars;
 };
 
-static inline jv jv_undef(void) { return (jv){.k = JV_UNDEF}; }
-static inline jv jv_null(void) { return (jv){.k = JV_NULL}; }
-static inline jv jv_bool(bool b) { return (jv){.k = JV_BOOL, .b = b}; }
-static inline jv jv_int(double n) { return (jv){.k = JV_INT, .n = n}; }
-static inline jv jv_float(double n) { return (jv){.k = JV_FLOAT, .n = n}; }
-static inline jv jv_str(jstr s) { return (jv){.k = JV_STR, .s = s}; }
-static inline bool jv_is_num(jv v) { return v.k == JV_INT || v.k == JV_FLOAT; }
-static inline bool jv_is_map(jv v) { return v.k == JV_OBJ || v.k == JV_NS; }
+static inline jv jv_undef(void)
+{
+    return (jv){.k = JV_UNDEF};
+}
+static inline jv jv_null(void)
+{
+    return (jv){.k = JV_NULL};
+}
+static inline jv jv_bool(bool b)
+{
+    return (jv){.k = JV_BOOL, .b = b};
+}
+static inline jv jv_int(double n)
+{
+    return (jv){.k = JV_INT, .n = n};
+}
+static inline jv jv_float(double n)
+{
+    return (jv){.k = JV_FLOAT, .n = n};
+}
+static inline jv jv_str(jstr s)
+{
+    return (jv){.k = JV_STR, .s = s};
+}
+static inline bool jv_is_num(jv v)
+{
+    return v.k == JV_INT || v.k == JV_FLOAT;
+}
+static inline bool jv_is_map(jv v)
+{
+    return v.k == JV_OBJ || v.k == JV_NS;
+}
 
 /* ---- render context ------------------------------------------------------ */
 
@@ -286,9 +310,9 @@ int jx_raw_error(jcx *cx, uint32_t pos);
 void *jx_alloc(jcx *cx, size_t n);
 int jx_strdup(jcx *cx, uint32_t pos, const char *p, size_t n, jv *out);
 int jx_buf_str(jcx *cx, uint32_t pos, const dx_buf *b, jv *out); /* copy b into a string */
-int jx_arr_new(jcx *cx, uint32_t pos, size_t n, jv *out);         /* n undefined elements */
-int jx_arr_push(jcx *cx, uint32_t pos, jarr *a, jv v);             /* grows by doubling */
-int jx_obj_new(jcx *cx, uint32_t pos, enum jkind k, jv *out);     /* JV_OBJ or JV_NS */
+int jx_arr_new(jcx *cx, uint32_t pos, size_t n, jv *out);        /* n undefined elements */
+int jx_arr_push(jcx *cx, uint32_t pos, jarr *a, jv v);           /* grows by doubling */
+int jx_obj_new(jcx *cx, uint32_t pos, enum jkind k, jv *out);    /* JV_OBJ or JV_NS */
 jv *jo_get(const jobj *o, jstr key);
 int jo_set(jcx *cx, uint32_t pos, jobj *o, jstr key, jv v);
 bool jo_del(jobj *o, jstr key);
@@ -351,7 +375,7 @@ size_t js_ws_len_before(const char *p, size_t n); /* ... ending at p + n */
 jstr js_trim(jstr s, bool start, bool end);
 size_t js_utf16_len(jstr s);
 size_t utf8_dec(const char *p, size_t n, uint32_t *cp); /* bytes of the char at p (valid UTF-8) */
-void utf8_put(dx_buf *b, uint32_t cp);                   /* caller reserved 4 bytes */
+void utf8_put(dx_buf *b, uint32_t cp);                  /* caller reserved 4 bytes */
 int jx_case(jcx *cx, uint32_t pos, jstr s, bool upper, jv *out);
 uint32_t jx_lower_cp(uint32_t cp);
 uint32_t jx_upper_cp(uint32_t cp);
@@ -381,11 +405,6 @@ int jx_builtin_member(jcx *cx, uint32_t pos, jv self, jstr name, jv *out);
 int jx_call_native(jcx *cx, uint32_t pos, const jfn *f, jv *args, size_t nargs, jv *out);
 /* The globals every render starts with (setupGlobals + namespace). */
 int jx_add_globals(jcx *cx, jenv *g);
-jv jx_namespace_fn(jcx *cx);
-/* Python-style slicing (utils.ts slice) of n items: the indices taken, in
- * an arena array. */
-int jx_slice_indices(jcx *cx, uint32_t pos, size_t n, jv start, jv stop, jv step, size_t **idx,
-                     size_t *count);
 /* obj[start:stop:step] of a list or string (the parts integers or undefined). */
 int jx_slice_value(jcx *cx, uint32_t pos, jv obj, jv start, jv stop, jv step, jv *out);
 /* A dict's keys as a list (what a for loop over a dict runs over). */

@@ -139,7 +139,10 @@ int jx_raw_error(jcx *cx, uint32_t pos)
     return jx_fail(cx, pos, "value is undefined (the first or last item of an empty list)");
 }
 
-void *jx_alloc(jcx *cx, size_t n) { return ja_alloc(&cx->ar, n); }
+void *jx_alloc(jcx *cx, size_t n)
+{
+    return ja_alloc(&cx->ar, n);
+}
 
 int jx_strdup(jcx *cx, uint32_t pos, const char *p, size_t n, jv *out)
 {
@@ -236,7 +239,10 @@ bool jo_del(jobj *o, jstr key)
     return false;
 }
 
-void jx_buf_init(jcx *cx, dx_buf *b) { dx_buf_init(b, cx->lim.max_output); }
+void jx_buf_init(jcx *cx, dx_buf *b)
+{
+    dx_buf_init(b, cx->lim.max_output);
+}
 
 int jx_append(jcx *cx, uint32_t pos, dx_buf *b, const char *p, size_t n)
 {
@@ -246,8 +252,14 @@ int jx_append(jcx *cx, uint32_t pos, dx_buf *b, const char *p, size_t n)
     return jx_oom(cx, pos);
 }
 
-bool jstr_eq(jstr a, jstr b) { return a.n == b.n && (!a.n || !memcmp(a.p, b.p, a.n)); }
-bool jstr_is(jstr a, const char *z) { return jstr_eq(a, (jstr){z, strlen(z)}); }
+bool jstr_eq(jstr a, jstr b)
+{
+    return a.n == b.n && (!a.n || !memcmp(a.p, b.p, a.n));
+}
+bool jstr_is(jstr a, const char *z)
+{
+    return jstr_eq(a, (jstr){z, strlen(z)});
+}
 
 /* ---- values from JSON ----------------------------------------------------- */
 
@@ -486,15 +498,23 @@ uint32_t jx_upper_cp(uint32_t cp)
 static const char *upper_special(uint32_t cp)
 {
     switch (cp) {
-    case 0xDF: return "SS";
-    case 0xFB00: return "FF";
-    case 0xFB01: return "FI";
-    case 0xFB02: return "FL";
-    case 0xFB03: return "FFI";
-    case 0xFB04: return "FFL";
+    case 0xDF:
+        return "SS";
+    case 0xFB00:
+        return "FF";
+    case 0xFB01:
+        return "FI";
+    case 0xFB02:
+        return "FL";
+    case 0xFB03:
+        return "FFI";
+    case 0xFB04:
+        return "FFL";
     case 0xFB05:
-    case 0xFB06: return "ST";
-    default: return NULL;
+    case 0xFB06:
+        return "ST";
+    default:
+        return NULL;
     }
 }
 
@@ -666,15 +686,23 @@ int jx_put_raw(jcx *cx, uint32_t pos, dx_buf *b, jv v)
     case JV_FLOAT:
         js_num_str(v.n, num);
         return put_z(cx, pos, b, num);
-    case JV_STR: return jx_append(cx, pos, b, v.s.p, v.s.n);
-    case JV_BOOL: return put_z(cx, pos, b, v.b ? "true" : "false");
-    case JV_NULL: return put_z(cx, pos, b, "null");
-    case JV_UNDEF: return put_z(cx, pos, b, "undefined");
-    case JV_ARR: return put_array_join(cx, pos, b, v.a);
+    case JV_STR:
+        return jx_append(cx, pos, b, v.s.p, v.s.n);
+    case JV_BOOL:
+        return put_z(cx, pos, b, v.b ? "true" : "false");
+    case JV_NULL:
+        return put_z(cx, pos, b, "null");
+    case JV_UNDEF:
+        return put_z(cx, pos, b, "undefined");
+    case JV_ARR:
+        return put_array_join(cx, pos, b, v.a);
     case JV_OBJ:
-    case JV_NS: return put_z(cx, pos, b, "[object Map]");
-    case JV_FN: return jx_fail(cx, pos, "cannot convert a function to text");
-    default: return jx_raw_error(cx, pos);
+    case JV_NS:
+        return put_z(cx, pos, b, "[object Map]");
+    case JV_FN:
+        return jx_fail(cx, pos, "cannot convert a function to text");
+    default:
+        return jx_raw_error(cx, pos);
     }
 }
 
@@ -697,7 +725,8 @@ int jx_put_str(jcx *cx, uint32_t pos, dx_buf *b, jv v)
         jjson_opts o = {0};
         return jx_put_json(cx, pos, b, v, &o, 0, false);
     }
-    default: return jx_put_raw(cx, pos, b, v);
+    default:
+        return jx_put_raw(cx, pos, b, v);
     }
 }
 
@@ -829,24 +858,31 @@ int jx_put_json(jcx *cx, uint32_t pos, dx_buf *b, jv v, const jjson_opts *o, uns
         return jx_limit(cx, pos, "value nested deeper than %u levels (does it contain itself?)",
                         cx->lim.max_depth);
     switch (v.k) {
-    case JV_NULL: return put_z(cx, pos, b, "null");
-    case JV_UNDEF: return put_z(cx, pos, b, undef_null ? "null" : "undefined");
+    case JV_NULL:
+        return put_z(cx, pos, b, "null");
+    case JV_UNDEF:
+        return put_z(cx, pos, b, undef_null ? "null" : "undefined");
     case JV_INT:
     case JV_FLOAT:
         if (!isfinite(v.n)) return put_z(cx, pos, b, "null");
         js_num_str(v.n, num);
         return put_z(cx, pos, b, num);
-    case JV_BOOL: return put_z(cx, pos, b, v.b ? "true" : "false");
-    case JV_STR: return put_json_string(cx, pos, b, v.s, o->ensure_ascii);
+    case JV_BOOL:
+        return put_z(cx, pos, b, v.b ? "true" : "false");
+    case JV_STR:
+        return put_json_string(cx, pos, b, v.s, o->ensure_ascii);
     case JV_ARR:
         if (v.a->tuple) return jx_fail(cx, pos, "cannot convert a tuple to JSON");
         return put_json_array(cx, pos, b, v.a, o, depth, undef_null);
     case JV_OBJ:
         if (v.o->kw) return jx_fail(cx, pos, "cannot convert keyword arguments to JSON");
         return put_json_object(cx, pos, b, v.o, o, depth, undef_null);
-    case JV_NS: return put_json_object(cx, pos, b, v.o, o, depth, undef_null);
-    case JV_FN: return jx_fail(cx, pos, "cannot convert a function to JSON");
-    default: return jx_raw_error(cx, pos);
+    case JV_NS:
+        return put_json_object(cx, pos, b, v.o, o, depth, undef_null);
+    case JV_FN:
+        return jx_fail(cx, pos, "cannot convert a function to JSON");
+    default:
+        return jx_raw_error(cx, pos);
     }
 }
 
@@ -855,15 +891,22 @@ int jx_put_json(jcx *cx, uint32_t pos, dx_buf *b, jv v, const jjson_opts *o, uns
 bool jx_truthy(jv v)
 {
     switch (v.k) {
-    case JV_BOOL: return v.b;
+    case JV_BOOL:
+        return v.b;
     case JV_INT:
-    case JV_FLOAT: return v.n != 0 && !isnan(v.n);
-    case JV_STR: return v.s.n > 0;
-    case JV_ARR: return v.a->n > 0;
-    case JV_OBJ: return v.o->n > 0;
+    case JV_FLOAT:
+        return v.n != 0 && !isnan(v.n);
+    case JV_STR:
+        return v.s.n > 0;
+    case JV_ARR:
+        return v.a->n > 0;
+    case JV_OBJ:
+        return v.o->n > 0;
     case JV_NS:
-    case JV_FN: return true;
-    default: return false;
+    case JV_FN:
+        return true;
+    default:
+        return false;
     }
 }
 
@@ -922,16 +965,27 @@ int jx_to_number(jcx *cx, uint32_t pos, jv v, double *out)
     int rc;
     switch (v.k) {
     case JV_INT:
-    case JV_FLOAT: *out = v.n; return 0;
-    case JV_BOOL: *out = v.b; return 0;
-    case JV_NULL: *out = 0; return 0;
-    case JV_STR: *out = js_str_num(v.s); return 0;
+    case JV_FLOAT:
+        *out = v.n;
+        return 0;
+    case JV_BOOL:
+        *out = v.b;
+        return 0;
+    case JV_NULL:
+        *out = 0;
+        return 0;
+    case JV_STR:
+        *out = js_str_num(v.s);
+        return 0;
     case JV_ARR:
         rc = to_primitive_str(cx, pos, v, &s);
         if (!rc) *out = js_str_num(s);
         return rc;
-    case JV_RAW: return jx_raw_error(cx, pos);
-    default: *out = NAN; return 0;
+    case JV_RAW:
+        return jx_raw_error(cx, pos);
+    default:
+        *out = NAN;
+        return 0;
     }
 }
 
@@ -946,14 +1000,21 @@ static jprim prim_of(jv v)
 {
     switch (v.k) {
     case JV_INT:
-    case JV_FLOAT: return (jprim){.t = P_NUM, .n = v.n};
-    case JV_STR: return (jprim){.t = P_STR, .s = v.s};
-    case JV_BOOL: return (jprim){.t = P_BOOL, .n = v.b};
+    case JV_FLOAT:
+        return (jprim){.t = P_NUM, .n = v.n};
+    case JV_STR:
+        return (jprim){.t = P_STR, .s = v.s};
+    case JV_BOOL:
+        return (jprim){.t = P_BOOL, .n = v.b};
     case JV_NULL:
-    case JV_UNDEF: return (jprim){.t = P_NULLISH};
-    case JV_ARR: return (jprim){.t = P_OBJ, .obj = v.a};
-    case JV_FN: return (jprim){.t = P_OBJ, .obj = v.f};
-    default: return (jprim){.t = P_OBJ, .obj = v.o};
+    case JV_UNDEF:
+        return (jprim){.t = P_NULLISH};
+    case JV_ARR:
+        return (jprim){.t = P_OBJ, .obj = v.a};
+    case JV_FN:
+        return (jprim){.t = P_OBJ, .obj = v.f};
+    default:
+        return (jprim){.t = P_OBJ, .obj = v.o};
     }
 }
 
@@ -1022,24 +1083,44 @@ bool jx_same_value_zero(jv a, jv b)
 static const char *type_name(jv v)
 {
     switch (v.k) {
-    case JV_UNDEF: return "undefined";
-    case JV_NULL: return "none";
-    case JV_BOOL: return "boolean";
-    case JV_INT: return "integer";
-    case JV_FLOAT: return "float";
-    case JV_STR: return "string";
-    case JV_ARR: return v.a->tuple ? "tuple" : "list";
-    case JV_OBJ: return v.o->kw ? "keyword arguments" : "dict";
-    case JV_NS: return "namespace";
-    case JV_FN: return "function";
-    default: return "raw undefined";
+    case JV_UNDEF:
+        return "undefined";
+    case JV_NULL:
+        return "none";
+    case JV_BOOL:
+        return "boolean";
+    case JV_INT:
+        return "integer";
+    case JV_FLOAT:
+        return "float";
+    case JV_STR:
+        return "string";
+    case JV_ARR:
+        return v.a->tuple ? "tuple" : "list";
+    case JV_OBJ:
+        return v.o->kw ? "keyword arguments" : "dict";
+    case JV_NS:
+        return "namespace";
+    case JV_FN:
+        return "function";
+    default:
+        return "raw undefined";
     }
 }
 
-const char *jx_type_name(jv v) { return type_name(v); }
+const char *jx_type_name(jv v)
+{
+    return type_name(v);
+}
 
-static bool numeric_like(jv v) { return v.k == JV_INT || v.k == JV_FLOAT || v.k == JV_BOOL; }
-static double numeric_value(jv v) { return v.k == JV_BOOL ? (double)v.b : v.n; }
+static bool numeric_like(jv v)
+{
+    return v.k == JV_INT || v.k == JV_FLOAT || v.k == JV_BOOL;
+}
+static double numeric_value(jv v)
+{
+    return v.k == JV_BOOL ? (double)v.b : v.n;
+}
 
 static int lower_cmp(jstr a, jstr b)
 {
@@ -1087,11 +1168,16 @@ static int sort_class(jv v)
     switch (v.k) {
     case JV_INT:
     case JV_FLOAT:
-    case JV_BOOL: return 1;
-    case JV_STR: return 2;
-    case JV_NULL: return 3;
-    case JV_UNDEF: return 4;
-    default: return 0; /* never comparable */
+    case JV_BOOL:
+        return 1;
+    case JV_STR:
+        return 2;
+    case JV_NULL:
+        return 3;
+    case JV_UNDEF:
+        return 4;
+    default:
+        return 0; /* never comparable */
     }
 }
 

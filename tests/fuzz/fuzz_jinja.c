@@ -27,7 +27,8 @@ static const char k_vars[] =
     " \"parameters\": {\"type\": \"object\", \"properties\": {\"location\": {\"type\":"
     " \"string\"}}, \"required\": [\"location\"]}}}],"
     "\"add_generation_prompt\": true, \"enable_thinking\": false,"
-    "\"bos_token\": \"<s>\", \"eos_token\": \"</s>\", \"n\": 3, \"f\": 2.5, \"d\": {\"b\": 1, \"a\": 2}}";
+    "\"bos_token\": \"<s>\", \"eos_token\": \"</s>\", \"n\": 3, \"f\": 2.5, \"d\": {\"b\": 1, "
+    "\"a\": 2}}";
 
 static json_t *g_vars;
 
@@ -37,10 +38,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     size_t live = dx_alloc_live_count();
     jinja_tmpl *t;
     if (jinja_parse((const char *)data, size, &t) == 0) {
-        jinja_limits lim = {.max_output = 1 << 16,
-                            .max_memory = 8 << 20,
-                            .max_steps = 200000,
-                            .max_depth = 200};
+        jinja_limits lim = {
+            .max_output = 1 << 16, .max_memory = 8 << 20, .max_steps = 200000, .max_depth = 200};
         dx_buf out;
         dx_buf_init(&out, 0);
         jinja_render_ex(t, g_vars, &lim, &out);
