@@ -222,12 +222,18 @@ struct jarr {
     jv *v;
 };
 
-/* Insertion-ordered map (JavaScript Map); lookups are linear. */
+/* Insertion-ordered map (JavaScript Map).  Small ones are searched
+ * linearly; past JO_LINEAR keys a hash index (open addressing, slot = key
+ * index + 1) keeps lookups constant, so a huge dict from the variables
+ * cannot make a render quadratic. */
+#define JO_LINEAR 16
 struct jobj {
     size_t n, cap;
     bool kw;
     jstr *keys;
     jv *vals;
+    uint32_t *slots; /* NULL until n > JO_LINEAR */
+    size_t nslots;   /* a power of two, at least 2 * cap */
 };
 
 enum jfn_kind { JF_NATIVE, JF_MACRO, JF_CALLER };

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <wctype.h>
+#include <xxhash.h>
 
 #include "base/dx_alloc.h"
 #include "base/dx_err.h"
@@ -195,11 +196,55 @@ int jx_obj_new(jcx *cx, uint32_t pos, enum jkind k, jv *out)
     return 0;
 }
 
+static size_t slot_start(const jobj *o, jstr key)
+{
+    return (size_t)XXH3_64bits(key.p, key.n) & (o->nslots - 1);
+}
+
+/* The slot holding key, or the empty slot where it would go. */
+static size_t slot_find(const jobj *o, jstr key)
+{
+    size_t s = slot_start(o, key);
+    while (o->slots[s] && !jstr_eq(o->keys[o->slots[s] - 1], key)) s = (s + 1) & (o->nslots - 1);
+    return s;
+}
+
+static void index_fill(jobj *o)
+{
+    memset(o->slots, 0, o->nslots * sizeof *o->slots);
+    for (size_t i = 0; i < o->n; i++) o->slots[slot_find(o, o->keys[i])] = (uint32_t)(i + 1);
+}
+
 jv *jo_get(const jobj *o, jstr key)
 {
+    if (o->slots) {
+        uint32_t at = o->slots[slot_find(o, key)];
+        return at ? &o->vals[at - 1] : NULL;
+    }
     for (size_t i = 0; i < o->n; i++)
         if (jstr_eq(o->keys[i], key)) return &o->vals[i];
     return NULL;
+}
+
+static int grow(jcx *cx, uint32_t pos, jobj *o)
+{
+    size_t cap = o->cap ? o->cap * 2 : 4;
+    if (cap > UINT32_MAX / 4) return jx_limit(cx, pos, "a dict with too many keys");
+    jstr *keys = jx_alloc(cx, cap * sizeof *keys);
+    jv *vals = jx_alloc(cx, cap * sizeof *vals);
+    if (!keys || !vals) return jx_oom(cx, pos);
+    if (o->n) {
+        memcpy(keys, o->keys, o->n * sizeof *keys);
+        memcpy(vals, o->vals, o->n * sizeof *vals);
+    }
+    o->keys = keys;
+    o->vals = vals;
+    o->cap = cap;
+    if (cap <= JO_LINEAR) return 0;
+    o->nslots = cap * 2;
+    if (!(o->slots = jx_alloc(cx, o->nslots * sizeof *o->slots))) return jx_oom(cx, pos);
+    index_fill(o);
+    return 0;
 }
 
 int jo_set(jcx *cx, uint32_t pos, jobj *o, jstr key, jv v)
@@ -209,21 +254,11 @@ int jo_set(jcx *cx, uint32_t pos, jobj *o, jstr key, jv v)
         *slot = v;
         return 0;
     }
-    if (o->n == o->cap) {
-        size_t cap = o->cap ? o->cap * 2 : 4;
-        jstr *keys = jx_alloc(cx, cap * sizeof *keys);
-        jv *vals = jx_alloc(cx, cap * sizeof *vals);
-        if (!keys || !vals) return jx_oom(cx, pos);
-        if (o->n) {
-            memcpy(keys, o->keys, o->n * sizeof *keys);
-            memcpy(vals, o->vals, o->n * sizeof *vals);
-        }
-        o->keys = keys;
-        o->vals = vals;
-        o->cap = cap;
-    }
+    int rc = o->n == o->cap ? grow(cx, pos, o) : 0;
+    if (rc) return rc;
     o->keys[o->n] = key;
     o->vals[o->n++] = v;
+    if (o->slots) o->slots[slot_find(o, key)] = (uint32_t)o->n;
     return 0;
 }
 
@@ -234,6 +269,7 @@ bool jo_del(jobj *o, jstr key)
         memmove(o->keys + i, o->keys + i + 1, (o->n - i - 1) * sizeof *o->keys);
         memmove(o->vals + i, o->vals + i + 1, (o->n - i - 1) * sizeof *o->vals);
         o->n--;
+        if (o->slots) index_fill(o); /* later keys moved down one place */
         return true;
     }
     return false;

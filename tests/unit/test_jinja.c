@@ -636,6 +636,44 @@ static void test_allocation_failures(void **state)
     json_decref(v);
 }
 
+/* A dict past JO_LINEAR keys (a big tool schema from a client) is looked up
+ * through its hash index: lookups, copies into a namespace, keyword
+ * arguments, and the deletion of a macro's named parameter from **d.
+ * Outputs from the reference. */
+static void test_big_dict(void **state)
+{
+    (void)state;
+    json_t *d = json_object();
+    for (int i = 0; i < 5000; i++) {
+        char k[16];
+        snprintf(k, sizeof k, "k%d", i);
+        json_object_set_new(d, k, json_integer(i));
+    }
+    json_t *vars = json_pack("{s:o}", "d", d);
+    static const char *const tmpl[][2] = {
+        {"{% set ns = namespace(d) %}{% set acc = namespace(s=0) %}{% for k in d %}"
+         "{% set acc.s = acc.s + d[k] + ns[k] %}{% endfor %}{{ acc.s }} {{ d.get('k4321') }} "
+         "{{ d|length }} {{ 'k77' in d }} {{ 'zz' in d }}",
+         "24995000 4321 5000 true false"},
+        {"{% macro m(k17) %}{{ k17 }} {{ kwargs|length }} {{ kwargs.k4999 }} "
+         "{{ kwargs.k17 is defined }}{% endmacro %}{{ m(**d) }}",
+         "17 4999 4999 false"},
+        {"{{ d|tojson|length }} {{ (d|dictsort)[-1] }} {{ d.items()|list|length }}",
+         "72780 [\"k999\", 999] 5000"},
+    };
+    for (size_t i = 0; i < DX_ARRAY_LEN(tmpl); i++) {
+        jinja_tmpl *t;
+        dx_buf b;
+        dx_buf_init(&b, 0);
+        assert_int_equal(jinja_parse(tmpl[i][0], strlen(tmpl[i][0]), &t), 0);
+        if (jinja_render(t, vars, &b)) fail_msg("%s", dx_errmsg());
+        assert_string_equal(b.data, tmpl[i][1]);
+        dx_buf_free(&b);
+        jinja_free(t);
+    }
+    json_decref(vars);
+}
+
 typedef struct {
     const jinja_tmpl *t;
     json_t *vars;
@@ -697,6 +735,7 @@ int main(void)
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_limits),
         cmocka_unit_test(test_api),
+        cmocka_unit_test(test_big_dict),
         cmocka_unit_test(test_allocation_failures),
         cmocka_unit_test(test_concurrent_renders),
     };
