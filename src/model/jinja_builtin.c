@@ -85,7 +85,7 @@ int jx_builtin_member(jcx *cx, uint32_t pos, jv self, jstr name, jv *out)
     int id = -1;
     if ((self.k == JV_STR || self.k == JV_ARR) && jstr_is(name, "length")) {
         *out = jv_int(self.k == JV_STR ? (double)js_utf16_len(self.s) : (double)self.a->n);
-        return 0;
+        return self.k == JV_STR ? jx_steps(cx, pos, self.s.n / 64) : 0;
     }
     if (self.k == JV_STR) id = find_named(k_str_methods, DX_ARRAY_LEN(k_str_methods), name);
     if (self.k == JV_OBJ) id = find_named(k_obj_methods, DX_ARRAY_LEN(k_obj_methods), name);
@@ -334,16 +334,12 @@ static int split_ws(jcx *cx, uint32_t pos, jstr s, double maxsplit, jv *out)
  * result.push(result.splice(maxsplit).join(sep)). */
 static int split_sep(jcx *cx, uint32_t pos, jstr s, jstr sep, double maxsplit, jv *out)
 {
-    int rc = 0;
+    int rc = jx_steps(cx, pos, s.n / 64);
     size_t start = 0;
-    for (size_t i = 0; !rc && i + sep.n <= s.n;) {
-        if (memcmp(s.p + i, sep.p, sep.n)) {
-            i++;
-            continue;
-        }
-        rc = push_part(cx, pos, out, s.p + start, i - start);
-        i += sep.n;
-        start = i;
+    const char *hit;
+    while (!rc && (hit = memmem(s.p + start, s.n - start, sep.p, sep.n)) != NULL) {
+        rc = push_part(cx, pos, out, s.p + start, (size_t)(hit - (s.p + start)));
+        start = (size_t)(hit - s.p) + sep.n;
     }
     if (!rc) rc = push_part(cx, pos, out, s.p + start, s.n - start);
     double len = (double)out->a->n;
@@ -391,25 +387,22 @@ static int replace_in(jcx *cx, uint32_t pos, jstr s, jstr old, jstr rep, double 
     double remaining = isnan(count) ? NAN : count < 0 ? INFINITY : count;
     dx_buf b;
     jx_buf_init(cx, &b);
-    int rc = 0;
-    size_t i = 0, run = 0;
-    while (!rc && i <= s.n) {
-        bool hit = old.n ? i + old.n <= s.n && !memcmp(s.p + i, old.p, old.n) : true;
-        if (hit && remaining > 0) {
-            remaining--;
-            rc = jx_append(cx, pos, &b, s.p + run, i - run);
-            if (!rc) rc = jx_append(cx, pos, &b, rep.p, rep.n);
-            if (!rc) rc = jx_steps(cx, pos, 1);
-            i += old.n;
-            run = i;
-            if (old.n) continue;
-        } else if (hit && old.n) {
-            i += old.n;
-            continue;
+    int rc = jx_steps(cx, pos, s.n / 64);
+    size_t run = 0; /* start of the text not yet copied */
+    for (size_t i = 0; !rc && remaining > 0 && i <= s.n;) {
+        size_t at = i; /* the next match: anywhere for old, before the next character for "" */
+        if (old.n) {
+            const char *hit = memmem(s.p + i, s.n - i, old.p, old.n);
+            if (!hit) break;
+            at = (size_t)(hit - s.p);
         }
-        if (i == s.n) break;
+        remaining--;
+        rc = jx_append(cx, pos, &b, s.p + run, at - run);
+        if (!rc) rc = jx_append(cx, pos, &b, rep.p, rep.n);
+        if (!rc) rc = jx_steps(cx, pos, 1);
+        run = at + old.n;
         uint32_t cp;
-        i += old.n ? 1 : utf8_dec(s.p + i, s.n - i, &cp);
+        i = old.n ? run : at < s.n ? at + utf8_dec(s.p + at, s.n - at, &cp) : s.n + 1;
     }
     if (!rc) rc = jx_append(cx, pos, &b, s.p + run, s.n - run);
     if (!rc) rc = new_str(cx, pos, &b, out);
@@ -441,17 +434,11 @@ static int str_find(jcx *cx, uint32_t pos, jstr s, const jv *args, size_t n, jv 
 {
     if (!n || args[0].k != JV_STR) return jx_fail(cx, pos, "find() needs a string argument");
     jstr sub = args[0].s;
+    const char *hit = sub.n ? memmem(s.p, s.n, sub.p, sub.n) : s.p;
     size_t cps = 0;
-    for (size_t i = 0; i + sub.n <= s.n; i++) {
-        if (((unsigned char)s.p[i] & 0xC0) == 0x80) continue;
-        if (!memcmp(s.p + i, sub.p, sub.n)) {
-            *out = jv_int((double)cps);
-            return 0;
-        }
-        cps++;
-    }
-    *out = jv_int(-1);
-    return 0;
+    for (const char *c = s.p; hit && c < hit; c++) cps += ((unsigned char)*c & 0xC0) != 0x80;
+    *out = jv_int(hit ? (double)cps : -1);
+    return jx_steps(cx, pos, s.n / 64);
 }
 
 static int call_str_method(jcx *cx, uint32_t pos, int id, jstr s, const jv *args, size_t n, jv *out)
@@ -1055,9 +1042,10 @@ static int array_filter(jcx *cx, uint32_t pos, jv v, jstr f, jv *out)
 static int string_filter(jcx *cx, uint32_t pos, jv v, jstr f, jv *out)
 {
     double d;
-    if (is_name(f, "length") || is_name(f, "count"))
+    if (is_name(f, "length") || is_name(f, "count")) {
         *out = jv_int((double)js_utf16_len(v.s));
-    else if (is_name(f, "upper"))
+        return jx_steps(cx, pos, v.s.n / 64);
+    } else if (is_name(f, "upper"))
         return jx_case(cx, pos, v.s, true, out);
     else if (is_name(f, "lower"))
         return jx_case(cx, pos, v.s, false, out);

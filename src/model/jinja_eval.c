@@ -269,6 +269,8 @@ static int string_at(jcx *cx, uint32_t pos, jstr s, double idx, jv *out)
     double len = (double)js_utf16_len(s), i = isnan(idx) ? 0 : trunc(idx);
     if (i < 0) i += len;
     *out = jv_undef();
+    int rc = jx_steps(cx, pos, s.n / 32); /* the walks over the string */
+    if (rc) return rc;
     if (!(i >= 0 && i < len)) return 0;
     size_t unit = 0, at = 0;
     for (;;) {
@@ -468,10 +470,7 @@ static bool eval_numeric(uint8_t op, jv l, jv r, jv *out)
 
 static bool str_contains(jstr hay, jstr needle)
 {
-    if (!needle.n) return true;
-    for (size_t i = 0; i + needle.n <= hay.n; i++)
-        if (!memcmp(hay.p + i, needle.p, needle.n)) return true;
-    return false;
+    return !needle.n || (hay.n && memmem(hay.p, hay.n, needle.p, needle.n));
 }
 
 static bool in_array(const jarr *a, jv x)
@@ -512,7 +511,7 @@ static int eval_typed(jcx *cx, uint32_t pos, uint8_t op, jv l, jv r, jv *out)
     if ((l.k == JV_STR || r.k == JV_STR) && op == JOP_ADD) return concat_raw(cx, pos, l, r, out);
     if (l.k == JV_STR && r.k == JV_STR && in) {
         *out = jv_bool(str_contains(r.s, l.s) == (op == JOP_IN));
-        return 0;
+        return jx_steps(cx, pos, r.s.n / 64);
     }
     if (l.k == JV_STR && r.k == JV_OBJ && in) {
         *out = jv_bool((jo_get(r.o, l.s) != NULL) == (op == JOP_IN));

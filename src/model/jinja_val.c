@@ -280,8 +280,12 @@ void jx_buf_init(jcx *cx, dx_buf *b)
     dx_buf_init(b, cx->lim.max_output);
 }
 
+/* Text work counts against the steps too (a step per 64 bytes), so that
+ * string operations in a loop cannot run long on few steps. */
 int jx_append(jcx *cx, uint32_t pos, dx_buf *b, const char *p, size_t n)
 {
+    int rc = n >= 64 ? jx_steps(cx, pos, n / 64) : 0;
+    if (rc) return rc;
     if (!dx_buf_append(b, p, n)) return 0;
     if (dx_errcode() == DX_ETOOBIG)
         return jx_limit(cx, pos, "output longer than the limit of %zu bytes", b->max);
@@ -560,7 +564,7 @@ int jx_case(jcx *cx, uint32_t pos, jstr s, bool upper, jv *out)
 {
     dx_buf b;
     jx_buf_init(cx, &b);
-    int rc = 0;
+    int rc = jx_steps(cx, pos, s.n / 64);
     for (size_t i = 0; !rc && i < s.n;) {
         uint32_t cp;
         i += utf8_dec(s.p + i, s.n - i, &cp);
