@@ -156,62 +156,73 @@ int jx_eval_args(jcx *cx, jenv *env, const jlist *args, jv **pos_out, size_t *np
     return 0;
 }
 
-static int bind_error(jcx *cx, uint32_t pos, const jnode *fn_node, const char *what, jstr key,
-                      size_t n)
+static int bind_error(jcx *cx, uint32_t pos, const jnode *fn_node, jstr key, size_t n)
 {
     char name[80];
     if (fn_node->kind == JN_MACRO)
         snprintf(name, sizeof name, "'%.*s'", (int)(fn_node->str.n > 60 ? 60 : fn_node->str.n),
                  fn_node->str.p);
     else
-        strcpy(name, "None");
+        strcpy(name, "None"); /* a call block, as Jinja names it */
     if (key.n)
         return jx_fail(cx, pos, "macro %s takes no keyword argument '%.*s'", name, (int)key.n,
                        key.p);
-    return jx_fail(cx, pos, "macro %s takes not more than %zu argument(s)%s", name, n, what);
+    return jx_fail(cx, pos, "macro %s takes not more than %zu argument(s)", name, n);
+}
+
+/* The call's trailing keyword arguments, copied because binding takes the
+ * parameters' names out of them; an empty dict if there are none. */
+static int take_kwargs(jcx *cx, uint32_t pos, jv *args, size_t *nargs, jv *kw)
+{
+    int rc = jx_obj_new(cx, pos, JV_OBJ, kw);
+    if (rc || !*nargs || args[*nargs - 1].k != JV_OBJ || !args[*nargs - 1].o->kw) return rc;
+    const jobj *src = args[--*nargs].o;
+    for (size_t i = 0; !rc && i < src->n; i++)
+        rc = jo_set(cx, pos, kw->o, src->keys[i], src->vals[i]);
+    return rc;
+}
+
+/* What no parameter took goes to kwargs / varargs when the body reads them,
+ * and is an error otherwise. */
+static int bind_extras(jcx *cx, uint32_t pos, const jnode *fn_node, size_t nparams, const jv *args,
+                       size_t nargs, jv kw, jenv *scope)
+{
+    int rc = 0;
+    if (fn_node->op & JN_USES_KWARGS)
+        rc = env_set(cx, pos, scope, JSTR("kwargs"), kw);
+    else if (kw.o->n)
+        return bind_error(cx, pos, fn_node, kw.o->keys[0], 0);
+    if (rc || !(fn_node->op & JN_USES_VARARGS))
+        return rc || nargs <= nparams ? rc : bind_error(cx, pos, fn_node, (jstr){NULL, 0}, nparams);
+    size_t extra = nargs > nparams ? nargs - nparams : 0;
+    jv va;
+    rc = jx_arr_new(cx, pos, extra, &va);
+    for (size_t i = 0; !rc && i < extra; i++) va.a->v[i] = args[nparams + i];
+    return rc ? rc : env_set(cx, pos, scope, JSTR("varargs"), va);
 }
 
 /* bindMacroArguments: every parameter is bound (to undefined if missing)
  * before any default is evaluated, so defaults see parameters, not outer
- * names. */
+ * names.  JavaScript's raw undefined counts as a missing argument. */
 static int bind_args(jcx *cx, uint32_t pos, const jnode *fn_node, const jlist *params, jv *args,
                      size_t nargs, jenv *scope)
 {
-    jv kwv;
-    int rc = jx_obj_new(cx, pos, JV_OBJ, &kwv);
-    if (rc) return rc;
-    if (nargs && args[nargs - 1].k == JV_OBJ && args[nargs - 1].o->kw) {
-        const jobj *src = args[--nargs].o;
-        for (size_t i = 0; !rc && i < src->n; i++)
-            rc = jo_set(cx, pos, kwv.o, src->keys[i], src->vals[i]);
-    }
+    jv kw;
+    int rc = take_kwargs(cx, pos, args, &nargs, &kw);
     bool *pending = params->n ? jx_alloc(cx, params->n * sizeof *pending) : NULL;
-    if (params->n && !pending) return jx_oom(cx, pos);
+    if (!rc && params->n && !pending) rc = jx_oom(cx, pos);
     for (uint32_t i = 0; !rc && i < params->n; i++) {
         const jnode *p = params->v[i];
         jv v = i < nargs ? args[i] : (jv){.k = JV_RAW};
-        jv *k = v.k == JV_RAW ? jo_get(kwv.o, p->str) : NULL;
+        jv *k = v.k == JV_RAW ? jo_get(kw.o, p->str) : NULL;
         if (k) {
             v = *k;
-            jo_del(kwv.o, p->str);
+            jo_del(kw.o, p->str);
         }
         pending[i] = v.k == JV_RAW && p->kind == JN_KWARG;
         rc = env_set(cx, pos, scope, p->str, v.k == JV_RAW ? jv_undef() : v);
     }
-    if (rc) return rc;
-    if (fn_node->op & JN_USES_KWARGS)
-        rc = env_set(cx, pos, scope, JSTR("kwargs"), kwv);
-    else if (kwv.o->n)
-        return bind_error(cx, pos, fn_node, "", kwv.o->keys[0], 0);
-    if (!rc && (fn_node->op & JN_USES_VARARGS)) {
-        size_t extra = nargs > params->n ? nargs - params->n : 0;
-        jv va;
-        rc = jx_arr_new(cx, pos, extra, &va);
-        for (size_t i = 0; !rc && i < extra; i++) va.a->v[i] = args[params->n + i];
-        if (!rc) rc = env_set(cx, pos, scope, JSTR("varargs"), va);
-    } else if (!rc && nargs > params->n) {
-        return bind_error(cx, pos, fn_node, "", (jstr){NULL, 0}, params->n);
-    }
+    if (!rc) rc = bind_extras(cx, pos, fn_node, params->n, args, nargs, kw, scope);
     for (uint32_t i = 0; !rc && i < params->n; i++) {
         jv v;
         if (!pending[i]) continue;
