@@ -13,6 +13,7 @@
 #include "base/dx_alloc.h"
 #include "base/dx_dtype.h"
 #include "base/dx_err.h"
+#include "model/tok_norm.h"
 
 struct model {
     gguf_ctx *g;
@@ -184,6 +185,41 @@ static int bind_layer(model *m, uint32_t i)
     return 0;
 }
 
+typedef struct {
+    int add_bos, add_eos;
+    enum tok_norm norm;
+} tok_flags;
+
+/* An optional boolean key; anything but a bool is an error naming it. */
+static int get_opt_bool(const model *m, const char *key, int *v)
+{
+    int rc = gguf_get_bool(m->g, key, v);
+    return rc == DX_ENOENT ? 0 : rc ? dx_err_wrap(rc, "%s", m->path) : 0;
+}
+
+/* add_bos_token defaults as in llama.cpp: on for the Llama 3 pre-tokenizer,
+ * off otherwise, and the file's key wins.  The normalizer is duplex's own
+ * key (duplex model synth --tokenizer writes it from tokenizer.json); a
+ * file converted elsewhere has none and is not normalised, as llama.cpp
+ * does not normalise either, so both give the same tokens for it. */
+static int load_tok_flags(const model *m, enum tok_pre pre, tok_flags *out)
+{
+    out->add_bos = pre == TOK_PRE_LLAMA3;
+    out->add_eos = 0;
+    out->norm = TOK_NORM_NONE;
+    int rc;
+    if ((rc = get_opt_bool(m, "tokenizer.ggml.add_bos_token", &out->add_bos)) ||
+        (rc = get_opt_bool(m, "tokenizer.ggml.add_eos_token", &out->add_eos)))
+        return rc;
+    gguf_str s;
+    rc = gguf_get_str(m->g, MODEL_KEY_NORMALIZER, &s);
+    if (rc == DX_ENOENT) return 0;
+    if (rc) return dx_err_wrap(rc, "%s", m->path);
+    if ((rc = tok_norm_parse(s.ptr, (size_t)s.len, &out->norm)))
+        return dx_err_wrap(rc, "%s: %s", m->path, MODEL_KEY_NORMALIZER);
+    return 0;
+}
+
 static int load_tokenizer(model *m)
 {
     gguf_str s;
@@ -233,7 +269,12 @@ static int load_tokenizer(model *m)
     gguf_get_u32(m->g, "tokenizer.ggml.bos_token_id", &bos);
     gguf_get_u32(m->g, "tokenizer.ggml.eos_token_id", &eos);
     gguf_get_u32(m->g, "tokenizer.ggml.eot_token_id", &eot);
-    tok_config tc = {.tokens = tv,
+    tok_flags fl;
+    if ((rc = load_tok_flags(m, pre, &fl))) goto out;
+    tok_config tc = {.add_bos = fl.add_bos,
+                     .add_eos = fl.add_eos,
+                     .norm = fl.norm,
+                     .tokens = tv,
                      .n_tokens = n_tok,
                      .token_types = tt,
                      .merges = mv,

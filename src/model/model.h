@@ -25,6 +25,11 @@
 
 enum model_arch { MODEL_LLAMA, MODEL_QWEN2, MODEL_QWEN3 };
 
+/* duplex's own GGUF key: the tokenizer's text normalizer ("nfc"), written
+ * from a tokenizer.json that asks for one.  Files without it are not
+ * normalised (as llama.cpp, which has no such key). */
+#define MODEL_KEY_NORMALIZER "duplex.tokenizer.normalizer"
+
 typedef struct {
     enum model_arch arch;
     char arch_name[16];
