@@ -20,7 +20,7 @@ struct model {
     char *path;
     char name[128];
     model_hparams hp;
-    model_tensor tok_embd, output_norm, output;
+    model_tensor tok_embd, output_norm, output, rope_freqs;
     model_layer *layers;
     float **owned; /* f32 copies of 1-D tensors */
     size_t n_owned, cap_owned;
@@ -394,6 +394,20 @@ static void set_name(model *m)
     }
 }
 
+/* Optional; each divisor must be a positive finite number. */
+static int bind_rope_freqs(model *m)
+{
+    int rc = bind(m, "rope_freqs.weight", m->hp.head_dim / 2, 0, 1, &m->rope_freqs);
+    if (rc || !m->rope_freqs.data) return rc;
+    m->n_params -= m->hp.head_dim / 2; /* not a weight of the network */
+    const float *f = m->rope_freqs.data;
+    for (uint32_t i = 0; i < m->hp.head_dim / 2; i++)
+        if (!(f[i] > 0 && f[i] < 1e30f))
+            return dx_errf(DX_EFORMAT, "%s: rope_freqs.weight[%u] is %g (want a positive number)",
+                           m->path, i, (double)f[i]);
+    return 0;
+}
+
 static int load_all(model *m)
 {
     int rc;
@@ -411,6 +425,7 @@ static int load_all(model *m)
         m->output = m->tok_embd;
         m->hp.tied_output = 1;
     }
+    if ((rc = bind_rope_freqs(m))) return rc;
     m->layers = dx_calloc(hp->n_layer, sizeof *m->layers);
     if (!m->layers) return dx_errf(DX_ENOMEM, "out of memory loading %s", m->path);
     for (uint32_t i = 0; i < hp->n_layer; i++)
@@ -480,6 +495,7 @@ const model_layer *model_layer_at(const model *m, uint32_t i) { return &m->layer
 const model_tensor *model_tok_embd(const model *m) { return &m->tok_embd; }
 const model_tensor *model_output_norm(const model *m) { return &m->output_norm; }
 const model_tensor *model_output(const model *m) { return &m->output; }
+const float *model_rope_freqs(const model *m) { return m->rope_freqs.data; }
 const tok *model_tokenizer(const model *m) { return m->tk; }
 enum chat_tmpl_kind model_chat_kind(const model *m) { return m->chat; }
 const gguf_ctx *model_gguf(const model *m) { return m->g; }

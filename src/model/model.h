@@ -67,6 +67,10 @@ const model_layer *model_layer_at(const model *m, uint32_t i);
 const model_tensor *model_tok_embd(const model *m);    /* [n_vocab][n_embd] */
 const model_tensor *model_output_norm(const model *m); /* [n_embd] */
 const model_tensor *model_output(const model *m);      /* [n_vocab][n_embd], may be tok_embd */
+/* Rope frequency divisors [head_dim / 2] (llama.cpp's rope_freqs.weight,
+ * how Llama 3.1+ rope scaling is stored), or NULL: frequency i is
+ * base^(-2i/head_dim) / divisor[i]. */
+const float *model_rope_freqs(const model *m);
 const tok *model_tokenizer(const model *m);
 enum chat_tmpl_kind model_chat_kind(const model *m);
 const gguf_ctx *model_gguf(const model *m);
