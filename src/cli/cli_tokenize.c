@@ -252,8 +252,8 @@ int cli_tokenize_main(int argc, char **argv)
         return 2;
     }
     unsigned flags = (special ? TOK_ALLOW_SPECIAL : 0) | (no_bos ? 0 : TOK_ADD_SPECIAL);
-    model *m;
-    if (model_load(path, &m)) {
+    model *m; /* the tokenizer only: no weights are bound or read */
+    if (model_load_tokenizer(path, &m)) {
         fprintf(stderr, "duplex tokenize: %s\n", dx_errmsg());
         return 1;
     }
