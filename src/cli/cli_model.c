@@ -68,7 +68,8 @@ static void print_info(const model *m)
     printf("rms epsilon:     %g\n", hp->rms_eps);
     char base[32];
     cli_fmt_num(base, sizeof base, hp->rope_base);
-    printf("rope:            base %s, %s\n", base, hp->rope_neox ? "neox" : "normal");
+    printf("rope:            base %s, %s%s\n", base, hp->rope_neox ? "neox" : "normal",
+           model_rope_freqs(m) ? ", frequency divisors (rope_freqs.weight: Llama 3 scaling)" : "");
     printf("extras:          %s%s%s\n", hp->qk_norm ? "q/k norm " : "",
            hp->qkv_bias ? "qkv bias " : "", hp->tied_output ? "tied output" : "untied output");
     uint64_t count[64] = {0}, bytes[64] = {0};

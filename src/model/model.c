@@ -6,6 +6,7 @@
  * shape and type; the error names it. */
 #include "model/model.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 #include <xxhash.h>
@@ -363,10 +364,10 @@ static void fp_tensor(XXH3_state_t *st, const gguf_tensor_info *ti)
     fp_u64(st, h.high64);
 }
 
-static int compute_fingerprint(model *m)
+/* Hashes everything into st (created by the caller, so that nothing here
+ * can fail: it may run on a thread of its own) and stores the result. */
+static void fingerprint_into(model *m, XXH3_state_t *st)
 {
-    XXH3_state_t *st = XXH3_createState();
-    if (!st) return dx_errf(DX_ENOMEM, "out of memory fingerprinting %s", m->path);
     XXH3_128bits_reset(st);
     fp_str(st, FP_TAG, strlen(FP_TAG));
     fp_hparams(st, &m->hp);
@@ -377,10 +378,20 @@ static int compute_fingerprint(model *m)
         fp_tensor(st, &ti);
     }
     XXH128_hash_t h = XXH3_128bits_digest(st);
-    XXH3_freeState(st);
     m->fingerprint[0] = h.low64;
     m->fingerprint[1] = h.high64;
-    return 0;
+}
+
+typedef struct {
+    model *m;
+    XXH3_state_t *st;
+} fp_job;
+
+static void *fingerprint_thread(void *arg)
+{
+    fp_job *j = arg;
+    fingerprint_into(j->m, j->st);
+    return NULL;
 }
 
 static void set_name(model *m)
@@ -430,13 +441,25 @@ static int load_all(model *m)
     if (!m->layers) return dx_errf(DX_ENOMEM, "out of memory loading %s", m->path);
     for (uint32_t i = 0; i < hp->n_layer; i++)
         if ((rc = bind_layer(m, i))) return rc;
-    if ((rc = load_tokenizer(m))) return rc;
-    if (tok_vocab_size(m->tk) > hp->n_vocab)
-        return dx_errf(DX_EFORMAT, "%s: tokenizer has %zu tokens but the embedding only %u rows",
-                       m->path, tok_vocab_size(m->tk), hp->n_vocab);
-    if ((rc = load_chat(m))) return rc;
-    set_name(m);
-    return compute_fingerprint(m);
+    /* The fingerprint reads every weight byte and a real vocabulary takes
+     * tens of ms to index: the two run side by side (both only read the
+     * mapping), which takes the vocabulary off the start-up time. */
+    fp_job job = {.m = m, .st = XXH3_createState()};
+    if (!job.st) return dx_errf(DX_ENOMEM, "out of memory fingerprinting %s", m->path);
+    pthread_t th;
+    int threaded = pthread_create(&th, NULL, fingerprint_thread, &job) == 0;
+    rc = load_tokenizer(m);
+    if (!rc && tok_vocab_size(m->tk) > hp->n_vocab)
+        rc = dx_errf(DX_EFORMAT, "%s: tokenizer has %zu tokens but the embedding only %u rows",
+                     m->path, tok_vocab_size(m->tk), hp->n_vocab);
+    if (!rc) rc = load_chat(m);
+    if (threaded)
+        pthread_join(th, NULL); /* also on error: the caller unmaps the file next */
+    else
+        fingerprint_into(m, job.st);
+    XXH3_freeState(job.st);
+    if (!rc) set_name(m);
+    return rc;
 }
 
 /* Only what counting a prompt's tokens needs: the hyper-parameters (the
