@@ -70,7 +70,7 @@ static int setup(void **state)
     strcpy(g_dir, "/tmp/dx_itest_tokreal_XXXXXX");
     if (!mkdtemp(g_dir)) return -1;
     for (int w = 0; w < 2; w++) {
-        char cmd[256], out[600];
+        char cmd[256], out[sizeof g_src[0]];
         snprintf(cmd, sizeof cmd, "node tests/integration/node/tok_ref.mjs %s path 2>&1",
                  k_which[w]);
         FILE *p = popen(cmd, "r");
