@@ -351,6 +351,42 @@ static void test_llama3_equals_transformers(void **state)
     check_tokenizer(1);
 }
 
+/* The imported files are ordinary GGUF: Hugging Face's own GGUF parser
+ * (@huggingface/gguf) reads the same vocabulary, merges, ids and template
+ * that duplex reads. */
+static void test_gguf_read_by_hf(void **state)
+{
+    (void)state;
+    static const char *const keys[] = {"tokenizer.ggml.tokens", "tokenizer.ggml.token_type",
+                                       "tokenizer.ggml.merges"};
+    for (int w = 0; w < 2; w++) {
+        char *out = capture("node tests/integration/node/gguf_check.mjs %s", g_model[w]);
+        json_error_t e;
+        json_t *j = json_loads(out, 0, &e), *meta = json_object_get(j, "meta");
+        if (!meta) fail_msg("gguf_check.mjs: %s", e.text);
+        gguf_ctx *g;
+        assert_int_equal(gguf_open(g_model[w], &g), 0);
+        for (size_t k = 0; k < DX_ARRAY_LEN(keys); k++) {
+            uint64_t n;
+            assert_int_equal(gguf_get_arr(g, keys[k], NULL, &n, NULL), 0);
+            assert_int_equal(json_integer_value(json_object_get(json_object_get(meta, keys[k]), "len")),
+                             (json_int_t)n);
+        }
+        gguf_str t;
+        assert_int_equal(gguf_get_str(g, "tokenizer.chat_template", &t), 0);
+        json_t *ht = json_object_get(meta, "tokenizer.chat_template");
+        assert_int_equal(json_string_length(ht), t.len);
+        assert_memory_equal(json_string_value(ht), t.ptr, t.len);
+        uint32_t eos;
+        assert_int_equal(gguf_get_u32(g, "tokenizer.ggml.eos_token_id", &eos), 0);
+        assert_int_equal(json_integer_value(json_object_get(meta, "tokenizer.ggml.eos_token_id")),
+                         eos);
+        gguf_close(g);
+        json_decref(j);
+        free(out);
+    }
+}
+
 /* The real shape: 151,936 embedding rows, the vocabulary padded to them;
  * it tokenises as the tiny model does and serves a chat prompt. */
 static void test_qwen3_06b_shape(void **state)
@@ -422,6 +458,7 @@ int main(void)
         cmocka_unit_test(test_qwen3_equals_transformers),
         cmocka_unit_test(test_llama3_equals_transformers),
         cmocka_unit_test(test_llama3_add_bos),
+        cmocka_unit_test(test_gguf_read_by_hf),
         cmocka_unit_test(test_qwen3_06b_shape),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
