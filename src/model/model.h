@@ -10,7 +10,8 @@
  * computes: the architecture, its hyper-parameters (each field hashed on its
  * own), and every tensor's name, shape, type and all of its data bytes.  It
  * is computed once at load (one pass over the weights: ~50 ms for 843 MiB
- * with the file in the page cache).  Two nodes share KV only if their
+ * with the file in the page cache), on a thread of its own while the
+ * tokenizer is built.  Two nodes share KV only if their
  * fingerprints match, and it seeds every KV block hash chain, so a change
  * of one weight byte anywhere gives other KV. */
 #ifndef MODEL_H

@@ -16,7 +16,9 @@
  *
  * Also: the qwen3-0.6b preset with the real vocabulary (151,936 rows) loads,
  * tokenises the same and generates; a Llama 3 tokenizer_config.json that
- * asks for BOS makes duplex add it to raw prompts. */
+ * asks for BOS makes duplex add it to raw prompts (tokenize, generate, the
+ * completions API) and exactly one to chats; Hugging Face's GGUF parser
+ * reads the imported files as duplex does. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -24,6 +26,7 @@
 #include <cmocka.h>
 
 #include <jansson.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -450,6 +453,40 @@ static void test_llama3_add_bos(void **state)
     gen = capture("%s generate --model %s --chat 'Hi' -n 1 2>&1", g_bin, path);
     if (!strstr(gen, "prompt: 11 tokens")) fail_msg("generate --chat:\n%s", gen);
     free(gen);
+    /* the server alike: usage.prompt_tokens counts the BOS of a completion
+     * prompt, and a chat has one BOS */
+    char log[128];
+    snprintf(log, sizeof log, "%s/serve.log", g_dir);
+    const char *argv[] = {"serve", "--model", path, "--port", "0", "--kv-cache-mb", "64", NULL};
+    tp_proc p;
+    tp_start(&p, g_bin, log, argv, "duplex serve: model=");
+    dx_buf b;
+    dx_buf_init(&b, 0);
+    while (tc_http(p.http, "GET", "/health", NULL, &b, 10) != 200) tp_sleep_ms(5);
+    static const struct {
+        const char *path, *body;
+        int prompt_tokens;
+    } reqs[] = {
+#define M "\"model\":\"duplex-synth-llama-tiny-bf16\","
+        {"/v1/completions", "{" M "\"prompt\":\"Hello world\",\"max_tokens\":1}", 3},
+        {"/v1/completions", "{" M "\"prompt\":[9906,1917],\"max_tokens\":1}", 2}, /* ids as given */
+        {"/v1/chat/completions",
+         "{" M "\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"max_tokens\":1}", 11},
+#undef M
+    };
+    for (size_t i = 0; i < DX_ARRAY_LEN(reqs); i++) {
+        long st = tc_http(p.http, "POST", reqs[i].path, reqs[i].body, &b, 30);
+        if (st != 200) fail_msg("%s %s: %ld %s", reqs[i].path, reqs[i].body, st, b.data);
+        json_t *j = json_loads(b.data, 0, NULL);
+        json_int_t got = json_integer_value(json_object_get(json_object_get(j, "usage"),
+                                                            "prompt_tokens"));
+        if (got != reqs[i].prompt_tokens)
+            fail_msg("%s %s: prompt_tokens %lld, want %d", reqs[i].path, reqs[i].body,
+                     (long long)got, reqs[i].prompt_tokens);
+        json_decref(j);
+    }
+    dx_buf_free(&b);
+    assert_int_equal(tp_stop(&p, SIGTERM, 20), 0);
 }
 
 int main(void)
