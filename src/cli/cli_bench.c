@@ -121,8 +121,8 @@ static int bench_tok(int argc, char **argv)
     dx_buf text;
     dx_buf_init(&text, 0);
     bench_tok_result r;
-    bench_tok_config cfg = {.model = path, .reps = (uint32_t)reps,
-                            .flags = special ? TOK_ALLOW_SPECIAL : 0};
+    bench_tok_config cfg = {
+        .model = path, .reps = (uint32_t)reps, .flags = special ? TOK_ALLOW_SPECIAL : 0};
     if (!(rc = tok_sample(jsonl ? jsonl : file, !!jsonl, &text))) {
         cfg.text = text.data;
         cfg.len = text.len;

@@ -138,7 +138,8 @@ int cli_generate_main(int argc, char **argv)
     double ttft = (double)(g.t_first - t0) * 1e-9, dec = (double)(g.t_end - g.t_first) * 1e-9;
     char end[160] = "";
     const tok *tk = model_tokenizer(m);
-    if (g.fin.finish == ENGINE_FINISH_STOP && !ignore_eos && g.fin.n_gen && tok_is_eog(tk, g.last)) {
+    if (g.fin.finish == ENGINE_FINISH_STOP && !ignore_eos && g.fin.n_gen &&
+        tok_is_eog(tk, g.last)) {
         tok_strview p = tok_piece(tk, g.last);
         snprintf(end, sizeof end, ", the last the end token %d %.*s", g.last,
                  (int)(p.len > 64 ? 64 : p.len), p.ptr ? p.ptr : "");

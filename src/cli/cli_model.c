@@ -14,8 +14,7 @@ static int cmd_synth(int argc, char **argv)
     const char *arch = NULL, *preset = "tiny", *dtype = "f32", *out = NULL, *tokenizer = NULL;
     uint64_t seed = 1;
     const cli_opt opts[] = {
-        {"arch", CLI_STR, &arch, 0, 0,
-         "qwen3 | qwen2 | llama (default: the preset's, else qwen3)"},
+        {"arch", CLI_STR, &arch, 0, 0, "qwen3 | qwen2 | llama (default: the preset's, else qwen3)"},
         {"preset", CLI_STR, &preset, 0, 0,
          "tiny | small | 0.6b | qwen3-0.6b | llama3.2-1b (default tiny)"},
         {"dtype", CLI_STR, &dtype, 0, 0, "f32 | f16 | bf16 | q8_0 (default f32)"},

@@ -140,12 +140,18 @@ static void print_json_string(const char *s, size_t n)
             i++;
             continue;
         }
-        if (c == '"' || c == '\\') printf("\\%c", c);
-        else if (c == '\n') fputs("\\n", stdout);
-        else if (c == '\t') fputs("\\t", stdout);
-        else if (c == '\r') fputs("\\r", stdout);
-        else if (c < 0x20 || c == 0x7f) printf("\\u%04x", c);
-        else fwrite(s + i, 1, k, stdout);
+        if (c == '"' || c == '\\')
+            printf("\\%c", c);
+        else if (c == '\n')
+            fputs("\\n", stdout);
+        else if (c == '\t')
+            fputs("\\t", stdout);
+        else if (c == '\r')
+            fputs("\\r", stdout);
+        else if (c < 0x20 || c == 0x7f)
+            printf("\\u%04x", c);
+        else
+            fwrite(s + i, 1, k, stdout);
         i += k;
     }
     puts("\"");
@@ -179,8 +185,10 @@ static int jsonl_line(const model *m, const char *line, size_t len, size_t linen
         json_array_foreach(v, i, e)
         {
             if (!json_is_integer(e) || json_integer_value(e) < 0 ||
-                json_integer_value(e) > INT32_MAX || tok_ids_push(&ids, (int32_t)json_integer_value(e))) {
-                fprintf(stderr, "duplex tokenize --jsonl: line %zu: element %zu is not a token id\n",
+                json_integer_value(e) > INT32_MAX ||
+                tok_ids_push(&ids, (int32_t)json_integer_value(e))) {
+                fprintf(stderr,
+                        "duplex tokenize --jsonl: line %zu: element %zu is not a token id\n",
                         lineno, i);
                 rc = 2;
                 break;
@@ -237,14 +245,16 @@ int cli_tokenize_main(int argc, char **argv)
          "many texts: a JSON string per input line, its ids per output line (with --decode: "
          "a JSON array of ids per line, a JSON string out)"},
     };
-    int rc = cli_parse("tokenize",
-                       "--model FILE [--text S] [--decode] [--special] [--no-bos] [--ids] [--jsonl]",
-                       argc, argv, opts, DX_ARRAY_LEN(opts), NULL, 0, NULL);
+    int rc = cli_parse(
+        "tokenize", "--model FILE [--text S] [--decode] [--special] [--no-bos] [--ids] [--jsonl]",
+        argc, argv, opts, DX_ARRAY_LEN(opts), NULL, 0, NULL);
     if (rc) return rc == 1 ? 0 : rc;
     if (!path) return cli_required("tokenize", "--model FILE");
     if (dec && (special || ids_only || no_bos)) {
         fprintf(stderr, "duplex tokenize: %s applies to encoding, not to --decode\n",
-                special ? "--special" : ids_only ? "--ids" : "--no-bos");
+                special    ? "--special"
+                : ids_only ? "--ids"
+                           : "--no-bos");
         return 2;
     }
     if (lines && text) {

@@ -25,9 +25,9 @@
 /* The pre-tokenizer regexes exactly as Qwen2/Qwen3 and Llama 3 write them in
  * tokenizer.json; tok.c runs each (case-insensitive contractions spelled
  * out, as llama.cpp does). */
-static const char k_re_qwen2[] =
-    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
-    "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+static const char k_re_qwen2[] = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}"
+                                 "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
+                                 "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 static const char k_re_llama3[] =
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "
     "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
@@ -53,7 +53,8 @@ static int fail(const char *file, const char *fmt, ...)
     return dx_errf(DX_EFORMAT, "%s: %s", file, msg);
 }
 
-static int unsupported(const char *file, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int unsupported(const char *file, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 static int unsupported(const char *file, const char *fmt, ...)
 {
     char msg[600];
@@ -112,7 +113,8 @@ static const char *type_of(const json_t *o)
     return t ? t : "(none)";
 }
 
-/* ---- model options, pre-tokenizer, normalizer, decoder ---------------------------------------- */
+/* ---- model options, pre-tokenizer, normalizer, decoder ----------------------------------------
+ */
 
 static int check_model(hf_ctx *c, const json_t *m)
 {
@@ -147,15 +149,19 @@ static int pre_from_split(hf_ctx *c, const json_t *split, const json_t *bl)
     if (!re) return unsupported(jn, "pre_tokenizer: the Split has no pattern.Regex");
     const char *beh = json_string_value(json_object_get(split, "behavior"));
     if (!beh || strcmp(beh, "Isolated") || json_is_true(json_object_get(split, "invert")))
-        return unsupported(jn, "pre_tokenizer: Split behavior '%s' (invert %s) is not supported "
-                               "(Isolated, not inverted)",
+        return unsupported(jn,
+                           "pre_tokenizer: Split behavior '%s' (invert %s) is not supported "
+                           "(Isolated, not inverted)",
                            beh ? beh : "(none)",
                            json_is_true(json_object_get(split, "invert")) ? "true" : "false");
-    if (!strcmp(re, k_re_qwen2)) c->h->pre = TOK_PRE_QWEN2;
-    else if (!strcmp(re, k_re_llama3)) c->h->pre = TOK_PRE_LLAMA3;
+    if (!strcmp(re, k_re_qwen2))
+        c->h->pre = TOK_PRE_QWEN2;
+    else if (!strcmp(re, k_re_llama3))
+        c->h->pre = TOK_PRE_LLAMA3;
     else
-        return unsupported(jn, "pre_tokenizer: the split regex '%.300s' is not one duplex knows "
-                               "(qwen2's or llama-bpe's, as in Qwen2/Qwen3 and Llama 3)",
+        return unsupported(jn,
+                           "pre_tokenizer: the split regex '%.300s' is not one duplex knows "
+                           "(qwen2's or llama-bpe's, as in Qwen2/Qwen3 and Llama 3)",
                            re);
     if (strcmp(type_of(bl), "ByteLevel"))
         return unsupported(jn, "pre_tokenizer: '%s' after the Split is not supported (ByteLevel)",
@@ -178,8 +184,9 @@ static int check_pre(hf_ctx *c, const json_t *root)
     json_t *list = json_object_get(p, "pretokenizers");
     if (strcmp(type_of(p), "Sequence") || !json_is_array(list) || json_array_size(list) != 2 ||
         strcmp(type_of(json_array_get(list, 0)), "Split"))
-        return unsupported(jn, "pre_tokenizer of type '%s' is not supported (a Sequence of a "
-                               "Split on qwen2's or llama-bpe's regex and ByteLevel)",
+        return unsupported(jn,
+                           "pre_tokenizer of type '%s' is not supported (a Sequence of a "
+                           "Split on qwen2's or llama-bpe's regex and ByteLevel)",
                            type_of(p));
     return pre_from_split(c, json_array_get(list, 0), json_array_get(list, 1));
 }
@@ -249,7 +256,8 @@ static int count_ids(hf_ctx *c, size_t *n)
 static int set_token(hf_ctx *c, size_t id, const char *s, int type)
 {
     hf_tok *h = c->h;
-    if (!(h->tokens[id] = dx_strdup(s))) return dx_errf(DX_ENOMEM, "out of memory reading %s", c->jn);
+    if (!(h->tokens[id] = dx_strdup(s)))
+        return dx_errf(DX_ENOMEM, "out of memory reading %s", c->jn);
     h->types[id] = type;
     return 0;
 }
@@ -262,8 +270,8 @@ static int load_vocab(hf_ctx *c)
     {
         size_t id = (size_t)json_integer_value(v);
         if (c->h->tokens[id])
-            return fail(c->jn, "model.vocab: '%.64s' and '%.64s' both have id %zu", c->h->tokens[id],
-                        key, id);
+            return fail(c->jn, "model.vocab: '%.64s' and '%.64s' both have id %zu",
+                        c->h->tokens[id], key, id);
         if (!*key) return fail(c->jn, "model.vocab: an empty token (id %zu)", id);
         int rc = set_token(c, id, key, TOK_TYPE_NORMAL);
         if (rc) return rc;
@@ -474,8 +482,10 @@ static int load_specials(hf_ctx *c, const json_t *root, const json_t *cfg)
     }
     if (!has_bos && (rc = post_flag(c, root, 1, &h->bos, &h->add_bos))) return rc;
     if (!has_eos && (rc = post_flag(c, root, 0, &h->eos, &h->add_eos))) return rc;
-    if (h->add_bos && h->bos < 0) return fail(c->cn, "add_bos_token is true but there is no bos_token");
-    if (h->add_eos && h->eos < 0) return fail(c->cn, "add_eos_token is true but there is no eos_token");
+    if (h->add_bos && h->bos < 0)
+        return fail(c->cn, "add_bos_token is true but there is no bos_token");
+    if (h->add_eos && h->eos < 0)
+        return fail(c->cn, "add_eos_token is true but there is no eos_token");
     for (size_t i = 0; i < DX_ARRAY_LEN(k_eot_texts) && h->eot < 0; i++) {
         int32_t id = find_id(c, k_eot_texts[i]);
         if (id >= 0 && h->types[id] != TOK_TYPE_NORMAL) h->eot = id;
@@ -496,8 +506,9 @@ static int parse_all(hf_ctx *c, json_t *root, json_t *cfg)
     int ignore = 0;
     if ((rc = opt_bool(m, "ignore_merges", c->jn, "model.", &ignore))) return rc;
     if (ignore != (h->pre == TOK_PRE_LLAMA3))
-        return unsupported(c->jn, "model.ignore_merges is %s with the %s pre-tokenizer (duplex "
-                                  "ties it to llama-bpe, as llama.cpp does)",
+        return unsupported(c->jn,
+                           "model.ignore_merges is %s with the %s pre-tokenizer (duplex "
+                           "ties it to llama-bpe, as llama.cpp does)",
                            ignore ? "true" : "false", tok_pre_name(h->pre));
     c->added = json_object_get(root, "added_tokens");
     if (c->added && !json_is_null(c->added) && !json_is_array(c->added))
@@ -534,8 +545,7 @@ static int read_file(const char *path, char **data, size_t *len)
 {
     *data = NULL;
     FILE *f = fopen(path, "rb");
-    if (!f)
-        return dx_errf(errno == ENOENT ? DX_ENOENT : DX_EIO, "%s: %s", path, strerror(errno));
+    if (!f) return dx_errf(errno == ENOENT ? DX_ENOENT : DX_EIO, "%s: %s", path, strerror(errno));
     struct stat st;
     int rc = 0;
     if (fstat(fileno(f), &st) || !S_ISREG(st.st_mode)) {
@@ -611,8 +621,10 @@ int hf_tok_build(const hf_tok *h, tok **out)
         rc = dx_errf(DX_ENOMEM, "out of memory building the tokenizer");
         goto out;
     }
-    for (size_t i = 0; i < h->n_tokens; i++) tv[i] = (tok_strview){h->tokens[i], strlen(h->tokens[i])};
-    for (size_t i = 0; i < h->n_merges; i++) mv[i] = (tok_strview){h->merges[i], strlen(h->merges[i])};
+    for (size_t i = 0; i < h->n_tokens; i++)
+        tv[i] = (tok_strview){h->tokens[i], strlen(h->tokens[i])};
+    for (size_t i = 0; i < h->n_merges; i++)
+        mv[i] = (tok_strview){h->merges[i], strlen(h->merges[i])};
     tok_config tc = {.tokens = tv,
                      .n_tokens = h->n_tokens,
                      .token_types = h->types,

@@ -518,7 +518,10 @@ const model_layer *model_layer_at(const model *m, uint32_t i) { return &m->layer
 const model_tensor *model_tok_embd(const model *m) { return &m->tok_embd; }
 const model_tensor *model_output_norm(const model *m) { return &m->output_norm; }
 const model_tensor *model_output(const model *m) { return &m->output; }
-const float *model_rope_freqs(const model *m) { return m->rope_freqs.data; }
+const float *model_rope_freqs(const model *m)
+{
+    return m->rope_freqs.data;
+}
 const tok *model_tokenizer(const model *m) { return m->tk; }
 enum chat_tmpl_kind model_chat_kind(const model *m) { return m->chat; }
 const gguf_ctx *model_gguf(const model *m) { return m->g; }

@@ -24,17 +24,45 @@
 #include "model/hf_tok.h"
 #include "model/tok_norm.h"
 
+#define SHAPE(e, l, h, kv, hd, ff, ctx)                                                            \
+    .n_embd = e, .n_layer = l, .n_head = h, .n_kv_head = kv, .head_dim = hd, .n_ff = ff,           \
+    .n_ctx = ctx
 static const synth_preset k_presets[] = {
-    {"tiny", 128, 2, 4, 2, 32, 256, 4096, 600, 0, -1, 0, 0, 0, {0, 0, 0, 0}},
-    {"small", 512, 8, 8, 4, 64, 1536, 32768, 3000, 1, -1, 0, 0, 0, {0, 0, 0, 0}},
-    {"0.6b", 1024, 28, 16, 8, 128, 3072, 40960, 3000, 1, -1, 0, 0, 0, {0, 0, 0, 0}},
-    /* Qwen/Qwen3-0.6B config.json */
-    {"qwen3-0.6b", 1024, 28, 16, 8, 128, 3072, 40960, 3000, 1, MODEL_QWEN3, 151936, 1e6f, 1e-6f,
-     {0, 0, 0, 0}},
-    /* meta-llama/Llama-3.2-1B config.json: rope_scaling llama3, factor 32 */
-    {"llama3.2-1b", 2048, 16, 32, 8, 64, 8192, 131072, 3000, 1, MODEL_LLAMA, 128256, 500000.0f,
-     1e-5f, {32.0f, 1.0f, 4.0f, 8192}},
+    {.name = "tiny", SHAPE(128, 2, 4, 2, 32, 256, 4096), .n_merges = 600, .arch = -1},
+    {.name = "small",
+     SHAPE(512, 8, 8, 4, 64, 1536, 32768),
+     .n_merges = 3000,
+     .tied = 1,
+     .arch = -1},
+    {.name = "0.6b",
+     SHAPE(1024, 28, 16, 8, 128, 3072, 40960),
+     .n_merges = 3000,
+     .tied = 1,
+     .arch = -1},
+    /* Qwen/Qwen3-0.6B's config.json */
+    {.name = "qwen3-0.6b",
+     SHAPE(1024, 28, 16, 8, 128, 3072, 40960),
+     .n_merges = 3000,
+     .tied = 1,
+     .arch = MODEL_QWEN3,
+     .n_vocab = 151936,
+     .rope_base = 1e6f,
+     .rms_eps = 1e-6f},
+    /* meta-llama/Llama-3.2-1B's config.json: rope_scaling "llama3", factor 32 */
+    {.name = "llama3.2-1b",
+     SHAPE(2048, 16, 32, 8, 64, 8192, 131072),
+     .n_merges = 3000,
+     .tied = 1,
+     .arch = MODEL_LLAMA,
+     .n_vocab = 128256,
+     .rope_base = 500000.0f,
+     .rms_eps = 1e-5f,
+     .rope_scaling = {.factor = 32.0f,
+                      .low_freq_factor = 1.0f,
+                      .high_freq_factor = 4.0f,
+                      .original_context = 8192}},
 };
+#undef SHAPE
 
 const synth_preset *synth_find_preset(const char *name)
 {
@@ -252,8 +280,8 @@ static int add_hparams(gguf_writer *w, const synth_config *cfg, const synth_pres
 
 /* Control tokens of both template families, appended after the merges. */
 static const char *const k_specials[] = {
-    "<|endoftext|>",     "<|im_start|>",      "<|im_end|>", "<|begin_of_text|>", "<|end_of_text|>",
-    "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
+    "<|endoftext|>",   "<|im_start|>",        "<|im_end|>",        "<|begin_of_text|>",
+    "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
 };
 enum { SP_ENDOFTEXT, SP_IM_START, SP_IM_END, SP_BOT, SP_EOT_TEXT, SP_SH, SP_EH, SP_EOT_ID, SP_N };
 
@@ -312,11 +340,11 @@ static int add_tokenizer(gguf_writer *w, const hf_tok *h)
 {
     int rc = gguf_w_set_str(w, "tokenizer.ggml.model", "gpt2");
     rc |= gguf_w_set_str(w, "tokenizer.ggml.pre", tok_pre_name(h->pre));
-    rc |= gguf_w_set_arr_str(w, "tokenizer.ggml.tokens", (const char *const *)h->tokens,
-                             h->n_tokens);
+    rc |=
+        gguf_w_set_arr_str(w, "tokenizer.ggml.tokens", (const char *const *)h->tokens, h->n_tokens);
     rc |= gguf_w_set_arr(w, "tokenizer.ggml.token_type", GGUF_T_INT32, h->types, h->n_tokens);
-    rc |= gguf_w_set_arr_str(w, "tokenizer.ggml.merges", (const char *const *)h->merges,
-                             h->n_merges);
+    rc |=
+        gguf_w_set_arr_str(w, "tokenizer.ggml.merges", (const char *const *)h->merges, h->n_merges);
     rc |= set_id(w, "tokenizer.ggml.bos_token_id", h->bos);
     rc |= set_id(w, "tokenizer.ggml.eos_token_id", h->eos);
     rc |= set_id(w, "tokenizer.ggml.eot_token_id", h->eot);
@@ -366,18 +394,20 @@ int synth_write(const synth_config *cfg, const char *path)
         return dx_errf(DX_EINVAL, "preset %s is a %s model, not %s", p->name,
                        arch_name((enum model_arch)p->arch), arch_name(cfg->arch));
     const synth_rope_scaling *rs = cfg->rope_scaling ? cfg->rope_scaling : &p->rope_scaling;
-    if (rs->original_context && !(rs->factor >= 1 && rs->low_freq_factor > 0 &&
-                                  rs->high_freq_factor > rs->low_freq_factor))
-        return dx_errf(DX_EINVAL, "rope scaling: factor %g, low %g, high %g (want factor >= 1, "
-                                  "0 < low < high)",
+    if (rs->original_context &&
+        !(rs->factor >= 1 && rs->low_freq_factor > 0 && rs->high_freq_factor > rs->low_freq_factor))
+        return dx_errf(DX_EINVAL,
+                       "rope scaling: factor %g, low %g, high %g (want factor >= 1, "
+                       "0 < low < high)",
                        (double)rs->factor, (double)rs->low_freq_factor,
                        (double)rs->high_freq_factor);
     hf_tok h;
     int rc = make_vocab(cfg, p, &h);
     if (rc) return rc;
     uint32_t n_vocab = (uint32_t)h.n_tokens;
-    float rope_base = p->rope_base > 0 ? p->rope_base
-                                       : cfg->arch == MODEL_LLAMA ? 500000.0f : 1000000.0f;
+    float rope_base = p->rope_base > 0           ? p->rope_base
+                      : cfg->arch == MODEL_LLAMA ? 500000.0f
+                                                 : 1000000.0f;
     synth_ctx c = {.cfg = cfg, .cap_specs = 8 + 16 * (size_t)p->n_layer};
     c.w = gguf_writer_create();
     c.specs = dx_calloc(c.cap_specs, sizeof *c.specs);

@@ -301,8 +301,8 @@ struct tok {
     int32_t bos, eos, eot;
     int add_bos, add_eos;
     enum tok_norm norm;
-    size_t n_user;               /* user-defined tokens in spec: matched always */
-    int32_t eog[TOK_MAX_EOG];    /* end-of-generation ids, ascending */
+    size_t n_user;            /* user-defined tokens in spec: matched always */
+    int32_t eog[TOK_MAX_EOG]; /* end-of-generation ids, ascending */
     size_t n_eog;
 };
 
@@ -580,11 +580,11 @@ static int build_specials(tok *t)
  * and file-separator tokens it adds to it): a chat model fine-tuned from a
  * base model may end a turn with either family's token. */
 static const char *const k_eog_texts[] = {
-    "<|eot_id|>",    "<|im_end|>",   "<|end|>",          "<|return|>",  "<|call|>",
-    "<end_of_turn>", "<|endoftext|>", "<|eom_id|>",      "<EOT>",       "_<EOT>",
-    "<|end_of_text|>", "<end_of_utterance>", "<|fim_pad|>", "<fim-pad>", "<fim_pad>",
-    "<|fim_repo|>",  "<|repo_name|>", "<fim-repo>",      "<REPO>",      "<reponame>",
-    "<|file_sep|>",  "<file_sep>",
+    "<|eot_id|>",      "<|im_end|>",         "<|end|>",     "<|return|>", "<|call|>",
+    "<end_of_turn>",   "<|endoftext|>",      "<|eom_id|>",  "<EOT>",      "_<EOT>",
+    "<|end_of_text|>", "<end_of_utterance>", "<|fim_pad|>", "<fim-pad>",  "<fim_pad>",
+    "<|fim_repo|>",    "<|repo_name|>",      "<fim-repo>",  "<REPO>",     "<reponame>",
+    "<|file_sep|>",    "<file_sep>",
 };
 
 static void eog_add(tok *t, int32_t id)

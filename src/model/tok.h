@@ -79,7 +79,8 @@ int tok_ids_push(tok_ids *v, int32_t id);
 
 enum {
     TOK_ALLOW_SPECIAL = 1, /* match control tokens in the text (user-defined always are) */
-    TOK_ADD_SPECIAL = 2,   /* BOS first / EOS last when the vocabulary asks (llama.cpp's add_special) */
+    TOK_ADD_SPECIAL =
+        2, /* BOS first / EOS last when the vocabulary asks (llama.cpp's add_special) */
 };
 
 /* Map a pre-tokenizer name ("qwen2", "llama-bpe", "llama3") to tok_pre. */
@@ -125,7 +126,6 @@ int tok_is_eog(const tok *t, int32_t id);
 /* The end-of-generation ids, ascending; *n gets their count. */
 const int32_t *tok_eog_ids(const tok *t, size_t *n);
 enum tok_pre tok_get_pre(const tok *t);
-
 
 /* GPT-2 byte-to-unicode map: the code point standing for byte b. */
 uint32_t tok_byte_to_cp(uint8_t b);

@@ -79,9 +79,11 @@ static void test_user_path(void **state)
     if (strncmp(out + strspn(out, " 0123456789"), "'<|begin_of_text|>'", 19))
         fail_msg("no BOS first:\n%s", out);
     /* tokenize → ids → decode gives the text back */
-    assert_int_equal(run(out, sizeof out, "tokenize --model %s --ids --no-bos --text 'Hello, KV "
-                                          "world! 12345'",
-                         g_model), 0);
+    assert_int_equal(run(out, sizeof out,
+                         "tokenize --model %s --ids --no-bos --text 'Hello, KV "
+                         "world! 12345'",
+                         g_model),
+                     0);
     out[strcspn(out, "\n")] = 0;
     assert_true(strlen(out) < 512);
     snprintf(a, sizeof a, "tokenize --model %s --decode --text '%.512s'", g_model, out);
@@ -89,12 +91,14 @@ static void test_user_path(void **state)
     assert_int_equal(run(dec, sizeof dec, "%s", a), 0);
     assert_string_equal(dec, "Hello, KV world! 12345\n");
     /* special tokens only when asked */
-    assert_int_equal(run(out, sizeof out, "tokenize --model %s --special --no-bos --text "
-                                          "'<|eot_id|>'",
-                         g_model), 0);
+    assert_int_equal(run(out, sizeof out,
+                         "tokenize --model %s --special --no-bos --text "
+                         "'<|eot_id|>'",
+                         g_model),
+                     0);
     assert_non_null(strstr(out, "1 tokens"));
-    assert_int_equal(run(out, sizeof out, "tokenize --model %s --no-bos --text '<|eot_id|>'",
-                         g_model), 0);
+    assert_int_equal(
+        run(out, sizeof out, "tokenize --model %s --no-bos --text '<|eot_id|>'", g_model), 0);
     assert_null(strstr(out, "1 tokens"));
     /* generate: 6 tokens, greedy, twice the same */
     char g1[4096], g2[4096];
@@ -290,7 +294,8 @@ static void test_groups(void **state)
         const char *group, *cmds[8], *accepted;
     } groups[] = {
         {"model", {"synth", "info"}, "synth|info"},
-        {"bench", {"engine", "xfer", "run", "compare", "chat", "report"},
+        {"bench",
+         {"engine", "xfer", "run", "compare", "chat", "report"},
          "engine|tok|xfer|run|compare|chat|report"},
         {"kv", {"hold", "pull", "bench"}, "hold|pull|bench"},
     };
@@ -364,8 +369,9 @@ static void test_tokenize_bytes(void **state)
     char out[65536], bytes[1024];
     size_t n = 0;
     int hex_lines = 0;
-    assert_int_equal(run(out, sizeof out, "tokenize --model %s --no-bos --text '%s' 2>/dev/null",
-                         g_model, text), 0);
+    assert_int_equal(
+        run(out, sizeof out, "tokenize --model %s --no-bos --text '%s' 2>/dev/null", g_model, text),
+        0);
     if (strstr(out, "\xEF\xBF\xBD")) fail_msg("U+FFFD in the output:\n%s", out);
     for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n")) {
         char *p = line + strspn(line, " 0123456789");

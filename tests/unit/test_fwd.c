@@ -288,8 +288,8 @@ static void test_llama3_rope_scaling(void **state)
     assert_true(scaled >= 4 && kept >= 2 && scaled + kept < 16); /* all three bands */
     char path[256];
     snprintf(path, sizeof path, "%s/llama3-rope.gguf", etu_dir);
-    synth_config c = {.arch = MODEL_LLAMA, .preset = "tiny", .dtype = DX_F32, .seed = 42,
-                      .rope_scaling = &rs};
+    synth_config c = {
+        .arch = MODEL_LLAMA, .preset = "tiny", .dtype = DX_F32, .seed = 42, .rope_scaling = &rs};
     assert_int_equal(synth_write(&c, path), 0);
     model *m;
     assert_int_equal(model_load(path, &m), 0);
@@ -315,8 +315,8 @@ static void test_llama3_rope_scaling(void **state)
         maxref = fmax(maxref, fabs(ref[i]));
     }
     if (d_scaled > 2e-3 * fmax(1.0, maxref) || d_plain < 50 * d_scaled)
-        fail_msg("max |logit diff| %g from the scaled reference, %g from the unscaled one", d_scaled,
-                 d_plain);
+        fail_msg("max |logit diff| %g from the scaled reference, %g from the unscaled one",
+                 d_scaled, d_plain);
     free(lg);
     free(ref);
     free(plain);
@@ -450,12 +450,9 @@ static void test_bad_batches(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_reference_qwen3),
-        cmocka_unit_test(test_reference_qwen2),
-        cmocka_unit_test(test_reference_llama),
-        cmocka_unit_test(test_llama3_rope_scaling),
-        cmocka_unit_test(test_batch_invariance),
-        cmocka_unit_test(test_thread_count_invariance),
+        cmocka_unit_test(test_reference_qwen3),  cmocka_unit_test(test_reference_qwen2),
+        cmocka_unit_test(test_reference_llama),  cmocka_unit_test(test_llama3_rope_scaling),
+        cmocka_unit_test(test_batch_invariance), cmocka_unit_test(test_thread_count_invariance),
         cmocka_unit_test(test_bad_batches),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

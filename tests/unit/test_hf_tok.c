@@ -28,10 +28,11 @@
 #include "model/tok_norm.h"
 
 #define QWEN_RE                                                                                    \
-    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|" \
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| "                          \
+    "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"                                                               \
     "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
 #define LLAMA_RE                                                                                   \
-    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "                      \
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "                     \
     "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
 
 static char g_dir[64];
@@ -50,34 +51,36 @@ static json_t *mini_json(const char *regex)
     }
     json_object_set_new(vocab, "ab", json_integer(256));
     json_object_set_new(vocab, "abab", json_integer(257));
-    json_object_set_new(vocab, "\xC4\xA0" "a", json_integer(258)); /* "Ġa" */
-    json_t *added = json_pack(
-        "[{s:i,s:s,s:b,s:b,s:b,s:b,s:b},{s:i,s:s,s:b},{s:i,s:s,s:b}]", "id", 300, "content",
-        "<|endoftext|>", "special", 1, "lstrip", 0, "rstrip", 0, "single_word", 0, "normalized", 0,
-        "id", 301, "content", "<|im_end|>", "special", 1, "id", 302, "content", "<think>",
-        "special", 0);
+    json_object_set_new(vocab,
+                        "\xC4\xA0"
+                        "a",
+                        json_integer(258)); /* "Ġa" */
+    json_t *added =
+        json_pack("[{s:i,s:s,s:b,s:b,s:b,s:b,s:b},{s:i,s:s,s:b},{s:i,s:s,s:b}]", "id", 300,
+                  "content", "<|endoftext|>", "special", 1, "lstrip", 0, "rstrip", 0, "single_word",
+                  0, "normalized", 0, "id", 301, "content", "<|im_end|>", "special", 1, "id", 302,
+                  "content", "<think>", "special", 0);
     json_t *merges = json_pack("[s,[s,s],s]", "a b", "ab", "ab", "\xC4\xA0 a");
-    json_t *model = json_pack("{s:s,s:n,s:n,s:s,s:s,s:b,s:b,s:o,s:o}", "type", "BPE", "dropout",
-                              "unk_token", "continuing_subword_prefix", "",
-                              "end_of_word_suffix", "", "fuse_unk", 0, "byte_fallback", 0,
-                              "vocab", vocab, "merges", merges);
+    json_t *model =
+        json_pack("{s:s,s:n,s:n,s:s,s:s,s:b,s:b,s:o,s:o}", "type", "BPE", "dropout", "unk_token",
+                  "continuing_subword_prefix", "", "end_of_word_suffix", "", "fuse_unk", 0,
+                  "byte_fallback", 0, "vocab", vocab, "merges", merges);
     json_object_set_new(model, "ignore_merges", json_boolean(!strcmp(regex, LLAMA_RE)));
     json_t *pre = json_pack("{s:s,s:[{s:s,s:{s:s},s:s,s:b},{s:s,s:b,s:b,s:b}]}", "type", "Sequence",
-                            "pretokenizers", "type", "Split", "pattern", "Regex", regex,
-                            "behavior", "Isolated", "invert", 0, "type", "ByteLevel",
-                            "add_prefix_space", 0, "trim_offsets", 0, "use_regex", 0);
+                            "pretokenizers", "type", "Split", "pattern", "Regex", regex, "behavior",
+                            "Isolated", "invert", 0, "type", "ByteLevel", "add_prefix_space", 0,
+                            "trim_offsets", 0, "use_regex", 0);
     return json_pack("{s:s,s:n,s:n,s:o,s:{s:s},s:o,s:{s:s},s:{s:s},s:o}", "version", "1.0",
                      "truncation", "padding", "added_tokens", added, "normalizer", "type", "NFC",
-                     "pre_tokenizer", pre, "post_processor", "type", "ByteLevel", "decoder",
-                     "type", "ByteLevel", "model", model);
+                     "pre_tokenizer", pre, "post_processor", "type", "ByteLevel", "decoder", "type",
+                     "ByteLevel", "model", model);
 }
 
 static json_t *mini_cfg(void)
 {
-    return json_pack("{s:b,s:n,s:s,s:{s:s},s:s,s:f}", "add_bos_token", 0, "bos_token",
-                     "eos_token", "<|im_end|>", "pad_token", "content", "<|endoftext|>",
-                     "chat_template", "{% for m in messages %}<|im_start|>{% endfor %}",
-                     "model_max_length", 1e30);
+    return json_pack("{s:b,s:n,s:s,s:{s:s},s:s,s:f}", "add_bos_token", 0, "bos_token", "eos_token",
+                     "<|im_end|>", "pad_token", "content", "<|endoftext|>", "chat_template",
+                     "{% for m in messages %}<|im_start|>{% endfor %}", "model_max_length", 1e30);
 }
 
 /* Parses j (and cfg if not NULL) as text; returns hf_tok_parse's code. */
@@ -181,8 +184,8 @@ static void test_bos_sources(void **state)
     json_object_set_new(j, "post_processor",
                         json_pack("{s:s,s:[{s:s,s:[{s:{s:s,s:i}},{s:{s:s,s:i}}]}]}", "type",
                                   "Sequence", "processors", "type", "TemplateProcessing", "single",
-                                  "SpecialToken", "id", "<|endoftext|>", "type_id", 0,
-                                  "Sequence", "id", "A", "type_id", 0));
+                                  "SpecialToken", "id", "<|endoftext|>", "type_id", 0, "Sequence",
+                                  "id", "A", "type_id", 0));
     hf_tok h;
     assert_int_equal(parse(j, NULL, &h), 0); /* no config at all */
     assert_int_equal(h.pre, TOK_PRE_LLAMA3);
@@ -269,8 +272,8 @@ static void test_rejects(void **state)
         "model.merges[1] ['a b', 'c']");
     bad("model.merges", "1", json_integer(3), DX_EFORMAT, "model.merges[1] is neither");
     bad("model.merges", "2", json_string("x y"), DX_EFORMAT, "merge 2 'x y'"); /* tok_create */
-    bad("pre_tokenizer.pretokenizers.0.pattern", "Regex", json_string("\\w+|\\s+"),
-        DX_EUNSUPPORTED, "the split regex '\\w+|\\s+' is not one duplex knows");
+    bad("pre_tokenizer.pretokenizers.0.pattern", "Regex", json_string("\\w+|\\s+"), DX_EUNSUPPORTED,
+        "the split regex '\\w+|\\s+' is not one duplex knows");
     bad(NULL, "pre_tokenizer",
         json_pack("{s:s,s:b,s:b}", "type", "ByteLevel", "add_prefix_space", 0, "use_regex", 1),
         DX_EUNSUPPORTED, "ByteLevel alone (GPT-2's regex");
@@ -309,7 +312,8 @@ static void test_rejects(void **state)
     json_object_del(cfg, "add_eos_token");
     json_object_set_new(cfg, "chat_template", json_integer(1));
     expect_err(j, cfg, DX_EFORMAT, "cfg.json: chat_template must be");
-    json_object_set_new(cfg, "chat_template", json_pack("[{s:s,s:s}]", "name", "x", "template", "y"));
+    json_object_set_new(cfg, "chat_template",
+                        json_pack("[{s:s,s:s}]", "name", "x", "template", "y"));
     expect_err(j, cfg, DX_EFORMAT, "without a \"default\" template");
     json_decref(j);
     json_decref(cfg);
@@ -337,8 +341,8 @@ static void test_synth_with_tokenizer(void **state)
     json_t *j = mini_json(QWEN_RE), *cfg = mini_cfg();
     write_json(jp, j);
     write_json(cp, cfg);
-    synth_config c = {.arch = MODEL_QWEN3, .preset = "tiny", .dtype = DX_F32, .seed = 3,
-                      .tokenizer = dir};
+    synth_config c = {
+        .arch = MODEL_QWEN3, .preset = "tiny", .dtype = DX_F32, .seed = 3, .tokenizer = dir};
     assert_int_equal(synth_write(&c, out), 0);
     model *m;
     assert_int_equal(model_load(out, &m), 0);

@@ -684,9 +684,9 @@ static void test_end_of_generation(void **state)
      * spelled like an end token is text */
     mini_vocab m;
     mini_init(&m);
-    mini_add(&m, "<stop>", TOK_TYPE_CONTROL);     /* 256 */
-    mini_add(&m, "<|end|>", TOK_TYPE_NORMAL);     /* 257 */
-    mini_add(&m, "<|eom_id|>", TOK_TYPE_CONTROL); /* 258 */
+    mini_add(&m, "<stop>", TOK_TYPE_CONTROL);            /* 256 */
+    mini_add(&m, "<|end|>", TOK_TYPE_NORMAL);            /* 257 */
+    mini_add(&m, "<|eom_id|>", TOK_TYPE_CONTROL);        /* 258 */
     mini_add(&m, "<|file_sep|>", TOK_TYPE_USER_DEFINED); /* 259: FIM separator */
     m.cfg.eos = 256;
     tok *t;
@@ -733,17 +733,17 @@ static void test_nfc(void **state)
     static const struct {
         const char *in, *want;
     } cases[] = {
-        {"cafe\xCC\x81", "caf\xC3\xA9"},                    /* e + U+0301 -> é */
-        {"A\xCC\x8A", "\xC3\x85"},                          /* A + ring -> Å */
-        {"\xE2\x84\xAB", "\xC3\x85"},                       /* U+212B ANGSTROM SIGN -> Å */
-        {"a\xCC\x81\xCC\xA3", "\xE1\xBA\xA1\xCC\x81"},      /* marks reordered, then ạ + ́ */
-        {"\xE1\x84\x80\xE1\x85\xA1", "\xEA\xB0\x80"},       /* Hangul jamo -> 가 */
-        {"\xEA\xB0\x80\xE1\x86\xA8", "\xEA\xB0\x81"},       /* 가 + ᆨ -> 각 */
-        {"\xE0\xA4\xA8\xE0\xA4\xBC", "\xE0\xA4\xA9"},       /* न + nukta -> ऩ */
-        {"\xCD\xB4", "\xCA\xB9"},                           /* U+0374 -> U+02B9 */
-        {"\xEF\xAC\x81 fi", "\xEF\xAC\x81 fi"},             /* compatibility (ﬁ) stays */
-        {"\xC3\xA9\xE4\xBD\xA0", "\xC3\xA9\xE4\xBD\xA0"},   /* already NFC */
-        {"e\xFF\xCC\x81", "e\xFF\xCC\x81"},                 /* an invalid byte splits the run */
+        {"cafe\xCC\x81", "caf\xC3\xA9"},                  /* e + U+0301 -> é */
+        {"A\xCC\x8A", "\xC3\x85"},                        /* A + ring -> Å */
+        {"\xE2\x84\xAB", "\xC3\x85"},                     /* U+212B ANGSTROM SIGN -> Å */
+        {"a\xCC\x81\xCC\xA3", "\xE1\xBA\xA1\xCC\x81"},    /* marks reordered, then ạ + ́ */
+        {"\xE1\x84\x80\xE1\x85\xA1", "\xEA\xB0\x80"},     /* Hangul jamo -> 가 */
+        {"\xEA\xB0\x80\xE1\x86\xA8", "\xEA\xB0\x81"},     /* 가 + ᆨ -> 각 */
+        {"\xE0\xA4\xA8\xE0\xA4\xBC", "\xE0\xA4\xA9"},     /* न + nukta -> ऩ */
+        {"\xCD\xB4", "\xCA\xB9"},                         /* U+0374 -> U+02B9 */
+        {"\xEF\xAC\x81 fi", "\xEF\xAC\x81 fi"},           /* compatibility (ﬁ) stays */
+        {"\xC3\xA9\xE4\xBD\xA0", "\xC3\xA9\xE4\xBD\xA0"}, /* already NFC */
+        {"e\xFF\xCC\x81", "e\xFF\xCC\x81"},               /* an invalid byte splits the run */
     };
     for (size_t i = 0; i < DX_ARRAY_LEN(cases); i++) {
         dx_buf out;
@@ -777,7 +777,8 @@ static void test_nfc(void **state)
     assert_int_equal(tok_create(&cfg, &t), 0);
     views_free(&v);
     assert_int_equal(tok_get_norm(t), TOK_NORM_NFC);
-    const char *dec = "Cafe\xCC\x81 na\xC3\xAFve<|im_end|>e\xCC\x81", *comp = "Caf\xC3\xA9 na\xC3\xAFve<|im_end|>\xC3\xA9";
+    const char *dec = "Cafe\xCC\x81 na\xC3\xAFve<|im_end|>e\xCC\x81",
+               *comp = "Caf\xC3\xA9 na\xC3\xAFve<|im_end|>\xC3\xA9";
     for (unsigned f = 0; f < 2; f++) {
         tok_ids a = enc(t, dec, strlen(dec), f), b = enc(t, comp, strlen(comp), f);
         assert_int_equal(a.n, b.n);
@@ -851,19 +852,20 @@ static void test_nfc_quick_check(void **state)
                  tok_norm_touchable(0x0416) || tok_norm_touchable(0x0628) ||
                  tok_norm_touchable(0x1F600));
     assert_true(touch > 1000);
-    const char *nfc_text = "\xE4\xBD\xA0\xE5\xA5\xBD \xD0\x96\xD1\x83\xD0\xBA \xD8\xA8\xD9\x8A\xD8\xAA "
-                           "\xEA\xB0\x80 caf\xC3\xA9 \xF0\x9F\x98\x80";
+    const char *nfc_text =
+        "\xE4\xBD\xA0\xE5\xA5\xBD \xD0\x96\xD1\x83\xD0\xBA \xD8\xA8\xD9\x8A\xD8\xAA "
+        "\xEA\xB0\x80 caf\xC3\xA9 \xF0\x9F\x98\x80";
     assert_false(tok_norm_needed(TOK_NORM_NFC, nfc_text, strlen(nfc_text)));
     /* normalising only around touchable characters equals NFC of the whole,
      * over random strings of characters that compose, reorder, decompose
      * or do none of that */
     static const uint32_t pool[] = {
-        'a',    'e',    'o',    'A',    ' ',    0xE9,   0xC5,   0x0301, 0x0323, 0x0308,
-        0x0304, 0x0328, 0x212B, 0x2126, 0x1100, 0x1161, 0x11A8, 0xAC00, 0xAC01, 0x0928,
-        0x093C, 0x0929, 0x0B47, 0x0B3E, 0x0DD9, 0x0DCF, 0xF900, 0x4F60, 0x0374, 0x0387,
-        0x1E00, 0x1EBF, 0x0344, 0x0F73, 0x1F600, 0x05D0, 0x05B7, 0x0627, 0x0654, 0x3099,
-        0x304B, 0x304C, 0x0915, 0x094D, 0x0937, 0x0BC6, 0x0BBE, 0x0BCA, 0x1B05, 0x1B35,
-        0x0B4B, 0x1D15E, 0x1D165, 0x0CCA, 0x0CC6, 0x0CC2, 0x0CD5, 0x1026, 0x102E, 0x11C2};
+        'a',    'e',     'o',     'A',    ' ',     0xE9,   0xC5,   0x0301, 0x0323, 0x0308,
+        0x0304, 0x0328,  0x212B,  0x2126, 0x1100,  0x1161, 0x11A8, 0xAC00, 0xAC01, 0x0928,
+        0x093C, 0x0929,  0x0B47,  0x0B3E, 0x0DD9,  0x0DCF, 0xF900, 0x4F60, 0x0374, 0x0387,
+        0x1E00, 0x1EBF,  0x0344,  0x0F73, 0x1F600, 0x05D0, 0x05B7, 0x0627, 0x0654, 0x3099,
+        0x304B, 0x304C,  0x0915,  0x094D, 0x0937,  0x0BC6, 0x0BBE, 0x0BCA, 0x1B05, 0x1B35,
+        0x0B4B, 0x1D15E, 0x1D165, 0x0CCA, 0x0CC6,  0x0CC2, 0x0CD5, 0x1026, 0x102E, 0x11C2};
     uint64_t seed = 12345;
     int unchanged = 0;
     for (int iter = 0; iter < 50000; iter++) {
@@ -1007,15 +1009,24 @@ static void test_threads_share_tok(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_roundtrip_texts),   cmocka_unit_test(test_roundtrip_invalid_utf8),
-        cmocka_unit_test(test_roundtrip_100kb),   cmocka_unit_test(test_pinned_ids),
-        cmocka_unit_test(test_merges_are_real),   cmocka_unit_test(test_train_deterministic),
-        cmocka_unit_test(test_train_tie_break),   cmocka_unit_test(test_pretokenizer_splits),
-        cmocka_unit_test(test_special_tokens),    cmocka_unit_test(test_create_rejects),
-        cmocka_unit_test(test_mini_tokenizer),    cmocka_unit_test(test_out_of_memory),
-        cmocka_unit_test(test_threads_share_tok), cmocka_unit_test(test_add_bos_eos),
-        cmocka_unit_test(test_end_of_generation), cmocka_unit_test(test_user_defined_always),
-        cmocka_unit_test(test_nfc),               cmocka_unit_test(test_nfc_quick_check),
+        cmocka_unit_test(test_roundtrip_texts),
+        cmocka_unit_test(test_roundtrip_invalid_utf8),
+        cmocka_unit_test(test_roundtrip_100kb),
+        cmocka_unit_test(test_pinned_ids),
+        cmocka_unit_test(test_merges_are_real),
+        cmocka_unit_test(test_train_deterministic),
+        cmocka_unit_test(test_train_tie_break),
+        cmocka_unit_test(test_pretokenizer_splits),
+        cmocka_unit_test(test_special_tokens),
+        cmocka_unit_test(test_create_rejects),
+        cmocka_unit_test(test_mini_tokenizer),
+        cmocka_unit_test(test_out_of_memory),
+        cmocka_unit_test(test_threads_share_tok),
+        cmocka_unit_test(test_add_bos_eos),
+        cmocka_unit_test(test_end_of_generation),
+        cmocka_unit_test(test_user_defined_always),
+        cmocka_unit_test(test_nfc),
+        cmocka_unit_test(test_nfc_quick_check),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
