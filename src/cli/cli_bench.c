@@ -4,11 +4,15 @@
 #include <stdio.h>
 #include <string.h>
 
+#include <jansson.h>
+
 #include "base/dx_alloc.h"
 #include "base/dx_dtype.h"
 #include "base/dx_err.h"
 #include "bench/bench_engine.h"
+#include "bench/bench_tok.h"
 #include "engine/engine.h"
+#include "model/bpe_train.h"
 
 static int bench_engine(int argc, char **argv)
 {
@@ -56,6 +60,90 @@ static int bench_engine(int argc, char **argv)
     return 0;
 }
 
+/* The sample text: a file as it is, or (--jsonl) one JSON string per line,
+ * joined with newlines (tests/data/tok/corpus.jsonl mixes scripts, code,
+ * numbers and emoji); default the embedded BPE corpus. */
+static int tok_sample(const char *file, int jsonl, dx_buf *out)
+{
+    if (!file) {
+        size_t n;
+        const char *c = bpe_corpus(&n);
+        return dx_buf_append(out, c, n);
+    }
+    FILE *f = fopen(file, "rb");
+    if (!f) return dx_errf(DX_EIO, "%s: cannot open", file);
+    char line[1 << 16];
+    int rc = 0;
+    size_t lineno = 0;
+    if (!jsonl) {
+        size_t k;
+        while (!rc && (k = fread(line, 1, sizeof line, f)) > 0) rc = dx_buf_append(out, line, k);
+    } else {
+        while (!rc && fgets(line, sizeof line, f)) {
+            lineno++;
+            json_error_t je;
+            json_t *v = json_loads(line, JSON_DECODE_ANY | JSON_ALLOW_NUL, &je);
+            if (!json_is_string(v))
+                rc = dx_errf(DX_EFORMAT, "%s: line %zu is not a JSON string", file, lineno);
+            else if (out->len)
+                rc = dx_buf_putc(out, '\n');
+            if (!rc) rc = dx_buf_append(out, json_string_value(v), json_string_length(v));
+            json_decref(v);
+        }
+    }
+    fclose(f);
+    if (!rc && !out->len) rc = dx_errf(DX_EINVAL, "%s: no text", file);
+    return rc;
+}
+
+static int bench_tok(int argc, char **argv)
+{
+    const char *path = NULL, *file = NULL, *jsonl = NULL;
+    long reps = 5;
+    double mb = 1.0;
+    int special = 0;
+    const cli_opt opts[] = {
+        {"model", CLI_PATH, &path, 0, 0, "GGUF model file (required; only its tokenizer is read)"},
+        {"file", CLI_PATH, &file, 0, 0, "sample text (default: the embedded BPE corpus)"},
+        {"jsonl", CLI_PATH, &jsonl, 0, 0, "sample text as one JSON string per line"},
+        {"mb", CLI_DBL, &mb, 0.001, 1024, "MB of text to encode: the sample repeated (default 1)"},
+        {"reps", CLI_INT, &reps, 1, 64, "runs; medians reported (default 5)"},
+        {"special", CLI_FLAG, &special, 0, 0, "match control tokens in the text"},
+    };
+    int rc = cli_parse("bench tok", "--model FILE [--file F | --jsonl F] [--mb 1] [--reps 5]", argc,
+                       argv, opts, DX_ARRAY_LEN(opts), NULL, 0, NULL);
+    if (rc) return rc == 1 ? 0 : rc;
+    if (!path) return cli_required("bench tok", "--model FILE");
+    if (file && jsonl) {
+        fprintf(stderr, "duplex bench tok: --file and --jsonl exclude each other: give one\n");
+        return 2;
+    }
+    dx_buf text;
+    dx_buf_init(&text, 0);
+    bench_tok_result r;
+    bench_tok_config cfg = {
+        .model = path, .reps = (uint32_t)reps, .flags = special ? TOK_ALLOW_SPECIAL : 0};
+    if (!(rc = tok_sample(jsonl ? jsonl : file, !!jsonl, &text))) {
+        cfg.text = text.data;
+        cfg.len = text.len;
+        cfg.bytes = (size_t)(mb * 1e6);
+        rc = bench_tok_run(&cfg, &r);
+    }
+    dx_buf_free(&text);
+    if (rc) {
+        fprintf(stderr, "duplex bench tok: %s\n", dx_errmsg());
+        return 1;
+    }
+    printf("tokenizer of %s: %zu tokens, loaded in %.1f ms (first %.1f, min %.1f, max %.1f, %ld "
+           "runs)\n",
+           path, r.n_vocab, r.load_ms, r.first_load_ms, r.load_min_ms, r.load_max_ms, reps);
+    printf("encode %zu bytes -> %zu tokens (%.2f bytes/token): %.1f MB/s (min %.1f, max %.1f); "
+           "decode %.1f MB/s\n",
+           r.bytes, r.tokens, r.tokens ? (double)r.bytes / (double)r.tokens : 0.0, r.encode_mb_s,
+           r.encode_min, r.encode_max, r.decode_mb_s);
+    return 0;
+}
+
 static int bench_run_cmd(int argc, char **argv)
 {
     return cli_bench_multi_main("run", argc, argv);
@@ -80,6 +168,7 @@ int cli_bench_main(int argc, char **argv)
 {
     static const cli_cmd cmds[] = {
         {"engine", bench_engine, "prefill and decode speed of one engine (tok/s)"},
+        {"tok", bench_tok, "tokenizer load time and encode/decode speed (MB/s)"},
         {"xfer", cli_bench_xfer_main, "KV transfer speed between two processes (GB/s)"},
         {"run", bench_run_cmd, "multi-turn agentic benchmark against any OpenAI endpoint"},
         {"compare", bench_compare_cmd, "the same workload on each serving mode (duplex up)"},

@@ -1,5 +1,10 @@
 /* cli_generate: `duplex generate` — run one prompt through the engine and
- * stream the text to stdout; token counts and speeds go to stderr. */
+ * stream the text to stdout; token counts and speeds go to stderr.
+ *
+ * "generated" counts every token the model produced, the end-of-generation
+ * token that stopped it included, as OpenAI's completion_tokens (and the
+ * server's usage) count it; the summary says so when the last token was
+ * one, naming it. */
 #include "cli.h"
 
 #include <pthread.h>
@@ -19,6 +24,7 @@ typedef struct {
     engine_event fin;
     char err[512];
     uint64_t t_first, t_end;
+    int32_t last; /* the last generated token */
 } gen_state;
 
 static void on_event(void *user, const engine_event *ev)
@@ -26,6 +32,7 @@ static void on_event(void *user, const engine_event *ev)
     gen_state *g = user;
     if (ev->type == ENGINE_EV_TOKENS) {
         if (!g->t_first) g->t_first = dx_now_ns();
+        if (ev->n_tokens) g->last = ev->tokens[ev->n_tokens - 1];
         fwrite(ev->text, 1, ev->text_len, stdout);
         fflush(stdout);
         return;
@@ -39,15 +46,16 @@ static void on_event(void *user, const engine_event *ev)
     pthread_mutex_unlock(&g->mu);
 }
 
-/* Shared by generate and the server-less tools: prompt text or a one-message
- * chat rendered with the model's template. */
+/* Prompt text (with BOS when the model asks, as llama.cpp and the
+ * completions API do) or a one-message chat rendered with the model's
+ * template. */
 static int encode_prompt(const model *m, const char *prompt, const char *chat, tok_ids *ids)
 {
     if (chat) {
         chat_msg msg = {"user", chat, strlen(chat)};
         return chat_tmpl_encode(model_chat_kind(m), model_tokenizer(m), &msg, 1, 1, ids);
     }
-    return tok_encode(model_tokenizer(m), prompt, strlen(prompt), 0, ids);
+    return tok_encode(model_tokenizer(m), prompt, strlen(prompt), TOK_ADD_SPECIAL, ids);
 }
 
 int cli_generate_main(int argc, char **argv)
@@ -128,10 +136,18 @@ int cli_generate_main(int argc, char **argv)
         goto out;
     }
     double ttft = (double)(g.t_first - t0) * 1e-9, dec = (double)(g.t_end - g.t_first) * 1e-9;
+    char end[160] = "";
+    const tok *tk = model_tokenizer(m);
+    if (g.fin.finish == ENGINE_FINISH_STOP && !ignore_eos && g.fin.n_gen &&
+        tok_is_eog(tk, g.last)) {
+        tok_strview p = tok_piece(tk, g.last);
+        snprintf(end, sizeof end, ", the last the end token %d %.*s", g.last,
+                 (int)(p.len > 64 ? 64 : p.len), p.ptr ? p.ptr : "");
+    }
     fprintf(stderr,
-            "prompt: %u tokens in %.3f s (%.1f tok/s); generated: %u tokens (%.1f tok/s); "
+            "prompt: %u tokens in %.3f s (%.1f tok/s); generated: %u tokens%s (%.1f tok/s); "
             "finish: %s\n",
-            g.fin.n_prompt, ttft, g.fin.n_prompt / (ttft > 0 ? ttft : 1e-9), g.fin.n_gen,
+            g.fin.n_prompt, ttft, g.fin.n_prompt / (ttft > 0 ? ttft : 1e-9), g.fin.n_gen, end,
             g.fin.n_gen > 1 && dec > 0 ? (g.fin.n_gen - 1) / dec : 0.0,
             g.fin.finish == ENGINE_FINISH_STOP ? "stop" : "length");
 out:

@@ -76,7 +76,6 @@ struct sched {
     fwd_seq *batch;
     seq **batch_seq;
     float *logits;
-    int32_t eos, eot;
     dx_buf scratch; /* sanitised text of one event */
     float *raw;     /* a logits row before biases and penalties (logprobs) */
     engine_stats st;
@@ -680,8 +679,8 @@ static enum engine_finish accept_token(sched *s, seq *q, int32_t t)
     note_token(s, q, t, 1);
     if (!q->t_first) q->t_first = dx_now_ns();
     s->st.gen_tokens++;
-    int is_end = !q->req.ignore_eos && (t == s->eos || t == s->eot);
-    if (!is_end && !tok_is_special(s->tk, t)) {
+    int is_end = !q->req.ignore_eos && tok_is_eog(s->tk, t);
+    if (!is_end && tok_is_text(s->tk, t)) {
         char piece[256];
         int n = tok_token_bytes(s->tk, t, piece, sizeof piece);
         if (n > 0) dx_buf_append(&q->text, piece, (size_t)n);
@@ -805,8 +804,6 @@ int sched_create(const sched_config *cfg, const model *m, kv_pool *pool, dx_tpoo
     s->bs = kv_pool_block_size(pool);
     s->n_vocab = model_hp(m)->n_vocab;
     dx_buf_init(&s->scratch, 0);
-    s->eos = tok_eos(s->tk);
-    s->eot = tok_eot(s->tk);
     int rc = fwd_create(m, pool, tp, cfg->max_batch_tokens, cfg->max_seqs, cfg->n_ctx, &s->fw);
     if (!rc) rc = sampler_create(s->n_vocab, &s->smp);
     if (!rc) {

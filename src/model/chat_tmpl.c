@@ -193,11 +193,28 @@ int chat_tmpl_encode(enum chat_tmpl_kind k, const tok *t, const chat_msg *msgs, 
     return chat_tmpl_encode_faithful(k, t, msgs, n, add_gen, NULL, NULL, out);
 }
 
+/* Whether the rendering's first markup is the vocabulary's BOS token (the
+ * Llama 3 template opens with bos_token). */
+static int opens_with_bos(enum chat_tmpl_kind k, const tok *t)
+{
+    char bos[128];
+    int n = tok_token_bytes(t, tok_bos(t), bos, sizeof bos);
+    const char *pro = prologue(k);
+    return n > 0 && strlen(pro) >= (size_t)n && !memcmp(pro, bos, (size_t)n);
+}
+
 int chat_tmpl_encode_faithful(enum chat_tmpl_kind k, const tok *t, const chat_msg *msgs, size_t n,
                               int add_gen, chat_reply_fn reply, void *user, tok_ids *out)
 {
     enc_ctx c = {t, out, reply, user};
-    return render(k, msgs, n, add_gen, emit_tokens, &c);
+    size_t start = out->n;
+    /* A vocabulary that asks for BOS gets exactly one: llama.cpp tokenises
+     * the rendered prompt with add_special after stripping a BOS the
+     * template wrote itself, which comes to the same. */
+    int rc = tok_add_bos(t) && !opens_with_bos(k, t) ? tok_ids_push(out, tok_bos(t)) : 0;
+    if (!rc) rc = render(k, msgs, n, add_gen, emit_tokens, &c);
+    if (rc) out->n = start;
+    return rc;
 }
 
 /* Where msg's content (or its trimmed form) first appears in s[from..len). */

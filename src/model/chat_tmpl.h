@@ -8,7 +8,10 @@
  * prefix of render(m[0..N+1]) where m[N+1] is that reply.
  *
  * chat_tmpl_encode tokenises the markup with special tokens allowed and the
- * message contents without, so user text can never produce a control token. */
+ * message contents without, so user text can never produce a control token
+ * (user-defined tokens such as <think> are matched in contents too, as the
+ * model's own tokenizer matches them).  A vocabulary that asks for BOS
+ * (tokenizer.ggml.add_bos_token) gets exactly one at the start. */
 #ifndef CHAT_TMPL_H
 #define CHAT_TMPL_H
 

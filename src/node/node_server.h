@@ -28,6 +28,8 @@
 
 enum node_role { NODE_ROLE_BOTH, NODE_ROLE_PREFILL, NODE_ROLE_DECODE };
 
+#define NODE_MAX_END_IDS 40
+
 typedef struct {
     void *self;
     /* engine_submit / engine_cancel / engine_get_stats semantics. */
@@ -43,7 +45,10 @@ typedef struct {
     const char *model_name;
     uint32_t n_vocab, n_ctx;
     const tok *tk;
-    int32_t end_ids[3]; /* tokens that end a reply: EOS, EOT, the template's end of turn */
+    /* Tokens that end a reply: the vocabulary's end-of-generation set
+     * (tok_is_eog: EOS, EOT and every end-of-turn token) and the chat
+     * template's end of turn. */
+    int32_t end_ids[NODE_MAX_END_IDS];
     size_t n_end;
     node_kv *kv; /* the node's KV port and leases; NULL: kv_transfer_params are ignored */
     /* Agentic answers (docs/api.md): the tool-call format the model writes

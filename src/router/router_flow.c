@@ -791,7 +791,7 @@ static uint32_t count_tokens(const router *r, const oai_req *o)
         tok_ids_init(&v);
         int rc;
         if (o->kind == OAI_COMPLETION) {
-            rc = tok_encode(model_tokenizer(r->tok), o->prompt, o->prompt_len, 0, &v);
+            rc = tok_encode(model_tokenizer(r->tok), o->prompt, o->prompt_len, TOK_ADD_SPECIAL, &v);
         } else {
             chat_msg *m = dx_calloc(o->n_msgs, sizeof *m);
             rc = m ? 0 : DX_ENOMEM;

@@ -261,6 +261,13 @@ static void test_xfer_and_engine_smoke(void **state)
         G.bin, G.model);
     number_after(g_out, "pp32 @ d0:"); /* prefill tokens/s */
     number_after(g_out, "tg8 @ d0:");  /* decode tokens/s */
+    run(0, "%s bench tok --model %s --jsonl tests/data/tok/corpus.jsonl --mb 0.05 --reps 2", G.bin,
+        G.model);
+    number_after(g_out, "loaded in "); /* ms */
+    number_after(g_out, "-> ");        /* tokens, decoded back to the text (checked) */
+    number_after(g_out, "): ");        /* MB/s */
+    tp_expect(G.bin, "bench tok", 1, "no/such.jsonl: cannot open",
+              "--model /dev/null --jsonl no/such.jsonl");
 }
 
 static void test_bad_input(void **state)

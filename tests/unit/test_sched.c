@@ -9,6 +9,7 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <string.h>
 
 #include "base/dx_alloc.h"
 #include "base/dx_buf.h"
@@ -659,6 +660,46 @@ static void test_bias_penalties_logprobs(void **state)
     srig_free(&r);
 }
 
+/* Every end-of-generation token of the vocabulary stops a request, not
+ * only the file's EOS and EOT ids; its text is not output, and it counts
+ * in n_gen (as OpenAI's completion_tokens counts it).  Given tokens
+ * (pregen) go through the same acceptance as sampled ones. */
+static void test_stops_on_every_end_token(void **state)
+{
+    (void)state;
+    const tok *tk = model_tokenizer(g_m);
+    const char *ends[] = {"<|endoftext|>", "<|im_end|>", "<|end_of_text|>", "<|eot_id|>"};
+    for (size_t i = 0; i < DX_ARRAY_LEN(ends); i++) {
+        int32_t id = tok_find(tk, ends[i], strlen(ends[i]));
+        assert_true(id >= 0);
+        for (int ignore = 0; ignore < 2; ignore++) {
+            srig r;
+            srig_init(&r, g_m, 64, 512, 1);
+            collector c;
+            col_init(&c);
+            engine_request q = greedy(g_prompts[0], g_plen[0], 3, &c);
+            q.ignore_eos = ignore;
+            q.pregen[0] = 'a';
+            q.pregen[1] = id;
+            q.n_pregen = 2;
+            assert_int_equal(sched_submit(r.s, &q, 1), 0);
+            run_all(&r);
+            assert_true(c.done);
+            if (ignore) {
+                assert_int_equal(c.fin.finish, ENGINE_FINISH_LENGTH);
+                assert_int_equal(c.fin.n_gen, 3);
+            } else {
+                assert_int_equal(c.fin.finish, ENGINE_FINISH_STOP);
+                assert_int_equal(c.fin.n_gen, 2);
+                assert_int_equal(c.text.len, 1);
+                assert_memory_equal(c.text.data, "a", 1);
+            }
+            col_free(&c);
+            srig_free(&r);
+        }
+    }
+}
+
 static void test_no_prefix_cache(void **state)
 {
     (void)state;
@@ -884,6 +925,7 @@ int main(void)
         cmocka_unit_test(test_stop_string_and_validation),
         cmocka_unit_test(test_seeded_sampling),
         cmocka_unit_test(test_engine_thread),
+        cmocka_unit_test(test_stops_on_every_end_token),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
