@@ -16,6 +16,7 @@
 #include "base/dx_dtype.h"
 #include "base/dx_err.h"
 #include "engine/engine.h"
+#include "model/model_chat.h"
 
 typedef struct {
     pthread_mutex_t mu;
@@ -53,7 +54,7 @@ static int encode_prompt(const model *m, const char *prompt, const char *chat, t
 {
     if (chat) {
         chat_msg msg = {"user", chat, strlen(chat)};
-        return chat_tmpl_encode(model_chat_kind(m), model_tokenizer(m), &msg, 1, 1, ids);
+        return model_chat_encode(m, &msg, 1, NULL, 1, NULL, NULL, ids);
     }
     return tok_encode(model_tokenizer(m), prompt, strlen(prompt), TOK_ADD_SPECIAL, ids);
 }
@@ -61,6 +62,7 @@ static int encode_prompt(const model *m, const char *prompt, const char *chat, t
 int cli_generate_main(int argc, char **argv)
 {
     const char *path = NULL, *prompt = NULL, *chat = NULL, *stop = NULL, *kv_type = "f16";
+    const char *tmpl = NULL;
     long n_gen = 64, threads = 0, kv_mb = 256, top_k = 0, batch = 512, kv_blocks = 0;
     double temp = 0.0, top_p = 1.0, min_p = 0.0;
     uint64_t seed = 0;
@@ -81,6 +83,7 @@ int cli_generate_main(int argc, char **argv)
         {"kv-cache-mb", CLI_INT, &kv_mb, 1, 1 << 20, "KV pool size (default 256)"},
         {"kv-blocks", CLI_INT, &kv_blocks, 0, 1 << 30, "KV pool size in blocks (overrides MB)"},
         {"kv-dtype", CLI_STR, &kv_type, 0, 0, "f16 | bf16 | f32 (default f16)"},
+        {"chat-template", CLI_PATH, &tmpl, 0, 0, "a Jinja chat template file for --chat"},
         {"max-batch-tokens", CLI_INT, &batch, 1, 1 << 16, "prefill chunk (default 512)"},
     };
     int rc = cli_parse("generate", "--model FILE (--prompt S | --chat S) [-n N] [--temp T ...]",
@@ -96,9 +99,11 @@ int cli_generate_main(int argc, char **argv)
         return 2;
     }
     if (engine_parse_kv_dtype(kv_type, &kvt)) return cli_bad_value("generate", "--kv-dtype");
-    model *m;
-    if (model_load(path, &m)) {
+    model *m = NULL;
+    if (model_load(path, &m) || (tmpl && model_load_chat_template(m, tmpl)) ||
+        (chat && model_chat_error(m) && dx_errf(DX_EINVAL, "%s", model_chat_error(m)))) {
         fprintf(stderr, "duplex generate: %s\n", dx_errmsg());
+        model_free(m);
         return 1;
     }
     tok_ids ids;

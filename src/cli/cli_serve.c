@@ -28,7 +28,7 @@ static int parse_role(const char *r, enum node_role *out)
 
 typedef struct {
     const char *path, *role, *host, *level, *kv_host, *kv_tls, *engine_id, *kv_dtype, *served;
-    const char *tool_parser, *reasoning_parser;
+    const char *tool_parser, *reasoning_parser, *chat_template;
     long port, threads, kv_mb, batch, waiting, ctx, req_timeout_ms, max_body_mb, kv_port,
         kv_blocks, threshold;
     double grace, pin_ttl, lease_ttl, retain_ttl;
@@ -79,6 +79,7 @@ static int to_config(const serve_flags *f, node_run_config *c)
     c->engine_id = f->engine_id;
     c->served_model_name = f->served;
     c->tool_parser = f->tool_parser;
+    c->chat_template = f->chat_template;
     c->reasoning_parser = f->reasoning_parser;
     int fmt, reasoning; /* the names, checked now: the model loads after the socket opens */
     if (node_run_parsers(c, CHAT_TMPL_CHATML, NULL, &fmt, &reasoning)) {
@@ -127,6 +128,8 @@ int cli_serve_main(int argc, char **argv)
         {"kv-transport-tls", CLI_STR, &f.kv_tls, 0, 0, "UCX_TLS for KV reads (default: UCX's choice)"},
         {"kv-pin-ttl-s", CLI_DBL, &f.pin_ttl, 0.1, 3600, "seconds an unreleased pin lives (default 30)"},
         {"engine-id", CLI_STR, &f.engine_id, 0, 0, "this node's engine id (default: host:port)"},
+        {"chat-template", CLI_PATH, &f.chat_template, 0, 0,
+         "a Jinja chat template file instead of the model's"},
         {"tool-call-parser", CLI_STR, &f.tool_parser, 0, 0,
          "auto|qwen|llama3|none: tool calls in answers (auto: the template's family)"},
         {"reasoning-parser", CLI_STR, &f.reasoning_parser, 0, 0,

@@ -243,8 +243,14 @@ int chat_tmpl_encode_rendered(const tok *t, const char *s, size_t len, const cha
                               size_t n, chat_reply_fn reply, void *user, tok_ids *out)
 {
     enc_ctx c = {t, out, reply, user};
-    size_t pos = 0;
+    size_t pos = 0, start = out->n;
     int rc = check_msgs(msgs, n);
+    /* one BOS when the vocabulary asks for it and the template did not
+     * write it (Llama 3's opens with {{ bos_token }}) */
+    char bos[128];
+    int bl = tok_add_bos(t) ? tok_token_bytes(t, tok_bos(t), bos, sizeof bos) : 0;
+    if (!rc && bl > 0 && !(len >= (size_t)bl && !memcmp(s, bos, (size_t)bl)))
+        rc = tok_ids_push(out, tok_bos(t));
     for (size_t i = 0; !rc && i < n; i++) {
         size_t at, cl;
         if (!find_content(s, len, pos, &msgs[i], &at, &cl)) continue;
@@ -253,5 +259,7 @@ int chat_tmpl_encode_rendered(const tok *t, const char *s, size_t len, const cha
         if (!rc) rc = emit_tokens(&c, s + at, cl, is_reply ? PART_REPLY : PART_CONTENT);
         pos = at + cl;
     }
-    return rc ? rc : emit_tokens(&c, s + pos, len - pos, PART_MARKUP);
+    if (!rc) rc = emit_tokens(&c, s + pos, len - pos, PART_MARKUP);
+    if (rc) out->n = start;
+    return rc;
 }

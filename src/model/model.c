@@ -6,6 +6,8 @@
  * shape and type; the error names it. */
 #include "model/model.h"
 
+#include "model/jinja.h"
+
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
@@ -27,7 +29,9 @@ struct model {
     size_t n_owned, cap_owned;
     tok *tk;
     enum chat_tmpl_kind chat;
-    char *chat_text; /* tokenizer.chat_template, or NULL */
+    char *chat_text;   /* tokenizer.chat_template (or --chat-template), or NULL */
+    jinja_tmpl *jinja; /* chat_text parsed, unless it is a template duplex renders natively */
+    char *chat_err;    /* why the template cannot be run, or NULL */
     uint64_t fingerprint[2];
     uint64_t n_params;
 };
@@ -294,6 +298,20 @@ out:
     return rc;
 }
 
+/* The template as Jinja unless it is one of duplex's own (synthetic
+ * models' ChatML and Llama 3), which render natively. */
+static int parse_chat(model *m, const char *where)
+{
+    jinja_free(m->jinja);
+    m->jinja = NULL;
+    if (!m->chat_text || !strcmp(m->chat_text, chat_tmpl_jinja(m->chat))) return 0;
+    int rc = jinja_parse(m->chat_text, strlen(m->chat_text), &m->jinja);
+    return rc ? dx_err_wrap(rc, "%s: the chat template (%s) cannot be run; --chat-template FILE "
+                                "gives another",
+                            m->path, where)
+              : 0;
+}
+
 static int load_chat(model *m)
 {
     gguf_str s;
@@ -302,9 +320,53 @@ static int load_chat(model *m)
         text = dx_strndup(s.ptr, s.len);
         if (!text) return dx_errf(DX_ENOMEM, "out of memory");
     }
-    int rc = chat_tmpl_detect(text, m->hp.arch_name, &m->chat);
     m->chat_text = text;
-    return rc ? dx_err_wrap(rc, "%s", m->path) : 0;
+    /* the family: a native rendering, the tool-call format, the end of a
+     * turn; a template duplex runs as Jinja needs none it can name */
+    int rc = chat_tmpl_detect(text, m->hp.arch_name, &m->chat);
+    if (rc && text) {
+        m->chat = CHAT_TMPL_CHATML;
+        rc = 0;
+    }
+    if (rc) return dx_err_wrap(rc, "%s", m->path);
+    /* a template that cannot be run is the caller's error to report (serve
+     * and generate stop, unless --chat-template gives another) */
+    if (parse_chat(m, "tokenizer.chat_template") && !(m->chat_err = dx_strdup(dx_errmsg())))
+        return dx_errf(DX_ENOMEM, "out of memory");
+    return 0;
+}
+
+int model_set_chat_template(model *m, const char *text, size_t len, const char *where)
+{
+    char *t = dx_strndup(text, len);
+    if (!t) return dx_errf(DX_ENOMEM, "out of memory");
+    if (strlen(t) != len) {
+        dx_free(t);
+        return dx_errf(DX_EINVAL, "%s: a chat template cannot contain NUL bytes", where);
+    }
+    char *old = m->chat_text;
+    jinja_tmpl *old_j = m->jinja;
+    m->chat_text = t;
+    m->jinja = NULL;
+    enum chat_tmpl_kind k;
+    if (chat_tmpl_detect(t, m->hp.arch_name, &k) == 0) m->chat = k;
+    int rc = parse_chat(m, where);
+    if (rc) { /* keep the model's own */
+        dx_free(t);
+        m->chat_text = old;
+        m->jinja = old_j;
+        return rc;
+    }
+    dx_free(old);
+    jinja_free(old_j);
+    dx_free(m->chat_err);
+    m->chat_err = NULL;
+    return 0;
+}
+
+const char *model_chat_error(const model *m)
+{
+    return m->chat_err;
 }
 
 /* ---- fingerprint ----
@@ -509,6 +571,8 @@ void model_free(model *m)
     dx_free(m->owned);
     dx_free(m->layers);
     dx_free(m->chat_text);
+    dx_free(m->chat_err);
+    jinja_free(m->jinja);
     tok_destroy(m->tk);
     gguf_close(m->g);
     dx_free(m->path);
@@ -517,6 +581,7 @@ void model_free(model *m)
 
 const model_hparams *model_hp(const model *m) { return &m->hp; }
 const char *model_chat_template(const model *m) { return m->chat_text; }
+const jinja_tmpl *model_chat_jinja(const model *m) { return m->jinja; }
 const model_layer *model_layer_at(const model *m, uint32_t i) { return &m->layers[i]; }
 const model_tensor *model_tok_embd(const model *m) { return &m->tok_embd; }
 const model_tensor *model_output_norm(const model *m) { return &m->output_norm; }

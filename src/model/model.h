@@ -75,6 +75,17 @@ const float *model_rope_freqs(const model *m);
 const tok *model_tokenizer(const model *m);
 enum chat_tmpl_kind model_chat_kind(const model *m);
 const char *model_chat_template(const model *m); /* the GGUF's Jinja text, or NULL */
+/* The chat template as parsed Jinja, or NULL when duplex renders it
+ * natively (its own synthetic models' templates) or there is none. */
+const struct jinja_tmpl *model_chat_jinja(const model *m);
+/* Replaces the chat template (--chat-template FILE; `where` names it in
+ * errors): parsed now, DX_EINVAL naming line and column, the model's own
+ * kept on failure. */
+int model_set_chat_template(model *m, const char *text, size_t len, const char *where);
+/* Why the model's chat template cannot be run (it does not parse), or
+ * NULL.  Loading succeeds either way: a server or `generate` reports it
+ * unless --chat-template replaced the template. */
+const char *model_chat_error(const model *m);
 const gguf_ctx *model_gguf(const model *m);
 const char *model_path(const model *m);
 const char *model_name(const model *m); /* general.name, or the file's base name */

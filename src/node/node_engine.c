@@ -39,14 +39,13 @@ static int take_ids(int rc, tok_ids *v, int32_t **ids, size_t *n)
     return rc;
 }
 
-static int be_encode_chat(void *self, const chat_msg *msgs, size_t n, chat_reply_fn reply,
-                          void *reply_user, int32_t **ids, size_t *n_ids)
+static int be_encode_chat(void *self, const chat_msg *msgs, size_t n, const model_chat_extra *x,
+                          chat_reply_fn reply, void *reply_user, int32_t **ids, size_t *n_ids)
 {
     const model *m = engine_model(self);
     tok_ids v;
     tok_ids_init(&v);
-    int rc = chat_tmpl_encode_faithful(model_chat_kind(m), model_tokenizer(m), msgs, n, 1, reply,
-                                       reply_user, &v);
+    int rc = model_chat_encode(m, msgs, n, x, 1, reply, reply_user, &v);
     return take_ids(rc, &v, ids, n_ids);
 }
 

@@ -1,6 +1,8 @@
 /* node_run: a node process — loop, loading, signals, teardown (see .h). */
 #include "node/node_run.h"
 
+#include "model/model_chat.h"
+
 #include "node/oai_tools.h"
 
 #include <signal.h>
@@ -44,6 +46,8 @@ static void load_work(uv_work_t *w)
     run_ctx *r = w->data;
     uint64_t t0 = dx_now_ns();
     int rc = model_load(r->cfg.model_path, &r->m);
+    if (!rc && r->cfg.chat_template) rc = model_load_chat_template(r->m, r->cfg.chat_template);
+    if (!rc && model_chat_error(r->m)) rc = dx_errf(DX_EINVAL, "%s", model_chat_error(r->m));
     r->t_model_ms = (double)(dx_now_ns() - t0) * 1e-6;
     t0 = dx_now_ns();
     uint32_t train = rc ? 0 : model_hp(r->m)->n_ctx_train;

@@ -34,6 +34,7 @@ typedef struct {
     /* --tool-call-parser auto|qwen|llama3|none, --reasoning-parser
      * auto|think|none (NULL: auto; checked by node_run_parse_parsers) */
     const char *tool_parser, *reasoning_parser;
+    const char *chat_template; /* --chat-template FILE, or NULL: the model's */
     double pin_ttl_s, lease_ttl_s, retain_ttl_s;
     int bidirectional;
     uint32_t recompute_threshold;

@@ -31,6 +31,7 @@
  * q->conn and cancels; the engine then sends DONE (CANCELED), answered 499. */
 #include "node/node_server.h"
 
+#include <jansson.h>
 #include <pthread.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -68,7 +69,7 @@ static const char *served_name(const node_server *s)
 static const char *route_label(const char *path)
 {
     static const char *const known[] = {"/v1/chat/completions", "/v1/completions", "/v1/models",
-                                        "/health", "/metrics"};
+                                        "/health", "/metrics", "/tokenize", "/detokenize"};
     for (size_t i = 0; i < DX_ARRAY_LEN(known); i++)
         if (strcmp(path, known[i]) == 0) return known[i];
     return "other";
@@ -325,15 +326,22 @@ static int encode_prompt(node_server *s, node_req *q, oai_err *err)
     } else if (o->kind == OAI_COMPLETION) {
         rc = s->be.encode_text(s->be.self, o->prompt, o->prompt_len, &q->prompt, &q->n_prompt);
     } else {
-        chat_msg msgs[o->n_msgs];
+        chat_msg *msgs = dx_malloc(o->n_msgs * sizeof *msgs);
+        if (!msgs) return DX_ENOMEM;
         for (size_t i = 0; i < o->n_msgs; i++)
             msgs[i] = (chat_msg){o->msgs[i].role, o->msgs[i].content, o->msgs[i].content_len};
+        /* what the template sees besides roles and texts; vLLM leaves the
+         * tools out of the prompt when tool_choice is "none" */
+        model_chat_extra x = {json_object_get(o->root, "messages"),
+                              o->tool_choice == OAI_CHOICE_NONE ? NULL : o->tools,
+                              o->template_kwargs};
         hist_src src;
         node_pd_hist_src(s, q, &src);
-        rc = s->be.encode_chat(s->be.self, msgs, o->n_msgs, hist_reply, &src, &q->prompt,
+        rc = s->be.encode_chat(s->be.self, msgs, o->n_msgs, &x, hist_reply, &src, &q->prompt,
                                &q->n_prompt);
         node_pd_hist_done(s, q, &src);
         hist_src_free(&src);
+        dx_free(msgs);
     }
     if (rc == DX_EINVAL) rc = prompt_error(o, dx_errmsg(), err);
     if (rc == 0 && q->n_prompt == 0) rc = prompt_error(o, "the prompt is empty", err);
@@ -504,6 +512,98 @@ int node_server_submit(node_server *s, node_req *q)
     return 0;
 }
 
+/* POST /tokenize (vLLM's): the prompt tokens a completion or chat request
+ * with the same "prompt" or "messages" (tools, chat_template_kwargs) would
+ * run on — the same path, token-faithful history included.  POST
+ * /detokenize: {"tokens": [...]} back to text. */
+static void route_tokenize(node_server *s, http_conn *c, const http_req *r, uint64_t t0)
+{
+    if (!s->ready) {
+        respond_error(s, c, r, 503, "the model is still loading", NULL, NULL, t0);
+        return;
+    }
+    json_error_t je;
+    json_t *root = json_loadb(r->body, r->body_len, JSON_ALLOW_NUL, &je);
+    enum oai_kind kind = json_object_get(root, "messages") ? OAI_CHAT : OAI_COMPLETION;
+    json_decref(root);
+    oai_req o;
+    oai_err err;
+    oai_parse_opts opts = {.n_vocab = s->be.n_vocab};
+    if (oai_req_parse(kind, r->body, r->body_len, &opts, &o, &err) < 0) {
+        respond_error(s, c, r, err.status, err.message, err.param, NULL, t0);
+        return;
+    }
+    node_req *q = req_new(s, &o, c, t0);
+    if (!q) {
+        oai_req_free(&o);
+        respond_error(s, c, r, 500, "out of memory", NULL, NULL, t0);
+        return;
+    }
+    memset(&err, 0, sizeof err);
+    int rc = node_pd_parse(s, q, &err);
+    if (!rc) rc = encode_prompt(s, q, &err);
+    if (rc < 0) {
+        int st = err.status ? err.status : 500;
+        respond_error(s, c, r, st, err.status ? err.message : dx_errmsg(), err.param, NULL, t0);
+    } else {
+        dx_buf b;
+        dx_buf_init(&b, 0);
+        rc = dx_buf_printf(&b, "{\"count\":%zu,\"max_model_len\":%u,\"tokens\":[", q->n_prompt,
+                           s->be.n_ctx);
+        for (size_t i = 0; !rc && i < q->n_prompt; i++)
+            rc = dx_buf_printf(&b, i ? ",%d" : "%d", q->prompt[i]);
+        if (!rc) rc = dx_buf_puts(&b, "]}");
+        respond_json(s, c, "POST", r->path, 200, NULL, &b, t0);
+        dx_buf_free(&b);
+    }
+    req_free(q);
+}
+
+static void route_detokenize(node_server *s, http_conn *c, const http_req *r, uint64_t t0)
+{
+    if (!s->ready) {
+        respond_error(s, c, r, 503, "the model is still loading", NULL, NULL, t0);
+        return;
+    }
+    json_error_t je;
+    json_t *root = json_loadb(r->body, r->body_len, 0, &je), *toks = json_object_get(root, "tokens");
+    if (!json_is_array(toks)) {
+        json_decref(root);
+        respond_error(s, c, r, 400, "tokens: required, an array of token ids", "tokens", NULL, t0);
+        return;
+    }
+    size_t n = json_array_size(toks), i;
+    int32_t *ids = dx_malloc((n ? n : 1) * sizeof *ids);
+    json_t *v;
+    int bad = !ids;
+    json_array_foreach(toks, i, v)
+    {
+        if (bad) break;
+        json_int_t id = json_integer_value(v);
+        bad = !json_is_integer(v) || id < 0 || id >= (json_int_t)s->be.n_vocab;
+        if (!bad) ids[i] = (int32_t)id;
+    }
+    json_decref(root);
+    if (bad) {
+        dx_free(ids);
+        respond_error(s, c, r, 400, "tokens: token ids of this model's vocabulary", "tokens", NULL,
+                      t0);
+        return;
+    }
+    dx_buf text, b;
+    dx_buf_init(&text, 0);
+    dx_buf_init(&b, 0);
+    int rc = tok_decode(s->be.tk, ids, n, &text);
+    if (!rc) rc = dx_buf_puts(&b, "{\"prompt\":");
+    if (!rc) rc = oai_json_str(&b, text.data ? text.data : "", text.len);
+    if (!rc) rc = dx_buf_putc(&b, '}');
+    if (rc) respond_error(s, c, r, 500, "out of memory", NULL, NULL, t0);
+    else respond_json(s, c, "POST", r->path, 200, NULL, &b, t0);
+    dx_free(ids);
+    dx_buf_free(&text);
+    dx_buf_free(&b);
+}
+
 static void route_completion(node_server *s, http_conn *c, const http_req *r, enum oai_kind kind,
                              uint64_t t0)
 {
@@ -558,7 +658,8 @@ static void on_request(void *user, http_conn *c, const http_req *r)
     int get = !strcmp(r->method, "GET"), post = !strcmp(r->method, "POST");
     const char *p = r->path;
     int is_get_route = !strcmp(p, "/health") || !strcmp(p, "/v1/models") || !strcmp(p, "/metrics");
-    int is_post_route = !strcmp(p, "/v1/chat/completions") || !strcmp(p, "/v1/completions");
+    int is_post_route = !strcmp(p, "/v1/chat/completions") || !strcmp(p, "/v1/completions") ||
+                        !strcmp(p, "/tokenize") || !strcmp(p, "/detokenize");
     if ((is_get_route && !get) || (is_post_route && !post))
         respond_error(s, c, r, 405, "method not allowed", NULL, NULL, t0);
     else if (!strcmp(p, "/health"))
@@ -571,6 +672,10 @@ static void on_request(void *user, http_conn *c, const http_req *r)
         route_completion(s, c, r, OAI_CHAT, t0);
     else if (!strcmp(p, "/v1/completions"))
         route_completion(s, c, r, OAI_COMPLETION, t0);
+    else if (!strcmp(p, "/tokenize"))
+        route_tokenize(s, c, r, t0);
+    else if (!strcmp(p, "/detokenize"))
+        route_detokenize(s, c, r, t0);
     else
         respond_error(s, c, r, 404, "unknown route", NULL, NULL, t0);
 }

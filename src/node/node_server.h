@@ -24,6 +24,7 @@
 
 #include "engine/engine.h"
 #include "model/chat_tmpl.h"
+#include "model/model_chat.h"
 #include "node/node_kv.h"
 
 enum node_role { NODE_ROLE_BOTH, NODE_ROLE_PREFILL, NODE_ROLE_DECODE };
@@ -37,9 +38,11 @@ typedef struct {
     int (*cancel)(void *self, uint64_t id);
     void (*stats)(void *self, engine_stats *out);
     /* Tokenise chat messages with the model's template (generation prompt
-     * appended; replies through `reply`, see chat_tmpl_encode_faithful) or
-     * plain text; *ids is dx_malloc'd. */
-    int (*encode_chat)(void *self, const chat_msg *msgs, size_t n, chat_reply_fn reply,
+     * appended; the request's tools and template arguments in x; replies
+     * through `reply`, see model_chat_encode) or plain text; *ids is
+     * dx_malloc'd. */
+    int (*encode_chat)(void *self, const chat_msg *msgs, size_t n, const model_chat_extra *x,
+                       chat_reply_fn reply,
                        void *reply_user, int32_t **ids, size_t *n_ids);
     int (*encode_text)(void *self, const char *text, size_t len, int32_t **ids, size_t *n_ids);
     const char *model_name;

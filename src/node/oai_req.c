@@ -455,6 +455,11 @@ static int parse_tools(json_t *root, oai_req *r, oai_err *err)
     }
     r->parallel_tool_calls = 1;
     json_t *v;
+    if ((v = field(root, "chat_template_kwargs"))) {
+        if (!json_is_object(v))
+            return fail(err, "chat_template_kwargs", "chat_template_kwargs: expected an object");
+        r->template_kwargs = v;
+    }
     if ((v = field(root, "parallel_tool_calls")) &&
         get_bool(v, "parallel_tool_calls", &r->parallel_tool_calls, err))
         return DX_EINVAL;

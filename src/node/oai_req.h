@@ -78,6 +78,9 @@ typedef struct {
     enum oai_tool_choice tool_choice;
     const char *tool_choice_name;
     int parallel_tool_calls; /* default 1 */
+    /* chat_template_kwargs (vLLM's): extra template variables such as
+     * enable_thinking; a json_t object borrowed from root, or NULL */
+    void *template_kwargs;
     const char *user;
     void *kv_transfer_params; /* json_t object or NULL (borrowed from root) */
     void *root;               /* json_t document */

@@ -76,10 +76,10 @@ static void fake_stats(void *self, engine_stats *out)
     memset(out, 0, sizeof *out);
 }
 
-static int fake_encode_chat(void *self, const chat_msg *msgs, size_t n, chat_reply_fn reply,
-                            void *reply_user, int32_t **ids, size_t *n_ids)
+static int fake_encode_chat(void *self, const chat_msg *msgs, size_t n, const model_chat_extra *x,
+                            chat_reply_fn reply, void *reply_user, int32_t **ids, size_t *n_ids)
 {
-    (void)self, (void)msgs, (void)n, (void)reply, (void)reply_user;
+    (void)self, (void)msgs, (void)n, (void)x, (void)reply, (void)reply_user;
     *ids = dx_malloc(3 * sizeof **ids);
     (*ids)[0] = 1, (*ids)[1] = 2, (*ids)[2] = 3;
     *n_ids = 3;
@@ -90,7 +90,7 @@ static int fake_encode_text(void *self, const char *text, size_t len, int32_t **
                             size_t *n_ids)
 {
     (void)text, (void)len;
-    return fake_encode_chat(self, NULL, 0, NULL, NULL, ids, n_ids);
+    return fake_encode_chat(self, NULL, 0, NULL, NULL, NULL, ids, n_ids);
 }
 
 /* ---- the server on a loop thread ------------------------------------------ */
