@@ -30,6 +30,7 @@
 #include "base/dx_clock.h"
 #include "base/dx_err.h"
 #include "base/dx_log.h"
+#include "model/model_chat.h"
 #include "node/oai_resp.h"
 #include "router/router_priv.h"
 
@@ -797,9 +798,11 @@ static uint32_t count_tokens(const router *r, const oai_req *o)
             rc = m ? 0 : DX_ENOMEM;
             for (size_t i = 0; m && i < o->n_msgs; i++)
                 m[i] = (chat_msg){o->msgs[i].role, o->msgs[i].content, o->msgs[i].content_len};
-            if (m)
-                rc = chat_tmpl_encode(model_chat_kind(r->tok), model_tokenizer(r->tok), m,
-                                      o->n_msgs, 1, &v);
+            /* the node's own way: the model's template with the request's extras */
+            model_chat_extra x = {json_object_get(o->root, "messages"),
+                                  o->tool_choice == OAI_CHOICE_NONE ? NULL : o->tools,
+                                  o->template_kwargs};
+            if (m) rc = model_chat_encode(r->tok, m, o->n_msgs, &x, 1, NULL, NULL, &v);
             dx_free(m);
         }
         size_t n = v.n;
