@@ -12,10 +12,12 @@ V ?= release
 CC ?= cc
 BUILD := build/$(V)
 
-PKGS := libpcre2-8 libxxhash jansson libuv libcurl ucx
+PKGS := libpcre2-8 libxxhash jansson libuv libcurl ucx libutf8proc
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS := $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lhttp_parser
 CMOCKA_LIBS := $(shell pkg-config --libs cmocka 2>/dev/null)
+# the tests parse the benchmark's SVG plot as XML
+TEST_LIBS := $(CMOCKA_LIBS) -lexpat
 
 # -ffp-contract=off: the engine's bit-exact batch invariance must not depend
 # on whether the compiler fuses a*b+c; kernels use explicit FMAs.
@@ -116,12 +118,12 @@ $(BIN): $(CLI_OBJ) $(LIB_A)
 $(BUILD)/tests/%: $(BUILD)/obj/tests/unit/%.o $(LIB_A)
 	@mkdir -p $(dir $@)
 	$(call say,LD,$@)
-	$(Q)$(CC) $(LDFLAGS_ALL) -o $@ $< $(LIB_A) $(LIBS) $(CMOCKA_LIBS)
+	$(Q)$(CC) $(LDFLAGS_ALL) -o $@ $< $(LIB_A) $(LIBS) $(TEST_LIBS)
 
 $(BUILD)/tests/itest_%: $(BUILD)/obj/tests/integration/itest_%.o $(LIB_A)
 	@mkdir -p $(dir $@)
 	$(call say,LD,$@)
-	$(Q)$(CC) $(LDFLAGS_ALL) -o $@ $< $(LIB_A) $(LIBS) $(CMOCKA_LIBS)
+	$(Q)$(CC) $(LDFLAGS_ALL) -o $@ $< $(LIB_A) $(LIBS) $(TEST_LIBS)
 
 # Fuzz targets build two ways: with a replay main (runs the checked-in corpus,
 # part of `make test`) and, with `make fuzz` under clang, with libFuzzer.

@@ -3,7 +3,11 @@
 # qwen3, bf16) and run the main job on it: a prefill node, a decode node and
 # the router (`duplex up`, bidirectional), an OpenAI chat through the router,
 # and a multi-turn conversation that shows, per turn, how much of the prompt
-# was reused rather than recomputed and where the KV came from.
+# was reused rather than recomputed and where the KV came from; then the
+# benchmark comparing the serving modes (`duplex bench compare`), whose
+# reports land in demo-out/.  Every process it starts stops with it, also on
+# Ctrl-C.  DEMO_BENCH_ARGS replaces the comparison's workload flags (the
+# tests run a smaller one), DEMO_OUT its directory.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # DUPLEX_BIN: run the demo with an already built binary (the test suite runs
@@ -68,7 +72,7 @@ rm -f "$SSE"
 echo
 echo "-- a 6-turn conversation through the router (duplex bench chat): from turn 2 the"
 echo "   prefill node pulls the history the decode node kept and computes only the new part"
-"$BIN" bench chat --url "$URL" --turns 6 --prefix-words 300 --input-words 40 --output-tokens 48 --show
+"$BIN" bench chat --url "$URL" --turns 6 --prefix-tokens 450 --input-tokens 60 --output-tokens 48 --show
 
 metric() { curl -s "$1/metrics" | sed -n "s|^$2 \([0-9.e+]*\)$|\1|p" | head -n1; }
 echo
@@ -85,3 +89,15 @@ echo "   decode node:  reused $(metric "$D" 'duplex_kv_prompt_tokens_total{sourc
 kill -TERM $UP
 wait $UP
 echo "duplex up: stopped"
+
+# The comparison (docs/bench.md): the same multi-turn workload through
+# `duplex up` in three modes, one after the other — P/D one-way with the
+# prefill node recomputing the history (the baseline of vLLM's and AWS's
+# measurements), P/D bidirectional, and one colocated node.
+OUT=${DEMO_OUT:-demo-out}
+echo
+echo "== duplex bench compare ${DEMO_BENCH_ARGS:---preset quick}: TTFT by turn, three modes"
+# shellcheck disable=SC2086 # DEMO_BENCH_ARGS is a list of flags
+"$BIN" bench compare ${DEMO_BENCH_ARGS:---preset quick} --modes uni-nocache,bidi,colocated \
+    --model "$MODEL" --out "$OUT"
+echo "open $OUT/ttft.svg in a browser for the plot; $OUT/summary.md has every table"

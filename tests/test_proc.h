@@ -109,6 +109,29 @@ static inline int tp_capture(const char *cmd, char *out, size_t cap)
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
+/* A whole file, NUL-terminated (malloc'd), its length in *n when n is
+ * not NULL; NULL if it cannot be read. */
+static inline char *tp_slurp(const char *path, size_t *n)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char *s = NULL;
+    size_t len = 0, cap = 0, got;
+    do {
+        if (len + 4096 + 1 > cap) {
+            char *t = realloc(s, cap = 2 * cap + 8192);
+            if (!t) break;
+            s = t;
+        }
+        got = fread(s + len, 1, cap - len - 1, f);
+        len += got;
+    } while (got > 0);
+    fclose(f);
+    if (s) s[len] = 0;
+    if (n) *n = len;
+    return s;
+}
+
 /* Removes a test's temporary folder and all in it; 0, or -1. */
 static inline int tp_rm_rf(const char *dir)
 {

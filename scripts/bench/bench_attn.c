@@ -11,7 +11,7 @@
  *      scripts/bench/bench_attn.c build/release/libduplex.a -lm -o build/bench_attn
  *   build/bench_attn [reps=5] [depth=4096] [n_q=512] [layers=28] [f16|bf16|f32]
  * HUGE=0 leaves the arena on 4 KiB pages (the pool asks for huge pages);
- * BS=n sets the block size (default 16); QSCALE=x scales the queries (wider
+ * BS=n sets the block size (default: the engine's); QSCALE=x scales the queries (wider
  * score ranges, more probabilities near zero).
  */
 #include <pthread.h>
@@ -24,10 +24,11 @@
 #include "base/dx_alloc.h"
 #include "base/dx_clock.h"
 #include "base/dx_dtype.h"
+#include "engine/engine.h"
 #include "engine/kern.h"
 
 enum { N_HEAD = 16, N_KV = 8, D = 128, MAX_THR = 8 };
-static size_t BS = 16;
+static size_t BS = ENGINE_DEFAULT_BLOCK_SIZE;
 
 typedef struct {
     const kern_attn_layout *L;

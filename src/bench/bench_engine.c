@@ -185,7 +185,7 @@ int bench_engine_run(const bench_engine_config *cfg_in, const model *m, bench_en
     const model_hparams *hp = model_hp(m);
     uint32_t total = cfg.depth + (cfg.prompt_tokens > cfg.gen_tokens ? cfg.prompt_tokens
                                                                       : cfg.gen_tokens);
-    uint32_t bs = 16, nb = (total + bs - 1) / bs + 1;
+    uint32_t bs = ENGINE_DEFAULT_BLOCK_SIZE, nb = (total + bs - 1) / bs + 1;
     uint64_t fp[2];
     model_fingerprint(m, fp);
     kv_pool_config pc = {.n_layer = hp->n_layer, .n_kv_head = hp->n_kv_head,

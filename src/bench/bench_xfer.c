@@ -4,6 +4,7 @@
  * applies to both ends.  Figures are medians over reps. */
 #include "bench/bench_xfer.h"
 
+#include <dirent.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
@@ -15,9 +16,13 @@
 
 #include "base/dx_alloc.h"
 #include "base/dx_clock.h"
+#include "base/dx_dtype.h"
 #include "base/dx_err.h"
 #include "xfer/xfer_client.h"
 #include "xfer/xfer_synth.h"
+
+/* `duplex kv hold`'s default --fill-seed: the pattern its blocks hold */
+#define BENCH_XFER_FILL_SEED 1
 
 static int cmp_d(const void *a, const void *b)
 {
@@ -150,7 +155,63 @@ static void holder_stop(holder *h)
 typedef struct {
     double gbps_read, gbps_total, lat_ms, lat_read_ms;
     unsigned reads;
+    double bytes;                 /* moved by the timed pulls, as the pulls counted them */
+    double holder_cpu_ms, pull_ms; /* the holder's CPU time over the timed pulls, their time */
 } xfer_fig;
+
+/* The holder's CPU time so far (ms): the sum over its threads of
+ * /proc/PID/task/TID/schedstat's first field (ns on a CPU; the kernel's
+ * scheduler clock, finer than stat's 10 ms ticks); -1 if unreadable. */
+static double proc_cpu_ms(pid_t pid)
+{
+    char path[96];
+    snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
+    DIR *d = opendir(path);
+    if (!d) return -1;
+    double ns = 0;
+    int any = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        if (e->d_name[0] == '.') continue;
+        snprintf(path, sizeof path, "/proc/%d/task/%.20s/schedstat", (int)pid, e->d_name);
+        FILE *f = fopen(path, "r");
+        unsigned long long run;
+        if (f && fscanf(f, "%llu", &run) == 1) {
+            ns += (double)run;
+            any = 1;
+        }
+        if (f) fclose(f);
+    }
+    closedir(d);
+    return any ? ns * 1e-6 : -1;
+}
+
+/* Zeroes the destination blocks, so that what a pull leaves there is what
+ * it read. */
+static void clear_blocks(kv_pool *pool, const int32_t *ids, unsigned n)
+{
+    for (unsigned i = 0; i < n; i++) memset(kv_pool_block_ptr(pool, ids[i]), 0, kv_pool_block_bytes(pool));
+}
+
+/* Every block holds the holder's pattern for the block it came from. */
+static int check_blocks(const kv_pool *pool, const int32_t *loc, const int32_t *remote, unsigned n)
+{
+    for (unsigned i = 0; i < n; i++)
+        if (!xfer_synth_check(pool, loc[i], BENCH_XFER_FILL_SEED, remote[i]))
+            return dx_errf(DX_EMISMATCH, "block %u (remote %d) does not hold what the holder wrote",
+                           i, remote[i]);
+    return 0;
+}
+
+/* One pull that must bring every block: its bytes, or an error. */
+static int pull_all(xfer_client *c, const xfer_pull_req *r, xfer_pull_result *res, size_t want)
+{
+    int rc = xfer_pull(c, r, res);
+    if (rc) return dx_err_wrap(rc, "%s", res->reason[0] ? res->reason : "pull");
+    if (res->n_pulled != r->n || res->bytes != want)
+        return dx_errf(DX_ETRANSPORT, "pulled %u of %zu blocks, %llu of %zu bytes", res->n_pulled,
+                       r->n, (unsigned long long)res->bytes, want);
+    return 0;
+}
 
 static int run_pulls(const bench_xfer_config *cfg, xfer_client *c, kv_pool *pool, const holder *h,
                      xfer_fig *fig)
@@ -161,8 +222,9 @@ static int run_pulls(const bench_xfer_config *cfg, xfer_client *c, kv_pool *pool
     unsigned nt = cfg->reps > cfg->lat_reps ? cfg->reps : cfg->lat_reps;
     double *t1 = dx_calloc(nt, sizeof *t1), *t2 = dx_calloc(nt, sizeof *t2);
     if (!ids || !loc || !chain || !t1 || !t2) return DX_ENOMEM;
+    /* the holder filled a fresh pool: its blocks are 0..n-1 in chain order */
     for (unsigned i = 0; i < n; i++) ids[i] = loc[i] = (int32_t)i;
-    xfer_synth_chain(pool, 1, n, chain);
+    xfer_synth_chain(pool, BENCH_XFER_FILL_SEED, n, chain);
     xfer_pull_req r = {.host = "127.0.0.1",
                        .port = h->port,
                        .chain = chain,
@@ -172,26 +234,40 @@ static int run_pulls(const bench_xfer_config *cfg, xfer_client *c, kv_pool *pool
                        .timeout_s = 60};
     int rc = xfer_token_parse(h->token, &r.token);
     xfer_pull_result res;
-    size_t bytes = (size_t)n * kv_pool_block_bytes(pool);
+    size_t bb = kv_pool_block_bytes(pool);
+    double cpu0 = 0;
     for (unsigned k = 0; !rc && k <= cfg->reps; k++) { /* k = 0 warms up */
+        int check = k == 0 || k == cfg->reps;          /* the first and last pulls are verified */
+        if (check) clear_blocks(pool, loc, n);
+        if (k == 1) cpu0 = proc_cpu_ms(h->pid);
         uint64_t t0 = dx_now_ns();
-        rc = xfer_pull(c, &r, &res);
-        if (k) t1[k - 1] = (double)(dx_now_ns() - t0) * 1e-6;
-        if (k) t2[k - 1] = res.t_read_ms;
+        rc = pull_all(c, &r, &res, (size_t)n * bb);
+        double ms = (double)(dx_now_ns() - t0) * 1e-6;
+        if (!rc && check) rc = check_blocks(pool, loc, ids, n);
+        if (rc || !k) continue;
+        t1[k - 1] = ms;
+        t2[k - 1] = res.t_read_ms;
         fig->reads = res.n_reads;
+        fig->bytes += (double)res.bytes;
+        fig->pull_ms += ms;
     }
     if (!rc) {
-        fig->gbps_total = (double)bytes / median(t1, cfg->reps) * 1e-6;
-        fig->gbps_read = (double)bytes / median(t2, cfg->reps) * 1e-6;
+        double cpu1 = proc_cpu_ms(h->pid);
+        fig->holder_cpu_ms = cpu0 >= 0 && cpu1 >= 0 ? cpu1 - cpu0 : -1;
+        fig->gbps_total = fig->bytes / cfg->reps / median(t1, cfg->reps) * 1e-6;
+        fig->gbps_read = fig->bytes / cfg->reps / median(t2, cfg->reps) * 1e-6;
     }
     r.n = 1;
     for (unsigned k = 0; !rc && k < cfg->lat_reps; k++) {
         r.remote_ids = ids + k % n;
+        r.local_ids = loc + k % n;
         r.chain = chain + k % n;
+        clear_blocks(pool, r.local_ids, 1);
         uint64_t t0 = dx_now_ns();
-        rc = xfer_pull(c, &r, &res);
+        rc = pull_all(c, &r, &res, bb);
         t1[k] = (double)(dx_now_ns() - t0) * 1e-6;
         t2[k] = res.t_read_ms;
+        if (!rc) rc = check_blocks(pool, r.local_ids, r.remote_ids, 1);
     }
     if (!rc) {
         fig->lat_ms = median(t1, cfg->lat_reps);
@@ -202,7 +278,7 @@ static int run_pulls(const bench_xfer_config *cfg, xfer_client *c, kv_pool *pool
     dx_free(chain);
     dx_free(t1);
     dx_free(t2);
-    return rc ? dx_err_wrap(rc, "%s", res.reason[0] ? res.reason : "pull") : 0;
+    return rc;
 }
 
 static int bench_transport(const bench_xfer_config *cfg, const char *tls, xfer_fig *fig)
@@ -240,28 +316,45 @@ static int bench_transport(const bench_xfer_config *cfg, const char *tls, xfer_f
 
 int bench_xfer_run(const bench_xfer_config *cfg, FILE *out)
 {
-    size_t bb = 28u * 2 * 8 * 16 * 128 * 2, bytes = bb * cfg->blocks;
+    kv_pool_config pc; /* the layout both ends use: the block size comes from it */
+    uint8_t fp[16];
+    xfer_synth_layout_06b(cfg->blocks, 1, &pc, fp);
+    size_t bb;
+    int rc = kv_pool_config_block_bytes(&pc, &bb);
+    if (rc) return rc;
+    size_t bytes = bb * cfg->blocks;
     fprintf(out,
-            "bench xfer: %u blocks of %zu bytes (0.6b preset) = %.1f MB per pull, "
-            "median of %u pulls; latency: median of %u single-block pulls\n",
-            cfg->blocks, bb, (double)bytes / 1e6, cfg->reps, cfg->lat_reps);
+            "bench xfer: %u blocks of %zu bytes (the 0.6b preset's layout: %u layers x K,V x %u "
+            "KV heads x %u tokens x %u dims, %s) = %.1f MB per pull, median of %u pulls; "
+            "latency: median of %u single-block pulls.  Every byte counted is one a pull "
+            "reported moved; the first and last pulls are checked against the holder's "
+            "pattern.\n",
+            cfg->blocks, bb, pc.n_layer, pc.n_kv_head, pc.block_size, pc.head_dim, dx_dtype_name(pc.dtype),
+            (double)bytes / 1e6, cfg->reps, cfg->lat_reps);
     double mc = bench_memcpy(bytes, cfg->reps), sock = bench_socket(bytes, cfg->reps);
     fprintf(out, "%-10s %8.2f GB/s   (in-process memcpy of the same bytes)\n", "memcpy", mc);
     fprintf(out, "%-10s %8.2f GB/s   (plain loopback TCP socket, one stream)\n", "socket", sock);
     char list[256];
     snprintf(list, sizeof list, "%s", cfg->transports);
+    int failed = 0;
     for (char *save = NULL, *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
         xfer_fig f = {0};
         int rc = bench_transport(cfg, t, &f);
         if (rc) {
             fprintf(out, "%-10s failed: %s\n", t, dx_errmsg());
+            failed = 1;
             continue;
         }
         fprintf(out,
                 "%-10s %8.2f GB/s read (%u reads), %.2f GB/s end to end (%.0f%% of memcpy, %.0f%% "
-                "of socket); 1-block pull %.3f ms (read %.3f ms)\n",
+                "of socket); 1-block pull %.3f ms (read %.3f ms); data checked\n",
                 t, f.gbps_read, f.reads, f.gbps_total, 100 * f.gbps_read / mc,
                 100 * f.gbps_read / sock, f.lat_ms, f.lat_read_ms);
+        if (f.holder_cpu_ms >= 0)
+            fprintf(out,
+                    "%-10s holder CPU over %u timed pulls of %.1f MB in %.1f ms: %.3f ms "
+                    "(its threads' /proc schedstat)\n",
+                    "", cfg->reps, f.bytes / 1e6, f.pull_ms, f.holder_cpu_ms);
     }
-    return 0;
+    return failed ? dx_errf(DX_ETRANSPORT, "a transport failed (see above)") : 0;
 }

@@ -62,8 +62,15 @@ int cli_generate_main(int argc, char **argv);
 int cli_bench_main(int argc, char **argv);
 int cli_kv_main(int argc, char **argv);
 int cli_bench_xfer_main(int argc, char **argv); /* `duplex bench xfer` */
+/* `duplex bench run|compare|chat` (cli_bench_run.c) */
+int cli_bench_multi_main(const char *what, int argc, char **argv);
 int cli_serve_main(int argc, char **argv);
 int cli_router_main(int argc, char **argv);
 int cli_up_main(int argc, char **argv);
+
+/* duplex up's and bench compare's model when none is named: synthesised
+ * once (small preset, bf16) if missing.  0, or 1 after printing why not. */
+#define DEFAULT_MODEL "models/qwen3-small-bf16.gguf"
+int cli_default_model(void);
 
 #endif

@@ -4,12 +4,15 @@
 #include <stdio.h>
 #include <string.h>
 
+#include <jansson.h>
+
 #include "base/dx_alloc.h"
 #include "base/dx_dtype.h"
 #include "base/dx_err.h"
-#include "bench/bench_chat.h"
 #include "bench/bench_engine.h"
+#include "bench/bench_tok.h"
 #include "engine/engine.h"
+#include "model/bpe_train.h"
 
 static int bench_engine(int argc, char **argv)
 {
@@ -67,85 +70,120 @@ static int bench_engine(int argc, char **argv)
     return 0;
 }
 
-typedef struct {
-    int json, show;
-} chat_out;
-
-/* The first line of an answer, at most 72 bytes, control bytes as '.'. */
-static void print_answer(const char *a, size_t n)
+/* The sample text: a file as it is, or (--jsonl) one JSON string per line,
+ * joined with newlines (tests/data/tok/corpus.jsonl mixes scripts, code,
+ * numbers and emoji); default the embedded BPE corpus. */
+static int tok_sample(const char *file, int jsonl, dx_buf *out)
 {
-    char line[80];
-    size_t k = 0;
-    for (size_t i = 0; i < n && k < 72 && a[i] != '\n'; i++)
-        line[k++] = (unsigned char)a[i] < 0x20 ? '.' : a[i];
-    /* do not cut a UTF-8 sequence */
-    while (k && k < n && ((unsigned char)line[k - 1] & 0xC0) == 0x80) k--;
-    if (k && (unsigned char)line[k - 1] >= 0xC0) k--;
-    printf("         assistant: %.*s%s\n", (int)k, line, k < n ? " ..." : "");
+    if (!file) {
+        size_t n;
+        const char *c = bpe_corpus(&n);
+        return dx_buf_append(out, c, n);
+    }
+    FILE *f = fopen(file, "rb");
+    if (!f) return dx_errf(DX_EIO, "%s: cannot open", file);
+    char line[1 << 16];
+    int rc = 0;
+    size_t lineno = 0;
+    if (!jsonl) {
+        size_t k;
+        while (!rc && (k = fread(line, 1, sizeof line, f)) > 0) rc = dx_buf_append(out, line, k);
+    } else {
+        while (!rc && fgets(line, sizeof line, f)) {
+            lineno++;
+            json_error_t je;
+            json_t *v = json_loads(line, JSON_DECODE_ANY | JSON_ALLOW_NUL, &je);
+            if (!json_is_string(v))
+                rc = dx_errf(DX_EFORMAT, "%s: line %zu is not a JSON string", file, lineno);
+            else if (out->len)
+                rc = dx_buf_putc(out, '\n');
+            if (!rc) rc = dx_buf_append(out, json_string_value(v), json_string_length(v));
+            json_decref(v);
+        }
+    }
+    fclose(f);
+    if (!rc && !out->len) rc = dx_errf(DX_EINVAL, "%s: no text", file);
+    return rc;
 }
 
-static void print_turn(void *user, int turn, const bench_chat_turn *t)
+static int bench_tok(int argc, char **argv)
 {
-    const chat_out *o = user;
-    int json = o->json;
-    if (json)
-        printf("{\"turn\":%d,\"prompt_tokens\":%ld,\"cached_tokens\":%ld,"
-               "\"completion_tokens\":%ld,\"ttft_ms\":%.3f,\"total_ms\":%.3f}\n",
-               turn, t->prompt_tokens, t->cached_tokens, t->completion_tokens, t->ttft_s * 1e3,
-               t->total_s * 1e3);
-    else
-        printf("turn %2d  prompt %6ld  cached %6ld  computed %6ld  ttft %9.1f ms  total %9.1f ms\n",
-               turn, t->prompt_tokens, t->cached_tokens, t->prompt_tokens - t->cached_tokens,
-               t->ttft_s * 1e3, t->total_s * 1e3);
-    if (o->show && !json && t->answer) print_answer(t->answer, t->answer_bytes);
-    fflush(stdout);
-}
-
-static int bench_chat(int argc, char **argv)
-{
-    const char *url = "http://127.0.0.1:8000", *model = NULL, *cid = NULL;
-    long turns = 8, prefix = 700, input = 80, output = 64, seed = 1;
-    chat_out o = {0};
+    const char *path = NULL, *file = NULL, *jsonl = NULL;
+    long reps = 5;
+    double mb = 1.0;
+    int special = 0;
     const cli_opt opts[] = {
-        {"url", CLI_STR, &url, 0, 0, "endpoint (default http://127.0.0.1:8000)"},
-        {"model", CLI_STR, &model, 0, 0, "model name (default: the first of /v1/models)"},
-        {"turns", CLI_INT, &turns, 1, 1000, "turns (default 8)"},
-        {"prefix-words", CLI_INT, &prefix, 0, 1 << 20, "words of the first message's document (default 700)"},
-        {"input-words", CLI_INT, &input, 1, 1 << 20, "words each later turn adds (default 80)"},
-        {"output-tokens", CLI_INT, &output, 1, 1 << 20, "tokens generated per turn (default 64)"},
-        {"seed", CLI_INT, &seed, 0, 1L << 31, "text seed (default 1)"},
-        {"conversation-id", CLI_STR, &cid, 0, 0, "send X-Conversation-Id"},
-        {"json", CLI_FLAG, &o.json, 0, 0, "one JSON object per turn"},
-        {"show", CLI_FLAG, &o.show, 0, 0, "print the start of each answer"},
+        {"model", CLI_PATH, &path, 0, 0, "GGUF model file (required; only its tokenizer is read)"},
+        {"file", CLI_PATH, &file, 0, 0, "sample text (default: the embedded BPE corpus)"},
+        {"jsonl", CLI_PATH, &jsonl, 0, 0, "sample text as one JSON string per line"},
+        {"mb", CLI_DBL, &mb, 0.001, 1024, "MB of text to encode: the sample repeated (default 1)"},
+        {"reps", CLI_INT, &reps, 1, 64, "runs; medians reported (default 5)"},
+        {"special", CLI_FLAG, &special, 0, 0, "match control tokens in the text"},
     };
-    int rc = cli_parse("bench chat", "[--url URL] [--turns 8] [--prefix-words N] [...]", argc, argv,
-                       opts, DX_ARRAY_LEN(opts), NULL, 0, NULL);
+    int rc = cli_parse("bench tok", "--model FILE [--file F | --jsonl F] [--mb 1] [--reps 5]", argc,
+                       argv, opts, DX_ARRAY_LEN(opts), NULL, 0, NULL);
     if (rc) return rc == 1 ? 0 : rc;
-    if (strncmp(url, "http://", 7)) {
-        fprintf(stderr, "duplex bench chat: --url wants http://HOST:PORT, got '%s'\n", url);
+    if (!path) return cli_required("bench tok", "--model FILE");
+    if (file && jsonl) {
+        fprintf(stderr, "duplex bench tok: --file and --jsonl exclude each other: give one\n");
         return 2;
     }
-    bench_chat_config c = {.url = url, .model = model, .turns = (int)turns,
-                           .prefix_words = (int)prefix, .input_words = (int)input,
-                           .output_tokens = (int)output, .seed = (unsigned)seed,
-                           .conversation_id = cid, .on_turn = print_turn, .user = &o};
-    bench_chat_turn *t = dx_calloc((size_t)turns, sizeof *t);
-    if (!t) return 1;
-    rc = bench_chat_run(&c, t);
-    dx_free(t);
+    dx_buf text;
+    dx_buf_init(&text, 0);
+    bench_tok_result r;
+    bench_tok_config cfg = {
+        .model = path, .reps = (uint32_t)reps, .flags = special ? TOK_ALLOW_SPECIAL : 0};
+    if (!(rc = tok_sample(jsonl ? jsonl : file, !!jsonl, &text))) {
+        cfg.text = text.data;
+        cfg.len = text.len;
+        cfg.bytes = (size_t)(mb * 1e6);
+        rc = bench_tok_run(&cfg, &r);
+    }
+    dx_buf_free(&text);
     if (rc) {
-        fprintf(stderr, "duplex bench chat: %s\n", dx_errmsg());
+        fprintf(stderr, "duplex bench tok: %s\n", dx_errmsg());
         return 1;
     }
+    printf("tokenizer of %s: %zu tokens, loaded in %.1f ms (first %.1f, min %.1f, max %.1f, %ld "
+           "runs)\n",
+           path, r.n_vocab, r.load_ms, r.first_load_ms, r.load_min_ms, r.load_max_ms, reps);
+    printf("encode %zu bytes -> %zu tokens (%.2f bytes/token): %.1f MB/s (min %.1f, max %.1f); "
+           "decode %.1f MB/s\n",
+           r.bytes, r.tokens, r.tokens ? (double)r.bytes / (double)r.tokens : 0.0, r.encode_mb_s,
+           r.encode_min, r.encode_max, r.decode_mb_s);
     return 0;
+}
+
+static int bench_run_cmd(int argc, char **argv)
+{
+    return cli_bench_multi_main("run", argc, argv);
+}
+
+static int bench_compare_cmd(int argc, char **argv)
+{
+    return cli_bench_multi_main("compare", argc, argv);
+}
+
+static int bench_report_cmd(int argc, char **argv)
+{
+    return cli_bench_multi_main("report", argc, argv);
+}
+
+static int bench_chat_cmd(int argc, char **argv)
+{
+    return cli_bench_multi_main("chat", argc, argv);
 }
 
 int cli_bench_main(int argc, char **argv)
 {
     static const cli_cmd cmds[] = {
         {"engine", bench_engine, "prefill and decode speed of one engine (tok/s)"},
+        {"tok", bench_tok, "tokenizer load time and encode/decode speed (MB/s)"},
         {"xfer", cli_bench_xfer_main, "KV transfer speed between two processes (GB/s)"},
-        {"chat", bench_chat, "a multi-turn chat against a server: per-turn TTFT and reuse"},
+        {"run", bench_run_cmd, "multi-turn agentic benchmark against any OpenAI endpoint"},
+        {"compare", bench_compare_cmd, "the same workload on each serving mode (duplex up)"},
+        {"chat", bench_chat_cmd, "one multi-turn chat, printed turn by turn"},
+        {"report", bench_report_cmd, "summary.md and ttft.svg again from results.json files"},
     };
     return cli_group("bench", cmds, DX_ARRAY_LEN(cmds), argc, argv);
 }

@@ -1,5 +1,10 @@
 /* cli_generate: `duplex generate` — run one prompt through the engine and
- * stream the text to stdout; token counts and speeds go to stderr. */
+ * stream the text to stdout; token counts and speeds go to stderr.
+ *
+ * "generated" counts every token the model produced, the end-of-generation
+ * token that stopped it included, as OpenAI's completion_tokens (and the
+ * server's usage) count it; the summary says so when the last token was
+ * one, naming it. */
 #include "cli.h"
 
 #include <pthread.h>
@@ -11,6 +16,7 @@
 #include "base/dx_dtype.h"
 #include "base/dx_err.h"
 #include "engine/engine.h"
+#include "model/model_chat.h"
 
 typedef struct {
     pthread_mutex_t mu;
@@ -19,6 +25,7 @@ typedef struct {
     engine_event fin;
     char err[512];
     uint64_t t_first, t_end;
+    int32_t last; /* the last generated token */
 } gen_state;
 
 static void on_event(void *user, const engine_event *ev)
@@ -26,6 +33,7 @@ static void on_event(void *user, const engine_event *ev)
     gen_state *g = user;
     if (ev->type == ENGINE_EV_TOKENS) {
         if (!g->t_first) g->t_first = dx_now_ns();
+        if (ev->n_tokens) g->last = ev->tokens[ev->n_tokens - 1];
         fwrite(ev->text, 1, ev->text_len, stdout);
         fflush(stdout);
         return;
@@ -39,20 +47,22 @@ static void on_event(void *user, const engine_event *ev)
     pthread_mutex_unlock(&g->mu);
 }
 
-/* Shared by generate and the server-less tools: prompt text or a one-message
- * chat rendered with the model's template. */
+/* Prompt text (with BOS when the model asks, as llama.cpp and the
+ * completions API do) or a one-message chat rendered with the model's
+ * template. */
 static int encode_prompt(const model *m, const char *prompt, const char *chat, tok_ids *ids)
 {
     if (chat) {
         chat_msg msg = {"user", chat, strlen(chat)};
-        return chat_tmpl_encode(model_chat_kind(m), model_tokenizer(m), &msg, 1, 1, ids);
+        return model_chat_encode(m, &msg, 1, NULL, 1, NULL, NULL, ids);
     }
-    return tok_encode(model_tokenizer(m), prompt, strlen(prompt), 0, ids);
+    return tok_encode(model_tokenizer(m), prompt, strlen(prompt), TOK_ADD_SPECIAL, ids);
 }
 
 int cli_generate_main(int argc, char **argv)
 {
     const char *path = NULL, *prompt = NULL, *chat = NULL, *stop = NULL, *kv_type = "f16";
+    const char *tmpl = NULL;
     long n_gen = 64, threads = 0, kv_mb = 256, top_k = 0, batch = 512, kv_blocks = 0;
     double temp = 0.0, top_p = 1.0, min_p = 0.0;
     uint64_t seed = 0;
@@ -73,6 +83,7 @@ int cli_generate_main(int argc, char **argv)
         {"kv-cache-mb", CLI_INT, &kv_mb, 1, 1 << 20, "KV pool size (default 256)"},
         {"kv-blocks", CLI_INT, &kv_blocks, 0, 1 << 30, "KV pool size in blocks (overrides MB)"},
         {"kv-dtype", CLI_STR, &kv_type, 0, 0, "f16 | bf16 | f32 (default f16)"},
+        {"chat-template", CLI_PATH, &tmpl, 0, 0, "a Jinja chat template file for --chat"},
         {"max-batch-tokens", CLI_INT, &batch, 1, 1 << 16, "prefill chunk (default 512)"},
     };
     int rc = cli_parse("generate", "--model FILE (--prompt S | --chat S) [-n N] [--temp T ...]",
@@ -88,9 +99,11 @@ int cli_generate_main(int argc, char **argv)
         return 2;
     }
     if (engine_parse_kv_dtype(kv_type, &kvt)) return cli_bad_value("generate", "--kv-dtype");
-    model *m;
-    if (model_load(path, &m)) {
+    model *m = NULL;
+    if (model_load(path, &m) || (tmpl && model_load_chat_template(m, tmpl)) ||
+        (chat && model_chat_error(m) && dx_errf(DX_EINVAL, "%s", model_chat_error(m)))) {
         fprintf(stderr, "duplex generate: %s\n", dx_errmsg());
+        model_free(m);
         return 1;
     }
     tok_ids ids;
@@ -128,10 +141,18 @@ int cli_generate_main(int argc, char **argv)
         goto out;
     }
     double ttft = (double)(g.t_first - t0) * 1e-9, dec = (double)(g.t_end - g.t_first) * 1e-9;
+    char end[160] = "";
+    const tok *tk = model_tokenizer(m);
+    if (g.fin.finish == ENGINE_FINISH_STOP && !ignore_eos && g.fin.n_gen &&
+        tok_is_eog(tk, g.last)) {
+        tok_strview p = tok_piece(tk, g.last);
+        snprintf(end, sizeof end, ", the last the end token %d %.*s", g.last,
+                 (int)(p.len > 64 ? 64 : p.len), p.ptr ? p.ptr : "");
+    }
     fprintf(stderr,
-            "prompt: %u tokens in %.3f s (%.1f tok/s); generated: %u tokens (%.1f tok/s); "
+            "prompt: %u tokens in %.3f s (%.1f tok/s); generated: %u tokens%s (%.1f tok/s); "
             "finish: %s\n",
-            g.fin.n_prompt, ttft, g.fin.n_prompt / (ttft > 0 ? ttft : 1e-9), g.fin.n_gen,
+            g.fin.n_prompt, ttft, g.fin.n_prompt / (ttft > 0 ? ttft : 1e-9), g.fin.n_gen, end,
             g.fin.n_gen > 1 && dec > 0 ? (g.fin.n_gen - 1) / dec : 0.0,
             g.fin.finish == ENGINE_FINISH_STOP ? "stop" : "length");
 out:

@@ -7,35 +7,42 @@
 #include "base/dx_err.h"
 #include "model/model.h"
 #include "model/synth.h"
+#include "model/tok_norm.h"
 
 static int cmd_synth(int argc, char **argv)
 {
-    const char *arch = "qwen3", *preset = "tiny", *dtype = "f32", *out = NULL;
+    const char *arch = NULL, *preset = "tiny", *dtype = "f32", *out = NULL, *tokenizer = NULL;
     uint64_t seed = 1;
     const cli_opt opts[] = {
-        {"arch", CLI_STR, &arch, 0, 0, "qwen3 | qwen2 | llama (default qwen3)"},
-        {"preset", CLI_STR, &preset, 0, 0, "tiny | small | 0.6b (default tiny)"},
+        {"arch", CLI_STR, &arch, 0, 0, "qwen3 | qwen2 | llama (default: the preset's, else qwen3)"},
+        {"preset", CLI_STR, &preset, 0, 0,
+         "tiny | small | 0.6b | qwen3-0.6b | llama3.2-1b (default tiny)"},
         {"dtype", CLI_STR, &dtype, 0, 0, "f32 | f16 | bf16 | q8_0 (default f32)"},
         {"seed", CLI_U64, &seed, 0, 0, "random seed (default 1)"},
+        {"tokenizer", CLI_PATH, &tokenizer, 0, 0,
+         "a Hugging Face tokenizer.json (or its directory; tokenizer_config.json beside it is "
+         "read too) to use instead of the synthetic vocabulary"},
         {"o", CLI_PATH, &out, 0, 0, "output file (required)"},
         {"output", CLI_PATH, &out, 0, 0, "same as -o"},
     };
-    const char *usage = "--arch A --preset P --dtype T [--seed N] -o FILE";
+    const char *usage = "[--arch A] --preset P --dtype T [--tokenizer PATH] [--seed N] -o FILE";
     int rc = cli_parse("model synth", usage, argc, argv, opts, DX_ARRAY_LEN(opts), NULL, 0, NULL);
     if (rc) return rc == 1 ? 0 : rc;
     if (!out) return cli_required("model synth", "-o FILE");
-    synth_config cfg = {.preset = preset, .seed = seed};
+    synth_config cfg = {.preset = preset, .seed = seed, .tokenizer = tokenizer};
     enum dx_dtype dt;
-    if (synth_parse_arch(arch, &cfg.arch)) return cli_bad_value("model synth", "--arch");
     if (synth_check_preset(preset)) return cli_bad_value("model synth", "--preset");
+    const synth_preset *sp = synth_find_preset(preset);
+    if (!arch) arch = sp->arch == MODEL_LLAMA ? "llama" : "qwen3";
+    if (synth_parse_arch(arch, &cfg.arch)) return cli_bad_value("model synth", "--arch");
     if (dx_dtype_parse(dtype, &dt)) return cli_bad_value("model synth", "--dtype");
     cfg.dtype = dt;
     if ((rc = synth_write(&cfg, out))) {
         fprintf(stderr, "duplex model synth: %s\n", dx_errmsg());
         return 1;
     }
-    fprintf(stderr, "wrote %s (%s %s %s, seed %llu)\n", out, arch, preset, dtype,
-            (unsigned long long)seed);
+    fprintf(stderr, "wrote %s (%s %s %s, seed %llu, %s vocabulary)\n", out, arch, preset, dtype,
+            (unsigned long long)seed, tokenizer ? tokenizer : "synthetic");
     return 0;
 }
 
@@ -60,7 +67,8 @@ static void print_info(const model *m)
     printf("rms epsilon:     %g\n", hp->rms_eps);
     char base[32];
     cli_fmt_num(base, sizeof base, hp->rope_base);
-    printf("rope:            base %s, %s\n", base, hp->rope_neox ? "neox" : "normal");
+    printf("rope:            base %s, %s%s\n", base, hp->rope_neox ? "neox" : "normal",
+           model_rope_freqs(m) ? ", frequency divisors (rope_freqs.weight: Llama 3 scaling)" : "");
     printf("extras:          %s%s%s\n", hp->qk_norm ? "q/k norm " : "",
            hp->qkv_bias ? "qkv bias " : "", hp->tied_output ? "tied output" : "untied output");
     uint64_t count[64] = {0}, bytes[64] = {0};
@@ -77,9 +85,18 @@ static void print_info(const model *m)
                    (double)bytes[t] / (1 << 20));
     printf("\n");
     const tok *tk = model_tokenizer(m);
-    printf("tokenizer:       gpt2 byte-level BPE, pre-tokenizer %s, %zu tokens (bos %d, eos %d, "
-           "eot %d)\n",
-           tok_pre_name(tok_get_pre(tk)), tok_vocab_size(tk), tok_bos(tk), tok_eos(tk), tok_eot(tk));
+    printf("tokenizer:       gpt2 byte-level BPE, pre-tokenizer %s, normalizer %s, %zu tokens "
+           "(bos %d%s, eos %d, eot %d)\n",
+           tok_pre_name(tok_get_pre(tk)), tok_norm_name(tok_get_norm(tk)), tok_vocab_size(tk),
+           tok_bos(tk), tok_add_bos(tk) ? " added" : "", tok_eos(tk), tok_eot(tk));
+    size_t n_eog;
+    const int32_t *eog = tok_eog_ids(tk, &n_eog);
+    printf("end of generation:");
+    for (size_t i = 0; i < n_eog; i++) {
+        tok_strview p = tok_piece(tk, eog[i]);
+        printf(" %d %.*s", eog[i], (int)p.len, p.ptr);
+    }
+    printf("\n");
     printf("chat template:   %s\n", chat_tmpl_name(model_chat_kind(m)));
     printf("fingerprint:     %016llx%016llx\n", (unsigned long long)fp[1],
            (unsigned long long)fp[0]);

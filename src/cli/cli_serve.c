@@ -27,7 +27,8 @@ static int parse_role(const char *r, enum node_role *out)
 }
 
 typedef struct {
-    const char *path, *role, *host, *level, *kv_host, *kv_tls, *engine_id, *kv_dtype;
+    const char *path, *role, *host, *level, *kv_host, *kv_tls, *engine_id, *kv_dtype, *served;
+    const char *tool_parser, *reasoning_parser, *chat_template;
     long port, threads, kv_mb, batch, waiting, ctx, req_timeout_ms, max_body_mb, kv_port,
         kv_blocks, threshold;
     double grace, pin_ttl, lease_ttl, retain_ttl;
@@ -47,6 +48,10 @@ static int to_config(const serve_flags *f, node_run_config *c)
     if (f->prefix_on && f->prefix_off) {
         fprintf(stderr, "duplex serve: --enable-prefix-caching and --no-enable-prefix-caching "
                         "contradict each other\n");
+        return 2;
+    }
+    if (f->served && (!*f->served || strlen(f->served) > 200)) {
+        fprintf(stderr, "duplex serve: --served-model-name must be 1..200 bytes\n");
         return 2;
     }
     if (f->engine_id && (!*f->engine_id || strlen(f->engine_id) > 128)) {
@@ -72,6 +77,15 @@ static int to_config(const serve_flags *f, node_run_config *c)
     c->kv_host = f->kv_host;
     c->kv_tls = f->kv_tls;
     c->engine_id = f->engine_id;
+    c->served_model_name = f->served;
+    c->tool_parser = f->tool_parser;
+    c->chat_template = f->chat_template;
+    c->reasoning_parser = f->reasoning_parser;
+    int fmt, reasoning; /* the names, checked now: the model loads after the socket opens */
+    if (node_run_parsers(c, CHAT_TMPL_CHATML, NULL, &fmt, &reasoning)) {
+        fprintf(stderr, "duplex serve: %s\n", dx_errmsg());
+        return 2;
+    }
     c->pin_ttl_s = f->pin_ttl;
     c->lease_ttl_s = f->lease_ttl;
     c->retain_ttl_s = f->retain_ttl;
@@ -114,6 +128,14 @@ int cli_serve_main(int argc, char **argv)
         {"kv-transport-tls", CLI_STR, &f.kv_tls, 0, 0, "UCX_TLS for KV reads (default: UCX's choice)"},
         {"kv-pin-ttl-s", CLI_DBL, &f.pin_ttl, 0.1, 3600, "seconds an unreleased pin lives (default 30)"},
         {"engine-id", CLI_STR, &f.engine_id, 0, 0, "this node's engine id (default: host:port)"},
+        {"chat-template", CLI_PATH, &f.chat_template, 0, 0,
+         "a Jinja chat template file instead of the model's"},
+        {"tool-call-parser", CLI_STR, &f.tool_parser, 0, 0,
+         "auto|qwen|llama3|none: tool calls in answers (auto: the template's family)"},
+        {"reasoning-parser", CLI_STR, &f.reasoning_parser, 0, 0,
+         "auto|think|none: <think> as reasoning_content (auto: if the template has it)"},
+        {"served-model-name", CLI_STR, &f.served, 0, 0,
+         "the model's name in the API (default: the file's; both are accepted)"},
         {"bidirectional-kv-xfer", CLI_FLAG, &f.bidirectional, 0, 0,
          "decode: retain finished requests' KV; prefill: pull history from decode nodes"},
         {"decoder-kv-blocks-ttl", CLI_DBL, &f.retain_ttl, 1, 86400 * 7,

@@ -20,25 +20,23 @@
 #include "model/synth.h"
 #include "router/router_launch.h"
 
-#define DEFAULT_MODEL "models/qwen3-small-bf16.gguf"
-
 /* The demo model (`duplex model synth --arch qwen3 --preset small --dtype
  * bf16 --seed 1`), written under a temporary name and renamed, so an
  * interrupted run never leaves half a file behind. */
-static int ensure_default_model(void)
+int cli_default_model(void)
 {
     struct stat st;
     if (stat(DEFAULT_MODEL, &st) == 0) return 0;
     if (mkdir("models", 0755) < 0 && errno != EEXIST) {
-        fprintf(stderr, "duplex up: mkdir models: %s\n", strerror(errno));
+        fprintf(stderr, "duplex: mkdir models: %s\n", strerror(errno));
         return 1;
     }
-    fprintf(stderr, "duplex up: synthesising %s (once)\n", DEFAULT_MODEL);
+    fprintf(stderr, "duplex: synthesising %s (once)\n", DEFAULT_MODEL);
     char tmp[64];
     snprintf(tmp, sizeof tmp, DEFAULT_MODEL ".%d.tmp", (int)getpid());
     synth_config c = {.arch = MODEL_QWEN3, .preset = "small", .dtype = DX_BF16, .seed = 1};
     if (synth_write(&c, tmp) < 0 || rename(tmp, DEFAULT_MODEL) < 0) {
-        fprintf(stderr, "duplex up: synthesising %s: %s\n", DEFAULT_MODEL, dx_errmsg());
+        fprintf(stderr, "duplex: synthesising %s: %s\n", DEFAULT_MODEL, dx_errmsg());
         unlink(tmp);
         return 1;
     }
@@ -79,7 +77,7 @@ int cli_up_main(int argc, char **argv)
         {"startup-timeout-s", CLI_DBL, &startup, 1, 86400,
          "limit for everything to be ready (600)"},
         {"stop-timeout-s", CLI_DBL, &stop, 1, 86400, "then SIGKILL on stop (60)"},
-        {"log-level", CLI_STR, &level, 0, 0, "error|warn|info|debug (default info)"},
+        {"log-level", CLI_STR, &level, 0, 0, "error|warn|info|debug (default info; debug reaches every process)"},
     };
     int rc = cli_parse("up", "[--model FILE] [--prefill N] [--decode M] [--port 8000] [--mode M]",
                        argc, argv, opts, DX_ARRAY_LEN(opts), NULL, 0, NULL);
@@ -107,7 +105,7 @@ int cli_up_main(int argc, char **argv)
     }
     char exe[PATH_MAX];
     if (self_exe(exe, sizeof exe)) return 1;
-    if (!model && ensure_default_model()) return 1;
+    if (!model && cli_default_model()) return 1;
     dx_log_set_level(lvl);
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     int nodes = c.n_prefill + c.n_decode;
@@ -120,6 +118,7 @@ int cli_up_main(int argc, char **argv)
     c.local_prefill_max_tokens = local_max;
     c.startup_timeout_s = startup;
     c.stop_timeout_s = stop;
+    c.debug_children = lvl == DX_LOG_DEBUG;
     c.out = stdout;
     signal(SIGPIPE, SIG_IGN);
     return router_launch_run(&c);

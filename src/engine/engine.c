@@ -54,6 +54,7 @@ static void item_free(item *it)
     if (!it) return;
     if (!it->cancel) {
         dx_free((void *)it->req.prefix_blocks);
+        dx_free((void *)it->req.sampling.bias);
         dx_free((void *)it->req.prompt);
         for (size_t i = 0; i < it->req.n_stop; i++) dx_free((void *)it->req.stop[i]);
         dx_free((void *)it->req.stop);
@@ -172,7 +173,7 @@ static void apply_defaults(engine_config *c, const model *m)
     if (c->n_threads <= 0) c->n_threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (c->n_threads <= 0) c->n_threads = 1;
     if (!c->kv_cache_mb && !c->kv_blocks) c->kv_cache_mb = 1024;
-    if (!c->block_size) c->block_size = 16;
+    if (!c->block_size) c->block_size = ENGINE_DEFAULT_BLOCK_SIZE;
     if (!c->max_batch_tokens) c->max_batch_tokens = 512;
     if (!c->max_seqs) c->max_seqs = 64;
     if (!c->max_waiting) c->max_waiting = 256;
@@ -271,8 +272,12 @@ static item *copy_request(const engine_request *r)
     it->req.prefix_blocks =
         r->n_prefix_blocks ? dx_memdup(r->prefix_blocks, r->n_prefix_blocks * sizeof(int32_t))
                            : NULL;
+    it->req.sampling.bias = r->sampling.n_bias ? dx_memdup(r->sampling.bias, r->sampling.n_bias *
+                                                                              sizeof(engine_bias))
+                                                : NULL;
     int oom = !it->req.prompt || (r->n_stop && !it->req.stop) ||
-              (r->n_prefix_blocks && !it->req.prefix_blocks);
+              (r->n_prefix_blocks && !it->req.prefix_blocks) ||
+              (r->sampling.n_bias && !it->req.sampling.bias);
     for (size_t i = 0; !oom && i < r->n_stop; i++)
         oom = !(((char **)it->req.stop)[i] = dx_strdup(r->stop[i]));
     if (oom) {

@@ -17,6 +17,11 @@
 #include "engine/kv_pool.h"
 #include "model/model.h"
 
+/* Tokens per KV block unless the caller sets engine_config.block_size:
+ * one place, so tools that build pools of their own (bench engine) lay
+ * KV out as the server does. */
+#define ENGINE_DEFAULT_BLOCK_SIZE 16
+
 typedef struct {
     int n_threads;             /* default: number of cores */
     size_t kv_cache_mb;        /* KV pool size; default 1024 */
@@ -57,12 +62,29 @@ enum engine_finish { ENGINE_FINISH_NONE = 0, ENGINE_FINISH_STOP, ENGINE_FINISH_L
                      ENGINE_FINISH_CANCELED, ENGINE_FINISH_ERROR };
 
 typedef struct {
+    int32_t id;
+    float bias;
+} engine_bias;
+
+#define ENGINE_MAX_TOP_LOGPROBS 20
+
+/* Applied to a sequence's logits row before sampling, in this order: the
+ * logit biases, the repetition penalty (Hugging Face's: every token of the
+ * prompt or the reply so far, a positive logit divided by it, a negative one
+ * multiplied), the presence and frequency penalties (OpenAI's: over the
+ * reply so far, minus presence once and frequency per occurrence); then
+ * temperature, top-k, top-p, min-p. */
+typedef struct {
     float temperature; /* 0 = greedy */
     int top_k;         /* 0 = off */
     float top_p;       /* 1 = off */
     float min_p;       /* 0 = off */
     uint64_t seed;
     int has_seed; /* else a random seed per request */
+    float presence_penalty, frequency_penalty; /* 0 = off */
+    float repetition_penalty;                  /* 0 or 1 = off; else > 0 */
+    const engine_bias *bias;                   /* copied at submit */
+    size_t n_bias;
 } engine_sampling;
 
 enum engine_event_type { ENGINE_EV_TOKENS, ENGINE_EV_KV, ENGINE_EV_DONE };
@@ -78,6 +100,15 @@ typedef struct {
     size_t n_tokens;
     const char *text;
     size_t text_len;
+    /* TOKENS of a request with logprobs (n_tokens is then 1): the token's
+     * log-probability under the model (the raw logits: before biases,
+     * penalties and temperature, as vLLM reports by default) and the
+     * n_top most likely tokens with theirs, most likely first. */
+    int has_logprob;
+    float logprob;
+    const int32_t *top_ids;
+    const float *top_logprobs;
+    uint32_t n_top;
     /* KV (only for requests with want_kv, just before a DONE that ends them
      * normally — stop or length): the sequence's tokens (prompt, then every
      * generated token) and the ids of its full blocks whose KV is computed,
@@ -96,6 +127,8 @@ typedef struct {
 } engine_event;
 
 typedef void (*engine_event_fn)(void *user, const engine_event *ev);
+
+#define ENGINE_MAX_PREGEN 8
 
 typedef struct {
     const int32_t *prompt; /* copied at submit */
@@ -116,6 +149,20 @@ typedef struct {
     const int32_t *prefix_blocks;
     size_t n_prefix_blocks;
     int want_kv; /* deliver an ENGINE_EV_KV event before a normal DONE */
+    /* Tokens already generated after this prompt by another engine with the
+     * same model and sampling (a prefill node's first token): delivered as
+     * the request's first output when it is admitted, without waiting for a
+     * forward step, and the sampler's generator is advanced past them, so
+     * that what follows equals a run that generated them here.  Their KV is
+     * computed with the next step, and all n_prompt / block_size full
+     * prompt blocks may then come in prefix_blocks.  At most max_tokens. */
+    int32_t pregen[ENGINE_MAX_PREGEN];
+    uint32_t n_pregen;
+    /* Report each generated token's log-probability, and the top_logprobs
+     * (<= ENGINE_MAX_TOP_LOGPROBS) most likely tokens at each step.  Not
+     * with pregen tokens (their probabilities were another engine's). */
+    int logprobs;
+    uint32_t top_logprobs;
     engine_event_fn on_event;
     void *user;
 } engine_request;

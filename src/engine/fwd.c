@@ -457,8 +457,10 @@ static int build_rope(fwd *f)
     uint32_t D = f->hp->head_dim, half = D / 2;
     f->rope = dx_malloc((size_t)f->n_ctx * D * sizeof(float));
     if (!f->rope) return DX_ENOMEM;
+    const float *div = model_rope_freqs(f->m); /* Llama 3 rope scaling, or NULL */
     for (uint32_t i = 0; i < half; i++) {
         double theta = pow((double)f->hp->rope_base, -2.0 * i / (double)D);
+        if (div) theta /= div[i];
         for (uint32_t p = 0; p < f->n_ctx; p++) {
             f->rope[(size_t)p * D + 2 * i] = (float)cos(p * theta);
             f->rope[(size_t)p * D + 2 * i + 1] = (float)sin(p * theta);

@@ -144,6 +144,14 @@ static int kv_layout_from_config(const kv_pool_config *c, kv_layout *L)
     return 0;
 }
 
+int kv_pool_config_block_bytes(const kv_pool_config *c, size_t *out)
+{
+    kv_layout L;
+    int rc = kv_layout_from_config(c, &L);
+    *out = rc ? 0 : L.block_bytes;
+    return rc;
+}
+
 /* ---- arena ------------------------------------------------------------ */
 
 /* Huge pages where the system allows them (THP "madvise" mode): attention

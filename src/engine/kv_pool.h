@@ -86,6 +86,9 @@ void kv_pool_destroy(kv_pool *p);
 void kv_pool_geometry(const kv_pool *p, kv_pool_config *out);
 uint32_t kv_pool_n_blocks(const kv_pool *p);
 uint32_t kv_pool_block_size(const kv_pool *p);
+/* The bytes of one block of the pool c describes, without making it;
+ * DX_EINVAL for a config kv_pool_create would refuse. */
+int kv_pool_config_block_bytes(const kv_pool_config *c, size_t *out);
 size_t kv_pool_block_bytes(const kv_pool *p);
 int kv_pool_dtype(const kv_pool *p);
 uint8_t *kv_pool_base(const kv_pool *p);

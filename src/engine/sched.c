@@ -1,6 +1,7 @@
 /* sched: continuous batching over the forward pass (see sched.h). */
 #include "engine/sched.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -36,6 +37,21 @@ typedef struct seq {
     kv_hash last_hash;
     dx_rng rng;
     sampler_params sp;
+    /* Logit biases and penalties (engine_sampling); the penalty state is
+     * allocated at submit, only for the penalties asked. */
+    engine_bias *bias;
+    uint32_t *counts;    /* frequency/presence: occurrences in the reply, by id */
+    int32_t *uniq;       /* ... the distinct reply tokens */
+    uint32_t n_uniq;
+    uint8_t *seen;       /* repetition: a bit per id in the prompt or the reply */
+    int32_t *uniq_all;   /* ... those ids */
+    uint32_t n_uniq_all;
+    /* The sampled token's logprobs, for its TOKENS event. */
+    int has_lp;
+    float lp;
+    int32_t lp_ids[ENGINE_MAX_TOP_LOGPROBS];
+    float lp_vals[ENGINE_MAX_TOP_LOGPROBS];
+    uint32_t n_lp;
     dx_buf text;     /* generated text */
     size_t emitted;  /* bytes of text delivered */
     uint64_t t_submit, t_first;
@@ -60,8 +76,8 @@ struct sched {
     fwd_seq *batch;
     seq **batch_seq;
     float *logits;
-    int32_t eos, eot;
     dx_buf scratch; /* sanitised text of one event */
+    float *raw;     /* a logits row before biases and penalties (logprobs) */
     engine_stats st;
 };
 
@@ -143,11 +159,102 @@ static void emit_tokens(sched *s, seq *q, const int32_t *toks, size_t n, size_t 
                        .n_tokens = n,
                        .text = clean->data ? clean->data : "",
                        .text_len = clean->len};
+    if (n && q->has_lp) {
+        ev.has_logprob = 1;
+        ev.logprob = q->lp;
+        ev.top_ids = q->lp_ids;
+        ev.top_logprobs = q->lp_vals;
+        ev.n_top = q->n_lp;
+        q->has_lp = 0;
+    }
     q->req.on_event(q->req.user, &ev);
     if (upto > q->emitted) q->emitted = upto;
 }
 
 /* ---- sequences ---- */
+
+/* Tokens whose logits the penalties touch, and their counts. */
+static void note_token(sched *s, seq *q, int32_t t, int in_reply)
+{
+    (void)s;
+    if (q->seen && !(q->seen[t >> 3] & (1u << (t & 7)))) {
+        q->seen[t >> 3] |= (uint8_t)(1u << (t & 7));
+        q->uniq_all[q->n_uniq_all++] = t;
+    }
+    if (in_reply && q->counts && q->counts[t]++ == 0) q->uniq[q->n_uniq++] = t;
+}
+
+/* The bias list and the penalties' state (for the penalties asked only). */
+static int penalty_state(sched *s, seq *q, const engine_request *r)
+{
+    const engine_sampling *sp = &r->sampling;
+    size_t cap = q->cap_tokens < s->n_vocab ? q->cap_tokens : s->n_vocab;
+    if (sp->n_bias && !(q->bias = dx_memdup(sp->bias, sp->n_bias * sizeof *sp->bias))) return -1;
+    if (sp->presence_penalty != 0 || sp->frequency_penalty != 0) {
+        q->counts = dx_calloc(s->n_vocab, sizeof *q->counts);
+        q->uniq = dx_malloc(cap * sizeof *q->uniq);
+        if (!q->counts || !q->uniq) return -1;
+    }
+    if (sp->repetition_penalty > 0 && sp->repetition_penalty != 1) {
+        q->seen = dx_calloc((s->n_vocab + 7) / 8, 1);
+        q->uniq_all = dx_malloc(cap * sizeof *q->uniq_all);
+        if (!q->seen || !q->uniq_all) return -1;
+    }
+    for (uint32_t i = 0; i < q->n_prompt; i++) note_token(s, q, q->tokens[i], 0);
+    return 0;
+}
+
+/* Biases and penalties on the sequence's logits row, in engine.h's order. */
+static int shape_logits(const seq *q, float *row)
+{
+    const engine_sampling *sp = &q->req.sampling;
+    for (size_t i = 0; i < sp->n_bias; i++) row[q->bias[i].id] += q->bias[i].bias;
+    for (uint32_t i = 0; i < q->n_uniq_all; i++) {
+        float *l = &row[q->uniq_all[i]];
+        *l = *l > 0 ? *l / sp->repetition_penalty : *l * sp->repetition_penalty;
+    }
+    for (uint32_t i = 0; i < q->n_uniq; i++) {
+        int32_t t = q->uniq[i];
+        row[t] -= sp->presence_penalty + sp->frequency_penalty * (float)q->counts[t];
+    }
+    return sp->n_bias || q->n_uniq_all || q->n_uniq;
+}
+
+/* log-softmax of the raw row: the sampled token's and the top n's. */
+static void take_logprobs(seq *q, const float *row, uint32_t n_vocab, int32_t t)
+{
+    float mx = row[0];
+    for (uint32_t i = 1; i < n_vocab; i++) mx = row[i] > mx ? row[i] : mx;
+    double sum = 0;
+    for (uint32_t i = 0; i < n_vocab; i++) sum += exp((double)row[i] - mx);
+    double lse = mx + log(sum);
+    uint32_t k = q->req.top_logprobs, n = 0;
+    for (uint32_t i = 0; i < n_vocab && k; i++) { /* a sorted top k: larger logit, then lower id */
+        if (n == k && row[i] <= row[q->lp_ids[n - 1]]) continue;
+        uint32_t j = n < k ? n++ : n - 1;
+        while (j > 0 && row[i] > row[q->lp_ids[j - 1]]) {
+            q->lp_ids[j] = q->lp_ids[j - 1];
+            j--;
+        }
+        q->lp_ids[j] = (int32_t)i;
+    }
+    for (uint32_t i = 0; i < n; i++) q->lp_vals[i] = (float)(row[q->lp_ids[i]] - lse);
+    q->n_lp = n;
+    q->lp = (float)(row[t] - lse);
+    q->has_lp = 1;
+}
+
+/* Picks the sequence's next token from its logits row. */
+static int32_t sample_row(sched *s, seq *q, float *row)
+{
+    int lp = q->req.logprobs;
+    int shaped = q->bias || q->counts || q->seen;
+    if (lp && shaped) memcpy(s->raw, row, (size_t)s->n_vocab * sizeof *row);
+    if (shaped) shape_logits(q, row);
+    int32_t t = sampler_sample(s->smp, row, &q->sp, &q->rng);
+    if (lp) take_logprobs(q, shaped ? s->raw : row, s->n_vocab, t);
+    return t;
+}
 
 static void seq_free(seq *q)
 {
@@ -158,6 +265,11 @@ static void seq_free(seq *q)
     dx_free(q->stop);
     dx_free(q->tokens);
     dx_free(q->blocks);
+    dx_free(q->bias);
+    dx_free(q->counts);
+    dx_free(q->uniq);
+    dx_free(q->seen);
+    dx_free(q->uniq_all);
     dx_buf_free(&q->text);
     dx_free(q);
 }
@@ -182,12 +294,15 @@ static int check_prefix_blocks(const sched *s, const engine_request *r)
 {
     if (!r->n_prefix_blocks) return 0;
     if (!r->prefix_blocks) return dx_errf(DX_EINVAL, "prefix_blocks is NULL");
-    if (r->n_prefix_blocks > (r->n_prompt - 1) / s->bs)
+    /* the last token is computed for its logits: the prompt's last one, or
+     * with pregen tokens the last of those */
+    size_t max_pre = (r->n_pregen ? r->n_prompt : r->n_prompt - 1) / s->bs;
+    if (r->n_prefix_blocks > max_pre)
         return dx_errf(DX_EINVAL,
                        "%zu prefix blocks cover %zu tokens, but at most %zu of the %zu-token "
                        "prompt may come precomputed (the last token is always computed)",
-                       r->n_prefix_blocks, r->n_prefix_blocks * s->bs,
-                       (r->n_prompt - 1) / s->bs * s->bs, r->n_prompt);
+                       r->n_prefix_blocks, r->n_prefix_blocks * s->bs, max_pre * s->bs,
+                       r->n_prompt);
     for (size_t i = 0; i < r->n_prefix_blocks; i++) {
         kv_hash h;
         if (!kv_pool_valid_id(s->pool, r->prefix_blocks[i]) ||
@@ -218,6 +333,28 @@ int sched_check(const sched *s, const engine_request *r)
                            r->prompt[i], s->n_vocab);
     for (size_t i = 0; i < r->n_stop; i++)
         if (!r->stop[i] || !r->stop[i][0]) return dx_errf(DX_EINVAL, "stop[%zu] is empty", i);
+    const engine_sampling *sp = &r->sampling;
+    if (!(sp->repetition_penalty >= 0) || !isfinite(sp->repetition_penalty) ||
+        !isfinite(sp->presence_penalty) || !isfinite(sp->frequency_penalty))
+        return dx_errf(DX_EINVAL, "penalties out of range (repetition %g, presence %g, frequency %g)",
+                       sp->repetition_penalty, sp->presence_penalty, sp->frequency_penalty);
+    if (sp->n_bias && !sp->bias) return dx_errf(DX_EINVAL, "logit bias is NULL");
+    for (size_t i = 0; i < sp->n_bias; i++)
+        if (sp->bias[i].id < 0 || (uint32_t)sp->bias[i].id >= s->n_vocab || !isfinite(sp->bias[i].bias))
+            return dx_errf(DX_EINVAL, "logit bias %zu: token %d outside the vocabulary of %u or not finite",
+                           i, sp->bias[i].id, s->n_vocab);
+    if (r->top_logprobs > ENGINE_MAX_TOP_LOGPROBS)
+        return dx_errf(DX_EINVAL, "top_logprobs %u: at most %d", r->top_logprobs,
+                       ENGINE_MAX_TOP_LOGPROBS);
+    if (r->logprobs && r->n_pregen)
+        return dx_errf(DX_EINVAL, "logprobs cannot be reported for pregenerated tokens");
+    if (r->n_pregen > ENGINE_MAX_PREGEN || (r->max_tokens && r->n_pregen > r->max_tokens))
+        return dx_errf(DX_EINVAL, "%u pregenerated tokens: at most %u and at most max_tokens (%u)",
+                       r->n_pregen, ENGINE_MAX_PREGEN, r->max_tokens);
+    for (uint32_t i = 0; i < r->n_pregen; i++)
+        if (r->pregen[i] < 0 || (uint32_t)r->pregen[i] >= s->n_vocab)
+            return dx_errf(DX_EINVAL, "pregenerated token %u (%d) is outside the vocabulary of %u",
+                           i, r->pregen[i], s->n_vocab);
     return check_prefix_blocks(s, r);
 }
 
@@ -256,10 +393,15 @@ int sched_submit_at(sched *s, const engine_request *r, uint64_t id, uint64_t t_s
     }
     memcpy(q->tokens, r->prompt, r->n_prompt * sizeof(int32_t));
     q->n_tokens = q->n_prompt;
+    if (penalty_state(s, q, r)) { /* the handed blocks are still the caller's */
+        seq_free(q);
+        return dx_errf(DX_ENOMEM, "out of memory");
+    }
     q->n_pre = (uint32_t)r->n_prefix_blocks; /* the references are ours from here on */
     q->req.prompt = NULL;
     q->req.stop = NULL;
     q->req.prefix_blocks = NULL;
+    q->req.sampling.bias = q->bias;
     q->sp = (sampler_params){r->sampling.temperature, r->sampling.top_k, r->sampling.top_p,
                              r->sampling.min_p};
     dx_rng_seed(&q->rng, r->sampling.has_seed ? r->sampling.seed : dx_now_ns() ^ id);
@@ -371,7 +513,8 @@ static void take_cached_prefix(sched *s, seq *q)
 
 static void match_cached_prefix(sched *s, seq *q)
 {
-    uint32_t n_full = (q->n_tokens - 1) / s->bs;
+    /* the last token is computed: the last given one when there are some */
+    uint32_t n_full = (q->req.n_pregen ? q->n_tokens : q->n_tokens - 1) / s->bs;
     kv_hash *chain = dx_malloc((n_full ? n_full : 1) * sizeof *chain);
     if (!chain) return; /* no reuse; correct, just slower */
     kv_pool_hash_chain(s->pool, q->tokens, (size_t)n_full * s->bs, chain);
@@ -413,6 +556,27 @@ static uint32_t growth(const sched *s, const seq *q)
     return need > held ? need - held : 0;
 }
 
+static enum engine_finish accept_token(sched *s, seq *q, int32_t t);
+static void finish(sched *s, uint32_t i, enum engine_finish fin, int err, const char *msg);
+
+/* The tokens another engine generated for this prompt, taken as if sampled
+ * here (once: a preempted sequence keeps them as generated tokens).  The
+ * sampler draws one uniform per token when it samples at random and none
+ * when greedy; drawing the same here keeps the tokens after them equal. */
+static void accept_pregen(sched *s, seq *q)
+{
+    uint32_t n = q->req.n_pregen;
+    q->req.n_pregen = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        if (q->sp.temperature > 0.0f) (void)dx_rng_uniform(&q->rng);
+        enum engine_finish fin = accept_token(s, q, q->req.pregen[i]);
+        if (fin != ENGINE_FINISH_NONE) {
+            finish(s, s->n_running - 1, fin, 0, NULL);
+            return;
+        }
+    }
+}
+
 /* A sequence is admitted only when it and every running sequence can reach
  * their next checkpoint without a preemption: otherwise the newest would be
  * preempted at once, requeued, admitted again — thrash that recomputes the
@@ -427,6 +591,7 @@ static void admit(sched *s)
         pop_waiting(s);
         take_cached_prefix(s, q);
         s->running[s->n_running++] = q;
+        if (q->req.n_pregen) accept_pregen(s, q);
     }
 }
 
@@ -511,10 +676,11 @@ static void hash_new_blocks(sched *s, seq *q)
 static enum engine_finish accept_token(sched *s, seq *q, int32_t t)
 {
     q->tokens[q->n_tokens++] = t;
+    note_token(s, q, t, 1);
     if (!q->t_first) q->t_first = dx_now_ns();
     s->st.gen_tokens++;
-    int is_end = !q->req.ignore_eos && (t == s->eos || t == s->eot);
-    if (!is_end && !tok_is_special(s->tk, t)) {
+    int is_end = !q->req.ignore_eos && tok_is_eog(s->tk, t);
+    if (!is_end && tok_is_text(s->tk, t)) {
         char piece[256];
         int n = tok_token_bytes(s->tk, t, piece, sizeof piece);
         if (n > 0) dx_buf_append(&q->text, piece, (size_t)n);
@@ -600,7 +766,7 @@ int sched_step(sched *s)
                 (q->n_computed < q->n_prompt ? q->n_computed : q->n_prompt) - before;
         hash_new_blocks(s, q);
         if (!s->batch[i].logits) continue;
-        int32_t t = sampler_sample(s->smp, s->logits + row++ * s->n_vocab, &q->sp, &q->rng);
+        int32_t t = sample_row(s, q, s->logits + row++ * s->n_vocab);
         enum engine_finish fin = accept_token(s, q, t);
         if (fin != ENGINE_FINISH_NONE) finish(s, running_index(s, q), fin, 0, NULL);
     }
@@ -638,8 +804,6 @@ int sched_create(const sched_config *cfg, const model *m, kv_pool *pool, dx_tpoo
     s->bs = kv_pool_block_size(pool);
     s->n_vocab = model_hp(m)->n_vocab;
     dx_buf_init(&s->scratch, 0);
-    s->eos = tok_eos(s->tk);
-    s->eot = tok_eot(s->tk);
     int rc = fwd_create(m, pool, tp, cfg->max_batch_tokens, cfg->max_seqs, cfg->n_ctx, &s->fw);
     if (!rc) rc = sampler_create(s->n_vocab, &s->smp);
     if (!rc) {
@@ -647,7 +811,8 @@ int sched_create(const sched_config *cfg, const model *m, kv_pool *pool, dx_tpoo
         s->batch = dx_calloc(cfg->max_seqs, sizeof *s->batch);
         s->batch_seq = dx_calloc(cfg->max_seqs, sizeof *s->batch_seq);
         s->logits = dx_aligned_alloc(64, (size_t)cfg->max_seqs * s->n_vocab * sizeof(float));
-        if (!s->running || !s->batch || !s->batch_seq || !s->logits)
+        s->raw = dx_malloc((size_t)s->n_vocab * sizeof(float));
+        if (!s->running || !s->batch || !s->batch_seq || !s->logits || !s->raw)
             rc = dx_errf(DX_ENOMEM, "out of memory for the scheduler");
     }
     if (rc) {
@@ -674,6 +839,7 @@ void sched_destroy(sched *s)
     dx_free(s->batch);
     dx_free(s->batch_seq);
     dx_aligned_free(s->logits);
+    dx_free(s->raw);
     dx_buf_free(&s->scratch);
     dx_free(s);
 }

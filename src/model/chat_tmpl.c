@@ -10,6 +10,7 @@
  * role. */
 #include "model/chat_tmpl.h"
 
+#include <ctype.h>
 #include <string.h>
 
 #include "base/dx_err.h"
@@ -192,9 +193,73 @@ int chat_tmpl_encode(enum chat_tmpl_kind k, const tok *t, const chat_msg *msgs, 
     return chat_tmpl_encode_faithful(k, t, msgs, n, add_gen, NULL, NULL, out);
 }
 
+/* Whether the rendering's first markup is the vocabulary's BOS token (the
+ * Llama 3 template opens with bos_token). */
+static int opens_with_bos(enum chat_tmpl_kind k, const tok *t)
+{
+    char bos[128];
+    int n = tok_token_bytes(t, tok_bos(t), bos, sizeof bos);
+    const char *pro = prologue(k);
+    return n > 0 && strlen(pro) >= (size_t)n && !memcmp(pro, bos, (size_t)n);
+}
+
 int chat_tmpl_encode_faithful(enum chat_tmpl_kind k, const tok *t, const chat_msg *msgs, size_t n,
                               int add_gen, chat_reply_fn reply, void *user, tok_ids *out)
 {
     enc_ctx c = {t, out, reply, user};
-    return render(k, msgs, n, add_gen, emit_tokens, &c);
+    size_t start = out->n;
+    /* A vocabulary that asks for BOS gets exactly one: llama.cpp tokenises
+     * the rendered prompt with add_special after stripping a BOS the
+     * template wrote itself, which comes to the same. */
+    int rc = tok_add_bos(t) && !opens_with_bos(k, t) ? tok_ids_push(out, tok_bos(t)) : 0;
+    if (!rc) rc = render(k, msgs, n, add_gen, emit_tokens, &c);
+    if (rc) out->n = start;
+    return rc;
+}
+
+/* Where msg's content (or its trimmed form) first appears in s[from..len). */
+static int find_content(const char *s, size_t len, size_t from, const chat_msg *m, size_t *at,
+                        size_t *n)
+{
+    const char *c = m->content ? m->content : "";
+    size_t cl = m->content_len;
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass) { /* the trimmed form: `| trim`, `.strip()` */
+            while (cl && isspace((unsigned char)*c)) c++, cl--;
+            while (cl && isspace((unsigned char)c[cl - 1])) cl--;
+        }
+        if (!cl) return 0;
+        const char *p = memmem(s + from, len - from, c, cl);
+        if (p) {
+            *at = (size_t)(p - s);
+            *n = cl;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+int chat_tmpl_encode_rendered(const tok *t, const char *s, size_t len, const chat_msg *msgs,
+                              size_t n, chat_reply_fn reply, void *user, tok_ids *out)
+{
+    enc_ctx c = {t, out, reply, user};
+    size_t pos = 0, start = out->n;
+    int rc = check_msgs(msgs, n);
+    /* one BOS when the vocabulary asks for it and the template did not
+     * write it (Llama 3's opens with {{ bos_token }}) */
+    char bos[128];
+    int bl = tok_add_bos(t) ? tok_token_bytes(t, tok_bos(t), bos, sizeof bos) : 0;
+    if (!rc && bl > 0 && !(len >= (size_t)bl && !memcmp(s, bos, (size_t)bl)))
+        rc = tok_ids_push(out, tok_bos(t));
+    for (size_t i = 0; !rc && i < n; i++) {
+        size_t at, cl;
+        if (!find_content(s, len, pos, &msgs[i], &at, &cl)) continue;
+        int is_reply = !strcmp(msgs[i].role, "assistant");
+        rc = emit_tokens(&c, s + pos, at - pos, PART_MARKUP);
+        if (!rc) rc = emit_tokens(&c, s + at, cl, is_reply ? PART_REPLY : PART_CONTENT);
+        pos = at + cl;
+    }
+    if (!rc) rc = emit_tokens(&c, s + pos, len - pos, PART_MARKUP);
+    if (rc) out->n = start;
+    return rc;
 }

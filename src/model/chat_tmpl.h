@@ -8,7 +8,10 @@
  * prefix of render(m[0..N+1]) where m[N+1] is that reply.
  *
  * chat_tmpl_encode tokenises the markup with special tokens allowed and the
- * message contents without, so user text can never produce a control token. */
+ * message contents without, so user text can never produce a control token
+ * (user-defined tokens such as <think> are matched in contents too, as the
+ * model's own tokenizer matches them).  A vocabulary that asks for BOS
+ * (tokenizer.ggml.add_bos_token) gets exactly one at the start. */
 #ifndef CHAT_TMPL_H
 #define CHAT_TMPL_H
 
@@ -53,5 +56,16 @@ typedef int (*chat_reply_fn)(void *user, const int32_t *ctx, size_t n_ctx, const
 int chat_tmpl_encode_faithful(enum chat_tmpl_kind k, const tok *t, const chat_msg *msgs, size_t n,
                               int add_generation_prompt, chat_reply_fn reply, void *user,
                               tok_ids *out);
+
+/* Tokenises a chat template's output s (a Jinja template's): each
+ * message's content, where it appears verbatim after the previous one (or
+ * trimmed of surrounding whitespace, as templates often do), is tokenised
+ * without special tokens — an assistant's through `reply` first — and
+ * everything else (the template's markup) with them.  A content the
+ * template changed beyond trimming is found nowhere and is tokenised as
+ * markup, as llama.cpp and vLLM tokenise whole prompts.  With a native
+ * template's output this gives chat_tmpl_encode_faithful's tokens. */
+int chat_tmpl_encode_rendered(const tok *t, const char *s, size_t len, const chat_msg *msgs,
+                              size_t n, chat_reply_fn reply, void *user, tok_ids *out);
 
 #endif

@@ -6,6 +6,9 @@
  * shape and type; the error names it. */
 #include "model/model.h"
 
+#include "model/jinja.h"
+
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 #include <xxhash.h>
@@ -13,18 +16,22 @@
 #include "base/dx_alloc.h"
 #include "base/dx_dtype.h"
 #include "base/dx_err.h"
+#include "model/tok_norm.h"
 
 struct model {
     gguf_ctx *g;
     char *path;
     char name[128];
     model_hparams hp;
-    model_tensor tok_embd, output_norm, output;
+    model_tensor tok_embd, output_norm, output, rope_freqs;
     model_layer *layers;
     float **owned; /* f32 copies of 1-D tensors */
     size_t n_owned, cap_owned;
     tok *tk;
     enum chat_tmpl_kind chat;
+    char *chat_text;   /* tokenizer.chat_template (or --chat-template), or NULL */
+    jinja_tmpl *jinja; /* chat_text parsed, unless it is a template duplex renders natively */
+    char *chat_err;    /* why the template cannot be run, or NULL */
     uint64_t fingerprint[2];
     uint64_t n_params;
 };
@@ -184,6 +191,41 @@ static int bind_layer(model *m, uint32_t i)
     return 0;
 }
 
+typedef struct {
+    int add_bos, add_eos;
+    enum tok_norm norm;
+} tok_flags;
+
+/* An optional boolean key; anything but a bool is an error naming it. */
+static int get_opt_bool(const model *m, const char *key, int *v)
+{
+    int rc = gguf_get_bool(m->g, key, v);
+    return rc == DX_ENOENT ? 0 : rc ? dx_err_wrap(rc, "%s", m->path) : 0;
+}
+
+/* add_bos_token defaults as in llama.cpp: on for the Llama 3 pre-tokenizer,
+ * off otherwise, and the file's key wins.  The normalizer is duplex's own
+ * key (duplex model synth --tokenizer writes it from tokenizer.json); a
+ * file converted elsewhere has none and is not normalised, as llama.cpp
+ * does not normalise either, so both give the same tokens for it. */
+static int load_tok_flags(const model *m, enum tok_pre pre, tok_flags *out)
+{
+    out->add_bos = pre == TOK_PRE_LLAMA3;
+    out->add_eos = 0;
+    out->norm = TOK_NORM_NONE;
+    int rc;
+    if ((rc = get_opt_bool(m, "tokenizer.ggml.add_bos_token", &out->add_bos)) ||
+        (rc = get_opt_bool(m, "tokenizer.ggml.add_eos_token", &out->add_eos)))
+        return rc;
+    gguf_str s;
+    rc = gguf_get_str(m->g, MODEL_KEY_NORMALIZER, &s);
+    if (rc == DX_ENOENT) return 0;
+    if (rc) return dx_err_wrap(rc, "%s", m->path);
+    if ((rc = tok_norm_parse(s.ptr, (size_t)s.len, &out->norm)))
+        return dx_err_wrap(rc, "%s: %s", m->path, MODEL_KEY_NORMALIZER);
+    return 0;
+}
+
 static int load_tokenizer(model *m)
 {
     gguf_str s;
@@ -233,7 +275,12 @@ static int load_tokenizer(model *m)
     gguf_get_u32(m->g, "tokenizer.ggml.bos_token_id", &bos);
     gguf_get_u32(m->g, "tokenizer.ggml.eos_token_id", &eos);
     gguf_get_u32(m->g, "tokenizer.ggml.eot_token_id", &eot);
-    tok_config tc = {.tokens = tv,
+    tok_flags fl;
+    if ((rc = load_tok_flags(m, pre, &fl))) goto out;
+    tok_config tc = {.add_bos = fl.add_bos,
+                     .add_eos = fl.add_eos,
+                     .norm = fl.norm,
+                     .tokens = tv,
                      .n_tokens = n_tok,
                      .token_types = tt,
                      .merges = mv,
@@ -251,6 +298,20 @@ out:
     return rc;
 }
 
+/* The template as Jinja unless it is one of duplex's own (synthetic
+ * models' ChatML and Llama 3), which render natively. */
+static int parse_chat(model *m, const char *where)
+{
+    jinja_free(m->jinja);
+    m->jinja = NULL;
+    if (!m->chat_text || !strcmp(m->chat_text, chat_tmpl_jinja(m->chat))) return 0;
+    int rc = jinja_parse(m->chat_text, strlen(m->chat_text), &m->jinja);
+    return rc ? dx_err_wrap(rc, "%s: the chat template (%s) cannot be run; --chat-template FILE "
+                                "gives another",
+                            m->path, where)
+              : 0;
+}
+
 static int load_chat(model *m)
 {
     gguf_str s;
@@ -259,9 +320,53 @@ static int load_chat(model *m)
         text = dx_strndup(s.ptr, s.len);
         if (!text) return dx_errf(DX_ENOMEM, "out of memory");
     }
+    m->chat_text = text;
+    /* the family: a native rendering, the tool-call format, the end of a
+     * turn; a template duplex runs as Jinja needs none it can name */
     int rc = chat_tmpl_detect(text, m->hp.arch_name, &m->chat);
-    dx_free(text);
-    return rc ? dx_err_wrap(rc, "%s", m->path) : 0;
+    if (rc && text) {
+        m->chat = CHAT_TMPL_CHATML;
+        rc = 0;
+    }
+    if (rc) return dx_err_wrap(rc, "%s", m->path);
+    /* a template that cannot be run is the caller's error to report (serve
+     * and generate stop, unless --chat-template gives another) */
+    if (parse_chat(m, "tokenizer.chat_template") && !(m->chat_err = dx_strdup(dx_errmsg())))
+        return dx_errf(DX_ENOMEM, "out of memory");
+    return 0;
+}
+
+int model_set_chat_template(model *m, const char *text, size_t len, const char *where)
+{
+    char *t = dx_strndup(text, len);
+    if (!t) return dx_errf(DX_ENOMEM, "out of memory");
+    if (strlen(t) != len) {
+        dx_free(t);
+        return dx_errf(DX_EINVAL, "%s: a chat template cannot contain NUL bytes", where);
+    }
+    char *old = m->chat_text;
+    jinja_tmpl *old_j = m->jinja;
+    m->chat_text = t;
+    m->jinja = NULL;
+    enum chat_tmpl_kind k;
+    if (chat_tmpl_detect(t, m->hp.arch_name, &k) == 0) m->chat = k;
+    int rc = parse_chat(m, where);
+    if (rc) { /* keep the model's own */
+        dx_free(t);
+        m->chat_text = old;
+        m->jinja = old_j;
+        return rc;
+    }
+    dx_free(old);
+    jinja_free(old_j);
+    dx_free(m->chat_err);
+    m->chat_err = NULL;
+    return 0;
+}
+
+const char *model_chat_error(const model *m)
+{
+    return m->chat_err;
 }
 
 /* ---- fingerprint ----
@@ -322,10 +427,10 @@ static void fp_tensor(XXH3_state_t *st, const gguf_tensor_info *ti)
     fp_u64(st, h.high64);
 }
 
-static int compute_fingerprint(model *m)
+/* Hashes everything into st (created by the caller, so that nothing here
+ * can fail: it may run on a thread of its own) and stores the result. */
+static void fingerprint_into(model *m, XXH3_state_t *st)
 {
-    XXH3_state_t *st = XXH3_createState();
-    if (!st) return dx_errf(DX_ENOMEM, "out of memory fingerprinting %s", m->path);
     XXH3_128bits_reset(st);
     fp_str(st, FP_TAG, strlen(FP_TAG));
     fp_hparams(st, &m->hp);
@@ -336,10 +441,20 @@ static int compute_fingerprint(model *m)
         fp_tensor(st, &ti);
     }
     XXH128_hash_t h = XXH3_128bits_digest(st);
-    XXH3_freeState(st);
     m->fingerprint[0] = h.low64;
     m->fingerprint[1] = h.high64;
-    return 0;
+}
+
+typedef struct {
+    model *m;
+    XXH3_state_t *st;
+} fp_job;
+
+static void *fingerprint_thread(void *arg)
+{
+    fp_job *j = arg;
+    fingerprint_into(j->m, j->st);
+    return NULL;
 }
 
 static void set_name(model *m)
@@ -351,6 +466,20 @@ static void set_name(model *m)
         const char *b = strrchr(m->path, '/');
         snprintf(m->name, sizeof m->name, "%s", b ? b + 1 : m->path);
     }
+}
+
+/* Optional; each divisor must be a positive finite number. */
+static int bind_rope_freqs(model *m)
+{
+    int rc = bind(m, "rope_freqs.weight", m->hp.head_dim / 2, 0, 1, &m->rope_freqs);
+    if (rc || !m->rope_freqs.data) return rc;
+    m->n_params -= m->hp.head_dim / 2; /* not a weight of the network */
+    const float *f = m->rope_freqs.data;
+    for (uint32_t i = 0; i < m->hp.head_dim / 2; i++)
+        if (!(f[i] > 0 && f[i] < 1e30f))
+            return dx_errf(DX_EFORMAT, "%s: rope_freqs.weight[%u] is %g (want a positive number)",
+                           m->path, i, (double)f[i]);
+    return 0;
 }
 
 static int load_all(model *m)
@@ -370,17 +499,30 @@ static int load_all(model *m)
         m->output = m->tok_embd;
         m->hp.tied_output = 1;
     }
+    if ((rc = bind_rope_freqs(m))) return rc;
     m->layers = dx_calloc(hp->n_layer, sizeof *m->layers);
     if (!m->layers) return dx_errf(DX_ENOMEM, "out of memory loading %s", m->path);
     for (uint32_t i = 0; i < hp->n_layer; i++)
         if ((rc = bind_layer(m, i))) return rc;
-    if ((rc = load_tokenizer(m))) return rc;
-    if (tok_vocab_size(m->tk) > hp->n_vocab)
-        return dx_errf(DX_EFORMAT, "%s: tokenizer has %zu tokens but the embedding only %u rows",
-                       m->path, tok_vocab_size(m->tk), hp->n_vocab);
-    if ((rc = load_chat(m))) return rc;
-    set_name(m);
-    return compute_fingerprint(m);
+    /* The fingerprint reads every weight byte and a real vocabulary takes
+     * tens of ms to index: the two run side by side (both only read the
+     * mapping), which takes the vocabulary off the start-up time. */
+    fp_job job = {.m = m, .st = XXH3_createState()};
+    if (!job.st) return dx_errf(DX_ENOMEM, "out of memory fingerprinting %s", m->path);
+    pthread_t th;
+    int threaded = pthread_create(&th, NULL, fingerprint_thread, &job) == 0;
+    rc = load_tokenizer(m);
+    if (!rc && tok_vocab_size(m->tk) > hp->n_vocab)
+        rc = dx_errf(DX_EFORMAT, "%s: tokenizer has %zu tokens but the embedding only %u rows",
+                     m->path, tok_vocab_size(m->tk), hp->n_vocab);
+    if (!rc) rc = load_chat(m);
+    if (threaded)
+        pthread_join(th, NULL); /* also on error: the caller unmaps the file next */
+    else
+        fingerprint_into(m, job.st);
+    XXH3_freeState(job.st);
+    if (!rc) set_name(m);
+    return rc;
 }
 
 /* Only what counting a prompt's tokens needs: the hyper-parameters (the
@@ -428,6 +570,9 @@ void model_free(model *m)
     for (size_t i = 0; i < m->n_owned; i++) dx_free(m->owned[i]);
     dx_free(m->owned);
     dx_free(m->layers);
+    dx_free(m->chat_text);
+    dx_free(m->chat_err);
+    jinja_free(m->jinja);
     tok_destroy(m->tk);
     gguf_close(m->g);
     dx_free(m->path);
@@ -435,10 +580,16 @@ void model_free(model *m)
 }
 
 const model_hparams *model_hp(const model *m) { return &m->hp; }
+const char *model_chat_template(const model *m) { return m->chat_text; }
+const jinja_tmpl *model_chat_jinja(const model *m) { return m->jinja; }
 const model_layer *model_layer_at(const model *m, uint32_t i) { return &m->layers[i]; }
 const model_tensor *model_tok_embd(const model *m) { return &m->tok_embd; }
 const model_tensor *model_output_norm(const model *m) { return &m->output_norm; }
 const model_tensor *model_output(const model *m) { return &m->output; }
+const float *model_rope_freqs(const model *m)
+{
+    return m->rope_freqs.data;
+}
 const tok *model_tokenizer(const model *m) { return m->tk; }
 enum chat_tmpl_kind model_chat_kind(const model *m) { return m->chat; }
 const gguf_ctx *model_gguf(const model *m) { return m->g; }

@@ -10,7 +10,8 @@
  * computes: the architecture, its hyper-parameters (each field hashed on its
  * own), and every tensor's name, shape, type and all of its data bytes.  It
  * is computed once at load (one pass over the weights: ~50 ms for 843 MiB
- * with the file in the page cache).  Two nodes share KV only if their
+ * with the file in the page cache), on a thread of its own while the
+ * tokenizer is built.  Two nodes share KV only if their
  * fingerprints match, and it seeds every KV block hash chain, so a change
  * of one weight byte anywhere gives other KV. */
 #ifndef MODEL_H
@@ -24,6 +25,11 @@
 #include "model/tok.h"
 
 enum model_arch { MODEL_LLAMA, MODEL_QWEN2, MODEL_QWEN3 };
+
+/* duplex's own GGUF key: the tokenizer's text normalizer ("nfc"), written
+ * from a tokenizer.json that asks for one.  Files without it are not
+ * normalised (as llama.cpp, which has no such key). */
+#define MODEL_KEY_NORMALIZER "duplex.tokenizer.normalizer"
 
 typedef struct {
     enum model_arch arch;
@@ -62,8 +68,24 @@ const model_layer *model_layer_at(const model *m, uint32_t i);
 const model_tensor *model_tok_embd(const model *m);    /* [n_vocab][n_embd] */
 const model_tensor *model_output_norm(const model *m); /* [n_embd] */
 const model_tensor *model_output(const model *m);      /* [n_vocab][n_embd], may be tok_embd */
+/* Rope frequency divisors [head_dim / 2] (llama.cpp's rope_freqs.weight,
+ * how Llama 3.1+ rope scaling is stored), or NULL: frequency i is
+ * base^(-2i/head_dim) / divisor[i]. */
+const float *model_rope_freqs(const model *m);
 const tok *model_tokenizer(const model *m);
 enum chat_tmpl_kind model_chat_kind(const model *m);
+const char *model_chat_template(const model *m); /* the GGUF's Jinja text, or NULL */
+/* The chat template as parsed Jinja, or NULL when duplex renders it
+ * natively (its own synthetic models' templates) or there is none. */
+const struct jinja_tmpl *model_chat_jinja(const model *m);
+/* Replaces the chat template (--chat-template FILE; `where` names it in
+ * errors): parsed now, DX_EINVAL naming line and column, the model's own
+ * kept on failure. */
+int model_set_chat_template(model *m, const char *text, size_t len, const char *where);
+/* Why the model's chat template cannot be run (it does not parse), or
+ * NULL.  Loading succeeds either way: a server or `generate` reports it
+ * unless --chat-template replaced the template. */
+const char *model_chat_error(const model *m);
 const gguf_ctx *model_gguf(const model *m);
 const char *model_path(const model *m);
 const char *model_name(const model *m); /* general.name, or the file's base name */

@@ -4,7 +4,11 @@
  * through each matmul, so activations stay O(1) and greedy output is varied
  * rather than degenerate); norm weights are 1 ± 0.1.  Each tensor has its own
  * generator seeded from (seed, tensor name), so tensors are produced one at a
- * time while the file is streamed out. */
+ * time while the file is streamed out.
+ *
+ * Both vocabularies, the synthetic one and an imported one, go through one
+ * hf_tok description, so padding, validation and the GGUF keys are written
+ * by the same code. */
 #include "model/synth.h"
 
 #include <math.h>
@@ -17,19 +21,48 @@
 #include "base/dx_err.h"
 #include "base/dx_rng.h"
 #include "model/bpe_train.h"
+#include "model/hf_tok.h"
+#include "model/tok_norm.h"
 
+#define SHAPE(e, l, h, kv, hd, ff, ctx)                                                            \
+    .n_embd = e, .n_layer = l, .n_head = h, .n_kv_head = kv, .head_dim = hd, .n_ff = ff,           \
+    .n_ctx = ctx
 static const synth_preset k_presets[] = {
-    {"tiny", 128, 2, 4, 2, 32, 256, 4096, 600, 0},
-    {"small", 512, 8, 8, 4, 64, 1536, 32768, 3000, 1},
-    {"0.6b", 1024, 28, 16, 8, 128, 3072, 40960, 3000, 1},
+    {.name = "tiny", SHAPE(128, 2, 4, 2, 32, 256, 4096), .n_merges = 600, .arch = -1},
+    {.name = "small",
+     SHAPE(512, 8, 8, 4, 64, 1536, 32768),
+     .n_merges = 3000,
+     .tied = 1,
+     .arch = -1},
+    {.name = "0.6b",
+     SHAPE(1024, 28, 16, 8, 128, 3072, 40960),
+     .n_merges = 3000,
+     .tied = 1,
+     .arch = -1},
+    /* Qwen/Qwen3-0.6B's config.json */
+    {.name = "qwen3-0.6b",
+     SHAPE(1024, 28, 16, 8, 128, 3072, 40960),
+     .n_merges = 3000,
+     .tied = 1,
+     .arch = MODEL_QWEN3,
+     .n_vocab = 151936,
+     .rope_base = 1e6f,
+     .rms_eps = 1e-6f},
+    /* meta-llama/Llama-3.2-1B's config.json: rope_scaling "llama3", factor 32 */
+    {.name = "llama3.2-1b",
+     SHAPE(2048, 16, 32, 8, 64, 8192, 131072),
+     .n_merges = 3000,
+     .tied = 1,
+     .arch = MODEL_LLAMA,
+     .n_vocab = 128256,
+     .rope_base = 500000.0f,
+     .rms_eps = 1e-5f,
+     .rope_scaling = {.factor = 32.0f,
+                      .low_freq_factor = 1.0f,
+                      .high_freq_factor = 4.0f,
+                      .original_context = 8192}},
 };
-
-/* Control tokens of both template families, appended after the merges. */
-static const char *const k_specials[] = {
-    "<|endoftext|>",     "<|im_start|>",      "<|im_end|>", "<|begin_of_text|>", "<|end_of_text|>",
-    "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
-};
-enum { SP_ENDOFTEXT, SP_IM_START, SP_IM_END, SP_BOT, SP_EOT_TEXT, SP_SH, SP_EH, SP_EOT_ID, SP_N };
+#undef SHAPE
 
 const synth_preset *synth_find_preset(const char *name)
 {
@@ -38,10 +71,38 @@ const synth_preset *synth_find_preset(const char *name)
     return NULL;
 }
 
+const char *synth_preset_names(void)
+{
+    return "tiny|small|0.6b|qwen3-0.6b|llama3.2-1b";
+}
+
 int synth_check_preset(const char *name)
 {
     if (synth_find_preset(name)) return 0;
-    return dx_errf(DX_EINVAL, "unknown preset '%s' (want tiny|small|0.6b)", name ? name : "");
+    return dx_errf(DX_EINVAL, "unknown preset '%s' (want %s)", name ? name : "",
+                   synth_preset_names());
+}
+
+/* transformers' _compute_llama3_parameters, as convert_hf_to_gguf.py writes
+ * it: long wavelengths are slowed down by `factor`, short ones kept, the
+ * band between interpolated; out[i] divides frequency i. */
+void synth_llama3_rope_factors(const synth_rope_scaling *s, float base, uint32_t head_dim,
+                               float *out)
+{
+    double lo_wl = s->original_context / s->low_freq_factor,
+           hi_wl = s->original_context / s->high_freq_factor;
+    for (uint32_t i = 0; i < head_dim / 2; i++) {
+        double freq = 1.0 / pow(base, 2.0 * i / head_dim), wl = 2 * M_PI / freq;
+        if (wl < hi_wl) {
+            out[i] = 1.0f;
+        } else if (wl > lo_wl) {
+            out[i] = s->factor;
+        } else {
+            double smooth = (s->original_context / wl - s->low_freq_factor) /
+                            (s->high_freq_factor - s->low_freq_factor);
+            out[i] = (float)(1.0 / ((1 - smooth) / s->factor + smooth));
+        }
+    }
 }
 
 int synth_parse_arch(const char *s, enum model_arch *out)
@@ -69,6 +130,7 @@ typedef struct {
     int type;
     uint64_t n_in, rows;
     float center, amp; /* value = center + amp * u */
+    uint64_t zero_from; /* rows from here on are zero (padding tokens) */
 } fill_spec;
 
 static int fill_tensor(void *user, void *dst, uint64_t nbytes)
@@ -81,7 +143,10 @@ static int fill_tensor(void *user, void *dst, uint64_t nbytes)
     size_t rb = dx_dtype_row_bytes(f->type, f->n_in);
     DX_ASSERT(rb * f->rows == nbytes);
     for (uint64_t o = 0; o < f->rows; o++) {
-        for (uint64_t k = 0; k < f->n_in; k++) row[k] = f->center + f->amp * rng_unit(&r);
+        if (o < f->zero_from)
+            for (uint64_t k = 0; k < f->n_in; k++) row[k] = f->center + f->amp * rng_unit(&r);
+        else
+            memset(row, 0, f->n_in * sizeof *row);
         uint8_t *out = (uint8_t *)dst + o * rb;
         switch (f->type) {
         case DX_F32: memcpy(out, row, rb); break;
@@ -113,17 +178,34 @@ static int add_tensor(synth_ctx *c, const char *name, uint64_t n_in, uint64_t ro
     f->rows = rows;
     f->center = is_norm ? 1.0f : 0.0f;
     f->amp = is_norm ? 0.1f : amp;
+    f->zero_from = rows;
     uint64_t ne[2] = {n_in, rows};
     return gguf_w_add_tensor_fill(c->w, name, f->type, rows > 1 ? 2 : 1, ne, fill_tensor, f);
 }
 
-static int add_weights(synth_ctx *c, const synth_preset *p, uint32_t n_vocab)
+/* Llama 3 rope scaling as llama.cpp stores it: a [head_dim / 2] tensor of
+ * frequency divisors (no metadata key). */
+static int add_rope_freqs(synth_ctx *c, const synth_preset *p, const synth_rope_scaling *rs,
+                          float base)
+{
+    float f[256];
+    DX_ASSERT(p->head_dim / 2 <= DX_ARRAY_LEN(f));
+    synth_llama3_rope_factors(rs, base, p->head_dim, f);
+    uint64_t ne[1] = {p->head_dim / 2};
+    return gguf_w_add_tensor(c->w, "rope_freqs.weight", DX_F32, 1, ne, f);
+}
+
+static int add_weights(synth_ctx *c, const synth_preset *p, uint32_t n_vocab, uint32_t n_real,
+                       float rope_base)
 {
     uint64_t e = p->n_embd, q = (uint64_t)p->n_head * p->head_dim,
              kv = (uint64_t)p->n_kv_head * p->head_dim, ff = p->n_ff;
     float a_e = sqrtf(3.0f / (float)e), a_q = sqrtf(3.0f / (float)q), a_ff = sqrtf(3.0f / (float)ff);
     int rc;
     if ((rc = add_tensor(c, "token_embd.weight", e, n_vocab, 0, p->tied ? a_e : 1.7f))) return rc;
+    c->specs[c->n_specs - 1].zero_from = n_real;
+    const synth_rope_scaling *rs = c->cfg->rope_scaling ? c->cfg->rope_scaling : &p->rope_scaling;
+    if (rs->original_context && (rc = add_rope_freqs(c, p, rs, rope_base))) return rc;
     for (uint32_t i = 0; i < p->n_layer; i++) {
         char n[64];
 #define T(suffix, nin, rows, norm, amp)                                                            \
@@ -150,12 +232,15 @@ static int add_weights(synth_ctx *c, const synth_preset *p, uint32_t n_vocab)
 #undef T
     }
     if ((rc = add_tensor(c, "output_norm.weight", e, 1, 1, 0))) return rc;
-    if (!p->tied && (rc = add_tensor(c, "output.weight", e, n_vocab, 0, a_e))) return rc;
+    if (!p->tied) {
+        if ((rc = add_tensor(c, "output.weight", e, n_vocab, 0, a_e))) return rc;
+        c->specs[c->n_specs - 1].zero_from = n_real;
+    }
     return 0;
 }
 
 static int add_hparams(gguf_writer *w, const synth_config *cfg, const synth_preset *p,
-                       uint32_t n_vocab)
+                       uint32_t n_vocab, float rope_base)
 {
     const char *a = arch_name(cfg->arch);
     char key[96], name[96];
@@ -187,51 +272,114 @@ static int add_hparams(gguf_writer *w, const synth_config *cfg, const synth_pres
     U("vocab_size", n_vocab);
 #undef U
     snprintf(key, sizeof key, "%s.attention.layer_norm_rms_epsilon", a);
-    rc |= gguf_w_set_f32(w, key, 1e-6f);
+    rc |= gguf_w_set_f32(w, key, p->rms_eps > 0 ? p->rms_eps : 1e-6f);
     snprintf(key, sizeof key, "%s.rope.freq_base", a);
-    rc |= gguf_w_set_f32(w, key, cfg->arch == MODEL_LLAMA ? 500000.0f : 1000000.0f);
+    rc |= gguf_w_set_f32(w, key, rope_base);
     return rc ? dx_errf(DX_ENOMEM, "out of memory writing metadata") : 0;
 }
 
-static int add_tokenizer(gguf_writer *w, const synth_config *cfg, const bpe_vocab *v)
+/* Control tokens of both template families, appended after the merges. */
+static const char *const k_specials[] = {
+    "<|endoftext|>",   "<|im_start|>",        "<|im_end|>",        "<|begin_of_text|>",
+    "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
+};
+enum { SP_ENDOFTEXT, SP_IM_START, SP_IM_END, SP_BOT, SP_EOT_TEXT, SP_SH, SP_EH, SP_EOT_ID, SP_N };
+
+/* The synthetic vocabulary: merges learned from the embedded corpus, then
+ * the control tokens of both template families. */
+static int synth_vocab(const synth_config *cfg, const synth_preset *p, hf_tok *h)
 {
-    size_t n = v->n_tokens + SP_N;
-    const char **toks = dx_calloc(n, sizeof *toks);
-    int32_t *types = dx_calloc(n, sizeof *types);
-    int rc;
-    if (!toks || !types) {
-        rc = dx_errf(DX_ENOMEM, "out of memory writing the tokenizer");
-        goto out;
-    }
-    for (size_t i = 0; i < v->n_tokens; i++) {
-        toks[i] = v->tokens[i];
-        types[i] = TOK_TYPE_NORMAL;
+    memset(h, 0, sizeof *h);
+    h->bos = h->eos = h->eot = h->pad = -1;
+    int llama = cfg->arch == MODEL_LLAMA;
+    size_t clen;
+    const char *corpus = bpe_corpus(&clen);
+    bpe_vocab v = {0};
+    int rc = bpe_train(corpus, clen, llama ? TOK_PRE_LLAMA3 : TOK_PRE_QWEN2, p->n_merges, &v);
+    if (rc) return dx_err_wrap(rc, "training the synthetic tokenizer");
+    size_t base = v.n_tokens;
+    h->tokens = dx_calloc(base + SP_N, sizeof *h->tokens);
+    h->types = dx_calloc(base + SP_N, sizeof *h->types);
+    if (!h->tokens || !h->types) goto oom;
+    h->n_tokens = base + SP_N;
+    for (size_t i = 0; i < base; i++) { /* the trainer's strings are taken over */
+        h->tokens[i] = v.tokens[i];
+        h->types[i] = TOK_TYPE_NORMAL;
+        v.tokens[i] = NULL;
     }
     for (size_t i = 0; i < SP_N; i++) {
-        toks[v->n_tokens + i] = k_specials[i];
-        types[v->n_tokens + i] = TOK_TYPE_CONTROL;
+        if (!(h->tokens[base + i] = dx_strdup(k_specials[i]))) goto oom;
+        h->types[base + i] = TOK_TYPE_CONTROL;
     }
-    int llama = cfg->arch == MODEL_LLAMA;
-    uint32_t base = (uint32_t)v->n_tokens;
-    enum chat_tmpl_kind ck = llama ? CHAT_TMPL_LLAMA3 : CHAT_TMPL_CHATML;
-    rc = gguf_w_set_str(w, "tokenizer.ggml.model", "gpt2");
-    rc |= gguf_w_set_str(w, "tokenizer.ggml.pre", llama ? "llama-bpe" : "qwen2");
-    rc |= gguf_w_set_arr_str(w, "tokenizer.ggml.tokens", toks, n);
-    rc |= gguf_w_set_arr(w, "tokenizer.ggml.token_type", GGUF_T_INT32, types, n);
-    rc |= gguf_w_set_arr_str(w, "tokenizer.ggml.merges", (const char *const *)v->merges,
-                             v->n_merges);
-    rc |= gguf_w_set_u32(w, "tokenizer.ggml.bos_token_id", base + (llama ? SP_BOT : SP_ENDOFTEXT));
-    rc |= gguf_w_set_u32(w, "tokenizer.ggml.eos_token_id",
-                         base + (llama ? SP_EOT_TEXT : SP_ENDOFTEXT));
-    rc |= gguf_w_set_u32(w, "tokenizer.ggml.eot_token_id", base + (llama ? SP_EOT_ID : SP_IM_END));
-    rc |= gguf_w_set_u32(w, "tokenizer.ggml.padding_token_id", base + SP_ENDOFTEXT);
-    rc |= gguf_w_set_bool(w, "tokenizer.ggml.add_bos_token", llama);
-    rc |= gguf_w_set_str(w, "tokenizer.chat_template", chat_tmpl_jinja(ck));
-    if (rc) rc = dx_errf(DX_ENOMEM, "out of memory writing the tokenizer");
-out:
-    dx_free(toks);
-    dx_free(types);
+    h->merges = v.merges;
+    h->n_merges = v.n_merges;
+    v.merges = NULL;
+    v.n_merges = 0;
+    bpe_vocab_free(&v);
+    h->chat_template = dx_strdup(chat_tmpl_jinja(llama ? CHAT_TMPL_LLAMA3 : CHAT_TMPL_CHATML));
+    if (!h->chat_template) goto oom;
+    h->pre = llama ? TOK_PRE_LLAMA3 : TOK_PRE_QWEN2;
+    h->bos = (int32_t)base + (llama ? SP_BOT : SP_ENDOFTEXT);
+    h->eos = (int32_t)base + (llama ? SP_EOT_TEXT : SP_ENDOFTEXT);
+    h->eot = (int32_t)base + (llama ? SP_EOT_ID : SP_IM_END);
+    h->pad = (int32_t)base + SP_ENDOFTEXT;
+    h->add_bos = llama;
+    return 0;
+oom:
+    bpe_vocab_free(&v);
+    hf_tok_free(h);
+    return dx_errf(DX_ENOMEM, "out of memory building the synthetic vocabulary");
+}
+
+static int set_id(gguf_writer *w, const char *key, int32_t id)
+{
+    return id >= 0 ? gguf_w_set_u32(w, key, (uint32_t)id) : 0;
+}
+
+static int add_tokenizer(gguf_writer *w, const hf_tok *h)
+{
+    int rc = gguf_w_set_str(w, "tokenizer.ggml.model", "gpt2");
+    rc |= gguf_w_set_str(w, "tokenizer.ggml.pre", tok_pre_name(h->pre));
+    rc |=
+        gguf_w_set_arr_str(w, "tokenizer.ggml.tokens", (const char *const *)h->tokens, h->n_tokens);
+    rc |= gguf_w_set_arr(w, "tokenizer.ggml.token_type", GGUF_T_INT32, h->types, h->n_tokens);
+    rc |=
+        gguf_w_set_arr_str(w, "tokenizer.ggml.merges", (const char *const *)h->merges, h->n_merges);
+    rc |= set_id(w, "tokenizer.ggml.bos_token_id", h->bos);
+    rc |= set_id(w, "tokenizer.ggml.eos_token_id", h->eos);
+    rc |= set_id(w, "tokenizer.ggml.eot_token_id", h->eot);
+    rc |= set_id(w, "tokenizer.ggml.padding_token_id", h->pad);
+    rc |= gguf_w_set_bool(w, "tokenizer.ggml.add_bos_token", h->add_bos);
+    if (h->add_eos) rc |= gguf_w_set_bool(w, "tokenizer.ggml.add_eos_token", 1);
+    if (h->norm != TOK_NORM_NONE)
+        rc |= gguf_w_set_str(w, MODEL_KEY_NORMALIZER, tok_norm_name(h->norm));
+    if (h->chat_template) rc |= gguf_w_set_str(w, "tokenizer.chat_template", h->chat_template);
+    return rc ? dx_errf(DX_ENOMEM, "out of memory writing the tokenizer") : 0;
+}
+
+/* The vocabulary the model gets, padded to the preset's size and checked by
+ * building a tokenizer from it. */
+static int make_vocab(const synth_config *cfg, const synth_preset *p, hf_tok *h)
+{
+    const char *what = cfg->tokenizer ? cfg->tokenizer : "the synthetic tokenizer";
+    int rc = cfg->tokenizer ? hf_tok_load(cfg->tokenizer, h) : synth_vocab(cfg, p, h);
+    if (rc) return rc;
+    tok *t = NULL;
+    if (p->n_vocab && (rc = hf_tok_pad(h, p->n_vocab)))
+        dx_err_wrap(rc, "%s for preset %s", what, p->name);
+    else if ((rc = hf_tok_build(h, &t)))
+        dx_err_wrap(rc, "%s", what);
+    tok_destroy(t);
+    if (rc) hf_tok_free(h);
     return rc;
+}
+
+/* Tokens before the padding (their rows are random, the rest zero). */
+static uint32_t real_tokens(const hf_tok *h)
+{
+    size_t n = h->n_tokens;
+    while (n > 0 && h->types[n - 1] == TOK_TYPE_UNUSED) n--;
+    return (uint32_t)n;
 }
 
 int synth_write(const synth_config *cfg, const char *path)
@@ -242,13 +390,24 @@ int synth_write(const synth_config *cfg, const char *path)
         return dx_errf(DX_EINVAL, "unsupported weight dtype %d", cfg->dtype);
     if (cfg->dtype == DX_Q8_0 && (p->n_embd % 32 || p->n_ff % 32 || p->head_dim % 32))
         return dx_errf(DX_EINVAL, "preset %s cannot be stored as q8_0", p->name);
-    size_t clen;
-    const char *corpus = bpe_corpus(&clen);
-    bpe_vocab v = {0};
-    int rc = bpe_train(corpus, clen, cfg->arch == MODEL_LLAMA ? TOK_PRE_LLAMA3 : TOK_PRE_QWEN2,
-                       p->n_merges, &v);
-    if (rc) return dx_err_wrap(rc, "training the synthetic tokenizer");
-    uint32_t n_vocab = (uint32_t)(v.n_tokens + SP_N);
+    if (p->arch >= 0 && (int)cfg->arch != p->arch)
+        return dx_errf(DX_EINVAL, "preset %s is a %s model, not %s", p->name,
+                       arch_name((enum model_arch)p->arch), arch_name(cfg->arch));
+    const synth_rope_scaling *rs = cfg->rope_scaling ? cfg->rope_scaling : &p->rope_scaling;
+    if (rs->original_context &&
+        !(rs->factor >= 1 && rs->low_freq_factor > 0 && rs->high_freq_factor > rs->low_freq_factor))
+        return dx_errf(DX_EINVAL,
+                       "rope scaling: factor %g, low %g, high %g (want factor >= 1, "
+                       "0 < low < high)",
+                       (double)rs->factor, (double)rs->low_freq_factor,
+                       (double)rs->high_freq_factor);
+    hf_tok h;
+    int rc = make_vocab(cfg, p, &h);
+    if (rc) return rc;
+    uint32_t n_vocab = (uint32_t)h.n_tokens;
+    float rope_base = p->rope_base > 0           ? p->rope_base
+                      : cfg->arch == MODEL_LLAMA ? 500000.0f
+                                                 : 1000000.0f;
     synth_ctx c = {.cfg = cfg, .cap_specs = 8 + 16 * (size_t)p->n_layer};
     c.w = gguf_writer_create();
     c.specs = dx_calloc(c.cap_specs, sizeof *c.specs);
@@ -256,13 +415,13 @@ int synth_write(const synth_config *cfg, const char *path)
         rc = dx_errf(DX_ENOMEM, "out of memory");
         goto out;
     }
-    if ((rc = add_hparams(c.w, cfg, p, n_vocab)) || (rc = add_tokenizer(c.w, cfg, &v)) ||
-        (rc = add_weights(&c, p, n_vocab)))
+    if ((rc = add_hparams(c.w, cfg, p, n_vocab, rope_base)) || (rc = add_tokenizer(c.w, &h)) ||
+        (rc = add_weights(&c, p, n_vocab, real_tokens(&h), rope_base)))
         goto out;
     rc = gguf_w_write_file(c.w, path);
 out:
     gguf_writer_destroy(c.w);
     dx_free(c.specs);
-    bpe_vocab_free(&v);
+    hf_tok_free(&h);
     return rc;
 }

@@ -1,8 +1,15 @@
 /* synth: writes random-weight GGUF models that real tools can load — every
  * metadata key llama.cpp reads for the architecture, a byte-level BPE
- * tokenizer whose merges are learned from the embedded corpus, the chat
- * template — deterministic for a seed (same seed → byte-identical file).
- * Presets: tiny (unit tests), small (the demo), 0.6b (Qwen3-0.6B shapes). */
+ * tokenizer whose merges are learned from the embedded corpus (or a real one
+ * imported from a Hugging Face tokenizer.json), the chat template —
+ * deterministic for a seed (same seed and inputs → byte-identical file).
+ *
+ * Presets: tiny (unit tests), small (the demo), 0.6b (Qwen3-0.6B's layers
+ * with the small synthetic vocabulary), and two real shapes with their real
+ * vocabulary sizes: qwen3-0.6b (151,936 embedding rows) and llama3.2-1b
+ * (128,256 rows, Llama 3 rope scaling written as llama.cpp's rope_freqs
+ * tensor).  Embedding rows past the tokenizer's tokens are padding, as in
+ * the real checkpoints: "[PAD<id>]" UNUSED tokens with all-zero rows. */
 #ifndef SYNTH_H
 #define SYNTH_H
 
@@ -10,23 +17,44 @@
 
 #include "model/model.h"
 
+/* Llama 3 rope scaling (rope_scaling.rope_type "llama3" in config.json). */
+typedef struct {
+    float factor, low_freq_factor, high_freq_factor;
+    uint32_t original_context; /* 0: no scaling */
+} synth_rope_scaling;
+
 typedef struct {
     const char *name;
     uint32_t n_embd, n_layer, n_head, n_kv_head, head_dim, n_ff, n_ctx;
     uint32_t n_merges; /* upper bound: training stops when the corpus runs out */
     int tied;          /* share token_embd as the output head */
+    int arch;          /* the architecture it must be (enum model_arch), -1 for any */
+    uint32_t n_vocab;  /* embedding rows (vocabulary padded to it); 0: the tokenizer's size */
+    float rope_base;   /* 0: the architecture's default (llama 500000, qwen 1000000) */
+    float rms_eps;     /* 0: 1e-6 */
+    synth_rope_scaling rope_scaling;
 } synth_preset;
 
 typedef struct {
     enum model_arch arch;
-    const char *preset; /* tiny | small | 0.6b */
+    const char *preset; /* tiny | small | 0.6b | qwen3-0.6b | llama3.2-1b */
     int dtype;          /* weight type of 2-D tensors: DX_F32 | DX_F16 | DX_BF16 | DX_Q8_0 */
     uint64_t seed;
+    const char *tokenizer; /* a Hugging Face tokenizer.json (or its directory); NULL: synthetic */
+    /* Llama 3 rope scaling instead of the preset's (NULL: the preset's);
+     * lets tests try scaling on a tiny shape. */
+    const synth_rope_scaling *rope_scaling;
 } synth_config;
 
 const synth_preset *synth_find_preset(const char *name); /* NULL if unknown */
 /* 0 for a known preset, else DX_EINVAL with a message naming it and the presets. */
 int synth_check_preset(const char *name);
+/* "tiny|small|..." */
+const char *synth_preset_names(void);
+/* The rope frequency divisors of Llama 3 scaling, [head_dim / 2], as
+ * llama.cpp's converter computes them into rope_freqs.weight. */
+void synth_llama3_rope_factors(const synth_rope_scaling *s, float base, uint32_t head_dim,
+                               float *out);
 int synth_parse_arch(const char *s, enum model_arch *out);
 int synth_write(const synth_config *cfg, const char *path);
 

@@ -7,9 +7,19 @@
  * tokens are matched in the text before BPE only when the caller passes
  * TOK_ALLOW_SPECIAL; otherwise their text is tokenised as ordinary text.
  *
+ * User-defined tokens (Hugging Face's non-special added tokens, such as
+ * Qwen3's <think>) are matched always, as Hugging Face and llama.cpp match
+ * them; control tokens only with TOK_ALLOW_SPECIAL.
+ *
+ * Normalizer: a vocabulary may ask for NFC (Qwen3's tokenizer.json does);
+ * then each stretch of text between matched special tokens is normalised
+ * to NFC before the pre-tokenizer, as Hugging Face tokenizers do, and
+ * decode(encode(s)) == NFC(s).
+ *
  * Invalid UTF-8: the input is split into maximal valid UTF-8 runs; each
  * invalid byte becomes its own piece and so its byte token.  Hence
- * decode(encode(s)) == s for any byte string, valid or not. */
+ * decode(encode(s)) == s for any byte string, valid or not (without a
+ * normalizer; with NFC, for any string already in NFC). */
 #ifndef TOK_H
 #define TOK_H
 
@@ -33,6 +43,12 @@ enum tok_type {
     TOK_TYPE_BYTE = 6,
 };
 
+/* Text normalisation before pre-tokenization (tokenizer.json "normalizer"). */
+enum tok_norm {
+    TOK_NORM_NONE = 0,
+    TOK_NORM_NFC = 1, /* Unicode NFC (Qwen2/Qwen3) */
+};
+
 typedef struct {
     const char *ptr;
     size_t len;
@@ -46,6 +62,8 @@ typedef struct {
     size_t n_merges;
     enum tok_pre pre;
     int32_t bos, eos, eot; /* -1 if absent */
+    int add_bos, add_eos;  /* TOK_ADD_SPECIAL adds them (tokenizer.ggml.add_bos_token ...) */
+    enum tok_norm norm;
 } tok_config;
 
 typedef struct tok tok;
@@ -59,7 +77,11 @@ void tok_ids_init(tok_ids *v);
 void tok_ids_free(tok_ids *v);
 int tok_ids_push(tok_ids *v, int32_t id);
 
-enum { TOK_ALLOW_SPECIAL = 1 };
+enum {
+    TOK_ALLOW_SPECIAL = 1, /* match control tokens in the text (user-defined always are) */
+    TOK_ADD_SPECIAL =
+        2, /* BOS first / EOS last when the vocabulary asks (llama.cpp's add_special) */
+};
 
 /* Map a pre-tokenizer name ("qwen2", "llama-bpe", "llama3") to tok_pre. */
 int tok_pre_parse(const char *name, size_t len, enum tok_pre *out);
@@ -72,7 +94,7 @@ const char *tok_pre_regex(enum tok_pre p);
 int tok_create(const tok_config *cfg, tok **out);
 void tok_destroy(tok *t);
 
-/* Appends ids to *out. */
+/* Appends ids to *out (all or nothing). */
 int tok_encode(const tok *t, const char *text, size_t len, unsigned flags, tok_ids *out);
 /* Appends the bytes of the tokens; DX_ERANGE for an id out of range. */
 int tok_decode(const tok *t, const int32_t *ids, size_t n, dx_buf *out);
@@ -87,7 +109,22 @@ size_t tok_vocab_size(const tok *t);
 int32_t tok_bos(const tok *t);
 int32_t tok_eos(const tok *t);
 int32_t tok_eot(const tok *t);
+int tok_add_bos(const tok *t);
+int tok_add_eos(const tok *t);
+enum tok_norm tok_get_norm(const tok *t);
 int tok_is_special(const tok *t, int32_t id); /* control or user-defined */
+int tok_is_control(const tok *t, int32_t id); /* never produced from text without ALLOW_SPECIAL */
+/* Whether the token's text is part of generated text (normal, byte and
+ * user-defined tokens, as llama.cpp renders them); control, unknown and
+ * unused tokens are not shown. */
+int tok_is_text(const tok *t, int32_t id);
+/* End of generation, as llama.cpp decides it: EOS, EOT, and every control
+ * or user-defined token whose text is a known end of turn or text
+ * (<|endoftext|>, <|im_end|>, <|end_of_text|>, <|eot_id|>, <|eom_id|>,
+ * <|end|>, <end_of_turn>, ...) or a FIM pad / repo / file separator. */
+int tok_is_eog(const tok *t, int32_t id);
+/* The end-of-generation ids, ascending; *n gets their count. */
+const int32_t *tok_eog_ids(const tok *t, size_t *n);
 enum tok_pre tok_get_pre(const tok *t);
 
 /* GPT-2 byte-to-unicode map: the code point standing for byte b. */

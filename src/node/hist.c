@@ -193,7 +193,7 @@ int hist_reply_text(const tok *tk, const int32_t *ids, size_t n, dx_buf *out)
     dx_buf_init(&raw, 0);
     int rc = 0;
     for (size_t i = 0; !rc && i < n; i++) {
-        if (tok_is_special(tk, ids[i])) continue; /* the engine never streams them */
+        if (!tok_is_text(tk, ids[i])) continue; /* the engine never streams them */
         char piece[256];
         int k = tok_token_bytes(tk, ids[i], piece, sizeof piece);
         rc = k < 0 ? k : dx_buf_append(&raw, piece, (size_t)k);

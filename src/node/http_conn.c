@@ -285,6 +285,12 @@ int http_conn_stream_end(http_conn *c)
     return 0;
 }
 
+void http_conn_abort(http_conn *c)
+{
+    c->abort_fn = NULL; /* the caller is the application: it knows */
+    conn_close(c);
+}
+
 void http_conn_set_abort(http_conn *c, http_abort_fn fn, void *req_user)
 {
     c->abort_fn = fn;

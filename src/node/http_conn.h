@@ -73,6 +73,9 @@ size_t http_srv_n_conns(const http_srv *s);
 void http_srv_destroy(http_srv *s);
 
 void http_conn_set_abort(http_conn *c, http_abort_fn fn, void *req_user);
+/* Closes the connection now, mid-answer if need be (no abort callback runs);
+ * the pointer is invalid afterwards.  For tests and fault injection. */
+void http_conn_abort(http_conn *c);
 /* A finished answer with Content-Length.  extra_headers: "Name: v\r\n"... or
  * NULL.  Returns 0 or a negative code: the connection is then closing and the
  * abort callback, if one is set, has already run (inside this call). */

@@ -92,13 +92,14 @@ static int get_ids(const json_t *o, const char *name, int64_t hi, size_t max, in
     return 0;
 }
 
-static int get_lease(const json_t *o, kvtp *p, oai_err *err)
+/* 32 hex digits into *t; *has = 1 when present. */
+static int get_hex16(const json_t *o, const char *name, xfer_token *t, int *has, oai_err *err)
 {
     char hex[40] = "";
-    int rc = get_str(o, "remote_lease", hex, 32, err);
+    int rc = get_str(o, name, hex, 32, err);
     if (rc || !hex[0]) return rc;
-    if (xfer_token_parse(hex, &p->lease)) return bad(err, "remote_lease", "expected 32 hex digits");
-    p->has_lease = 1;
+    if (xfer_token_parse(hex, t)) return bad(err, name, "expected 32 hex digits");
+    *has = 1;
     return 0;
 }
 
@@ -114,7 +115,7 @@ static int get_ttl(const json_t *o, kvtp *p, oai_err *err)
 }
 
 /* Fields that must agree with each other. */
-static int check_consistent(const kvtp *p, const kvtp_limits *lim, oai_err *err)
+static int check_consistent(const kvtp *p, int has_model, const kvtp_limits *lim, oai_err *err)
 {
     if (p->num_tokens >= 0 && p->block_ids &&
         (uint64_t)p->num_tokens != (uint64_t)p->n_blocks * lim->block_size)
@@ -122,6 +123,10 @@ static int check_consistent(const kvtp *p, const kvtp_limits *lim, oai_err *err)
                    "%lld tokens, but %zu blocks of %u tokens hold %llu", (long long)p->num_tokens,
                    p->n_blocks, lim->block_size,
                    (unsigned long long)p->n_blocks * lim->block_size);
+    if (p->first_ids && !p->token_ids)
+        return bad(err, "first_token_ids", "given without remote_token_ids (the tokens they follow)");
+    if (p->first_ids && !has_model)
+        return bad(err, "first_token_ids", "given without first_token_model (the model that made them)");
     if (p->num_tokens > 0 && p->token_ids && (size_t)p->num_tokens > p->n_tokens)
         return bad(err, "remote_num_tokens", "%lld tokens, but remote_token_ids has only %zu",
                    (long long)p->num_tokens, p->n_tokens);
@@ -145,12 +150,17 @@ int kvtp_parse(const void *obj, const kvtp_limits *lim, kvtp *p, oai_err *err)
     if (!rc)
         rc = get_ids(o, "remote_block_ids", INT32_MAX, 1u << 20, &p->block_ids, &p->n_blocks, err);
     if (!rc) rc = get_int(o, "remote_num_tokens", 0, INT32_MAX, &p->num_tokens, err);
-    if (!rc) rc = get_lease(o, p, err);
+    if (!rc) rc = get_hex16(o, "remote_lease", &p->lease, &p->has_lease, err);
     if (!rc) rc = get_ttl(o, p, err);
     if (!rc)
         rc = get_ids(o, "remote_token_ids", lim->n_vocab, lim->max_tokens, &p->token_ids,
                      &p->n_tokens, err);
-    if (!rc) rc = check_consistent(p, lim, err);
+    if (!rc)
+        rc = get_ids(o, "first_token_ids", lim->n_vocab, KVTP_MAX_FIRST, &p->first_ids, &p->n_first,
+                     err);
+    int has_model = 0;
+    if (!rc) rc = get_hex16(o, "first_token_model", &p->first_model, &has_model, err);
+    if (!rc) rc = check_consistent(p, has_model, lim, err);
     p->port = (int)port;
     if (rc) kvtp_free(p);
     return rc;
@@ -161,8 +171,9 @@ void kvtp_free(kvtp *p)
     if (!p) return;
     dx_free(p->block_ids);
     dx_free(p->token_ids);
-    p->block_ids = p->token_ids = NULL;
-    p->n_blocks = p->n_tokens = 0;
+    dx_free(p->first_ids);
+    p->block_ids = p->token_ids = p->first_ids = NULL;
+    p->n_blocks = p->n_tokens = p->n_first = 0;
 }
 
 int kvtp_has_holder(const kvtp *p)
@@ -209,5 +220,11 @@ int kvtp_write(dx_buf *b, const kvtp *p)
         rc = p->ttl_s >= 0 ? dx_buf_printf(b, ",\"remote_blocks_ttl_s\":%.17g", p->ttl_s)
                            : dx_buf_puts(b, ",\"remote_blocks_ttl_s\":null");
     if (!rc) rc = put_ids(b, "remote_token_ids", p->token_ids, p->n_tokens);
+    if (!rc && p->first_ids) {
+        char model[33];
+        xfer_token_hex(&p->first_model, model);
+        rc = put_ids(b, "first_token_ids", p->first_ids, p->n_first);
+        if (!rc) rc = put_str(b, "first_token_model", model);
+    }
     return rc ? rc : dx_buf_putc(b, '}');
 }

@@ -3,7 +3,7 @@
  * into answers.
  *
  * Field names are vLLM's NixlConnector's plus duplex's remote_lease,
- * remote_blocks_ttl_s and remote_token_ids.  `null` means absent (vLLM-style
+ * remote_blocks_ttl_s, remote_token_ids and first_token_ids.  `null` means absent (vLLM-style
  * proxies send every field, most of them null).  Every field is type- and
  * range-checked; a bad one is a 400 whose message and param name it
  * ("kv_transfer_params.remote_port: ..."). */
@@ -19,6 +19,7 @@
 
 #define KVTP_MAX_ID   128 /* engine and request ids, bytes */
 #define KVTP_MAX_HOST 255
+#define KVTP_MAX_FIRST 8 /* first_token_ids (the engine's ENGINE_MAX_PREGEN) */
 
 typedef struct {
     int do_remote_decode, do_remote_prefill;
@@ -34,6 +35,11 @@ typedef struct {
     double ttl_s; /* < 0 = absent */
     int32_t *token_ids; /* dx_malloc'd; NULL = absent */
     size_t n_tokens;
+    /* first_token_ids: what a prefill node generated after remote_token_ids
+     * (its first token); dx_malloc'd, NULL = absent */
+    int32_t *first_ids;
+    size_t n_first;
+    xfer_token first_model; /* first_token_model: the fingerprint of the model that made them */
 } kvtp;
 
 typedef struct {

@@ -1,9 +1,10 @@
 /* node_engine: node_backend over engine_* and the model's tokenizer.
  *
- * Completions prompts are tokenised as plain text without special tokens
- * and without BOS, exactly as `duplex generate --prompt` does, so the two
- * give the same tokens; chat prompts go through the model's chat template
- * with the generation prompt appended (`duplex generate --chat`). */
+ * Completions prompts are tokenised as plain text without special tokens,
+ * with BOS first when the vocabulary asks (tokenizer.ggml.add_bos_token, as
+ * llama.cpp and vLLM add it), exactly as `duplex generate --prompt` does, so
+ * the two give the same tokens; chat prompts go through the model's chat
+ * template with the generation prompt appended (`duplex generate --chat`). */
 #include "node/node_engine.h"
 
 #include <string.h>
@@ -38,28 +39,33 @@ static int take_ids(int rc, tok_ids *v, int32_t **ids, size_t *n)
     return rc;
 }
 
-static int be_encode_chat(void *self, const chat_msg *msgs, size_t n, chat_reply_fn reply,
-                          void *reply_user, int32_t **ids, size_t *n_ids)
+static int be_encode_chat(void *self, const chat_msg *msgs, size_t n, const model_chat_extra *x,
+                          chat_reply_fn reply, void *reply_user, int32_t **ids, size_t *n_ids)
 {
     const model *m = engine_model(self);
     tok_ids v;
     tok_ids_init(&v);
-    int rc = chat_tmpl_encode_faithful(model_chat_kind(m), model_tokenizer(m), msgs, n, 1, reply,
-                                       reply_user, &v);
+    int rc = model_chat_encode(m, msgs, n, x, 1, reply, reply_user, &v);
     return take_ids(rc, &v, ids, n_ids);
 }
 
-/* EOS, EOT and the chat template's end-of-turn token, each once. */
+static void end_add(node_backend *out, int32_t id)
+{
+    int dup = id < 0;
+    for (size_t j = 0; j < out->n_end; j++) dup |= out->end_ids[j] == id;
+    if (!dup && out->n_end < NODE_MAX_END_IDS) out->end_ids[out->n_end++] = id;
+}
+
+/* The vocabulary's end-of-generation set (what stops the engine) and the
+ * chat template's end-of-turn token, each once. */
 static void end_ids(const model *m, node_backend *out)
 {
     const tok *t = model_tokenizer(m);
     const char *eot = chat_tmpl_end_of_turn(model_chat_kind(m));
-    int32_t cand[3] = {tok_eos(t), tok_eot(t), tok_find(t, eot, strlen(eot))};
-    for (int i = 0; i < 3; i++) {
-        int dup = cand[i] < 0;
-        for (size_t j = 0; j < out->n_end; j++) dup |= out->end_ids[j] == cand[i];
-        if (!dup) out->end_ids[out->n_end++] = cand[i];
-    }
+    size_t n;
+    const int32_t *eog = tok_eog_ids(t, &n);
+    for (size_t i = 0; i < n; i++) end_add(out, eog[i]);
+    end_add(out, tok_find(t, eot, strlen(eot)));
 }
 
 static int be_encode_text(void *self, const char *text, size_t len, int32_t **ids, size_t *n_ids)
@@ -67,7 +73,7 @@ static int be_encode_text(void *self, const char *text, size_t len, int32_t **id
     const model *m = engine_model(self);
     tok_ids v;
     tok_ids_init(&v);
-    int rc = tok_encode(model_tokenizer(m), text, len, 0, &v);
+    int rc = tok_encode(model_tokenizer(m), text, len, TOK_ADD_SPECIAL, &v);
     return take_ids(rc, &v, ids, n_ids);
 }
 

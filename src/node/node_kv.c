@@ -21,6 +21,7 @@ struct node_kv {
     xfer_client *client;
     kvport_server *port;
     kvport_hello hello;
+    xfer_token model; /* the model's fingerprint, as params carry it */
 };
 
 static double or_default(double v, double d)
@@ -74,6 +75,7 @@ int node_kv_start(node_kv *k, uv_loop_t *loop, const uint64_t fingerprint[2], kv
 {
     uint8_t fp[16];
     memcpy(fp, fingerprint, sizeof fp);
+    memcpy(k->model.b, fp, sizeof fp);
     k->pool = pool;
     xfer_hello_init(&k->hello, k->engine_id, fp, pool, k->agent);
     xfer_leases *L;
@@ -127,6 +129,11 @@ const char *node_kv_host(const node_kv *k)
 int node_kv_port(const node_kv *k)
 {
     return k->port ? kvport_server_port(k->port) : 0;
+}
+
+const xfer_token *node_kv_model(const node_kv *k)
+{
+    return &k->model;
 }
 
 kv_pool *node_kv_pool(const node_kv *k)

@@ -57,6 +57,8 @@ const char *node_kv_engine_id(const node_kv *k);
 const char *node_kv_host(const node_kv *k);
 int node_kv_port(const node_kv *k); /* the bound port, once started */
 kv_pool *node_kv_pool(const node_kv *k);
+/* The model's fingerprint (set by node_kv_start), as 16 bytes. */
+const xfer_token *node_kv_model(const node_kv *k);
 double node_kv_lease_ttl(const node_kv *k, int retain);
 
 /* Holds ids[0..n) (hashed full blocks) for readers: a prefill node's

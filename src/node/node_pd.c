@@ -146,16 +146,45 @@ static int match_local(node_server *s, node_req *q, size_t n_full)
     return 0;
 }
 
+/* A prefill node's first token is ours to send when it came from the same
+ * model (first_token_model, the fingerprint) and the same prompt
+ * (remote_token_ids is exactly ours): the router sends both nodes the same
+ * sampling fields, so it is the token this node would sample first
+ * (docs/pd.md). */
+static void take_first(node_server *s, node_req *q)
+{
+    node_pd_req *pd = &q->pd;
+    const kvtp *in = &pd->in;
+    pd->n_first = 0;
+    if (!pd->has_params || !in->do_remote_prefill || in->do_remote_decode || pd->self ||
+        memcmp(&in->first_model, node_kv_model(s->be.kv), sizeof in->first_model) != 0 ||
+        !in->first_ids || !in->n_first || !in->token_ids || in->n_tokens != q->n_prompt ||
+        memcmp(in->token_ids, q->prompt, q->n_prompt * sizeof *q->prompt) != 0)
+        return;
+    if (q->o.has_max_tokens && in->n_first > (size_t)q->o.max_tokens) return;
+    if (q->o.logprobs) return; /* its probabilities were the prefill node's: compute it here */
+    memcpy(pd->first, in->first_ids, in->n_first * sizeof *pd->first);
+    pd->n_first = in->n_first;
+}
+
+uint32_t node_pd_pregen(const node_req *q, int32_t *out)
+{
+    memcpy(out, q->pd.first, q->pd.n_first * sizeof *out);
+    return (uint32_t)q->pd.n_first;
+}
+
 int node_pd_plan(node_server *s, node_req *q)
 {
     node_pd_req *pd = &q->pd;
     const kvtp *in = &pd->in;
+    take_first(s, q);
     if (!s->be.kv || !pd->has_params || !in->do_remote_prefill || !kvtp_has_holder(in) ||
         pd->self)
         return 0; /* nothing remote: the engine matches its own cache at admission */
     if (in->do_remote_decode && !s->cfg.bidirectional) return 0; /* one-way P→D only */
     uint32_t bs = block_size(s);
-    size_t n_full = (q->n_prompt - 1) / bs;
+    /* the last token is computed here: the prompt's, or the first token's */
+    size_t n_full = (pd->n_first ? q->n_prompt : q->n_prompt - 1) / bs;
     /* the holder's blocks that are ours: its sequence agrees with our prompt */
     size_t avail = in->n_blocks < n_full ? in->n_blocks : n_full;
     if (in->token_ids) {
@@ -218,6 +247,11 @@ void node_pd_on_kv(node_server *s, node_req *q, const engine_event *ev)
             pd->hold_failed = 1;
         }
     }
+    if (pd->hold == NODE_PD_HOLD_FOR_DECODE && ev->n_tokens > q->n_prompt) {
+        size_t g = ev->n_tokens - q->n_prompt;
+        pd->n_first = g < KVTP_MAX_FIRST ? g : KVTP_MAX_FIRST;
+        memcpy(pd->first, ev->tokens + q->n_prompt, pd->n_first * sizeof *pd->first);
+    }
     if (pd->hold == NODE_PD_HOLD_RETAIN || pd->memo) {
         pd->seq = copy_ids(ev->tokens, ev->n_tokens);
         pd->n_seq = pd->seq ? ev->n_tokens : 0;
@@ -242,6 +276,11 @@ static void answer_params(node_server *s, node_req *q)
     int retain = pd->hold == NODE_PD_HOLD_RETAIN;
     out.token_ids = retain ? pd->seq : q->prompt;
     out.n_tokens = retain ? pd->n_seq : q->n_prompt;
+    if (pd->hold == NODE_PD_HOLD_FOR_DECODE && pd->n_first) { /* what the decode node sends first */
+        out.first_ids = pd->first;
+        out.n_first = pd->n_first;
+        out.first_model = *node_kv_model(k);
+    }
     dx_buf b;
     dx_buf_init(&b, 0);
     if (kvtp_write(&b, &out) == 0) q->extra = dx_buf_take(&b);
@@ -277,6 +316,7 @@ void node_pd_finish(node_server *s, node_req *q)
     s->pd.tokens_computed += d->n_prompt - d->n_cached;
     s->pd.holds += pd->held;
     s->pd.hold_failed += pd->hold_failed;
+    s->pd.first_from_prefill += pd->hold != NODE_PD_HOLD_FOR_DECODE && pd->n_first;
     if (normal && (pd->held || pd->hold == NODE_PD_HOLD_FOR_DECODE)) answer_params(s, q);
     if (normal) remember_reply(s, q);
 }
@@ -313,6 +353,8 @@ const char *node_pd_log_suffix(node_req *q)
         snprintf(pd->log, sizeof pd->log, " pull=below_threshold%s", pd->held ? " held" : "");
     else if (pd->held)
         snprintf(pd->log, sizeof pd->log, " held");
+    if (pd->hold != NODE_PD_HOLD_FOR_DECODE && pd->n_first)
+        snprintf(pd->log + strlen(pd->log), sizeof pd->log - strlen(pd->log), " first=prefill");
     return pd->log;
 }
 
@@ -398,6 +440,9 @@ void node_pd_write_metrics(node_server *s, dx_buf *b)
     write_counters(b, "duplex_history_replies_total",
                    "Assistant messages in prompts, by where their token ids came from", "source",
                    hsrc, replies, 3);
+    prom_write_counter(b, "duplex_pd_first_token_from_prefill_total",
+                       "Requests whose first token came from the prefill node (sent at once)",
+                       (double)st->first_from_prefill);
     prom_write_counter(b, "duplex_kv_params_ignored_total",
                        "Requests whose kv_transfer_params were ignored (no KV port)",
                        (double)st->params_ignored);

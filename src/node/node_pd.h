@@ -66,6 +66,10 @@ typedef struct {
     size_t n_held;
     int32_t *seq; /* the sequence's tokens at the end (prompt and reply) */
     size_t n_seq;
+    /* A prefill node's: the tokens it generated (first_token_ids).  A decode
+     * node's: n_first of the params' first_token_ids apply to our prompt. */
+    int32_t first[KVTP_MAX_FIRST];
+    size_t n_first;
     char log[192]; /* node_pd_log_suffix */
 } node_pd_req;
 
@@ -74,6 +78,7 @@ typedef struct {
     uint64_t pulls[2], pull_blocks[2], pull_bytes[2]; /* [0] prefill→decode, [1] decode→prefill */
     uint64_t fallbacks[NODE_KV_N_FALLBACKS];
     uint64_t below_threshold, params_ignored, holds, hold_failed;
+    uint64_t first_from_prefill; /* requests whose first token came with the params */
     uint64_t replies_from_seq, replies_from_mem, replies_retokenised;
     prom_hist pull_seconds;
 } node_pd_stats;
@@ -90,6 +95,9 @@ int node_pd_wants_text(node_server *s, const node_req *q);
 /* 1: a pull is under way (node_server_submit follows it); 0: submit now. */
 int node_pd_plan(node_server *s, node_req *q);
 int node_pd_want_kv(const node_req *q);
+/* The prefill node's first token(s) for this prompt, to send without
+ * computing (engine_request.pregen); returns how many. */
+uint32_t node_pd_pregen(const node_req *q, int32_t *out);
 void node_pd_submitted(node_req *q);
 void node_pd_on_kv(node_server *s, node_req *q, const engine_event *ev);
 void node_pd_finish(node_server *s, node_req *q);

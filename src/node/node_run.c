@@ -1,6 +1,10 @@
 /* node_run: a node process — loop, loading, signals, teardown (see .h). */
 #include "node/node_run.h"
 
+#include "model/model_chat.h"
+
+#include "node/oai_tools.h"
+
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
@@ -42,6 +46,8 @@ static void load_work(uv_work_t *w)
     run_ctx *r = w->data;
     uint64_t t0 = dx_now_ns();
     int rc = model_load(r->cfg.model_path, &r->m);
+    if (!rc && r->cfg.chat_template) rc = model_load_chat_template(r->m, r->cfg.chat_template);
+    if (!rc && model_chat_error(r->m)) rc = dx_errf(DX_EINVAL, "%s", model_chat_error(r->m));
     r->t_model_ms = (double)(dx_now_ns() - t0) * 1e-6;
     t0 = dx_now_ns();
     uint32_t train = rc ? 0 : model_hp(r->m)->n_ctx_train;
@@ -154,6 +160,8 @@ static void load_done(uv_work_t *w, int status)
     node_backend be;
     node_engine_backend(r->e, r->m, &be);
     be.kv = r->kv;
+    node_run_parsers(&r->cfg, model_chat_kind(r->m), model_chat_template(r->m), &be.tool_fmt,
+                     &be.reasoning); /* the names were checked before the load */
     node_server_set_backend(r->srv, &be);
     log_startup(r);
 }
@@ -180,6 +188,7 @@ static int start_server(run_ctx *r)
         .recompute_threshold = r->cfg.recompute_threshold,
         .no_prefix_cache = r->cfg.engine.no_prefix_cache,
         .history_ttl_s = r->cfg.retain_ttl_s,
+        .served_model_name = r->cfg.served_model_name,
     };
     int rc = node_server_create(&r->loop, &sc, &r->srv);
     if (rc < 0) return rc;
@@ -223,4 +232,24 @@ int node_run(const node_run_config *cfg)
     uv_run(&r.loop, UV_RUN_DEFAULT);
     uv_loop_close(&r.loop);
     return r.exit_code;
+}
+
+int node_run_parsers(const node_run_config *c, enum chat_tmpl_kind kind, const char *tmpl,
+                     int *tool_fmt, int *reasoning)
+{
+    const char *t = c->tool_parser ? c->tool_parser : "auto";
+    const char *r = c->reasoning_parser ? c->reasoning_parser : "auto";
+    enum oai_tools_fmt f;
+    if (!strcmp(t, "auto"))
+        f = kind == CHAT_TMPL_LLAMA3 ? OAI_TOOLS_LLAMA3 : OAI_TOOLS_QWEN;
+    else if (oai_tools_fmt_parse(t, &f))
+        return dx_errf(DX_EINVAL, "--tool-call-parser: '%s' is not auto, qwen, llama3 or none", t);
+    *tool_fmt = (int)f;
+    if (!strcmp(r, "auto"))
+        *reasoning = tmpl && strstr(tmpl, "<think>") != NULL;
+    else if (!strcmp(r, "think") || !strcmp(r, "none"))
+        *reasoning = !strcmp(r, "think");
+    else
+        return dx_errf(DX_EINVAL, "--reasoning-parser: '%s' is not auto, think or none", r);
+    return 0;
 }

@@ -30,6 +30,11 @@ typedef struct {
     const char *kv_host; /* default: host */
     const char *kv_tls;
     const char *engine_id; /* default: host:port of the HTTP server */
+    const char *served_model_name; /* NULL: the model file's name */
+    /* --tool-call-parser auto|qwen|llama3|none, --reasoning-parser
+     * auto|think|none (NULL: auto; checked by node_run_parse_parsers) */
+    const char *tool_parser, *reasoning_parser;
+    const char *chat_template; /* --chat-template FILE, or NULL: the model's */
     double pin_ttl_s, lease_ttl_s, retain_ttl_s;
     int bidirectional;
     uint32_t recompute_threshold;
@@ -38,5 +43,11 @@ typedef struct {
 /* Runs until shutdown; returns the process exit code (0, or 1 when the
  * model or the KV port could not be set up). */
 int node_run(const node_run_config *cfg);
+
+/* The parsers named by the flags, for a model whose chat template family
+ * and text are given (auto: the family's tool-call format; reasoning when
+ * the template mentions <think>).  DX_EINVAL naming the flag otherwise. */
+int node_run_parsers(const node_run_config *c, enum chat_tmpl_kind kind, const char *tmpl,
+                     int *tool_fmt, int *reasoning);
 
 #endif

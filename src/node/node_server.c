@@ -31,7 +31,9 @@
  * q->conn and cancels; the engine then sends DONE (CANCELED), answered 499. */
 #include "node/node_server.h"
 
+#include <jansson.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -57,12 +59,17 @@ const char *node_role_name(enum node_role r)
 
 /* ---- answers ----------------------------------------------------------- */
 
+static const char *served_name(const node_server *s)
+{
+    return s->cfg.served_model_name ? s->cfg.served_model_name : s->be.model_name;
+}
+
 /* Routes are labelled by name, never by the raw path, so a scanner cannot
  * blow up the metric's cardinality. */
 static const char *route_label(const char *path)
 {
     static const char *const known[] = {"/v1/chat/completions", "/v1/completions", "/v1/models",
-                                        "/health", "/metrics"};
+                                        "/health", "/metrics", "/tokenize", "/detokenize"};
     for (size_t i = 0; i < DX_ARRAY_LEN(known); i++)
         if (strcmp(path, known[i]) == 0) return known[i];
     return "other";
@@ -124,7 +131,7 @@ static void route_models(node_server *s, http_conn *c, const http_req *r, uint64
     }
     dx_buf b;
     dx_buf_init(&b, 0);
-    oai_models_json(&b, s->be.model_name, s->started);
+    oai_models_json(&b, served_name(s), s->started);
     respond_json(s, c, r->method, r->path, 200, NULL, &b, t0);
     dx_buf_free(&b);
 }
@@ -197,6 +204,9 @@ static void req_free(node_req *q)
     dx_buf_free(&q->text);
     dx_buf_free(&q->pend);
     dx_buf_free(&q->pend_cuts);
+    dx_buf_free(&q->pend_lp);
+    dx_buf_free(&q->lp_all);
+    oai_tools_destroy(q->tp);
     dx_free(q->extra);
     dx_free(q);
 }
@@ -254,11 +264,19 @@ static void on_engine_event(void *user, const engine_event *ev)
     DX_ASSERT(!q->done); /* the engine delivers nothing after DONE */
     if (ev->type == ENGINE_EV_TOKENS) {
         q->pend_tokens += ev->n_tokens;
-        if (ev->text_len) { /* one event = one token's text: it keeps its own SSE chunk */
-            uint32_t end = (uint32_t)(q->pend.len + ev->text_len);
+        int lp = ev->has_logprob && q->logprobs;
+        if (ev->text_len || lp) { /* one event = one token's text: it keeps its own SSE chunk */
+            node_cut cut = {(uint32_t)(q->pend.len + ev->text_len),
+                            lp ? (int32_t)(q->pend_lp.len / sizeof(node_lp)) : -1};
             if (dx_buf_append(&q->pend, ev->text, ev->text_len) < 0 ||
-                dx_buf_append(&q->pend_cuts, &end, sizeof end) < 0)
+                dx_buf_append(&q->pend_cuts, &cut, sizeof cut) < 0)
                 q->pend_lost = 1;
+            if (lp) {
+                node_lp r = {.id = ev->tokens[0], .lp = ev->logprob, .n_top = ev->n_top};
+                memcpy(r.top_ids, ev->top_ids, ev->n_top * sizeof *r.top_ids);
+                memcpy(r.top_lps, ev->top_logprobs, ev->n_top * sizeof *r.top_lps);
+                if (dx_buf_append(&q->pend_lp, &r, sizeof r) < 0) q->pend_lost = 1;
+            }
         }
     } else {
         done_store(&q->fin, ev);
@@ -308,15 +326,22 @@ static int encode_prompt(node_server *s, node_req *q, oai_err *err)
     } else if (o->kind == OAI_COMPLETION) {
         rc = s->be.encode_text(s->be.self, o->prompt, o->prompt_len, &q->prompt, &q->n_prompt);
     } else {
-        chat_msg msgs[o->n_msgs];
+        chat_msg *msgs = dx_malloc(o->n_msgs * sizeof *msgs);
+        if (!msgs) return DX_ENOMEM;
         for (size_t i = 0; i < o->n_msgs; i++)
             msgs[i] = (chat_msg){o->msgs[i].role, o->msgs[i].content, o->msgs[i].content_len};
+        /* what the template sees besides roles and texts; vLLM leaves the
+         * tools out of the prompt when tool_choice is "none" */
+        model_chat_extra x = {json_object_get(o->root, "messages"),
+                              o->tool_choice == OAI_CHOICE_NONE ? NULL : o->tools,
+                              o->template_kwargs};
         hist_src src;
         node_pd_hist_src(s, q, &src);
-        rc = s->be.encode_chat(s->be.self, msgs, o->n_msgs, hist_reply, &src, &q->prompt,
+        rc = s->be.encode_chat(s->be.self, msgs, o->n_msgs, &x, hist_reply, &src, &q->prompt,
                                &q->n_prompt);
         node_pd_hist_done(s, q, &src);
         hist_src_free(&src);
+        dx_free(msgs);
     }
     if (rc == DX_EINVAL) rc = prompt_error(o, dx_errmsg(), err);
     if (rc == 0 && q->n_prompt == 0) rc = prompt_error(o, "the prompt is empty", err);
@@ -327,6 +352,10 @@ static int encode_prompt(node_server *s, node_req *q, oai_err *err)
     }
     return rc;
 }
+
+_Static_assert(sizeof(oai_bias) == sizeof(engine_bias) &&
+                   offsetof(oai_bias, bias) == offsetof(engine_bias, bias),
+               "oai_bias and engine_bias differ");
 
 static void fill_engine_request(node_req *q, engine_request *er)
 {
@@ -342,13 +371,22 @@ static void fill_engine_request(node_req *q, engine_request *er)
         .min_p = (float)o->min_p,
         .seed = o->seed,
         .has_seed = o->has_seed,
+        .presence_penalty = (float)o->presence_penalty,
+        .frequency_penalty = (float)o->frequency_penalty,
+        .repetition_penalty = (float)o->repetition_penalty,
+        /* oai_bias and engine_bias are the same pair (checked below) */
+        .bias = (const engine_bias *)o->logit_bias,
+        .n_bias = o->n_logit_bias,
     };
+    er->logprobs = o->logprobs;
+    er->top_logprobs = o->top_logprobs;
     er->stop = o->stop;
     er->n_stop = o->n_stop;
     er->ignore_eos = o->ignore_eos;
     er->prefix_blocks = q->pd.blocks;
     er->n_prefix_blocks = q->pd.n_local + q->pd.n_pulled;
     er->want_kv = node_pd_want_kv(q);
+    er->n_pregen = node_pd_pregen(q, er->pregen);
     er->on_event = on_engine_event;
     er->user = q;
 }
@@ -364,13 +402,17 @@ static node_req *req_new(node_server *s, oai_req *o, http_conn *c, uint64_t t0)
     memset(o, 0, sizeof *o);
     q->stream = q->o.stream;
     q->include_usage = q->o.stream && q->o.include_usage;
+    q->logprobs = q->o.logprobs;
+    q->top_logprobs = q->o.top_logprobs;
     q->t_start_ns = t0;
     q->path = q->o.kind == OAI_CHAT ? "/v1/chat/completions" : "/v1/completions";
     oai_make_id(q->id, sizeof q->id, q->o.kind == OAI_CHAT ? "chatcmpl" : "cmpl");
-    q->meta = (oai_meta){q->o.kind, q->id, s->be.model_name, (int64_t)time(NULL)};
+    q->meta = (oai_meta){q->o.kind, q->id, served_name(s), (int64_t)time(NULL)};
     dx_buf_init(&q->text, 0);
     dx_buf_init(&q->pend, 0);
     dx_buf_init(&q->pend_cuts, 0);
+    dx_buf_init(&q->pend_lp, 0);
+    dx_buf_init(&q->lp_all, 0);
     return q;
 }
 
@@ -382,7 +424,7 @@ static void start_stream(node_req *q)
     int rc =
         http_conn_stream_begin(q->conn, 200, "text/event-stream", "Cache-Control: no-cache\r\n");
     if (rc == 0 && q->meta.kind == OAI_CHAT) {
-        oai_sse_chunk(&b, &q->meta, "", 0, 1, NULL, q->include_usage, NULL);
+        oai_sse_chunk(&b, &q->meta, &(oai_choice){.text = ""}, 1, q->include_usage, NULL);
         rc = http_conn_stream_write(q->conn, b.data, b.len);
     }
     dx_buf_free(&b); /* a failed write has run on_client_gone already */
@@ -409,6 +451,30 @@ void node_server_fail_early(node_server *s, node_req *q, int status, const char 
     if (s->draining) maybe_stopped(s);
 }
 
+/* Chat answers go through the tool-call/reasoning parser when the request
+ * has tools (and tool_choice is not "none") or reasoning is split off; the
+ * prompt's end tells whether the answer starts inside <think>. */
+static int setup_parse(node_server *s, node_req *q)
+{
+    const oai_req *o = &q->o;
+    if (o->kind != OAI_CHAT) return 0;
+    q->topts = (oai_tools_opts){
+        .tools = o->n_tools && o->tool_choice != OAI_CHOICE_NONE ? s->be.tool_fmt : OAI_TOOLS_NONE,
+        .reasoning = s->be.reasoning};
+    q->parse = q->topts.tools != OAI_TOOLS_NONE || q->topts.reasoning;
+    if (!q->parse) return 0;
+    if (q->topts.reasoning && s->be.tk) {
+        size_t n = q->n_prompt < 16 ? q->n_prompt : 16;
+        dx_buf tail;
+        dx_buf_init(&tail, 0);
+        if (tok_decode(s->be.tk, q->prompt + q->n_prompt - n, n, &tail) == 0)
+            q->topts.think_open = oai_tools_think_open(tail.data ? tail.data : "", tail.len);
+        dx_buf_free(&tail);
+    }
+    if (q->stream && !(q->tp = oai_tools_create(&q->topts))) return DX_ENOMEM;
+    return 0;
+}
+
 int node_server_submit(node_server *s, node_req *q)
 {
     if (!q->conn) { /* the client left while the request was being prepared */
@@ -418,6 +484,10 @@ int node_server_submit(node_server *s, node_req *q)
     if (s->draining) {
         node_server_fail_early(s, q, 503, "the server is shutting down", NULL);
         return 503;
+    }
+    if (setup_parse(s, q) < 0) {
+        node_server_fail_early(s, q, 500, "out of memory", NULL);
+        return 500;
     }
     engine_request er;
     fill_engine_request(q, &er);
@@ -442,6 +512,98 @@ int node_server_submit(node_server *s, node_req *q)
     return 0;
 }
 
+/* POST /tokenize (vLLM's): the prompt tokens a completion or chat request
+ * with the same "prompt" or "messages" (tools, chat_template_kwargs) would
+ * run on — the same path, token-faithful history included.  POST
+ * /detokenize: {"tokens": [...]} back to text. */
+static void route_tokenize(node_server *s, http_conn *c, const http_req *r, uint64_t t0)
+{
+    if (!s->ready) {
+        respond_error(s, c, r, 503, "the model is still loading", NULL, NULL, t0);
+        return;
+    }
+    json_error_t je;
+    json_t *root = json_loadb(r->body, r->body_len, JSON_ALLOW_NUL, &je);
+    enum oai_kind kind = json_object_get(root, "messages") ? OAI_CHAT : OAI_COMPLETION;
+    json_decref(root);
+    oai_req o;
+    oai_err err;
+    oai_parse_opts opts = {.n_vocab = s->be.n_vocab};
+    if (oai_req_parse(kind, r->body, r->body_len, &opts, &o, &err) < 0) {
+        respond_error(s, c, r, err.status, err.message, err.param, NULL, t0);
+        return;
+    }
+    node_req *q = req_new(s, &o, c, t0);
+    if (!q) {
+        oai_req_free(&o);
+        respond_error(s, c, r, 500, "out of memory", NULL, NULL, t0);
+        return;
+    }
+    memset(&err, 0, sizeof err);
+    int rc = node_pd_parse(s, q, &err);
+    if (!rc) rc = encode_prompt(s, q, &err);
+    if (rc < 0) {
+        int st = err.status ? err.status : 500;
+        respond_error(s, c, r, st, err.status ? err.message : dx_errmsg(), err.param, NULL, t0);
+    } else {
+        dx_buf b;
+        dx_buf_init(&b, 0);
+        rc = dx_buf_printf(&b, "{\"count\":%zu,\"max_model_len\":%u,\"tokens\":[", q->n_prompt,
+                           s->be.n_ctx);
+        for (size_t i = 0; !rc && i < q->n_prompt; i++)
+            rc = dx_buf_printf(&b, i ? ",%d" : "%d", q->prompt[i]);
+        if (!rc) rc = dx_buf_puts(&b, "]}");
+        respond_json(s, c, "POST", r->path, 200, NULL, &b, t0);
+        dx_buf_free(&b);
+    }
+    req_free(q);
+}
+
+static void route_detokenize(node_server *s, http_conn *c, const http_req *r, uint64_t t0)
+{
+    if (!s->ready) {
+        respond_error(s, c, r, 503, "the model is still loading", NULL, NULL, t0);
+        return;
+    }
+    json_error_t je;
+    json_t *root = json_loadb(r->body, r->body_len, 0, &je), *toks = json_object_get(root, "tokens");
+    if (!json_is_array(toks)) {
+        json_decref(root);
+        respond_error(s, c, r, 400, "tokens: required, an array of token ids", "tokens", NULL, t0);
+        return;
+    }
+    size_t n = json_array_size(toks), i;
+    int32_t *ids = dx_malloc((n ? n : 1) * sizeof *ids);
+    json_t *v;
+    int bad = !ids;
+    json_array_foreach(toks, i, v)
+    {
+        if (bad) break;
+        json_int_t id = json_integer_value(v);
+        bad = !json_is_integer(v) || id < 0 || id >= (json_int_t)s->be.n_vocab;
+        if (!bad) ids[i] = (int32_t)id;
+    }
+    json_decref(root);
+    if (bad) {
+        dx_free(ids);
+        respond_error(s, c, r, 400, "tokens: token ids of this model's vocabulary", "tokens", NULL,
+                      t0);
+        return;
+    }
+    dx_buf text, b;
+    dx_buf_init(&text, 0);
+    dx_buf_init(&b, 0);
+    int rc = tok_decode(s->be.tk, ids, n, &text);
+    if (!rc) rc = dx_buf_puts(&b, "{\"prompt\":");
+    if (!rc) rc = oai_json_str(&b, text.data ? text.data : "", text.len);
+    if (!rc) rc = dx_buf_putc(&b, '}');
+    if (rc) respond_error(s, c, r, 500, "out of memory", NULL, NULL, t0);
+    else respond_json(s, c, "POST", r->path, 200, NULL, &b, t0);
+    dx_free(ids);
+    dx_buf_free(&text);
+    dx_buf_free(&b);
+}
+
 static void route_completion(node_server *s, http_conn *c, const http_req *r, enum oai_kind kind,
                              uint64_t t0)
 {
@@ -458,7 +620,7 @@ static void route_completion(node_server *s, http_conn *c, const http_req *r, en
         respond_error(s, c, r, err.status, err.message, err.param, NULL, t0);
         return;
     }
-    if (strcmp(o.model, s->be.model_name) != 0) {
+    if (strcmp(o.model, served_name(s)) != 0 && strcmp(o.model, s->be.model_name) != 0) {
         char msg[256];
         snprintf(msg, sizeof msg, "The model '%.160s' does not exist", o.model);
         respond_error(s, c, r, 404, msg, "model", "model_not_found", t0);
@@ -496,7 +658,8 @@ static void on_request(void *user, http_conn *c, const http_req *r)
     int get = !strcmp(r->method, "GET"), post = !strcmp(r->method, "POST");
     const char *p = r->path;
     int is_get_route = !strcmp(p, "/health") || !strcmp(p, "/v1/models") || !strcmp(p, "/metrics");
-    int is_post_route = !strcmp(p, "/v1/chat/completions") || !strcmp(p, "/v1/completions");
+    int is_post_route = !strcmp(p, "/v1/chat/completions") || !strcmp(p, "/v1/completions") ||
+                        !strcmp(p, "/tokenize") || !strcmp(p, "/detokenize");
     if ((is_get_route && !get) || (is_post_route && !post))
         respond_error(s, c, r, 405, "method not allowed", NULL, NULL, t0);
     else if (!strcmp(p, "/health"))
@@ -509,6 +672,10 @@ static void on_request(void *user, http_conn *c, const http_req *r)
         route_completion(s, c, r, OAI_CHAT, t0);
     else if (!strcmp(p, "/v1/completions"))
         route_completion(s, c, r, OAI_COMPLETION, t0);
+    else if (!strcmp(p, "/tokenize"))
+        route_tokenize(s, c, r, t0);
+    else if (!strcmp(p, "/detokenize"))
+        route_detokenize(s, c, r, t0);
     else
         respond_error(s, c, r, 404, "unknown route", NULL, NULL, t0);
 }
@@ -520,14 +687,74 @@ static const char *finish_name(enum engine_finish f)
     return f == ENGINE_FINISH_LENGTH ? "length" : "stop";
 }
 
+/* The value of a choice's "logprobs" for records r[0..n) into out: each
+ * token's and its alternatives' bytes from the tokenizer. */
+static int lp_json(node_server *s, node_req *q, const node_lp *r, size_t n, dx_buf *out)
+{
+    dx_buf_reset(out);
+    size_t per = ENGINE_MAX_TOP_LOGPROBS + 1, total = n * per;
+    oai_lp_entry *e = dx_malloc((n ? n : 1) * sizeof *e);
+    oai_lp_tok *t = dx_malloc((total ? total : 1) * sizeof *t); /* [i*per]: the token, then its top */
+    size_t *off = dx_malloc((total ? total : 1) * sizeof *off);
+    dx_buf bytes; /* every piece's bytes; offsets first, as the buffer may move */
+    dx_buf_init(&bytes, 0);
+    int rc = e && t && off ? 0 : DX_ENOMEM;
+    for (size_t i = 0; !rc && i < n; i++)
+        for (uint32_t j = 0; !rc && j < per; j++) {
+            char piece[256];
+            int len = j > r[i].n_top ? 0
+                      : tok_token_bytes(s->be.tk, j ? r[i].top_ids[j - 1] : r[i].id, piece,
+                                        sizeof piece);
+            off[i * per + j] = bytes.len;
+            rc = dx_buf_append(&bytes, piece, len > 0 ? (size_t)len : 0);
+        }
+    for (size_t i = 0; !rc && i < n; i++) {
+        for (uint32_t j = 0; j < per; j++) {
+            size_t k = i * per + j, end = k + 1 < total ? off[k + 1] : bytes.len;
+            t[k] = (oai_lp_tok){bytes.data + off[k], end - off[k],
+                                j ? (j <= r[i].n_top ? r[i].top_lps[j - 1] : 0) : r[i].lp};
+        }
+        uint32_t n_top = q->top_logprobs < r[i].n_top ? q->top_logprobs : r[i].n_top;
+        e[i] = (oai_lp_entry){t[i * per], &t[i * per + 1], n_top};
+    }
+    if (!rc) rc = oai_logprobs_json(out, q->meta.kind, e, n, &q->lp_offset);
+    dx_free(e);
+    dx_free(t);
+    dx_free(off);
+    dx_buf_free(&bytes);
+    return rc;
+}
+
+/* A stream's chunks for the parser's events: one each, the logprobs (if
+ * any) on the first, or on an empty content chunk when there is none. */
+static int parsed_chunks(node_req *q, dx_buf *b, const oai_tools_ev *ev, size_t n_ev,
+                         const char *logprobs, const char *finish)
+{
+    dx_buf raw;
+    dx_buf_init(&raw, 0);
+    int rc = 0;
+    for (size_t i = 0; !rc && i < n_ev; i++) {
+        dx_buf_reset(&raw);
+        rc = oai_tools_ev_json(&raw, &ev[i]);
+        oai_choice c = {.raw = raw.data ? raw.data : "", .logprobs = i ? NULL : logprobs};
+        if (!rc) rc = oai_sse_chunk(b, &q->meta, &c, 0, q->include_usage, NULL);
+    }
+    if (!rc && ((!n_ev && logprobs) || finish)) {
+        oai_choice c = {.text = "", .logprobs = n_ev ? NULL : logprobs, .finish = finish};
+        rc = oai_sse_chunk(b, &q->meta, &c, 0, q->include_usage, finish ? q->extra : NULL);
+    }
+    dx_buf_free(&raw);
+    return rc;
+}
+
 /* Text the loop took from q in one go (several events' worth): streamed as
- * one SSE chunk per event (a token's text), as OpenAI and vLLM send them;
- * cuts[0..n_cuts) are the pieces' end offsets. */
+ * one SSE chunk per event (a token's text, and its logprobs when asked), as
+ * OpenAI and vLLM send them; cuts[0..n_cuts) are the pieces. */
 static void handle_tokens(node_req *q, const char *text, size_t len, size_t n_tokens,
-                          const uint32_t *cuts, size_t n_cuts)
+                          const node_cut *cuts, size_t n_cuts, const node_lp *lps, size_t n_lps)
 {
     if (!q->t_first_ns && n_tokens) q->t_first_ns = dx_now_ns();
-    if (!q->conn || !len || q->lost) return;
+    if (!q->conn || (!len && !n_cuts) || q->lost) return;
     if (q->keep_text && dx_buf_append(&q->text, text, len) < 0) {
         if (!q->stream) { /* out of memory: the answer cannot be completed */
             q->lost = 1;
@@ -537,17 +764,36 @@ static void handle_tokens(node_req *q, const char *text, size_t len, size_t n_to
         q->keep_text = 0; /* a stream goes on; only the reply memory misses it */
         dx_buf_reset(&q->text);
     }
-    if (!q->stream) return;
+    if (!q->stream) {
+        if (n_lps && dx_buf_append(&q->lp_all, lps, n_lps * sizeof *lps) < 0) {
+            q->lost = 1;
+            q->srv->be.cancel(q->srv->be.self, q->engine_id);
+        }
+        return;
+    }
     if (!q->head_sent) {
         start_stream(q);
         if (!q->conn) return; /* the write failed: the client is gone */
     }
-    dx_buf *b = &q->srv->scratch; /* reused: no allocation per token */
+    node_server *s = q->srv;
+    dx_buf *b = &s->scratch; /* reused: no allocation per token */
     dx_buf_reset(b);
     int rc = 0;
-    for (size_t i = 0, from = 0; !rc && i < n_cuts; from = cuts[i++])
-        rc = oai_sse_chunk(b, &q->meta, text + from, cuts[i] - from, 0, NULL, q->include_usage,
-                           NULL);
+    for (size_t i = 0, from = 0; !rc && i < n_cuts; from = cuts[i++].end) {
+        oai_choice c = {.text = text + from, .len = cuts[i].end - from};
+        if (cuts[i].lp >= 0 && (size_t)cuts[i].lp < n_lps) {
+            rc = lp_json(s, q, &lps[cuts[i].lp], 1, &s->scratch_lp);
+            c.logprobs = s->scratch_lp.data;
+        }
+        if (!rc && q->tp) {
+            const oai_tools_ev *ev;
+            size_t n_ev;
+            rc = oai_tools_feed(q->tp, c.text, c.len, &ev, &n_ev);
+            if (!rc) rc = parsed_chunks(q, b, ev, n_ev, c.logprobs, NULL);
+            continue;
+        }
+        if (!rc) rc = oai_sse_chunk(b, &q->meta, &c, 0, q->include_usage, NULL);
+    }
     /* A failed write has already closed the connection and run on_client_gone. */
     if (rc == 0) http_conn_stream_write(q->conn, b->data, b->len);
 }
@@ -569,11 +815,18 @@ static int finish_stream(node_req *q, const oai_usage *u)
     dx_buf b;
     dx_buf_init(&b, 0);
     const char *fail = failure_msg(q);
-    if (fail)
+    if (fail) {
         oai_sse_error(&b, fail, "server_error");
-    else
-        oai_sse_chunk(&b, &q->meta, "", 0, 0, finish_name(q->fin.finish), q->include_usage,
-                      q->extra);
+    } else if (q->tp) { /* what the parser held, then the finish */
+        const oai_tools_ev *ev;
+        size_t n_ev;
+        if (oai_tools_finish(q->tp, &ev, &n_ev) == 0)
+            parsed_chunks(q, &b, ev, n_ev, NULL,
+                          oai_tools_finish_reason(q->tp, finish_name(q->fin.finish)));
+    } else {
+        oai_sse_chunk(&b, &q->meta, &(oai_choice){.text = "", .finish = finish_name(q->fin.finish)},
+                      0, q->include_usage, q->extra);
+    }
     if (q->include_usage) oai_sse_usage(&b, &q->meta, u);
     oai_sse_done(&b);
     if (http_conn_stream_write(q->conn, b.data, b.len) == 0) http_conn_stream_end(q->conn);
@@ -591,9 +844,26 @@ static int finish_full(node_req *q, const oai_usage *u)
     int status = !fail ? 200 : server_fault ? 500 : 503;
     if (fail)
         oai_error_json(&b, fail, oai_error_type(status), NULL, NULL);
-    else
-        oai_resp_full(&b, &q->meta, q->text.data ? q->text.data : "", q->text.len,
-                      finish_name(q->fin.finish), u, q->extra);
+    else {
+        oai_choice c = {.text = q->text.data ? q->text.data : "", .len = q->text.len,
+                        .finish = finish_name(q->fin.finish)};
+        dx_buf lp, msg;
+        dx_buf_init(&lp, 0);
+        dx_buf_init(&msg, 0);
+        if (q->logprobs && lp_json(q->srv, q, (const node_lp *)q->lp_all.data,
+                                   q->lp_all.len / sizeof(node_lp), &lp) == 0)
+            c.logprobs = lp.data ? lp.data : "{\"content\":[]}";
+        oai_tools_result r = {0};
+        if (q->parse && oai_tools_parse(&q->topts, c.text, c.len, &r) == 0 &&
+            oai_tools_message_json(&msg, &r) == 0) { /* content, reasoning, tool calls */
+            c.raw = msg.data ? msg.data : "";
+            if (r.n_calls) c.finish = "tool_calls";
+        }
+        oai_resp_full(&b, &q->meta, &c, u, q->extra);
+        oai_tools_result_free(&r);
+        dx_buf_free(&lp);
+        dx_buf_free(&msg);
+    }
     http_conn_respond(q->conn, status, "application/json", status == 503 ? k_retry_after : NULL,
                       b.data, b.len);
     dx_buf_free(&b);
@@ -679,11 +949,15 @@ static node_req *take_pending(node_server *s, node_req *q, node_take *t)
     q->ready_next = NULL;
     q->queued = 0;
     dx_buf_reset(&s->take_cuts);
-    if (q->pend.len && (dx_buf_append(&s->take, q->pend.data, q->pend.len) < 0 ||
-                        dx_buf_append(&s->take_cuts, q->pend_cuts.data, q->pend_cuts.len) < 0))
+    dx_buf_reset(&s->take_lp);
+    if ((q->pend.len || q->pend_cuts.len) &&
+        (dx_buf_append(&s->take, q->pend.data, q->pend.len) < 0 ||
+         dx_buf_append(&s->take_cuts, q->pend_cuts.data, q->pend_cuts.len) < 0 ||
+         dx_buf_append(&s->take_lp, q->pend_lp.data, q->pend_lp.len) < 0))
         q->pend_lost = 1;
     dx_buf_reset(&q->pend);
     dx_buf_reset(&q->pend_cuts);
+    dx_buf_reset(&q->pend_lp);
     t->n_tokens = q->pend_tokens;
     q->pend_tokens = 0;
     t->lost = q->pend_lost;
@@ -702,8 +976,9 @@ static void drain_events(node_server *s)
             q->lost = 1;
             if (!t.done) s->be.cancel(s->be.self, q->engine_id);
         }
-        handle_tokens(q, s->take.data, s->take.len, t.n_tokens, (const uint32_t *)s->take_cuts.data,
-                      s->take_cuts.len / sizeof(uint32_t));
+        handle_tokens(q, s->take.data, s->take.len, t.n_tokens, (const node_cut *)s->take_cuts.data,
+                      s->take_cuts.len / sizeof(node_cut), (const node_lp *)s->take_lp.data,
+                      s->take_lp.len / sizeof(node_lp));
         if (t.done) handle_done(s, q);
     }
 }
@@ -760,6 +1035,8 @@ int node_server_create(uv_loop_t *loop, const node_server_config *cfg, node_serv
     dx_buf_init(&s->scratch, 0);
     dx_buf_init(&s->take, 0);
     dx_buf_init(&s->take_cuts, 0);
+    dx_buf_init(&s->take_lp, 0);
+    dx_buf_init(&s->scratch_lp, 0);
     prom_hist_init_latency(&s->ttft);
     prom_hist_init_latency(&s->engine_ttft);
     prom_hist_init_latency(&s->tpot);
@@ -840,5 +1117,7 @@ void node_server_destroy(node_server *s)
     dx_buf_free(&s->scratch);
     dx_buf_free(&s->take);
     dx_buf_free(&s->take_cuts);
+    dx_buf_free(&s->take_lp);
+    dx_buf_free(&s->scratch_lp);
     uv_close((uv_handle_t *)&s->wake, on_handle_closed);
 }

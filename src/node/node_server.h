@@ -24,9 +24,12 @@
 
 #include "engine/engine.h"
 #include "model/chat_tmpl.h"
+#include "model/model_chat.h"
 #include "node/node_kv.h"
 
 enum node_role { NODE_ROLE_BOTH, NODE_ROLE_PREFILL, NODE_ROLE_DECODE };
+
+#define NODE_MAX_END_IDS 40
 
 typedef struct {
     void *self;
@@ -35,17 +38,27 @@ typedef struct {
     int (*cancel)(void *self, uint64_t id);
     void (*stats)(void *self, engine_stats *out);
     /* Tokenise chat messages with the model's template (generation prompt
-     * appended; replies through `reply`, see chat_tmpl_encode_faithful) or
-     * plain text; *ids is dx_malloc'd. */
-    int (*encode_chat)(void *self, const chat_msg *msgs, size_t n, chat_reply_fn reply,
+     * appended; the request's tools and template arguments in x; replies
+     * through `reply`, see model_chat_encode) or plain text; *ids is
+     * dx_malloc'd. */
+    int (*encode_chat)(void *self, const chat_msg *msgs, size_t n, const model_chat_extra *x,
+                       chat_reply_fn reply,
                        void *reply_user, int32_t **ids, size_t *n_ids);
     int (*encode_text)(void *self, const char *text, size_t len, int32_t **ids, size_t *n_ids);
     const char *model_name;
     uint32_t n_vocab, n_ctx;
     const tok *tk;
-    int32_t end_ids[3]; /* tokens that end a reply: EOS, EOT, the template's end of turn */
+    /* Tokens that end a reply: the vocabulary's end-of-generation set
+     * (tok_is_eog: EOS, EOT and every end-of-turn token) and the chat
+     * template's end of turn. */
+    int32_t end_ids[NODE_MAX_END_IDS];
     size_t n_end;
     node_kv *kv; /* the node's KV port and leases; NULL: kv_transfer_params are ignored */
+    /* Agentic answers (docs/api.md): the tool-call format the model writes
+     * (enum oai_tools_fmt; parsed when a request has tools), and whether
+     * <think>…</think> is returned as reasoning_content. */
+    int tool_fmt;
+    int reasoning;
 } node_backend;
 
 typedef struct node_server node_server;
@@ -58,6 +71,9 @@ typedef struct {
     uint64_t request_timeout_ms; /* default 30 s */
     uint64_t idle_timeout_ms;    /* default 120 s */
     double shutdown_grace_s;     /* default 10 */
+    /* The name /v1/models lists and answers carry (--served-model-name);
+     * requests may name it or the model file's name.  NULL: the file's. */
+    const char *served_model_name;
     /* P/D (docs/pd.md) */
     int bidirectional;             /* --bidirectional-kv-xfer */
     uint32_t recompute_threshold;  /* default 64 (0 means the default; 1 pulls anything) */

@@ -14,9 +14,26 @@
 #include "node/node_server.h"
 #include "node/oai_req.h"
 #include "node/oai_resp.h"
+#include "node/oai_tools.h"
 #include "node/prom.h"
 
 typedef struct node_req node_req;
+
+/* A generated token's logprobs, engine thread → loop. */
+typedef struct {
+    int32_t id;
+    float lp;
+    uint32_t n_top;
+    int32_t top_ids[ENGINE_MAX_TOP_LOGPROBS];
+    float top_lps[ENGINE_MAX_TOP_LOGPROBS];
+} node_lp;
+
+/* One piece of pending text (a token's, as its SSE chunk): its end offset,
+ * and its token's logprobs record (index in the same take), or -1. */
+typedef struct {
+    uint32_t end;
+    int32_t lp;
+} node_cut;
 
 /* A DONE event's figures, copied off the engine thread into the request
  * (the message into a fixed array: the DONE path never allocates, so it
@@ -40,6 +57,13 @@ struct node_req {
     char id[64];
     oai_meta meta;
     int stream, include_usage;
+    int logprobs;          /* report logprobs (copied from o) */
+    uint32_t top_logprobs;
+    dx_buf lp_all;         /* loop: every token's node_lp, for a non-streamed answer */
+    int parse;             /* tool calls or reasoning are parsed out of the answer */
+    oai_tools_opts topts;
+    oai_tools *tp;         /* streaming: the parser the answer's pieces go through */
+    size_t lp_offset;      /* loop: completions' text_offset so far */
     int head_sent; /* a stream's HTTP head and first chunk have gone out */
     dx_buf text; /* the answer so far (non-streaming, or kept for the reply memory) */
     int keep_text; /* streaming too: the reply memory needs what the client got */
@@ -52,7 +76,8 @@ struct node_req {
     int lost;    /* loop: text was lost (out of memory); the request is canceled */
     /* Engine thread → loop, guarded by srv->mu. */
     dx_buf pend;        /* text not yet taken by the loop (reset, never freed, when taken) */
-    dx_buf pend_cuts;   /* uint32 end offset in pend of each event's text */
+    dx_buf pend_cuts;   /* node_cut of each event's text (or logprobs) */
+    dx_buf pend_lp;     /* node_lp records the cuts point to */
     size_t pend_tokens; /* tokens not yet taken */
     int pend_lost;      /* text could not be appended (out of memory) */
     int queued;         /* on srv->ready or in the batch the loop is working through */
@@ -77,7 +102,9 @@ struct node_server {
     /* metrics (loop thread only) */
     dx_buf scratch; /* chunk being built (loop thread) */
     dx_buf take;    /* a request's pending text, copied out (loop thread) */
-    dx_buf take_cuts; /* and its pieces' end offsets */
+    dx_buf take_cuts; /* and its pieces (node_cut) */
+    dx_buf take_lp;   /* and their logprobs (node_lp) */
+    dx_buf scratch_lp; /* a chunk's logprobs JSON (loop thread) */
     prom_family requests;
     prom_hist ttft, engine_ttft, tpot, e2e;
     uint64_t gen_tokens, prompt_tokens, cached_tokens;

@@ -9,6 +9,7 @@
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "base/dx_alloc.h"
@@ -131,6 +132,70 @@ static int parse_parts(json_t *arr, size_t mi, oai_msg *m, oai_err *err)
     return 0;
 }
 
+/* messages[i].tool_calls: [{id, type "function", function {name, arguments}}];
+ * arguments as a JSON text (OpenAI) or an object (what some clients send). */
+static int parse_tool_calls(json_t *tc, size_t i, oai_msg *m, oai_err *err)
+{
+    char name[96];
+    snprintf(name, sizeof name, "messages[%zu].tool_calls", i);
+    if (!json_is_array(tc)) return fail(err, name, "%s: expected an array", name);
+    size_t k;
+    json_t *c;
+    json_array_foreach(tc, k, c)
+    {
+        snprintf(name, sizeof name, "messages[%zu].tool_calls[%zu]", i, k);
+        if (!json_is_object(c)) return fail(err, name, "%s: expected an object", name);
+        json_t *id = json_object_get(c, "id"), *type = field(c, "type");
+        json_t *fn = json_object_get(c, "function");
+        if (!is_cstr(id)) return fail(err, name, "%s.id: required, a string", name);
+        if (type && (!is_cstr(type) || strcmp(json_string_value(type), "function")))
+            return fail(err, name, "%s.type: only \"function\"", name);
+        if (!json_is_object(fn)) return fail(err, name, "%s.function: required, an object", name);
+        json_t *fname = json_object_get(fn, "name"), *args = json_object_get(fn, "arguments");
+        snprintf(name, sizeof name, "messages[%zu].tool_calls[%zu].function.name", i, k);
+        if (!is_cstr(fname) || !json_string_length(fname))
+            return fail(err, name, "%s: required, a non-empty string", name);
+        snprintf(name, sizeof name, "messages[%zu].tool_calls[%zu].function.arguments", i, k);
+        if (!json_is_string(args) && !json_is_object(args))
+            return fail(err, name, "%s: expected a JSON string (or an object)", name);
+    }
+    m->n_tool_calls = json_array_size(tc);
+    return 0;
+}
+
+/* What an assistant or tool message carries besides its content. */
+static int parse_msg_extras(json_t *jm, size_t i, oai_msg *m, oai_err *err)
+{
+    char name[64];
+    json_t *v;
+    int assistant = !strcmp(m->role, "assistant");
+    if ((v = field(jm, "tool_calls"))) {
+        snprintf(name, sizeof name, "messages[%zu].tool_calls", i);
+        if (!assistant) return fail(err, name, "%s: only on assistant messages", name);
+        if (parse_tool_calls(v, i, m, err)) return DX_EINVAL;
+    }
+    if ((v = field(jm, "reasoning_content"))) {
+        snprintf(name, sizeof name, "messages[%zu].reasoning_content", i);
+        if (!assistant) return fail(err, name, "%s: only on assistant messages", name);
+        if (!json_is_string(v)) return fail(err, name, "%s: expected a string", name);
+        m->reasoning = json_string_value(v);
+        m->reasoning_len = json_string_length(v);
+    }
+    if (!strcmp(m->role, "tool")) {
+        snprintf(name, sizeof name, "messages[%zu].tool_call_id", i);
+        v = json_object_get(jm, "tool_call_id");
+        if (!is_cstr(v)) return fail(err, name, "%s: required for a tool message, a string", name);
+        m->tool_call_id = json_string_value(v);
+    }
+    if ((v = field(jm, "name")) && !is_cstr(v)) {
+        snprintf(name, sizeof name, "messages[%zu].name", i);
+        return fail(err, name, "%s: expected a string", name);
+    }
+    return 0;
+}
+
+static int parse_msg_content(json_t *jm, size_t i, oai_msg *m, oai_err *err);
+
 static int parse_msg(json_t *jm, size_t i, oai_msg *m, oai_err *err)
 {
     char name[48];
@@ -141,6 +206,14 @@ static int parse_msg(json_t *jm, size_t i, oai_msg *m, oai_err *err)
     m->role = norm_role(json_string_value(role));
     if (!m->role)
         return fail(err, name, "%s.role: unknown role '%.32s'", name, json_string_value(role));
+    if (parse_msg_extras(jm, i, m, err)) return DX_EINVAL;
+    return parse_msg_content(jm, i, m, err);
+}
+
+static int parse_msg_content(json_t *jm, size_t i, oai_msg *m, oai_err *err)
+{
+    char name[48];
+    snprintf(name, sizeof name, "messages[%zu]", i);
     json_t *c = json_object_get(jm, "content");
     if (json_is_string(c)) {
         m->content = json_string_value(c);
@@ -277,6 +350,150 @@ static int parse_sampling(json_t *root, oai_req *r, oai_err *err)
     return 0;
 }
 
+static int cmp_bias(const void *a, const void *b)
+{
+    const oai_bias *x = a, *y = b;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+/* logit_bias: {"<token id>": bias, ...} as OpenAI takes it. */
+static int parse_logit_bias(json_t *v, const oai_parse_opts *opts, oai_req *r, oai_err *err)
+{
+    if (!json_is_object(v)) return fail(err, "logit_bias", "logit_bias: expected an object");
+    size_t n = json_object_size(v);
+    if (n > OAI_MAX_LOGIT_BIAS)
+        return fail(err, "logit_bias", "logit_bias: %zu entries, at most %d", n,
+                    OAI_MAX_LOGIT_BIAS);
+    if (!n) return 0;
+    r->logit_bias = dx_malloc(n * sizeof *r->logit_bias);
+    if (!r->logit_bias) return fail(err, "logit_bias", "out of memory");
+    const char *key;
+    json_t *b;
+    json_object_foreach(v, key, b)
+    {
+        char *end;
+        long long id = strtoll(key, &end, 10);
+        char param[64];
+        snprintf(param, sizeof param, "logit_bias.%.40s", key);
+        if (!*key || *end || id < 0 || id > INT32_MAX ||
+            (opts && opts->n_vocab && (uint64_t)id >= opts->n_vocab))
+            return fail(err, param, "logit_bias: key '%.40s' is not a token id%s", key,
+                        opts && opts->n_vocab ? " of this model's vocabulary" : "");
+        double d;
+        if (get_num(b, param, -100, 100, &d, err)) return DX_EINVAL;
+        r->logit_bias[r->n_logit_bias++] = (oai_bias){(int32_t)id, (float)d};
+    }
+    qsort(r->logit_bias, r->n_logit_bias, sizeof *r->logit_bias, cmp_bias);
+    return 0;
+}
+
+/* Penalties, logit_bias and logprobs. */
+static int parse_shaping(json_t *root, const oai_parse_opts *opts, oai_req *r, oai_err *err)
+{
+    json_t *v;
+    int64_t n;
+    if ((v = field(root, "presence_penalty")) &&
+        get_num(v, "presence_penalty", -2, 2, &r->presence_penalty, err))
+        return DX_EINVAL;
+    if ((v = field(root, "frequency_penalty")) &&
+        get_num(v, "frequency_penalty", -2, 2, &r->frequency_penalty, err))
+        return DX_EINVAL;
+    if ((v = field(root, "repetition_penalty"))) {
+        if (get_num(v, "repetition_penalty", 0, 2, &r->repetition_penalty, err)) return DX_EINVAL;
+        if (r->repetition_penalty == 0)
+            return fail(err, "repetition_penalty", "repetition_penalty: must be greater than 0");
+    }
+    if ((v = field(root, "logit_bias")) && parse_logit_bias(v, opts, r, err)) return DX_EINVAL;
+    if (r->kind == OAI_COMPLETION) { /* the legacy form: logprobs is how many alternatives */
+        if ((v = field(root, "logprobs"))) {
+            if (get_int(v, "logprobs", 0, 5, &n, err) < 0) return DX_EINVAL;
+            r->logprobs = 1;
+            r->top_logprobs = (uint32_t)n;
+        }
+        return 0;
+    }
+    if ((v = field(root, "logprobs")) && get_bool(v, "logprobs", &r->logprobs, err))
+        return DX_EINVAL;
+    if ((v = field(root, "top_logprobs"))) {
+        if (get_int(v, "top_logprobs", 0, OAI_MAX_TOP_LOGPROBS, &n, err) < 0) return DX_EINVAL;
+        if (!r->logprobs)
+            return fail(err, "top_logprobs", "top_logprobs: requires \"logprobs\": true");
+        r->top_logprobs = (uint32_t)n;
+    }
+    return 0;
+}
+
+/* tools: [{type "function", function {name, description?, parameters?}}] */
+static int parse_tools(json_t *root, oai_req *r, oai_err *err)
+{
+    json_t *tools = field(root, "tools"), *t;
+    char name[64];
+    size_t i;
+    if (tools) {
+        if (!json_is_array(tools)) return fail(err, "tools", "tools: expected an array");
+        json_array_foreach(tools, i, t)
+        {
+            snprintf(name, sizeof name, "tools[%zu]", i);
+            json_t *type = json_object_get(t, "type"), *fn = json_object_get(t, "function");
+            if (!json_is_object(t)) return fail(err, name, "%s: expected an object", name);
+            if (!is_cstr(type) || strcmp(json_string_value(type), "function"))
+                return fail(err, name, "%s.type: required, \"function\"", name);
+            if (!json_is_object(fn)) return fail(err, name, "%s.function: required, an object", name);
+            json_t *fname = json_object_get(fn, "name"), *params = field(fn, "parameters");
+            json_t *desc = field(fn, "description");
+            snprintf(name, sizeof name, "tools[%zu].function.name", i);
+            if (!is_cstr(fname) || !json_string_length(fname))
+                return fail(err, name, "%s: required, a non-empty string", name);
+            snprintf(name, sizeof name, "tools[%zu].function.parameters", i);
+            if (params && !json_is_object(params))
+                return fail(err, name, "%s: expected a JSON Schema object", name);
+            snprintf(name, sizeof name, "tools[%zu].function.description", i);
+            if (desc && !json_is_string(desc)) return fail(err, name, "%s: expected a string", name);
+        }
+        r->tools = tools;
+        r->n_tools = json_array_size(tools);
+    }
+    r->parallel_tool_calls = 1;
+    json_t *v;
+    if ((v = field(root, "chat_template_kwargs"))) {
+        if (!json_is_object(v))
+            return fail(err, "chat_template_kwargs", "chat_template_kwargs: expected an object");
+        r->template_kwargs = v;
+    }
+    if ((v = field(root, "parallel_tool_calls")) &&
+        get_bool(v, "parallel_tool_calls", &r->parallel_tool_calls, err))
+        return DX_EINVAL;
+    if (!(v = field(root, "tool_choice"))) return 0;
+    if (json_is_string(v)) {
+        const char *c = json_string_value(v);
+        if (!strcmp(c, "auto")) r->tool_choice = OAI_CHOICE_AUTO;
+        else if (!strcmp(c, "none")) r->tool_choice = OAI_CHOICE_NONE;
+        else if (!strcmp(c, "required")) r->tool_choice = OAI_CHOICE_REQUIRED;
+        else
+            return fail(err, "tool_choice",
+                        "tool_choice: '%.32s' is not auto, none, required or a function", c);
+    } else {
+        json_t *fn = json_object_get(v, "function");
+        json_t *fname = json_object_get(fn, "name");
+        if (!json_is_object(v) || !is_cstr(fname))
+            return fail(err, "tool_choice",
+                        "tool_choice: expected \"auto\", \"none\", \"required\" or "
+                        "{\"type\":\"function\",\"function\":{\"name\":...}}");
+        r->tool_choice = OAI_CHOICE_NAMED;
+        r->tool_choice_name = json_string_value(fname);
+        int found = 0;
+        json_array_foreach(r->tools, i, t)
+            found |= !strcmp(json_string_value(json_object_get(json_object_get(t, "function"), "name")),
+                             r->tool_choice_name);
+        if (!found)
+            return fail(err, "tool_choice", "tool_choice: no tool named '%.64s' in tools",
+                        r->tool_choice_name);
+    }
+    if (r->tool_choice >= OAI_CHOICE_REQUIRED && !r->n_tools)
+        return fail(err, "tool_choice", "tool_choice: a tool call is required but no tools are given");
+    return 0;
+}
+
 static int parse_stream(json_t *root, oai_req *r, oai_err *err)
 {
     json_t *v;
@@ -324,9 +541,11 @@ static int parse_root(enum oai_kind kind, json_t *root, const oai_parse_opts *op
     int rc = kind == OAI_CHAT ? parse_messages(root, r, err) : parse_prompt(root, opts, r, err);
     if (rc == 0) rc = parse_max_tokens(root, r, err);
     if (rc == 0) rc = parse_sampling(root, r, err);
+    if (rc == 0) rc = parse_shaping(root, opts, r, err);
     if (rc == 0) rc = parse_stop(root, r, err);
     if (rc == 0) rc = parse_stream(root, r, err);
     if (rc == 0) rc = parse_misc(root, r, err);
+    if (rc == 0 && kind == OAI_CHAT) rc = parse_tools(root, r, err);
     return rc;
 }
 
@@ -338,6 +557,7 @@ int oai_req_parse(enum oai_kind kind, const char *body, size_t len, const oai_pa
     out->kind = kind;
     out->temperature = 1.0;
     out->top_p = 1.0;
+    out->repetition_penalty = 1.0;
     json_error_t jerr;
     /* a model can emit any byte, NUL included, and the client sends it back */
     json_t *root = json_loadb(body, len, JSON_ALLOW_NUL, &jerr);
@@ -356,6 +576,7 @@ void oai_req_free(oai_req *r)
     for (size_t i = 0; i < r->n_msgs; i++) dx_free(r->msgs[i].owned);
     dx_free(r->msgs);
     dx_free(r->prompt_ids);
+    dx_free(r->logit_bias);
     if (r->root) json_decref(r->root);
     enum oai_kind kind = r->kind;
     memset(r, 0, sizeof *r);

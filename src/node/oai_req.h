@@ -25,7 +25,22 @@ typedef struct {
     const char *content;
     size_t content_len;
     char *owned; /* content joined from text parts (dx_malloc), else NULL */
+    size_t n_tool_calls; /* assistant: its tool_calls (checked; the JSON is in the document) */
+    const char *tool_call_id; /* tool: the call it answers */
+    const char *reasoning;    /* assistant: reasoning_content, or NULL */
+    size_t reasoning_len;
 } oai_msg;
+
+enum oai_tool_choice { OAI_CHOICE_AUTO = 0, OAI_CHOICE_NONE, OAI_CHOICE_REQUIRED, OAI_CHOICE_NAMED };
+
+/* logit_bias: a token id and what is added to its logit ([-100, 100]). */
+typedef struct {
+    int32_t id;
+    float bias;
+} oai_bias;
+
+#define OAI_MAX_LOGIT_BIAS 1024
+#define OAI_MAX_TOP_LOGPROBS 20
 
 typedef struct {
     enum oai_kind kind;
@@ -44,11 +59,28 @@ typedef struct {
     double min_p;       /* default 0 */
     int has_seed;
     uint64_t seed;
+    double presence_penalty, frequency_penalty; /* [-2, 2], default 0 */
+    double repetition_penalty;                  /* (0, 2], default 1 (vLLM extension) */
+    oai_bias *logit_bias; /* dx_malloc'd, sorted by id */
+    size_t n_logit_bias;
+    int logprobs;          /* chat: "logprobs": true; completions: "logprobs": N given */
+    uint32_t top_logprobs; /* chat: top_logprobs (0..20); completions: N (0..5) */
     const char *stop[OAI_MAX_STOP];
     size_t n_stop;
     int stream;
     int include_usage;
     int ignore_eos; /* vLLM extension, used by benchmarks */
+    /* tools: the function definitions (a json_t array borrowed from root,
+     * each checked: type "function", function.name, parameters an object),
+     * NULL when none; tool_choice, and the named function's name. */
+    void *tools;
+    size_t n_tools;
+    enum oai_tool_choice tool_choice;
+    const char *tool_choice_name;
+    int parallel_tool_calls; /* default 1 */
+    /* chat_template_kwargs (vLLM's): extra template variables such as
+     * enable_thinking; a json_t object borrowed from root, or NULL */
+    void *template_kwargs;
     const char *user;
     void *kv_transfer_params; /* json_t object or NULL (borrowed from root) */
     void *root;               /* json_t document */

@@ -81,56 +81,128 @@ static int put_usage(dx_buf *b, const oai_usage *u)
                          u->prompt, u->completion, u->prompt + u->completion, u->cached);
 }
 
-static int put_finish(dx_buf *b, const char *finish)
-{
-    if (!finish) return dx_buf_puts(b, ",\"logprobs\":null,\"finish_reason\":null}");
-    return dx_buf_printf(b, ",\"logprobs\":null,\"finish_reason\":\"%s\"}", finish);
-}
-
 static int put_extra(dx_buf *b, const char *extra)
 {
     return extra && *extra ? dx_buf_printf(b, ",%s", extra) : 0;
 }
 
-int oai_resp_full(dx_buf *b, const oai_meta *m, const char *text, size_t len, const char *finish,
-                  const oai_usage *u, const char *extra)
+/* ,"logprobs":...,"finish_reason":...} — the end of a choice. */
+static int put_choice_end(dx_buf *b, const oai_choice *c)
+{
+    int rc = dx_buf_printf(b, ",\"logprobs\":%s", c->logprobs ? c->logprobs : "null");
+    if (!rc)
+        rc = c->finish ? dx_buf_printf(b, ",\"finish_reason\":\"%s\"}", c->finish)
+                       : dx_buf_puts(b, ",\"finish_reason\":null}");
+    return rc;
+}
+
+/* The chat message's or delta's members after "role": the raw ones, or
+ * the content (none when content is 0). */
+static int put_chat_fields(dx_buf *b, const oai_choice *c, int content, int first)
+{
+    if (c->raw) return *c->raw ? dx_buf_printf(b, "%s%s", first ? "" : ",", c->raw) : 0;
+    if (!content) return 0;
+    int rc = dx_buf_puts(b, first ? "\"content\":" : ",\"content\":");
+    return rc ? rc : oai_json_str(b, c->text, c->len);
+}
+
+int oai_resp_full(dx_buf *b, const oai_meta *m, const oai_choice *c, const oai_usage *u,
+                  const char *extra)
 {
     int rc = put_head(b, m, 0);
     if (!rc) rc = dx_buf_puts(b, ",\"choices\":[{\"index\":0,");
-    if (!rc)
-        rc = dx_buf_puts(b, m->kind == OAI_CHAT ? "\"message\":{\"role\":\"assistant\",\"content\":"
-                                                : "\"text\":");
-    if (!rc) rc = oai_json_str(b, text, len);
-    if (!rc && m->kind == OAI_CHAT) rc = dx_buf_putc(b, '}');
-    if (!rc) rc = put_finish(b, finish);
+    if (!rc && m->kind == OAI_CHAT) {
+        rc = dx_buf_puts(b, "\"message\":{\"role\":\"assistant\"");
+        if (!rc) rc = put_chat_fields(b, c, 1, 0);
+        if (!rc) rc = dx_buf_putc(b, '}');
+    } else if (!rc) {
+        rc = dx_buf_puts(b, "\"text\":");
+        if (!rc) rc = oai_json_str(b, c->text, c->len);
+    }
+    if (!rc) rc = put_choice_end(b, c);
     if (!rc) rc = dx_buf_puts(b, "],");
     if (!rc) rc = put_usage(b, u);
     if (!rc) rc = put_extra(b, extra);
     return rc ? rc : dx_buf_putc(b, '}');
 }
 
-int oai_sse_chunk(dx_buf *b, const oai_meta *m, const char *text, size_t len, int role_first,
-                  const char *finish, int with_usage_null, const char *extra)
+int oai_sse_chunk(dx_buf *b, const oai_meta *m, const oai_choice *c, int role_first,
+                  int with_usage_null, const char *extra)
 {
     int rc = dx_buf_puts(b, "data: ");
     if (!rc) rc = put_head(b, m, 1);
     if (!rc) rc = dx_buf_puts(b, ",\"choices\":[{\"index\":0,");
     if (!rc && m->kind == OAI_CHAT) {
-        if (role_first)
-            rc = dx_buf_puts(b, "\"delta\":{\"role\":\"assistant\",\"content\":");
-        else
-            rc = dx_buf_puts(b, finish && !len ? "\"delta\":{" : "\"delta\":{\"content\":");
-        if (!rc && (role_first || !finish || len)) rc = oai_json_str(b, text, len);
+        rc = dx_buf_puts(b, role_first ? "\"delta\":{\"role\":\"assistant\"" : "\"delta\":{");
+        /* a content member unless the chunk only finishes */
+        if (!rc) rc = put_chat_fields(b, c, role_first || !c->finish || c->len, !role_first);
         if (!rc) rc = dx_buf_putc(b, '}');
     } else if (!rc) {
         rc = dx_buf_puts(b, "\"text\":");
-        if (!rc) rc = oai_json_str(b, text, len);
+        if (!rc) rc = oai_json_str(b, c->text, c->len);
     }
-    if (!rc) rc = put_finish(b, finish);
+    if (!rc) rc = put_choice_end(b, c);
     if (!rc) rc = dx_buf_putc(b, ']');
     if (!rc && with_usage_null) rc = dx_buf_puts(b, ",\"usage\":null");
     if (!rc) rc = put_extra(b, extra);
     return rc ? rc : dx_buf_puts(b, "}\n\n");
+}
+
+/* "token":"...","logprob":x,"bytes":[...] */
+static int put_lp_tok(dx_buf *b, const oai_lp_tok *t)
+{
+    int rc = dx_buf_puts(b, "\"token\":");
+    if (!rc) rc = oai_json_str(b, t->bytes, t->len);
+    if (!rc) rc = dx_buf_printf(b, ",\"logprob\":%.9g,\"bytes\":[", (double)t->logprob);
+    for (size_t i = 0; !rc && i < t->len; i++)
+        rc = dx_buf_printf(b, i ? ",%u" : "%u", (unsigned)(unsigned char)t->bytes[i]);
+    return rc ? rc : dx_buf_putc(b, ']');
+}
+
+int oai_logprobs_json(dx_buf *b, enum oai_kind kind, const oai_lp_entry *e, size_t n,
+                      size_t *text_offset)
+{
+    int rc;
+    if (kind == OAI_CHAT) {
+        rc = dx_buf_puts(b, "{\"content\":[");
+        for (size_t i = 0; !rc && i < n; i++) {
+            rc = dx_buf_puts(b, i ? ",{" : "{");
+            if (!rc) rc = put_lp_tok(b, &e[i].tok);
+            if (!rc) rc = dx_buf_puts(b, ",\"top_logprobs\":[");
+            for (size_t k = 0; !rc && k < e[i].n_top; k++) {
+                rc = dx_buf_puts(b, k ? ",{" : "{");
+                if (!rc) rc = put_lp_tok(b, &e[i].top[k]);
+                if (!rc) rc = dx_buf_putc(b, '}');
+            }
+            if (!rc) rc = dx_buf_puts(b, "]}");
+        }
+        return rc ? rc : dx_buf_puts(b, "]}");
+    }
+    /* the legacy completions form: parallel arrays */
+    rc = dx_buf_puts(b, "{\"tokens\":[");
+    for (size_t i = 0; !rc && i < n; i++) {
+        if (i) rc = dx_buf_putc(b, ',');
+        if (!rc) rc = oai_json_str(b, e[i].tok.bytes, e[i].tok.len);
+    }
+    if (!rc) rc = dx_buf_puts(b, "],\"token_logprobs\":[");
+    for (size_t i = 0; !rc && i < n; i++)
+        rc = dx_buf_printf(b, i ? ",%.9g" : "%.9g", (double)e[i].tok.logprob);
+    if (!rc) rc = dx_buf_puts(b, "],\"top_logprobs\":[");
+    for (size_t i = 0; !rc && i < n; i++) {
+        rc = dx_buf_puts(b, i ? ",{" : "{");
+        for (size_t k = 0; !rc && k < e[i].n_top; k++) {
+            if (k) rc = dx_buf_putc(b, ',');
+            if (!rc) rc = oai_json_str(b, e[i].top[k].bytes, e[i].top[k].len);
+            if (!rc) rc = dx_buf_printf(b, ":%.9g", (double)e[i].top[k].logprob);
+        }
+        if (!rc) rc = dx_buf_putc(b, '}');
+    }
+    if (!rc) rc = dx_buf_puts(b, "],\"text_offset\":[");
+    for (size_t i = 0; !rc && i < n; i++) {
+        rc = dx_buf_printf(b, i ? ",%zu" : "%zu", *text_offset);
+        *text_offset += e[i].tok.len;
+    }
+    return rc ? rc : dx_buf_puts(b, "]}");
 }
 
 int oai_sse_usage(dx_buf *b, const oai_meta *m, const oai_usage *u)

@@ -34,14 +34,48 @@ void oai_make_id(char *out, size_t cap, const char *prefix);
 /* Appends a JSON string literal (with quotes); invalid UTF-8 becomes U+FFFD. */
 int oai_json_str(dx_buf *b, const char *s, size_t len);
 
-/* Non-streaming answer.  finish: "stop" | "length". */
-int oai_resp_full(dx_buf *b, const oai_meta *m, const char *text, size_t len, const char *finish,
-                  const oai_usage *u, const char *extra);
+/* One choice of an answer, or of a stream chunk (its delta). */
+typedef struct {
+    const char *text; /* content (may be NULL with len 0) */
+    size_t len;
+    /* chat: the message's or delta's members after "role" as raw JSON
+     * ("content":…,"reasoning_content":…,"tool_calls":[…], from oai_tools),
+     * used instead of text when not NULL */
+    const char *raw;
+    const char *logprobs; /* raw JSON value of "logprobs", or NULL (null) */
+    const char *finish;   /* "stop" | "length" | "tool_calls", or NULL */
+} oai_choice;
+
+/* Non-streaming answer. */
+int oai_resp_full(dx_buf *b, const oai_meta *m, const oai_choice *c, const oai_usage *u,
+                  const char *extra);
 /* One SSE event "data: {chunk}\n\n".  role_first: the chat stream's opening
- * chunk (delta.role); finish NULL for content chunks.  with_usage_null: the
- * client asked for usage, so every ordinary chunk says "usage":null. */
-int oai_sse_chunk(dx_buf *b, const oai_meta *m, const char *text, size_t len, int role_first,
-                  const char *finish, int with_usage_null, const char *extra);
+ * chunk (delta.role); c->finish NULL for content chunks, and a finish chunk
+ * with no text carries no content.  with_usage_null: the client asked for
+ * usage, so every ordinary chunk says "usage":null. */
+int oai_sse_chunk(dx_buf *b, const oai_meta *m, const oai_choice *c, int role_first,
+                  int with_usage_null, const char *extra);
+
+/* A token's log-probability as the API reports it: the token's bytes (the
+ * "token" string is their UTF-8, invalid bytes as U+FFFD; "bytes" the
+ * raw values) and its most likely alternatives. */
+typedef struct {
+    const char *bytes;
+    size_t len;
+    float logprob;
+} oai_lp_tok;
+
+typedef struct {
+    oai_lp_tok tok;
+    const oai_lp_tok *top;
+    size_t n_top;
+} oai_lp_entry;
+
+/* The value of a choice's "logprobs": chat {"content":[{token, logprob,
+ * bytes, top_logprobs}]}, completions {"tokens", "token_logprobs",
+ * "top_logprobs", "text_offset"} (offsets from *text_offset, advanced). */
+int oai_logprobs_json(dx_buf *b, enum oai_kind kind, const oai_lp_entry *e, size_t n,
+                      size_t *text_offset);
 /* The usage chunk (choices []) sent before [DONE] when include_usage. */
 int oai_sse_usage(dx_buf *b, const oai_meta *m, const oai_usage *u);
 int oai_sse_done(dx_buf *b);

@@ -30,6 +30,7 @@
 #include "base/dx_clock.h"
 #include "base/dx_err.h"
 #include "base/dx_log.h"
+#include "model/model_chat.h"
 #include "node/oai_resp.h"
 #include "router/router_priv.h"
 
@@ -791,15 +792,17 @@ static uint32_t count_tokens(const router *r, const oai_req *o)
         tok_ids_init(&v);
         int rc;
         if (o->kind == OAI_COMPLETION) {
-            rc = tok_encode(model_tokenizer(r->tok), o->prompt, o->prompt_len, 0, &v);
+            rc = tok_encode(model_tokenizer(r->tok), o->prompt, o->prompt_len, TOK_ADD_SPECIAL, &v);
         } else {
             chat_msg *m = dx_calloc(o->n_msgs, sizeof *m);
             rc = m ? 0 : DX_ENOMEM;
             for (size_t i = 0; m && i < o->n_msgs; i++)
                 m[i] = (chat_msg){o->msgs[i].role, o->msgs[i].content, o->msgs[i].content_len};
-            if (m)
-                rc = chat_tmpl_encode(model_chat_kind(r->tok), model_tokenizer(r->tok), m,
-                                      o->n_msgs, 1, &v);
+            /* the node's own way: the model's template with the request's extras */
+            model_chat_extra x = {json_object_get(o->root, "messages"),
+                                  o->tool_choice == OAI_CHOICE_NONE ? NULL : o->tools,
+                                  o->template_kwargs};
+            if (m) rc = model_chat_encode(r->tok, m, o->n_msgs, &x, 1, NULL, NULL, &v);
             dx_free(m);
         }
         size_t n = v.n;

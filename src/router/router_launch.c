@@ -121,6 +121,10 @@ void router_launch_node_argv(const router_launch_config *c, int prefill, router_
         arg(a, "--kv-cache-mb");
         arg_num(a, c->kv_cache_mb);
     }
+    if (c->debug_children) {
+        arg(a, "--log-level");
+        arg(a, "debug");
+    }
 }
 
 static int arg_heap(router_launch_argv *a, const char *s)
@@ -159,6 +163,10 @@ int router_launch_router_argv(const router_launch_config *c, const char *prefill
     if (c->has_local_prefill) {
         arg(a, "--local-prefill-max-tokens");
         arg_num(a, c->local_prefill_max_tokens);
+    }
+    if (c->debug_children) {
+        arg(a, "--log-level");
+        arg(a, "debug");
     }
     if (rc) router_launch_argv_free(a);
     return rc;

@@ -39,6 +39,9 @@ typedef struct {
     long local_prefill_max_tokens;
     double startup_timeout_s;      /* default 600 */
     double stop_timeout_s;         /* SIGKILL what is left after this; default 60 */
+    int debug_children;            /* --log-level debug to the nodes and the router (their
+                                    * start-up lines are INFO, which the launcher reads,
+                                    * so quieter levels stay the launcher's own) */
     FILE *out;                     /* the summary lines (stdout) */
 } router_launch_config;
 

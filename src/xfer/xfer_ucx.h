@@ -20,7 +20,8 @@
  *    progresses the worker, because over TCP UCX emulates READ in software on
  *    the holder.  On one host the pool (allocated by UCX's sysv/posix
  *    allocator) is attached by the reader and a READ is a plain copy by the
- *    reader: the holder spends no CPU.
+ *    reader: the holder's CPU only answers PIN and RELEASE (`duplex bench
+ *    xfer` measures it from /proc: ~0.3 ms over 176 MB of pulls).
  *
  * One worker per agent, used from any thread under the agent's mutex
  * (UCS_THREAD_MODE_SERIALIZED underneath). */

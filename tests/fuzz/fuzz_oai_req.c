@@ -70,7 +70,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     oai_usage u = {1, 0, 1};
     for (size_t i = 0; i < r.n_msgs; i++) {
         dx_buf_reset(&b);
-        oai_resp_full(&b, &m, r.msgs[i].content, r.msgs[i].content_len, "stop", &u, NULL);
+        oai_resp_full(&b, &m, &(oai_choice){.text = r.msgs[i].content, .len = r.msgs[i].content_len, .finish = "stop"}, &u, NULL);
         check_json(&b);
     }
     if (r.prompt) {

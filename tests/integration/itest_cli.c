@@ -74,9 +74,16 @@ static void test_user_path(void **state)
     assert_int_equal(run(out, sizeof out, "model synth --preset tiny -o %s/q.gguf && %s model info "
                                           "%s/q.gguf", g_dir, g_bin, g_dir), 0);
     if (!strstr(out, "rope:            base 1000000, neox\n")) fail_msg("rope base:\n%s", out);
+    /* a llama file asks for BOS (tokenizer.ggml.add_bos_token): a raw prompt gets it */
+    assert_int_equal(run(out, sizeof out, "tokenize --model %s --text 'Hello'", g_model), 0);
+    if (strncmp(out + strspn(out, " 0123456789"), "'<|begin_of_text|>'", 19))
+        fail_msg("no BOS first:\n%s", out);
     /* tokenize → ids → decode gives the text back */
-    assert_int_equal(run(out, sizeof out, "tokenize --model %s --ids --text 'Hello, KV world! 12345'",
-                         g_model), 0);
+    assert_int_equal(run(out, sizeof out,
+                         "tokenize --model %s --ids --no-bos --text 'Hello, KV "
+                         "world! 12345'",
+                         g_model),
+                     0);
     out[strcspn(out, "\n")] = 0;
     assert_true(strlen(out) < 512);
     snprintf(a, sizeof a, "tokenize --model %s --decode --text '%.512s'", g_model, out);
@@ -84,10 +91,14 @@ static void test_user_path(void **state)
     assert_int_equal(run(dec, sizeof dec, "%s", a), 0);
     assert_string_equal(dec, "Hello, KV world! 12345\n");
     /* special tokens only when asked */
-    assert_int_equal(run(out, sizeof out, "tokenize --model %s --special --text '<|eot_id|>'",
-                         g_model), 0);
+    assert_int_equal(run(out, sizeof out,
+                         "tokenize --model %s --special --no-bos --text "
+                         "'<|eot_id|>'",
+                         g_model),
+                     0);
     assert_non_null(strstr(out, "1 tokens"));
-    assert_int_equal(run(out, sizeof out, "tokenize --model %s --text '<|eot_id|>'", g_model), 0);
+    assert_int_equal(
+        run(out, sizeof out, "tokenize --model %s --no-bos --text '<|eot_id|>'", g_model), 0);
     assert_null(strstr(out, "1 tokens"));
     /* generate: 6 tokens, greedy, twice the same */
     char g1[4096], g2[4096];
@@ -106,7 +117,7 @@ static void test_bad_flags(void **state)
     snprintf(m, sizeof m, "%s", g_model);
     expect(2, "unknown command 'frobnicate'", "%s", "frobnicate");
     expect(2, "unknown option '--bogus'", "model synth --bogus 1 -o /tmp/x%s", "");
-    expect(2, "--preset: unknown preset '7b' (want tiny|small|0.6b)",
+    expect(2, "--preset: unknown preset '7b' (want tiny|small|0.6b|qwen3-0.6b|llama3.2-1b)",
            "model synth --preset 7b -o /tmp/x%s", "");
     expect(2, "unknown architecture 'gpt2'", "model synth --arch gpt2 -o /tmp/x%s", "");
     expect(2, "unknown dtype 'q4_0'", "model synth --dtype q4_0 -o /tmp/x%s", "");
@@ -134,6 +145,12 @@ static void test_bad_flags(void **state)
            "serve --model /tmp/x --kv-recompute-threshold many%s", "");
     expect(2, "--kv-lease-ttl -1 is out of range", "serve --model /tmp/x --kv-lease-ttl -1%s", "");
     expect(2, "--engine-id must be 1..128 bytes", "serve --model /tmp/x --engine-id ''%s", "");
+    expect(2, "--served-model-name must be 1..200 bytes",
+           "serve --model /tmp/x --served-model-name ''%s", "");
+    expect(2, "--tool-call-parser: 'xml' is not auto, qwen, llama3 or none",
+           "serve --model /tmp/x --tool-call-parser xml%s", "");
+    expect(2, "--reasoning-parser: 'r1' is not auto, think or none",
+           "serve --model /tmp/x --reasoning-parser r1%s", "");
     expect(2, "--url wants http://HOST:PORT", "bench chat --url ftp://x%s", "");
     expect(1, "duplex bench chat: http://127.0.0.1:1/v1/models", "bench chat --url "
                                                                 "http://127.0.0.1:1%s", "");
@@ -239,7 +256,8 @@ static void test_specific_messages(void **state)
          "duplex bench engine: --kv-dtype: KV cache dtype 'q4' is not supported (f16|bf16|f32)"},
         {"bench engine", "duplex bench engine: --model FILE is required"},
         {"model synth --preset huge -o /tmp/x",
-         "duplex model synth: --preset: unknown preset 'huge' (want tiny|small|0.6b)"},
+         "duplex model synth: --preset: unknown preset 'huge' (want "
+         "tiny|small|0.6b|qwen3-0.6b|llama3.2-1b)"},
         {"model synth --arch gpt2 -o /tmp/x",
          "duplex model synth: --arch: unknown architecture 'gpt2' (want qwen3|qwen2|llama)"},
         {"model synth --dtype q4_0 -o /tmp/x",
@@ -279,10 +297,12 @@ static void test_groups(void **state)
 {
     (void)state;
     static const struct {
-        const char *group, *cmds[4], *accepted;
+        const char *group, *cmds[8], *accepted;
     } groups[] = {
         {"model", {"synth", "info"}, "synth|info"},
-        {"bench", {"engine", "xfer", "chat"}, "engine|xfer|chat"},
+        {"bench",
+         {"engine", "xfer", "run", "compare", "chat", "report"},
+         "engine|tok|xfer|run|compare|chat|report"},
         {"kv", {"hold", "pull", "bench"}, "hold|pull|bench"},
     };
     /* every way to ask, and the bare group (stderr only) */
@@ -355,8 +375,9 @@ static void test_tokenize_bytes(void **state)
     char out[65536], bytes[1024];
     size_t n = 0;
     int hex_lines = 0;
-    assert_int_equal(run(out, sizeof out, "tokenize --model %s --text '%s' 2>/dev/null", g_model,
-                         text), 0);
+    assert_int_equal(
+        run(out, sizeof out, "tokenize --model %s --no-bos --text '%s' 2>/dev/null", g_model, text),
+        0);
     if (strstr(out, "\xEF\xBF\xBD")) fail_msg("U+FFFD in the output:\n%s", out);
     for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n")) {
         char *p = line + strspn(line, " 0123456789");

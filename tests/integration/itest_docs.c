@@ -22,22 +22,6 @@
 
 #include "../test_proc.h"
 
-static char *slurp(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    char *s = NULL;
-    size_t n = 0, cap = 0, got;
-    do {
-        if (n + 4096 + 1 > cap) s = realloc(s, cap = 2 * cap + 8192);
-        got = fread(s + n, 1, cap - n - 1, f);
-        n += got;
-    } while (got > 0 && s);
-    fclose(f);
-    if (s) s[n] = 0;
-    return s;
-}
-
 /* GitHub's anchor for a heading's text: ASCII letters lowercased, digits,
  * '-', '_' and non-ASCII bytes kept, spaces to '-', everything else dropped. */
 static void slug(const char *text, size_t n, char *out, size_t cap)
@@ -150,7 +134,7 @@ static int check_target(const char *root, const char *md, int line, const char *
         return 1;
     }
     if (!hash || !S_ISREG(st.st_mode)) return 0;
-    char *text = slurp(full);
+    char *text = tp_slurp(full, NULL);
     int ok = text && has_anchor(text, hash + 1);
     free(text);
     if (ok) return 0;
@@ -194,7 +178,7 @@ static int check_md(const char *root, const char *md, FILE *report, int *links)
 {
     char path[PATH_MAX * 2];
     snprintf(path, sizeof path, "%s/%s", root, md);
-    char *text = slurp(path);
+    char *text = tp_slurp(path, NULL);
     if (!text) {
         fprintf(report, "%s: cannot read\n", md);
         return 1;

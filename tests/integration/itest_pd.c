@@ -20,6 +20,8 @@
 
 static const char *const k_ref[] = {"--no-enable-prefix-caching", NULL};
 
+#define FIRST "duplex_pd_first_token_from_prefill_total"
+
 /* An 8-turn conversation: from turn 2 the prefill node pulls the whole
  * history the decode node kept (previous prompt and answer, block-aligned)
  * and computes only the new tokens; the decode node pulls back only the
@@ -68,6 +70,8 @@ static void test_bidirectional_exact(void **state)
     assert_int_equal(metric(&D, "duplex_kv_leases"), 1);
     assert_int_equal(metric(&D, "duplex_kv_lease_events_total{event=\"superseded\"}"), 7);
     assert_int_equal(metric(&P, "duplex_kv_pulls_total{direction=\"d2p\"}"), 7);
+    /* every turn's first token came from P, sent by D without computing */
+    assert_int_equal(metric(&D, FIRST), 8);
     conv_free(&c);
     conv_free(&r);
     stop_ok(&P);
@@ -395,6 +399,7 @@ static void test_other_model_refused(void **state)
     G.model_name = "duplex-synth-qwen3-tiny-f32"; /* both files carry the preset's name */
     json_decref(turn_pd(&c, &P, &X, 16, 1, 0));
     assert_int_equal(metric(&X, "duplex_kv_fallbacks_total{reason=\"refused\"}"), 1);
+    assert_int_equal(metric(&X, FIRST), 0); /* another model's first token is not sent */
     assert_int_equal(metric(&X, PULLED), 0);
     user_turn(&c, NULL, 92, 20);
     json_decref(turn_pd(&c, &P, &X, 16, 1, 0));
@@ -417,6 +422,115 @@ static int teardown(void **state)
     return pdt_teardown();
 }
 
+/* The prefill node's first token rides in its params (first_token_ids,
+ * first_token_model) and the decode node sends it at once: with seeded
+ * sampling the whole answer still equals the single node's (the sampler's
+ * generator skips the token's draw).  Params whose prompt or model differ
+ * are not used; malformed ones are a 400 naming the field; max_tokens 1 on
+ * the decode node answers with P's token alone. */
+static void test_first_token(void **state)
+{
+    (void)state;
+    tp_proc P, D, S;
+    node_start(&P, "p", k_pa);
+    node_start(&D, "d", k_da);
+    node_start(&S, "s", k_ref);
+    G.temperature = 0.9;
+    G.seed = 11;
+    conv c, r;
+    conv_init(&c, 71, 60);
+    conv_init(&r, 71, 60);
+    for (int t = 1; t <= 3; t++) {
+        long first = metric(&D, FIRST);
+        json_t *a = turn_pd(&c, &P, &D, 24, 1, t == 2), *b = turn_single(&r, &S, 24);
+        assert_same(a, b, t);
+        assert_int_equal(metric(&D, FIRST), first + 1);
+        user_turn(&c, &r, 170 + (unsigned)t, 15);
+    }
+    G.temperature = 0;
+    G.seed = 0;
+    /* P's answer for the next turn, then D with altered params */
+    json_t *pb = chat_body(c.msgs, 1);
+    json_object_set_new(pb, "kv_transfer_params", prefill_params(&c, 1));
+    json_t *pr = post(&P, pb, 200);
+    json_t *pp = json_object_get(pr, "kv_transfer_params");
+    json_t *ids = json_object_get(pp, "first_token_ids");
+    assert_int_equal(json_array_size(ids), 1);
+    assert_true(json_is_string(json_object_get(pp, "first_token_model")));
+    json_t *other = json_deep_copy(json_object_get(pp, "remote_token_ids")); /* last one changed */
+    size_t last = json_array_size(other) - 1;
+    json_array_set_new(other, last, json_integer((json_integer_value(json_array_get(other, last)) + 1) % 200));
+    struct {
+        const char *field;
+        json_t *value;
+        long status;
+        const char *blamed; /* the 400's param */
+    } bad[] = {
+        {"first_token_ids", json_pack("[i]", 1 << 30), 400, "first_token_ids"},
+        {"first_token_ids", json_pack("[i,i,i,i,i,i,i,i,i]", 1, 2, 3, 4, 5, 6, 7, 8, 9), 400,
+         "first_token_ids"},
+        {"first_token_ids", json_string("7"), 400, "first_token_ids"},
+        {"first_token_model", json_string("xyz"), 400, "first_token_model"},
+        {"first_token_model", json_null(), 400, "first_token_ids"}, /* ids without the model */
+        {"remote_token_ids", json_null(), 400, "first_token_ids"},  /* ids without the prompt */
+        {"first_token_model", json_string("0123456789abcdef0123456789abcdef"), 200, NULL},
+        {"remote_token_ids", other, 200, NULL}, /* another prompt */
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        json_t *p = json_deep_copy(pp);
+        json_object_set_new(p, bad[i].field, bad[i].value);
+        json_t *db = chat_body(c.msgs, 8);
+        json_object_set_new(db, "kv_transfer_params", p);
+        long first = metric(&D, FIRST);
+        json_t *resp = post(&D, db, bad[i].status);
+        if (bad[i].status == 400) {
+            const char *param = json_string_value(
+                json_object_get(json_object_get(resp, "error"), "param"));
+            if (!param || !strstr(param, bad[i].blamed))
+                fail_msg("case %zu: 400 names '%s', not %s", i, param ? param : "(none)",
+                         bad[i].blamed);
+        }
+        assert_int_equal(metric(&D, FIRST), first); /* not used */
+        json_decref(db);
+        json_decref(resp);
+    }
+    /* logprobs asked: the decode node computes the first token itself (its
+     * probabilities were the prefill node's), and reports every token's */
+    {
+        json_t *db = chat_body(c.msgs, 4);
+        json_object_set(db, "kv_transfer_params", pp);
+        json_object_set_new(db, "logprobs", json_true());
+        long first = metric(&D, FIRST);
+        json_t *dr = post(&D, db, 200);
+        json_t *lc = json_object_get(
+            json_object_get(json_array_get(json_object_get(dr, "choices"), 0), "logprobs"),
+            "content");
+        assert_int_equal(json_array_size(lc), 4);
+        assert_int_equal(metric(&D, FIRST), first);
+        json_decref(db);
+        json_decref(dr);
+    }
+    /* max_tokens 1: P's token is the whole answer */
+    json_t *db = chat_body(c.msgs, 1);
+    json_object_set(db, "kv_transfer_params", pp);
+    json_t *dr = post(&D, db, 200), *one = chat_body(c.msgs, 1);
+    json_t *sr = post(&S, one, 200);
+    json_t *a = answer_of(dr), *b = answer_of(sr);
+    assert_same(a, b, 4);
+    assert_int_equal(usage_of(dr, "completion_tokens"), 1);
+    json_decref(db);
+    json_decref(dr);
+    json_decref(one);
+    json_decref(sr);
+    json_decref(pb);
+    json_decref(pr);
+    conv_free(&c);
+    conv_free(&r);
+    stop_ok(&P);
+    stop_ok(&D);
+    stop_ok(&S);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -430,6 +544,7 @@ int main(void)
         cmocka_unit_test(test_streaming),
         cmocka_unit_test(test_token_faithful_single_node),
         cmocka_unit_test(test_other_model_refused),
+        cmocka_unit_test(test_first_token),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

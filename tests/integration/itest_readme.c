@@ -22,21 +22,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#define MODEL "models/qwen3-small-bf16.gguf"
+#include "../test_proc.h"
 
-static char *slurp(const char *path, size_t *n)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = malloc((size_t)len + 1);
-    *n = fread(s, 1, (size_t)len, f);
-    s[*n] = 0;
-    fclose(f);
-    return s;
-}
+#define MODEL "models/qwen3-small-bf16.gguf"
 
 static int port_free(int port)
 {
@@ -99,7 +87,7 @@ static void test_readme_examples(void **state)
                                 "--preset small --dtype bf16 --seed 1 -o " MODEL " >/dev/null"),
                          0);
     size_t n;
-    char *md = slurp("README.md", &n);
+    char *md = tp_slurp("README.md", &n);
     assert_non_null(md);
     int found = 0;
     for (const char *p = md; (p = strstr(p, "<!-- readme-test -->"));) {

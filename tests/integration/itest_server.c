@@ -117,7 +117,7 @@ static void start_server(void)
         execl(G.bin, G.bin, "serve", "--model", G.model_path, "--role", "both", "--port", "0",
               "--threads", "2", "--kv-cache-mb", "32", "--ctx", "1024", "--max-waiting", "64",
               "--request-timeout-ms", "700", "--max-body-mb", "1", "--shutdown-grace-s", "5",
-              (char *)NULL);
+              "--served-model-name", "tiny-alias", (char *)NULL);
         _exit(127);
     }
     for (int i = 0; i < 1200 && !G.port; i++) {
@@ -491,6 +491,140 @@ static void test_bad_input_corpus(void **state)
     expect_status("GET", chat, NULL, 405, NULL);
 }
 
+/* The token bytes of a logprobs entry, appended to out. */
+static void lp_bytes(json_t *entry, dx_buf *out)
+{
+    json_t *b = json_object_get(entry, "bytes"), *x;
+    size_t i;
+    assert_true(json_is_array(b));
+    json_array_foreach(b, i, x)
+    {
+        char c = (char)json_integer_value(x);
+        dx_buf_append(out, &c, 1);
+    }
+}
+
+/* logprobs (chat and the legacy completions form, streamed or not),
+ * logit_bias, penalties, and --served-model-name: the alias is listed and
+ * echoed, and requests may name it or the file's model; bad values are 400s
+ * naming the field. */
+static void test_sampling_params(void **state)
+{
+    (void)state;
+    char b[1024];
+    dx_buf out, bytes;
+    dx_buf_init(&out, 0);
+    dx_buf_init(&bytes, 0);
+    assert_int_equal(http("GET", "/v1/models", NULL, &out), 200);
+    assert_non_null(strstr(out.data, "\"id\":\"tiny-alias\""));
+    const char *names[] = {"tiny-alias", G.model};
+    for (int k = 0; k < 2; k++) {
+        snprintf(b, sizeof b,
+                 "{\"model\":\"%s\",\"max_tokens\":6,\"temperature\":0,\"ignore_eos\":true,"
+                 "\"logprobs\":true,\"top_logprobs\":3,"
+                 "\"messages\":[{\"role\":\"user\",\"content\":\"logprobs please\"}]}",
+                 names[k]);
+        assert_int_equal(http("POST", "/v1/chat/completions", b, &out), 200);
+        json_t *v = as_json(&out), *ch = json_array_get(json_object_get(v, "choices"), 0);
+        assert_string_equal(json_string_value(json_object_get(v, "model")), "tiny-alias");
+        json_t *content = jpath(ch, "logprobs", "content"), *e;
+        assert_int_equal(json_array_size(content), 6);
+        size_t i;
+        dx_buf_reset(&bytes);
+        json_array_foreach(content, i, e)
+        {
+            json_t *top = json_object_get(e, "top_logprobs");
+            assert_int_equal(json_array_size(top), 3);
+            /* greedy: the token is the most likely one, with the same logprob */
+            assert_true(json_equal(json_object_get(e, "token"),
+                                   json_object_get(json_array_get(top, 0), "token")));
+            double lp = json_number_value(json_object_get(e, "logprob"));
+            assert_true(lp <= 0 && lp == json_number_value(json_object_get(json_array_get(top, 0), "logprob")));
+            assert_true(json_number_value(json_object_get(json_array_get(top, 1), "logprob")) <= lp);
+            lp_bytes(e, &bytes);
+        }
+        tc_terminate(&bytes);
+        const char *text = json_string_value(jpath(ch, "message", "content"));
+        char *want = sanitize(bytes.data, bytes.len);
+        assert_string_equal(text, want); /* the tokens' bytes are the answer */
+        free(want);
+        json_decref(v);
+    }
+    /* streamed: one entry per token, whose bytes add up to the text */
+    snprintf(b, sizeof b,
+             "{\"model\":\"%s\",\"max_tokens\":6,\"temperature\":0,\"ignore_eos\":true,"
+             "\"stream\":true,\"logprobs\":true,"
+             "\"messages\":[{\"role\":\"user\",\"content\":\"logprobs please\"}]}",
+             G.model);
+    assert_int_equal(http("POST", "/v1/chat/completions", b, &out), 200);
+    tc_terminate(&out);
+    int entries = 0;
+    for (char *l = strstr(out.data, "data: {"); l; l = strstr(l + 1, "data: {")) {
+        json_error_t je;
+        json_t *v = json_loadb(l + 6, strcspn(l + 6, "\n"), 0, &je), *e;
+        json_t *c = jpath(json_array_get(json_object_get(v, "choices"), 0), "logprobs", "content");
+        size_t i;
+        json_array_foreach(c, i, e)
+        {
+            entries++;
+            assert_int_equal(json_array_size(json_object_get(e, "top_logprobs")), 0);
+        }
+        json_decref(v);
+    }
+    assert_int_equal(entries, 6);
+    /* completions: tokens, token_logprobs, top_logprobs, text_offset */
+    snprintf(b, sizeof b,
+             "{\"model\":\"%s\",\"max_tokens\":5,\"temperature\":0,\"ignore_eos\":true,"
+             "\"logprobs\":2,\"prompt\":\"the cache\"}",
+             G.model);
+    assert_int_equal(http("POST", "/v1/completions", b, &out), 200);
+    json_t *v = as_json(&out), *lp = jpath(json_array_get(json_object_get(v, "choices"), 0), "logprobs", NULL);
+    assert_int_equal(json_array_size(json_object_get(lp, "tokens")), 5);
+    assert_int_equal(json_array_size(json_object_get(lp, "token_logprobs")), 5);
+    assert_int_equal(json_object_size(json_array_get(json_object_get(lp, "top_logprobs"), 0)) <= 2, 1);
+    assert_int_equal(json_integer_value(json_array_get(json_object_get(lp, "text_offset"), 0)), 0);
+    json_decref(v);
+    /* logit_bias +100 on one token: every generated token is that one */
+    snprintf(b, sizeof b,
+             "{\"model\":\"%s\",\"max_tokens\":4,\"ignore_eos\":true,\"logprobs\":0,"
+             "\"logit_bias\":{\"77\":100},\"presence_penalty\":0.5,\"frequency_penalty\":0.5,"
+             "\"repetition_penalty\":1.1,\"prompt\":\"x\"}",
+             G.model);
+    assert_int_equal(http("POST", "/v1/completions", b, &out), 200);
+    v = as_json(&out);
+    lp = jpath(json_array_get(json_object_get(v, "choices"), 0), "logprobs", "tokens");
+    for (size_t i = 1; i < 4; i++) assert_true(json_equal(json_array_get(lp, 0), json_array_get(lp, i)));
+    json_decref(v);
+    static const struct {
+        const char *field, *value, *param;
+    } bad[] = {
+        {"presence_penalty", "2.5", "presence_penalty"},
+        {"frequency_penalty", "\"x\"", "frequency_penalty"},
+        {"repetition_penalty", "0", "repetition_penalty"},
+        {"logit_bias", "{\"77\":101}", "logit_bias.77"},
+        {"logit_bias", "{\"99999999\":1}", "logit_bias.99999999"},
+        {"logit_bias", "[1]", "logit_bias"},
+        {"top_logprobs", "3", "top_logprobs"}, /* without logprobs */
+        {"logprobs", "\"yes\"", "logprobs"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(b, sizeof b,
+                 "{\"model\":\"%s\",\"max_tokens\":2,\"%s\":%s,"
+                 "\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}",
+                 G.model, bad[i].field, bad[i].value);
+        expect_status("POST", "/v1/chat/completions", b, 400, bad[i].param);
+    }
+    snprintf(b, sizeof b,
+             "{\"model\":\"%s\",\"max_tokens\":2,\"logprobs\":true,\"top_logprobs\":21,"
+             "\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}",
+             G.model);
+    expect_status("POST", "/v1/chat/completions", b, 400, "top_logprobs");
+    snprintf(b, sizeof b, "{\"model\":\"%s\",\"prompt\":\"x\",\"logprobs\":6}", G.model);
+    expect_status("POST", "/v1/completions", b, 400, "logprobs");
+    dx_buf_free(&out);
+    dx_buf_free(&bytes);
+}
+
 static void test_wire_abuse(void **state)
 {
     (void)state;
@@ -579,7 +713,7 @@ int main(void)
         cmocka_unit_test(test_equals_generate),   cmocka_unit_test(test_concurrent_streams),
         cmocka_unit_test(test_multi_turn_cached), cmocka_unit_test(test_bad_input_corpus),
         cmocka_unit_test(test_wire_abuse),        cmocka_unit_test(test_disconnect_mid_stream),
-        cmocka_unit_test(test_openai_client),
+        cmocka_unit_test(test_openai_client),     cmocka_unit_test(test_sampling_params),
     };
     int rc = cmocka_run_group_tests(tests, group_setup, group_teardown);
     curl_global_cleanup();

@@ -4,9 +4,8 @@
  * with exit 0 and leaves no child behind; a node that dies takes `up` down
  * with a non-zero exit that names it; bad flags exit 2.
  *
- * (The prefill/decode modes need `duplex serve --role prefill|decode`, which
- * the nodes do not offer yet; their command lines are unit-tested in
- * test_router_launch.) */
+ * (The prefill/decode modes run in itest_bench and `make demo`'s test,
+ * itest_demo; their command lines are unit-tested in test_router_launch.) */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

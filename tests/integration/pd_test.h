@@ -19,6 +19,8 @@ static struct {
     char dir[64], model[128];
     const char *model_name;
     int n_logs;
+    double temperature; /* every chat body's (0: greedy) */
+    long seed;          /* > 0: sent as seed */
 } G;
 
 #define BS 16 /* the nodes' block size */
@@ -125,8 +127,10 @@ static inline json_t *post_stream(const tp_proc *p, json_t *body, json_t **param
 
 static inline json_t *chat_body(json_t *msgs, int max_tokens)
 {
-    return json_pack("{s:s, s:O, s:i, s:f}", "model", G.model_name, "messages", msgs, "max_tokens",
-                     max_tokens, "temperature", 0.0);
+    json_t *b = json_pack("{s:s, s:O, s:i, s:f}", "model", G.model_name, "messages", msgs,
+                          "max_tokens", max_tokens, "temperature", G.temperature);
+    if (G.seed > 0) json_object_set_new(b, "seed", json_integer(G.seed));
+    return b;
 }
 
 /* The answer as a JSON string (a model can emit NUL: keep the length). */

@@ -54,10 +54,27 @@ static void rmsnorm(const double *x, const model_tensor *w, double eps, size_t n
     for (size_t i = 0; i < n; i++) y[i] = x[i] * r * wf[i];
 }
 
+/* Llama 3 rope scaling for the reference, or NULL: set by the test. */
+static const synth_rope_scaling *g_rs;
+
+/* transformers' _compute_llama3_parameters, written from its definition
+ * (not from the converter's divisors that synth and the engine use). */
+static double inv_freq(int i, int D, double base)
+{
+    double f = pow(base, -2.0 * i / D);
+    if (!g_rs) return f;
+    double factor = g_rs->factor, lo = g_rs->low_freq_factor, hi = g_rs->high_freq_factor;
+    double old = g_rs->original_context, wl = 2 * M_PI / f;
+    if (wl > old / lo) return f / factor;
+    if (wl < old / hi) return f;
+    double smooth = (old / wl - lo) / (hi - lo);
+    return (1 - smooth) * f / factor + smooth * f;
+}
+
 static void rope(double *x, int D, int pos, double base, int neox)
 {
     for (int i = 0; i < D / 2; i++) {
-        double th = pos * pow(base, -2.0 * i / D), c = cos(th), s = sin(th);
+        double th = pos * inv_freq(i, D, base), c = cos(th), s = sin(th);
         int a = neox ? i : 2 * i, b = neox ? i + D / 2 : 2 * i + 1;
         double x0 = x[a], x1 = x[b];
         x[a] = x0 * c - x1 * s;
@@ -249,6 +266,63 @@ static void check_reference(enum model_arch arch)
 static void test_reference_qwen3(void **s) { (void)s; check_reference(MODEL_QWEN3); }
 static void test_reference_qwen2(void **s) { (void)s; check_reference(MODEL_QWEN2); }
 static void test_reference_llama(void **s) { (void)s; check_reference(MODEL_LLAMA); }
+
+/* Llama 3 rope scaling: the divisors synth writes (rope_freqs.weight, as
+ * llama.cpp's converter computes them) give transformers' frequencies, and
+ * the engine applies them.  A short original context makes the scaling
+ * reach most of the tiny model's dimensions within 64 positions. */
+static void test_llama3_rope_scaling(void **state)
+{
+    (void)state;
+    const synth_rope_scaling rs = {8.0f, 1.0f, 4.0f, 64};
+    float div[16];
+    synth_llama3_rope_factors(&rs, 500000.0f, 32, div);
+    g_rs = &rs;
+    int scaled = 0, kept = 0;
+    for (int i = 0; i < 16; i++) {
+        double f = pow(500000.0, -2.0 * i / 32), want = inv_freq(i, 32, 500000.0);
+        assert_true(fabs(f / div[i] - want) <= 1e-6 * want);
+        scaled += div[i] == 8.0f;
+        kept += div[i] == 1.0f;
+    }
+    assert_true(scaled >= 4 && kept >= 2 && scaled + kept < 16); /* all three bands */
+    char path[256];
+    snprintf(path, sizeof path, "%s/llama3-rope.gguf", etu_dir);
+    synth_config c = {
+        .arch = MODEL_LLAMA, .preset = "tiny", .dtype = DX_F32, .seed = 42, .rope_scaling = &rs};
+    assert_int_equal(synth_write(&c, path), 0);
+    model *m;
+    assert_int_equal(model_load(path, &m), 0);
+    assert_non_null(model_rope_freqs(m));
+    assert_memory_equal(model_rope_freqs(m), div, sizeof div);
+    uint32_t V = model_hp(m)->n_vocab;
+    int n = 64;
+    etu_tokens(g_toks, n, V, 7);
+    double *ref = malloc((size_t)n * V * sizeof(double)), *plain = malloc((size_t)n * V * 8);
+    reference(m, g_toks, n, ref);
+    g_rs = NULL;
+    reference(m, g_toks, n, plain);
+    rig r;
+    rig_init(&r, m, 2, DX_F32);
+    int32_t blocks[8];
+    fresh_blocks(&r, 0, 4, blocks);
+    float *lg = malloc((size_t)n * V * sizeof(float));
+    run_chunks(&r, blocks, g_toks, 0, n, n, lg);
+    double d_scaled = 0, d_plain = 0, maxref = 0;
+    for (size_t i = 0; i < (size_t)n * V; i++) {
+        d_scaled = fmax(d_scaled, fabs(lg[i] - ref[i]));
+        d_plain = fmax(d_plain, fabs(lg[i] - plain[i]));
+        maxref = fmax(maxref, fabs(ref[i]));
+    }
+    if (d_scaled > 2e-3 * fmax(1.0, maxref) || d_plain < 50 * d_scaled)
+        fail_msg("max |logit diff| %g from the scaled reference, %g from the unscaled one",
+                 d_scaled, d_plain);
+    free(lg);
+    free(ref);
+    free(plain);
+    rig_free(&r);
+    model_free(m);
+}
 
 /* One configuration: weight dtype, ISA, threads.  Baseline = one prefill. */
 static void check_invariance(const model *m, int threads, int kv_dtype)
@@ -489,6 +563,7 @@ int main(void)
         cmocka_unit_test(test_reference_qwen3),
         cmocka_unit_test(test_reference_qwen2),
         cmocka_unit_test(test_reference_llama),
+        cmocka_unit_test(test_llama3_rope_scaling),
         cmocka_unit_test(test_batch_invariance),
         cmocka_unit_test(test_thread_count_invariance),
         cmocka_unit_test(test_long_depth_invariance),

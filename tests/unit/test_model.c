@@ -19,6 +19,8 @@
 #include "model/model.h"
 #include "model/synth.h"
 
+#include "../test_proc.h"
+
 static char g_dir[64];
 
 static int setup(void **state)
@@ -34,19 +36,6 @@ static int teardown(void **state)
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
     return system(cmd);
-}
-
-static void *slurp(const char *path, size_t *n)
-{
-    FILE *f = fopen(path, "rb");
-    assert_non_null(f);
-    fseek(f, 0, SEEK_END);
-    *n = (size_t)ftell(f);
-    fseek(f, 0, SEEK_SET);
-    void *p = malloc(*n);
-    assert_int_equal(fread(p, 1, *n, f), *n);
-    fclose(f);
-    return p;
 }
 
 static void synth_to(const char *name, enum model_arch a, int dtype, uint64_t seed, char *path)
@@ -65,8 +54,9 @@ static void test_synth_deterministic(void **state)
     synth_to("a.gguf", MODEL_QWEN3, DX_BF16, 7, a);
     synth_to("b.gguf", MODEL_QWEN3, DX_BF16, 7, b);
     synth_to("c.gguf", MODEL_QWEN3, DX_BF16, 8, c);
-    size_t na, nb, nc;
-    void *pa = slurp(a, &na), *pb = slurp(b, &nb), *pc = slurp(c, &nc);
+    size_t na = 0, nb = 0, nc = 0;
+    void *pa = tp_slurp(a, &na), *pb = tp_slurp(b, &nb), *pc = tp_slurp(c, &nc);
+    assert_true(pa && pb && pc);
     assert_int_equal(na, nb);
     assert_memory_equal(pa, pb, na);
     assert_int_equal(na, nc);
@@ -256,8 +246,9 @@ static void flip_tensor_byte(const char *src, const char *dst, const char *name,
     assert_true(off < ti.nbytes);
     uint64_t at = gguf_data_offset(g) + ti.offset + off;
     gguf_close(g);
-    size_t n;
-    uint8_t *p = slurp(src, &n);
+    size_t n = 0;
+    uint8_t *p = (uint8_t *)tp_slurp(src, &n);
+    assert_non_null(p);
     assert_true(at < n);
     p[at] ^= 0x01;
     FILE *f = fopen(dst, "wb");

@@ -67,6 +67,39 @@ static void test_chat_full(void **state)
     assert_int_equal(dx_alloc_live_bytes(), live);
 }
 
+/* An agentic history: tools, an assistant turn of tool calls (arguments as
+ * text and as an object), tool results, reasoning. */
+static void test_tools_accepted(void **state)
+{
+    (void)state;
+    size_t live = dx_alloc_live_bytes();
+    oai_req r;
+    oai_err e;
+    const char *body =
+        "{\"model\":\"m\",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\","
+        "\"description\":\"d\",\"parameters\":{\"type\":\"object\"}}},{\"type\":\"function\","
+        "\"function\":{\"name\":\"now\"}}],\"tool_choice\":{\"type\":\"function\",\"function\":"
+        "{\"name\":\"now\"}},\"parallel_tool_calls\":false,\"messages\":["
+        "{\"role\":\"user\",\"content\":\"weather?\"},"
+        "{\"role\":\"assistant\",\"content\":null,\"reasoning_content\":\"think\",\"tool_calls\":["
+        "{\"id\":\"call_1\",\"type\":\"function\",\"function\":{\"name\":\"get_weather\","
+        "\"arguments\":\"{\\\"city\\\":\\\"Paris\\\"}\"}},"
+        "{\"id\":\"call_2\",\"function\":{\"name\":\"now\",\"arguments\":{}}}]},"
+        "{\"role\":\"tool\",\"tool_call_id\":\"call_1\",\"content\":\"sunny\"},"
+        "{\"role\":\"tool\",\"tool_call_id\":\"call_2\",\"content\":\"noon\"}]}";
+    if (parse(OAI_CHAT, body, &r, &e)) fail_msg("%s: %s", e.param, e.message);
+    assert_int_equal(r.n_tools, 2);
+    assert_int_equal(r.tool_choice, OAI_CHOICE_NAMED);
+    assert_string_equal(r.tool_choice_name, "now");
+    assert_int_equal(r.parallel_tool_calls, 0);
+    assert_int_equal(r.msgs[1].n_tool_calls, 2);
+    assert_string_equal(r.msgs[1].content, "");
+    assert_memory_equal(r.msgs[1].reasoning, "think", 5);
+    assert_string_equal(r.msgs[2].tool_call_id, "call_1");
+    oai_req_free(&r);
+    assert_int_equal(dx_alloc_live_bytes(), live);
+}
+
 static void test_defaults_and_prompts(void **state)
 {
     (void)state;
@@ -195,6 +228,40 @@ static void test_bad_corpus(void **state)
         {OAI_COMPLETION, "{\"model\":\"m\",\"prompt\":\"x\",\"user\":[]}", "user", "user"},
         {OAI_COMPLETION, "{\"model\":\"m\",\"prompt\":\"x\",\"kv_transfer_params\":[]}",
          "kv_transfer_params", "kv_transfer_params"},
+#define M(x) "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"}," x "]}"
+#define T "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get\"}}]"
+        {OAI_CHAT, M("{\"role\":\"assistant\",\"content\":null,\"tool_calls\":{}}"),
+         "messages[1].tool_calls", "expected an array"},
+        {OAI_CHAT, M("{\"role\":\"assistant\",\"tool_calls\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}}]}"),
+         "messages[1].tool_calls[0]", "id: required"},
+        {OAI_CHAT, M("{\"role\":\"assistant\",\"tool_calls\":[{\"id\":\"c\",\"function\":{\"name\":\"f\",\"arguments\":3}}]}"),
+         "messages[1].tool_calls[0].function.arguments", "JSON string"},
+        {OAI_CHAT, M("{\"role\":\"assistant\",\"tool_calls\":[{\"id\":\"c\",\"function\":{\"name\":\"\"}}]}"),
+         "messages[1].tool_calls[0].function.name", "non-empty"},
+        {OAI_CHAT, M("{\"role\":\"user\",\"content\":\"a\",\"tool_calls\":[]}"),
+         "messages[1].tool_calls", "only on assistant"},
+        {OAI_CHAT, M("{\"role\":\"tool\",\"content\":\"42\"}"), "messages[1].tool_call_id",
+         "required for a tool message"},
+        {OAI_CHAT, M("{\"role\":\"assistant\",\"content\":\"a\",\"reasoning_content\":7}"),
+         "messages[1].reasoning_content", "string"},
+        {OAI_CHAT, "{\"model\":\"m\",\"tools\":{},\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]}",
+         "tools", "array"},
+        {OAI_CHAT, "{\"model\":\"m\",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"g\",\"parameters\":[]}}],"
+                   "\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]}",
+         "tools[0].function.parameters", "JSON Schema"},
+        {OAI_CHAT, "{\"model\":\"m\",\"tools\":[{\"type\":\"code\"}],\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]}",
+         "tools[0]", "function"},
+        {OAI_CHAT, "{\"model\":\"m\"," T ",\"tool_choice\":\"always\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]}",
+         "tool_choice", "always"},
+        {OAI_CHAT, "{\"model\":\"m\"," T ",\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"put\"}},"
+                   "\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]}",
+         "tool_choice", "no tool named 'put'"},
+        {OAI_CHAT, "{\"model\":\"m\",\"tool_choice\":\"required\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]}",
+         "tool_choice", "no tools"},
+        {OAI_CHAT, "{\"model\":\"m\",\"parallel_tool_calls\":1,\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]}",
+         "parallel_tool_calls", "true or false"},
+#undef M
+#undef T
     };
     size_t live = dx_alloc_live_bytes();
     for (size_t i = 0; i < DX_ARRAY_LEN(cases); i++) {
@@ -265,7 +332,7 @@ static void test_resp_full(void **state)
     dx_buf_init(&b, 0);
     oai_meta m = {OAI_CHAT, "chatcmpl-1", "tiny", 1700000000};
     oai_usage u = {10, 4, 3};
-    assert_int_equal(oai_resp_full(&b, &m, "hi \xff", 4, "length", &u, "\"x\":1"), 0);
+    assert_int_equal(oai_resp_full(&b, &m, &(oai_choice){.text = "hi \xff", .len = 4, .finish = "length"}, &u, "\"x\":1"), 0);
     json_t *v = load(b.data, b.len);
     assert_string_equal(json_string_value(json_object_get(v, "object")), "chat.completion");
     assert_int_equal(json_integer_value(json_object_get(v, "created")), 1700000000);
@@ -283,7 +350,7 @@ static void test_resp_full(void **state)
     json_decref(v);
     dx_buf_reset(&b);
     m.kind = OAI_COMPLETION;
-    assert_int_equal(oai_resp_full(&b, &m, "t", 1, "stop", &u, NULL), 0);
+    assert_int_equal(oai_resp_full(&b, &m, &(oai_choice){.text = "t", .len = 1, .finish = "stop"}, &u, NULL), 0);
     v = load(b.data, b.len);
     assert_string_equal(json_string_value(json_object_get(v, "object")), "text_completion");
     ch = json_array_get(json_object_get(v, "choices"), 0);
@@ -307,7 +374,7 @@ static void test_sse_chunks(void **state)
     dx_buf b;
     dx_buf_init(&b, 0);
     oai_meta m = {OAI_CHAT, "chatcmpl-2", "tiny", 1};
-    oai_sse_chunk(&b, &m, "", 0, 1, NULL, 1, NULL);
+    oai_sse_chunk(&b, &m, &(oai_choice){.text = ""}, 1, 1, NULL);
     json_t *v = sse_json(&b);
     json_t *ch = json_array_get(json_object_get(v, "choices"), 0);
     assert_string_equal(json_string_value(json_object_get(v, "object")), "chat.completion.chunk");
@@ -317,7 +384,7 @@ static void test_sse_chunks(void **state)
     assert_true(json_is_null(json_object_get(v, "usage")));
     json_decref(v);
     dx_buf_reset(&b);
-    oai_sse_chunk(&b, &m, "tok", 3, 0, NULL, 0, NULL);
+    oai_sse_chunk(&b, &m, &(oai_choice){.text = "tok", .len = 3}, 0, 0, NULL);
     v = sse_json(&b);
     ch = json_array_get(json_object_get(v, "choices"), 0);
     assert_string_equal(json_string_value(json_object_get(json_object_get(ch, "delta"), "content")),
@@ -325,7 +392,7 @@ static void test_sse_chunks(void **state)
     assert_null(json_object_get(v, "usage"));
     json_decref(v);
     dx_buf_reset(&b);
-    oai_sse_chunk(&b, &m, "", 0, 0, "stop", 0, "\"kv_transfer_params\":{\"a\":1}");
+    oai_sse_chunk(&b, &m, &(oai_choice){.text = "", .finish = "stop"}, 0, 0, "\"kv_transfer_params\":{\"a\":1}");
     v = sse_json(&b);
     ch = json_array_get(json_object_get(v, "choices"), 0);
     assert_int_equal(json_object_size(json_object_get(ch, "delta")), 0);
@@ -345,7 +412,7 @@ static void test_sse_chunks(void **state)
     assert_string_equal(b.data, "data: [DONE]\n\n");
     dx_buf_reset(&b);
     m.kind = OAI_COMPLETION;
-    oai_sse_chunk(&b, &m, "z", 1, 0, NULL, 0, NULL);
+    oai_sse_chunk(&b, &m, &(oai_choice){.text = "z", .len = 1}, 0, 0, NULL);
     v = sse_json(&b);
     assert_string_equal(json_string_value(json_object_get(v, "object")), "text_completion");
     ch = json_array_get(json_object_get(v, "choices"), 0);
@@ -457,7 +524,8 @@ static void test_kvtp(void **state)
                        "\"remote_lease\":\"00112233445566778899aabbccddeeff\","
                        "\"remote_blocks_ttl_s\":480,\"remote_token_ids\":[" 
                        "1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,"
-                       "28,29,30,31,32,999]}";
+                       "28,29,30,31,32,999],\"first_token_ids\":[42],"
+                       "\"first_token_model\":\"ffeeddccbbaa99887766554433221100\"}";
     assert_int_equal(parse_kv(full, &p, &e), 0);
     assert_true(kvtp_has_holder(&p));
     assert_int_equal(p.n_tokens, 33);
@@ -475,6 +543,7 @@ static void test_kvtp(void **state)
     assert_true(p2.ttl_s == 480 && p2.port == 4000 && p2.n_blocks == 2 && p2.block_ids[1] == 4);
     assert_memory_equal(p2.lease.b, p.lease.b, 16);
     assert_string_equal(p2.engine_id, "e1");
+    assert_true(p2.n_first == 1 && p2.first_ids[0] == 42 && p2.first_model.b[0] == 0xff);
     json_decref(v);
     kvtp_free(&p);
     kvtp_free(&p2);
@@ -496,6 +565,13 @@ static void test_kvtp(void **state)
         {"{\"remote_token_ids\":[1000]}", "kv_transfer_params.remote_token_ids"},
         {"{\"remote_block_ids\":[1],\"remote_num_tokens\":15}", "kv_transfer_params.remote_num_tokens"},
         {"{\"remote_num_tokens\":16,\"remote_token_ids\":[1]}", "kv_transfer_params.remote_num_tokens"},
+        {"{\"remote_token_ids\":[1],\"first_token_ids\":[1000],"
+         "\"first_token_model\":\"00112233445566778899aabbccddeeff\"}", "kv_transfer_params.first_token_ids"},
+        {"{\"remote_token_ids\":[1],\"first_token_ids\":[1]}", "kv_transfer_params.first_token_ids"},
+        {"{\"first_token_ids\":[1],\"first_token_model\":\"00112233445566778899aabbccddeeff\"}",
+         "kv_transfer_params.first_token_ids"},
+        {"{\"remote_token_ids\":[1],\"first_token_ids\":[1],\"first_token_model\":\"0011\"}",
+         "kv_transfer_params.first_token_model"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         if (parse_kv(bad[i].params, &p, &e) != DX_EINVAL)
@@ -517,6 +593,7 @@ int main(void)
         cmocka_unit_test(test_sse_chunks),    cmocka_unit_test(test_errors_models_ids),
         cmocka_unit_test(test_prom),
         cmocka_unit_test(test_kvtp),
+        cmocka_unit_test(test_tools_accepted),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -98,6 +98,13 @@ static void test_router(void **state)
     assert_string_equal(joined(&a), "/bin/duplex router --decode http://127.0.0.1:2 --host "
                                     "127.0.0.1 --port 0 --tokenizer m.gguf");
     router_launch_argv_free(&a);
+    /* `duplex up --log-level debug` reaches every child */
+    c.debug_children = 1;
+    assert_int_equal(router_launch_router_argv(&c, "", "http://127.0.0.1:2", &a), 0);
+    assert_non_null(strstr(joined(&a), " --log-level debug"));
+    router_launch_argv_free(&a);
+    router_launch_node_argv(&c, 0, &a);
+    assert_non_null(strstr(joined(&a), " --log-level debug"));
 }
 
 static void test_modes(void **state)

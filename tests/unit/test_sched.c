@@ -7,7 +7,9 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <math.h>
 #include <pthread.h>
+#include <string.h>
 
 #include "base/dx_alloc.h"
 #include "base/dx_buf.h"
@@ -36,6 +38,12 @@ typedef struct {
     int32_t kv_toks[512], kv_blocks[64];
     size_t kv_n_toks, kv_n_blocks;
     kv_pool *hold_pool;
+    /* logprobs of each token, when asked */
+    int n_lp;
+    float lp[512];
+    int32_t top_ids[512][ENGINE_MAX_TOP_LOGPROBS];
+    float top_lp[512][ENGINE_MAX_TOP_LOGPROBS];
+    uint32_t n_top[512];
 } collector;
 
 static void collect(void *user, const engine_event *ev)
@@ -44,6 +52,13 @@ static void collect(void *user, const engine_event *ev)
     pthread_mutex_lock(&c->mu);
     if (ev->type == ENGINE_EV_TOKENS) {
         for (size_t i = 0; i < ev->n_tokens && c->n < 512; i++) c->toks[c->n++] = ev->tokens[i];
+        if (ev->has_logprob && c->n_lp < 512) {
+            c->lp[c->n_lp] = ev->logprob;
+            c->n_top[c->n_lp] = ev->n_top;
+            memcpy(c->top_ids[c->n_lp], ev->top_ids, ev->n_top * sizeof(int32_t));
+            memcpy(c->top_lp[c->n_lp], ev->top_logprobs, ev->n_top * sizeof(float));
+            c->n_lp++;
+        }
         dx_buf_append(&c->text, ev->text, ev->text_len);
         if (c->engine_for_cancel && c->n == c->cancel_after)
             engine_cancel(c->engine_for_cancel, c->id);
@@ -454,6 +469,237 @@ static void test_prefix_blocks_rules(void **state)
     srig_free(&r);
 }
 
+/* Tokens generated elsewhere (a prefill node's first token): given with the
+ * prompt they are the request's first output, every full prompt block may
+ * come precomputed, and what follows equals generating them here — greedy
+ * and with seeded sampling (the generator is advanced past them). */
+static void test_pregen_first_token(void **state)
+{
+    (void)state;
+    srig a, b;
+    srig_init(&a, g_m, 64, 512, 2);
+    srig_init(&b, g_m, 64, 512, 1);
+    collector ca, cb;
+    col_init(&ca);
+    col_init(&cb);
+    ca.hold_pool = a.pool;
+    engine_request q = greedy(g_prompts[7], g_plen[7], 1, &ca);
+    q.want_kv = 1;
+    assert_int_equal(sched_submit(a.s, &q, 1), 0);
+    run_all(&a);
+    assert_int_equal(ca.kv_n_blocks, 5); /* the 80-token prompt's 5 blocks */
+    int32_t pre[8];
+    size_t n_pre = transplant(a.pool, ca.kv_blocks, b.pool, g_prompts[7], 5, pre);
+    engine_request q2 = greedy(g_prompts[7], g_plen[7], 24, &cb);
+    q2.prefix_blocks = pre;
+    q2.n_prefix_blocks = n_pre;
+    assert_int_equal(sched_submit(b.s, &q2, 1), DX_EINVAL); /* 5 blocks: nothing to compute */
+    q2.pregen[0] = ca.toks[0];
+    q2.n_pregen = 1;
+    assert_int_equal(sched_submit(b.s, &q2, 1), 0);
+    sched_step(b.s); /* admission delivers the given token before any compute */
+    assert_true(cb.n >= 1);
+    assert_int_equal(cb.toks[0], g_alone[7].toks[0]);
+    run_all(&b);
+    assert_int_equal(cb.n, 24);
+    assert_memory_equal(cb.toks, g_alone[7].toks, 24 * sizeof(int32_t));
+    assert_int_equal(cb.fin.n_cached, 80);
+    assert_int_equal(cb.fin.n_gen, 24);
+    engine_stats st;
+    sched_get_stats(b.s, &st);
+    assert_int_equal(st.prompt_tokens_computed, 0);
+    for (size_t i = 0; i < 5; i++) kv_pool_unref(a.pool, ca.kv_blocks[i]);
+
+    /* max_tokens 1: ends at admission, with the KV event of what it holds */
+    collector c1;
+    col_init(&c1);
+    c1.hold_pool = b.pool;
+    engine_request q3 = greedy(g_prompts[7], g_plen[7], 1, &c1);
+    q3.pregen[0] = 7;
+    q3.n_pregen = 1;
+    q3.want_kv = 1;
+    assert_int_equal(sched_submit(b.s, &q3, 2), 0);
+    sched_step(b.s);
+    assert_true(c1.done);
+    assert_int_equal(c1.fin.finish, ENGINE_FINISH_LENGTH);
+    assert_int_equal(c1.n, 1);
+    assert_int_equal(c1.toks[0], 7);
+    assert_int_equal(c1.kv_events, 1);
+    assert_int_equal(c1.kv_n_toks, 81);
+    assert_int_equal(c1.kv_n_blocks, 5); /* b's cache had the prompt's blocks */
+    for (size_t i = 0; i < c1.kv_n_blocks; i++) kv_pool_unref(b.pool, c1.kv_blocks[i]);
+    /* bad given tokens */
+    q3.n_pregen = 2;
+    assert_int_equal(sched_submit(b.s, &q3, 3), DX_EINVAL); /* over max_tokens */
+    q3.max_tokens = 4;
+    q3.pregen[1] = (int32_t)model_hp(g_m)->n_vocab;
+    assert_int_equal(sched_submit(b.s, &q3, 3), DX_EINVAL);
+    q3.n_pregen = ENGINE_MAX_PREGEN + 1;
+    q3.max_tokens = 0;
+    assert_int_equal(sched_submit(b.s, &q3, 3), DX_EINVAL);
+    kv_pool_stats ps;
+    kv_pool_get_stats(b.pool, &ps);
+    assert_int_equal(ps.n_used, 0);
+    assert_int_equal(kv_pool_check(b.pool), 0);
+
+    /* seeded sampling: the rest of the reply equals sampling it all here */
+    collector cs[2];
+    for (int i = 0; i < 2; i++) {
+        srig r;
+        srig_init(&r, g_m, 64, 512, 1);
+        col_init(&cs[i]);
+        engine_request s = greedy(g_prompts[1], g_plen[1], 24, &cs[i]);
+        s.sampling = (engine_sampling){.temperature = 1.5f, .top_k = 50, .top_p = 0.95f,
+                                       .min_p = 0.01f, .seed = 5, .has_seed = 1};
+        if (i) {
+            s.pregen[0] = cs[0].toks[0];
+            s.n_pregen = 1;
+        }
+        assert_int_equal(sched_submit(r.s, &s, 1), 0);
+        run_all(&r);
+        srig_free(&r);
+    }
+    assert_int_equal(cs[1].n, 24);
+    assert_memory_equal(cs[0].toks, cs[1].toks, 24 * 4);
+    for (int i = 0; i < 2; i++) col_free(&cs[i]);
+    col_free(&ca);
+    col_free(&cb);
+    col_free(&c1);
+    srig_free(&a);
+    srig_free(&b);
+}
+
+/* Logit biases, penalties and logprobs: a +100 bias makes a token every
+ * answer; huge presence/frequency penalties repeat no reply token; a huge
+ * repetition penalty reuses no prompt or reply token; logprobs are sorted
+ * log-probabilities whose first is the greedy token; and all of it is the
+ * same batched as alone, bit for bit.  Bad values are refused. */
+static void test_bias_penalties_logprobs(void **state)
+{
+    (void)state;
+    srig r;
+    srig_init(&r, g_m, 128, 512, 2);
+    uint32_t nv = model_hp(g_m)->n_vocab;
+    collector c[6], alone[6];
+    engine_bias up = {77, 100.0f};
+    engine_request q[6];
+    for (int i = 0; i < 6; i++) {
+        col_init(&c[i]);
+        col_init(&alone[i]);
+        q[i] = greedy(g_prompts[6], g_plen[6], 24, &c[i]);
+    }
+    q[0].sampling.bias = &up, q[0].sampling.n_bias = 1;
+    q[1].sampling.presence_penalty = 100;
+    q[2].sampling.frequency_penalty = 100;
+    q[3].sampling.repetition_penalty = 1000;
+    q[4].logprobs = 1, q[4].top_logprobs = 5;
+    q[5] = q[1];
+    q[5].logprobs = 1, q[5].top_logprobs = ENGINE_MAX_TOP_LOGPROBS;
+    q[5].sampling.temperature = 0.8f, q[5].sampling.seed = 3, q[5].sampling.has_seed = 1;
+    q[5].user = &c[5];
+    for (int i = 0; i < 6; i++) assert_int_equal(sched_submit(r.s, &q[i], (uint64_t)i + 1), 0);
+    run_all(&r);
+    for (int i = 0; i < 24; i++) assert_int_equal(c[0].toks[i], 77);
+    for (int k = 1; k <= 2; k++)
+        for (int i = 0; i < 24; i++)
+            for (int j = 0; j < i; j++)
+                if (c[k].toks[i] == c[k].toks[j]) fail_msg("penalty %d: token %d repeats", k, i);
+    for (int i = 0; i < 24; i++) {
+        for (int j = 0; j < i; j++) assert_int_not_equal(c[3].toks[i], c[3].toks[j]);
+        for (size_t j = 0; j < g_plen[6]; j++) assert_int_not_equal(c[3].toks[i], g_prompts[6][j]);
+    }
+    assert_int_equal(c[4].n_lp, 24);
+    for (int i = 0; i < 24; i++) {
+        assert_int_equal(c[4].n_top[i], 5);
+        assert_int_equal(c[4].top_ids[i][0], c[4].toks[i]); /* greedy: the most likely */
+        assert_true(c[4].lp[i] == c[4].top_lp[i][0] && c[4].lp[i] <= 0);
+        double mass = 0;
+        for (int j = 0; j < 5; j++) {
+            if (j) assert_true(c[4].top_lp[i][j] <= c[4].top_lp[i][j - 1]);
+            mass += exp(c[4].top_lp[i][j]);
+        }
+        assert_true(mass <= 1.0 + 1e-5);
+    }
+    assert_memory_equal(c[4].toks, g_alone[6].toks, 24 * sizeof(int32_t)); /* unchanged */
+    /* the sampled token's logprob is among the top 20 ones when it is there */
+    for (int i = 0; i < 24; i++)
+        for (uint32_t j = 0; j < c[5].n_top[i]; j++)
+            if (c[5].top_ids[i][j] == c[5].toks[i]) assert_true(c[5].top_lp[i][j] == c[5].lp[i]);
+    /* alone, on a fresh scheduler each: the same bits */
+    for (int i = 0; i < 6; i++) {
+        srig one;
+        srig_init(&one, g_m, 128, 512, 1);
+        engine_request a = q[i];
+        a.user = &alone[i];
+        assert_int_equal(sched_submit(one.s, &a, 1), 0);
+        run_all(&one);
+        assert_memory_equal(alone[i].toks, c[i].toks, 24 * sizeof(int32_t));
+        assert_int_equal(alone[i].n_lp, c[i].n_lp);
+        assert_memory_equal(alone[i].lp, c[i].lp, (size_t)c[i].n_lp * sizeof(float));
+        assert_memory_equal(alone[i].top_lp, c[i].top_lp, sizeof c[i].top_lp);
+        srig_free(&one);
+    }
+    /* refused */
+    engine_request bad = greedy(g_prompts[6], g_plen[6], 4, &c[0]);
+    engine_bias out = {(int32_t)nv, 1.0f};
+    bad.sampling.bias = &out, bad.sampling.n_bias = 1;
+    assert_int_equal(sched_submit(r.s, &bad, 9), DX_EINVAL);
+    bad.sampling.n_bias = 0;
+    bad.top_logprobs = ENGINE_MAX_TOP_LOGPROBS + 1;
+    assert_int_equal(sched_submit(r.s, &bad, 9), DX_EINVAL);
+    bad.top_logprobs = 0;
+    bad.sampling.repetition_penalty = -1;
+    assert_int_equal(sched_submit(r.s, &bad, 9), DX_EINVAL);
+    bad.sampling.repetition_penalty = 0;
+    bad.logprobs = 1, bad.n_pregen = 1, bad.pregen[0] = 3;
+    assert_int_equal(sched_submit(r.s, &bad, 9), DX_EINVAL);
+    for (int i = 0; i < 6; i++) {
+        col_free(&c[i]);
+        col_free(&alone[i]);
+    }
+    srig_free(&r);
+}
+
+/* Every end-of-generation token of the vocabulary stops a request, not
+ * only the file's EOS and EOT ids; its text is not output, and it counts
+ * in n_gen (as OpenAI's completion_tokens counts it).  Given tokens
+ * (pregen) go through the same acceptance as sampled ones. */
+static void test_stops_on_every_end_token(void **state)
+{
+    (void)state;
+    const tok *tk = model_tokenizer(g_m);
+    const char *ends[] = {"<|endoftext|>", "<|im_end|>", "<|end_of_text|>", "<|eot_id|>"};
+    for (size_t i = 0; i < DX_ARRAY_LEN(ends); i++) {
+        int32_t id = tok_find(tk, ends[i], strlen(ends[i]));
+        assert_true(id >= 0);
+        for (int ignore = 0; ignore < 2; ignore++) {
+            srig r;
+            srig_init(&r, g_m, 64, 512, 1);
+            collector c;
+            col_init(&c);
+            engine_request q = greedy(g_prompts[0], g_plen[0], 3, &c);
+            q.ignore_eos = ignore;
+            q.pregen[0] = 'a';
+            q.pregen[1] = id;
+            q.n_pregen = 2;
+            assert_int_equal(sched_submit(r.s, &q, 1), 0);
+            run_all(&r);
+            assert_true(c.done);
+            if (ignore) {
+                assert_int_equal(c.fin.finish, ENGINE_FINISH_LENGTH);
+                assert_int_equal(c.fin.n_gen, 3);
+            } else {
+                assert_int_equal(c.fin.finish, ENGINE_FINISH_STOP);
+                assert_int_equal(c.fin.n_gen, 2);
+                assert_int_equal(c.text.len, 1);
+                assert_memory_equal(c.text.data, "a", 1);
+            }
+            col_free(&c);
+            srig_free(&r);
+        }
+    }
+}
+
 static void test_no_prefix_cache(void **state)
 {
     (void)state;
@@ -671,12 +917,15 @@ int main(void)
         cmocka_unit_test(test_prefix_cache_reuse),
         cmocka_unit_test(test_kv_event_and_prefix_blocks),
         cmocka_unit_test(test_prefix_blocks_rules),
+        cmocka_unit_test(test_pregen_first_token),
+        cmocka_unit_test(test_bias_penalties_logprobs),
         cmocka_unit_test(test_no_prefix_cache),
         cmocka_unit_test(test_reclaim_before_preempt),
         cmocka_unit_test(test_cancel_frees_blocks),
         cmocka_unit_test(test_stop_string_and_validation),
         cmocka_unit_test(test_seeded_sampling),
         cmocka_unit_test(test_engine_thread),
+        cmocka_unit_test(test_stops_on_every_end_token),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <utf8proc.h>
 
 #include "base/dx_alloc.h"
 #include "base/dx_buf.h"
@@ -22,6 +23,7 @@
 #include "model/bpe_train.h"
 #include "model/tok.h"
 #include "model/tok_internal.h"
+#include "model/tok_norm.h"
 
 static const char *const specials[] = {
     "<|endoftext|>",   "<|im_start|>",        "<|im_end|>",        "<|begin_of_text|>",
@@ -594,6 +596,312 @@ static void test_mini_tokenizer(void **state)
     tok_destroy(NULL);
 }
 
+/* Ids of encoding s into a fresh vector (freed by the caller). */
+static tok_ids enc(const tok *t, const char *s, size_t n, unsigned flags)
+{
+    tok_ids ids;
+    tok_ids_init(&ids);
+    assert_int_equal(tok_encode(t, s, n, flags, &ids), 0);
+    return ids;
+}
+
+static void test_add_bos_eos(void **state)
+{
+    (void)state;
+    mini_vocab m;
+    mini_init(&m);
+    mini_add(&m, "<s>", TOK_TYPE_CONTROL);  /* 256 */
+    mini_add(&m, "</s>", TOK_TYPE_CONTROL); /* 257 */
+    m.cfg.bos = 256;
+    m.cfg.eos = 257;
+    tok *t;
+    assert_int_equal(tok_create(&m.cfg, &t), 0); /* asks for nothing */
+    tok_ids ids = enc(t, "hi", 2, TOK_ADD_SPECIAL);
+    assert_int_equal(ids.n, 2);
+    assert_int_equal(ids.ids[0], 'h');
+    tok_ids_free(&ids);
+    assert_false(tok_add_bos(t));
+    tok_destroy(t);
+
+    m.cfg.add_bos = 1;
+    assert_int_equal(tok_create(&m.cfg, &t), 0);
+    assert_true(tok_add_bos(t));
+    ids = enc(t, "hi", 2, TOK_ADD_SPECIAL);
+    assert_int_equal(ids.n, 3);
+    assert_int_equal(ids.ids[0], 256);
+    tok_ids_free(&ids);
+    ids = enc(t, "hi", 2, 0); /* only when the caller adds special tokens */
+    assert_int_equal(ids.n, 2);
+    tok_ids_free(&ids);
+    ids = enc(t, "", 0, TOK_ADD_SPECIAL); /* an empty prompt still gets BOS */
+    assert_int_equal(ids.n, 1);
+    assert_int_equal(ids.ids[0], 256);
+    tok_ids_free(&ids);
+    tok_destroy(t);
+
+    m.cfg.add_eos = 1;
+    assert_int_equal(tok_create(&m.cfg, &t), 0);
+    ids = enc(t, "hi", 2, TOK_ADD_SPECIAL | TOK_ALLOW_SPECIAL);
+    assert_int_equal(ids.n, 4);
+    assert_int_equal(ids.ids[0], 256);
+    assert_int_equal(ids.ids[3], 257);
+    tok_ids_free(&ids);
+    tok_destroy(t);
+
+    m.cfg.bos = -1;
+    expect_reject(&m, DX_EFORMAT, "add_bos_token is set but there is no bos token");
+    m.cfg.bos = 256;
+    m.cfg.eos = -1;
+    expect_reject(&m, DX_EFORMAT, "add_eos_token is set but there is no eos token");
+}
+
+static int32_t *eog_of(const tok *t, size_t *n)
+{
+    return (int32_t *)tok_eog_ids(t, n);
+}
+
+static void test_end_of_generation(void **state)
+{
+    (void)state;
+    /* g_tok: eos <|im_end|>, eot <|eot_id|>; every end-of-turn spelling in
+     * the vocabulary ends generation too, whatever the ids say */
+    const char *ends[] = {"<|endoftext|>", "<|im_end|>", "<|end_of_text|>", "<|eot_id|>"};
+    const char *not_ends[] = {"<|im_start|>", "<|begin_of_text|>", "<|start_header_id|>",
+                              "<|end_header_id|>"};
+    for (int pre = 0; pre < 2; pre++) {
+        for (size_t i = 0; i < DX_ARRAY_LEN(ends); i++)
+            assert_true(tok_is_eog(g_tok[pre], special_id(ends[i])));
+        for (size_t i = 0; i < DX_ARRAY_LEN(not_ends); i++)
+            assert_false(tok_is_eog(g_tok[pre], special_id(not_ends[i])));
+        assert_false(tok_is_eog(g_tok[pre], 'a'));
+        assert_false(tok_is_eog(g_tok[pre], -1));
+        size_t n;
+        const int32_t *ids = eog_of(g_tok[pre], &n);
+        assert_int_equal(n, 4);
+        for (size_t i = 1; i < n; i++) assert_true(ids[i - 1] < ids[i]);
+    }
+    /* an EOS id that is not spelled like one is still one; a NORMAL token
+     * spelled like an end token is text */
+    mini_vocab m;
+    mini_init(&m);
+    mini_add(&m, "<stop>", TOK_TYPE_CONTROL);            /* 256 */
+    mini_add(&m, "<|end|>", TOK_TYPE_NORMAL);            /* 257 */
+    mini_add(&m, "<|eom_id|>", TOK_TYPE_CONTROL);        /* 258 */
+    mini_add(&m, "<|file_sep|>", TOK_TYPE_USER_DEFINED); /* 259: FIM separator */
+    m.cfg.eos = 256;
+    tok *t;
+    assert_int_equal(tok_create(&m.cfg, &t), 0);
+    assert_true(tok_is_eog(t, 256));
+    assert_false(tok_is_eog(t, 257));
+    assert_true(tok_is_eog(t, 258));
+    assert_true(tok_is_eog(t, 259));
+    assert_true(tok_is_text(t, 259));  /* user-defined: shown */
+    assert_false(tok_is_text(t, 258)); /* control: not shown */
+    assert_true(tok_is_text(t, 'a'));
+    assert_true(tok_is_control(t, 258));
+    assert_false(tok_is_control(t, 259));
+    tok_destroy(t);
+}
+
+static void test_user_defined_always(void **state)
+{
+    (void)state;
+    mini_vocab m;
+    mini_init(&m);
+    mini_add(&m, "<think>", TOK_TYPE_USER_DEFINED); /* 256 */
+    mini_add(&m, "<|c|>", TOK_TYPE_CONTROL);        /* 257 */
+    tok *t;
+    assert_int_equal(tok_create(&m.cfg, &t), 0);
+    const char *s = "a<think>b<|c|>";
+    tok_ids plain = enc(t, s, strlen(s), 0), all = enc(t, s, strlen(s), TOK_ALLOW_SPECIAL);
+    /* a <think> b < | c | > */
+    assert_int_equal(plain.n, 8);
+    assert_int_equal(plain.ids[1], 256);
+    assert_int_equal(plain.ids[3], '<');
+    assert_int_equal(all.n, 4);
+    assert_int_equal(all.ids[1], 256);
+    assert_int_equal(all.ids[3], 257);
+    tok_ids_free(&plain);
+    tok_ids_free(&all);
+    tok_destroy(t);
+}
+
+static void test_nfc(void **state)
+{
+    (void)state;
+    /* tok_norm_apply against known NFC results */
+    static const struct {
+        const char *in, *want;
+    } cases[] = {
+        {"cafe\xCC\x81", "caf\xC3\xA9"},                  /* e + U+0301 -> é */
+        {"A\xCC\x8A", "\xC3\x85"},                        /* A + ring -> Å */
+        {"\xE2\x84\xAB", "\xC3\x85"},                     /* U+212B ANGSTROM SIGN -> Å */
+        {"a\xCC\x81\xCC\xA3", "\xE1\xBA\xA1\xCC\x81"},    /* marks reordered, then ạ + ́ */
+        {"\xE1\x84\x80\xE1\x85\xA1", "\xEA\xB0\x80"},     /* Hangul jamo -> 가 */
+        {"\xEA\xB0\x80\xE1\x86\xA8", "\xEA\xB0\x81"},     /* 가 + ᆨ -> 각 */
+        {"\xE0\xA4\xA8\xE0\xA4\xBC", "\xE0\xA4\xA9"},     /* न + nukta -> ऩ */
+        {"\xCD\xB4", "\xCA\xB9"},                         /* U+0374 -> U+02B9 */
+        {"\xEF\xAC\x81 fi", "\xEF\xAC\x81 fi"},           /* compatibility (ﬁ) stays */
+        {"\xC3\xA9\xE4\xBD\xA0", "\xC3\xA9\xE4\xBD\xA0"}, /* already NFC */
+        {"e\xFF\xCC\x81", "e\xFF\xCC\x81"},               /* an invalid byte splits the run */
+    };
+    for (size_t i = 0; i < DX_ARRAY_LEN(cases); i++) {
+        dx_buf out;
+        dx_buf_init(&out, 0);
+        assert_int_equal(tok_norm_apply(TOK_NORM_NFC, cases[i].in, strlen(cases[i].in), &out), 0);
+        if (out.len != strlen(cases[i].want) || memcmp(out.data, cases[i].want, out.len))
+            fail_msg("case %zu: NFC gave %zu bytes '%.*s'", i, out.len, (int)out.len, out.data);
+        dx_buf_free(&out);
+    }
+    dx_buf out;
+    dx_buf_init(&out, 0);
+    assert_int_equal(tok_norm_apply(TOK_NORM_NFC, "a\0e\xCC\x81", 5, &out), 0); /* NUL kept */
+    assert_int_equal(out.len, 4);
+    assert_memory_equal(out.data, "a\0\xC3\xA9", 4);
+    dx_buf_free(&out);
+    assert_false(tok_norm_needed(TOK_NORM_NFC, "plain ascii caf\xC3\xA9", 17));
+    assert_true(tok_norm_needed(TOK_NORM_NFC, "\xCC\x81", 2));
+    assert_false(tok_norm_needed(TOK_NORM_NONE, "\xCC\x81", 2));
+    enum tok_norm nm;
+    assert_int_equal(tok_norm_parse("NFC", 3, &nm), 0);
+    assert_int_equal(nm, TOK_NORM_NFC);
+    assert_int_equal(tok_norm_parse("NFKC", 4, &nm), DX_EUNSUPPORTED);
+    assert_non_null(strstr(dx_errmsg(), "'NFKC'"));
+
+    /* the tokenizer normalises each stretch between special tokens */
+    vocab_views v;
+    views_build(&v, &g_vocab, specials, DX_ARRAY_LEN(specials));
+    tok_config cfg = views_cfg(&v, TOK_PRE_QWEN2);
+    cfg.norm = TOK_NORM_NFC;
+    tok *t;
+    assert_int_equal(tok_create(&cfg, &t), 0);
+    views_free(&v);
+    assert_int_equal(tok_get_norm(t), TOK_NORM_NFC);
+    const char *dec = "Cafe\xCC\x81 na\xC3\xAFve<|im_end|>e\xCC\x81",
+               *comp = "Caf\xC3\xA9 na\xC3\xAFve<|im_end|>\xC3\xA9";
+    for (unsigned f = 0; f < 2; f++) {
+        tok_ids a = enc(t, dec, strlen(dec), f), b = enc(t, comp, strlen(comp), f);
+        assert_int_equal(a.n, b.n);
+        assert_memory_equal(a.ids, b.ids, a.n * sizeof *a.ids);
+        dx_buf_init(&out, 0);
+        assert_int_equal(tok_decode(t, a.ids, a.n, &out), 0);
+        assert_string_equal(out.data, comp);
+        dx_buf_free(&out);
+        tok_ids_free(&a);
+        tok_ids_free(&b);
+    }
+    /* without a normalizer the decomposed text stays decomposed */
+    tok_ids a = enc(g_tok[0], dec, strlen(dec), 0), b = enc(g_tok[0], comp, strlen(comp), 0);
+    assert_true(a.n != b.n || memcmp(a.ids, b.ids, a.n * sizeof *a.ids) != 0);
+    tok_ids_free(&a);
+    tok_ids_free(&b);
+    /* out of memory while normalising: all or nothing */
+    tok_ids ids;
+    tok_ids_init(&ids);
+    for (long k = 1; k < 20; k++) {
+        dx_alloc_fail_after(k, 1);
+        int rc = tok_encode(t, dec, strlen(dec), 0, &ids);
+        dx_alloc_fail_after(0, 0);
+        if (rc == 0) break;
+        assert_int_equal(rc, DX_ENOMEM);
+        assert_int_equal(ids.n, 0);
+    }
+    assert_true(ids.n > 0);
+    tok_ids_free(&ids);
+    tok_destroy(t);
+}
+
+/* The quick check behind tok_norm_needed: its table equals one derived
+ * here from utf8proc without the loader's shortcut, and a string it calls
+ * unchanged is unchanged by NFC, over random strings from characters that
+ * compose, reorder, decompose or do none of that. */
+static void test_nfc_quick_check(void **state)
+{
+    (void)state;
+    /* touchable: a non-zero combining class, changed by NFC alone, a later
+     * part of a decomposition, or decomposing to a touchable first part */
+    static uint8_t want[0x110000];
+    size_t touch = 0;
+    utf8proc_int32_t d[32];
+    for (int pass = 0; pass < 2; pass++)
+        for (utf8proc_int32_t cp = 0; cp < 0x110000; cp++) {
+            if (cp >= 0xD800 && cp <= 0xDFFF) continue;
+            utf8proc_ssize_t n = utf8proc_decompose_char(cp, d, 32, UTF8PROC_DECOMPOSE, NULL);
+            int has = n > 1 || (n == 1 && d[0] != cp);
+            if (pass == 1) {
+                if (has && want[d[0]]) want[cp] = 1;
+                continue;
+            }
+            want[cp] |= utf8proc_get_property(cp)->combining_class != 0;
+            if (!has) continue;
+            for (utf8proc_ssize_t i = 1; i < n; i++) want[d[i]] = 1;
+            n = utf8proc_normalize_utf32(d, n, UTF8PROC_STABLE | UTF8PROC_COMPOSE);
+            want[cp] |= n != 1 || d[0] != cp;
+        }
+    for (utf8proc_int32_t cp = 0; cp < 0x110000; cp++) {
+        touch += want[cp];
+        if (want[cp] != tok_norm_touchable((uint32_t)cp))
+            fail_msg("U+%04X: touchable %d, want %d", cp, tok_norm_touchable((uint32_t)cp),
+                     want[cp]);
+    }
+    assert_true(tok_norm_touchable(0x0301) && tok_norm_touchable(0x1161) &&
+                tok_norm_touchable(0x11A8) && tok_norm_touchable(0x0B3E) &&
+                tok_norm_touchable(0x212B) && tok_norm_touchable(0xF900));
+    assert_false(tok_norm_touchable('e') || tok_norm_touchable(0xE9) ||
+                 tok_norm_touchable(0x4F60) || tok_norm_touchable(0xAC00) ||
+                 tok_norm_touchable(0x0416) || tok_norm_touchable(0x0628) ||
+                 tok_norm_touchable(0x1F600));
+    assert_true(touch > 1000);
+    const char *nfc_text =
+        "\xE4\xBD\xA0\xE5\xA5\xBD \xD0\x96\xD1\x83\xD0\xBA \xD8\xA8\xD9\x8A\xD8\xAA "
+        "\xEA\xB0\x80 caf\xC3\xA9 \xF0\x9F\x98\x80";
+    assert_false(tok_norm_needed(TOK_NORM_NFC, nfc_text, strlen(nfc_text)));
+    /* normalising only around touchable characters equals NFC of the whole,
+     * over random strings of characters that compose, reorder, decompose
+     * or do none of that */
+    static const uint32_t pool[] = {
+        'a',    'e',     'o',     'A',    ' ',     0xE9,   0xC5,   0x0301, 0x0323, 0x0308,
+        0x0304, 0x0328,  0x212B,  0x2126, 0x1100,  0x1161, 0x11A8, 0xAC00, 0xAC01, 0x0928,
+        0x093C, 0x0929,  0x0B47,  0x0B3E, 0x0DD9,  0x0DCF, 0xF900, 0x4F60, 0x0374, 0x0387,
+        0x1E00, 0x1EBF,  0x0344,  0x0F73, 0x1F600, 0x05D0, 0x05B7, 0x0627, 0x0654, 0x3099,
+        0x304B, 0x304C,  0x0915,  0x094D, 0x0937,  0x0BC6, 0x0BBE, 0x0BCA, 0x1B05, 0x1B35,
+        0x0B4B, 0x1D15E, 0x1D165, 0x0CCA, 0x0CC6,  0x0CC2, 0x0CD5, 0x1026, 0x102E, 0x11C2};
+    uint64_t seed = 12345;
+    int unchanged = 0;
+    for (int iter = 0; iter < 50000; iter++) {
+        utf8proc_uint8_t buf[128];
+        size_t n = 0;
+        int len = 1 + (int)(rng_next(&seed) % 12);
+        for (int k = 0; k < len; k++)
+            n += (size_t)utf8proc_encode_char(
+                (utf8proc_int32_t)pool[rng_next(&seed) % DX_ARRAY_LEN(pool)], buf + n);
+        buf[n] = 0;
+        utf8proc_uint8_t *nfc = utf8proc_NFC(buf);
+        dx_buf out;
+        dx_buf_init(&out, 0);
+        assert_int_equal(tok_norm_apply(TOK_NORM_NFC, (const char *)buf, n, &out), 0);
+        if (out.len != strlen((const char *)nfc) || memcmp(out.data, nfc, out.len))
+            fail_msg("'%s' (%zu bytes): duplex gives '%.*s', utf8proc_NFC '%s'", buf, n,
+                     (int)out.len, out.data, nfc);
+        if (!tok_norm_needed(TOK_NORM_NFC, (const char *)buf, n)) {
+            unchanged++;
+            assert_string_equal((const char *)nfc, (const char *)buf);
+        }
+        dx_buf_free(&out);
+        free(nfc);
+    }
+    assert_true(unchanged > 500);
+    /* U+11A7 is the base before the trailing consonants, not one of them, so
+     * 가 + U+11A7 stays as it is (utf8proc 2.8's own NFC drops the U+11A7;
+     * normalising only around touchable characters never hands it that pair) */
+    dx_buf out;
+    dx_buf_init(&out, 0);
+    assert_int_equal(tok_norm_apply(TOK_NORM_NFC, "\xEA\xB0\x80\xE1\x86\xA7\xCC\x81", 8, &out), 0);
+    assert_int_equal(out.len, 8);
+    assert_memory_equal(out.data, "\xEA\xB0\x80\xE1\x86\xA7\xCC\x81", 8);
+    dx_buf_free(&out);
+}
+
 /* Every allocation in create and encode may fail: the call reports
  * DX_ENOMEM, leaks nothing, and leaves the output untouched. */
 static void test_out_of_memory(void **state)
@@ -701,13 +1009,24 @@ static void test_threads_share_tok(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_roundtrip_texts),   cmocka_unit_test(test_roundtrip_invalid_utf8),
-        cmocka_unit_test(test_roundtrip_100kb),   cmocka_unit_test(test_pinned_ids),
-        cmocka_unit_test(test_merges_are_real),   cmocka_unit_test(test_train_deterministic),
-        cmocka_unit_test(test_train_tie_break),   cmocka_unit_test(test_pretokenizer_splits),
-        cmocka_unit_test(test_special_tokens),    cmocka_unit_test(test_create_rejects),
-        cmocka_unit_test(test_mini_tokenizer),    cmocka_unit_test(test_out_of_memory),
+        cmocka_unit_test(test_roundtrip_texts),
+        cmocka_unit_test(test_roundtrip_invalid_utf8),
+        cmocka_unit_test(test_roundtrip_100kb),
+        cmocka_unit_test(test_pinned_ids),
+        cmocka_unit_test(test_merges_are_real),
+        cmocka_unit_test(test_train_deterministic),
+        cmocka_unit_test(test_train_tie_break),
+        cmocka_unit_test(test_pretokenizer_splits),
+        cmocka_unit_test(test_special_tokens),
+        cmocka_unit_test(test_create_rejects),
+        cmocka_unit_test(test_mini_tokenizer),
+        cmocka_unit_test(test_out_of_memory),
         cmocka_unit_test(test_threads_share_tok),
+        cmocka_unit_test(test_add_bos_eos),
+        cmocka_unit_test(test_end_of_generation),
+        cmocka_unit_test(test_user_defined_always),
+        cmocka_unit_test(test_nfc),
+        cmocka_unit_test(test_nfc_quick_check),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -1,0 +1,320 @@
+/* bench_compare: the serving modes side by side (see .h). */
+#include "bench/bench_compare.h"
+
+#include <curl/curl.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "base/dx_alloc.h"
+#include "base/dx_buf.h"
+#include "base/dx_clock.h"
+#include "base/dx_err.h"
+#include "bench/bench_fake.h"
+#include "bench/bench_report.h"
+
+static const struct {
+    const char *name;
+    const char *args[8]; /* duplex up's flags for the mode */
+} k_modes[] = {
+    {"uni-nocache",
+     {"--mode", "unidirectional", "--prefill-no-prefix-caching", "--local-prefill-max-tokens",
+      "0"}},
+    {"uni", {"--mode", "unidirectional", "--local-prefill-max-tokens", "0"}},
+    {"bidi",
+     {"--mode", "bidirectional", "--prefill-no-prefix-caching", "--local-prefill-max-tokens",
+      "0"}},
+    {"bidi-rt", {"--mode", "bidirectional"}},
+    {"colocated", {"--mode", "colocated", "--decode", "1"}},
+};
+
+static int mode_index(const char *name, size_t len)
+{
+    for (size_t i = 0; i < DX_ARRAY_LEN(k_modes); i++)
+        if (strlen(k_modes[i].name) == len && !strncmp(k_modes[i].name, name, len)) return (int)i;
+    return -1;
+}
+
+/* Calls fn for each mode of the list; DX_EINVAL for an unknown one. */
+static int each_mode(const char *modes, int (*fn)(void *u, int mode), void *u)
+{
+    for (const char *p = modes; *p;) {
+        size_t len = strcspn(p, ",");
+        int m = mode_index(p, len);
+        if (m < 0)
+            return dx_errf(DX_EINVAL,
+                           "unknown mode '%.*s' (uni-nocache|uni|bidi|bidi-rt|colocated)",
+                           (int)len, p);
+        if (fn) {
+            int rc = fn(u, m);
+            if (rc) return rc;
+        }
+        p += len + (p[len] == ',');
+    }
+    return 0;
+}
+
+int bench_compare_check_modes(const char *modes)
+{
+    return *modes ? each_mode(modes, NULL, NULL) : dx_errf(DX_EINVAL, "no mode given");
+}
+
+/* ---- duplex up as a child ------------------------------------------------------ */
+
+typedef struct {
+    pid_t pid;
+    FILE *out; /* its stdout: the summary lines */
+    char url[128];
+    char nodes[16][128]; /* node URLs */
+    int n_nodes;
+} up_child;
+
+static int up_start(const bench_compare_config *c, int mode, const char *log, up_child *u)
+{
+    memset(u, 0, sizeof *u);
+    char threads[16], kv[24];
+    const char *argv[32] = {c->exe, "up", "--port", "0"};
+    int n = 4;
+    for (int i = 0; k_modes[mode].args[i]; i++) argv[n++] = k_modes[mode].args[i];
+    if (c->model) argv[n++] = "--model", argv[n++] = c->model;
+    if (c->threads_per_node > 0) {
+        snprintf(threads, sizeof threads, "%d", c->threads_per_node);
+        argv[n++] = "--threads-per-node", argv[n++] = threads;
+    }
+    if (c->kv_cache_mb > 0) {
+        snprintf(kv, sizeof kv, "%ld", c->kv_cache_mb);
+        argv[n++] = "--kv-cache-mb", argv[n++] = kv;
+    }
+    argv[n] = NULL;
+    int pfd[2];
+    if (pipe(pfd)) return dx_errf(DX_EIO, "pipe: %s", strerror(errno));
+    u->pid = fork();
+    if (u->pid < 0) return dx_errf(DX_EIO, "fork: %s", strerror(errno));
+    if (u->pid == 0) {
+        dup2(pfd[1], 1);
+        close(pfd[0]);
+        close(pfd[1]);
+        FILE *f = freopen(log, "w", stderr);
+        (void)f;
+        execv(c->exe, (char *const *)argv);
+        _exit(127);
+    }
+    close(pfd[1]);
+    u->out = fdopen(pfd[0], "r");
+    char line[512];
+    while (fgets(line, sizeof line, u->out)) { /* until "ready:" or its exit */
+        const char *h = strstr(line, "http://");
+        if (!strncmp(line, "duplex up: ready: ", 18) && h) {
+            snprintf(u->url, sizeof u->url, "%.*s", (int)strcspn(h, " \n"), h);
+            return 0;
+        }
+        if (h && u->n_nodes < 16 && (strstr(line, "prefill") || strstr(line, "decode")))
+            snprintf(u->nodes[u->n_nodes++], sizeof u->nodes[0], "%.*s", (int)strcspn(h, " \n"),
+                     h);
+    }
+    return dx_errf(DX_EIO, "duplex up (%s) did not start; its log: %s", k_modes[mode].name, log);
+}
+
+/* Waits (at most 60 s) until every node says its KV pool's pages are in:
+ * measuring while a gigabyte faults in on another core would charge that
+ * to the first turns of whichever mode runs. */
+static void wait_populated(const char *log, int n_nodes, const volatile int *stop)
+{
+    for (int tries = 0; tries < 600 && !(stop && *stop); tries++) {
+        FILE *f = fopen(log, "r");
+        int n = 0;
+        char line[512];
+        while (f && fgets(line, sizeof line, f)) n += strstr(line, "faulted in") != NULL;
+        if (f) fclose(f);
+        if (n >= n_nodes) return;
+        usleep(100000);
+    }
+}
+
+static void up_stop(up_child *u)
+{
+    if (u->pid <= 0) return;
+    kill(u->pid, SIGTERM);
+    int st;
+    for (int i = 0; i < 600 && waitpid(u->pid, &st, WNOHANG) == 0; i++) usleep(100000);
+    if (waitpid(u->pid, &st, WNOHANG) == 0) { /* 60 s: it is not stopping */
+        kill(u->pid, SIGKILL);
+        waitpid(u->pid, &st, 0);
+    }
+    if (u->out) fclose(u->out);
+    u->pid = 0;
+}
+
+/* ---- the nodes' counters ------------------------------------------------------------ */
+
+static size_t on_body(char *p, size_t sz, size_t n, void *user)
+{
+    return dx_buf_append(user, p, sz * n) == 0 ? sz * n : 0;
+}
+
+static double series(const char *text, const char *name)
+{
+    char key[160];
+    snprintf(key, sizeof key, "\n%s ", name);
+    const char *p = text ? strstr(text, key) : NULL;
+    return p ? strtod(p + strlen(key), NULL) : 0;
+}
+
+/* Sums the KV counters over the nodes (into k, negated when sign < 0). */
+static void scrape(const up_child *u, double sign, bench_kv *k)
+{
+    for (int i = 0; i < u->n_nodes; i++) {
+        char url[200];
+        snprintf(url, sizeof url, "%s/metrics", u->nodes[i]);
+        dx_buf b;
+        dx_buf_init(&b, 0);
+        CURL *h = curl_easy_init();
+        curl_easy_setopt(h, CURLOPT_URL, url);
+        curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
+        curl_easy_setopt(h, CURLOPT_WRITEDATA, &b);
+        curl_easy_setopt(h, CURLOPT_TIMEOUT, 20L);
+        if (curl_easy_perform(h) == CURLE_OK && dx_buf_putc(&b, 0) == 0) {
+            k->has = 1;
+            k->bytes_p2d += sign * series(b.data, "duplex_kv_pull_bytes_total{direction=\"p2d\"}");
+            k->bytes_d2p += sign * series(b.data, "duplex_kv_pull_bytes_total{direction=\"d2p\"}");
+            k->tok_local += sign * series(b.data, "duplex_kv_prompt_tokens_total{source=\"local\"}");
+            k->tok_pulled +=
+                sign * series(b.data, "duplex_kv_prompt_tokens_total{source=\"pulled\"}");
+            k->tok_computed +=
+                sign * series(b.data, "duplex_kv_prompt_tokens_total{source=\"computed\"}");
+        }
+        curl_easy_cleanup(h);
+        dx_buf_free(&b);
+    }
+}
+
+/* ---- the comparison ---------------------------------------------------------------- */
+
+typedef struct {
+    const bench_compare_config *c;
+    bench_results res[DX_ARRAY_LEN(k_modes)];
+    bench_series s[DX_ARRAY_LEN(k_modes)];
+    size_t n;
+    bench_meta meta;
+    int round;
+} compare;
+
+/* The mode's series (made at its first round). */
+static bench_series *series_of(compare *C, int mode)
+{
+    for (size_t i = 0; i < C->n; i++)
+        if (C->s[i].name == k_modes[mode].name) return &C->s[i];
+    bench_series *s = &C->s[C->n];
+    s->name = k_modes[mode].name;
+    s->res = &C->res[C->n++];
+    return s;
+}
+
+/* One round of one mode: duplex up afresh, the workload, duplex up stopped;
+ * its records join the mode's (conversations numbered on across rounds). */
+static int run_mode(void *user, int mode)
+{
+    compare *C = user;
+    const bench_compare_config *c = C->c;
+    char dir[600], path[700];
+    snprintf(dir, sizeof dir, "%s/%s", c->out_dir, k_modes[mode].name);
+    mkdir(dir, 0755);
+    snprintf(path, sizeof path, "%s/up%s%.0d.log", dir, C->round ? "-" : "", C->round);
+    if (c->progress != BENCH_PROGRESS_NONE)
+        fprintf(stderr, "bench compare: %s%s%.0d — starting duplex up\n", k_modes[mode].name,
+                C->round ? ", round " : "", C->round ? C->round + 1 : 0);
+    up_child u;
+    int rc = up_start(c, mode, path, &u);
+    bench_series *s = series_of(C, mode);
+    bench_results r = {0};
+    if (!rc) {
+        wait_populated(path, u.n_nodes, c->stop);
+        scrape(&u, -1, &s->kv);
+        bench_run_config rc_ = {.url = u.url, .w = c->w, .text = c->text,
+                                .progress = c->progress, .stop = c->stop};
+        rc = bench_run(&rc_, &r);
+        scrape(&u, +1, &s->kv);
+    }
+    up_stop(&u);
+    bench_results *all = (bench_results *)s->res;
+    for (size_t i = 0; !rc && i < r.n; i++) {
+        bench_record x = r.rec[i];
+        x.conversation += (uint32_t)C->round * c->w->conversations;
+        rc = bench_results_add(all, &x);
+    }
+    all->wall_s += r.wall_s;
+    snprintf(all->model, sizeof all->model, "%s", r.model);
+    bench_results_free(&r);
+    return rc ? dx_err_wrap(rc, "mode %s", k_modes[mode].name) : 0;
+}
+
+/* DIR/<mode>/results.json of every mode, all rounds in one. */
+static int write_results(compare *C)
+{
+    int rc = 0;
+    for (size_t i = 0; !rc && i < C->n; i++) {
+        char path[700];
+        snprintf(path, sizeof path, "%s/%s/results.json", C->c->out_dir, C->s[i].name);
+        C->meta.url = "duplex up on 127.0.0.1";
+        C->meta.kv = C->s[i].kv;
+        rc = bench_write_json(path, C->c->w, &C->meta, C->s[i].res);
+    }
+    return rc;
+}
+
+static int write_reports(compare *C)
+{
+    const bench_compare_config *c = C->c;
+    char path[600];
+    snprintf(path, sizeof path, "%s/summary.md", c->out_dir);
+    FILE *f = fopen(path, "w");
+    if (!f) return dx_errf(DX_EIO, "%s: %s", path, strerror(errno));
+    C->meta.url = "duplex up on 127.0.0.1, one mode after the other";
+    C->meta.kv = (bench_kv){0};
+    int rc = bench_write_summary(f, c->w, &C->meta, C->s, C->n);
+    fclose(f);
+    snprintf(path, sizeof path, "%s/ttft.svg", c->out_dir);
+    if (!rc && !(f = fopen(path, "w"))) rc = dx_errf(DX_EIO, "%s: %s", path, strerror(errno));
+    if (!rc) {
+        rc = bench_write_svg(f, c->w, C->s, C->n);
+        fclose(f);
+    }
+    if (!rc && c->out) bench_print_turns(c->out, c->w, C->s, C->n);
+    if (!rc && c->sweep) { /* one row of the prefix sweep: the last turn's TTFT by mode */
+        fprintf(c->sweep, "| %u |", c->sweep_prefix);
+        double a = -1, b = -1;
+        for (size_t i = 0; i < C->n; i++) {
+            double p = bench_turn_p50(C->s[i].res, c->w->turns);
+            fprintf(c->sweep, p < 0 ? " - |" : " %.1f |", p * 1e3);
+            if (!strcmp(C->s[i].name, "uni-nocache")) a = p;
+            if (!strcmp(C->s[i].name, "bidi")) b = p;
+        }
+        fprintf(c->sweep, a > 0 && b > 0 ? " %.2f |\n" : " - |\n", a > 0 && b > 0 ? a / b : 0);
+        fflush(c->sweep);
+    }
+    return rc;
+}
+
+int bench_compare_run(const bench_compare_config *c)
+{
+    int rc = bench_compare_check_modes(c->modes);
+    if (rc) return rc;
+    if (mkdir(c->out_dir, 0755) && errno != EEXIST)
+        return dx_errf(DX_EIO, "--out %s: %s", c->out_dir, strerror(errno));
+    compare *C = dx_calloc(1, sizeof *C);
+    if (!C) return dx_errf(DX_ENOMEM, "out of memory");
+    C->c = c;
+    C->meta.tokens_exact = bench_text_exact(c->text);
+    C->meta.overhead_ms = bench_fake_overhead_ms(c->w, c->text, c->stop);
+    int rounds = c->w->rounds > 1 ? (int)c->w->rounds : 1;
+    for (C->round = 0; !rc && C->round < rounds; C->round++) rc = each_mode(c->modes, run_mode, C);
+    if (!rc) rc = write_results(C);
+    if (!rc) rc = write_reports(C);
+    for (size_t i = 0; i < C->n; i++) bench_results_free(&C->res[i]);
+    dx_free(C);
+    return rc;
+}
