@@ -19,6 +19,10 @@
 # Environment (defaults in brackets):
 #   DTYPES   weight types, one file each: models/qwen3-0.6b-<t>.gguf, written
 #            by `duplex model synth` if missing ["bf16 f16 q8_0"]
+#   TOKENIZER  a Hugging Face tokenizer.json (Qwen3's): the files then get the
+#            real vocabulary and its 151,936-row tied output head
+#            (`--preset qwen3-0.6b --tokenizer`), models/qwen3-0.6b-vocab-<t>.gguf;
+#            without it, duplex's own small synthetic vocabulary
 #   TESTS    prompt/gen@depth, each timed as one duplex run and one llama-bench
 #            run per round ["512/128@0 512/32@4096 128/16@16384"]
 #   ROUNDS [3]  THREADS [2]  REPS (runs inside each invocation) [1]
@@ -44,11 +48,17 @@ MAX_STALL=${MAX_STALL:-2}
 dir=$(mktemp -d /tmp/duplex-vs-llamacpp.XXXXXX)
 trap '[ -n "${KEEP:-}" ] && echo "vs_llamacpp: logs in $dir" || rm -rf "$dir"' EXIT
 
+TOKENIZER=${TOKENIZER:-}
+tag=qwen3-0.6b${TOKENIZER:+-vocab}
 for t in $DTYPES; do
-    f=models/qwen3-0.6b-$t.gguf
+    f=models/$tag-$t.gguf
     if [ ! -f "$f" ]; then
         mkdir -p models
-        "$BIN" model synth --arch qwen3 --preset 0.6b --dtype "$t" -o "$f" >/dev/null
+        if [ -n "$TOKENIZER" ]; then
+            "$BIN" model synth --preset qwen3-0.6b --tokenizer "$TOKENIZER" --dtype "$t" -o "$f" >/dev/null
+        else
+            "$BIN" model synth --arch qwen3 --preset 0.6b --dtype "$t" -o "$f" >/dev/null
+        fi
     fi
 done
 
@@ -77,7 +87,7 @@ quiet_run() {
 # One duplex run: appends "dtype test engine metric value" lines to results.
 run_duplex() { # dtype P G D test
     local out
-    quiet_run "$BIN" bench engine --model "models/qwen3-0.6b-$1.gguf" --threads "$THREADS" \
+    quiet_run "$BIN" bench engine --model "models/$tag-$1.gguf" --threads "$THREADS" \
         --prompt-tokens "$2" --gen-tokens "$3" --depth "$4" --reps "$REPS" --kv-dtype "$KV"
     echo "$out" >>"$dir/duplex.log"
     echo "$out" | awk -v t="$1" -v test="$5" '
@@ -94,7 +104,7 @@ run_duplex() { # dtype P G D test
 # One llama-bench run (pp and tg tests of the same depth; it keeps the depth's
 # state between them).
 run_llama() { # dtype P G D test
-    local args=(-m "models/qwen3-0.6b-$1.gguf" -t "$THREADS" -d "$4" -r "$REPS" -fa "$FA"
+    local args=(-m "models/$tag-$1.gguf" -t "$THREADS" -d "$4" -r "$REPS" -fa "$FA"
         -ctk "$KV" -ctv "$KV" -o csv)
     local out
     args+=(-p "$2" -n "$3")
@@ -107,7 +117,7 @@ run_llama() { # dtype P G D test
 }
 
 : >"$dir/results"
-echo "vs_llamacpp: $DTYPES; tests $TESTS; $ROUNDS rounds; $THREADS threads; KV $KV;" \
+echo "vs_llamacpp: $tag $DTYPES; tests $TESTS; $ROUNDS rounds; $THREADS threads; KV $KV;" \
     "llama.cpp flash attention $FA"
 for r in $(seq 1 "$ROUNDS"); do
     for t in $DTYPES; do
