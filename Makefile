@@ -72,7 +72,7 @@ FUZZ_BIN := $(FUZZ_SRC:tests/fuzz/%.c=$(BUILD)/fuzz/%)
 ITEST_SRC := $(wildcard tests/integration/itest_*.c)
 ITEST_BIN := $(ITEST_SRC:tests/integration/%.c=$(BUILD)/tests/%)
 
-.PHONY: all release debug asan tests test demo clean fmt fuzz bench-server bench-router
+.PHONY: all release debug asan tests test soak demo clean fmt fuzz bench-server bench-router
 .DEFAULT_GOAL := all
 
 all: $(BIN)
@@ -134,6 +134,9 @@ $(BUILD)/fuzz/%: $(BUILD)/obj/tests/fuzz/%.o $(BUILD)/obj/tests/fuzz/replay_main
 
 test:
 	@scripts/test.sh
+
+soak:
+	@scripts/soak.sh
 
 demo:
 	@scripts/demo.sh

@@ -14,44 +14,6 @@
 
 #include "pd_test.h"
 
-/* ---- the router ------------------------------------------------------------- */
-
-static void url_list(char *out, size_t cap, tp_proc *const *n, int k)
-{
-    size_t off = 0;
-    out[0] = 0;
-    for (int i = 0; i < k; i++)
-        off += (size_t)snprintf(out + off, cap - off, "%shttp://127.0.0.1:%d", i ? "," : "",
-                                n[i]->http);
-}
-
-/* A router over P[0..np) and D[0..nd), healthy before it returns. */
-static void router_start(tp_proc *r, tp_proc *const *P, int np, tp_proc *const *D, int nd,
-                         const char *const *extra)
-{
-    static char pl[512], dl[512];
-    url_list(pl, sizeof pl, P, np);
-    url_list(dl, sizeof dl, D, nd);
-    const char *argv[32] = {"router", "--decode", dl, "--port", "0", "--health-interval-ms", "100",
-                            "--tokenizer", G.model};
-    int n = 9;
-    if (np) {
-        argv[n++] = "--prefill";
-        argv[n++] = pl;
-    }
-    for (int i = 0; extra && extra[i]; i++) argv[n++] = extra[i];
-    argv[n] = NULL;
-    char log[160];
-    snprintf(log, sizeof log, "%s/router-%d.log", G.dir, G.n_logs++);
-    tp_start(r, G.bin, log, argv, "duplex router:");
-    dx_buf b;
-    dx_buf_init(&b, 0);
-    for (int i = 0; i < 600 && tc_http(r->http, "GET", "/health", NULL, &b, 10) != 200; i++)
-        tp_sleep_ms(50);
-    assert_int_equal(tc_http(r->http, "GET", "/health", NULL, &b, 10), 200);
-    dx_buf_free(&b);
-}
-
 /* One turn through the router; the answer is appended.  The client never
  * sees kv_transfer_params; its usage is the cluster's. */
 static json_t *turn_router(conv *c, const tp_proc *R, int max_tokens, const char *const *headers)
@@ -299,7 +261,8 @@ static void test_xpyd_concurrent(void **state)
     assert_int_equal(metric(&R, "duplex_router_affinity_hits_total"), N * (TURNS - 1));
     assert_int_equal(metric(&R, "duplex_router_affinity_misses_total"), N);
     assert_true(metric(&P0, PULLED) + metric(&P1, PULLED) > 0);
-    assert_true(metric(&D0, "duplex_kv_holds_total") > 0 && metric(&D1, "duplex_kv_holds_total") > 0);
+    assert_true(metric(&D0, "duplex_kv_holds_total") > 0 &&
+                metric(&D1, "duplex_kv_holds_total") > 0);
     for (int i = 0; i < N; i++) {
         conv_free(&c[i]);
         conv_free(&r[i]);
@@ -335,7 +298,8 @@ static void test_nodes_killed(void **state)
     tp_stop(holder, SIGKILL, 30);
     char series[200];
     snprintf(series, sizeof series,
-             "duplex_router_node_healthy{node=\"http://127.0.0.1:%d\",role=\"decode\"}", holder->http);
+             "duplex_router_node_healthy{node=\"http://127.0.0.1:%d\",role=\"decode\"}",
+             holder->http);
     for (int i = 0; i < 600 && tc_metric_or(R.http, series, 1) != 0; i++) tp_sleep_ms(20);
     assert_true(tc_metric_or(R.http, series, 1) == 0); /* the router knows */
     user_turn(&c, &r, 811, 20);
@@ -343,7 +307,8 @@ static void test_nodes_killed(void **state)
     assert_same(turn_router(&c, &R, 30, h), turn_single(&r, &S, 30), 2);
     /* nothing to pull, but the reply's tokens still came with the params */
     assert_int_equal(metric(&P, "duplex_kv_fallbacks_total{reason=\"unreachable\"}"), 0);
-    assert_int_equal(metric(&P, "duplex_history_replies_total{source=\"params\"}"), from_params + 1);
+    assert_int_equal(metric(&P, "duplex_history_replies_total{source=\"params\"}"),
+                     from_params + 1);
     assert_true(metric(other, "duplex_kv_holds_total") == 1);
     /* the prefill node freezes with the next request, then dies */
     user_turn(&c, &r, 812, 20);
@@ -358,9 +323,10 @@ static void test_nodes_killed(void **state)
     curl_easy_setopt(e, CURLOPT_HTTPHEADER, sl);
     CURLM *m = curl_multi_init();
     curl_multi_add_handle(m, e);
-    snprintf(series, sizeof series,
-             "duplex_router_node_outstanding_requests{node=\"http://127.0.0.1:%d\",role=\"prefill\"}",
-             P.http);
+    snprintf(
+        series, sizeof series,
+        "duplex_router_node_outstanding_requests{node=\"http://127.0.0.1:%d\",role=\"prefill\"}",
+        P.http);
     int running = 1;
     for (int i = 0; i < 600 && tc_metric_or(R.http, series, 0) < 1; i++) {
         curl_multi_perform(m, &running);

@@ -30,8 +30,8 @@ static struct {
 /* `duplex serve` on a free port with the test model, plus extra flags. */
 static inline void node_start(tp_proc *p, const char *tag, const char *const *extra)
 {
-    const char *argv[48] = {"serve", "--model", G.model, "--port", "0", "--threads", "1",
-                            "--kv-cache-mb", "16"};
+    const char *argv[48] = {"serve",     "--model", G.model,         "--port", "0",
+                            "--threads", "1",       "--kv-cache-mb", "16"};
     int n = 9;
     for (int i = 0; extra && extra[i]; i++) argv[n++] = extra[i];
     argv[n] = NULL;
@@ -59,6 +59,64 @@ static inline long metric(const tp_proc *p, const char *name)
 #define PULLED   "duplex_kv_prompt_tokens_total{source=\"pulled\"}"
 #define LOCAL    "duplex_kv_prompt_tokens_total{source=\"local\"}"
 #define COMPUTED "duplex_kv_prompt_tokens_total{source=\"computed\"}"
+
+/* ---- the router ------------------------------------------------------------- */
+
+static inline void url_list(char *out, size_t cap, tp_proc *const *n, int k)
+{
+    size_t off = 0;
+    out[0] = 0;
+    for (int i = 0; i < k; i++)
+        off += (size_t)snprintf(out + off, cap - off, "%shttp://127.0.0.1:%d", i ? "," : "",
+                                n[i]->http);
+}
+
+/* A router over P[0..np) and D[0..nd), healthy before it returns. */
+static inline void router_start(tp_proc *r, tp_proc *const *P, int np, tp_proc *const *D, int nd,
+                                const char *const *extra)
+{
+    static char pl[512], dl[512];
+    url_list(pl, sizeof pl, P, np);
+    url_list(dl, sizeof dl, D, nd);
+    const char *argv[32] = {"router", "--decode",    dl,     "--port", "0", "--health-interval-ms",
+                            "100",    "--tokenizer", G.model};
+    int n = 9;
+    if (np) {
+        argv[n++] = "--prefill";
+        argv[n++] = pl;
+    }
+    for (int i = 0; extra && extra[i]; i++) argv[n++] = extra[i];
+    argv[n] = NULL;
+    char log[160];
+    snprintf(log, sizeof log, "%s/router-%d.log", G.dir, G.n_logs++);
+    tp_start(r, G.bin, log, argv, "duplex router:");
+    dx_buf b;
+    dx_buf_init(&b, 0);
+    for (int i = 0; i < 600 && tc_http(r->http, "GET", "/health", NULL, &b, 10) != 200; i++)
+        tp_sleep_ms(50);
+    assert_int_equal(tc_http(r->http, "GET", "/health", NULL, &b, 10), 200);
+    dx_buf_free(&b);
+}
+
+/* A node at rest after a test: no request running or waiting, no pin, and
+ * no block referenced except by a live lease (retained or handed-off KV);
+ * waits (up to 60 s) for in-flight work to end, then fails with the
+ * counts. */
+static inline void assert_at_rest(int port, const char *name)
+{
+    long used = 0, leased = 0, pins = 0, run = 0, wait = 0;
+    for (int i = 0; i < 1200; i++) {
+        used = tc_metric(port, "duplex_kv_blocks_used");
+        leased = tc_metric(port, "duplex_kv_leased_blocks");
+        pins = tc_metric(port, "duplex_kv_pins");
+        run = tc_metric(port, "duplex_requests_running");
+        wait = tc_metric(port, "duplex_requests_waiting");
+        if (!pins && !run && !wait && used <= leased) return;
+        tp_sleep_ms(50);
+    }
+    fail_msg("%s not at rest: %ld pins, %ld running, %ld waiting, %ld blocks used > %ld leased",
+             name, pins, run, wait, used, leased);
+}
 
 /* ---- requests --------------------------------------------------------------- */
 
@@ -111,8 +169,8 @@ static inline json_t *post_stream(const tp_proc *p, json_t *body, json_t **param
         json_error_t je;
         json_t *chunk = json_loadb(ev + 6, (size_t)(end - ev - 6), 0, &je);
         assert_non_null(chunk);
-        json_t *fr = json_object_get(json_array_get(json_object_get(chunk, "choices"), 0),
-                                     "finish_reason");
+        json_t *fr =
+            json_object_get(json_array_get(json_object_get(chunk, "choices"), 0), "finish_reason");
         assert_true(json_is_string(fr)); /* the final chunk */
         *params = json_incref(json_object_get(chunk, "kv_transfer_params"));
         json_decref(chunk);
@@ -137,8 +195,7 @@ static inline json_t *chat_body(json_t *msgs, int max_tokens)
 static inline json_t *answer_of(json_t *resp)
 {
     json_t *c = json_object_get(
-        json_object_get(json_array_get(json_object_get(resp, "choices"), 0), "message"),
-        "content");
+        json_object_get(json_array_get(json_object_get(resp, "choices"), 0), "message"), "content");
     assert_true(json_is_string(c));
     return json_incref(c);
 }
@@ -146,8 +203,7 @@ static inline json_t *answer_of(json_t *resp)
 static inline long usage_of(json_t *resp, const char *field)
 {
     json_t *u = json_object_get(resp, "usage");
-    if (!strcmp(field, "cached_tokens"))
-        u = json_object_get(u, "prompt_tokens_details");
+    if (!strcmp(field, "cached_tokens")) u = json_object_get(u, "prompt_tokens_details");
     return (long)json_integer_value(json_object_get(u, field));
 }
 
@@ -161,9 +217,10 @@ typedef struct {
 } conv;
 
 static const char *const k_words[] = {
-    "the", "cache", "moves", "between", "nodes", "and", "every", "turn", "keeps", "its",
-    "history", "while", "agents", "call", "tools", "with", "long", "outputs", "that", "grow",
-    "quickly", "so", "prefill", "work", "matters", "more", "than", "decode", "for", "them"};
+    "the",     "cache",   "moves",   "between", "nodes",   "and",  "every",   "turn",
+    "keeps",   "its",     "history", "while",   "agents",  "call", "tools",   "with",
+    "long",    "outputs", "that",    "grow",    "quickly", "so",   "prefill", "work",
+    "matters", "more",    "than",    "decode",  "for",     "them"};
 
 /* n words of deterministic text (malloc'd). */
 static inline char *words(unsigned seed, int n)
@@ -216,14 +273,14 @@ static inline json_t *prefill_params(const conv *c, int bidi)
         return p;
     }
     return json_pack("{s:b,s:b,s:n,s:n,s:n,s:n,s:n,s:n}", "do_remote_decode", 1,
-                     "do_remote_prefill", 0, "remote_engine_id", "remote_request_id",
-                     "remote_host", "remote_port", "remote_block_ids", "remote_num_tokens");
+                     "do_remote_prefill", 0, "remote_engine_id", "remote_request_id", "remote_host",
+                     "remote_port", "remote_block_ids", "remote_num_tokens");
 }
 
 /* One turn through P and D; returns the answer (malloc'd), appended to the
  * conversation. */
 static inline json_t *turn_pd(conv *c, const tp_proc *P, const tp_proc *D, int max_tokens, int bidi,
-                       int stream)
+                              int stream)
 {
     json_t *pb = chat_body(c->msgs, 1);
     json_object_set_new(pb, "stream", json_false());

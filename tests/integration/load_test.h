@@ -1,0 +1,321 @@
+/* load_test: many multi-turn conversations at once against a cluster, each
+ * greedy reply checked against a single-node oracle (the same messages on
+ * one `duplex serve`, temperature 0, must give byte-identical text).  One
+ * curl multi handle drives every conversation; a slot alternates cluster
+ * request -> oracle request -> compare -> next user turn.  Outcomes are
+ * counted, never asserted on time; the time to the first answer byte of
+ * each admitted request is kept so a test can print its p99.  Shared by
+ * itest_soak (the soak) and itest_faults (overload).  Include after
+ * pd_test.h. */
+#ifndef LOAD_TEST_H
+#define LOAD_TEST_H
+
+#include <stdint.h>
+
+#include "base/dx_clock.h"
+
+enum { LT_IDLE, LT_CLUSTER, LT_ORACLE };
+
+typedef struct {
+    conv c;
+    int phase, stream, max_tokens, oracle_port, turn;
+    unsigned seed, n_resets;
+    CURL *h;
+    struct curl_slist *sl;
+    dx_buf out;
+    char *body, *obody;               /* the cluster's request, the oracle's (never streamed) */
+    json_t *ans;                      /* the cluster's answer, waiting for the oracle's */
+    uint64_t t0, t_first, not_before; /* not_before: a 503's Retry-After */
+    char retry_after;                 /* the 503 carried Retry-After */
+} lt_slot;
+
+typedef struct {
+    int port, oracle_port; /* the cluster's router, the single node */
+    int n;
+    lt_slot *s;
+    CURLM *m;
+    int reset_tokens; /* start a fresh conversation past this prompt size */
+    /* outcomes */
+    long ok, wrong, rejected_503, no_retry_after, errors, turns_reset;
+    char first_error[512];
+    double *ttft; /* seconds, admitted requests */
+    size_t n_ttft, cap_ttft;
+} lt_load;
+
+static inline size_t lt_on_data(char *p, size_t sz, size_t n, void *user)
+{
+    lt_slot *s = user;
+    if (!s->t_first) s->t_first = dx_now_ns();
+    return dx_buf_append(&s->out, p, sz * n) == 0 ? sz * n : 0;
+}
+
+static inline size_t lt_on_header(char *p, size_t sz, size_t n, void *user)
+{
+    lt_slot *s = user;
+    if (sz * n >= 12 && !strncasecmp(p, "Retry-After:", 12)) s->retry_after = 1;
+    return sz * n;
+}
+
+static inline void lt_error(lt_load *L, const char *fmt, const char *detail, int slot, int turn)
+{
+    L->errors++;
+    if (!L->first_error[0])
+        snprintf(L->first_error, sizeof L->first_error, "conversation %d turn %d: %s %.300s", slot,
+                 turn, fmt, detail ? detail : "");
+}
+
+static inline void lt_send(lt_load *L, lt_slot *s, int port, const char *body)
+{
+    dx_buf_reset(&s->out);
+    s->retry_after = 0;
+    s->t_first = 0;
+    s->t0 = dx_now_ns();
+    s->h = tc_curl(port, "POST", "/v1/chat/completions", body, &s->out, &s->sl, 600);
+    curl_easy_setopt(s->h, CURLOPT_WRITEFUNCTION, lt_on_data);
+    curl_easy_setopt(s->h, CURLOPT_WRITEDATA, s);
+    curl_easy_setopt(s->h, CURLOPT_HEADERFUNCTION, lt_on_header);
+    curl_easy_setopt(s->h, CURLOPT_HEADERDATA, s);
+    curl_easy_setopt(s->h, CURLOPT_PRIVATE, s);
+    curl_multi_add_handle(L->m, s->h);
+}
+
+/* The next turn of slot s goes to the cluster. */
+static inline void lt_start_turn(lt_load *L, lt_slot *s)
+{
+    json_t *b = chat_body(s->c.msgs, s->max_tokens);
+    free(s->body);
+    free(s->obody);
+    s->obody = json_dumps(b, JSON_COMPACT);
+    if (s->stream) json_object_set_new(b, "stream", json_true());
+    s->body = json_dumps(b, JSON_COMPACT);
+    json_decref(b);
+    s->phase = LT_CLUSTER;
+    lt_send(L, s, L->port, s->body);
+}
+
+/* The text of an answer (streamed or not) as a JSON string, or NULL with
+ * *why set: not JSON, an error event, a stream without [DONE]. */
+static inline json_t *lt_answer(const dx_buf *b, int stream, const char **why)
+{
+    json_error_t je;
+    if (!stream) {
+        json_t *v = json_loadb(b->data ? b->data : "", b->len, JSON_ALLOW_NUL, &je);
+        json_t *c = json_object_get(
+            json_object_get(json_array_get(json_object_get(v, "choices"), 0), "message"),
+            "content");
+        json_t *r = json_is_string(c) ? json_incref(c) : NULL;
+        json_decref(v);
+        *why = r ? NULL : "no answer in the body";
+        return r;
+    }
+    dx_buf text;
+    dx_buf_init(&text, 0);
+    const char *p = b->data ? b->data : "";
+    int done = 0;
+    *why = NULL;
+    while (*p && !*why) {
+        const char *end = strstr(p, "\n\n");
+        if (strncmp(p, "data: ", 6) || !end || done) {
+            *why = "bad SSE framing";
+            break;
+        }
+        p += 6;
+        if (end - p == 6 && !memcmp(p, "[DONE]", 6)) {
+            done = 1;
+        } else {
+            json_t *v = json_loadb(p, (size_t)(end - p), JSON_ALLOW_NUL, &je);
+            json_t *t = json_object_get(
+                json_object_get(json_array_get(json_object_get(v, "choices"), 0), "delta"),
+                "content");
+            if (!v || json_object_get(v, "error")) *why = "an error event";
+            if (json_is_string(t))
+                dx_buf_append(&text, json_string_value(t), json_string_length(t));
+            json_decref(v);
+        }
+        p = end + 2;
+    }
+    if (!*why && !done) *why = "the stream ended without [DONE]";
+    json_t *r = *why ? NULL : json_stringn_nocheck(text.data ? text.data : "", text.len);
+    dx_buf_free(&text);
+    return r;
+}
+
+static inline void lt_keep_ttft(lt_load *L, const lt_slot *s)
+{
+    if (L->n_ttft == L->cap_ttft) {
+        L->cap_ttft = L->cap_ttft ? 2 * L->cap_ttft : 1024;
+        L->ttft = realloc(L->ttft, L->cap_ttft * sizeof *L->ttft);
+        assert_non_null(L->ttft);
+    }
+    uint64_t t = s->t_first ? s->t_first : dx_now_ns();
+    L->ttft[L->n_ttft++] = (double)(t - s->t0) / 1e9;
+}
+
+/* The answer is the oracle's: append it and the next user message, or
+ * start a new conversation once the history is long. */
+static inline void lt_next_turn(lt_load *L, lt_slot *s)
+{
+    conv_add_answer(&s->c, s->ans);
+    json_decref(s->ans);
+    s->ans = NULL;
+    s->turn++;
+    if (s->c.prompt > L->reset_tokens) {
+        conv_free(&s->c);
+        conv_init(&s->c, s->seed + 7919u * ++s->n_resets, 40 + (int)(s->seed % 60));
+        s->turn = 0;
+        L->turns_reset++;
+    } else {
+        user_turn(&s->c, NULL, s->seed * 31u + (unsigned)s->turn * 17u + s->n_resets,
+                  8 + s->turn % 20);
+    }
+    s->phase = LT_IDLE;
+}
+
+/* A finished transfer of slot s. */
+static inline void lt_done(lt_load *L, lt_slot *s, CURLcode cc)
+{
+    long st = 0;
+    curl_easy_getinfo(s->h, CURLINFO_RESPONSE_CODE, &st);
+    curl_multi_remove_handle(L->m, s->h);
+    curl_easy_cleanup(s->h);
+    curl_slist_free_all(s->sl);
+    s->h = NULL;
+    tc_terminate(&s->out);
+    int slot = (int)(s - L->s);
+    const char *why = NULL;
+    if (s->phase == LT_CLUSTER) {
+        if (cc != CURLE_OK) {
+            lt_error(L, "transport:", curl_easy_strerror(cc), slot, s->turn);
+        } else if (st == 503) {
+            L->rejected_503++;
+            if (!s->retry_after) L->no_retry_after++;
+            s->not_before = dx_now_ns() + 1000000000ull; /* Retry-After: 1 */
+        } else if (st != 200) {
+            char what[32];
+            snprintf(what, sizeof what, "status %ld:", st);
+            lt_error(L, what, s->out.data, slot, s->turn);
+        } else if (!(s->ans = lt_answer(&s->out, s->stream, &why))) {
+            lt_error(L, why, s->out.data, slot, s->turn);
+        } else {
+            lt_keep_ttft(L, s);
+            s->phase = LT_ORACLE;
+            lt_send(L, s, L->oracle_port, s->obody);
+            return;
+        }
+        s->phase = LT_IDLE; /* retried as the same turn */
+        return;
+    }
+    /* the oracle, never streamed */
+    json_t *v = NULL;
+    if (cc == CURLE_OK && st == 200) {
+        json_error_t je;
+        v = json_loadb(s->out.data, s->out.len, JSON_ALLOW_NUL, &je);
+    }
+    json_t *want = v ? answer_of(v) : NULL;
+    s->c.prompt = v ? usage_of(v, "prompt_tokens") : 0;
+    json_decref(v);
+    if (!want) {
+        lt_error(L, "the oracle failed:", s->out.data, slot, s->turn);
+        json_decref(s->ans);
+        s->ans = NULL;
+        s->phase = LT_IDLE;
+        return;
+    }
+    if (json_equal(want, s->ans)) {
+        L->ok++;
+    } else {
+        L->wrong++;
+        if (!L->first_error[0])
+            snprintf(L->first_error, sizeof L->first_error,
+                     "conversation %d turn %d differs:\n  cluster: %.200s\n  oracle:  %.200s", slot,
+                     s->turn, json_string_value(s->ans), json_string_value(want));
+    }
+    json_decref(s->ans);
+    s->ans = want; /* the conversation goes on with the oracle's text */
+    lt_next_turn(L, s);
+}
+
+/* n conversations against the router at port, checked against the node at
+ * oracle_port; every other one streams. */
+static inline void lt_init(lt_load *L, int n, int port, int oracle_port, unsigned seed)
+{
+    memset(L, 0, sizeof *L);
+    L->n = n;
+    L->port = port;
+    L->oracle_port = oracle_port;
+    L->reset_tokens = 1200;
+    L->s = calloc((size_t)n, sizeof *L->s);
+    assert_non_null(L->s);
+    L->m = curl_multi_init();
+    for (int i = 0; i < n; i++) {
+        lt_slot *s = &L->s[i];
+        s->seed = seed + 101u * (unsigned)i;
+        s->stream = i & 1;
+        s->max_tokens = 8 + (int)(s->seed % 40);
+        conv_init(&s->c, s->seed, 30 + (int)(s->seed % 90));
+        dx_buf_init(&s->out, 0);
+    }
+}
+
+/* Runs until `until_ns` (new turns start only before it), then until every
+ * request has ended; each_s > 0 calls tick(arg) about that often. */
+static inline void lt_run(lt_load *L, uint64_t until_ns, void (*tick)(void *), void *arg,
+                          double each_s)
+{
+    uint64_t next_tick = dx_now_ns() + (uint64_t)(each_s * 1e9);
+    for (;;) {
+        int busy = 0, running;
+        for (int i = 0; i < L->n; i++) {
+            if (L->s[i].phase == LT_IDLE && dx_now_ns() < until_ns &&
+                dx_now_ns() >= L->s[i].not_before)
+                lt_start_turn(L, &L->s[i]);
+            busy += L->s[i].phase != LT_IDLE;
+        }
+        if (!busy && dx_now_ns() >= until_ns) break;
+        curl_multi_perform(L->m, &running);
+        CURLMsg *msg;
+        int left;
+        while ((msg = curl_multi_info_read(L->m, &left))) {
+            if (msg->msg != CURLMSG_DONE) continue;
+            lt_slot *s;
+            curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, (char **)&s);
+            lt_done(L, s, msg->data.result);
+        }
+        curl_multi_poll(L->m, NULL, 0, 100, NULL);
+        if (tick && each_s > 0 && dx_now_ns() >= next_tick) {
+            tick(arg);
+            next_tick = dx_now_ns() + (uint64_t)(each_s * 1e9);
+        }
+    }
+}
+
+static inline int lt_cmp_d(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The q-quantile of the admitted requests' time to first byte (s). */
+static inline double lt_ttft_q(lt_load *L, double q)
+{
+    if (!L->n_ttft) return 0;
+    qsort(L->ttft, L->n_ttft, sizeof *L->ttft, lt_cmp_d);
+    size_t i = (size_t)(q * (double)(L->n_ttft - 1) + 0.5);
+    return L->ttft[i];
+}
+
+static inline void lt_free(lt_load *L)
+{
+    for (int i = 0; i < L->n; i++) {
+        conv_free(&L->s[i].c);
+        dx_buf_free(&L->s[i].out);
+        free(L->s[i].body);
+        free(L->s[i].obody);
+        json_decref(L->s[i].ans);
+    }
+    curl_multi_cleanup(L->m);
+    free(L->s);
+    free(L->ttft);
+}
+
+#endif
