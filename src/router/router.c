@@ -183,6 +183,7 @@ void rt_respond_error(router *r, http_conn *c, const char *method, const char *p
     oai_error_json(&b, msg, oai_error_type(status), param && *param ? param : NULL, NULL);
     const char *allow = NULL;
     if (status == 405) allow = strstr(path, "completions") ? "Allow: POST\r\n" : "Allow: GET\r\n";
+    if (status == 503) allow = "Retry-After: 1\r\n"; /* shutting down: try again (elsewhere) */
     http_conn_set_abort(c, NULL, NULL);
     http_conn_respond(c, status, "application/json", allow, b.data, b.len);
     dx_buf_free(&b);

@@ -225,7 +225,10 @@ static void reply_full(rt_req *q, int status, const char *body, size_t len)
     http_conn *c = q->conn;
     q->conn = NULL;
     http_conn_set_abort(c, NULL, NULL);
-    http_conn_respond(c, status, "application/json", NULL, body ? body : "", len);
+    /* a 503 (a node's full queue passed on, no healthy node) invites a retry,
+     * as the nodes' own 503s do */
+    http_conn_respond(c, status, "application/json", status == 503 ? "Retry-After: 1\r\n" : NULL,
+                      body ? body : "", len);
 }
 
 static void reply_error(rt_req *q, int status, const char *msg, const char *param)

@@ -37,6 +37,7 @@ typedef struct {
     int reset_tokens; /* start a fresh conversation past this prompt size */
     /* outcomes */
     long ok, wrong, rejected_503, no_retry_after, errors, turns_reset;
+    long capacity_500; /* 500s saying the pool or scheduler was full (see itest_faults) */
     char first_error[512];
     double *ttft; /* seconds, admitted requests */
     size_t n_ttft, cap_ttft;
@@ -190,6 +191,11 @@ static inline void lt_done(lt_load *L, lt_slot *s, CURLcode cc)
             L->rejected_503++;
             if (!s->retry_after) L->no_retry_after++;
             s->not_before = dx_now_ns() + 1000000000ull; /* Retry-After: 1 */
+        } else if (st == 500 && s->out.data &&
+                   (strstr(s->out.data, "KV pool exhausted") ||
+                    strstr(s->out.data, "at capacity"))) {
+            L->capacity_500++;
+            s->not_before = dx_now_ns() + 1000000000ull;
         } else if (st != 200) {
             char what[32];
             snprintf(what, sizeof what, "status %ld:", st);
