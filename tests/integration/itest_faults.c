@@ -188,6 +188,7 @@ static void test_holder_killed_mid_transfer(void **state)
     long computed = metric(&P, COMPUTED);
     json_t *b = chat_body(c.msgs, 40);
     char *s = json_dumps(b, JSON_COMPACT);
+    json_decref(b);
     dx_buf out;
     dx_buf_init(&out, 0);
     struct curl_slist *sl;
