@@ -24,6 +24,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/socket.h>
 #include <uv.h>
 
 typedef struct http_srv http_srv;
@@ -41,6 +42,7 @@ typedef struct {
     size_t n_headers;
     const char *body; /* NUL-terminated for convenience; body_len excludes it */
     size_t body_len;
+    const struct sockaddr *peer; /* the client's address (AF_INET/AF_INET6), or NULL */
 } http_req;
 
 typedef void (*http_req_fn)(void *user, http_conn *c, const http_req *req);
