@@ -231,10 +231,11 @@ void http_auth_cache_salt(const http_auth *a, const http_auth_result *who, const
     memset(out, 0, HTTP_AUTH_SALT);
     int tenant = !who->trusted && who->key >= 0;
     if (!tenant && !salt_len) return; /* the shared namespace */
-    /* domain tag, whether a tenant is bound, its key's digest (fixed size),
-     * then the salt: no two inputs give the same bytes */
+    /* a domain tag; who gave the salt (0 a trusted caller, 1 an untrusted
+     * one without a key, 2 with one: an untrusted caller's namespaces never
+     * meet a trusted one's); the key's digest (fixed size); the salt */
     uint8_t pre[16 + 1 + DX_KEY_DIGEST] = "duplex salt v1";
-    pre[16] = (uint8_t)tenant;
+    pre[16] = (uint8_t)(who->trusted ? 0 : tenant ? 2 : 1);
     if (tenant) memcpy(pre + 17, dx_keys_digest(a->api, who->key), DX_KEY_DIGEST);
     uint8_t h[HTTP_AUTH_SALT];
     dx_keys_hash(pre, sizeof pre, salt, salt_len, NULL, 0, h, sizeof h);

@@ -896,7 +896,7 @@ static int key_and_lookup(rt_req *q, const http_req *hr, const http_auth_result 
 {
     router *r = q->r;
     const char *id;
-    size_t id_len;
+    size_t id_len = 0;
     int st = conversation_id(hr, o->root, &id, &id_len, msg, cap);
     if (st) return st;
     router_key ns;
