@@ -131,6 +131,14 @@ static void test_node_api_keys(void **state)
     assert_401(N.http, "POST", "/tokenize", NULL, "missing API key");
     assert_true(tc_metric(N.http, "duplex_http_requests_total{route=\"/v1/chat/completions\","
                                   "status=\"401\"}") >= 6);
+    /* the official openai package sees OpenAI's AuthenticationError */
+    if (access("tests/integration/node/node_modules/openai", F_OK) != 0)
+        fail_msg("openai npm package not installed (scripts/test.sh runs npm ci)");
+    char cmd[300], out[8192];
+    snprintf(cmd, sizeof cmd,
+             "node tests/integration/node/openai_auth.mjs http://127.0.0.1:%d/v1 sk-file-2 2>&1",
+             N.http);
+    if (tp_capture(cmd, out, sizeof out) != 0) fail_msg("openai client:\n%s", out);
     stop_ok(&N);
     /* no keys: open, and the start-up line says it serves loopback only */
     tp_proc O;
