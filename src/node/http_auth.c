@@ -82,16 +82,6 @@ const uint8_t *http_auth_key_digest(const http_auth *a, int i)
 
 /* ---- a request's credentials --------------------------------------------------- */
 
-/* The value of header `name`; *n counts how often it came. */
-static const char *header(const http_req *r, const char *name, int *n)
-{
-    const char *v = NULL;
-    *n = 0;
-    for (size_t i = 0; i < r->n_headers; i++)
-        if (!strcasecmp(r->headers[i].name, name) && (*n)++ == 0) v = r->headers[i].value;
-    return v;
-}
-
 enum bearer { BEARER_NONE, BEARER_BAD, BEARER_OK };
 
 static int blank(char c)
@@ -141,7 +131,7 @@ static int internal_presented(const http_auth *a, const http_req *r, enum bearer
                               size_t len)
 {
     int n;
-    const char *ik = header(r, HTTP_AUTH_INTERNAL_HEADER, &n);
+    const char *ik = http_req_header(r, HTTP_AUTH_INTERNAL_HEADER, &n);
     if (n) {
         if (n > 1 || !a || !a->internal) return -1;
         return dx_keys_find(a->internal, ik, strlen(ik)) == 0 ? 1 : -1;
@@ -153,7 +143,7 @@ void http_auth_check(const http_auth *a, const http_req *r, http_auth_result *ou
 {
     *out = (http_auth_result){.status = 0, .key = -1};
     int n;
-    const char *v = header(r, "Authorization", &n), *tok = NULL;
+    const char *v = http_req_header(r, "Authorization", &n), *tok = NULL;
     size_t len = 0;
     enum bearer b = parse_bearer(v, n, &tok, &len);
     int internal = internal_presented(a, r, b, tok, len);

@@ -120,6 +120,16 @@ const char *http_status_text(int status)
     }
 }
 
+const char *http_req_header(const http_req *r, const char *name, int *count)
+{
+    const char *v = NULL;
+    int n = 0;
+    for (size_t i = 0; i < r->n_headers; i++)
+        if (!strcasecmp(r->headers[i].name, name) && n++ == 0) v = r->headers[i].value;
+    if (count) *count = n;
+    return v;
+}
+
 /* ---- output ---------------------------------------------------------- */
 
 /* Bytes handed over and not yet written. */

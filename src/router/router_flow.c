@@ -24,7 +24,6 @@
  * byte the stream ends with an OpenAI-style error event. */
 #include <stdio.h>
 #include <string.h>
-#include <strings.h>
 
 #include "base/dx_alloc.h"
 #include "base/dx_clock.h"
@@ -778,13 +777,6 @@ static const router_up_cb k_decode_cb = {
 /* ---- parse, key, count ------------------------------------------------------------------------
  */
 
-static const char *header(const http_req *hr, const char *name)
-{
-    for (size_t i = 0; i < hr->n_headers; i++)
-        if (!strcasecmp(hr->headers[i].name, name)) return hr->headers[i].value;
-    return NULL;
-}
-
 /* Prompt tokens: exact with the tokenizer, else ~4 bytes a token. */
 static uint32_t count_tokens(const router *r, const oai_req *o)
 {
@@ -842,7 +834,7 @@ static int lookup_chat(rt_req *q, const oai_req *o, const router_key *ns, router
 static int conversation_id(const http_req *hr, json_t *root, const char **id, size_t *len,
                            char *msg, size_t cap)
 {
-    const char *h = header(hr, "X-Conversation-Id");
+    const char *h = http_req_header(hr, "X-Conversation-Id", NULL);
     json_t *b = json_object_get(root, "conversation_id");
     *id = NULL;
     if (b && !json_is_null(b) && !json_is_string(b)) {
@@ -931,7 +923,7 @@ static int prepare(rt_req *q, const http_req *hr, const http_auth_result *who, o
                    char *msg, size_t cap, const char **param)
 {
     json_t *root = o->root;
-    const char *auth = header(hr, "Authorization");
+    const char *auth = http_req_header(hr, "Authorization", NULL);
     if (auth && !header_ok(auth)) {
         snprintf(msg, cap, "Authorization: control characters in the header");
         return 400;
