@@ -33,6 +33,14 @@ typedef struct {
     size_t n;
 } cli_list;
 
+/* The API-key flags of serve, router and up (SECURITY.md): two cli_opt
+ * entries filling two cli_lists. */
+#define CLI_API_KEY_OPTS(keys, files)                                                              \
+    {"api-key", CLI_LIST, (keys), 0, 0,                                                           \
+     "a key clients must send as Authorization: Bearer (repeatable)"},                           \
+        {"api-key-file", CLI_PATH_LIST, (files), 0, 0,                                             \
+         "API keys, one per line, '#' comments (repeatable)"}
+
 typedef struct {
     const char *name; /* without dashes: "n" is -n, "kv-dtype" is --kv-dtype */
     enum cli_opt_type type;

@@ -80,10 +80,7 @@ int cli_up_main(int argc, char **argv)
         {"stop-timeout-s", CLI_DBL, &stop, 1, 86400, "then SIGKILL on stop (60)"},
         {"log-level", CLI_STR, &level, 0, 0,
          "error|warn|info|debug (default info; debug reaches every process)"},
-        {"api-key", CLI_LIST, &api_keys, 0, 0,
-         "a key clients must send (repeatable; the router and every node require it)"},
-        {"api-key-file", CLI_PATH_LIST, &api_key_files, 0, 0,
-         "API keys, one per line, '#' comments (repeatable)"},
+        CLI_API_KEY_OPTS(&api_keys, &api_key_files), /* the router and every node get them */
     };
     int rc = cli_parse("up", "[--model FILE] [--prefill N] [--decode M] [--port 8000] [--mode M]",
                        argc, argv, opts, DX_ARRAY_LEN(opts), NULL, 0, NULL);

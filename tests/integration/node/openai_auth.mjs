@@ -4,17 +4,9 @@
 // Usage: node openai_auth.mjs http://127.0.0.1:PORT/v1 GOOD_KEY
 // Exits 0 when every check holds; prints what failed otherwise.
 import OpenAI from 'openai';
+import { check, failed } from './check.mjs';
 
 const [baseURL, key] = process.argv.slice(2);
-let failures = 0;
-function check(cond, what, detail) {
-  if (!cond) {
-    failures++;
-    console.error(`FAIL ${what}${detail === undefined ? '' : ': ' + JSON.stringify(detail)}`);
-  } else {
-    console.log(`ok   ${what}`);
-  }
-}
 
 const bad = new OpenAI({ baseURL, apiKey: 'sk-not-a-key', maxRetries: 0, timeout: 60000 });
 try {
@@ -35,4 +27,4 @@ const chat = await good.chat.completions.create({
   model: ids[0], messages: [{ role: 'user', content: 'Hi' }], max_tokens: 4, temperature: 0,
 });
 check(chat.choices[0].message.content !== undefined, 'the right key chats', chat.choices[0]);
-process.exit(failures ? 1 : 0);
+process.exit(failed() ? 1 : 0);
