@@ -23,8 +23,9 @@
  * (the stream cannot be resynced); a frame of unknown type or with a
  * malformed payload gets an ERROR and the connection stays usable.
  *
- * Version 2 added RENEW/RENEW_OK and PIN_OK's ttl_ms; a version-1 peer gets
- * the version error. */
+ * Version 2 added RENEW/RENEW_OK and PIN_OK's ttl_ms; version 3 changed what
+ * the pulled bytes mean (K is stored transposed inside a block, kv_pool.h),
+ * so an older peer gets the version error rather than misread KV. */
 #ifndef KVPORT_PROTO_H
 #define KVPORT_PROTO_H
 
@@ -34,7 +35,7 @@
 #include "base/dx_buf.h"
 
 #define KVPORT_MAGIC       0x564b5844u /* "DXKV" read as little-endian u32 */
-#define KVPORT_VERSION     2
+#define KVPORT_VERSION     3
 #define KVPORT_HDR_BYTES   12
 #define KVPORT_MAX_PAYLOAD (8u << 20)
 /* Most blocks one PIN may name (1 Mi tokens at 16 tokens per block). */
