@@ -79,8 +79,9 @@ void http_auth_check(const http_auth *a, const http_req *r, http_auth_result *ou
 int http_auth_error_json(dx_buf *b, const char *message);
 
 /* A server about to listen on host: 0 when it has API keys, when host is a
- * loopback address, or with insecure (--insecure-no-auth); DX_EINVAL saying
- * what to do otherwise (also when host does not resolve). */
+ * loopback address, or with insecure (--insecure-no-auth) — and when host
+ * does not resolve, which binding then reports; DX_EINVAL saying what to
+ * do otherwise. */
 int http_auth_bind_check(const http_auth *a, const char *host, int insecure);
 /* For start-up lines: "api-keys(N)", "none (loopback only)" or
  * "none (--insecure-no-auth)"; and whose kv_transfer_params a node honours:
