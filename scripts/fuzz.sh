@@ -8,8 +8,8 @@ cd "$(dirname "$0")/.."
 SECS=${FUZZ_SECONDS:-60}
 OUT=build/libfuzzer
 mkdir -p "$OUT" build/fuzz-artifacts
-FLAGS="-std=c11 -D_GNU_SOURCE -O1 -g -Isrc -fsanitize=fuzzer,address,undefined $(pkg-config --cflags libpcre2-8 libxxhash jansson libuv ucx libutf8proc)"
-LIBS="$(pkg-config --libs libpcre2-8 libxxhash jansson libuv libcurl ucx libutf8proc) -lhttp_parser -lm -pthread"
+FLAGS="-std=c11 -D_GNU_SOURCE -O1 -g -Isrc -fsanitize=fuzzer,address,undefined $(pkg-config --cflags libpcre2-8 libxxhash jansson libuv ucx libutf8proc libsodium)"
+LIBS="$(pkg-config --libs libpcre2-8 libxxhash jansson libuv libcurl ucx libutf8proc libsodium) -lhttp_parser -lm -pthread"
 LIBSRC=$(find src/base src/model src/engine src/xfer src/node src/router src/bench -name '*.c' 2>/dev/null |
     grep -v -E '_avx(2|512)\.c$' | sort)
 for t in ${1:-$(ls tests/fuzz/fuzz_*.c)}; do

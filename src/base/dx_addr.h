@@ -13,6 +13,9 @@
  * at start-up, not on a serving path. */
 int dx_addr_resolve(const char *host, int port, struct sockaddr_storage *out, socklen_t *len);
 
+/* 1 for a loopback address: 127.0.0.0/8, ::1, or ::ffff:127.x.y.z. */
+int dx_addr_is_loopback(const struct sockaddr *sa);
+
 /* The port of a bound address. */
 int dx_addr_port(const struct sockaddr_storage *a);
 

@@ -368,6 +368,8 @@ static int first_model(const bench_run_config *c, char *out, size_t cap)
     curl_easy_setopt(h, CURLOPT_WRITEDATA, &b);
     curl_easy_setopt(h, CURLOPT_TIMEOUT, 30L);
     CURLcode rc = curl_easy_perform(h);
+    long status = 0;
+    curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
     curl_easy_cleanup(h);
     curl_slist_free_all(hdrs);
     json_error_t je;
@@ -375,11 +377,16 @@ static int first_model(const bench_run_config *c, char *out, size_t cap)
     json_t *id = json_object_get(json_array_get(json_object_get(v, "data"), 0), "id");
     int ok = json_is_string(id);
     if (ok) snprintf(out, cap, "%s", json_string_value(id));
+    /* an error answer's own message (a 401 says the key is missing or wrong) */
+    const char *why = json_string_value(json_object_get(json_object_get(v, "error"), "message"));
+    if (!ok && rc == CURLE_OK && status != 200)
+        dx_errf(DX_EIO, "%s answered %ld: %s%s", url, status, why ? why : "(no message)",
+                status == 401 && !c->api_key ? " (give --api-key)" : "");
+    else if (!ok)
+        dx_errf(DX_EIO, "%s: %s", url, rc != CURLE_OK ? curl_easy_strerror(rc) : "no model listed");
     json_decref(v);
     dx_buf_free(&b);
-    if (ok) return 0;
-    return dx_errf(DX_EIO, "%s: %s", url,
-                   rc != CURLE_OK ? curl_easy_strerror(rc) : "no model listed");
+    return ok ? 0 : DX_EIO;
 }
 
 static uint64_t next_due(const runner *R)

@@ -12,13 +12,39 @@
 #include <stdint.h>
 #include <stdio.h>
 
-/* CLI_PATH is a CLI_STR that help shows as FILE. */
-enum cli_opt_type { CLI_STR, CLI_PATH, CLI_INT, CLI_U64, CLI_DBL, CLI_FLAG };
+/* CLI_PATH is a CLI_STR that help shows as FILE.  CLI_LIST and
+ * CLI_PATH_LIST may be given several times: each value is added to a
+ * cli_list (at most CLI_LIST_MAX). */
+enum cli_opt_type {
+    CLI_STR,
+    CLI_PATH,
+    CLI_INT,
+    CLI_U64,
+    CLI_DBL,
+    CLI_FLAG,
+    CLI_LIST,
+    CLI_PATH_LIST
+};
+
+#define CLI_LIST_MAX 64
+
+typedef struct {
+    const char *v[CLI_LIST_MAX];
+    size_t n;
+} cli_list;
+
+/* The API-key flags of serve, router and up (SECURITY.md): two cli_opt
+ * entries filling two cli_lists. */
+#define CLI_API_KEY_OPTS(keys, files)                                                              \
+    {"api-key", CLI_LIST, (keys), 0, 0,                                                           \
+     "a key clients must send as Authorization: Bearer (repeatable)"},                           \
+        {"api-key-file", CLI_PATH_LIST, (files), 0, 0,                                             \
+         "API keys, one per line, '#' comments (repeatable)"}
 
 typedef struct {
     const char *name; /* without dashes: "n" is -n, "kv-dtype" is --kv-dtype */
     enum cli_opt_type type;
-    void *dst;        /* const char **, long *, uint64_t *, double *, int * */
+    void *dst;        /* const char **, long *, uint64_t *, double *, int *, cli_list * */
     double min, max;  /* for numbers; both 0 = unchecked */
     const char *help;
 } cli_opt;

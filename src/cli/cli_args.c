@@ -23,8 +23,12 @@ static const char *placeholder(enum cli_opt_type t)
 {
     switch (t) {
     case CLI_FLAG: return "";
-    case CLI_STR: return " S";
-    case CLI_PATH: return " FILE";
+    case CLI_STR:
+    case CLI_LIST:
+        return " S";
+    case CLI_PATH:
+    case CLI_PATH_LIST:
+        return " FILE";
     default: return " N";
     }
 }
@@ -58,6 +62,17 @@ static int set_value(const char *cmd, const cli_opt *o, const char *val)
     case CLI_STR:
     case CLI_PATH: *(const char **)o->dst = val; return 0;
     case CLI_FLAG: *(int *)o->dst = 1; return 0;
+    case CLI_LIST:
+    case CLI_PATH_LIST: {
+        cli_list *l = o->dst;
+        if (l->n == CLI_LIST_MAX) {
+            fprintf(stderr, "duplex %s: %s%s is given more than %d times\n", cmd, dashes(o->name),
+                    o->name, CLI_LIST_MAX);
+            return 2;
+        }
+        l->v[l->n++] = val;
+        return 0;
+    }
     case CLI_INT: {
         long v = strtol(val, &end, 10);
         if (errno || !*val || *end) goto bad;

@@ -85,17 +85,20 @@ static void list_str(const char *const *urls, size_t n, dx_buf *b)
     dx_buf_putc(b, ']');
 }
 
-static void log_startup(const router_config *c, int port)
+static void log_startup(const router_config *c, const router *r)
 {
     dx_buf p, d;
     dx_buf_init(&p, 0);
     dx_buf_init(&d, 0);
     list_str(c->prefill, c->n_prefill, &p);
     list_str(c->decode, c->n_decode, &d);
+    char auth[96];
+    router_describe_auth(r, auth, sizeof auth);
     DX_LOGI("duplex router: address=http://%s:%d mode=%s prefill=%s decode=%s tokenizer=%s "
-            "local_prefill_max_tokens=%u",
-            c->host, port, c->n_prefill ? router_mode_name(c->mode) : "colocated", p.data, d.data,
-            c->tokenizer ? c->tokenizer : "none (~4 bytes per token)", c->local_prefill_max_tokens);
+            "local_prefill_max_tokens=%u auth=%s",
+            c->host, router_port(r), c->n_prefill ? router_mode_name(c->mode) : "colocated", p.data,
+            d.data, c->tokenizer ? c->tokenizer : "none (~4 bytes per token)",
+            c->local_prefill_max_tokens, auth);
     dx_buf_free(&p);
     dx_buf_free(&d);
 }
@@ -113,7 +116,7 @@ static int run(router_config *cfg)
         uv_loop_close(&x.loop);
         return rc == DX_EINVAL ? 2 : 1;
     }
-    log_startup(cfg, router_port(x.r));
+    log_startup(cfg, x.r);
     uv_signal_init(&x.loop, &x.sig_int);
     uv_signal_init(&x.loop, &x.sig_term);
     x.sig_int.data = x.sig_term.data = &x;
@@ -131,6 +134,9 @@ int cli_router_main(int argc, char **argv)
     long port = 8000, max_conv = 100000, local_max = 256, health_ms = 1000, max_out = 64;
     long max_body_mb = 4, state_mb = 1024;
     double ttl = 450, prefill_timeout = 300, grace = 30;
+    cli_list api_keys = {.n = 0}, api_key_files = {.n = 0};
+    const char *internal_key_file = NULL;
+    int insecure = 0;
     const cli_opt opts[] = {
         {"prefill", CLI_STR, &prefill, 0, 0,
          "prefill node URLs, comma-separated (none: colocated)"},
@@ -151,6 +157,11 @@ int cli_router_main(int argc, char **argv)
         {"max-body-mb", CLI_INT, &max_body_mb, 1, 1024, "request body limit (4)"},
         {"shutdown-grace-s", CLI_DBL, &grace, 0.001, 86400, "drain time on SIGTERM (30)"},
         {"log-level", CLI_STR, &level, 0, 0, "error|warn|info|debug (default info)"},
+        CLI_API_KEY_OPTS(&api_keys, &api_key_files),
+        {"internal-key-file", CLI_PATH, &internal_key_file, 0, 0,
+         "the cluster's internal key, sent to the nodes"},
+        {"insecure-no-auth", CLI_FLAG, &insecure, 0, 0,
+         "allow a non-loopback --host without API keys"},
     };
     int rc = cli_parse("router", "--decode URL[,URL...] [--prefill URL[,URL...]] [--port N] [...]",
                        argc, argv, opts, DX_ARRAY_LEN(opts), NULL, 0, NULL);
@@ -185,6 +196,12 @@ int cli_router_main(int argc, char **argv)
         cfg.prefill_timeout_s = prefill_timeout;
         cfg.max_body_bytes = (size_t)max_body_mb << 20;
         cfg.shutdown_grace_s = grace;
+        cfg.auth = (http_auth_config){.api_keys = api_keys.v,
+                                      .n_api_keys = api_keys.n,
+                                      .api_key_files = api_key_files.v,
+                                      .n_api_key_files = api_key_files.n,
+                                      .internal_key_file = internal_key_file};
+        cfg.insecure_no_auth = insecure;
         rc = run(&cfg);
     }
     dx_free(pbuf);

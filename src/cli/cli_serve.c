@@ -32,7 +32,9 @@ typedef struct {
     long port, threads, kv_mb, batch, waiting, ctx, req_timeout_ms, max_body_mb, kv_port,
         kv_blocks, threshold;
     double grace, pin_ttl, lease_ttl, retain_ttl;
-    int bidirectional, prefix_on, prefix_off;
+    int bidirectional, prefix_on, prefix_off, insecure;
+    cli_list api_keys, api_key_files, trust_from;
+    const char *internal_key_file;
 } serve_flags;
 
 /* Cross-flag checks and the run configuration. */
@@ -91,6 +93,14 @@ static int to_config(const serve_flags *f, node_run_config *c)
     c->retain_ttl_s = f->retain_ttl;
     c->bidirectional = f->bidirectional;
     c->recompute_threshold = (uint32_t)(f->threshold ? f->threshold : 1);
+    c->auth = (http_auth_config){.api_keys = f->api_keys.v,
+                                 .n_api_keys = f->api_keys.n,
+                                 .api_key_files = f->api_key_files.v,
+                                 .n_api_key_files = f->api_key_files.n,
+                                 .internal_key_file = f->internal_key_file,
+                                 .trust_kv_from = f->trust_from.v,
+                                 .n_trust_kv_from = f->trust_from.n};
+    c->insecure_no_auth = f->insecure;
     return 0;
 }
 
@@ -108,7 +118,8 @@ int cli_serve_main(int argc, char **argv)
         {"threads", CLI_INT, &f.threads, 0, 1024, "engine threads (default: cores)"},
         {"kv-cache-mb", CLI_INT, &f.kv_mb, 1, 1 << 22, "KV pool size (default 1024)"},
         {"max-batch-tokens", CLI_INT, &f.batch, 1, 1 << 16, "tokens per step (default 512)"},
-        {"max-waiting", CLI_INT, &f.waiting, 1, 1 << 20, "queued requests before 503 (default 256)"},
+        {"max-waiting", CLI_INT, &f.waiting, 1, 1 << 20,
+         "queued requests before 503 (default 256)"},
         {"ctx", CLI_INT, &f.ctx, 0, 1 << 24,
          "max tokens per sequence (default: the model's, at most 32768; at most the model's)"},
         {"request-timeout-ms", CLI_INT, &f.req_timeout_ms, 1, 3600000,
@@ -116,7 +127,8 @@ int cli_serve_main(int argc, char **argv)
         {"max-body-mb", CLI_INT, &f.max_body_mb, 1, 1024, "request body limit (default 4)"},
         {"shutdown-grace-s", CLI_DBL, &f.grace, 0.001, 86400, "drain time on SIGTERM (default 10)"},
         {"log-level", CLI_STR, &f.level, 0, 0, "error|warn|info|debug (default info)"},
-        {"kv-blocks", CLI_INT, &f.kv_blocks, 0, 1 << 30, "KV pool size in blocks (overrides --kv-cache-mb)"},
+        {"kv-blocks", CLI_INT, &f.kv_blocks, 0, 1 << 30,
+         "KV pool size in blocks (overrides --kv-cache-mb)"},
         {"kv-dtype", CLI_STR, &f.kv_dtype, 0, 0, "KV cache dtype f16|bf16|f32 (default f16)"},
         {"enable-prefix-caching", CLI_FLAG, &f.prefix_on, 0, 0, "reuse cached prefixes (default)"},
         {"no-enable-prefix-caching", CLI_FLAG, &f.prefix_off, 0, 0,
@@ -125,8 +137,10 @@ int cli_serve_main(int argc, char **argv)
          "KV port for peers' block reads (0 = any free; default off for role both, any free "
          "for prefill/decode)"},
         {"kv-host", CLI_STR, &f.kv_host, 0, 0, "address of the KV port (default: --host)"},
-        {"kv-transport-tls", CLI_STR, &f.kv_tls, 0, 0, "UCX_TLS for KV reads (default: UCX's choice)"},
-        {"kv-pin-ttl-s", CLI_DBL, &f.pin_ttl, 0.1, 3600, "seconds an unreleased pin lives (default 30)"},
+        {"kv-transport-tls", CLI_STR, &f.kv_tls, 0, 0,
+         "UCX_TLS for KV reads (default: UCX's choice)"},
+        {"kv-pin-ttl-s", CLI_DBL, &f.pin_ttl, 0.1, 3600,
+         "seconds an unreleased pin lives (default 30)"},
         {"engine-id", CLI_STR, &f.engine_id, 0, 0, "this node's engine id (default: host:port)"},
         {"chat-template", CLI_PATH, &f.chat_template, 0, 0,
          "a Jinja chat template file instead of the model's"},
@@ -144,6 +158,13 @@ int cli_serve_main(int argc, char **argv)
          "fewer reusable remote tokens than this: recompute (default 64)"},
         {"kv-lease-ttl", CLI_DBL, &f.lease_ttl, 0.1, 86400,
          "seconds a prefill node holds a prompt's KV for its decode node (default 30)"},
+        CLI_API_KEY_OPTS(&f.api_keys, &f.api_key_files),
+        {"internal-key-file", CLI_PATH, &f.internal_key_file, 0, 0,
+         "the cluster's internal key: callers presenting it may send kv_transfer_params"},
+        {"trust-kv-params-from", CLI_LIST, &f.trust_from, 0, 0,
+         "CIDR whose callers may send kv_transfer_params (repeatable)"},
+        {"insecure-no-auth", CLI_FLAG, &f.insecure, 0, 0,
+         "allow a non-loopback --host without API keys"},
     };
     int rc = cli_parse("serve", "--model FILE [--role prefill|decode|both] [--port N] [...]", argc,
                        argv, opts, DX_ARRAY_LEN(opts), NULL, 0, NULL);

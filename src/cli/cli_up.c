@@ -61,6 +61,7 @@ int cli_up_main(int argc, char **argv)
     long n_prefill = -1, n_decode = 1, port = 8000, threads = 0, kv_mb = 0, local_max = -1;
     int no_prefix = 0;
     double startup = 600, stop = 60;
+    cli_list api_keys = {.n = 0}, api_key_files = {.n = 0};
     const cli_opt opts[] = {
         {"model", CLI_PATH, &model, 0, 0, "GGUF model (default: " DEFAULT_MODEL ", made once)"},
         {"prefill", CLI_INT, &n_prefill, 0, 64, "prefill nodes (default 1; colocated: 0)"},
@@ -77,7 +78,9 @@ int cli_up_main(int argc, char **argv)
         {"startup-timeout-s", CLI_DBL, &startup, 1, 86400,
          "limit for everything to be ready (600)"},
         {"stop-timeout-s", CLI_DBL, &stop, 1, 86400, "then SIGKILL on stop (60)"},
-        {"log-level", CLI_STR, &level, 0, 0, "error|warn|info|debug (default info; debug reaches every process)"},
+        {"log-level", CLI_STR, &level, 0, 0,
+         "error|warn|info|debug (default info; debug reaches every process)"},
+        CLI_API_KEY_OPTS(&api_keys, &api_key_files), /* the router and every node get them */
     };
     int rc = cli_parse("up", "[--model FILE] [--prefill N] [--decode M] [--port 8000] [--mode M]",
                        argc, argv, opts, DX_ARRAY_LEN(opts), NULL, 0, NULL);
@@ -120,6 +123,10 @@ int cli_up_main(int argc, char **argv)
     c.stop_timeout_s = stop;
     c.debug_children = lvl == DX_LOG_DEBUG;
     c.out = stdout;
+    c.api_keys = api_keys.v;
+    c.n_api_keys = api_keys.n;
+    c.api_key_files = api_key_files.v;
+    c.n_api_key_files = api_key_files.n;
     signal(SIGPIPE, SIG_IGN);
     return router_launch_run(&c);
 }

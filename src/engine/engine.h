@@ -163,6 +163,9 @@ typedef struct {
      * with pregen tokens (their probabilities were another engine's). */
     int logprobs;
     uint32_t top_logprobs;
+    /* The prefix-cache namespace (kv_pool_seed_salted): the request reuses,
+     * and publishes, blocks only under it; all zero = the shared one. */
+    uint8_t cache_salt[KV_SALT_BYTES];
     engine_event_fn on_event;
     void *user;
 } engine_request;

@@ -575,10 +575,31 @@ kv_hash kv_pool_seed(const kv_pool *p)
     return p->seed;
 }
 
+kv_hash kv_pool_seed_salted(const kv_pool *p, const uint8_t salt[KV_SALT_BYTES])
+{
+    static const uint8_t none[KV_SALT_BYTES];
+    if (!memcmp(salt, none, sizeof none)) return p->seed;
+    /* seed (16) + a tag + the salt: never the input of a block step, which
+     * is 16 + 4 * block_size bytes */
+    uint8_t buf[16 + 1 + KV_SALT_BYTES];
+    kv_put_le64(buf, p->seed.lo);
+    kv_put_le64(buf + 8, p->seed.hi);
+    buf[16] = 'S';
+    memcpy(buf + 17, salt, KV_SALT_BYTES);
+    XXH128_hash_t r = XXH3_128bits(buf, sizeof buf);
+    return (kv_hash){.lo = r.low64, .hi = r.high64};
+}
+
 size_t kv_pool_hash_chain(const kv_pool *p, const int32_t *tokens, size_t n, kv_hash *out)
 {
+    return kv_pool_hash_chain_from(p, p->seed, tokens, n, out);
+}
+
+size_t kv_pool_hash_chain_from(const kv_pool *p, kv_hash seed, const int32_t *tokens, size_t n,
+                               kv_hash *out)
+{
     size_t bs = p->L.block_size, nb = n / bs;
-    kv_hash h = p->seed;
+    kv_hash h = seed;
     for (size_t i = 0; i < nb; i++) {
         h = kv_hash_next(h, tokens + i * bs, bs);
         out[i] = h;

@@ -127,6 +127,15 @@ kv_hash kv_hash_next(kv_hash prev, const int32_t *tokens, size_t n);
 /* Hashes of the full blocks of tokens[0..n): out[i] for block i; returns the
  * number of full blocks (n / block_size). */
 size_t kv_pool_hash_chain(const kv_pool *p, const int32_t *tokens, size_t n, kv_hash *out);
+/* Prefix-cache namespaces (vLLM's cache_salt; duplex gives each API key
+ * one): the seed of a salted chain mixes the salt into the pool's, so a
+ * block is found, pinned or pulled only with the same salt.  An all-zero
+ * salt is the shared namespace: the pool's own seed. */
+#define KV_SALT_BYTES 16
+kv_hash kv_pool_seed_salted(const kv_pool *p, const uint8_t salt[KV_SALT_BYTES]);
+/* kv_pool_hash_chain from a given seed (kv_pool_seed_salted's). */
+size_t kv_pool_hash_chain_from(const kv_pool *p, kv_hash seed, const int32_t *tokens, size_t n,
+                               kv_hash *out);
 
 /* Prefix cache. */
 /* Register a full, computed block under hash h.  If another block already has

@@ -34,6 +34,7 @@ typedef struct seq {
     uint32_t n_hashed; /* leading blocks already hashed */
     int32_t *pre_blocks; /* handed in with the request (referenced) until admitted */
     uint32_t n_pre;
+    kv_hash seed; /* its hash chains' (the request's cache_salt namespace) */
     kv_hash last_hash;
     dx_rng rng;
     sampler_params sp;
@@ -280,7 +281,7 @@ static void release_blocks(sched *s, seq *q)
     q->n_blocks = 0;
     q->n_computed = 0;
     q->n_hashed = 0;
-    q->last_hash = kv_pool_seed(s->pool);
+    q->last_hash = q->seed;
 }
 
 /* Releases blocks handed in with a request that was never admitted. */
@@ -405,7 +406,8 @@ int sched_submit_at(sched *s, const engine_request *r, uint64_t id, uint64_t t_s
     q->sp = (sampler_params){r->sampling.temperature, r->sampling.top_k, r->sampling.top_p,
                              r->sampling.min_p};
     dx_rng_seed(&q->rng, r->sampling.has_seed ? r->sampling.seed : dx_now_ns() ^ id);
-    q->last_hash = kv_pool_seed(s->pool);
+    q->seed = kv_pool_seed_salted(s->pool, r->cache_salt);
+    q->last_hash = q->seed;
     q->t_submit = t_submit_ns;
     q->order = s->next_order++;
     if (s->wait_tail) s->wait_tail->next = q;
@@ -517,7 +519,7 @@ static void match_cached_prefix(sched *s, seq *q)
     uint32_t n_full = (q->req.n_pregen ? q->n_tokens : q->n_tokens - 1) / s->bs;
     kv_hash *chain = dx_malloc((n_full ? n_full : 1) * sizeof *chain);
     if (!chain) return; /* no reuse; correct, just slower */
-    kv_pool_hash_chain(s->pool, q->tokens, (size_t)n_full * s->bs, chain);
+    kv_pool_hash_chain_from(s->pool, q->seed, q->tokens, (size_t)n_full * s->bs, chain);
     size_t got = kv_pool_match_prefix(s->pool, chain, n_full, q->blocks);
     q->n_blocks = q->n_hashed = (uint32_t)got;
     q->n_computed = (uint32_t)got * s->bs;

@@ -104,9 +104,11 @@ void hist_mem_destroy(hist_mem *m)
     dx_free(m);
 }
 
-static XXH128_hash_t ctx_hash(const int32_t *ctx, size_t n)
+/* The context's hash in a namespace: a tenant finds only replies generated
+ * for its own requests (the same tokens in another namespace hash apart). */
+static XXH128_hash_t ctx_hash(const int32_t *ctx, size_t n, uint64_t ns)
 {
-    return XXH3_128bits(ctx, n * sizeof *ctx);
+    return XXH3_128bits_withSeed(ctx, n * sizeof *ctx, ns);
 }
 
 static uint64_t key_hash(const hist_mem *m, XXH128_hash_t ctx, const char *text, size_t len)
@@ -144,10 +146,10 @@ static uint64_t ttl_ns(const hist_mem *m)
     return (uint64_t)(m->cfg.ttl_s * 1e9);
 }
 
-int hist_mem_put(hist_mem *m, const int32_t *ctx, size_t n_ctx, const char *text, size_t len,
-                 const int32_t *ids, size_t n_ids, uint64_t now_ns)
+int hist_mem_put(hist_mem *m, uint64_t ns, const int32_t *ctx, size_t n_ctx, const char *text,
+                 size_t len, const int32_t *ids, size_t n_ids, uint64_t now_ns)
 {
-    XXH128_hash_t c = ctx_hash(ctx, n_ctx);
+    XXH128_hash_t c = ctx_hash(ctx, n_ctx, ns);
     uint64_t h = key_hash(m, c, text, len);
     entry *old = find(m, h, c, text, len);
     if (old) entry_drop(m, old);
@@ -263,7 +265,7 @@ static int from_mem(hist_src *s, const int32_t *ctx, size_t n_ctx, const char *t
 {
     hist_mem *m = s->mem;
     if (!m) return 0;
-    XXH128_hash_t c = ctx_hash(ctx, n_ctx);
+    XXH128_hash_t c = ctx_hash(ctx, n_ctx, s->ns);
     entry *e = find(m, key_hash(m, c, text, len), c, text, len);
     if (!e) return 0;
     if (e->expires_ns <= s->now_ns) {

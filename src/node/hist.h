@@ -55,10 +55,12 @@ typedef struct {
 int hist_mem_create(const hist_mem_config *cfg, hist_mem **out);
 void hist_mem_destroy(hist_mem *m);
 /* Remembers that after ctx[0..n_ctx) the model generated ids[0..n_ids)
- * (without a final end-of-turn token) and the client received text.  A
- * second put for the same context and text replaces the first. */
-int hist_mem_put(hist_mem *m, const int32_t *ctx, size_t n_ctx, const char *text, size_t len,
-                 const int32_t *ids, size_t n_ids, uint64_t now_ns);
+ * (without a final end-of-turn token) and the client received text, in
+ * namespace ns (0: the shared one; a tenant's otherwise, found only with the
+ * same ns).  A second put for the same context and text replaces the
+ * first. */
+int hist_mem_put(hist_mem *m, uint64_t ns, const int32_t *ctx, size_t n_ctx, const char *text,
+                 size_t len, const int32_t *ids, size_t n_ids, uint64_t now_ns);
 void hist_mem_get_stats(const hist_mem *m, hist_mem_stats *out);
 
 /* The sources for one prompt; pass as the chat_reply_fn's user data. */
@@ -69,6 +71,7 @@ typedef struct {
     const int32_t *seq; /* the request's remote_token_ids, or NULL */
     size_t n_seq;
     hist_mem *mem; /* or NULL */
+    uint64_t ns;   /* the request's namespace in mem (hist_mem_put) */
     int mem_first; /* the sequence is a prefill node's prompt, not generated ids: memory first */
     uint64_t now_ns;
     dx_buf scratch; /* hist_src_init/free */

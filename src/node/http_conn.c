@@ -56,6 +56,8 @@ struct http_conn {
     dx_buf wnext;    /* bytes queued behind it; empty while !writing */
     http_abort_fn abort_fn;
     void *abort_user;
+    struct sockaddr_storage peer; /* the client's address (servers may trust some) */
+    int has_peer;
     char rbuf[16384];
 };
 
@@ -89,6 +91,8 @@ const char *http_status_text(int status)
         return "OK";
     case 400:
         return "Bad Request";
+    case 401:
+        return "Unauthorized";
     case 404:
         return "Not Found";
     case 405:
@@ -114,6 +118,16 @@ const char *http_status_text(int status)
     default:
         return "Unknown";
     }
+}
+
+const char *http_req_header(const http_req *r, const char *name, int *count)
+{
+    const char *v = NULL;
+    int n = 0;
+    for (size_t i = 0; i < r->n_headers; i++)
+        if (!strcasecmp(r->headers[i].name, name) && n++ == 0) v = r->headers[i].value;
+    if (count) *count = n;
+    return v;
 }
 
 /* ---- output ---------------------------------------------------------- */
@@ -515,6 +529,7 @@ static void conn_dispatch(http_conn *c)
         .n_headers = c->n_hdr,
         .body = c->body.data,
         .body_len = c->body.len,
+        .peer = c->has_peer ? (const struct sockaddr *)&c->peer : NULL,
     };
     c->state = ST_BUSY;
     c->srv->cfg.on_request(c->srv->cfg.user, c, &req);
@@ -650,6 +665,8 @@ static void on_connection(uv_stream_t *server, int status)
         conn_close(c);
         return;
     }
+    int plen = sizeof c->peer;
+    c->has_peer = uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&c->peer, &plen) == 0;
     uv_tcp_nodelay(&c->tcp, 1); /* tokens go out as they come */
     uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
     conn_arm_timer(c);

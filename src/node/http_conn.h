@@ -24,6 +24,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/socket.h>
 #include <uv.h>
 
 typedef struct http_srv http_srv;
@@ -41,7 +42,12 @@ typedef struct {
     size_t n_headers;
     const char *body; /* NUL-terminated for convenience; body_len excludes it */
     size_t body_len;
+    const struct sockaddr *peer; /* the client's address (AF_INET/AF_INET6), or NULL */
 } http_req;
+
+/* The first value of header `name` (any case), or NULL; *count (when not
+ * NULL) says how often the header came. */
+const char *http_req_header(const http_req *r, const char *name, int *count);
 
 typedef void (*http_req_fn)(void *user, http_conn *c, const http_req *req);
 typedef void (*http_abort_fn)(void *req_user);

@@ -35,6 +35,15 @@ static uint32_t threshold(const node_server *s)
 
 /* ---- before tokenising ---------------------------------------------------- */
 
+/* The request's namespace in the reply memory: its cache salt's first
+ * bytes (0, the shared one, when it has none). */
+static uint64_t salt_ns(const node_req *q)
+{
+    uint64_t ns;
+    memcpy(&ns, q->salt, sizeof ns);
+    return ns;
+}
+
 static int names_self(const node_server *s, const kvtp *p)
 {
     node_kv *k = s->be.kv;
@@ -46,8 +55,16 @@ int node_pd_parse(node_server *s, node_req *q, oai_err *err)
 {
     node_pd_req *pd = &q->pd;
     node_kv *k = s->be.kv;
-    if (q->o.kv_transfer_params && !k) s->pd.params_ignored++; /* no KV port: plain request */
-    if (q->o.kv_transfer_params && k) {
+    if (q->o.kv_transfer_params && !q->trusted) {
+        /* they would make this node pull from, or hold KV for, an address
+         * the caller names: only the router (the internal key) and trusted
+         * ranges give them (http_auth.h); the request runs as a plain one */
+        s->pd.params_untrusted++;
+        DX_LOGD("%s: kv_transfer_params ignored: the caller did not present the internal key",
+                q->id);
+    } else if (q->o.kv_transfer_params && !k) {
+        s->pd.params_ignored++; /* no KV port: plain request */
+    } else if (q->o.kv_transfer_params) {
         kvtp_limits lim = {s->be.n_vocab, block_size(s), s->be.n_ctx};
         int rc = kvtp_parse(q->o.kv_transfer_params, &lim, &pd->in, err);
         if (rc) return rc;
@@ -56,8 +73,8 @@ int node_pd_parse(node_server *s, node_req *q, oai_err *err)
     }
     if (k && pd->has_params && pd->in.do_remote_decode)
         pd->hold = NODE_PD_HOLD_FOR_DECODE;
-    else if (k && s->cfg.bidirectional && s->cfg.role != NODE_ROLE_PREFILL)
-        pd->hold = NODE_PD_HOLD_RETAIN;
+    else if (k && q->trusted && s->cfg.bidirectional && s->cfg.role != NODE_ROLE_PREFILL)
+        pd->hold = NODE_PD_HOLD_RETAIN; /* its params (node, port, lease) go to routers only */
     pd->memo = q->o.kind == OAI_CHAT && pd->hold != NODE_PD_HOLD_FOR_DECODE && s->mem;
     return 0;
 }
@@ -67,6 +84,7 @@ void node_pd_hist_src(node_server *s, node_req *q, hist_src *src)
     const node_pd_req *pd = &q->pd;
     hist_src_init(src, s->be.tk, s->be.end_ids, s->be.n_end);
     src->mem = s->mem;
+    src->ns = salt_ns(q);
     src->now_ns = dx_now_ns();
     if (pd->has_params && pd->in.token_ids) { /* the holder's sequence */
         src->seq = pd->in.token_ids;
@@ -140,7 +158,8 @@ static int match_local(node_server *s, node_req *q, size_t n_full)
     pd->chain = dx_malloc(n_full * sizeof *pd->chain);
     pd->blocks = dx_malloc(n_full * sizeof *pd->blocks);
     if (!pd->chain || !pd->blocks) return DX_ENOMEM;
-    kv_pool_hash_chain(pool, q->prompt, n_full * block_size(s), pd->chain);
+    kv_pool_hash_chain_from(pool, kv_pool_seed_salted(pool, q->salt), q->prompt,
+                            n_full * block_size(s), pd->chain);
     pd->n_local = s->cfg.no_prefix_cache ? 0 : kv_pool_match_prefix(pool, pd->chain, n_full, pd->blocks);
     pd->owns_blocks = 1;
     return 0;
@@ -301,8 +320,8 @@ static void remember_reply(node_server *s, node_req *q)
                (t.len == 0 || !memcmp(t.data, q->text.data, t.len));
     dx_buf_free(&t);
     if (same)
-        hist_mem_put(s->mem, q->prompt, q->n_prompt, q->text.data ? q->text.data : "", q->text.len,
-                     gen, n, dx_now_ns());
+        hist_mem_put(s->mem, salt_ns(q), q->prompt, q->n_prompt, q->text.data ? q->text.data : "",
+                     q->text.len, gen, n, dx_now_ns());
 }
 
 void node_pd_finish(node_server *s, node_req *q)
@@ -443,9 +462,12 @@ void node_pd_write_metrics(node_server *s, dx_buf *b)
     prom_write_counter(b, "duplex_pd_first_token_from_prefill_total",
                        "Requests whose first token came from the prefill node (sent at once)",
                        (double)st->first_from_prefill);
-    prom_write_counter(b, "duplex_kv_params_ignored_total",
-                       "Requests whose kv_transfer_params were ignored (no KV port)",
-                       (double)st->params_ignored);
+    static const char *const why[] = {"no_kv_port", "untrusted"};
+    const uint64_t ignored[] = {st->params_ignored, st->params_untrusted};
+    write_counters(b, "duplex_kv_params_ignored_total",
+                   "Requests whose kv_transfer_params were ignored: the node has no KV port, or "
+                   "the caller presented neither the internal key nor a trusted address",
+                   "reason", why, ignored, 2);
     if (!s->be.kv) return;
     write_pulls(b, st);
     write_fallbacks(b, st);

@@ -77,7 +77,7 @@ typedef struct {
     uint64_t tokens_local, tokens_pulled, tokens_computed;
     uint64_t pulls[2], pull_blocks[2], pull_bytes[2]; /* [0] prefill→decode, [1] decode→prefill */
     uint64_t fallbacks[NODE_KV_N_FALLBACKS];
-    uint64_t below_threshold, params_ignored, holds, hold_failed;
+    uint64_t below_threshold, params_ignored, params_untrusted, holds, hold_failed;
     uint64_t first_from_prefill; /* requests whose first token came with the params */
     uint64_t replies_from_seq, replies_from_mem, replies_retokenised;
     prom_hist pull_seconds;

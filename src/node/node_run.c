@@ -24,6 +24,7 @@ typedef struct {
     uv_work_t load;
     uv_signal_t sig_int, sig_term;
     node_server *srv;
+    http_auth *auth;
     engine_config ec;
     model *m;
     engine *e;
@@ -113,13 +114,17 @@ static void log_startup(run_ctx *r)
     if (r->kv)
         snprintf(kvport, sizeof kvport, "%s:%d (engine id %s)", node_kv_host(r->kv),
                  node_kv_port(r->kv), node_kv_engine_id(r->kv));
-    char host[300];
+    char host[300], auth[64], trust[1024];
     dx_addr_url_host(r->cfg.host, host, sizeof host);
+    http_auth_describe(r->auth, r->cfg.insecure_no_auth, auth, sizeof auth);
+    http_auth_describe_trust(r->auth, trust, sizeof trust);
     DX_LOGI("duplex serve: model=%s role=%s address=http://%s:%d kv_pool=%.0fMiB "
-            "(%u blocks x %u tokens) n_ctx=%u prefix_caching=%s bidirectional=%s kv_port=%s",
-            model_name(r->m), node_role_name(r->cfg.role), host, node_server_port(r->srv),
-            mib, kv_pool_n_blocks(kv), kv_pool_block_size(kv), engine_n_ctx(r->e),
-            r->ec.no_prefix_cache ? "off" : "on", r->cfg.bidirectional ? "on" : "off", kvport);
+            "(%u blocks x %u tokens) n_ctx=%u prefix_caching=%s bidirectional=%s kv_port=%s "
+            "auth=%s kv_params_from=%s",
+            model_name(r->m), node_role_name(r->cfg.role), host, node_server_port(r->srv), mib,
+            kv_pool_n_blocks(kv), kv_pool_block_size(kv), engine_n_ctx(r->e),
+            r->ec.no_prefix_cache ? "off" : "on", r->cfg.bidirectional ? "on" : "off", kvport, auth,
+            trust);
 }
 
 static void fail_start(run_ctx *r, const char *what, const char *msg)
@@ -189,6 +194,7 @@ static int start_server(run_ctx *r)
         .no_prefix_cache = r->cfg.engine.no_prefix_cache,
         .history_ttl_s = r->cfg.retain_ttl_s,
         .served_model_name = r->cfg.served_model_name,
+        .auth = r->auth,
     };
     int rc = node_server_create(&r->loop, &sc, &r->srv);
     if (rc < 0) return rc;
@@ -208,6 +214,13 @@ int node_run(const node_run_config *cfg)
     if (!r.cfg.host) r.cfg.host = "127.0.0.1";
     r.ec = cfg->engine;
     r.ec.log_populate = 1;
+    int rc = http_auth_create(&cfg->auth, &r.auth);
+    if (!rc) rc = http_auth_bind_check(r.auth, r.cfg.host, cfg->insecure_no_auth);
+    if (rc) {
+        fprintf(stderr, "duplex serve: %s\n", dx_errmsg());
+        http_auth_destroy(r.auth);
+        return rc == DX_EINVAL ? 2 : 1;
+    }
     signal(SIGPIPE, SIG_IGN); /* a client gone mid-write is an error code, not a death */
     oai_json_use_dx_alloc();
     uv_loop_init(&r.loop);
@@ -215,6 +228,7 @@ int node_run(const node_run_config *cfg)
         fprintf(stderr, "duplex serve: %s\n", dx_errmsg());
         uv_run(&r.loop, UV_RUN_DEFAULT);
         uv_loop_close(&r.loop);
+        http_auth_destroy(r.auth);
         return 1;
     }
     char host[300];
@@ -231,6 +245,7 @@ int node_run(const node_run_config *cfg)
     uv_queue_work(&r.loop, &r.load, load_work, load_done);
     uv_run(&r.loop, UV_RUN_DEFAULT);
     uv_loop_close(&r.loop);
+    http_auth_destroy(r.auth);
     return r.exit_code;
 }
 

@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "engine/engine.h"
+#include "node/http_auth.h"
 #include "node/node_server.h"
 
 typedef struct {
@@ -38,10 +39,16 @@ typedef struct {
     double pin_ttl_s, lease_ttl_s, retain_ttl_s;
     int bidirectional;
     uint32_t recompute_threshold;
+    /* --api-key, --api-key-file, --internal-key-file, --trust-kv-params-from
+     * (node/http_auth.h), and --insecure-no-auth: listen beyond loopback
+     * without API keys. */
+    http_auth_config auth;
+    int insecure_no_auth;
 } node_run_config;
 
-/* Runs until shutdown; returns the process exit code (0, or 1 when the
- * model or the KV port could not be set up). */
+/* Runs until shutdown; returns the process exit code (0; 1 when the model,
+ * the KV port or a key file could not be set up; 2 for a bad key or range,
+ * or a non-loopback --host without API keys or --insecure-no-auth). */
 int node_run(const node_run_config *cfg);
 
 /* The parsers named by the flags, for a model whose chat template family

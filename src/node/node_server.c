@@ -111,6 +111,16 @@ static void respond_error(node_server *s, http_conn *c, const http_req *r, int s
     dx_buf_free(&b);
 }
 
+static void respond_401(node_server *s, http_conn *c, const http_req *r, const char *msg,
+                        uint64_t t0)
+{
+    dx_buf b;
+    dx_buf_init(&b, 0);
+    http_auth_error_json(&b, msg);
+    respond_json(s, c, r->method, r->path, 401, HTTP_AUTH_401_HEADERS, &b, t0);
+    dx_buf_free(&b);
+}
+
 /* ---- simple routes ------------------------------------------------------ */
 
 static void route_health(node_server *s, http_conn *c, const http_req *r, uint64_t t0)
@@ -387,12 +397,16 @@ static void fill_engine_request(node_req *q, engine_request *er)
     er->n_prefix_blocks = q->pd.n_local + q->pd.n_pulled;
     er->want_kv = node_pd_want_kv(q);
     er->n_pregen = node_pd_pregen(q, er->pregen);
+    _Static_assert(sizeof er->cache_salt == sizeof q->salt, "one namespace size");
+    memcpy(er->cache_salt, q->salt, sizeof q->salt);
     er->on_event = on_engine_event;
     er->user = q;
 }
 
-/* Takes ownership of *o (the caller must not free it). */
-static node_req *req_new(node_server *s, oai_req *o, http_conn *c, uint64_t t0)
+/* Takes ownership of *o (the caller must not free it).  who: the caller's
+ * credentials (whether its kv_transfer_params count, its namespace). */
+static node_req *req_new(node_server *s, oai_req *o, http_conn *c, const http_auth_result *who,
+                         uint64_t t0)
 {
     node_req *q = dx_calloc(1, sizeof *q);
     if (!q) return NULL;
@@ -400,6 +414,8 @@ static node_req *req_new(node_server *s, oai_req *o, http_conn *c, uint64_t t0)
     q->conn = c;
     q->o = *o;
     memset(o, 0, sizeof *o);
+    q->trusted = who->trusted;
+    http_auth_cache_salt(s->cfg.auth, who, q->o.cache_salt, q->o.cache_salt_len, q->salt);
     q->stream = q->o.stream;
     q->include_usage = q->o.stream && q->o.include_usage;
     q->logprobs = q->o.logprobs;
@@ -516,7 +532,8 @@ int node_server_submit(node_server *s, node_req *q)
  * with the same "prompt" or "messages" (tools, chat_template_kwargs) would
  * run on — the same path, token-faithful history included.  POST
  * /detokenize: {"tokens": [...]} back to text. */
-static void route_tokenize(node_server *s, http_conn *c, const http_req *r, uint64_t t0)
+static void route_tokenize(node_server *s, http_conn *c, const http_req *r,
+                           const http_auth_result *who, uint64_t t0)
 {
     if (!s->ready) {
         respond_error(s, c, r, 503, "the model is still loading", NULL, NULL, t0);
@@ -533,7 +550,7 @@ static void route_tokenize(node_server *s, http_conn *c, const http_req *r, uint
         respond_error(s, c, r, err.status, err.message, err.param, NULL, t0);
         return;
     }
-    node_req *q = req_new(s, &o, c, t0);
+    node_req *q = req_new(s, &o, c, who, t0);
     if (!q) {
         oai_req_free(&o);
         respond_error(s, c, r, 500, "out of memory", NULL, NULL, t0);
@@ -605,7 +622,7 @@ static void route_detokenize(node_server *s, http_conn *c, const http_req *r, ui
 }
 
 static void route_completion(node_server *s, http_conn *c, const http_req *r, enum oai_kind kind,
-                             uint64_t t0)
+                             const http_auth_result *who, uint64_t t0)
 {
     if (!s->ready || s->draining) {
         respond_error(s, c, r, 503,
@@ -627,7 +644,7 @@ static void route_completion(node_server *s, http_conn *c, const http_req *r, en
         oai_req_free(&o);
         return;
     }
-    node_req *q = req_new(s, &o, c, t0);
+    node_req *q = req_new(s, &o, c, who, t0);
     if (!q) {
         oai_req_free(&o);
         respond_error(s, c, r, 500, "out of memory", NULL, NULL, t0);
@@ -660,7 +677,13 @@ static void on_request(void *user, http_conn *c, const http_req *r)
     int is_get_route = !strcmp(p, "/health") || !strcmp(p, "/v1/models") || !strcmp(p, "/metrics");
     int is_post_route = !strcmp(p, "/v1/chat/completions") || !strcmp(p, "/v1/completions") ||
                         !strcmp(p, "/tokenize") || !strcmp(p, "/detokenize");
-    if ((is_get_route && !get) || (is_post_route && !post))
+    /* /health and /metrics stay open (probes, scrapers); everything else,
+     * unknown routes too, wants the caller's key when keys are set */
+    http_auth_result who = {.key = -1};
+    if (strcmp(p, "/health") && strcmp(p, "/metrics")) http_auth_check(s->cfg.auth, r, &who);
+    if (who.status)
+        respond_401(s, c, r, who.message, t0);
+    else if ((is_get_route && !get) || (is_post_route && !post))
         respond_error(s, c, r, 405, "method not allowed", NULL, NULL, t0);
     else if (!strcmp(p, "/health"))
         route_health(s, c, r, t0);
@@ -669,11 +692,11 @@ static void on_request(void *user, http_conn *c, const http_req *r)
     else if (!strcmp(p, "/metrics"))
         route_metrics(s, c, r, t0);
     else if (!strcmp(p, "/v1/chat/completions"))
-        route_completion(s, c, r, OAI_CHAT, t0);
+        route_completion(s, c, r, OAI_CHAT, &who, t0);
     else if (!strcmp(p, "/v1/completions"))
-        route_completion(s, c, r, OAI_COMPLETION, t0);
+        route_completion(s, c, r, OAI_COMPLETION, &who, t0);
     else if (!strcmp(p, "/tokenize"))
-        route_tokenize(s, c, r, t0);
+        route_tokenize(s, c, r, &who, t0);
     else if (!strcmp(p, "/detokenize"))
         route_detokenize(s, c, r, t0);
     else

@@ -25,6 +25,7 @@
 #include "engine/engine.h"
 #include "model/chat_tmpl.h"
 #include "model/model_chat.h"
+#include "node/http_auth.h"
 #include "node/node_kv.h"
 
 enum node_role { NODE_ROLE_BOTH, NODE_ROLE_PREFILL, NODE_ROLE_DECODE };
@@ -74,6 +75,10 @@ typedef struct {
     /* The name /v1/models lists and answers carry (--served-model-name);
      * requests may name it or the model file's name.  NULL: the file's. */
     const char *served_model_name;
+    /* Callers' credentials (API keys, the internal key, trusted ranges);
+     * NULL: no keys, kv_transfer_params from loopback callers only.
+     * Borrowed: it must outlive the server. */
+    const http_auth *auth;
     /* P/D (docs/pd.md) */
     int bidirectional;             /* --bidirectional-kv-xfer */
     uint32_t recompute_threshold;  /* default 64 (0 means the default; 1 pulls anything) */

@@ -9,6 +9,7 @@
 
 #include "base/dx_buf.h"
 #include "node/hist.h"
+#include "node/http_auth.h"
 #include "node/http_conn.h"
 #include "node/node_pd.h"
 #include "node/node_server.h"
@@ -73,6 +74,8 @@ struct node_req {
     int32_t *prompt; /* the tokens submitted (P/D and the reply memory need them) */
     size_t n_prompt;
     node_pd_req pd;
+    int trusted;                  /* the caller may give kv_transfer_params (http_auth.h) */
+    uint8_t salt[HTTP_AUTH_SALT]; /* its prefix-cache namespace; all zero: shared */
     int lost;    /* loop: text was lost (out of memory); the request is canceled */
     /* Engine thread → loop, guarded by srv->mu. */
     dx_buf pend;        /* text not yet taken by the loop (reset, never freed, when taken) */

@@ -522,6 +522,14 @@ static int parse_misc(json_t *root, oai_req *r, oai_err *err)
     }
     if ((v = field(root, "ignore_eos")) && get_bool(v, "ignore_eos", &r->ignore_eos, err))
         return DX_EINVAL;
+    if ((v = field(root, "cache_salt"))) { /* vLLM's: a prefix-cache namespace */
+        size_t n = json_string_length(v);
+        if (!json_is_string(v) || n == 0 || n > OAI_MAX_CACHE_SALT)
+            return fail(err, "cache_salt", "cache_salt: expected a string of 1..%d bytes",
+                        OAI_MAX_CACHE_SALT);
+        r->cache_salt = json_string_value(v);
+        r->cache_salt_len = n;
+    }
     if ((v = field(root, "kv_transfer_params"))) {
         if (!json_is_object(v))
             return fail(err, "kv_transfer_params", "kv_transfer_params: expected an object");

@@ -41,6 +41,7 @@ typedef struct {
 
 #define OAI_MAX_LOGIT_BIAS 1024
 #define OAI_MAX_TOP_LOGPROBS 20
+#define OAI_MAX_CACHE_SALT   1024
 
 typedef struct {
     enum oai_kind kind;
@@ -82,6 +83,10 @@ typedef struct {
      * enable_thinking; a json_t object borrowed from root, or NULL */
     void *template_kwargs;
     const char *user;
+    /* cache_salt (vLLM's): requests share prefix-cache blocks only with the
+     * same salt (and, with API keys, the same key: http_auth.h) */
+    const char *cache_salt;
+    size_t cache_salt_len;
     void *kv_transfer_params; /* json_t object or NULL (borrowed from root) */
     void *root;               /* json_t document */
 } oai_req;

@@ -10,6 +10,7 @@
 #include "base/dx_alloc.h"
 #include "base/dx_clock.h"
 #include "base/dx_err.h"
+#include "base/dx_keys.h"
 #include "base/dx_log.h"
 #include "node/oai_resp.h"
 
@@ -191,6 +192,17 @@ void rt_respond_error(router *r, http_conn *c, const char *method, const char *p
     log_simple(method, path, status, t0);
 }
 
+static void respond_401(router *r, http_conn *c, const http_req *hr, const char *msg, uint64_t t0)
+{
+    dx_buf b;
+    dx_buf_init(&b, 0);
+    http_auth_error_json(&b, msg);
+    http_conn_respond(c, 401, "application/json", HTTP_AUTH_401_HEADERS, b.data, b.len);
+    dx_buf_free(&b);
+    rt_count_request(r, hr->path, 401);
+    log_simple(hr->method, hr->path, 401, t0);
+}
+
 /* Healthy when a decode node is, and a prefill node too if any are set. */
 static int cluster_healthy(const router *r)
 {
@@ -235,7 +247,13 @@ static void on_request(void *user, http_conn *c, const http_req *hr)
     int get = !strcmp(hr->method, "GET"), post = !strcmp(hr->method, "POST");
     int is_get = !strcmp(p, "/health") || !strcmp(p, "/v1/models") || !strcmp(p, "/metrics");
     int is_post = !strcmp(p, "/v1/chat/completions") || !strcmp(p, "/v1/completions");
-    if ((is_get && !get) || (is_post && !post))
+    /* /health and /metrics stay open; every other route wants a key when
+     * keys are set (unknown routes too: they say nothing to strangers) */
+    http_auth_result who = {.key = -1};
+    if (strcmp(p, "/health") && strcmp(p, "/metrics")) http_auth_check(r->auth, hr, &who);
+    if (who.status)
+        respond_401(r, c, hr, who.message, t0);
+    else if ((is_get && !get) || (is_post && !post))
         rt_respond_error(r, c, hr->method, p, 405, "method not allowed", NULL, t0);
     else if (!is_get && !is_post)
         rt_respond_error(r, c, hr->method, p, 404, "unknown route", NULL, t0);
@@ -248,8 +266,8 @@ static void on_request(void *user, http_conn *c, const http_req *hr)
     else if (!strcmp(p, "/v1/models"))
         rt_route_passthrough(r, c, hr, t0);
     else
-        rt_route_completion(r, c, hr,
-                            !strcmp(p, "/v1/chat/completions") ? OAI_CHAT : OAI_COMPLETION, t0);
+        rt_route_completion(
+            r, c, hr, !strcmp(p, "/v1/chat/completions") ? OAI_CHAT : OAI_COMPLETION, &who, t0);
 }
 
 /* ---- health ------------------------------------------------------------------- */
@@ -364,9 +382,34 @@ static int setup_nodes(router *r)
     return rc;
 }
 
+/* The keys, the bind rule and the tenants' secret: derived from the
+ * internal key when there is one, so every router of a cluster names a
+ * tenant alike; else random, for this process only. */
+static int setup_auth(router *r)
+{
+    int rc = http_auth_create(&r->cfg.auth, &r->auth);
+    if (!rc) rc = http_auth_bind_check(r->auth, r->cfg.host, r->cfg.insecure_no_auth);
+    if (rc) return rc;
+    const char *ik = http_auth_internal_key(r->auth);
+    static const char tag[] = "duplex router namespaces v1";
+    if (ik)
+        dx_keys_hash(tag, sizeof tag, ik, strlen(ik), NULL, 0, r->ns_secret, sizeof r->ns_secret);
+    else if (getrandom(r->ns_secret, sizeof r->ns_secret, 0) != sizeof r->ns_secret)
+        return dx_errf(DX_EIO, "getrandom: no randomness for the tenants' secret");
+    return 0;
+}
+
+void router_describe_auth(const router *r, char *out, size_t cap)
+{
+    http_auth_describe(r->auth, r->cfg.insecure_no_auth, out, cap);
+    if (http_auth_internal_key(r->auth))
+        snprintf(out + strlen(out), cap - strlen(out), " internal_key=on");
+}
+
 static int setup_parts(router *r)
 {
-    int rc = setup_nodes(r);
+    int rc = setup_auth(r);
+    if (!rc) rc = setup_nodes(r);
     if (rc) return rc;
     if (r->cfg.tokenizer && (rc = model_load_tokenizer(r->cfg.tokenizer, &r->tok)))
         return dx_err_wrap(rc, "--tokenizer");
@@ -404,6 +447,8 @@ static void free_parts(router *r)
     r->state = NULL;
     model_free(r->tok);
     r->tok = NULL;
+    http_auth_destroy(r->auth);
+    r->auth = NULL;
     dx_free(r->nodes);
     r->nodes = NULL;
     prom_family_free(&r->http_requests);

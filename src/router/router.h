@@ -22,6 +22,8 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "node/http_auth.h"
+
 enum router_mode { ROUTER_BIDIRECTIONAL, ROUTER_UNIDIRECTIONAL };
 
 typedef struct router router;
@@ -45,16 +47,24 @@ typedef struct {
     size_t max_body_bytes;             /* client request bodies; default 4 MiB */
     double shutdown_grace_s;           /* default 30 */
     uint64_t key_seed;                 /* 0: random (tests fix it) */
+    /* --api-key, --api-key-file, --internal-key-file (node/http_auth.h; the
+     * router sends the internal key to its nodes), and --insecure-no-auth:
+     * listen beyond loopback without API keys. */
+    http_auth_config auth;
+    int insecure_no_auth;
     /* Called on the loop thread when a shutdown has drained. */
     void (*on_stopped)(void *user);
     void *user;
 } router_config;
 
 /* Validates the config (every URL, no node twice, at least one decode
- * node), loads the tokenizer, binds and starts the health checks.
+ * node, the keys, loopback unless API keys or insecure_no_auth), loads the
+ * tokenizer, binds and starts the health checks.
  * DX_EINVAL / DX_EIO / ... with a message naming what was wrong. */
 int router_create(uv_loop_t *loop, const router_config *cfg, router **out);
 int router_port(const router *r);
+/* For the start-up line: see http_auth_describe. */
+void router_describe_auth(const router *r, char *out, size_t cap);
 /* Stop accepting, let running requests finish for the grace period, then
  * end the rest and call on_stopped.  Idempotent. */
 void router_shutdown(router *r);

@@ -24,11 +24,11 @@
  * byte the stream ends with an OpenAI-style error event. */
 #include <stdio.h>
 #include <string.h>
-#include <strings.h>
 
 #include "base/dx_alloc.h"
 #include "base/dx_clock.h"
 #include "base/dx_err.h"
+#include "base/dx_keys.h"
 #include "base/dx_log.h"
 #include "model/model_chat.h"
 #include "node/oai_resp.h"
@@ -394,6 +394,7 @@ static int up_send(rt_req *q, int node, const char *body, size_t len, long timeo
     router_up_request rq = {.method = q->method,
                             .url = url,
                             .auth = q->auth,
+                            .internal_key = http_auth_internal_key(r->auth),
                             .body = body,
                             .body_len = len,
                             .timeout_ms = timeout_ms};
@@ -779,13 +780,6 @@ static const router_up_cb k_decode_cb = {
 /* ---- parse, key, count ------------------------------------------------------------------------
  */
 
-static const char *header(const http_req *hr, const char *name)
-{
-    for (size_t i = 0; i < hr->n_headers; i++)
-        if (!strcasecmp(hr->headers[i].name, name)) return hr->headers[i].value;
-    return NULL;
-}
-
 /* Prompt tokens: exact with the tokenizer, else ~4 bytes a token. */
 static uint32_t count_tokens(const router *r, const oai_req *o)
 {
@@ -843,7 +837,7 @@ static int lookup_chat(rt_req *q, const oai_req *o, const router_key *ns, router
 static int conversation_id(const http_req *hr, json_t *root, const char **id, size_t *len,
                            char *msg, size_t cap)
 {
-    const char *h = header(hr, "X-Conversation-Id");
+    const char *h = http_req_header(hr, "X-Conversation-Id", NULL);
     json_t *b = json_object_get(root, "conversation_id");
     *id = NULL;
     if (b && !json_is_null(b) && !json_is_string(b)) {
@@ -860,15 +854,49 @@ static int conversation_id(const http_req *hr, json_t *root, const char **id, si
     return 0;
 }
 
-static int key_and_lookup(rt_req *q, const http_req *hr, oai_req *o, char *msg, size_t cap)
+/* The caller's tenant: the API key it presented when keys are set, else
+ * its whole Authorization value (clients may keep apart by sending
+ * different ones), else none. */
+static void tenant_ns(rt_req *q, const http_auth_result *who, router_key *ns)
+{
+    router *r = q->r;
+    if (who->internal)
+        router_key_ns(r->ns_secret, ROUTER_TENANT_INTERNAL, NULL, 0, ns);
+    else if (who->key >= 0)
+        router_key_ns(r->ns_secret, ROUTER_TENANT_KEY, http_auth_key_digest(r->auth, who->key),
+                      DX_KEY_DIGEST, ns);
+    else if (q->auth)
+        router_key_ns(r->ns_secret, ROUTER_TENANT_HEADER, q->auth, strlen(q->auth), ns);
+    else
+        router_key_ns(r->ns_secret, ROUTER_TENANT_NONE, NULL, 0, ns);
+}
+
+/* The nodes' prefix-cache namespace for the tenant (and the client's own
+ * cache_salt): a tenant's requests never reuse KV computed for another's.
+ * A caller with no tenant and no salt shares the default namespace. */
+static int set_cache_salt(rt_req *q, const http_auth_result *who, const router_key *ns, oai_req *o)
+{
+    int tenant = who->internal || who->key >= 0 || q->auth;
+    if (!tenant && !o->cache_salt) return 0;
+    char salt[33];
+    router_key_salt(q->r->ns_secret, ns, o->cache_salt ? o->cache_salt : "", o->cache_salt_len,
+                    salt);
+    o->cache_salt = NULL; /* it pointed into the member replaced now */
+    o->cache_salt_len = 0;
+    return json_object_set_new(o->root, "cache_salt", json_string(salt)) < 0 ? 500 : 0;
+}
+
+static int key_and_lookup(rt_req *q, const http_req *hr, const http_auth_result *who, oai_req *o,
+                          char *msg, size_t cap)
 {
     router *r = q->r;
     const char *id;
-    size_t id_len;
+    size_t id_len = 0;
     int st = conversation_id(hr, o->root, &id, &id_len, msg, cap);
     if (st) return st;
     router_key ns;
-    router_key_ns(r->cfg.key_seed, q->auth, q->auth ? strlen(q->auth) : 0, &ns);
+    tenant_ns(q, who, &ns);
+    if ((st = set_cache_salt(q, who, &ns, o))) return st;
     router_entry e;
     if (id) {
         q->key_kind = KEY_ID;
@@ -894,18 +922,18 @@ static int header_ok(const char *v)
 }
 
 /* Everything before a node is chosen; 0, or an HTTP status with msg. */
-static int prepare(rt_req *q, const http_req *hr, oai_req *o, char *msg, size_t cap,
-                   const char **param)
+static int prepare(rt_req *q, const http_req *hr, const http_auth_result *who, oai_req *o,
+                   char *msg, size_t cap, const char **param)
 {
     json_t *root = o->root;
-    const char *auth = header(hr, "Authorization");
+    const char *auth = http_req_header(hr, "Authorization", NULL);
     if (auth && !header_ok(auth)) {
         snprintf(msg, cap, "Authorization: control characters in the header");
         return 400;
     }
     *param = "conversation_id"; /* the only other 400 */
     if (auth && !(q->auth = dx_strdup(auth))) return 500;
-    int st = key_and_lookup(q, hr, o, msg, cap);
+    int st = key_and_lookup(q, hr, who, o, msg, cap);
     if (st) return st;
     /* only the router issues kv_transfer_params; conversation_id is the router's */
     json_object_del(root, "kv_transfer_params");
@@ -1029,7 +1057,7 @@ static int parse_body(enum oai_kind kind, const http_req *hr, oai_req *o, oai_er
 }
 
 void rt_route_completion(router *r, http_conn *c, const http_req *hr, enum oai_kind kind,
-                         uint64_t t0)
+                         const http_auth_result *who, uint64_t t0)
 {
     oai_req o;
     oai_err err;
@@ -1049,7 +1077,7 @@ void rt_route_completion(router *r, http_conn *c, const http_req *hr, enum oai_k
     q->phase = PH_DECODE;
     char msg[256] = "out of memory";
     const char *param = NULL;
-    int st = prepare(q, hr, &q->o, msg, sizeof msg, &param);
+    int st = prepare(q, hr, who, &q->o, msg, sizeof msg, &param);
     if (st) {
         reply_error(q, st, msg, st == 400 ? param : NULL);
         req_end(q);

@@ -7,10 +7,13 @@
  * and nothing is allocated. */
 #include "router/router_key.h"
 
+#include <stdio.h>
 #include <string.h>
 #include <xxhash.h>
 
-enum { TAG_NS_ANON = 'A', TAG_NS_AUTH = 'B', TAG_ID = 'I', TAG_CHAT = 'C', TAG_MSG = 'M' };
+#include "base/dx_keys.h"
+
+enum { TAG_ID = 'I', TAG_CHAT = 'C', TAG_MSG = 'M' };
 
 /* Up to: key (16) + tag (1) + one digest (16) + a short length-prefixed
  * string (8 + 32) — roles are at most "assistant". */
@@ -54,13 +57,34 @@ static void rec_finish(const key_rec *r, uint64_t seed, router_key *out)
     out->hi = h.high64;
 }
 
-void router_key_ns(uint64_t seed, const char *auth, size_t auth_len, router_key *ns)
+static void put_le64(uint8_t *b, uint64_t v)
 {
-    key_rec r = {.n = 0};
-    uint8_t tag = auth ? TAG_NS_AUTH : TAG_NS_ANON;
-    rec_put(&r, &tag, 1);
-    if (auth) rec_digest(&r, seed, auth, auth_len);
-    rec_finish(&r, seed, ns);
+    for (int i = 0; i < 8; i++, v >>= 8) b[i] = (uint8_t)v;
+}
+
+void router_key_ns(const uint8_t secret[ROUTER_KEY_SECRET], enum router_tenant kind, const void *id,
+                   size_t len, router_key *ns)
+{
+    /* "ns", the kind, then the id: a kind can never pass for another */
+    uint8_t pre[3] = {'n', 's', (uint8_t)kind}, h[16];
+    int with_id = kind == ROUTER_TENANT_HEADER || kind == ROUTER_TENANT_KEY;
+    dx_keys_hash(pre, sizeof pre, with_id ? id : NULL, with_id ? len : 0, secret, ROUTER_KEY_SECRET,
+                 h, sizeof h);
+    ns->lo = ns->hi = 0;
+    for (int i = 7; i >= 0; i--) {
+        ns->lo = ns->lo << 8 | h[i];
+        ns->hi = ns->hi << 8 | h[8 + i];
+    }
+}
+
+void router_key_salt(const uint8_t secret[ROUTER_KEY_SECRET], const router_key *ns,
+                     const char *client_salt, size_t len, char out[33])
+{
+    uint8_t pre[2 + 16] = {'c', 's'}, h[16];
+    put_le64(pre + 2, ns->lo);
+    put_le64(pre + 10, ns->hi);
+    dx_keys_hash(pre, sizeof pre, client_salt, len, secret, ROUTER_KEY_SECRET, h, sizeof h);
+    for (int i = 0; i < 16; i++) snprintf(out + 2 * i, 3, "%02x", h[i]);
 }
 
 /* A key derived from the namespace, a tag and one string. */

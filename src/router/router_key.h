@@ -1,10 +1,14 @@
 /* router_key: conversation keys — 128-bit XXH3 hashes that name a
  * conversation in the router's state (router_state.h).
  *
- * Every key lives in a namespace derived from the caller's Authorization
- * header (absent = a namespace of its own), so one tenant's conversation id
- * or history can never name another tenant's entry and send its requests to
- * that tenant's KV.  Three kinds of key, kept apart by a tag byte:
+ * Every key lives in its tenant's namespace: a keyed BLAKE2b hash, under
+ * the router's secret, of the API key the caller presented (with API keys
+ * configured), else of its whole Authorization header (absent = a namespace
+ * of its own).  One tenant's conversation id or history can never name
+ * another tenant's entry and send its requests to that tenant's KV, and
+ * without the secret no one can compute a namespace.  The same namespace
+ * gives the tenant's prefix-cache salt on the nodes (router_key_salt).
+ * Three kinds of key, kept apart by a tag byte:
  *
  *   - an explicit id (X-Conversation-Id, or the body's conversation_id);
  *   - content: a running hash over the model name and the chat messages,
@@ -30,9 +34,22 @@ static inline int router_key_eq(const router_key *a, const router_key *b)
     return a->lo == b->lo && a->hi == b->hi;
 }
 
-/* The caller's namespace: auth is the Authorization header's value (the
- * whole "Bearer ..." string) or NULL when the request has none. */
-void router_key_ns(uint64_t seed, const char *auth, size_t auth_len, router_key *ns);
+#define ROUTER_KEY_SECRET 32 /* bytes of the router's namespace secret */
+
+enum router_tenant {
+    ROUTER_TENANT_NONE,     /* no credentials (no keys configured, no header) */
+    ROUTER_TENANT_HEADER,   /* no keys configured: the whole Authorization value */
+    ROUTER_TENANT_KEY,      /* the digest of the API key presented */
+    ROUTER_TENANT_INTERNAL, /* the internal key was presented (id unused) */
+};
+
+/* The caller's namespace: id[0..len) as the kind says. */
+void router_key_ns(const uint8_t secret[ROUTER_KEY_SECRET], enum router_tenant kind, const void *id,
+                   size_t len, router_key *ns);
+/* The prefix-cache salt the nodes get for a namespace and the client's own
+ * cache_salt (may be empty): 32 hex digits and a NUL into out. */
+void router_key_salt(const uint8_t secret[ROUTER_KEY_SECRET], const router_key *ns,
+                     const char *client_salt, size_t len, char out[33]);
 /* The key of an explicit conversation id. */
 void router_key_id(uint64_t seed, const router_key *ns, const char *id, size_t len,
                    router_key *out);

@@ -26,6 +26,7 @@
 #include "base/dx_buf.h"
 #include "base/dx_err.h"
 #include "base/dx_log.h"
+#include "router/router_rundir.h"
 #include "router/router_up.h"
 
 enum phase { PH_NODES, PH_ROUTER, PH_HEALTH, PH_RUNNING, PH_STOPPING };
@@ -56,6 +57,7 @@ struct launch {
     uv_timer_t poll;  /* the router's /health, until it answers 200 */
     router_up *up;
     router_up_req *check;
+    router_rundir run; /* the cluster's keys */
     enum phase phase;
     int exit_code, signals;
 };
@@ -94,6 +96,19 @@ static void arg_num(router_launch_argv *a, long v)
     arg(a, s);
 }
 
+/* Every child: the cluster's internal key and the API keys, as files. */
+static void arg_keys(const router_launch_config *c, router_launch_argv *a)
+{
+    if (c->internal_key_file) {
+        arg(a, "--internal-key-file");
+        arg(a, c->internal_key_file);
+    }
+    if (c->api_key_file) {
+        arg(a, "--api-key-file");
+        arg(a, c->api_key_file);
+    }
+}
+
 void router_launch_node_argv(const router_launch_config *c, int prefill, router_launch_argv *a)
 {
     memset(a, 0, sizeof *a);
@@ -125,6 +140,7 @@ void router_launch_node_argv(const router_launch_config *c, int prefill, router_
         arg(a, "--log-level");
         arg(a, "debug");
     }
+    arg_keys(c, a);
 }
 
 static int arg_heap(router_launch_argv *a, const char *s)
@@ -168,6 +184,7 @@ int router_launch_router_argv(const router_launch_config *c, const char *prefill
         arg(a, "--log-level");
         arg(a, "debug");
     }
+    arg_keys(c, a);
     if (rc) router_launch_argv_free(a);
     return rc;
 }
@@ -355,6 +372,10 @@ static void print_summary(launch *L)
             fprintf(o, "duplex up: %-9s pid %-7d http://127.0.0.1:%d  kv port -\n", k->name,
                     (int)k->pid, k->http_port);
     }
+    fprintf(o,
+            "duplex up: keys      %s (internal key for a proxy in front of the nodes%s; "
+            "removed at exit)\n",
+            L->run.dir, L->run.api_keys[0] ? ", API keys" : "");
     fprintf(o, "duplex up: ready: http://127.0.0.1:%d  (OpenAI API under /v1; Ctrl-C stops all)\n",
             router_kid(L)->http_port);
     fflush(o);
@@ -539,12 +560,22 @@ int router_launch_run(const router_launch_config *cfg)
         return 1;
     }
     L->cfg = *cfg;
+    int rc = router_rundir_create(&L->run, cfg->api_keys, cfg->n_api_keys, cfg->api_key_files,
+                                  cfg->n_api_key_files);
+    if (rc) {
+        fprintf(stderr, "duplex up: %s\n", dx_errmsg());
+        dx_free(L->kids);
+        dx_free(L);
+        return rc == DX_EINVAL ? 2 : 1;
+    }
+    L->cfg.internal_key_file = L->run.internal_key;
+    L->cfg.api_key_file = L->run.api_keys[0] ? L->run.api_keys : NULL;
     if (L->cfg.startup_timeout_s <= 0) L->cfg.startup_timeout_s = 600;
     if (L->cfg.stop_timeout_s <= 0) L->cfg.stop_timeout_s = 60;
     if (!L->cfg.out) L->cfg.out = stdout;
     uv_loop_init(&L->loop);
     init_handles(L);
-    int rc = router_up_create(&L->loop, &L->up);
+    rc = router_up_create(&L->loop, &L->up);
     if (rc == 0) rc = start_nodes(L);
     if (rc) {
         fprintf(stderr, "duplex up: %s\n", dx_errmsg());
@@ -554,6 +585,7 @@ int router_launch_run(const router_launch_config *cfg)
     for (size_t i = 0; i < L->n_kids; i++) kid_close_pipe(&L->kids[i]);
     uv_run(&L->loop, UV_RUN_DEFAULT);
     uv_loop_close(&L->loop);
+    router_rundir_remove(&L->run);
     int code = L->exit_code;
     dx_free(L->kids);
     dx_free(L);

@@ -13,6 +13,14 @@
  * the launcher dies.  Their output is relayed to stderr, each line prefixed
  * with the child's name.
  *
+ * Keys: the launcher makes a run directory (0700, under $TMPDIR or /tmp)
+ * with a fresh internal key (internal.key, 0600) that every child gets with
+ * --internal-key-file, so the router's requests to the nodes are the only
+ * ones whose kv_transfer_params the nodes honour; API keys given to `up`
+ * (--api-key, --api-key-file: checked first, errors naming file and line)
+ * go to every child in one file there (api-keys, 0600), never on a command
+ * line.  The directory is removed when `up` ends.
+ *
  * Node flags by mode follow docs/pd.md: bidirectional → prefill nodes
  * `--role prefill --bidirectional-kv-xfer`, decode nodes `--role decode
  * --bidirectional-kv-xfer`, router `--mode bidirectional`; unidirectional →
@@ -43,6 +51,14 @@ typedef struct {
                                     * start-up lines are INFO, which the launcher reads,
                                     * so quieter levels stay the launcher's own) */
     FILE *out;                     /* the summary lines (stdout) */
+    /* API keys every child requires (copied into the run directory). */
+    const char *const *api_keys;
+    size_t n_api_keys;
+    const char *const *api_key_files;
+    size_t n_api_key_files;
+    /* Set by router_launch_run (the run directory's files), or by tests:
+     * passed as --internal-key-file / --api-key-file when not NULL. */
+    const char *internal_key_file, *api_key_file;
 } router_launch_config;
 
 /* A child's command line: argv[0..argc) and a NULL; strings owned here. */
@@ -67,7 +83,8 @@ const char *router_launch_mode_name(enum router_launch_mode m);
 int router_launch_parse_mode(const char *s, enum router_launch_mode *out);
 
 /* Runs until everything has stopped; returns the process exit code (0 after
- * a clean stop, 1 when a child failed or did not start). */
+ * a clean stop, 1 when a child failed or did not start, 2 for a bad API key
+ * or key file). */
 int router_launch_run(const router_launch_config *cfg);
 
 #endif

@@ -40,6 +40,8 @@ struct router {
     router_up *up;
     router_state *state;
     model *tok;     /* tokenizer and chat template only, or NULL */
+    http_auth *auth;                      /* clients' API keys; the internal key nodes get */
+    uint8_t ns_secret[ROUTER_KEY_SECRET]; /* keys tenants' namespaces (router_key.h) */
     rt_node *nodes; /* prefill nodes first, then decode nodes */
     size_t n_nodes, n_prefill;
     uv_timer_t health, grace;
@@ -74,7 +76,7 @@ double rt_now_s(void);
 
 /* ---- router_flow.c ---- */
 void rt_route_completion(router *r, http_conn *c, const http_req *hr, enum oai_kind kind,
-                         uint64_t t0);
+                         const http_auth_result *who, uint64_t t0);
 /* GET passed through to a healthy node (/v1/models). */
 void rt_route_passthrough(router *r, http_conn *c, const http_req *hr, uint64_t t0);
 /* Answers and ends every request in flight (the grace period is over, or

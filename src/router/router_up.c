@@ -14,6 +14,8 @@
  * never reaches on_done. */
 #include "router/router_up.h"
 
+#include "node/http_auth.h"
+
 #include <curl/curl.h>
 #include <string.h>
 
@@ -254,28 +256,29 @@ static void check_done(router_up *u)
     }
 }
 
-static struct curl_slist *make_headers(const router_up_request *r)
+/* h with "name: value" appended; NULL (h freed) when out of memory. */
+static struct curl_slist *add_header(struct curl_slist *h, const char *name, const char *value)
 {
-    struct curl_slist *h = NULL, *t;
-    /* no "Expect: 100-continue" round trip before a large body */
-    if (!(t = curl_slist_append(h, "Expect:"))) goto fail;
-    h = t;
-    if (r->body && !(t = curl_slist_append(h, "Content-Type: application/json"))) goto fail;
-    h = t;
-    if (r->auth) {
-        size_t n = strlen(r->auth) + 32;
-        char *line = dx_malloc(n);
-        if (!line) goto fail;
-        snprintf(line, n, "Authorization: %s", r->auth);
+    size_t n = strlen(name) + strlen(value) + 3;
+    char *line = dx_malloc(n);
+    struct curl_slist *t = NULL;
+    if (line) {
+        snprintf(line, n, "%s: %s", name, value);
         t = curl_slist_append(h, line);
         dx_free(line);
-        if (!t) goto fail;
-        h = t;
     }
+    if (!t) curl_slist_free_all(h);
+    return t;
+}
+
+static struct curl_slist *make_headers(const router_up_request *r)
+{
+    /* no "Expect: 100-continue" round trip before a large body */
+    struct curl_slist *h = curl_slist_append(NULL, "Expect:");
+    if (h && r->body) h = add_header(h, "Content-Type", "application/json");
+    if (h && r->auth) h = add_header(h, "Authorization", r->auth);
+    if (h && r->internal_key) h = add_header(h, HTTP_AUTH_INTERNAL_HEADER, r->internal_key);
     return h;
-fail:
-    curl_slist_free_all(h);
-    return NULL;
 }
 
 static void set_options(router_up_req *q, const router_up_request *r)

@@ -102,7 +102,7 @@ static void test_readme_examples(void **state)
         p = close;
     }
     free(md);
-    assert_int_equal(found, 3); /* the server, duplex up, P/D by hand */
+    assert_int_equal(found, 4); /* the server, with an API key, duplex up, P/D by hand */
 }
 
 int main(void)

@@ -118,7 +118,7 @@ static void test_faithful_from_memory_and_sequence(void **state)
     hist_mem *m;
     hist_mem_config mc = {.ttl_s = 60};
     assert_int_equal(hist_mem_create(&mc, &m), 0);
-    assert_int_equal(hist_mem_put(m, p1.ids, p1.n, text.data, text.len, gen, n_gen, 1000), 0);
+    assert_int_equal(hist_mem_put(m, 0, p1.ids, p1.n, text.data, text.len, gen, n_gen, 1000), 0);
     hist_src src;
     hist_src_init(&src, g_tk, g_end, 3);
     src.mem = m;
@@ -179,7 +179,7 @@ static void test_memory_ttl_and_bounds(void **state)
     int32_t ctx[4][2] = {{1, 2}, {3, 4}, {5, 6}, {7, 8}}, ids[2] = {9, 10};
     uint64_t t0 = 5000000000ull;
     for (int i = 0; i < 4; i++)
-        assert_int_equal(hist_mem_put(m, ctx[i], 2, "ab", 2, ids, 2, t0 + (uint64_t)i), 0);
+        assert_int_equal(hist_mem_put(m, 0, ctx[i], 2, "ab", 2, ids, 2, t0 + (uint64_t)i), 0);
     hist_mem_stats st;
     hist_mem_get_stats(m, &st);
     assert_int_equal(st.entries, 3);
@@ -199,7 +199,7 @@ static void test_memory_ttl_and_bounds(void **state)
     assert_int_equal(hist_reply(&s, ctx[1], 2, "ab", 2, &out), 1); /* used at +0.5 s */
     /* a put replaces an entry for the same context and text */
     int32_t ids2[1] = {11};
-    assert_int_equal(hist_mem_put(m, ctx[1], 2, "ab", 2, ids2, 1, s.now_ns), 0);
+    assert_int_equal(hist_mem_put(m, 0, ctx[1], 2, "ab", 2, ids2, 1, s.now_ns), 0);
     out.n = 0;
     assert_int_equal(hist_reply(&s, ctx[1], 2, "ab", 2, &out), 1);
     assert_int_equal(out.n, 1);

@@ -56,7 +56,23 @@ static void test_chat_full(void **state)
     assert_true(r.stream && r.include_usage);
     assert_string_equal(r.user, "u");
     assert_non_null(r.kv_transfer_params);
+    assert_null(r.cache_salt);
     oai_req_free(&r);
+    /* cache_salt: up to 1024 bytes, kept by length; one more is a 400 */
+    char salted[1200];
+    snprintf(salted, sizeof salted,
+             "{\"model\":\"m\",\"cache_salt\":\"%01024d\",\"messages\":[{\"role\":\"user\","
+             "\"content\":\"a\"}]}",
+             7);
+    assert_int_equal(parse(OAI_CHAT, salted, &r, &e), 0);
+    assert_int_equal(r.cache_salt_len, 1024);
+    oai_req_free(&r);
+    snprintf(salted, sizeof salted,
+             "{\"model\":\"m\",\"cache_salt\":\"%01025d\",\"messages\":[{\"role\":\"user\","
+             "\"content\":\"a\"}]}",
+             7);
+    assert_int_equal(parse(OAI_CHAT, salted, &r, &e), DX_EINVAL);
+    assert_string_equal(e.param, "cache_salt");
     /* a NUL the model emitted comes back in a content: kept, by length */
     const char *nul = "{\"model\":\"m\",\"messages\":[{\"role\":\"assistant\",\"content\":"
                       "\"a\\u0000b\"}]}";
@@ -260,6 +276,10 @@ static void test_bad_corpus(void **state)
          "tool_choice", "no tools"},
         {OAI_CHAT, "{\"model\":\"m\",\"parallel_tool_calls\":1,\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]}",
          "parallel_tool_calls", "true or false"},
+        {OAI_CHAT, "{\"model\":\"m\",\"cache_salt\":7,\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]}",
+         "cache_salt", "a string of 1..1024 bytes"},
+        {OAI_COMPLETION, "{\"model\":\"m\",\"cache_salt\":\"\",\"prompt\":\"a\"}", "cache_salt",
+         "a string of 1..1024 bytes"},
 #undef M
 #undef T
     };

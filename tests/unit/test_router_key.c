@@ -1,5 +1,7 @@
 /* test_router_key: conversation keys — namespaces keep tenants apart (an
- * absent Authorization is its own namespace, distinct from an empty one),
+ * absent Authorization is its own namespace, distinct from an empty one; an
+ * API key's digest, a header and the internal key never share one; the
+ * secret changes every namespace), the nodes' cache salts follow them,
  * ids and content keys never meet, the running content hash gives one key
  * per prefix and the stored "messages + reply" key is exactly the prefix the
  * next turn resends, field boundaries cannot be shifted, and the seed
@@ -16,6 +18,8 @@
 
 #define SEED 0x1234567890abcdefull
 
+static const uint8_t k_secret[ROUTER_KEY_SECRET] = "a 32-byte secret for the tests!";
+
 typedef struct {
     const char *role, *content;
 } msg;
@@ -23,7 +27,8 @@ typedef struct {
 static router_key ns_of(const char *auth)
 {
     router_key ns;
-    router_key_ns(SEED, auth, auth ? strlen(auth) : 0, &ns);
+    router_key_ns(k_secret, auth ? ROUTER_TENANT_HEADER : ROUTER_TENANT_NONE, auth,
+                  auth ? strlen(auth) : 0, &ns);
     return ns;
 }
 
@@ -126,21 +131,57 @@ static void test_seed(void **state)
 {
     (void)state;
     router_key ns1, ns2, k1, k2;
-    router_key_ns(1, NULL, 0, &ns1);
-    router_key_ns(2, NULL, 0, &ns2);
+    uint8_t other[ROUTER_KEY_SECRET];
+    memcpy(other, k_secret, sizeof other);
+    other[31] ^= 1;
+    router_key_ns(k_secret, ROUTER_TENANT_NONE, NULL, 0, &ns1);
+    router_key_ns(other, ROUTER_TENANT_NONE, NULL, 0, &ns2);
     assert_false(router_key_eq(&ns1, &ns2));
     router_key_id(1, &ns1, "c", 1, &k1);
     router_key_id(2, &ns1, "c", 1, &k2);
     assert_false(router_key_eq(&k1, &k2));
 }
 
+/* The kinds of tenant never meet, even over the same bytes. */
+static void test_tenant_kinds(void **state)
+{
+    (void)state;
+    static const uint8_t d[32] = "a key digest, 32 bytes of it....";
+    router_key key, hdr, in1, in2, none;
+    router_key_ns(k_secret, ROUTER_TENANT_KEY, d, sizeof d, &key);
+    router_key_ns(k_secret, ROUTER_TENANT_HEADER, d, sizeof d, &hdr);
+    router_key_ns(k_secret, ROUTER_TENANT_INTERNAL, NULL, 0, &in1);
+    router_key_ns(k_secret, ROUTER_TENANT_INTERNAL, d, sizeof d, &in2); /* id unused */
+    router_key_ns(k_secret, ROUTER_TENANT_NONE, NULL, 0, &none);
+    assert_false(router_key_eq(&key, &hdr));
+    assert_true(router_key_eq(&in1, &in2));
+    assert_false(router_key_eq(&in1, &none));
+    assert_false(router_key_eq(&key, &none));
+}
+
+/* Cache salts: one per namespace and client salt, stable, hex. */
+static void test_salts(void **state)
+{
+    (void)state;
+    router_key a = ns_of("Bearer a"), b = ns_of("Bearer b");
+    char sa[33], sa2[33], sb[33], sx[33];
+    router_key_salt(k_secret, &a, "", 0, sa);
+    router_key_salt(k_secret, &a, "", 0, sa2);
+    router_key_salt(k_secret, &b, "", 0, sb);
+    router_key_salt(k_secret, &a, "x", 1, sx);
+    assert_string_equal(sa, sa2);
+    assert_string_not_equal(sa, sb);
+    assert_string_not_equal(sa, sx);
+    assert_int_equal(strlen(sa), 32);
+    assert_int_equal(strspn(sa, "0123456789abcdef"), 32);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_namespaces),
-        cmocka_unit_test(test_prefix_chain),
-        cmocka_unit_test(test_boundaries),
-        cmocka_unit_test(test_seed),
+        cmocka_unit_test(test_namespaces),   cmocka_unit_test(test_prefix_chain),
+        cmocka_unit_test(test_boundaries),   cmocka_unit_test(test_seed),
+        cmocka_unit_test(test_tenant_kinds), cmocka_unit_test(test_salts),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -350,6 +350,39 @@ static void test_prefix_cache_reuse(void **state)
     srig_free(&r);
 }
 
+/* cache_salt namespaces: the same prompt under another salt reuses nothing
+ * (and publishes its own blocks), under the same salt everything; the
+ * shared namespace (no salt) never sees a salted request's blocks; the
+ * output is the same everywhere. */
+static void test_cache_salt(void **state)
+{
+    (void)state;
+    srig r;
+    srig_init(&r, g_m, 64, 512, 2);
+    static const uint8_t sa[KV_SALT_BYTES] = {1}, sb[KV_SALT_BYTES] = {2};
+    const uint8_t *salts[] = {sa, sb, sa, NULL, sb};
+    const uint32_t want[] = {0, 0, 64, 0, 64};
+    for (int i = 0; i < 5; i++) {
+        collector c;
+        col_init(&c);
+        engine_request q = greedy(g_prompts[7], g_plen[7], 24, &c);
+        if (salts[i]) memcpy(q.cache_salt, salts[i], KV_SALT_BYTES);
+        assert_int_equal(sched_submit(r.s, &q, 10 + (uint64_t)i), 0);
+        run_all(&r);
+        if (c.fin.n_cached != want[i])
+            fail_msg("request %d: %u tokens cached, want %u", i, c.fin.n_cached, want[i]);
+        assert_memory_equal(c.toks, g_alone[7].toks, 24 * sizeof(int32_t));
+        col_free(&c);
+    }
+    /* a salted seed is the pool's own only for the zero salt */
+    static const uint8_t zero[KV_SALT_BYTES];
+    kv_hash s0 = kv_pool_seed_salted(r.pool, zero), s1 = kv_pool_seed_salted(r.pool, sa);
+    assert_true(kv_hash_eq(s0, kv_pool_seed(r.pool)));
+    assert_false(kv_hash_eq(s1, s0));
+    assert_false(kv_hash_eq(s1, kv_pool_seed_salted(r.pool, sb)));
+    srig_free(&r);
+}
+
 /* Copies a sequence's blocks from one pool into fresh blocks of another with
  * the same geometry and publishes them under the destination's hash chain:
  * what a node does with blocks it pulled from a peer. */
@@ -915,6 +948,7 @@ int main(void)
         cmocka_unit_test(test_preemption_keeps_tokens),
         cmocka_unit_test(test_waiting_limit),
         cmocka_unit_test(test_prefix_cache_reuse),
+        cmocka_unit_test(test_cache_salt),
         cmocka_unit_test(test_kv_event_and_prefix_blocks),
         cmocka_unit_test(test_prefix_blocks_rules),
         cmocka_unit_test(test_pregen_first_token),

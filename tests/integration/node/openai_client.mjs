@@ -3,18 +3,10 @@
 // tool-calling conversation, logprobs, and errors.  Usage: node openai_client.mjs http://127.0.0.1:PORT/v1
 // Exits 0 when every check holds; prints what failed otherwise.
 import OpenAI from 'openai';
+import { check, failed } from './check.mjs';
 
 const baseURL = process.argv[2];
 const client = new OpenAI({ baseURL, apiKey: 'unused', maxRetries: 0, timeout: 60000 });
-let failures = 0;
-function check(cond, what, detail) {
-  if (!cond) {
-    failures++;
-    console.error(`FAIL ${what}${detail === undefined ? '' : ': ' + JSON.stringify(detail)}`);
-  } else {
-    console.log(`ok   ${what}`);
-  }
-}
 
 const models = await client.models.list();
 const ids = [];
@@ -110,5 +102,5 @@ try {
   check(e instanceof OpenAI.NotFoundError, 'unknown model is a NotFoundError', e.status);
 }
 
-console.log(failures ? `${failures} checks failed` : 'all checks passed');
-process.exit(failures ? 1 : 0);
+console.log(failed() ? `${failed()} checks failed` : 'all checks passed');
+process.exit(failed() ? 1 : 0);
