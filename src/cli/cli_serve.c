@@ -31,7 +31,7 @@ typedef struct {
     const char *tool_parser, *reasoning_parser, *chat_template, *kv_secret, *kv_peers;
     long port, threads, kv_mb, batch, waiting, ctx, req_timeout_ms, max_body_mb, kv_port,
         kv_blocks, threshold;
-    double grace, pin_ttl, lease_ttl, retain_ttl, kv_peer_timeout;
+    double grace, pin_ttl, lease_ttl, retain_ttl, kv_peer_timeout, kv_pull_timeout;
     int bidirectional, prefix_on, prefix_off, insecure;
 } serve_flags;
 
@@ -80,6 +80,7 @@ static int to_config(const serve_flags *f, node_run_config *c)
     c->kv_peers = f->kv_peers;
     c->insecure_no_auth = f->insecure;
     c->kv_peer_timeout_s = f->kv_peer_timeout;
+    c->kv_pull_timeout_s = f->kv_pull_timeout;
     c->engine_id = f->engine_id;
     c->served_model_name = f->served;
     c->tool_parser = f->tool_parser;
@@ -104,7 +105,7 @@ int cli_serve_main(int argc, char **argv)
                      .port = 8000, .kv_mb = 1024, .batch = 512, .waiting = 256,
                      .req_timeout_ms = 30000, .max_body_mb = 4, .kv_port = -1, .threshold = 64,
                      .grace = 10, .pin_ttl = 30, .lease_ttl = 30, .retain_ttl = 480,
-                     .kv_peer_timeout = 5};
+                     .kv_peer_timeout = 5, .kv_pull_timeout = 10};
     const cli_opt opts[] = {
         {"model", CLI_PATH, &f.path, 0, 0, "GGUF model file (required)"},
         {"role", CLI_STR, &f.role, 0, 0, "prefill|decode|both (default both)"},
@@ -137,6 +138,8 @@ int cli_serve_main(int argc, char **argv)
          "HOST[:PORT],... KV ports this node may pull from (default: loopback only)"},
         {"kv-peer-timeout-s", CLI_DBL, &f.kv_peer_timeout, 0.1, 3600,
          "a holder silent this long is dead: the pull recomputes (default 5)"},
+        {"kv-pull-timeout-s", CLI_DBL, &f.kv_pull_timeout, 0.1, 86400,
+         "longest one KV pull may take before the request recomputes (default 10)"},
         {"insecure-no-auth", CLI_FLAG, &f.insecure, 0, 0,
          "allow a KV port off loopback without --kv-secret-file (anyone reaching it reads the pool)"},
         {"kv-transport-tls", CLI_STR, &f.kv_tls, 0, 0, "UCX_TLS for KV reads (default: UCX's choice)"},

@@ -67,6 +67,7 @@ static void load_work(uv_work_t *w)
                              .lease_ttl_s = r->cfg.lease_ttl_s,
                              .retain_ttl_s = r->cfg.retain_ttl_s,
                              .peer_timeout_s = r->cfg.kv_peer_timeout_s,
+                             .pull_timeout_s = r->cfg.kv_pull_timeout_s,
                              .secret = r->kv_secret,
                              .peers = r->kv_peers};
         rc = node_kv_create(&kc, &r->kv);

@@ -36,6 +36,7 @@ typedef struct {
     const char *kv_peers;       /* addresses pulls may go to (xfer_peers.h); NULL: loopback */
     int insecure_no_auth;       /* a non-loopback KV port without a secret */
     double kv_peer_timeout_s;   /* longest wait for one reply from a holder (default 5) */
+    double kv_pull_timeout_s;   /* one whole pull (default 10) */
     const char *engine_id; /* default: host:port of the HTTP server */
     const char *served_model_name; /* NULL: the model file's name */
     /* --tool-call-parser auto|qwen|llama3|none, --reasoning-parser

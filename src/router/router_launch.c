@@ -27,6 +27,7 @@
 #include "base/dx_err.h"
 #include "base/dx_log.h"
 #include "router/router_up.h"
+#include "xfer/kvport_auth.h"
 
 enum phase { PH_NODES, PH_ROUTER, PH_HEALTH, PH_RUNNING, PH_STOPPING };
 enum kid_role { KID_PREFILL, KID_DECODE, KID_ROUTER };
@@ -49,6 +50,7 @@ typedef struct {
 struct launch {
     uv_loop_t loop;
     router_launch_config cfg;
+    char run_dir[256], secret[300]; /* "" until made */
     lkid *kids; /* nodes, then the router */
     size_t n_kids, n_nodes;
     uv_signal_t sig_int, sig_term, sig_chld;
@@ -110,6 +112,12 @@ void router_launch_node_argv(const router_launch_config *c, int prefill, router_
     if (c->mode != LAUNCH_COLOCATED) { /* the KV port on a free port */
         arg(a, "--kv-port");
         arg(a, "0");
+        if (c->kv_secret_file) {
+            arg(a, "--kv-secret-file");
+            arg(a, c->kv_secret_file);
+            arg(a, "--kv-peers");
+            arg(a, "127.0.0.1");
+        }
     }
     if (c->mode == LAUNCH_BIDIRECTIONAL) arg(a, "--bidirectional-kv-xfer");
     if (prefill && c->prefill_no_prefix_caching) arg(a, "--no-enable-prefix-caching");
@@ -496,6 +504,35 @@ static void on_startup_timeout(uv_timer_t *t)
 
 /* ---- run ------------------------------------------------------------------------------ */
 
+/* The run folder and the cluster's KV secret in it (see .h). */
+static int make_secret(launch *L)
+{
+    const char *base = getenv("XDG_RUNTIME_DIR");
+    if (!base || !*base) base = getenv("TMPDIR");
+    if (!base || !*base) base = "/tmp";
+    snprintf(L->run_dir, sizeof L->run_dir, "%s/duplex-up-XXXXXX", base);
+    if (!mkdtemp(L->run_dir)) {
+        int rc = dx_errf(DX_EIO, "making a run folder in %s: %s", base, strerror(errno));
+        L->run_dir[0] = 0;
+        return rc;
+    }
+    snprintf(L->secret, sizeof L->secret, "%s/kv.secret", L->run_dir);
+    int rc = kvport_secret_write_new(L->secret);
+    if (rc) {
+        L->secret[0] = 0;
+        return rc;
+    }
+    L->cfg.kv_secret_file = L->secret;
+    fprintf(stderr, "duplex up: KV ports authenticated with a fresh secret, %s\n", L->secret);
+    return 0;
+}
+
+static void remove_secret(launch *L)
+{
+    if (L->secret[0]) unlink(L->secret);
+    if (L->run_dir[0]) rmdir(L->run_dir);
+}
+
 static int start_nodes(launch *L)
 {
     int np = L->cfg.mode == LAUNCH_COLOCATED ? 0 : L->cfg.n_prefill;
@@ -545,6 +582,7 @@ int router_launch_run(const router_launch_config *cfg)
     uv_loop_init(&L->loop);
     init_handles(L);
     int rc = router_up_create(&L->loop, &L->up);
+    if (rc == 0 && L->cfg.mode != LAUNCH_COLOCATED) rc = make_secret(L);
     if (rc == 0) rc = start_nodes(L);
     if (rc) {
         fprintf(stderr, "duplex up: %s\n", dx_errmsg());
@@ -554,6 +592,7 @@ int router_launch_run(const router_launch_config *cfg)
     for (size_t i = 0; i < L->n_kids; i++) kid_close_pipe(&L->kids[i]);
     uv_run(&L->loop, UV_RUN_DEFAULT);
     uv_loop_close(&L->loop);
+    remove_secret(L); /* every node has exited: none reads it any more */
     int code = L->exit_code;
     dx_free(L->kids);
     dx_free(L);

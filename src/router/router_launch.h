@@ -13,6 +13,13 @@
  * the launcher dies.  Their output is relayed to stderr, each line prefixed
  * with the child's name.
  *
+ * In the P/D modes the KV ports are authenticated: the launcher makes a run
+ * folder of its own (mode 0700, under $XDG_RUNTIME_DIR or $TMPDIR or /tmp)
+ * with a fresh random cluster secret in it (kv.secret, mode 0600), gives
+ * every node `--kv-secret-file` and `--kv-peers 127.0.0.1` (the cluster's
+ * KV ports are all on loopback, on ports not known before the nodes start),
+ * and removes the folder when it exits.
+ *
  * Node flags by mode follow docs/pd.md: bidirectional → prefill nodes
  * `--role prefill --bidirectional-kv-xfer`, decode nodes `--role decode
  * --bidirectional-kv-xfer`, router `--mode bidirectional`; unidirectional →
@@ -43,6 +50,7 @@ typedef struct {
                                     * start-up lines are INFO, which the launcher reads,
                                     * so quieter levels stay the launcher's own) */
     FILE *out;                     /* the summary lines (stdout) */
+    const char *kv_secret_file;    /* set by router_launch_run (its run folder's) */
 } router_launch_config;
 
 /* A child's command line: argv[0..argc) and a NULL; strings owned here. */

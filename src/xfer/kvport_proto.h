@@ -18,7 +18,8 @@
  * (its own identity and layout) and the holder answers HELLO or
  * ERROR(MISMATCH);
  * PIN → PIN_OK {pin_id, n_matched, instance, ttl_ms} | GONE | MISMATCH;
- * while its one-sided reads run, the reader renews the pin every ttl_ms/3:
+ * while its one-sided reads run, the reader renews the pin every
+ * min(ttl_ms, its peer timeout)/3 (xfer_client.h):
  * RENEW {pin_id} → RENEW_OK {ttl_ms} | GONE (the pin lapsed) | ERROR (not a
  * pin of this connection); then RELEASE → RELEASE_OK, which is the holder's
  * word that the blocks stayed pinned for the whole read.  Any request the

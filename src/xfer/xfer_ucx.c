@@ -130,13 +130,29 @@ static void set_default_env(const char *name, const char *val)
  * progress, and the posix/sysv interfaces support wakeup (UCP_FEATURE_WAKEUP
  * does not exclude them).  A peer on another host, or one without this
  * option, still negotiates TCP. */
+/* Whether a transport list can use shared memory (UCX warns about an
+ * unused UCX_MM_* variable when it cannot: so we set none then). */
+static int tls_may_use_mm(const char *tls)
+{
+    if (!tls || !*tls || tls[0] == '^') return 1;
+    static const char *const mm[] = {"sm", "shm", "mm", "posix", "sysv", "all"};
+    char buf[128];
+    snprintf(buf, sizeof buf, "%s", tls);
+    char *save = NULL;
+    for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save))
+        for (size_t i = 0; i < sizeof mm / sizeof mm[0]; i++)
+            if (!strcmp(t, mm[i])) return 1;
+    return 0;
+}
+
 static int agent_init_ucp(xfer_agent *a, const xfer_agent_config *cfg)
 {
     static pthread_once_t log_once = PTHREAD_ONCE_INIT;
     pthread_once(&log_once, install_log_handler);
     set_default_env("UCX_TCP_TX_SEG_SIZE", "256k");
     set_default_env("UCX_TCP_RX_SEG_SIZE", "256k");
-    set_default_env("UCX_MM_ERROR_HANDLING", "y");
+    if (tls_may_use_mm(cfg->tls && cfg->tls[0] ? cfg->tls : getenv("UCX_TLS")))
+        set_default_env("UCX_MM_ERROR_HANDLING", "y");
     ucp_config_t *uc;
     ucs_status_t st = ucp_config_read(NULL, NULL, &uc);
     if (st != UCS_OK) return ucs_err(st, "reading configuration");
