@@ -198,11 +198,10 @@ static int hold_serve(kv_side *s, xfer_leases *L, const hold_net *net, uint64_t 
         uv_loop_close(&loop);
         return rc;
     }
-    json_t *o = json_pack("{s:i,s:i,s:I,s:I,s:s,s:s,s:o}", "port", kvport_server_port(hl.srv),
-                          "pid", (int)getpid(), "block_bytes",
-                          (json_int_t)kv_pool_block_bytes(s->pool), "n_blocks",
-                          (json_int_t)n_blocks, "tls", xfer_agent_tls(s->agent), "auth", net->auth,
-                          "leases", json_incref(leases));
+    json_t *o = json_pack(
+        "{s:i,s:i,s:I,s:I,s:s,s:s,s:o}", "port", kvport_server_port(hl.srv), "pid", (int)getpid(),
+        "block_bytes", (json_int_t)kv_pool_block_bytes(s->pool), "n_blocks", (json_int_t)n_blocks,
+        "tls", xfer_agent_tls(s->agent), "auth", net->auth, "leases", json_incref(leases));
     char *line = json_dumps(o, JSON_COMPACT);
     printf("%s\n", line);
     fflush(stdout);
@@ -305,11 +304,10 @@ static json_t *pull_report(const xfer_pull_result *res, kv_side *s, const int32_
             bad++;
     }
     return json_pack("{s:i,s:s,s:s,s:i,s:i,s:i,s:I,s:i,s:i,s:i,s:i,s:f,s:f,s:f,s:f}", "err",
-                     res->err,
-                     "errname", res->err ? dx_strerror(res->err) : "ok", "reason", res->reason,
-                     "matched", (int)res->n_matched, "pulled", (int)res->n_pulled, "reads",
-                     (int)res->n_reads, "bytes", (json_int_t)res->bytes, "verified", (int)ok,
-                     "corrupt", (int)bad, "hello_cached", res->hello_cached, "renewals",
+                     res->err, "errname", res->err ? dx_strerror(res->err) : "ok", "reason",
+                     res->reason, "matched", (int)res->n_matched, "pulled", (int)res->n_pulled,
+                     "reads", (int)res->n_reads, "bytes", (json_int_t)res->bytes, "verified",
+                     (int)ok, "corrupt", (int)bad, "hello_cached", res->hello_cached, "renewals",
                      (int)res->n_renewals, "ms", ms, "read_ms", res->t_read_ms, "pin_ms",
                      res->t_pin_ms, "auth_ms", res->t_auth_ms);
 }
@@ -355,8 +353,11 @@ static int pull_run(const pull_opts *o)
         if (o->diverge_at >= 0 && i >= o->diverge_at) chain[i].lo ^= 0xdead;
     }
     xfer_client *c = NULL;
-    xfer_client_config cc = {.agent = s.agent, .pool = s.pool, .hello = &s.hello,
-                             .secret = secret, .peer_timeout_s = o->peer_timeout};
+    xfer_client_config cc = {.agent = s.agent,
+                             .pool = s.pool,
+                             .hello = &s.hello,
+                             .secret = secret,
+                             .peer_timeout_s = o->peer_timeout};
     rc = xfer_client_create(&cc, &c);
     pull_hook hook = {o->pause_ms};
     for (long r = 0; !rc && r < o->repeat; r++) {
@@ -467,8 +468,8 @@ int cli_bench_xfer_main(int argc, char **argv)
     int rc =
         cli_parse("bench xfer", "[options]", argc, argv, opts, DX_ARRAY_LEN(opts), NULL, 0, NULL);
     if (rc) return rc == 1 ? 0 : rc;
-    bench_xfer_config cfg = {"/proc/self/exe", (unsigned)blocks, (unsigned)reps, (unsigned)lat, tr,
-                             secret};
+    bench_xfer_config cfg = {
+        "/proc/self/exe", (unsigned)blocks, (unsigned)reps, (unsigned)lat, tr, secret};
     rc = bench_xfer_run(&cfg, stdout);
     if (rc) fprintf(stderr, "duplex bench xfer: %s\n", dx_errmsg());
     return rc ? 1 : 0;

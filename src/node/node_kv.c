@@ -83,13 +83,19 @@ int node_kv_start(node_kv *k, uv_loop_t *loop, const uint64_t fingerprint[2], kv
     int rc = xfer_leases_create(pool, k->cfg.pin_ttl_s, &L);
     if (rc) return rc;
     __atomic_store_n(&k->leases, L, __ATOMIC_RELEASE);
-    xfer_client_config cc = {.agent = k->agent, .pool = pool, .hello = &k->hello,
-                             .secret = k->cfg.secret, .peers = k->cfg.peers,
+    xfer_client_config cc = {.agent = k->agent,
+                             .pool = pool,
+                             .hello = &k->hello,
+                             .secret = k->cfg.secret,
+                             .peers = k->cfg.peers,
                              .peer_timeout_s = k->cfg.peer_timeout_s};
     rc = xfer_client_create(&cc, &k->client);
     if (rc) return rc;
-    kvport_server_config kc = {.host = k->host, .port = k->cfg.port, .leases = L,
-                               .hello = &k->hello, .secret = k->cfg.secret,
+    kvport_server_config kc = {.host = k->host,
+                               .port = k->cfg.port,
+                               .leases = L,
+                               .hello = &k->hello,
+                               .secret = k->cfg.secret,
                                .idle_timeout_s = k->cfg.idle_timeout_s};
     rc = kvport_server_create(loop, &kc, &k->port);
     return rc ? dx_err_wrap(rc, "KV port %s:%d", k->host, k->cfg.port) : 0;
@@ -180,7 +186,7 @@ int node_kv_hold(node_kv *k, const int32_t *ids, size_t n, int retain, xfer_toke
 const char *node_kv_fallback_name(enum node_kv_fallback f)
 {
     static const char *const names[NODE_KV_N_FALLBACKS] = {
-        "none",     "partial", "no_space", "unreachable", "refused", "gone",
+        "none",     "partial", "no_space", "unreachable", "refused",          "gone",
         "mismatch", "timeout", "transfer", "auth",        "peer_not_allowed", "error"};
     return f < NODE_KV_N_FALLBACKS ? names[f] : "error";
 }

@@ -78,17 +78,17 @@ int node_kv_hold(node_kv *k, const int32_t *ids, size_t n, int retain, xfer_toke
 /* Why a pull did not bring everything it asked for (metric labels). */
 enum node_kv_fallback {
     NODE_KV_OK = 0,
-    NODE_KV_PARTIAL,       /* the holder's hashes matched only a prefix */
-    NODE_KV_NO_SPACE,      /* no local blocks to pull into */
-    NODE_KV_UNREACHABLE,   /* connect or name lookup failed */
-    NODE_KV_REFUSED,       /* HELLO refused (other model or layout) */
-    NODE_KV_GONE,          /* lease unknown, expired or revoked */
-    NODE_KV_MISMATCH,      /* the first block's hash differs */
+    NODE_KV_PARTIAL,     /* the holder's hashes matched only a prefix */
+    NODE_KV_NO_SPACE,    /* no local blocks to pull into */
+    NODE_KV_UNREACHABLE, /* connect or name lookup failed */
+    NODE_KV_REFUSED,     /* HELLO refused (other model or layout) */
+    NODE_KV_GONE,        /* lease unknown, expired or revoked */
+    NODE_KV_MISMATCH,    /* the first block's hash differs */
     NODE_KV_TIMEOUT,
-    NODE_KV_TRANSFER,      /* the read failed, or the pin lapsed */
-    NODE_KV_AUTH,          /* the holder and this node do not share the KV secret */
-    NODE_KV_NOT_ALLOWED,   /* the holder's address is not a known peer (--kv-peers) */
-    NODE_KV_ERROR,         /* anything else */
+    NODE_KV_TRANSFER,    /* the read failed, or the pin lapsed */
+    NODE_KV_AUTH,        /* the holder and this node do not share the KV secret */
+    NODE_KV_NOT_ALLOWED, /* the holder's address is not a known peer (--kv-peers) */
+    NODE_KV_ERROR,       /* anything else */
     NODE_KV_N_FALLBACKS
 };
 const char *node_kv_fallback_name(enum node_kv_fallback f);

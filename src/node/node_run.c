@@ -30,8 +30,8 @@ typedef struct {
     node_kv *kv;
     kvport_secret *kv_secret;
     xfer_peers *kv_peers;
-    const char *kv_host;  /* where the KV port listens (kv_security) */
-    const char *kv_auth;  /* what the start-up line says about it */
+    const char *kv_host; /* where the KV port listens (kv_security) */
+    const char *kv_auth; /* what the start-up line says about it */
     char engine_id[129];
     int load_rc, loading, stopping, exit_code;
     char load_err[512];

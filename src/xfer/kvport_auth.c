@@ -70,13 +70,14 @@ int kvport_secret_load(const char *path, kvport_secret **out)
     struct stat st;
     uint8_t buf[KVPORT_SECRET_MAX + 2];
     size_t n = 0;
-    int rc = fstat(fd, &st) < 0        ? dx_errf(DX_EIO, "KV secret file %s: %s", path, strerror(errno))
-             : !S_ISREG(st.st_mode)    ? dx_errf(DX_EINVAL, "KV secret file %s is not a file", path)
-             : read_all(fd, buf, sizeof buf, &n) ? dx_errf(DX_EIO, "reading KV secret file %s", path)
-                                       : 0;
+    int rc = fstat(fd, &st) < 0 ? dx_errf(DX_EIO, "KV secret file %s: %s", path, strerror(errno))
+             : !S_ISREG(st.st_mode) ? dx_errf(DX_EINVAL, "KV secret file %s is not a file", path)
+             : read_all(fd, buf, sizeof buf, &n)
+                 ? dx_errf(DX_EIO, "reading KV secret file %s", path)
+                 : 0;
     close(fd);
-    while (!rc && n && (buf[n - 1] == '\n' || buf[n - 1] == '\r' || buf[n - 1] == ' ' ||
-                        buf[n - 1] == '\t'))
+    while (!rc && n &&
+           (buf[n - 1] == '\n' || buf[n - 1] == '\r' || buf[n - 1] == ' ' || buf[n - 1] == '\t'))
         n--;
     if (!rc && (n < KVPORT_SECRET_MIN || n > KVPORT_SECRET_MAX))
         rc = dx_errf(DX_EINVAL, "KV secret file %s holds %s%zu bytes: want %u to %u", path,
@@ -111,8 +112,8 @@ int kvport_secret_write_new(const char *path)
     return rc;
 }
 
-int kvport_listen_allowed(const char *host, const kvport_secret *s, int insecure,
-                          const char *flag, const char **mode)
+int kvport_listen_allowed(const char *host, const kvport_secret *s, int insecure, const char *flag,
+                          const char **mode)
 {
     int lo = dx_addr_host_is_loopback(host);
     if (lo < 0) return dx_err_wrap(lo, "%s", flag);
@@ -185,16 +186,16 @@ int kvport_auth_reader_prove(kvport_auth *a, const kvport_auth_msg *challenge,
     if (a->step != STEP_READER_STARTED) return wrong_step(a);
     memcpy(a->nonce_h, challenge->nonce, sizeof a->nonce_h);
     int rc = check_proof(a, "holder", challenge->proof);
-    if (rc) return dx_errf(rc, "authentication failed: the holder does not know this node's KV "
-                               "secret (--kv-secret-file differs, or one side has none)");
+    if (rc)
+        return dx_errf(rc, "authentication failed: the holder does not know this node's KV "
+                           "secret (--kv-secret-file differs, or one side has none)");
     memset(proof, 0, sizeof *proof);
     proof_of(a, "reader", proof->proof);
     return 0;
 }
 
-int kvport_auth_holder_challenge(kvport_auth *a, const kvport_secret *key,
-                                 const dx_ipport *holder, const kvport_auth_msg *init,
-                                 kvport_auth_msg *challenge)
+int kvport_auth_holder_challenge(kvport_auth *a, const kvport_secret *key, const dx_ipport *holder,
+                                 const kvport_auth_msg *init, kvport_auth_msg *challenge)
 {
     memset(a, 0, sizeof *a);
     int rc = sodium_ready();

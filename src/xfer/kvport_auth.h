@@ -36,7 +36,7 @@
 #include "base/dx_addr.h"
 #include "xfer/kvport_proto.h"
 
-#define KVPORT_SECRET_MIN 16u   /* bytes, after trailing whitespace is dropped */
+#define KVPORT_SECRET_MIN 16u /* bytes, after trailing whitespace is dropped */
 #define KVPORT_SECRET_MAX 4096u
 
 typedef struct kvport_secret kvport_secret;
@@ -59,8 +59,8 @@ int kvport_secret_write_new(const char *path);
  * ("secret", "none, loopback only", "NONE (--insecure-no-auth...)");
  * DX_EDENIED with a message naming `flag` when not; DX_EINVAL when host does
  * not resolve. */
-int kvport_listen_allowed(const char *host, const kvport_secret *s, int insecure,
-                          const char *flag, const char **mode);
+int kvport_listen_allowed(const char *host, const kvport_secret *s, int insecure, const char *flag,
+                          const char **mode);
 
 /* One connection's handshake, either side. */
 typedef struct {
@@ -80,9 +80,8 @@ int kvport_auth_reader_prove(kvport_auth *a, const kvport_auth_msg *challenge,
 
 /* Holder, step 1: answers the reader's AUTH_INIT with AUTH_CHALLENGE (a
  * fresh nonce and the holder's proof). */
-int kvport_auth_holder_challenge(kvport_auth *a, const kvport_secret *key,
-                                 const dx_ipport *holder, const kvport_auth_msg *init,
-                                 kvport_auth_msg *challenge);
+int kvport_auth_holder_challenge(kvport_auth *a, const kvport_secret *key, const dx_ipport *holder,
+                                 const kvport_auth_msg *init, kvport_auth_msg *challenge);
 /* Holder, step 2: checks the reader's AUTH_PROOF; 0 or DX_EAUTH.  A
  * handshake is verified at most once. */
 int kvport_auth_holder_verify(kvport_auth *a, const kvport_auth_msg *proof);

@@ -88,10 +88,10 @@ static int rd_end(rd *r)
 
 const char *kvport_type_name(uint16_t type)
 {
-    static const char *names[] = {"?",          "HELLO",          "PIN",        "PIN_OK",
-                                  "GONE",       "MISMATCH",       "RELEASE",    "RELEASE_OK",
-                                  "ERROR",      "RENEW",          "RENEW_OK",   "AUTH_INIT",
-                                  "AUTH_CHALLENGE", "AUTH_PROOF", "AUTH_OK"};
+    static const char *names[] = {
+        "?",          "HELLO", "PIN",   "PIN_OK",   "GONE",      "MISMATCH",       "RELEASE",
+        "RELEASE_OK", "ERROR", "RENEW", "RENEW_OK", "AUTH_INIT", "AUTH_CHALLENGE", "AUTH_PROOF",
+        "AUTH_OK"};
     return type < DX_ARRAY_LEN(names) ? names[type] : "unknown";
 }
 

@@ -49,9 +49,9 @@
 #define KVPORT_MAX_STR        1024u
 /* Authentication: nonce and proof (HMAC-SHA-256) sizes, and the largest
  * payload a holder reads from a peer that has not authenticated yet. */
-#define KVPORT_NONCE_BYTES       32u
-#define KVPORT_PROOF_BYTES       32u
-#define KVPORT_MAX_AUTH_PAYLOAD  64u
+#define KVPORT_NONCE_BYTES      32u
+#define KVPORT_PROOF_BYTES      32u
+#define KVPORT_MAX_AUTH_PAYLOAD 64u
 
 enum kvport_type {
     KVPORT_HELLO = 1,

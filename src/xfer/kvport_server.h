@@ -47,15 +47,15 @@ typedef struct {
     /* This node's HELLO (engine id, fingerprint, layout, transfer
      * description); copied. */
     const kvport_hello *hello;
-    const kvport_secret *secret; /* NULL: no secret (see kvport_auth.h); the caller's */
-    double handshake_timeout_s;  /* default 10: from accept to authenticated */
-    double idle_timeout_s;       /* default 60: since the last complete frame; no live pins */
-    double sweep_interval_s;     /* default 1 */
-    unsigned max_conns;          /* default 256 */
-    unsigned max_conns_per_peer; /* default 128: from one address */
-    unsigned max_handshakes;     /* default 64: unauthenticated; the oldest gives way */
+    const kvport_secret *secret;      /* NULL: no secret (see kvport_auth.h); the caller's */
+    double handshake_timeout_s;       /* default 10: from accept to authenticated */
+    double idle_timeout_s;            /* default 60: since the last complete frame; no live pins */
+    double sweep_interval_s;          /* default 1 */
+    unsigned max_conns;               /* default 256 */
+    unsigned max_conns_per_peer;      /* default 128: from one address */
+    unsigned max_handshakes;          /* default 64: unauthenticated; the oldest gives way */
     unsigned max_handshakes_per_peer; /* default 8: unauthenticated from one address */
-    size_t max_queued;           /* default 1 MiB: reply bytes (with bookkeeping) per peer */
+    size_t max_queued;                /* default 1 MiB: reply bytes (with bookkeeping) per peer */
 } kvport_server_config;
 
 typedef struct {

@@ -332,8 +332,9 @@ static int exchange(kvlink *k, const dx_buf *out, uint16_t type, const char *ste
     if (!rc) rc = sock_recv(k->fd, &k->in, dl, m);
     if (!rc) rc = expect(m, type, step);
     if (rc == DX_ETIMEDOUT && by_peer)
-        dx_err_wrap(rc, "%s: no reply within the %.1f s peer timeout (the holder or the link to it "
-                        "may be down)",
+        dx_err_wrap(rc,
+                    "%s: no reply within the %.1f s peer timeout (the holder or the link to it "
+                    "may be down)",
                     step, (double)k->peer_ns * 1e-9);
     return rc;
 }

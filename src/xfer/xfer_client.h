@@ -19,10 +19,10 @@
  * TCP_USER_TIMEOUT on the socket as well).  Any failure (peer unreachable
  * or not allowed, authentication failed, timeout, GONE, MISMATCH, refused
  * HELLO, UCX error, peer died mid-transfer, a RENEW not answered RENEW_OK)
- * comes back as res->err plus res->reason — never a crash or hang.  On failure after the PIN the connection is just closed:
- * the holder releases pins of a closed connection.  The local blocks belong
- * to the caller throughout; after a failed pull their contents are undefined
- * (n_pulled is 0).
+ * comes back as res->err plus res->reason — never a crash or hang.  On failure after the PIN the
+ * connection is just closed: the holder releases pins of a closed connection.  The local blocks
+ * belong to the caller throughout; after a failed pull their contents are undefined (n_pulled is
+ * 0).
  *
  * The reads are one-sided, so only the holder's RELEASE_OK proves that the
  * pin — and with it the blocks — held until they completed.  A RELEASE

@@ -79,8 +79,8 @@ static int split(const char *entry, char *host, size_t cap, int *port, int *bits
     }
     return 0;
 bad:
-    return dx_errf(DX_EINVAL,
-                   "--kv-peers: '%s' is not HOST, HOST:PORT, [IPV6]:PORT or ADDR/BITS", entry);
+    return dx_errf(DX_EINVAL, "--kv-peers: '%s' is not HOST, HOST:PORT, [IPV6]:PORT or ADDR/BITS",
+                   entry);
 }
 
 static int add_locked(xfer_peers *p, const char *entry)
@@ -92,7 +92,8 @@ static int add_locked(xfer_peers *p, const char *entry)
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res = NULL;
     if (bits >= 0) hints.ai_flags = AI_NUMERICHOST; /* a prefix names no host */
     int g = getaddrinfo(host, NULL, &hints, &res);
-    if (g) return dx_errf(DX_EINVAL, "--kv-peers: '%s' does not resolve: %s", entry, gai_strerror(g));
+    if (g)
+        return dx_errf(DX_EINVAL, "--kv-peers: '%s' does not resolve: %s", entry, gai_strerror(g));
     for (struct addrinfo *ai = res; ai && !rc; ai = ai->ai_next) {
         dx_ipport a;
         if (dx_addr_norm(ai->ai_addr, &a)) continue;
@@ -142,8 +143,9 @@ int xfer_peers_create(const char *list, xfer_peers **out)
     pthread_mutex_init(&p->mu, NULL);
     int given = list && *list;
     p->desc = dx_strdup(given ? list : "loopback");
-    int rc = !p->desc ? dx_errf(DX_ENOMEM, "out of memory") : given ? add_list(p, list)
-                                                                    : add_loopback(p);
+    int rc = !p->desc ? dx_errf(DX_ENOMEM, "out of memory")
+             : given  ? add_list(p, list)
+                      : add_loopback(p);
     if (rc) {
         xfer_peers_destroy(p);
         return rc;

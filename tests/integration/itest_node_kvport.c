@@ -131,8 +131,8 @@ static void reader_init(reader *r, const model *m, const uint8_t fp[16], const c
                          .release = xfer_agent_release, .alloc_user = r->agent};
     assert_int_equal(kv_pool_create(&pc, &r->pool), 0);
     xfer_hello_init(&r->hello, "itest-reader", fp, r->pool, r->agent);
-    xfer_client_config cc = {.agent = r->agent, .pool = r->pool, .hello = &r->hello,
-                             .secret = r->secret};
+    xfer_client_config cc = {
+        .agent = r->agent, .pool = r->pool, .hello = &r->hello, .secret = r->secret};
     assert_int_equal(xfer_client_create(&cc, &r->client), 0);
 }
 
@@ -265,8 +265,9 @@ static void test_kv_flags(void **state)
     tp_expect(g_bin, "serve", 2, "--kv-peers: '10.0.0.1:0'", args);
     char log[160];
     snprintf(log, sizeof log, "%s/any.log", g_dir);
-    char *argv[] = {(char *)g_bin, "serve", "--model", g_model, "--role", "prefill", "--host",
-                    "0.0.0.0", "--port", "0", "--kv-cache-mb", "16", "--threads", "1", NULL};
+    char *argv[] = {(char *)g_bin,   "serve",  "--model",   g_model,  "--role",
+                    "prefill",       "--host", "0.0.0.0",   "--port", "0",
+                    "--kv-cache-mb", "16",     "--threads", "1",      NULL};
     tp_proc p;
     assert_int_equal(tp_spawn(&p, log, argv), 0);
     long kv = tp_wait_int(&p, "kv_port=127.0.0.1:", 60);

@@ -115,8 +115,8 @@ static void test_holder_killed(void **state)
     char *argv[] = {
         "duplex", "kv",        "pull", "--port",        port,     "--token",
         h.tok[0], "--remote",  "0-63", "--fill-seed",   "7",      "--pause-after-pin-ms",
-        "1000",   "--timeout", "5",    "--block-bytes", "262144", "--kv-secret-file", g_secret,
-        NULL};
+        "1000",   "--timeout", "5",    "--block-bytes", "262144", "--kv-secret-file",
+        g_secret, NULL};
     kp_proc p;
     kp_spawn(&p, NULL, argv);
     json_t *j = kp_next_json(&p, 30000);
@@ -347,7 +347,6 @@ static void test_renew_and_idle(void **state)
     kp_hold_stop(&h);
 }
 
-
 /* ---- attacks on the port ------------------------------------------------- */
 
 static void expect_pull_ok(const kp_holder *h)
@@ -506,8 +505,8 @@ static size_t drip(int fd, const uint8_t *p, size_t n, int ms)
 static void test_drip(void **state)
 {
     kp_holder h;
-    kp_hold_start(&h, NULL, "--blocks", "16", "--block-bytes", "8192", "--handshake-timeout-s",
-                  "1", "--idle-timeout-s", "1", NULL);
+    kp_hold_start(&h, NULL, "--blocks", "16", "--block-bytes", "8192", "--handshake-timeout-s", "1",
+                  "--idle-timeout-s", "1", NULL);
     dx_buf b;
     dx_buf_init(&b, 0);
     kvport_auth_msg a = {{7}, {0}};
@@ -540,8 +539,8 @@ static void test_drip(void **state)
 static void test_many_connections(void **state)
 {
     kp_holder h;
-    kp_hold_start(&h, NULL, "--blocks", "16", "--block-bytes", "8192", "--handshake-timeout-s",
-                  "3", NULL);
+    kp_hold_start(&h, NULL, "--blocks", "16", "--block-bytes", "8192", "--handshake-timeout-s", "3",
+                  NULL);
     enum { N_ADDR = 20, PER_ADDR = 12, N = N_ADDR * PER_ADDR };
     static int fds[N];
     for (int i = 0; i < N; i++) {
@@ -645,6 +644,33 @@ static void test_flood_without_reading(void **state)
     kp_hold_stop(&h);
 }
 
+/* UCX's own warnings (here: an environment variable it does not know) go
+ * to stderr, never into the JSON lines on stdout (kp_next_json fails the
+ * test on any other line), in the holder and in the reader. */
+static void test_stdout_stays_json(void **state)
+{
+    setenv("UCX_DUPLEX_ITEST_UNUSED", "1", 1);
+    kp_holder h;
+    hold_start(&h, "16", "8192", "60", NULL);
+    json_t *j = pull(&h, h.tok[0], "0-15", NULL);
+    unsetenv("UCX_DUPLEX_ITEST_UNUSED");
+    kp_expect_ok(j, 16);
+    json_decref(j);
+    kp_hold_stop(&h);
+    /* and the warning did go somewhere: stderr */
+    char cmd[512], out[8192];
+    snprintf(cmd, sizeof cmd,
+             "UCX_DUPLEX_ITEST_UNUSED=1 %s kv pull --port 1 --token "
+             "0123456789abcdef0123456789abcdef --timeout 1 2>&1 >/dev/null",
+             g_bin);
+    FILE *f = popen(cmd, "r");
+    size_t n = fread(out, 1, sizeof out - 1, f);
+    out[n] = 0;
+    pclose(f);
+    if (!strstr(out, "unused env variable: UCX_DUPLEX_ITEST_UNUSED"))
+        fail_msg("UCX's warning is not on stderr:\n%s", out);
+}
+
 #define T(f) cmocka_unit_test_teardown(f, kp_kill_holder)
 
 int main(void)
@@ -656,10 +682,18 @@ int main(void)
     if (!mkdtemp(dir)) return 1;
     kp_make_secret(dir);
     const struct CMUnitTest tests[] = {
-        T(test_exact_and_security), T(test_256mib),         T(test_holder_killed),
-        T(test_holder_stopped),     T(test_garbage_frames), T(test_many_pins_one_connection),
-        T(test_renew_and_idle),     T(test_auth_required),  T(test_drip),
-        T(test_many_connections),   T(test_flood_without_reading),
+        T(test_exact_and_security),
+        T(test_256mib),
+        T(test_holder_killed),
+        T(test_holder_stopped),
+        T(test_garbage_frames),
+        T(test_many_pins_one_connection),
+        T(test_renew_and_idle),
+        T(test_auth_required),
+        T(test_drip),
+        T(test_many_connections),
+        T(test_flood_without_reading),
+        T(test_stdout_stays_json),
     };
     int fails = 0;
     const char *user_tls = getenv("UCX_TLS");

@@ -268,15 +268,22 @@ static void test_dead_link_fails_fast(void **state)
 {
     skip_unless_link();
     kp_holder h;
-    kp_hold_start(&h, g_ns[0], "--host", HOLD_ADDR, "--blocks", BLOCKS, "--block-bytes",
-                  BLOCK_SIZE, "--lease-ttls", "600", "--tls", "tcp", NULL);
+    kp_hold_start(&h, g_ns[0], "--host", HOLD_ADDR, "--blocks", BLOCKS, "--block-bytes", BLOCK_SIZE,
+                  "--lease-ttls", "600", "--tls", "tcp", NULL);
     char port[16];
     snprintf(port, sizeof port, "%d", h.port);
-    char *argv[] = {"duplex",      "kv",        "pull",     "--port",      port,
-                    "--token",     h.tok[0],    "--remote", ALL_BLOCKS,    "--fill-seed",
-                    "7",           "--host",    HOLD_ADDR,  "--block-bytes", BLOCK_SIZE,
-                    "--tls",       "tcp",       "--timeout", "120",        "--pause-after-pin-ms",
-                    "1",           "--kv-secret-file", g_secret, NULL};
+    char *argv[] = {"duplex",   "kv",
+                    "pull",     "--port",
+                    port,       "--token",
+                    h.tok[0],   "--remote",
+                    ALL_BLOCKS, "--fill-seed",
+                    "7",        "--host",
+                    HOLD_ADDR,  "--block-bytes",
+                    BLOCK_SIZE, "--tls",
+                    "tcp",      "--timeout",
+                    "120",      "--pause-after-pin-ms",
+                    "1",        "--kv-secret-file",
+                    g_secret,   NULL};
     kp_proc p;
     kp_spawn(&p, g_ns[1], argv);
     json_t *j = kp_next_json(&p, 60000);
@@ -308,10 +315,26 @@ static void ns_node(tp_proc *n, const char *ns, const char *tag, const char *con
 {
     char log[160];
     snprintf(log, sizeof log, "%s/%s.log", G.dir, tag);
-    const char *argv[40] = {g_ip,      "netns",     "exec",          ns,   G.bin,
-                            "serve",   "--model",   G.model,         "--port", "0",
-                            "--threads", "1",       "--kv-cache-mb", "64", "--kv-port",
-                            "0",       "--kv-secret-file", G.secret, "--kv-transport-tls", "tcp"};
+    const char *argv[40] = {g_ip,
+                            "netns",
+                            "exec",
+                            ns,
+                            G.bin,
+                            "serve",
+                            "--model",
+                            G.model,
+                            "--port",
+                            "0",
+                            "--threads",
+                            "1",
+                            "--kv-cache-mb",
+                            "64",
+                            "--kv-port",
+                            "0",
+                            "--kv-secret-file",
+                            G.secret,
+                            "--kv-transport-tls",
+                            "tcp"};
     int k = 20; /* tcp: else the namespaces share memory, and UCX uses that */
     for (int i = 0; extra[i]; i++) argv[k++] = extra[i];
     argv[k] = NULL;
@@ -402,12 +425,14 @@ static void test_dead_link_node_recomputes(void **state)
     holder_link(1, "1mbit"); /* ~10 s for the prompt's KV */
     tp_proc *P = &g_procs[0], *D = &g_procs[1], *S = &g_procs[2], *bg = &g_procs[3];
     const char *pa[] = {"--role", "prefill", "--kv-host", HOLD_ADDR, NULL};
-    const char *da[] = {"--role", "decode", "--kv-peers", HOLD_ADDR, "--kv-pull-timeout-s", "120",
-                        NULL};
+    const char *da[] = {"--role", "decode", "--kv-peers", HOLD_ADDR, "--kv-pull-timeout-s",
+                        "120",    NULL};
     ns_node(P, g_ns[0], "p", pa);
     ns_node(D, g_ns[1], "d", da);
-    const char *sa[] = {"serve", "--model", G.model, "--port", "0", "--threads", "1",
-                        "--kv-cache-mb", "64", "--no-enable-prefix-caching", NULL};
+    const char *sa[] = {
+        "serve",     "--model", G.model,         "--port", "0",
+        "--threads", "1",       "--kv-cache-mb", "64",     "--no-enable-prefix-caching",
+        NULL};
     char slog[160];
     snprintf(slog, sizeof slog, "%s/s.log", G.dir);
     tp_start(S, G.bin, slog, sa, "duplex serve:");

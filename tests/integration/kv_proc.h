@@ -78,19 +78,21 @@ static inline void kp_spawn(kp_proc *p, const char *netns, char *const argv[])
     p->fd = pfd[0];
 }
 
-/* Next stdout line that is a JSON object (UCX may log to stdout too). */
+/* The next stdout line, which must be a JSON object: tools parse these
+ * commands' stdout, so nothing else may land there (UCX's own log lines go
+ * to stderr).  NULL at EOF or after timeout_ms without a line. */
 static inline json_t *kp_next_json(kp_proc *p, int timeout_ms)
 {
     for (;;) {
         char *nl = memchr(p->buf, '\n', p->len);
         if (nl) {
             *nl = 0;
-            json_t *j = p->buf[0] == '{' ? json_loads(p->buf, 0, NULL) : NULL;
+            json_t *j = json_loads(p->buf, 0, NULL);
+            if (!json_is_object(j)) fail_msg("stdout line is not a JSON object: %s", p->buf);
             size_t used = (size_t)(nl - p->buf) + 1;
             memmove(p->buf, nl + 1, p->len - used);
             p->len -= used;
-            if (j) return j;
-            continue;
+            return j;
         }
         struct pollfd pf = {.fd = p->fd, .events = POLLIN};
         if (poll(&pf, 1, timeout_ms) <= 0) return NULL;

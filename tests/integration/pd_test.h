@@ -33,8 +33,9 @@ static struct {
  * --kv-secret-file). */
 static inline void node_start(tp_proc *p, const char *tag, const char *const *extra)
 {
-    const char *argv[48] = {"serve", "--model", G.model, "--port", "0", "--threads", "1",
-                            "--kv-cache-mb", "16", "--kv-secret-file", G.secret};
+    const char *argv[48] = {"serve", "--model",          G.model, "--port",
+                            "0",     "--threads",        "1",     "--kv-cache-mb",
+                            "16",    "--kv-secret-file", G.secret};
     int n = 11;
     for (int i = 0; extra && extra[i]; i++) argv[n++] = extra[i];
     argv[n] = NULL;

@@ -61,7 +61,7 @@ static void test_entries(void **state)
     assert_true(ok(p, "fd00::6", 1));
     assert_true(ok(p, "192.168.8.1", 1) && ok(p, "192.168.11.254", 1) && !ok(p, "192.168.12.1", 1));
     assert_true(ok(p, "::ffff:10.1.2.3", 1)); /* a v4 peer through a dual-stack socket */
-    assert_false(ok(p, "127.0.0.1", 1)); /* a list replaces the loopback default */
+    assert_false(ok(p, "127.0.0.1", 1));      /* a list replaces the loopback default */
     assert_false(ok(p, "10.1.2.5", 1));
     assert_int_equal(xfer_peers_add(p, "127.0.0.1"), 0);
     assert_true(ok(p, "127.0.0.1", 1) && !ok(p, "127.0.0.2", 1));
@@ -72,10 +72,9 @@ static void test_entries(void **state)
 
 static void test_bad_entries(void **state)
 {
-    static const char *const bad[] = {"10.0.0.1:0",       "10.0.0.1:70000", "10.0.0.1:",
-                                      "[fd00::1",         "[fd00::1]x",     "10.0.0.0/33",
-                                      "10.0.0.0/",        "name/8",         ",",
-                                      "no-such-host.invalid"};
+    static const char *const bad[] = {"10.0.0.1:0", "10.0.0.1:70000",      "10.0.0.1:", "[fd00::1",
+                                      "[fd00::1]x", "10.0.0.0/33",         "10.0.0.0/", "name/8",
+                                      ",",          "no-such-host.invalid"};
     for (size_t i = 0; i < DX_ARRAY_LEN(bad); i++) {
         xfer_peers *p = NULL;
         int rc = xfer_peers_create(bad[i], &p);
