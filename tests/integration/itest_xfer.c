@@ -356,26 +356,6 @@ static void expect_pull_ok(const kp_holder *h)
     json_decref(j);
 }
 
-/* The whole stream the holder sent before closing is one ERROR frame saying
- * "authentication failed", after `skip` bytes (a challenge). */
-static void expect_only_auth_failed(int fd, size_t skip)
-{
-    static uint8_t buf[1 << 16];
-    long n = kp_read_to_eof(fd, buf, sizeof buf);
-    if (n < 0) fail_msg("the holder kept the connection open");
-    kvport_hdr h;
-    kvport_msg m;
-    assert_true((size_t)n > skip);
-    assert_int_equal(kvport_hdr_read(buf + skip, (size_t)n - skip, &h), 0);
-    assert_int_equal((size_t)n, skip + KVPORT_HDR_BYTES + h.length);
-    assert_int_equal(kvport_decode(&h, buf + skip + KVPORT_HDR_BYTES, &m), 0);
-    assert_int_equal(m.type, KVPORT_ERROR);
-    assert_int_equal(m.u.error.code, DX_EAUTH);
-    assert_int_equal(m.u.error.message.n, strlen("authentication failed"));
-    assert_memory_equal(m.u.error.message.p, "authentication failed", m.u.error.message.n);
-    close(fd);
-}
-
 /* What a reader without the secret can get from a holder: "authentication
  * failed", never its HELLO (remote key, worker address, pool base, layout)
  * — not by probing before the handshake, not with a wrong or no secret,
@@ -392,7 +372,7 @@ static void test_auth_required(void **state)
     int fd = kp_connect_from(h.port, NULL);
     assert_int_equal(kvport_encode_hello(&b, &probe), 0);
     kp_send(fd, &b);
-    expect_only_auth_failed(fd, 0);
+    kp_expect_auth_failed(fd, 0);
     /* AUTH_INIT, then a PIN instead of the proof */
     fd = kp_connect_from(h.port, NULL);
     kvport_auth_msg a = {{1, 2, 3}, {0}};
@@ -403,18 +383,18 @@ static void test_auth_required(void **state)
     uint64_t hs[2] = {0, 0};
     assert_int_equal(kvport_encode_pin(&b, tok, &id, hs, 1), 0);
     kp_send(fd, &b);
-    expect_only_auth_failed(fd, KVPORT_HDR_BYTES + KVPORT_NONCE_BYTES + KVPORT_PROOF_BYTES);
+    kp_expect_auth_failed(fd, KVPORT_HDR_BYTES + KVPORT_NONCE_BYTES + KVPORT_PROOF_BYTES);
     /* a made-up proof */
     fd = kp_connect_from(h.port, NULL);
     assert_int_equal(kvport_encode_auth(&b, KVPORT_AUTH_INIT, &a), 0);
     assert_int_equal(kvport_encode_auth(&b, KVPORT_AUTH_PROOF, &a), 0);
     kp_send(fd, &b);
-    expect_only_auth_failed(fd, KVPORT_HDR_BYTES + KVPORT_NONCE_BYTES + KVPORT_PROOF_BYTES);
+    kp_expect_auth_failed(fd, KVPORT_HDR_BYTES + KVPORT_NONCE_BYTES + KVPORT_PROOF_BYTES);
     /* an oversized frame before authenticating: refused at its header */
     fd = kp_connect_from(h.port, NULL);
     uint8_t big[12] = {0x44, 0x58, 0x4b, 0x56, KVPORT_VERSION, 0, KVPORT_AUTH_INIT, 0, 0, 0, 1, 0};
     assert_int_equal(write(fd, big, sizeof big), (ssize_t)sizeof big);
-    expect_only_auth_failed(fd, 0);
+    kp_expect_auth_failed(fd, 0);
     /* a wrong secret and no secret: the reader refuses the holder first */
     char other[160];
     snprintf(other, sizeof other, "%s.other", g_secret);
@@ -449,33 +429,15 @@ static void test_auth_required(void **state)
         close(fd);
     }
     /* a recorded handshake replayed: the holder's fresh nonce defeats it */
-    kvport_secret *k;
-    assert_int_equal(kvport_secret_load(g_secret, &k), 0);
-    fd = kp_connect_from(h.port, NULL);
-    struct sockaddr_storage ss;
-    socklen_t sl = sizeof ss;
-    dx_ipport hp;
-    assert_int_equal(getpeername(fd, (struct sockaddr *)&ss, &sl), 0);
-    assert_int_equal(dx_addr_norm((struct sockaddr *)&ss, &hp), 0);
-    kvport_auth ra;
     kvport_auth_msg ri, rp;
-    kvport_msg m;
-    static uint8_t buf[4096];
-    assert_int_equal(kvport_auth_reader_start(&ra, k, &hp, &ri), 0);
-    assert_int_equal(kvport_encode_auth(&b, KVPORT_AUTH_INIT, &ri), 0);
-    kp_send(fd, &b);
-    assert_int_equal(kp_read_frame(fd, &m, buf, sizeof buf), KVPORT_AUTH_CHALLENGE);
-    assert_int_equal(kvport_auth_reader_prove(&ra, &m.u.auth, &rp), 0);
-    assert_int_equal(kvport_encode_auth(&b, KVPORT_AUTH_PROOF, &rp), 0);
-    kp_send(fd, &b);
-    assert_int_equal(kp_read_frame(fd, &m, buf, sizeof buf), KVPORT_AUTH_OK);
+    fd = kp_connect_from(h.port, NULL);
+    assert_int_equal(kp_auth_rec(fd, g_secret, &ri, &rp), 0);
     close(fd);
     fd = kp_connect_from(h.port, NULL);
     assert_int_equal(kvport_encode_auth(&b, KVPORT_AUTH_INIT, &ri), 0);
     assert_int_equal(kvport_encode_auth(&b, KVPORT_AUTH_PROOF, &rp), 0);
     kp_send(fd, &b);
-    expect_only_auth_failed(fd, KVPORT_HDR_BYTES + KVPORT_NONCE_BYTES + KVPORT_PROOF_BYTES);
-    kvport_secret_destroy(k);
+    kp_expect_auth_failed(fd, KVPORT_HDR_BYTES + KVPORT_NONCE_BYTES + KVPORT_PROOF_BYTES);
     dx_buf_free(&b);
     expect_pull_ok(&h);
     kp_hold_stop(&h);

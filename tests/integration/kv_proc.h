@@ -288,8 +288,10 @@ static inline int kp_read_frame(int fd, kvport_msg *m, uint8_t *buf, size_t cap)
 
 /* The reader's side of the handshake on fd with the secret in file `path`
  * ("" or NULL: none): 0 once the holder sent AUTH_OK, DX_EAUTH when either
- * side refused the other. */
-static inline int kp_auth(int fd, const char *path)
+ * side refused the other.  The AUTH_INIT and AUTH_PROOF sent go to init
+ * and proof when given (to replay them). */
+static inline int kp_auth_rec(int fd, const char *path, kvport_auth_msg *rec_init,
+                              kvport_auth_msg *rec_proof)
 {
     kvport_secret *k = NULL;
     if (path && *path) assert_int_equal(kvport_secret_load(path, &k), 0);
@@ -299,7 +301,7 @@ static inline int kp_auth(int fd, const char *path)
     assert_int_equal(getpeername(fd, (struct sockaddr *)&ss, &sl), 0);
     assert_int_equal(dx_addr_norm((struct sockaddr *)&ss, &holder), 0);
     kvport_auth a;
-    kvport_auth_msg init, proof;
+    kvport_auth_msg init, proof = {{0}, {0}};
     kvport_msg m;
     static uint8_t buf[4096];
     dx_buf b;
@@ -316,7 +318,14 @@ static inline int kp_auth(int fd, const char *path)
     }
     dx_buf_free(&b);
     kvport_secret_destroy(k);
+    if (rec_init) *rec_init = init;
+    if (rec_proof) *rec_proof = proof;
     return rc;
+}
+
+static inline int kp_auth(int fd, const char *path)
+{
+    return kp_auth_rec(fd, path, NULL, NULL);
 }
 
 /* A connection from this process, authenticated with g_secret. */
@@ -341,6 +350,26 @@ static inline long kp_read_to_eof(int fd, uint8_t *buf, size_t cap)
         len += (size_t)r;
         if (len == cap) return -1;
     }
+}
+
+/* The whole stream the holder sent before closing is one ERROR frame saying
+ * "authentication failed", after `skip` bytes (a challenge). */
+static inline void kp_expect_auth_failed(int fd, size_t skip)
+{
+    static uint8_t buf[1 << 16];
+    long n = kp_read_to_eof(fd, buf, sizeof buf);
+    if (n < 0) fail_msg("the holder kept the connection open");
+    kvport_hdr h;
+    kvport_msg m;
+    assert_true((size_t)n > skip);
+    assert_int_equal(kvport_hdr_read(buf + skip, (size_t)n - skip, &h), 0);
+    assert_int_equal((size_t)n, skip + KVPORT_HDR_BYTES + h.length);
+    assert_int_equal(kvport_decode(&h, buf + skip + KVPORT_HDR_BYTES, &m), 0);
+    assert_int_equal(m.type, KVPORT_ERROR);
+    assert_int_equal(m.u.error.code, DX_EAUTH);
+    assert_int_equal(m.u.error.message.n, strlen("authentication failed"));
+    assert_memory_equal(m.u.error.message.p, "authentication failed", m.u.error.message.n);
+    close(fd);
 }
 
 #endif
