@@ -1,11 +1,18 @@
 /* bench_engine: times fwd_step directly (no scheduler, no sampling) so the
  * figures are the engine's own: pp = one sequence prefilling prompt_tokens
  * in chunks of up to 512 after `depth` tokens of context; tg = one token at
- * a time after `depth` tokens. */
+ * a time after `depth` tokens.  The forward pass's own counters (fwd_stats)
+ * give attention's share of the time and its rates; a timed read of a
+ * buffer larger than the caches gives the memory rate a decode token's
+ * bytes are held against. */
 #include "bench/bench_engine.h"
 
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 #include "base/dx_alloc.h"
 #include "base/dx_clock.h"
@@ -23,6 +30,7 @@ typedef struct {
     fwd *f;
     int32_t *blocks, *tokens;
     float *logits;
+    double weight_bytes;
 } bench_ctx;
 
 static int prefill(bench_ctx *c, uint32_t from, uint32_t to)
@@ -50,26 +58,119 @@ static void summarize(double *v, uint32_t n, double *med, double *lo, double *hi
     *hi = v[n - 1];
 }
 
+static void phase_stats(const fwd_stats *st, bench_engine_phase *ph)
+{
+    if (!st->step_ns || !st->attn_ns) return;
+    ph->attn_share = (double)st->attn_ns / (double)st->step_ns;
+    ph->attn_gflop_s = st->attn_flop / (double)st->attn_ns;
+    ph->attn_gb_s = st->attn_bytes / (double)st->attn_ns;
+}
+
 static int run(const bench_engine_config *cfg, bench_ctx *c, bench_engine_result *out)
 {
     double pp[64], tg[64];
     uint32_t D = cfg->depth, P = cfg->prompt_tokens, G = cfg->gen_tokens;
+    fwd_stats sp = {0}, sg = {0}, st;
     int rc = prefill(c, 0, D);
     if (rc) return rc;
     for (uint32_t r = 0; r < cfg->reps; r++) {
+        fwd_reset_stats(c->f);
         uint64_t t0 = dx_now_ns();
         if (P && (rc = prefill(c, D, D + P))) return rc;
         pp[r] = P ? P / ((double)(dx_now_ns() - t0) * 1e-9) : 0;
+        fwd_get_stats(c->f, &st);
+        sp.step_ns += st.step_ns, sp.attn_ns += st.attn_ns;
+        sp.attn_flop += st.attn_flop, sp.attn_bytes += st.attn_bytes;
+        fwd_reset_stats(c->f);
         t0 = dx_now_ns();
         for (uint32_t i = 0; i < G; i++) {
             fwd_seq s = {c->blocks, D + i, 1, c->tokens + D + i, 1};
             if ((rc = fwd_step(c->f, &s, 1, c->logits))) return rc;
         }
         tg[r] = G ? G / ((double)(dx_now_ns() - t0) * 1e-9) : 0;
+        fwd_get_stats(c->f, &st);
+        sg.step_ns += st.step_ns, sg.attn_ns += st.attn_ns;
+        sg.attn_flop += st.attn_flop, sg.attn_bytes += st.attn_bytes, sg.steps += st.steps;
     }
-    summarize(pp, cfg->reps, &out->pp_tok_s, &out->pp_min, &out->pp_max);
-    summarize(tg, cfg->reps, &out->tg_tok_s, &out->tg_min, &out->tg_max);
+    summarize(pp, cfg->reps, &out->pp.tok_s, &out->pp.min, &out->pp.max);
+    summarize(tg, cfg->reps, &out->tg.tok_s, &out->tg.min, &out->tg.max);
+    phase_stats(&sp, &out->pp);
+    phase_stats(&sg, &out->tg);
+    if (sg.steps) out->tg.bytes_per_tok = c->weight_bytes + sg.attn_bytes / (double)sg.steps;
     return 0;
+}
+
+/* Bytes of the weights a decode step streams: every layer's matmuls and the
+ * output head (the embedding is only gathered, one row per token). */
+static double weight_bytes(const model *m)
+{
+    const model_hparams *hp = model_hp(m);
+    double b = 0;
+    for (uint32_t l = 0; l < hp->n_layer; l++) {
+        const model_layer *L = model_layer_at(m, l);
+        const model_tensor *t[7] = {&L->wq, &L->wk, &L->wv, &L->wo,
+                                    &L->w_gate, &L->w_up, &L->w_down};
+        for (int i = 0; i < 7; i++)
+            b += (double)dx_dtype_row_bytes(t[i]->type, t[i]->ne[0]) * (double)t[i]->ne[1];
+    }
+    const model_tensor *o = model_output(m);
+    return b + (double)dx_dtype_row_bytes(o->type, o->ne[0]) * (double)o->ne[1];
+}
+
+/* ---- memory read rate: every thread sums its slice of a 1 GiB buffer ---- */
+
+#define MEM_BYTES ((size_t)1 << 30)
+
+typedef struct {
+    const uint8_t *buf;
+    size_t slice;
+    uint64_t sink[64];
+} mem_job;
+
+static void mem_task(void *arg, size_t task, int tid)
+{
+    mem_job *j = arg;
+    const uint8_t *p = j->buf + task * j->slice;
+    uint64_t acc = 0;
+#if defined(__AVX2__)
+    __m256i a = _mm256_setzero_si256(), b = a;
+    for (size_t i = 0; i < j->slice; i += 128) {
+        a = _mm256_add_epi64(a, _mm256_add_epi64(_mm256_loadu_si256((const __m256i *)(p + i)),
+                                                 _mm256_loadu_si256((const __m256i *)(p + i + 32))));
+        b = _mm256_add_epi64(b, _mm256_add_epi64(_mm256_loadu_si256((const __m256i *)(p + i + 64)),
+                                                 _mm256_loadu_si256((const __m256i *)(p + i + 96))));
+    }
+    uint64_t v[4];
+    _mm256_storeu_si256((__m256i *)v, _mm256_add_epi64(a, b));
+    acc = v[0] + v[1] + v[2] + v[3];
+#else
+    for (size_t i = 0; i < j->slice; i += 8) {
+        uint64_t x;
+        memcpy(&x, p + i, 8);
+        acc += x;
+    }
+#endif
+    j->sink[tid % 64] += acc;
+}
+
+/* GB/s of n_threads threads reading MEM_BYTES (the best of 3 passes, after
+ * one that faults the pages in). */
+static double mem_read_rate(dx_tpool *tp, int n_threads)
+{
+    uint8_t *buf = dx_aligned_alloc(4096, MEM_BYTES);
+    if (!buf) return 0;
+    memset(buf, 1, MEM_BYTES);
+    size_t tasks = (size_t)n_threads * 4;
+    mem_job j = {buf, MEM_BYTES / tasks, {0}};
+    double best = 0;
+    for (int r = 0; r < 4; r++) {
+        uint64_t t0 = dx_now_ns();
+        dx_tpool_run(tp, tasks, mem_task, &j);
+        double gb_s = (double)(j.slice * tasks) / (double)(dx_now_ns() - t0);
+        if (r && gb_s > best) best = gb_s;
+    }
+    dx_aligned_free(buf);
+    return best;
 }
 
 int bench_engine_run(const bench_engine_config *cfg_in, const model *m, bench_engine_result *out)
@@ -84,7 +185,7 @@ int bench_engine_run(const bench_engine_config *cfg_in, const model *m, bench_en
     const model_hparams *hp = model_hp(m);
     uint32_t total = cfg.depth + (cfg.prompt_tokens > cfg.gen_tokens ? cfg.prompt_tokens
                                                                       : cfg.gen_tokens);
-    uint32_t bs = 16, nb = (total + bs - 1) / bs + 1;
+    uint32_t bs = ENGINE_DEFAULT_BLOCK_SIZE, nb = (total + bs - 1) / bs + 1;
     uint64_t fp[2];
     model_fingerprint(m, fp);
     kv_pool_config pc = {.n_layer = hp->n_layer, .n_kv_head = hp->n_kv_head,
@@ -93,6 +194,7 @@ int bench_engine_run(const bench_engine_config *cfg_in, const model *m, bench_en
     kv_pool *pool = NULL;
     dx_tpool *tp = NULL;
     bench_ctx c = {0};
+    memset(out, 0, sizeof *out);
     rc = kv_pool_create(&pc, &pool);
     if (!rc) rc = dx_tpool_create(cfg.n_threads, &tp);
     if (!rc) rc = fwd_create(m, pool, tp, CHUNK, 1, total + 1, &c.f);
@@ -108,7 +210,10 @@ int bench_engine_run(const bench_engine_config *cfg_in, const model *m, bench_en
             c.tokens[i] = (int32_t)((x >> 33) % hp->n_vocab);
         }
         out->isa = kern_isa_name(kern_get_isa());
+        out->n_threads = cfg.n_threads;
+        c.weight_bytes = weight_bytes(m);
         rc = run(&cfg, &c, out);
+        if (!rc) out->mem_gb_s = mem_read_rate(tp, cfg.n_threads);
     }
     fwd_destroy(c.f);
     dx_free(c.blocks);

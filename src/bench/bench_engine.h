@@ -1,5 +1,7 @@
 /* bench_engine: prefill and decode speed of the forward pass, the figures to
- * compare with llama.cpp's llama-bench (pp512, tg128, pp512 at depth D). */
+ * compare with llama.cpp's llama-bench (pp512, tg128, pp512 at depth D), and
+ * where the time goes: attention's share, its GFLOP/s and KV GB/s, and for
+ * decode the bytes a token reads against the memory's measured read rate. */
 #ifndef BENCH_ENGINE_H
 #define BENCH_ENGINE_H
 
@@ -16,10 +18,20 @@ typedef struct {
     const char *kv_dtype;   /* "f16" (default, NULL) | "bf16" | "f32" */
 } bench_engine_config;
 
+/* One phase (prefill or decode) over all runs. */
 typedef struct {
-    double pp_tok_s, tg_tok_s; /* medians */
-    double pp_min, pp_max, tg_min, tg_max;
+    double tok_s, min, max;   /* median and range over the runs */
+    double attn_share;        /* of the forward pass's time */
+    double attn_gflop_s;      /* attention FLOPs / attention time */
+    double attn_gb_s;         /* KV bytes (each key once per layer) / attention time */
+    double bytes_per_tok;     /* weights + KV read per decode token (decode only) */
+} bench_engine_phase;
+
+typedef struct {
+    bench_engine_phase pp, tg;
+    double mem_gb_s; /* read rate of a large buffer on n_threads threads */
     const char *isa;
+    int n_threads;
 } bench_engine_result;
 
 int bench_engine_run(const bench_engine_config *cfg, const model *m, bench_engine_result *out);

@@ -48,14 +48,24 @@ static int bench_engine(int argc, char **argv)
         return 1;
     }
     const model_hparams *hp = model_hp(m);
-    printf("model %s (%s, %u layers, embd %u), kernels %s, threads %ld, kv %s\n", model_name(m),
-           hp->arch_name, hp->n_layer, hp->n_embd, r.isa, threads, kv);
+    printf("model %s (%s, %u layers, embd %u), kernels %s, threads %d, kv %s\n", model_name(m),
+           hp->arch_name, hp->n_layer, hp->n_embd, r.isa, r.n_threads, kv);
     if (pp)
-        printf("pp%ld @ d%ld: %8.1f tok/s  (min %.1f, max %.1f, %ld runs)\n", pp, depth,
-               r.pp_tok_s, r.pp_min, r.pp_max, reps);
-    if (tg)
-        printf("tg%ld @ d%ld: %8.1f tok/s  (min %.1f, max %.1f, %ld runs)\n", tg, depth,
-               r.tg_tok_s, r.tg_min, r.tg_max, reps);
+        printf("pp%ld @ d%ld: %8.1f tok/s  (min %.1f, max %.1f, %ld runs)  attention %2.0f%% of "
+               "the time: %.1f GFLOP/s, %.1f GB/s of KV\n",
+               pp, depth, r.pp.tok_s, r.pp.min, r.pp.max, reps, 100 * r.pp.attn_share,
+               r.pp.attn_gflop_s, r.pp.attn_gb_s);
+    if (tg) {
+        printf("tg%ld @ d%ld: %8.1f tok/s  (min %.1f, max %.1f, %ld runs)  attention %2.0f%% of "
+               "the time: %.1f GFLOP/s, %.1f GB/s of KV\n",
+               tg, depth, r.tg.tok_s, r.tg.min, r.tg.max, reps, 100 * r.tg.attn_share,
+               r.tg.attn_gflop_s, r.tg.attn_gb_s);
+        double limit = r.tg.bytes_per_tok > 0 ? r.mem_gb_s * 1e9 / r.tg.bytes_per_tok : 0;
+        printf("decode reads %.3f GB per token (weights + KV): %.1f GB/s; memory reads %.1f GB/s "
+               "on %d threads, a limit of %.1f tok/s (%.0f%% reached)\n",
+               r.tg.bytes_per_tok * 1e-9, r.tg.bytes_per_tok * r.tg.tok_s * 1e-9, r.mem_gb_s,
+               r.n_threads, limit, limit > 0 ? 100 * r.tg.tok_s / limit : 0.0);
+    }
     model_free(m);
     return 0;
 }

@@ -173,7 +173,7 @@ static void apply_defaults(engine_config *c, const model *m)
     if (c->n_threads <= 0) c->n_threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (c->n_threads <= 0) c->n_threads = 1;
     if (!c->kv_cache_mb && !c->kv_blocks) c->kv_cache_mb = 1024;
-    if (!c->block_size) c->block_size = 16;
+    if (!c->block_size) c->block_size = ENGINE_DEFAULT_BLOCK_SIZE;
     if (!c->max_batch_tokens) c->max_batch_tokens = 512;
     if (!c->max_seqs) c->max_seqs = 64;
     if (!c->max_waiting) c->max_waiting = 256;

@@ -17,6 +17,11 @@
 #include "engine/kv_pool.h"
 #include "model/model.h"
 
+/* Tokens per KV block unless the caller sets engine_config.block_size:
+ * one place, so tools that build pools of their own (bench engine) lay
+ * KV out as the server does. */
+#define ENGINE_DEFAULT_BLOCK_SIZE 16
+
 typedef struct {
     int n_threads;             /* default: number of cores */
     size_t kv_cache_mb;        /* KV pool size; default 1024 */

@@ -16,12 +16,21 @@
 #endif
 
 #include "base/dx_alloc.h"
+#include "base/dx_clock.h"
 #include "base/dx_dtype.h"
 #include "base/dx_err.h"
 #include "engine/kern.h"
 
 #define ATTN_Q_CHUNK 64 /* queries per attention task */
 #define TOK_CHUNK 16    /* tokens per task for per-token ops */
+/* A sequence with at most this many tokens in a step and a history longer
+ * than one split spreads its splits over tasks (kern_attn_part), merged in
+ * a second run: a decode step over a long history is then as parallel as
+ * its splits, not only its kv heads.  The bits are the same either way. */
+#define ATTN_SPLIT_MAX_Q 16
+/* Bytes of split parts one step may hold (at least one sequence's worth);
+ * sequences past it run unsplit. */
+#define ATTN_PART_BUDGET ((size_t)8 << 20)
 
 struct fwd {
     const model *m;
@@ -48,6 +57,15 @@ struct fwd {
     uint32_t *tok_pos; /* [T] position */
     uint32_t *seq_first; /* [n_seqs] first token index of each sequence */
     const fwd_seq *cur;  /* the step being computed */
+    /* attention plan of the step: tasks of sequence s are
+     * [attn_first[s], attn_first[s+1]); a split sequence's parts start at
+     * part + part_off[s] (SIZE_MAX: not split); merge_seq lists the split
+     * sequences */
+    size_t *attn_first, *part_off;
+    uint32_t *merge_seq, n_merge;
+    float *part;            /* [part_floats] */
+    size_t part_floats;
+    fwd_stats stats;
 };
 
 /* ---- matmul groups: up to 3 matmuls over the same input in one pool run ---- */
@@ -163,6 +181,17 @@ static void store_kv(float *src, uint8_t *dst, int dtype, size_t n)
     }
 }
 
+/* One token's K row into the block's transposed K (kern.h): dim d goes to
+ * element d*block_size; converted as a row first, so the bits are store_kv's. */
+static void store_k_transposed(float *src, uint8_t *dst, int dtype, size_t n, size_t bs)
+{
+    uint8_t row[4 * 512]; /* head_dim <= 512 (model.c) */
+    size_t es = dx_dtype_block_bytes(dtype);
+    DX_ASSERT(n * es <= sizeof row);
+    store_kv(src, row, dtype, n);
+    for (size_t d = 0; d < n; d++) memcpy(dst + d * bs * es, row + d * es, es);
+}
+
 /* Biases, q/k norm, RoPE, then K/V into the sequence's KV block. */
 static void qkv_post_tok(fwd *f, uint32_t l, size_t t)
 {
@@ -191,9 +220,9 @@ static void qkv_post_tok(fwd *f, uint32_t l, size_t t)
     uint8_t *base = kv_pool_block_ptr(f->pool, blk);
     size_t koff = kv_pool_k_offset(f->pool, l), voff = kv_pool_v_offset(f->pool, l);
     for (uint32_t h = 0; h < hp->n_kv_head; h++) {
-        size_t row = ((size_t)h * bs + pos % bs) * D * es;
-        store_kv(k + h * D, base + koff + row, dtype, D);
-        store_kv(v + h * D, base + voff + row, dtype, D);
+        size_t krow = ((size_t)h * D * bs + pos % bs) * es, vrow = ((size_t)h * bs + pos % bs) * D * es;
+        store_k_transposed(k + h * D, base + koff + krow, dtype, D, bs);
+        store_kv(v + h * D, base + voff + vrow, dtype, D);
     }
 }
 
@@ -211,49 +240,127 @@ static void residual_tok(fwd *f, uint32_t l, size_t t)
     kern_add(f->x + t * e, f->tmp + t * e, e);
 }
 
-/* ---- attention: tasks are (sequence, query chunk, kv head) ---- */
+/* ---- attention: tasks are (sequence, query chunk, kv head), or for a split
+ * sequence (sequence, split, kv head) then (sequence, kv head) merges ---- */
 
 typedef struct {
     fwd *f;
     kern_attn_layout L;
     size_t n_seqs;
-    size_t *task_first; /* per sequence: first task index (n_seqs + 1 entries) */
 } attn_job;
+
+static size_t attn_n_splits(const fwd_seq *sq)
+{
+    return (sq->pos0 + sq->n_tokens - 1) / KERN_ATTN_SPLIT + 1;
+}
+
+/* Floats of one split sequence's parts: [split][kv head][token][G][PF]. */
+static size_t attn_part_floats(const fwd *f, const kern_attn_layout *L, const fwd_seq *sq)
+{
+    return attn_n_splits(sq) * sq->n_tokens * f->hp->n_head * kern_attn_part_floats(L);
+}
 
 static void attn_task(void *arg, size_t task, int tid)
 {
     attn_job *j = arg;
     fwd *f = j->f;
     size_t s = 0;
-    while (task >= j->task_first[s + 1]) s++;
+    while (task >= f->attn_first[s + 1]) s++;
     const fwd_seq *sq = &f->cur[s];
-    size_t local = task - j->task_first[s], n_kv = f->hp->n_kv_head;
+    size_t local = task - f->attn_first[s], n_kv = f->hp->n_kv_head, t0 = f->seq_first[s];
     size_t chunk = local / n_kv, h = local % n_kv;
+    const float *q = f->q + t0 * f->q_dim;
+    if (f->part_off[s] != SIZE_MAX) { /* chunk is the split */
+        size_t rows = sq->n_tokens * (f->hp->n_head / n_kv), PF = kern_attn_part_floats(&j->L);
+        float *part = f->part + f->part_off[s] + (chunk * n_kv + h) * rows * PF;
+        kern_attn_part(&j->L, sq->blocks, sq->pos0, sq->n_tokens, q, (int)h, chunk, part,
+                       f->attn_scratch[tid]);
+        return;
+    }
     size_t q0 = chunk * ATTN_Q_CHUNK;
     size_t nq = sq->n_tokens - q0 < ATTN_Q_CHUNK ? sq->n_tokens - q0 : ATTN_Q_CHUNK;
-    size_t t0 = f->seq_first[s] + q0;
-    kern_attn(&j->L, sq->blocks, sq->pos0 + q0, nq, f->q + t0 * f->q_dim, f->att + t0 * f->q_dim,
-              (int)h, (int)h + 1, f->attn_scratch[tid]);
+    kern_attn(&j->L, sq->blocks, sq->pos0 + q0, nq, q + q0 * f->q_dim,
+              f->att + (t0 + q0) * f->q_dim, (int)h, (int)h + 1, f->attn_scratch[tid]);
 }
 
-static void attention(fwd *f, uint32_t l, size_t n_seqs, size_t *task_first)
+static void merge_task(void *arg, size_t task, int tid)
+{
+    (void)tid;
+    attn_job *j = arg;
+    fwd *f = j->f;
+    size_t n_kv = f->hp->n_kv_head, s = f->merge_seq[task / n_kv], h = task % n_kv;
+    const fwd_seq *sq = &f->cur[s];
+    size_t rows = sq->n_tokens * (f->hp->n_head / n_kv), PF = kern_attn_part_floats(&j->L);
+    kern_attn_merge(&j->L, sq->pos0, sq->n_tokens, (int)h, f->part + f->part_off[s] + h * rows * PF,
+                    n_kv * rows * PF, f->att + (size_t)f->seq_first[s] * f->q_dim);
+}
+
+static kern_attn_layout attn_layout(const fwd *f, uint32_t l)
 {
     const model_hparams *hp = f->hp;
-    attn_job j = {.f = f, .n_seqs = n_seqs, .task_first = task_first};
-    j.L = (kern_attn_layout){.base = kv_pool_base(f->pool),
-                             .block_bytes = kv_pool_block_bytes(f->pool),
-                             .k_off = kv_pool_k_offset(f->pool, l),
-                             .v_off = kv_pool_v_offset(f->pool, l),
-                             .kv_type = kv_pool_dtype(f->pool),
-                             .block_size = (int)kv_pool_block_size(f->pool),
-                             .head_dim = (int)hp->head_dim,
-                             .n_head = (int)hp->n_head,
-                             .n_kv_head = (int)hp->n_kv_head,
-                             .scale = 1.0f / sqrtf((float)hp->head_dim)};
-    dx_tpool_run(f->tp, task_first[n_seqs], attn_task, &j);
+    return (kern_attn_layout){.base = kv_pool_base(f->pool),
+                              .block_bytes = kv_pool_block_bytes(f->pool),
+                              .k_off = kv_pool_k_offset(f->pool, l),
+                              .v_off = kv_pool_v_offset(f->pool, l),
+                              .kv_type = kv_pool_dtype(f->pool),
+                              .block_size = (int)kv_pool_block_size(f->pool),
+                              .head_dim = (int)hp->head_dim,
+                              .n_head = (int)hp->n_head,
+                              .n_kv_head = (int)hp->n_kv_head,
+                              .scale = 1.0f / sqrtf((float)hp->head_dim)};
 }
 
-static void layer(fwd *f, uint32_t l, size_t T, size_t n_seqs, size_t *attn_tasks)
+/* The step's attention tasks: which sequences split (the budget taken in
+ * batch order) and where each sequence's tasks start. */
+static void attn_plan(fwd *f, const fwd_seq *seqs, size_t n_seqs)
+{
+    kern_attn_layout L = attn_layout(f, 0);
+    size_t n_tasks = 0, used = 0, n_kv = f->hp->n_kv_head;
+    f->n_merge = 0;
+    for (size_t s = 0; s < n_seqs; s++) {
+        const fwd_seq *sq = &seqs[s];
+        size_t need = attn_part_floats(f, &L, sq);
+        f->attn_first[s] = n_tasks;
+        f->part_off[s] = SIZE_MAX;
+        if (sq->n_tokens <= ATTN_SPLIT_MAX_Q && attn_n_splits(sq) > 1 &&
+            used + need <= f->part_floats) {
+            f->part_off[s] = used;
+            used += need;
+            f->merge_seq[f->n_merge++] = (uint32_t)s;
+            n_tasks += attn_n_splits(sq) * n_kv;
+        } else {
+            n_tasks += (sq->n_tokens + ATTN_Q_CHUNK - 1) / ATTN_Q_CHUNK * n_kv;
+        }
+    }
+    f->attn_first[n_seqs] = n_tasks;
+}
+
+/* What a step's attention does, for fwd_stats: 4*head_dim FLOPs per query
+ * head per visible key (QK and PV), and each key's K and V read once. */
+static void attn_count(fwd *f, const fwd_seq *seqs, size_t n_seqs)
+{
+    const model_hparams *hp = f->hp;
+    double keys = 0, ctx = 0;
+    for (size_t s = 0; s < n_seqs; s++) {
+        double p0 = seqs[s].pos0, n = seqs[s].n_tokens;
+        keys += n * p0 + n * (n + 1) / 2;
+        ctx += p0 + n;
+    }
+    double es = (double)dx_dtype_block_bytes(kv_pool_dtype(f->pool));
+    f->stats.attn_flop += keys * 4.0 * hp->head_dim * hp->n_head * hp->n_layer;
+    f->stats.attn_bytes += ctx * 2.0 * hp->head_dim * hp->n_kv_head * es * hp->n_layer;
+}
+
+static void attention(fwd *f, uint32_t l, size_t n_seqs)
+{
+    uint64_t t0 = dx_now_ns();
+    attn_job j = {.f = f, .L = attn_layout(f, l), .n_seqs = n_seqs};
+    dx_tpool_run(f->tp, f->attn_first[n_seqs], attn_task, &j);
+    if (f->n_merge) dx_tpool_run(f->tp, (size_t)f->n_merge * f->hp->n_kv_head, merge_task, &j);
+    f->stats.attn_ns += dx_now_ns() - t0;
+}
+
+static void layer(fwd *f, uint32_t l, size_t T, size_t n_seqs)
 {
     const model_layer *L = model_layer_at(f->m, l);
     for_tokens(f, T, l, attn_norm_tok);
@@ -261,7 +368,7 @@ static void layer(fwd *f, uint32_t l, size_t T, size_t n_seqs, size_t *attn_task
     float *yqkv[3] = {f->q, f->k, f->v};
     matmul_group(f, f->xb, T, wqkv, yqkv, 3);
     for_tokens(f, T, l, qkv_post_tok);
-    attention(f, l, n_seqs, attn_tasks);
+    attention(f, l, n_seqs);
     matmul1(f, f->att, T, &L->wo, f->tmp);
     for_tokens(f, T, l, residual_tok);
     for_tokens(f, T, l, ffn_norm_tok);
@@ -289,7 +396,8 @@ static int embed(fwd *f, const int32_t *tokens, size_t n, float *x)
 
 int fwd_step(fwd *f, const fwd_seq *seqs, size_t n_seqs, float *logits)
 {
-    size_t T = 0, n_tasks = 0, task_first[f->max_seqs + 1];
+    size_t T = 0;
+    uint64_t t_start = dx_now_ns();
     if (n_seqs > f->max_seqs)
         return dx_errf(DX_EINVAL, "batch of %zu sequences exceeds %u", n_seqs, f->max_seqs);
     for (size_t s = 0; s < n_seqs; s++) {
@@ -299,8 +407,6 @@ int fwd_step(fwd *f, const fwd_seq *seqs, size_t n_seqs, float *logits)
         if (T + seqs[s].n_tokens > f->max_tokens)
             return dx_errf(DX_EINVAL, "batch exceeds %u tokens", f->max_tokens);
         f->seq_first[s] = (uint32_t)T;
-        task_first[s] = n_tasks;
-        n_tasks += (seqs[s].n_tokens + ATTN_Q_CHUNK - 1) / ATTN_Q_CHUNK * f->hp->n_kv_head;
         int rc = embed(f, seqs[s].tokens, seqs[s].n_tokens, f->x + T * f->hp->n_embd);
         if (rc) return rc;
         for (uint32_t i = 0; i < seqs[s].n_tokens; i++) {
@@ -309,9 +415,10 @@ int fwd_step(fwd *f, const fwd_seq *seqs, size_t n_seqs, float *logits)
         }
         T += seqs[s].n_tokens;
     }
-    task_first[n_seqs] = n_tasks;
     f->cur = seqs;
-    for (uint32_t l = 0; l < f->hp->n_layer; l++) layer(f, l, T, n_seqs, task_first);
+    attn_plan(f, seqs, n_seqs);
+    attn_count(f, seqs, n_seqs);
+    for (uint32_t l = 0; l < f->hp->n_layer; l++) layer(f, l, T, n_seqs);
 
     /* logits for the requested rows: gather, final norm, output head */
     size_t rows = 0, e = f->hp->n_embd;
@@ -324,7 +431,20 @@ int fwd_step(fwd *f, const fwd_seq *seqs, size_t n_seqs, float *logits)
     }
     if (rows) matmul1(f, f->xb, rows, model_output(f->m), logits);
     f->cur = NULL;
+    f->stats.steps++;
+    f->stats.tokens += T;
+    f->stats.step_ns += dx_now_ns() - t_start;
     return 0;
+}
+
+void fwd_get_stats(const fwd *f, fwd_stats *out)
+{
+    *out = f->stats;
+}
+
+void fwd_reset_stats(fwd *f)
+{
+    memset(&f->stats, 0, sizeof f->stats);
 }
 
 uint32_t fwd_n_vocab(const fwd *f)
@@ -377,6 +497,17 @@ static int alloc_buffers(fwd *f)
     size_t sb = kern_attn_scratch_bytes(&L, ATTN_Q_CHUNK);
     for (int i = 0; i < f->n_threads; i++)
         if (!(f->attn_scratch[i] = dx_aligned_alloc(64, sb ? sb : 64))) return DX_ENOMEM;
+    /* split parts: the budget, but at least one sequence of ATTN_SPLIT_MAX_Q
+     * tokens at the longest context */
+    size_t PF = kern_attn_part_floats(&L), splits = (f->n_ctx - 1) / KERN_ATTN_SPLIT + 1;
+    size_t one = splits * ATTN_SPLIT_MAX_Q * hp->n_head * PF;
+    f->part_floats = ATTN_PART_BUDGET / sizeof(float);
+    if (f->part_floats < one) f->part_floats = one;
+    if (!(f->part = dx_aligned_alloc(64, f->part_floats * sizeof(float)))) return DX_ENOMEM;
+    f->attn_first = dx_calloc(f->max_seqs + 1, sizeof *f->attn_first);
+    f->part_off = dx_calloc(f->max_seqs, sizeof *f->part_off);
+    f->merge_seq = dx_calloc(f->max_seqs, sizeof *f->merge_seq);
+    if (!f->attn_first || !f->part_off || !f->merge_seq) return DX_ENOMEM;
     f->tok_seq = dx_calloc(T, sizeof *f->tok_seq);
     f->tok_pos = dx_calloc(T, sizeof *f->tok_pos);
     f->seq_first = dx_calloc(f->max_seqs, sizeof *f->seq_first);
@@ -429,5 +560,9 @@ void fwd_destroy(fwd *f)
     dx_free(f->tok_seq);
     dx_free(f->tok_pos);
     dx_free(f->seq_first);
+    dx_aligned_free(f->part);
+    dx_free(f->attn_first);
+    dx_free(f->part_off);
+    dx_free(f->merge_seq);
     dx_free(f);
 }

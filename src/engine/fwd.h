@@ -29,6 +29,15 @@ typedef struct {
 
 typedef struct fwd fwd;
 
+/* Where a forward pass's time goes, accumulated over steps (benchmarks). */
+typedef struct {
+    uint64_t steps, tokens;
+    uint64_t step_ns, attn_ns; /* in fwd_step; in its attention */
+    /* attention FLOPs (4*head_dim per query head per visible key: QK and PV)
+     * and KV bytes (every visible key's K and V once per step and layer) */
+    double attn_flop, attn_bytes;
+} fwd_stats;
+
 /* max_tokens: tokens per step; max_seqs: sequences per step; n_ctx: the
  * longest sequence (RoPE table size). */
 int fwd_create(const model *m, kv_pool *pool, dx_tpool *tp, uint32_t max_tokens, uint32_t max_seqs,
@@ -38,5 +47,7 @@ void fwd_destroy(fwd *f);
  * DX_EINVAL when the batch exceeds the sizes given at create. */
 int fwd_step(fwd *f, const fwd_seq *seqs, size_t n_seqs, float *logits);
 uint32_t fwd_n_vocab(const fwd *f);
+void fwd_get_stats(const fwd *f, fwd_stats *out);
+void fwd_reset_stats(fwd *f);
 
 #endif

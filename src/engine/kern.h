@@ -45,10 +45,15 @@ void kern_matmul(int wtype, const void *w, size_t n_in, size_t o0, size_t o1, co
 size_t kern_matmul_tile(int wtype);
 
 /* ---- paged attention over the KV pool ----
- * A KV block holds block_size tokens of all layers; within a block, this
- * layer's K for kv head h, token j, dim d is at
- *   base + block*block_bytes + k_off + (h*block_size + j)*head_dim*esize + d*esize
- * and V likewise at v_off. */
+ * A KV block holds block_size tokens of all layers.  Within a block, this
+ * layer's K is stored transposed: for kv head h, dim d, token j at
+ *   base + block*block_bytes + k_off + ((h*head_dim + d)*block_size + j)*esize
+ * so one dim of consecutive keys is contiguous and a vector of 16 keys'
+ * scores grows by one FMA per dim; V is row-major, at
+ *   base + block*block_bytes + v_off + ((h*block_size + j)*head_dim + d)*esize.
+ * The vector paths need block_size and head_dim multiples of 16; other
+ * layouts run the scalar path (a choice fixed by the layout, so the same for
+ * every call). */
 typedef struct {
     const uint8_t *base;
     size_t block_bytes;
@@ -58,17 +63,39 @@ typedef struct {
     float scale; /* usually 1/sqrt(head_dim) */
 } kern_attn_layout;
 
+/* Every query's history is cut into splits of KERN_ATTN_SPLIT key positions,
+ * fixed by absolute position ([0, 1024), [1024, 2048), ...).  Each split has
+ * its own online softmax (keys in position order, in steps fixed by
+ * position) giving a partial (acc, m, l); the partials are merged in split
+ * order.  So the bits of a query's output depend only on its position and
+ * data — never on n_q, pos0, [h0, h1), the tiling, or whether the splits
+ * were computed by one call (kern_attn) or by parallel kern_attn_part calls
+ * and a kern_attn_merge. */
+#define KERN_ATTN_SPLIT 1024
+
 /* Causal attention for n_q query tokens of one sequence at positions
  * pos0 .. pos0+n_q-1, for kv heads [h0, h1) (and the query heads they
  * serve: n_head/n_kv_head per kv head).  Query token i sees keys 0..pos0+i,
  * read from blocks[j / block_size].  q and out: [n_q][n_head][head_dim] f32.
- * Keys are visited in position order, one block at a time, with an online
- * softmax whose blocking is fixed by position, so the result for a query does
- * not depend on n_q or on how the caller tiles queries.
  * scratch: kern_attn_scratch_bytes() bytes, 64-byte aligned, per thread. */
 size_t kern_attn_scratch_bytes(const kern_attn_layout *L, size_t max_q);
 void kern_attn(const kern_attn_layout *L, const int32_t *blocks, size_t pos0, size_t n_q,
                const float *q, float *out, int h0, int h1, void *scratch);
+
+/* The same result in two stages, so one query's history can be spread over
+ * threads.  Rows are (token t, query head g of kv head h): row t*G + g, G =
+ * n_head/n_kv_head; a row's part is kern_attn_part_floats() floats.
+ * kern_attn_part writes the partial of split `split` for the rows whose
+ * position reaches it (pos0 + t >= split*KERN_ATTN_SPLIT) and leaves the
+ * others alone; scratch as for kern_attn (n_q queries).
+ * kern_attn_merge writes out (laid out as kern_attn's) for kv head h from
+ * the parts of splits 0 .. pos/KERN_ATTN_SPLIT of each row, split s at
+ * part + s*split_stride. */
+size_t kern_attn_part_floats(const kern_attn_layout *L);
+void kern_attn_part(const kern_attn_layout *L, const int32_t *blocks, size_t pos0, size_t n_q,
+                    const float *q, int h, size_t split, float *part, void *scratch);
+void kern_attn_merge(const kern_attn_layout *L, size_t pos0, size_t n_q, int h, const float *part,
+                     size_t split_stride, float *out);
 
 /* ---- per-token elementwise ops (f32) ---- */
 /* y = x / sqrt(mean(x^2) + eps) * w, n elements; y may alias x. */
@@ -87,5 +114,15 @@ void kern_matmul_scalar(int wtype, const void *w, size_t n_in, size_t o0, size_t
                         const void *act, size_t n_tok, float *y, size_t ldy);
 void kern_attn_scalar(const kern_attn_layout *L, const int32_t *blocks, size_t pos0, size_t n_q,
                       const float *q, float *out, int h0, int h1, void *scratch);
+/* The KV layout's element offset of (kv head h, token j in block, dim d)
+ * within a layer's K / V region (tests and the forward pass's stores). */
+static inline size_t kern_attn_k_index(const kern_attn_layout *L, int h, int j, int d)
+{
+    return ((size_t)h * (size_t)L->head_dim + (size_t)d) * (size_t)L->block_size + (size_t)j;
+}
+static inline size_t kern_attn_v_index(const kern_attn_layout *L, int h, int j, int d)
+{
+    return ((size_t)h * (size_t)L->block_size + (size_t)j) * (size_t)L->head_dim + (size_t)d;
+}
 
 #endif

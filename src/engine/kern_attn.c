@@ -1,19 +1,29 @@
 /* kern_attn: paged causal GQA attention — the scalar reference, the tiling
- * driver shared by the AVX2/AVX-512 paths, and the dispatch.
+ * driver shared by the AVX2/AVX-512 paths, the split/merge entry points and
+ * the dispatch.
  *
- * Batch invariance: for every query row the keys are visited in position
- * order one KV block at a time (block boundaries are multiples of
- * block_size, fixed by position), with an online softmax per block:
- *   s_j = scale*dot(q, k_j)  (fixed-order dot),  m' = max(m, max_j s_j),
- *   acc = acc*exp(m - m') + sum_j exp(s_j - m')*v_j  (in key order),
- * normalised by the accumulated denominator at the end.  Keys past the
- * query's position are never read into its arithmetic (no 0*garbage), and
- * blocks entirely past it are skipped, so a row's bits depend only on its
- * own position and data, never on n_q, pos0, [h0, h1) or the tile.
+ * The arithmetic of one query row depends only on its position (kern.h):
+ *   for each split s (keys [1024s, 1024s + 1024) ∩ [0, pos]):
+ *     an online softmax over the split's keys, in position order:
+ *       s_j = scale*dot(q, k_j),  m' = max(m, max_j s_j),
+ *       l = l*exp(m - m') + sum_j exp(s_j - m'),
+ *       acc = acc*exp(m - m') + sum_j exp(s_j - m')*v_j
+ *     giving the split's part (acc, m, l);
+ *   the parts fold in split order: M' = max(M, m), a = exp(M - M'),
+ *   b = exp(m - M'), ACC = ACC*a + acc*b, L = L*a + l*b;  out = ACC / L.
+ * Keys past the query's position never enter its arithmetic (no 0*garbage).
+ * The scalar reference takes a split's max exactly (two passes); the vector
+ * paths update it per step of 32 keys (KERN_ATTN_STEP), with a per-lane
+ * denominator — a different rounding, the same bits for every tiling.
  *
- * The fast driver tiles TILE_Q query tokens × the query heads sharing a kv
- * head, converts each block's K/V rows to f32 once per tile and runs the
- * ISA's per-block primitives (kern_attn_internal.h) over the tile's rows. */
+ * The fast driver tiles TILE_Q query tokens × the G query heads of one kv
+ * head (rows token-major), and walks each split in spans of key steps.  Many
+ * rows: one step per span, its K/V converted to f32 once and reused by every
+ * row (12 rows × 32 keys of scores per pass over the dims).  Few rows
+ * (decode): four steps per span straight from the pool, so a decode row
+ * still has 8 independent FMA chains per pass.  (Software prefetch of the
+ * next span measured no gain over the hardware's: decode at depth 4096 and
+ * 16384 ran the same with and without it.) */
 #include <math.h>
 #include <string.h>
 
@@ -22,28 +32,179 @@
 #include "engine/kern.h"
 #include "engine/kern_attn_internal.h"
 
-/* Query tokens per tile.  Each converted K/V block is reused by TILE_Q × G
- * rows; 16 (× 2 heads at 0.6b shapes) measured ~5% faster than 8 and ~10%
- * faster than 4 (scripts/bench/bench_attn.c), with the tile's acc, q and
- * the converted block still in L1/L2. */
-#define TILE_Q    16
-#define MAX_LANES 16
+/* Query tokens per tile: each converted K/V step is reused by TILE_Q × G
+ * rows; the tile's q, acc and running state (~1.5 KiB per row at head_dim
+ * 128) stay in L2. */
+#define TILE_Q 32
+/* Rows from which a span's K/V are converted to f32 once instead of read
+ * (and converted in registers) by every group of rows. */
+#define CONVERT_ROWS 8
 
 static size_t attn_align(size_t n)
 {
     return (n + 63) & ~(size_t)63;
 }
-static size_t attn_round16(size_t n)
+
+static size_t attn_esize(int kv_type)
 {
-    return (n + 15) & ~(size_t)15;
+    return kv_type == DX_F32 ? 4 : 2;
 }
 
+size_t kern_attn_part_floats(const kern_attn_layout *L)
+{
+    return (size_t)L->head_dim + 16; /* acc, then m and l, padded to 64 bytes */
+}
+
+/* The vector ISA for this layout, or NULL for the scalar path. */
+static const kern_attn_isa *attn_pick(const kern_attn_layout *L)
+{
+    const kern_attn_isa *isa = NULL;
+    switch (kern_get_isa()) {
+    case KERN_AVX512:
+        isa = &kern_attn_isa_avx512;
+        break;
+    case KERN_AVX2:
+        isa = &kern_attn_isa_avx2;
+        break;
+    case KERN_SCALAR:
+        break;
+    }
+    if (L->block_size % KERN_ATTN_HALF != 0) return NULL;
+    /* A head_dim the vectors do not divide takes the narrower path. */
+    if (isa == &kern_attn_isa_avx512 && L->head_dim % kern_attn_isa_avx512.lanes != 0)
+        isa = &kern_attn_isa_avx2;
+    if (isa && L->head_dim % isa->lanes != 0) isa = NULL;
+    return isa;
+}
+
+/* This layer's K (or V, with region = v_off) of kv head h in block b. */
+static const uint8_t *attn_region(const kern_attn_layout *L, const int32_t *blocks, size_t b,
+                                  size_t region, int h)
+{
+    int32_t blk = blocks[b];
+    DX_ASSERT(blk >= 0);
+    return L->base + (size_t)blk * L->block_bytes + region +
+           (size_t)h * (size_t)L->block_size * (size_t)L->head_dim * attn_esize(L->kv_type);
+}
+
+/* ---------------------------------------------------------------- scalar */
+
+static float attn_elem(int kv_type, const uint8_t *p, size_t i)
+{
+    uint16_t h;
+    float f;
+    switch (kv_type) {
+    case DX_F16:
+        memcpy(&h, p + 2 * i, 2);
+        return dx_f16_to_f32(h);
+    case DX_BF16:
+        memcpy(&h, p + 2 * i, 2);
+        return dx_bf16_to_f32(h);
+    default:
+        memcpy(&f, p + 4 * i, 4);
+        return f;
+    }
+}
+
+/* Part (acc[D], m, l) of keys [k0, k1) for one query row of kv head h;
+ * s: [KERN_ATTN_SPLIT] scores. */
+static void attn_scalar_split(const kern_attn_layout *L, const int32_t *blocks, int h,
+                              const float *q, size_t k0, size_t k1, float *part, float *s)
+{
+    int D = L->head_dim, bs = L->block_size;
+    float m = -INFINITY, l = 0.0f;
+    for (size_t j = k0; j < k1; j++) {
+        const uint8_t *k = attn_region(L, blocks, j / (size_t)bs, L->k_off, h);
+        float dot = 0.0f;
+        for (int d = 0; d < D; d++)
+            dot += q[d] * attn_elem(L->kv_type, k, (size_t)d * (size_t)bs + j % (size_t)bs);
+        s[j - k0] = L->scale * dot;
+        m = s[j - k0] > m ? s[j - k0] : m;
+    }
+    memset(part, 0, (size_t)D * sizeof(float));
+    for (size_t j = k0; j < k1; j++) {
+        const uint8_t *v = attn_region(L, blocks, j / (size_t)bs, L->v_off, h);
+        size_t row = (j % (size_t)bs) * (size_t)D;
+        float p = expf(s[j - k0] - m);
+        l += p;
+        for (int d = 0; d < D; d++) part[d] += p * attn_elem(L->kv_type, v, row + (size_t)d);
+    }
+    part[D] = m;
+    part[D + 1] = l;
+}
+
+static void attn_scalar_merge(float *acc, float *m, float *l, const float *part, int D)
+{
+    float mn = *m > part[D] ? *m : part[D];
+    float a = expf(*m - mn), b = expf(part[D] - mn);
+    for (int d = 0; d < D; d++) acc[d] = acc[d] * a + part[d] * b;
+    *l = *l * a + part[D + 1] * b;
+    *m = mn;
+}
+
+static void attn_scalar_finish(const float *acc, float l, int D, float *out)
+{
+    for (int d = 0; d < D; d++) out[d] = acc[d] / l;
+}
+
+/* Scratch of the scalar path: scores of one split, a split's part and the
+ * running merge. */
 typedef struct {
-    float *kbuf, *vbuf;  /* [block_size][head_dim] converted K / V */
-    float *acc;          /* [rows][head_dim] */
-    float *s;            /* [rows][round16(block_size)] */
-    float *lvec;         /* [rows][MAX_LANES] */
-    kern_attn_row *rows; /* [rows] */
+    float *s, *part, *run;
+} attn_scalar_buf;
+
+static size_t attn_scalar_part_bytes(const kern_attn_layout *L)
+{
+    return attn_align(kern_attn_part_floats(L) * sizeof(float));
+}
+
+static size_t attn_scalar_bytes(const kern_attn_layout *L)
+{
+    return attn_align(KERN_ATTN_SPLIT * sizeof(float)) + 2 * attn_scalar_part_bytes(L);
+}
+
+static attn_scalar_buf attn_scalar_carve(const kern_attn_layout *L, void *scratch)
+{
+    uint8_t *base = scratch;
+    size_t sb = attn_align(KERN_ATTN_SPLIT * sizeof(float)), pb = attn_scalar_part_bytes(L);
+    return (attn_scalar_buf){(float *)base, (float *)(base + sb), (float *)(base + sb + pb)};
+}
+
+/* The query row of (token t, query head qh) in a [n_q][n_head][D] array. */
+static size_t attn_row_off(const kern_attn_layout *L, size_t t, int qh)
+{
+    return (t * (size_t)L->n_head + (size_t)qh) * (size_t)L->head_dim;
+}
+
+void kern_attn_scalar(const kern_attn_layout *L, const int32_t *blocks, size_t pos0, size_t n_q,
+                      const float *q, float *out, int h0, int h1, void *scratch)
+{
+    attn_scalar_buf b = attn_scalar_carve(L, scratch);
+    int G = L->n_head / L->n_kv_head, D = L->head_dim;
+    for (int h = h0; h < h1; h++)
+        for (int g = 0; g < G; g++)
+            for (size_t t = 0; t < n_q; t++) {
+                size_t off = attn_row_off(L, t, h * G + g), pos = pos0 + t;
+                for (size_t sp = 0; sp <= pos / KERN_ATTN_SPLIT; sp++) {
+                    size_t k0 = sp * KERN_ATTN_SPLIT;
+                    size_t k1 = pos + 1 < k0 + KERN_ATTN_SPLIT ? pos + 1 : k0 + KERN_ATTN_SPLIT;
+                    attn_scalar_split(L, blocks, h, q + off, k0, k1, sp ? b.part : b.run, b.s);
+                    if (sp) attn_scalar_merge(b.run, b.run + D, b.run + D + 1, b.part, D);
+                }
+                attn_scalar_finish(b.run, b.run[D + 1], D, out + off);
+            }
+}
+
+/* ------------------------------------------------------------ fast driver */
+
+typedef struct {
+    kern_attn_row *rows; /* [R] */
+    float *qt;           /* [D][R] the tile's queries, transposed */
+    float *part;         /* [R][PF] the tile's split parts (acc, m, l) */
+    float *run;          /* [R][PF] running merge (acc, m, l) */
+    float *s;            /* [R][STEP*SPAN] */
+    float *lvec;         /* [R][16] */
+    float *kc, *vc;      /* converted K [2][D][16] and V [2][16][D] of one step */
 } attn_scratch;
 
 static size_t attn_tile_rows(const kern_attn_layout *L, size_t max_q)
@@ -57,14 +218,20 @@ static size_t attn_tile_rows(const kern_attn_layout *L, size_t max_q)
 static size_t attn_scratch_carve(const kern_attn_layout *L, size_t max_q, uint8_t *base,
                                  attn_scratch *sc)
 {
-    size_t R = attn_tile_rows(L, max_q), D = (size_t)L->head_dim;
-    size_t bs = (size_t)L->block_size, off = 0;
-    size_t sizes[6] = {bs * D * 4,        bs * D * 4,
-                       R * D * 4,         R * attn_round16(bs) * 4,
-                       R * MAX_LANES * 4, R * sizeof(kern_attn_row)};
-    void **dst[6] = {(void **)&sc->kbuf, (void **)&sc->vbuf, (void **)&sc->acc,
-                     (void **)&sc->s,    (void **)&sc->lvec, (void **)&sc->rows};
-    for (int i = 0; i < 6; i++) {
+    size_t R = attn_tile_rows(L, max_q), D = (size_t)L->head_dim, off = 0;
+    size_t PF = kern_attn_part_floats(L), step = 2 * KERN_ATTN_HALF * D * 4;
+    size_t sizes[8] = {R * sizeof(kern_attn_row),
+                       R * D * 4,
+                       R * PF * 4,
+                       R * PF * 4,
+                       R * KERN_ATTN_STEP * KERN_ATTN_SPAN * 4,
+                       R * 16 * 4,
+                       step,
+                       step};
+    void **dst[8] = {(void **)&sc->rows, (void **)&sc->qt,   (void **)&sc->part,
+                     (void **)&sc->run,  (void **)&sc->s,    (void **)&sc->lvec,
+                     (void **)&sc->kc,   (void **)&sc->vc};
+    for (int i = 0; i < 8; i++) {
         if (base) *dst[i] = base + off;
         off += attn_align(sizes[i]);
     }
@@ -74,177 +241,154 @@ static size_t attn_scratch_carve(const kern_attn_layout *L, size_t max_q, uint8_
 size_t kern_attn_scratch_bytes(const kern_attn_layout *L, size_t max_q)
 {
     attn_scratch sc;
-    return attn_scratch_carve(L, max_q, NULL, &sc);
+    size_t fast = attn_scratch_carve(L, max_q, NULL, &sc);
+    size_t slow = attn_scalar_bytes(L);
+    return fast > slow ? fast : slow;
 }
 
-static size_t attn_esize(int kv_type)
+/* One tile: query tokens at positions pos_first .. pos_first+nt-1 of kv head
+ * h, R = nt*G rows, row r = token r/G, query head h*G + r%G. */
+typedef struct {
+    const kern_attn_isa *isa;
+    const kern_attn_layout *L;
+    const int32_t *blocks;
+    int h, G, R;
+    size_t pos_first;
+    attn_scratch *sc;
+} attn_tile;
+
+/* First row whose position is >= p (rows are token-major). */
+static int attn_first_row(const attn_tile *T, size_t p)
 {
-    return kv_type == DX_F32 ? 4 : 2;
+    size_t t = p > T->pos_first ? p - T->pos_first : 0;
+    size_t r = t * (size_t)T->G;
+    return r < (size_t)T->R ? (int)r : T->R;
 }
 
-/* This layer's K (or V, with region = v_off) rows of kv head h in block b. */
-static const uint8_t *attn_rows(const kern_attn_layout *L, const int32_t *blocks, size_t b,
-                                size_t region, int h)
+/* Halves [0, nh) of the span starting at key p: those past pos_last repeat
+ * the last real one.  With convert, the real halves are copied to f32. */
+static void attn_span_build(const attn_tile *T, size_t p, size_t pos_last, int nh, int convert,
+                            kern_attn_span *sp)
 {
-    int32_t blk = blocks[b];
-    DX_ASSERT(blk >= 0);
-    return L->base + (size_t)blk * L->block_bytes + region +
-           (size_t)h * (size_t)L->block_size * (size_t)L->head_dim * attn_esize(L->kv_type);
-}
-
-/* ---------------------------------------------------------------- scalar */
-
-static float attn_elem(int kv_type, const uint8_t *row, int d)
-{
-    uint16_t h;
-    float f;
-    switch (kv_type) {
-    case DX_F16:
-        memcpy(&h, row + 2 * (size_t)d, 2);
-        return dx_f16_to_f32(h);
-    case DX_BF16:
-        memcpy(&h, row + 2 * (size_t)d, 2);
-        return dx_bf16_to_f32(h);
-    default:
-        memcpy(&f, row + 4 * (size_t)d, 4);
-        return f;
-    }
-}
-
-/* One query row against keys 0..pos of kv head h; s: [block_size], acc: [D]. */
-static void attn_scalar_row(const kern_attn_layout *L, const int32_t *blocks, size_t pos, int h,
-                            const float *q, float *out, float *s, float *acc)
-{
-    int D = L->head_dim, bs = L->block_size;
-    size_t rb = (size_t)D * attn_esize(L->kv_type);
-    float m = -INFINITY, l = 0.0f;
-    memset(acc, 0, (size_t)D * sizeof(float));
-    for (size_t b = 0; b <= pos / (size_t)bs; b++) {
-        const uint8_t *k = attn_rows(L, blocks, b, L->k_off, h);
-        const uint8_t *v = attn_rows(L, blocks, b, L->v_off, h);
-        size_t left = pos - b * (size_t)bs + 1;
-        int nv = left < (size_t)bs ? (int)left : bs;
-        float bm = -INFINITY;
-        for (int j = 0; j < nv; j++) {
-            float dot = 0.0f;
-            for (int d = 0; d < D; d++) dot += q[d] * attn_elem(L->kv_type, k + j * rb, d);
-            s[j] = L->scale * dot;
-            bm = s[j] > bm ? s[j] : bm;
+    const kern_attn_layout *L = T->L;
+    size_t bs = (size_t)L->block_size, D = (size_t)L->head_dim, es = attn_esize(L->kv_type);
+    int n_real = 0;
+    sp->nh = nh;
+    sp->type = L->kv_type;
+    sp->kstride = bs;
+    for (int i = 0; i < nh; i++) {
+        size_t k = p + (size_t)i * KERN_ATTN_HALF;
+        if (k > pos_last) {
+            sp->k[i] = sp->k[i - 1];
+            sp->v[i] = sp->v[i - 1];
+            continue;
         }
-        float mn = m > bm ? m : bm;
-        float alpha = b == 0 ? 0.0f : expf(m - mn);
-        l *= alpha;
-        for (int d = 0; d < D; d++) acc[d] *= alpha;
-        for (int j = 0; j < nv; j++) {
-            float p = expf(s[j] - mn);
-            l += p;
-            for (int d = 0; d < D; d++) acc[d] += p * attn_elem(L->kv_type, v + j * rb, d);
+        size_t o = k % bs;
+        sp->k[i] = attn_region(L, T->blocks, k / bs, L->k_off, T->h) + o * es;
+        sp->v[i] = attn_region(L, T->blocks, k / bs, L->v_off, T->h) + o * D * es;
+        n_real++;
+    }
+    if (!convert || L->kv_type == DX_F32) return;
+    for (int i = 0; i < nh; i++) {
+        float *kc = T->sc->kc + (size_t)i * D * KERN_ATTN_HALF;
+        float *vc = T->sc->vc + (size_t)i * D * KERN_ATTN_HALF;
+        if (i < n_real) {
+            T->isa->cvt(L->kv_type, sp->k[i], bs, kc, D, KERN_ATTN_HALF);
+            T->isa->cvt(L->kv_type, sp->v[i], D, vc, KERN_ATTN_HALF, D);
+            sp->k[i] = (const uint8_t *)kc;
+            sp->v[i] = (const uint8_t *)vc;
+        } else {
+            sp->k[i] = sp->k[i - 1];
+            sp->v[i] = sp->v[i - 1];
         }
-        m = mn;
     }
-    for (int d = 0; d < D; d++) out[d] = acc[d] / l;
+    sp->type = DX_F32;
+    sp->kstride = KERN_ATTN_HALF;
 }
 
-void kern_attn_scalar(const kern_attn_layout *L, const int32_t *blocks, size_t pos0, size_t n_q,
-                      const float *q, float *out, int h0, int h1, void *scratch)
+/* Keys of step i of the span for rows[0..nr): every row's visible keys
+ * [0, nv), in groups whose shared keys go first; rows are token-major, so
+ * visible counts never decrease along the rows: a group's first row sees the
+ * fewest and the longer rows finish alone.  Rows that see none are skipped. */
+static void attn_step_pv(const kern_attn_isa *isa, kern_attn_row *rows, int nr,
+                         const kern_attn_span *sp, int i, int D)
 {
-    attn_scratch sc;
-    attn_scratch_carve(L, 1, scratch, &sc);
-    int G = L->n_head / L->n_kv_head, D = L->head_dim;
-    for (int h = h0; h < h1; h++)
-        for (int g = 0; g < G; g++)
-            for (size_t t = 0; t < n_q; t++) {
-                size_t off = (t * (size_t)L->n_head + (size_t)(h * G + g)) * (size_t)D;
-                attn_scalar_row(L, blocks, pos0 + t, h, q + off, out + off, sc.s, sc.acc);
-            }
-}
-
-/* ------------------------------------------------------------ fast driver */
-
-/* K or V rows [0, nk) of block b as f32: in place for F32, else converted. */
-static const float *attn_block_f32(const kern_attn_isa *isa, const kern_attn_layout *L,
-                                   const int32_t *blocks, size_t b, size_t region, int h, int nk,
-                                   float *buf)
-{
-    const uint8_t *src = attn_rows(L, blocks, b, region, h);
-    if (L->kv_type == DX_F32) return (const float *)src;
-    isa->cvt(L->kv_type, src, buf, (size_t)nk * (size_t)L->head_dim);
-    return buf;
-}
-
-/* Prefetch the K and V rows of block b (this head) into L2.  Consecutive
- * blocks of a sequence are a block apart in memory (1–2 MiB), so the hardware
- * prefetcher restarts at every block; asking one block ahead hides most of
- * the DRAM latency when few queries share a block (decode). */
-static void attn_prefetch_block(const kern_attn_layout *L, const int32_t *blocks, size_t b, int h)
-{
-    size_t bytes = (size_t)L->block_size * (size_t)L->head_dim * attn_esize(L->kv_type);
-    const uint8_t *k = attn_rows(L, blocks, b, L->k_off, h);
-    const uint8_t *v = attn_rows(L, blocks, b, L->v_off, h);
-    for (size_t o = 0; o < bytes; o += 64) {
-        __builtin_prefetch(k + o, 0, 2);
-        __builtin_prefetch(v + o, 0, 2);
+    int r0 = 0;
+    while (r0 < nr && rows[r0].nv[i] == 0) r0++;
+    rows += r0;
+    nr -= r0;
+    for (int g = 0; g < nr; g += isa->pv_rows) {
+        int n = nr - g < isa->pv_rows ? nr - g : isa->pv_rows;
+        int j0 = rows[g].nv[i];
+        isa->pv(rows + g, n, sp, i, 0, j0, D, 1);
+        for (int k = 1; k < n; k++)
+            if (rows[g + k].nv[i] > j0) isa->pv(rows + g + k, 1, sp, i, j0, rows[g + k].nv[i], D, 0);
     }
 }
 
-/* Rows are token-major, so a block's visible key counts never decrease along
- * the rows: a group's first row sees the fewest keys and the group shares
- * keys [0, nv_first); the longer rows finish alone.  Splitting the key loop
- * leaves each row's sequence of operations unchanged. */
-static void attn_block_pv(const kern_attn_isa *isa, kern_attn_row *rows, int nr, const float *v,
-                          int D)
+/* One span of nsteps steps from key p (p a multiple of the step). */
+static void attn_span(const attn_tile *T, size_t p, size_t k_hi, int nsteps, int convert)
 {
-    for (int g = 0; g < nr; g += 4) {
-        int n = nr - g < 4 ? nr - g : 4;
-        int j0 = rows[g].nv;
-        isa->pv(rows + g, n, 0, j0, v, D, 1);
-        for (int i = 1; i < n; i++)
-            if (rows[g + i].nv > j0) isa->pv(rows + g + i, 1, j0, rows[g + i].nv, v, D, 0);
+    const kern_attn_layout *L = T->L;
+    size_t pos_last = T->pos_first + (size_t)T->R / (size_t)T->G - 1;
+    int r_a = attn_first_row(T, p), D = L->head_dim;
+    kern_attn_row *rows = T->sc->rows;
+    kern_attn_span sp;
+    attn_span_build(T, p, pos_last, convert ? 2 : 2 * KERN_ATTN_SPAN, convert, &sp);
+    for (int r = r_a; r < T->R; r++) {
+        size_t pos = T->pos_first + (size_t)(r / T->G);
+        for (int i = 0; i < nsteps; i++) {
+            size_t k0 = p + (size_t)i * KERN_ATTN_STEP;
+            size_t n = pos >= k0 && k_hi > k0 ? pos - k0 + 1 : 0;
+            n = n < k_hi - k0 ? n : k_hi - k0;
+            rows[r].nv[i] = n < KERN_ATTN_STEP ? (int)n : KERN_ATTN_STEP;
+        }
     }
+    T->isa->qk(rows + r_a, T->R - r_a, T->sc->qt + r_a, (size_t)T->R, &sp, D, L->scale);
+    for (int r = r_a; r < T->R; r++)
+        for (int i = 0; i < nsteps && rows[r].nv[i] > 0; i++) T->isa->softmax(&rows[r], i);
+    for (int i = 0; i < nsteps; i++) attn_step_pv(T->isa, rows + r_a, T->R - r_a, &sp, i, D);
 }
 
-/* One tile: query tokens [t0, t1) of kv head h, all G heads each. */
-static void attn_tile(const kern_attn_isa *isa, const kern_attn_layout *L, const int32_t *blocks,
-                      size_t pos0, size_t t0, size_t t1, const float *q, float *out, int h,
-                      attn_scratch *sc)
+/* The part of split `split` for the tile's rows that reach it (their acc
+ * buffers are rows[r].acc); returns the first such row. */
+static int attn_tile_split(const attn_tile *T, size_t split)
 {
-    int G = L->n_head / L->n_kv_head, D = L->head_dim, bs = L->block_size;
-    int R = (int)(t1 - t0) * G;
-    size_t sstride = attn_round16((size_t)bs);
-    for (int r = 0; r < R; r++) {
-        size_t t = t0 + (size_t)(r / G);
-        size_t off = (t * (size_t)L->n_head + (size_t)(h * G + r % G)) * (size_t)D;
-        kern_attn_row *row = &sc->rows[r];
-        row->q = q + off;
-        row->acc = sc->acc + (size_t)r * (size_t)D;
-        row->s = sc->s + (size_t)r * sstride;
-        row->lvec = sc->lvec + (size_t)r * MAX_LANES;
+    const kern_attn_layout *L = T->L;
+    size_t pos_last = T->pos_first + (size_t)T->R / (size_t)T->G - 1;
+    size_t k_lo = split * KERN_ATTN_SPLIT;
+    size_t k_hi = pos_last + 1 < k_lo + KERN_ATTN_SPLIT ? pos_last + 1 : k_lo + KERN_ATTN_SPLIT;
+    int r_first = attn_first_row(T, k_lo), D = L->head_dim;
+    for (int r = r_first; r < T->R; r++) {
+        kern_attn_row *row = &T->sc->rows[r];
         row->m = -INFINITY;
         memset(row->acc, 0, (size_t)D * sizeof(float));
-        memset(row->lvec, 0, MAX_LANES * sizeof(float));
+        memset(row->lvec, 0, 16 * sizeof(float));
     }
-    size_t pos_last = pos0 + t1 - 1;
-    for (size_t b = 0; b <= pos_last / (size_t)bs; b++) {
-        size_t kb = b * (size_t)bs;
-        if (b < pos_last / (size_t)bs) attn_prefetch_block(L, blocks, b + 1, h);
-        /* Rows whose token precedes this block do not see it at all. */
-        size_t t_first = kb > pos0 + t0 ? kb - pos0 : t0;
-        int r0 = (int)(t_first - t0) * G, nr = R - r0;
-        size_t left = pos_last - kb + 1;
-        int nk = left < (size_t)bs ? (int)left : bs;
-        const float *k = attn_block_f32(isa, L, blocks, b, L->k_off, h, nk, sc->kbuf);
-        const float *v = attn_block_f32(isa, L, blocks, b, L->v_off, h, nk, sc->vbuf);
-        isa->qk(sc->rows + r0, nr, k, nk, D, L->scale);
-        for (int r = r0; r < R; r++) {
-            size_t rl = pos0 + t0 + (size_t)(r / G) - kb + 1;
-            sc->rows[r].nv = rl < (size_t)bs ? (int)rl : bs;
-            isa->softmax(&sc->rows[r], b == 0);
-        }
-        attn_block_pv(isa, sc->rows + r0, nr, v, D);
+    for (size_t p = k_lo; p < k_hi;) {
+        int convert = T->R - attn_first_row(T, p) >= CONVERT_ROWS;
+        int nsteps = convert ? 1 : KERN_ATTN_SPAN;
+        attn_span(T, p, k_hi, nsteps, convert);
+        p += (size_t)nsteps * KERN_ATTN_STEP;
     }
-    for (int r = 0; r < R; r++) {
-        float *o = out + (sc->rows[r].q - q);
-        isa->finish(&sc->rows[r], D, o);
+    for (int r = r_first; r < T->R; r++) T->isa->close(&T->sc->rows[r], D);
+    return r_first;
+}
+
+/* Row bookkeeping for tokens [t0, t0+nt) of q, and their queries
+ * transposed (so a score tile broadcasts every row's q[d] from one line);
+ * acc buffers at acc + r*PF. */
+static void attn_tile_init(attn_tile *T, const kern_attn_layout *L, const float *q, size_t t0,
+                           float *acc)
+{
+    size_t PF = kern_attn_part_floats(L), R = (size_t)T->R;
+    for (int r = 0; r < T->R; r++) {
+        kern_attn_row *row = &T->sc->rows[r];
+        row->q = q + attn_row_off(L, t0 + (size_t)(r / T->G), T->h * T->G + r % T->G);
+        row->acc = acc + (size_t)r * PF;
+        row->s = T->sc->s + (size_t)r * KERN_ATTN_STEP * KERN_ATTN_SPAN;
+        row->lvec = T->sc->lvec + (size_t)r * 16;
+        for (int d = 0; d < L->head_dim; d++) T->sc->qt[(size_t)d * R + (size_t)r] = row->q[d];
     }
 }
 
@@ -254,35 +398,91 @@ static void attn_fast(const kern_attn_isa *isa, const kern_attn_layout *L, const
 {
     attn_scratch sc;
     attn_scratch_carve(L, n_q, scratch, &sc);
+    int G = L->n_head / L->n_kv_head, D = L->head_dim;
+    size_t PF = kern_attn_part_floats(L);
     for (int h = h0; h < h1; h++)
         for (size_t t0 = 0; t0 < n_q; t0 += TILE_Q) {
-            size_t t1 = t0 + TILE_Q < n_q ? t0 + TILE_Q : n_q;
-            attn_tile(isa, L, blocks, pos0, t0, t1, q, out, h, &sc);
+            size_t nt = n_q - t0 < TILE_Q ? n_q - t0 : TILE_Q;
+            attn_tile T = {isa, L, blocks, h, G, (int)nt * G, pos0 + t0, &sc};
+            attn_tile_init(&T, L, q, t0, sc.part);
+            size_t pos_last = pos0 + t0 + nt - 1;
+            for (size_t s = 0; s <= pos_last / KERN_ATTN_SPLIT; s++) {
+                int r_first = attn_tile_split(&T, s);
+                for (int r = r_first; r < T.R; r++) {
+                    float *run = sc.run + (size_t)r * PF, *part = sc.part + (size_t)r * PF;
+                    if (s == 0)
+                        memcpy(run, part, (size_t)(D + 2) * sizeof(float));
+                    else
+                        isa->merge(run, run + D, run + D + 1, part, D);
+                }
+            }
+            for (int r = 0; r < T.R; r++) {
+                const float *run = sc.run + (size_t)r * PF;
+                isa->finish(run, run[D + 1], D, out + (sc.rows[r].q - q));
+            }
         }
 }
 
 void kern_attn(const kern_attn_layout *L, const int32_t *blocks, size_t pos0, size_t n_q,
                const float *q, float *out, int h0, int h1, void *scratch)
 {
-    const kern_attn_isa *isa = NULL;
-    switch (kern_get_isa()) {
-    case KERN_AVX512:
-        isa = &kern_attn_isa_avx512;
-        break;
-    case KERN_AVX2:
-        isa = &kern_attn_isa_avx2;
-        break;
-    case KERN_SCALAR:
-        break;
-    }
-    /* A head_dim the vectors do not divide takes the narrower path; the
-     * choice depends on the layout only, so it is the same for every call. */
-    if (isa == &kern_attn_isa_avx512 && L->head_dim % kern_attn_isa_avx512.lanes != 0)
-        isa = &kern_attn_isa_avx2;
-    if (isa && L->head_dim % isa->lanes != 0) isa = NULL;
-    if (!isa) {
+    const kern_attn_isa *isa = attn_pick(L);
+    if (!isa)
         kern_attn_scalar(L, blocks, pos0, n_q, q, out, h0, h1, scratch);
+    else
+        attn_fast(isa, L, blocks, pos0, n_q, q, out, h0, h1, scratch);
+}
+
+/* ------------------------------------------------------------ split form */
+
+void kern_attn_part(const kern_attn_layout *L, const int32_t *blocks, size_t pos0, size_t n_q,
+                    const float *q, int h, size_t split, float *part, void *scratch)
+{
+    const kern_attn_isa *isa = attn_pick(L);
+    int G = L->n_head / L->n_kv_head;
+    size_t PF = kern_attn_part_floats(L), k0 = split * KERN_ATTN_SPLIT;
+    if (!isa) {
+        attn_scalar_buf b = attn_scalar_carve(L, scratch);
+        for (size_t t = k0 > pos0 ? k0 - pos0 : 0; t < n_q; t++)
+            for (int g = 0; g < G; g++) {
+                size_t pos = pos0 + t;
+                size_t k1 = pos + 1 < k0 + KERN_ATTN_SPLIT ? pos + 1 : k0 + KERN_ATTN_SPLIT;
+                attn_scalar_split(L, blocks, h, q + attn_row_off(L, t, h * G + g), k0, k1,
+                                  part + (t * (size_t)G + (size_t)g) * PF, b.s);
+            }
         return;
     }
-    attn_fast(isa, L, blocks, pos0, n_q, q, out, h0, h1, scratch);
+    attn_scratch sc;
+    attn_scratch_carve(L, n_q, scratch, &sc);
+    for (size_t t0 = 0; t0 < n_q; t0 += TILE_Q) {
+        size_t nt = n_q - t0 < TILE_Q ? n_q - t0 : TILE_Q;
+        if (pos0 + t0 + nt - 1 < k0) continue;
+        attn_tile T = {isa, L, blocks, h, G, (int)nt * G, pos0 + t0, &sc};
+        attn_tile_init(&T, L, q, t0, part + t0 * (size_t)G * PF);
+        attn_tile_split(&T, split);
+    }
+}
+
+void kern_attn_merge(const kern_attn_layout *L, size_t pos0, size_t n_q, int h, const float *part,
+                     size_t split_stride, float *out)
+{
+    const kern_attn_isa *isa = attn_pick(L);
+    int G = L->n_head / L->n_kv_head, D = L->head_dim;
+    size_t PF = kern_attn_part_floats(L);
+    for (size_t t = 0; t < n_q; t++)
+        for (int g = 0; g < G; g++) {
+            const float *p = part + (t * (size_t)G + (size_t)g) * PF;
+            float *o = out + attn_row_off(L, t, h * G + g), m = p[D], l = p[D + 1];
+            memcpy(o, p, (size_t)D * sizeof(float));
+            for (size_t s = 1; s <= (pos0 + t) / KERN_ATTN_SPLIT; s++) {
+                if (isa)
+                    isa->merge(o, &m, &l, p + s * split_stride, D);
+                else
+                    attn_scalar_merge(o, &m, &l, p + s * split_stride, D);
+            }
+            if (isa)
+                isa->finish(o, l, D, o);
+            else
+                attn_scalar_finish(o, l, D, o);
+        }
 }

@@ -1,12 +1,14 @@
-/* kern_attn_avx512: AVX-512 per-block primitives for the attention driver
- * in kern_attn.c.
+/* kern_attn_avx512: AVX-512 primitives for the attention driver in
+ * kern_attn.c.
  *
- * qk computes 16 (row, key) dot products at a time, each vectorised along
- * head_dim into its own accumulator (FMAs over d in order), then reduces the
- * 16 accumulators into one vector with a transpose-and-add tree that applies
- * the same add tree to every accumulator — so a score's bits do not depend on
- * which other pairs shared the tile.  pv keeps up to 4 rows × 64 dims of
- * accumulators in registers and streams V rows, one FMA per key in order. */
+ * Scores: K is stored transposed (kern.h), so one vector holds one dim of 16
+ * consecutive keys and a row's 16 scores grow by one FMA per dim, with the
+ * query element broadcast — no horizontal sums, and a score's bits depend
+ * only on its own q and k.  12 rows × 2 halves (32 keys) of accumulators
+ * cover one step when the driver has converted it to f32; 2 rows × 8 halves
+ * (four steps) read straight from the pool keep a decode row's FMA chains
+ * busy.  pv keeps up to 3 rows × 128 dims of accumulators in registers and
+ * streams V rows, one FMA per key in order. */
 #include <immintrin.h>
 #include <math.h>
 
@@ -15,193 +17,254 @@
 
 #define AI static inline __attribute__((always_inline))
 
-static void a512_cvt(int kv_type, const void *src, float *dst, size_t n)
+/* 16 elements of type T from element i of p, as f32 (exact). */
+AI __m512 a512_ld(int T, const uint8_t *p, size_t i)
 {
-    const uint16_t *s = src;
-    if (kv_type == DX_F16) {
-        for (size_t i = 0; i < n; i += 16)
-            _mm512_storeu_ps(dst + i,
-                             _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(s + i))));
-    } else {
-        for (size_t i = 0; i < n; i += 16) {
-            __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(s + i)));
-            _mm512_storeu_ps(dst + i, _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)));
+    if (T == DX_F32) return _mm512_loadu_ps((const float *)p + i);
+    __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i));
+    if (T == DX_F16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+static void a512_cvt(int type, const void *src, size_t stride, float *dst, size_t rows,
+                     size_t cols)
+{
+    for (size_t r = 0; r < rows; r++)
+        for (size_t c = 0; c < cols; c += 16)
+            _mm512_storeu_ps(dst + r * cols + c, a512_ld(type, src, r * stride + c));
+}
+
+/* NR rows × NH halves of scores. */
+AI void a512_qk_tile(kern_attn_row *rows, int NR, const float *qt, size_t qstride,
+                     const kern_attn_span *sp, int NH, int T, int D, float scale)
+{
+    __m512 acc[24];
+    const uint8_t *k[8];
+    size_t ks = sp->kstride;
+#pragma GCC unroll 8
+    for (int i = 0; i < NH; i++) k[i] = sp->k[i];
+#pragma GCC unroll 24
+    for (int i = 0; i < NR * NH; i++) acc[i] = _mm512_setzero_ps();
+    for (int d = 0; d < D; d++, qt += qstride) {
+        __m512 kv[8];
+#pragma GCC unroll 8
+        for (int i = 0; i < NH; i++) kv[i] = a512_ld(T, k[i], (size_t)d * ks);
+#pragma GCC unroll 12
+        for (int r = 0; r < NR; r++) {
+            __m512 qb = _mm512_set1_ps(qt[r]);
+#pragma GCC unroll 8
+            for (int i = 0; i < NH; i++) acc[r * NH + i] = _mm512_fmadd_ps(qb, kv[i], acc[r * NH + i]);
         }
+    }
+    __m512 sc = _mm512_set1_ps(scale);
+#pragma GCC unroll 12
+    for (int r = 0; r < NR; r++)
+#pragma GCC unroll 8
+        for (int i = 0; i < NH; i++)
+            _mm512_storeu_ps(rows[r].s + 16 * i, _mm512_mul_ps(acc[r * NH + i], sc));
+}
+
+/* Converted steps (f32, 2 halves): groups of 12 rows and the remainder. */
+static void a512_qk_step(kern_attn_row *rows, int nr, const float *qt, size_t qs,
+                         const kern_attn_span *sp, int D, float scale)
+{
+    int r = 0;
+    for (; r + 12 <= nr; r += 12) a512_qk_tile(rows + r, 12, qt + r, qs, sp, 2, DX_F32, D, scale);
+    switch (nr - r) {
+#define A512_QK_REM(n)                                                                          \
+    case n:                                                                                     \
+        a512_qk_tile(rows + r, n, qt + r, qs, sp, 2, DX_F32, D, scale);                        \
+        break;
+        A512_QK_REM(1)
+        A512_QK_REM(2)
+        A512_QK_REM(3)
+        A512_QK_REM(4)
+        A512_QK_REM(5)
+        A512_QK_REM(6)
+        A512_QK_REM(7)
+        A512_QK_REM(8)
+        A512_QK_REM(9)
+        A512_QK_REM(10)
+        A512_QK_REM(11)
+#undef A512_QK_REM
+    default:
+        break;
     }
 }
 
-/* Sum each of a[0..15] across its lanes; result lane 4c+i holds a[c+4i]. */
-AI __m512 a512_reduce16(__m512 *a)
+/* Straight from the pool (8 halves): pairs of rows, then one. */
+AI void a512_qk_span_t(kern_attn_row *rows, int nr, const float *qt, size_t qs,
+                       const kern_attn_span *sp, int T, int D, float scale)
 {
-    __m512 x[8], y[4], z[2];
-#pragma GCC unroll 16
-    for (int k = 0; k < 8; k++)
-        x[k] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * k], a[2 * k + 1], 0x44),
-                             _mm512_shuffle_f32x4(a[2 * k], a[2 * k + 1], 0xEE));
-#pragma GCC unroll 16
-    for (int k = 0; k < 4; k++)
-        y[k] = _mm512_add_ps(_mm512_shuffle_f32x4(x[2 * k], x[2 * k + 1], 0x88),
-                             _mm512_shuffle_f32x4(x[2 * k], x[2 * k + 1], 0xDD));
-#pragma GCC unroll 16
-    for (int k = 0; k < 2; k++)
-        z[k] = _mm512_add_ps(_mm512_unpacklo_ps(y[2 * k], y[2 * k + 1]),
-                             _mm512_unpackhi_ps(y[2 * k], y[2 * k + 1]));
-    return _mm512_add_ps(_mm512_shuffle_ps(z[0], z[1], 0x44), _mm512_shuffle_ps(z[0], z[1], 0xEE));
+    int r = 0;
+    for (; r + 2 <= nr; r += 2) a512_qk_tile(rows + r, 2, qt + r, qs, sp, 8, T, D, scale);
+    if (r < nr) a512_qk_tile(rows + r, 1, qt + r, qs, sp, 8, T, D, scale);
 }
 
-/* Accumulator for output lane L (see a512_reduce16). */
-#define A512_ACC(L) (((L) >> 2) + 4 * ((L)&3))
-
-/* NR rows × NK keys (NR*NK == 16); out lane r*NK + j = scale*dot(q[r], k[j]). */
-AI void a512_qk_tile(const float *const *q, const float *const *k, int NR, int NK, int D,
-                     float scale, float *out)
+static void a512_qk(kern_attn_row *rows, int nr, const float *qt, size_t qs,
+                    const kern_attn_span *sp, int D, float scale)
 {
-    __m512 acc[16];
-#pragma GCC unroll 16
-    for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();
-    for (int d = 0; d < D; d += 16) {
-        __m512 qv[4];
-#pragma GCC unroll 16
-        for (int r = 0; r < NR; r++) qv[r] = _mm512_loadu_ps(q[r] + d);
-#pragma GCC unroll 16
-        for (int j = 0; j < NK; j++) {
-            __m512 kv = _mm512_loadu_ps(k[j] + d);
-#pragma GCC unroll 16
-            for (int r = 0; r < NR; r++)
-                acc[A512_ACC(r * NK + j)] = _mm512_fmadd_ps(qv[r], kv, acc[A512_ACC(r * NK + j)]);
-        }
+    if (sp->nh == 2) { /* one step, f32 (converted, or an f32 pool) */
+        a512_qk_step(rows, nr, qt, qs, sp, D, scale);
+        return;
     }
-    _mm512_storeu_ps(out, _mm512_mul_ps(a512_reduce16(acc), _mm512_set1_ps(scale)));
-}
-
-/* Pads short row/key groups by repeating the last row/key; their results
- * are dropped, and no pair's arithmetic depends on its neighbours. */
-AI void a512_qk_shape(kern_attn_row *rows, int nr, const float *k, int nk, int D, float scale,
-                      int NR, int NK)
-{
-    float out[16];
-    const float *qp[4], *kp[16];
-    for (int r0 = 0; r0 < nr; r0 += NR)
-        for (int j0 = 0; j0 < nk; j0 += NK) {
-#pragma GCC unroll 16
-            for (int r = 0; r < NR; r++) qp[r] = rows[r0 + r < nr ? r0 + r : nr - 1].q;
-#pragma GCC unroll 16
-            for (int j = 0; j < NK; j++) kp[j] = k + (size_t)(j0 + j < nk ? j0 + j : nk - 1) * D;
-            a512_qk_tile(qp, kp, NR, NK, D, scale, out);
-            for (int r = 0; r < NR && r0 + r < nr; r++)
-                for (int j = 0; j < NK && j0 + j < nk; j++)
-                    rows[r0 + r].s[j0 + j] = out[r * NK + j];
-        }
-}
-
-static void a512_qk(kern_attn_row *rows, int nr, const float *k, int nk, int D, float scale)
-{
-    if (nr >= 3)
-        a512_qk_shape(rows, nr, k, nk, D, scale, 4, 4);
-    else if (nr == 2)
-        a512_qk_shape(rows, nr, k, nk, D, scale, 2, 8);
-    else
-        a512_qk_shape(rows, nr, k, nk, D, scale, 1, 16);
+    switch (sp->type) {
+    case DX_F16:
+        a512_qk_span_t(rows, nr, qt, qs, sp, DX_F16, D, scale);
+        break;
+    case DX_BF16:
+        a512_qk_span_t(rows, nr, qt, qs, sp, DX_BF16, D, scale);
+        break;
+    default:
+        a512_qk_span_t(rows, nr, qt, qs, sp, DX_F32, D, scale);
+        break;
+    }
 }
 
 static __mmask16 a512_mask(int n)
 {
-    return n >= 16 ? 0xffff : (__mmask16)((1u << n) - 1);
+    return n >= 16 ? 0xffff : n <= 0 ? 0 : (__mmask16)((1u << n) - 1);
 }
 
-static void a512_softmax(kern_attn_row *row, int first_block)
+static void a512_softmax(kern_attn_row *row, int i)
 {
-    int nv = row->nv;
-    __m512 mx = _mm512_set1_ps(-INFINITY);
-    for (int j = 0; j < nv; j += 16)
-        mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(mx, a512_mask(nv - j), row->s + j));
-    float bm = _mm512_reduce_max_ps(mx);
-    float mn = row->m > bm ? row->m : bm;
-    float alpha = 0.0f;
-    if (!first_block) alpha = _mm512_cvtss_f32(kern_exp16(_mm512_set1_ps(row->m - mn)));
-    __m512 lv = _mm512_mul_ps(_mm512_loadu_ps(row->lvec), _mm512_set1_ps(alpha));
-    __m512 vm = _mm512_set1_ps(mn);
-    for (int j = 0; j < nv; j += 16) {
-        __mmask16 mk = a512_mask(nv - j);
-        __m512 p = kern_exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, row->s + j), vm));
-        p = _mm512_maskz_mov_ps(mk, p);
-        _mm512_mask_storeu_ps(row->s + j, mk, p);
-        lv = _mm512_add_ps(lv, p);
+    int nv = row->nv[i];
+    float *s = row->s + KERN_ATTN_STEP * i;
+    __mmask16 k0 = a512_mask(nv), k1 = a512_mask(nv - 16);
+    __m512 ninf = _mm512_set1_ps(-INFINITY);
+    __m512 s0 = _mm512_mask_loadu_ps(ninf, k0, s), s1 = _mm512_mask_loadu_ps(ninf, k1, s + 16);
+    float bm = _mm512_reduce_max_ps(_mm512_max_ps(s0, s1));
+    float mo = row->m, mn = mo > bm ? mo : bm;
+    /* alpha is exactly 1 when the max stands (exp(0) == 1), so skipping the
+     * multiply then changes no bit; 0 before the split's first step. */
+    float alpha = mo == -INFINITY ? 0.0f : _mm512_cvtss_f32(kern_exp16(_mm512_set1_ps(mo - mn)));
+    __m512 lv = _mm512_loadu_ps(row->lvec), vm = _mm512_set1_ps(mn);
+    if (alpha != 1.0f) lv = _mm512_mul_ps(lv, _mm512_set1_ps(alpha));
+    __m512 p0 = _mm512_maskz_mov_ps(k0, kern_exp16(_mm512_sub_ps(s0, vm)));
+    _mm512_storeu_ps(s, p0);
+    lv = _mm512_add_ps(lv, p0);
+    if (nv > 16) {
+        __m512 p1 = _mm512_maskz_mov_ps(k1, kern_exp16(_mm512_sub_ps(s1, vm)));
+        _mm512_storeu_ps(s + 16, p1);
+        lv = _mm512_add_ps(lv, p1);
     }
     _mm512_storeu_ps(row->lvec, lv);
     row->m = mn;
-    row->alpha = alpha;
+    row->alpha[i] = alpha;
 }
 
-/* NR rows × NW vectors of head_dim starting at d0. */
-AI void a512_pv_tile(kern_attn_row *rows, int NR, int NW, int d0, int j0, int j1, const float *v,
-                     int D, int rescale)
+/* NR rows × NW vectors of head_dim from d0, keys [j0, j1) of step i.  The
+ * probabilities are broadcast once per key and V loaded per vector, so 3
+ * rows × 8 vectors of accumulators fit the 32 registers. */
+AI void a512_pv_tile(kern_attn_row *rows, int NR, const kern_attn_span *sp, int i, int j0, int j1,
+                     int T, int d0, int NW, int D, int rescale)
 {
-    __m512 acc[4][4];
-#pragma GCC unroll 16
+    __m512 acc[3][8];
+    const float *p[3];
+    size_t es = T == DX_F32 ? 4 : 2;
+#pragma GCC unroll 3
     for (int r = 0; r < NR; r++) {
-        __m512 a = _mm512_set1_ps(rows[r].alpha);
-#pragma GCC unroll 16
+        __m512 a = _mm512_set1_ps(rows[r].alpha[i]);
+        p[r] = rows[r].s + KERN_ATTN_STEP * i;
+#pragma GCC unroll 8
         for (int w = 0; w < NW; w++) {
             acc[r][w] = _mm512_loadu_ps(rows[r].acc + d0 + 16 * w);
             if (rescale) acc[r][w] = _mm512_mul_ps(acc[r][w], a);
         }
     }
     for (int j = j0; j < j1; j++) {
-        const float *vj = v + (size_t)j * D + d0;
-        __m512 vv[4];
-#pragma GCC unroll 16
-        for (int w = 0; w < NW; w++) vv[w] = _mm512_loadu_ps(vj + 16 * w);
-#pragma GCC unroll 16
-        for (int r = 0; r < NR; r++) {
-            __m512 p = _mm512_set1_ps(rows[r].s[j]);
-#pragma GCC unroll 16
-            for (int w = 0; w < NW; w++) acc[r][w] = _mm512_fmadd_ps(p, vv[w], acc[r][w]);
+        const uint8_t *vr = sp->v[2 * i + (j >> 4)] + (size_t)(j & 15) * (size_t)D * es;
+        __m512 pb[3];
+#pragma GCC unroll 3
+        for (int r = 0; r < NR; r++) pb[r] = _mm512_set1_ps(p[r][j]);
+#pragma GCC unroll 8
+        for (int w = 0; w < NW; w++) {
+            __m512 vv = a512_ld(T, vr, (size_t)(d0 + 16 * w));
+#pragma GCC unroll 3
+            for (int r = 0; r < NR; r++) acc[r][w] = _mm512_fmadd_ps(pb[r], vv, acc[r][w]);
         }
     }
-#pragma GCC unroll 16
+#pragma GCC unroll 3
     for (int r = 0; r < NR; r++)
+#pragma GCC unroll 8
         for (int w = 0; w < NW; w++) _mm512_storeu_ps(rows[r].acc + d0 + 16 * w, acc[r][w]);
 }
 
-AI void a512_pv_rows(kern_attn_row *rows, int NR, int j0, int j1, const float *v, int D,
-                     int rescale)
+AI void a512_pv_rows(kern_attn_row *rows, int NR, const kern_attn_span *sp, int i, int j0, int j1,
+                     int T, int D, int rescale)
 {
     int d0 = 0;
-    for (; d0 + 64 <= D; d0 += 64) a512_pv_tile(rows, NR, 4, d0, j0, j1, v, D, rescale);
-    for (; d0 < D; d0 += 16) a512_pv_tile(rows, NR, 1, d0, j0, j1, v, D, rescale);
+    for (; d0 + 128 <= D; d0 += 128) a512_pv_tile(rows, NR, sp, i, j0, j1, T, d0, 8, D, rescale);
+    for (; d0 + 64 <= D; d0 += 64) a512_pv_tile(rows, NR, sp, i, j0, j1, T, d0, 4, D, rescale);
+    for (; d0 < D; d0 += 16) a512_pv_tile(rows, NR, sp, i, j0, j1, T, d0, 1, D, rescale);
 }
 
-static void a512_pv(kern_attn_row *rows, int nr, int j0, int j1, const float *v, int D, int rescale)
+AI void a512_pv_t(kern_attn_row *rows, int nr, const kern_attn_span *sp, int i, int j0, int j1,
+                  int T, int D, int rescale)
 {
     switch (nr) {
-    case 4:
-        a512_pv_rows(rows, 4, j0, j1, v, D, rescale);
-        break;
     case 3:
-        a512_pv_rows(rows, 3, j0, j1, v, D, rescale);
+        a512_pv_rows(rows, 3, sp, i, j0, j1, T, D, rescale);
         break;
     case 2:
-        a512_pv_rows(rows, 2, j0, j1, v, D, rescale);
+        a512_pv_rows(rows, 2, sp, i, j0, j1, T, D, rescale);
         break;
     default:
-        a512_pv_rows(rows, 1, j0, j1, v, D, rescale);
+        a512_pv_rows(rows, 1, sp, i, j0, j1, T, D, rescale);
         break;
     }
 }
 
-static void a512_finish(const kern_attn_row *row, int D, float *out)
+static void a512_pv(kern_attn_row *rows, int nr, const kern_attn_span *sp, int i, int j0, int j1,
+                    int D, int rescale)
 {
-    __m512 l = _mm512_set1_ps(_mm512_reduce_add_ps(_mm512_loadu_ps(row->lvec)));
+    switch (sp->type) {
+    case DX_F16:
+        a512_pv_t(rows, nr, sp, i, j0, j1, DX_F16, D, rescale);
+        break;
+    case DX_BF16:
+        a512_pv_t(rows, nr, sp, i, j0, j1, DX_BF16, D, rescale);
+        break;
+    default:
+        a512_pv_t(rows, nr, sp, i, j0, j1, DX_F32, D, rescale);
+        break;
+    }
+}
+
+static void a512_close(kern_attn_row *row, int D)
+{
+    row->acc[D] = row->m;
+    row->acc[D + 1] = _mm512_reduce_add_ps(_mm512_loadu_ps(row->lvec));
+}
+
+static void a512_merge(float *acc, float *m, float *l, const float *part, int D)
+{
+    float mo = *m, mp = part[D], mn = mo > mp ? mo : mp;
+    __m512 a = kern_exp16(_mm512_set1_ps(mo - mn)), b = kern_exp16(_mm512_set1_ps(mp - mn));
     for (int d = 0; d < D; d += 16)
-        _mm512_storeu_ps(out + d, _mm512_div_ps(_mm512_loadu_ps(row->acc + d), l));
+        _mm512_storeu_ps(acc + d, _mm512_fmadd_ps(_mm512_loadu_ps(part + d), b,
+                                                  _mm512_mul_ps(_mm512_loadu_ps(acc + d), a)));
+    __m512 lv = _mm512_fmadd_ps(_mm512_set1_ps(part[D + 1]), b,
+                                _mm512_mul_ps(_mm512_set1_ps(*l), a));
+    *l = _mm512_cvtss_f32(lv);
+    *m = mn;
+}
+
+static void a512_finish(const float *acc, float l, int D, float *out)
+{
+    __m512 lv = _mm512_set1_ps(l);
+    for (int d = 0; d < D; d += 16)
+        _mm512_storeu_ps(out + d, _mm512_div_ps(_mm512_loadu_ps(acc + d), lv));
 }
 
 const kern_attn_isa kern_attn_isa_avx512 = {
     .lanes = 16,
-    .cvt = a512_cvt,
+    .pv_rows = 3,
     .qk = a512_qk,
     .softmax = a512_softmax,
     .pv = a512_pv,
+    .close = a512_close,
+    .merge = a512_merge,
     .finish = a512_finish,
+    .cvt = a512_cvt,
 };

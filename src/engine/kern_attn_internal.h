@@ -1,40 +1,75 @@
 /* kern_attn_internal: what kern_attn.c (scalar reference, tiling driver,
  * dispatch) shares with the per-ISA attention and elementwise files.
  *
- * The driver owns the loop structure (kv head → query tile → KV block) and
- * the scratch layout; an ISA supplies the per-block arithmetic through
- * kern_attn_isa.  Every primitive computes each row's values with the same
- * instruction sequence whatever the other rows in the call are, which is what
- * makes the result independent of tiling (see kern.h). */
+ * The driver owns the loop structure (kv head → query tile → history split →
+ * span of key steps) and the scratch layout; an ISA supplies the arithmetic
+ * through kern_attn_isa.  Every primitive computes each row's values with the
+ * same instruction sequence whatever the other rows in the call are, and
+ * whether K/V come straight from the pool or from the driver's f32 copy (the
+ * conversions are exact), which is what makes the result independent of
+ * tiling, splitting and threads (see kern.h).
+ *
+ * Keys are visited in steps of KERN_ATTN_STEP positions (multiples of it by
+ * absolute position), each step two halves of 16 keys; a half lies inside one
+ * pool block, since block sizes are multiples of 16 on the fast paths. */
 #ifndef KERN_ATTN_INTERNAL_H
 #define KERN_ATTN_INTERNAL_H
 
 #include <stddef.h>
 #include <stdint.h>
 
-/* One query row (token, query head) of a tile, with its online-softmax state. */
+#define KERN_ATTN_STEP 32 /* keys per online-softmax step */
+#define KERN_ATTN_HALF 16 /* keys per half: one K vector of 16 lanes */
+#define KERN_ATTN_SPAN 4  /* most steps per span (few-row calls read 4 at once) */
+
+/* One query row (token, query head) with its online-softmax state for the
+ * current split. */
 typedef struct {
     const float *q; /* [head_dim] */
-    float *acc;     /* [head_dim] unnormalised output */
-    float *s;       /* [round_up(block_size, 16)] scores, then probabilities */
-    float *lvec;    /* [lanes] per-lane partial sums of the softmax denominator */
-    float m;        /* running max score (-inf before the first block) */
-    float alpha;    /* exp(m_old - m_new) for the current block */
-    int nv;         /* keys of the current block this row sees */
+    float *acc;    /* [head_dim] unnormalised output of the split; m, l follow it */
+    float *s;       /* [KERN_ATTN_STEP * KERN_ATTN_SPAN] scores, then probabilities */
+    float *lvec;    /* [16] per-lane partial sums of the softmax denominator */
+    float m;        /* running max score (-inf before the split's first step) */
+    float alpha[KERN_ATTN_SPAN]; /* exp(m_old - m_new) of each step of the span */
+    int nv[KERN_ATTN_SPAN];      /* keys of each step this row sees (0..32) */
 } kern_attn_row;
 
+/* Where a span's keys are.  Half i (keys 16i..16i+15 of the span) has K at
+ * k[i]: element (key j, dim d) at k[i] + (d*kstride + j)*esize, and V at v[i]:
+ * (key j, dim d) at v[i] + (j*head_dim + d)*esize.  Halves past the sequence's
+ * last key repeat the last real half (read, never used), so a kernel can
+ * always read nh halves. */
 typedef struct {
-    int lanes; /* floats per vector; head_dim must be a multiple */
-    /* dst[0..n) = f32 of src's n elements of kv_type (F16 or BF16); n % lanes == 0 */
-    void (*cvt)(int kv_type, const void *src, float *dst, size_t n);
-    /* rows[r].s[j] = scale * dot(rows[r].q, k[j]) for r < nr, j < nk; k: [nk][D] */
-    void (*qk)(kern_attn_row *rows, int nr, const float *k, int nk, int D, float scale);
-    /* Online-softmax step over s[0..nv): updates m, alpha, lvec; s -> exp(s - m). */
-    void (*softmax)(kern_attn_row *row, int first_block);
-    /* acc = acc*alpha (if rescale) then acc += p[j]*v[j] for j in [j0, j1), in order. */
-    void (*pv)(kern_attn_row *rows, int nr, int j0, int j1, const float *v, int D, int rescale);
-    /* out = acc / sum(lvec) */
-    void (*finish)(const kern_attn_row *row, int D, float *out);
+    const uint8_t *k[2 * KERN_ATTN_SPAN], *v[2 * KERN_ATTN_SPAN];
+    int type;       /* DX_F32 (the driver's copy) | the pool's DX_F16/DX_BF16/DX_F32 */
+    size_t kstride; /* elements between one key's consecutive dims */
+    int nh;         /* halves to score: 2 (one step, converted copy) or 8 */
+} kern_attn_span;
+
+typedef struct {
+    int lanes;   /* floats per vector: head_dim must be a multiple */
+    int pv_rows; /* rows per pv call that keep its accumulators in registers */
+    /* Scores of rows[0..nr) for the span's nh halves: rows[r].s[16i + j] =
+     * scale * (sum over d, in order, of q[d]*K[j][d] by FMA from 0).  The
+     * queries come transposed: row r's q[d] at qt[d*qstride + r]. */
+    void (*qk)(kern_attn_row *rows, int nr, const float *qt, size_t qstride,
+               const kern_attn_span *sp, int D, float scale);
+    /* Online-softmax update for step i over nv[i] > 0 keys: m, alpha[i],
+     * lvec; s[32i..) becomes exp(s - m) (0 past nv[i]). */
+    void (*softmax)(kern_attn_row *row, int i);
+    /* acc = acc*alpha[i] (if rescale), then acc += p[j]*V[j] for keys
+     * [j0, j1) of step i, in key order.  All rows see those keys. */
+    void (*pv)(kern_attn_row *rows, int nr, const kern_attn_span *sp, int i, int j0, int j1,
+               int D, int rescale);
+    /* Ends a split: acc[D] = m, acc[D+1] = sum of lvec (fixed order). */
+    void (*close)(kern_attn_row *row, int D);
+    /* Folds the next split's part (acc[D], m, l) into the running (acc, *m, *l). */
+    void (*merge)(float *acc, float *m, float *l, const float *part, int D);
+    /* out = acc / l; out may be acc. */
+    void (*finish)(const float *acc, float l, int D, float *out);
+    /* dst[r][c] = f32 of src[r*stride + c] (elements of type F16 or BF16)
+     * for r < rows, c < cols; cols % 16 == 0. */
+    void (*cvt)(int type, const void *src, size_t stride, float *dst, size_t rows, size_t cols);
 } kern_attn_isa;
 
 extern const kern_attn_isa kern_attn_isa_avx2;

@@ -8,7 +8,9 @@
  * block_size tokens, contiguously, so one block is one contiguous byte range
  * and adjacent block ids are adjacent memory.  Layout inside a block:
  *
- *   [layer][K|V][kv_head][token_in_block][head_dim]   (elements of dtype)
+ *   [layer][K|V][kv_head] then K as [head_dim][token_in_block] (transposed,
+ *   so attention scores 16 keys per vector) and V as [token_in_block][head_dim]
+ *   (elements of dtype; kern.h has the index formulas)
  *
  * Blocks are refcounted.  A block with refcount 0 is either free or cached:
  * cached blocks carry a prefix hash and stay findable until evicted, least

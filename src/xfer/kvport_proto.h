@@ -28,9 +28,11 @@
  * (the stream cannot be resynced); a frame of unknown type or with a
  * malformed payload gets an ERROR and the connection stays usable.
  *
- * Version 2 added RENEW/RENEW_OK and PIN_OK's ttl_ms; version 3 the AUTH
- * frames (nothing else is answered before them); an older peer gets the
- * version error. */
+ * Version 2 added RENEW/RENEW_OK and PIN_OK's ttl_ms; version 3 changed what
+ * the pulled bytes mean (K is stored transposed inside a block, kv_pool.h);
+ * version 4 added the AUTH frames (nothing else is answered before them).
+ * An older peer gets the version error rather than misread KV or skip the
+ * handshake. */
 #ifndef KVPORT_PROTO_H
 #define KVPORT_PROTO_H
 
@@ -40,7 +42,7 @@
 #include "base/dx_buf.h"
 
 #define KVPORT_MAGIC       0x564b5844u /* "DXKV" read as little-endian u32 */
-#define KVPORT_VERSION     3
+#define KVPORT_VERSION     4
 #define KVPORT_HDR_BYTES   12
 #define KVPORT_MAX_PAYLOAD (8u << 20)
 /* Most blocks one PIN may name (1 Mi tokens at 16 tokens per block). */

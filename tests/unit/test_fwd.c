@@ -426,6 +426,116 @@ static void test_thread_count_invariance(void **state)
     model_free(m);
 }
 
+/* ---------- long histories ---------- */
+
+#define LH 8168 /* history: the tail's tokens cross the split boundary at 8192 */
+#define LT 48   /* tail tokens */
+
+/* A pool, thread pools and forward passes sized for LH + LT tokens. */
+typedef struct {
+    kv_pool *pool;
+    dx_tpool *tp[2];
+    fwd *f[2]; /* 1 and 2 threads, same pool */
+    int32_t *blocks, *toks;
+    uint32_t V;
+    size_t nb;
+} long_rig;
+
+static void long_rig_init(long_rig *r, const model *m)
+{
+    const model_hparams *hp = model_hp(m);
+    r->V = hp->n_vocab;
+    r->nb = (LH + LT + BS - 1) / BS;
+    kv_pool_config pc = {.n_layer = hp->n_layer, .n_kv_head = hp->n_kv_head,
+                         .head_dim = hp->head_dim, .block_size = BS, .dtype = DX_F16,
+                         .n_blocks = (uint32_t)r->nb + 8};
+    assert_int_equal(kv_pool_create(&pc, &r->pool), 0);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(dx_tpool_create(i + 1, &r->tp[i]), 0);
+        assert_int_equal(fwd_create(m, r->pool, r->tp[i], 512, 4, LH + LT, &r->f[i]), 0);
+    }
+    r->blocks = malloc(r->nb * sizeof(int32_t));
+    r->toks = malloc((LH + LT) * sizeof(int32_t));
+    for (size_t i = 0; i < r->nb; i++) r->blocks[i] = (int32_t)i;
+    etu_tokens(r->toks, LH + LT, r->V, 31);
+}
+
+static void long_rig_free(long_rig *r)
+{
+    for (int i = 0; i < 2; i++) {
+        fwd_destroy(r->f[i]);
+        dx_tpool_destroy(r->tp[i]);
+    }
+    kv_pool_destroy(r->pool);
+    free(r->blocks);
+    free(r->toks);
+}
+
+/* The tail [LH, LH + LT) in steps of `chunk` tokens on forward pass f, logits
+ * of every token; with `other`, each step also prefills a short unrelated
+ * sequence in the same batch. */
+static void long_tail(long_rig *r, fwd *f, int chunk, int other, float *lg)
+{
+    int32_t ob[2] = {(int32_t)r->nb, (int32_t)r->nb + 1};
+    float *olg = malloc((size_t)(LT + 20) * r->V * 4);
+    for (int p = LH; p < LH + LT; p += chunk) {
+        int c = LH + LT - p < chunk ? LH + LT - p : chunk;
+        fwd_seq s[2] = {{r->blocks, (uint32_t)p, (uint32_t)c, r->toks + p, 2},
+                        {ob, 0, 20, g_other1, 2}};
+        if (other) {
+            fwd_seq both[2] = {s[1], s[0]};
+            assert_int_equal(fwd_step(f, both, 2, olg), 0);
+            memcpy(lg + (size_t)(p - LH) * r->V, olg + (size_t)20 * r->V, (size_t)c * r->V * 4);
+        } else {
+            assert_int_equal(fwd_step(f, s, 1, lg + (size_t)(p - LH) * r->V), 0);
+        }
+    }
+    free(olg);
+}
+
+/* Depth past 8192 on the tiny model: the history is prefilled once; then for
+ * every ISA the tail (which crosses a split boundary) computed in one step
+ * (the tiled path) is the reference, and chunks of 7 and 5 (split path),
+ * one token at a time (decode), a batch with another sequence and one thread
+ * must reproduce its logits and KV bit for bit. */
+static void test_long_depth_invariance(void **state)
+{
+    (void)state;
+    model *m = etu_model(MODEL_QWEN3, DX_BF16);
+    assert_non_null(m);
+    long_rig r;
+    long_rig_init(&r, m);
+    etu_tokens(g_other1, 30, r.V, 12);
+    for (int p = 0; p < LH; p += 512) {
+        uint32_t n = LH - p < 512 ? (uint32_t)(LH - p) : 512;
+        fwd_seq s = {r.blocks, (uint32_t)p, n, r.toks + p, 0};
+        assert_int_equal(fwd_step(r.f[1], &s, 1, NULL), 0);
+    }
+    size_t tb = LH / BS, ntb = r.nb - tb, bb = kv_pool_block_bytes(r.pool);
+    float *base = malloc((size_t)LT * r.V * 4), *lg = malloc((size_t)LT * r.V * 4);
+    uint8_t *kv = malloc(ntb * bb);
+    const enum kern_isa isas[] = {KERN_SCALAR, KERN_AVX2, KERN_AVX512};
+    for (size_t ii = 0; ii < 3; ii++) {
+        if (kern_set_isa(isas[ii])) continue;
+        long_tail(&r, r.f[1], LT, 0, base);
+        memcpy(kv, kv_pool_block_ptr(r.pool, (int32_t)tb), ntb * bb);
+        const int chunks[] = {7, 5, 1};
+        for (int c = 0; c < 3; c++) {
+            memset(lg, 0, (size_t)LT * r.V * 4);
+            long_tail(&r, r.f[c == 2 ? 0 : 1], chunks[c], c == 1, lg);
+            if (memcmp(lg, base, (size_t)LT * r.V * 4))
+                fail_msg("%s: logits of chunks of %d differ", kern_isa_name(isas[ii]), chunks[c]);
+            assert_memory_equal(kv_pool_block_ptr(r.pool, (int32_t)tb), kv, ntb * bb);
+        }
+    }
+    kern_set_isa(kern_isa_detect());
+    free(base);
+    free(lg);
+    free(kv);
+    long_rig_free(&r);
+    model_free(m);
+}
+
 static void test_bad_batches(void **state)
 {
     (void)state;
@@ -450,9 +560,13 @@ static void test_bad_batches(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_reference_qwen3),  cmocka_unit_test(test_reference_qwen2),
-        cmocka_unit_test(test_reference_llama),  cmocka_unit_test(test_llama3_rope_scaling),
-        cmocka_unit_test(test_batch_invariance), cmocka_unit_test(test_thread_count_invariance),
+        cmocka_unit_test(test_reference_qwen3),
+        cmocka_unit_test(test_reference_qwen2),
+        cmocka_unit_test(test_reference_llama),
+        cmocka_unit_test(test_llama3_rope_scaling),
+        cmocka_unit_test(test_batch_invariance),
+        cmocka_unit_test(test_thread_count_invariance),
+        cmocka_unit_test(test_long_depth_invariance),
         cmocka_unit_test(test_bad_batches),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -275,7 +275,7 @@ static void test_auth_frames(void **state)
 
 /* A version-1 peer's frames (PIN_OK without ttl_ms) are refused at the
  * header with the version in the message, before any field is read; so are
- * a version-2 peer's (it does not authenticate). */
+ * a version-3 peer's (it does not authenticate). */
 static void test_version1_peer(void **state)
 {
     uint8_t v1_pin_ok[12 + 20] = {0x44, 0x58, 0x4b, 0x56, 1, 0, KVPORT_PIN_OK, 0, 20, 0, 0, 0, 42};
@@ -285,9 +285,9 @@ static void test_version1_peer(void **state)
     char speaks[32];
     snprintf(speaks, sizeof speaks, "speaks %d", KVPORT_VERSION);
     assert_non_null(strstr(dx_errmsg(), speaks));
-    uint8_t v2_hello[12] = {0x44, 0x58, 0x4b, 0x56, 2, 0, KVPORT_HELLO, 0, 0, 0, 0, 0};
-    assert_int_equal(kvport_hdr_read(v2_hello, sizeof v2_hello, &h), DX_EUNSUPPORTED);
-    assert_non_null(strstr(dx_errmsg(), "version 2"));
+    uint8_t v3_hello[12] = {0x44, 0x58, 0x4b, 0x56, 3, 0, KVPORT_HELLO, 0, 0, 0, 0, 0};
+    assert_int_equal(kvport_hdr_read(v3_hello, sizeof v3_hello, &h), DX_EUNSUPPORTED);
+    assert_non_null(strstr(dx_errmsg(), "version 3"));
     /* the same 20-byte payload under this version's header is one field short */
     v1_pin_ok[4] = KVPORT_VERSION;
     kvport_msg m;

@@ -1,0 +1,174 @@
+#!/usr/bin/env bash
+# vs_llamacpp: duplex's engine against llama.cpp's llama-bench on the same
+# GGUF files, in one run, side by side.  Timings on a shared machine drift,
+# so the two are interleaved (every test runs once per engine per round, the
+# order alternating between rounds) and each figure is the median over the
+# rounds; the ratio is duplex / llama.cpp of those medians.  A run during
+# which other processes kept a CPU waiting (Linux pressure stall information,
+# /proc/pressure/cpu: more than MAX_STALL percent of its time) is discarded and
+# repeated, so another job on the machine does not land in one column.  duplex's own
+# lines add where its time goes (attention GFLOP/s, KV GB/s, the share of the
+# decode memory limit reached).  A benchmark: prints figures, asserts nothing.
+#
+#   scripts/bench/vs_llamacpp.sh LLAMA_BUILD_DIR
+#
+# LLAMA_BUILD_DIR is a llama.cpp build (bin/llama-bench inside), made from its
+# public source outside this repository, e.g.
+#   cmake -B build -DGGML_NATIVE=ON -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF
+#   cmake --build build --target llama-bench
+# Environment (defaults in brackets):
+#   DTYPES   weight types, one file each: models/qwen3-0.6b-<t>.gguf, written
+#            by `duplex model synth` if missing ["bf16 f16 q8_0"]
+#   TOKENIZER  a Hugging Face tokenizer.json (Qwen3's): the files then get the
+#            real vocabulary and its 151,936-row tied output head
+#            (`--preset qwen3-0.6b --tokenizer`), models/qwen3-0.6b-vocab-<t>.gguf;
+#            without it, duplex's own small synthetic vocabulary
+#   TESTS    prompt/gen@depth, each timed as one duplex run and one llama-bench
+#            run per round ["512/128@0 512/32@4096 128/16@16384"]
+#   ROUNDS [3]  THREADS [2]  REPS (runs inside each invocation) [1]
+#   KV       KV cache type for both [f16]
+#   FA       llama.cpp flash attention on|off [off: its faster setting here]
+#   MAX_STALL  percent of a run's time others may keep a CPU waiting [2]
+#   DUPLEX_BIN [build/release/duplex]
+set -euo pipefail
+[ $# -eq 1 ] || { sed -n '2,/^set -e/p' "$0" | sed 's/^# \{0,1\}//; /^set -e/d'; exit 2; }
+LLAMA_BENCH=$1/bin/llama-bench
+cd "$(dirname "$0")/../.."
+BIN=${DUPLEX_BIN:-build/release/duplex}
+DTYPES=${DTYPES:-"bf16 f16 q8_0"}
+TESTS=${TESTS:-"512/128@0 512/32@4096 128/16@16384"}
+ROUNDS=${ROUNDS:-3}
+THREADS=${THREADS:-2}
+REPS=${REPS:-1}
+KV=${KV:-f16}
+FA=${FA:-off}
+MAX_STALL=${MAX_STALL:-2}
+[ -x "$LLAMA_BENCH" ] || { echo "vs_llamacpp: no llama-bench at $LLAMA_BENCH" >&2; exit 1; }
+[ -x "$BIN" ] || make -s -j"$(nproc)"
+dir=$(mktemp -d /tmp/duplex-vs-llamacpp.XXXXXX)
+trap '[ -n "${KEEP:-}" ] && echo "vs_llamacpp: logs in $dir" || rm -rf "$dir"' EXIT
+
+TOKENIZER=${TOKENIZER:-}
+tag=qwen3-0.6b${TOKENIZER:+-vocab}
+for t in $DTYPES; do
+    f=models/$tag-$t.gguf
+    if [ ! -f "$f" ]; then
+        mkdir -p models
+        if [ -n "$TOKENIZER" ]; then
+            "$BIN" model synth --preset qwen3-0.6b --tokenizer "$TOKENIZER" --dtype "$t" -o "$f" >/dev/null
+        else
+            "$BIN" model synth --arch qwen3 --preset 0.6b --dtype "$t" -o "$f" >/dev/null
+        fi
+    fi
+done
+
+# Microseconds some task waited for a CPU since boot (0 without PSI).
+stall_us() {
+    [ -r /proc/pressure/cpu ] || { echo 0; return; }
+    sed -n 's/^some .*total=\([0-9]*\)$/\1/p' /proc/pressure/cpu
+}
+
+# Runs a command (its stdout into $out) until a run is not disturbed: at most
+# MAX_STALL percent of its wall time with a task waiting for a CPU; 10 tries.
+quiet_run() {
+    local try s0 s1 t0 t1 pct
+    for try in 1 2 3 4 5 6 7 8 9 10; do
+        s0=$(stall_us) t0=$(date +%s%N)
+        out=$("$@")
+        s1=$(stall_us) t1=$(date +%s%N)
+        pct=$(( (s1 - s0) * 100000 / ((t1 - t0) / 1000 + 1) ))
+        if [ "$pct" -le $((MAX_STALL * 1000)) ]; then return 0; fi
+        echo "  (disturbed: others kept a CPU waiting $((pct / 1000))% of the run; again)" >&2
+        sleep 10
+    done
+    echo "  (still disturbed after 10 tries; keeping the last run)" >&2
+}
+
+# One duplex run: appends "dtype test engine metric value" lines to results.
+run_duplex() { # dtype P G D test
+    local out
+    quiet_run "$BIN" bench engine --model "models/$tag-$1.gguf" --threads "$THREADS" \
+        --prompt-tokens "$2" --gen-tokens "$3" --depth "$4" --reps "$REPS" --kv-dtype "$KV"
+    echo "$out" >>"$dir/duplex.log"
+    echo "$out" | awk -v t="$1" -v test="$5" '
+        function before(word,   i) { for (i = 2; i <= NF; i++) if ($i ~ word) return $(i - 1) + 0; return -1 }
+        function after(word,   i) { for (i = 1; i < NF; i++) if ($i == word) return $(i + 1) + 0; return -1 }
+        /^(pp|tg)[0-9]+ @/ { k = substr($1, 1, 2); print t, test, "duplex", k, $4
+                             print t, test, "duplex", k "_attn", after("attention")
+                             print t, test, "duplex", k "_gflops", before("^GFLOP/s")
+                             print t, test, "duplex", k "_gbs", before("^GB/s$") }
+        /^decode reads/ { for (i = 1; i <= NF; i++) if ($i ~ /^\([0-9]/) { v = $i; gsub(/[(%]/, "", v)
+                          print t, test, "duplex", "tg_limit", v } }' >>"$dir/results"
+}
+
+# One llama-bench run (pp and tg tests of the same depth; it keeps the depth's
+# state between them).
+run_llama() { # dtype P G D test
+    local args=(-m "models/$tag-$1.gguf" -t "$THREADS" -d "$4" -r "$REPS" -fa "$FA"
+        -ctk "$KV" -ctv "$KV" -o csv)
+    local out
+    args+=(-p "$2" -n "$3")
+    quiet_run "$LLAMA_BENCH" "${args[@]}" 2>>"$dir/llama.err"
+    echo "$out" | tee -a "$dir/llama.log" |
+        awk -F, -v t="$1" -v test="$5" '
+        NR == 1 { for (i = 1; i <= NF; i++) { gsub(/"/, "", $i); col[$i] = i }; next }
+        { gsub(/"/, ""); kind = $col["n_prompt"] > 0 ? "pp" : "tg"
+          print t, test, "llama", kind, $col["avg_ts"] }' >>"$dir/results"
+}
+
+: >"$dir/results"
+echo "vs_llamacpp: $tag $DTYPES; tests $TESTS; $ROUNDS rounds; $THREADS threads; KV $KV;" \
+    "llama.cpp flash attention $FA"
+for r in $(seq 1 "$ROUNDS"); do
+    for t in $DTYPES; do
+        for test in $TESTS; do
+            pg=${test%@*} d=${test#*@}
+            p=${pg%/*} g=${pg#*/}
+            if [ $((r % 2)) -eq 1 ]; then
+                run_duplex "$t" "$p" "$g" "$d" "$test"
+                run_llama "$t" "$p" "$g" "$d" "$test"
+            else
+                run_llama "$t" "$p" "$g" "$d" "$test"
+                run_duplex "$t" "$p" "$g" "$d" "$test"
+            fi
+            echo "  round $r: $t $test done"
+        done
+    done
+done
+
+# Medians over the rounds, then the table.
+awk -v dtypes="$DTYPES" -v tests="$TESTS" '
+{ k = $1 SUBSEP $2 SUBSEP $3 SUBSEP $4; n[k]++; v[k, n[k]] = $5 }
+function median(k,   i, j, a, c, tmp) {
+    c = n[k]; if (!c) return -1
+    for (i = 1; i <= c; i++) a[i] = v[k, i]
+    for (i = 1; i <= c; i++) for (j = i + 1; j <= c; j++) if (a[j] < a[i]) { tmp = a[i]; a[i] = a[j]; a[j] = tmp }
+    return c % 2 ? a[(c + 1) / 2] : (a[c / 2] + a[c / 2 + 1]) / 2 }
+function range(k,   i, lo, hi) {
+    lo = hi = v[k, 1]; for (i = 2; i <= n[k]; i++) { lo = v[k, i] < lo ? v[k, i] : lo; hi = v[k, i] > hi ? v[k, i] : hi }
+    return sprintf("%.1f–%.1f", lo, hi) }
+function m(t, test, e, what) { return median(t SUBSEP test SUBSEP e SUBSEP what) }
+END {
+    nt = split(dtypes, T, " "); ns = split(tests, S, " ")
+    print "\n| weights | test | ratio | duplex tok/s | llama.cpp tok/s | duplex attention | duplex range | llama.cpp range |"
+    print "| --- | --- | --- | --- | --- | --- | --- | --- |"
+    for (i = 1; i <= nt; i++) for (j = 1; j <= ns; j++) {
+        split(S[j], pg, "@"); split(pg[1], x, "/")
+        for (w = 1; w <= 2; w++) {
+            kind = w == 1 ? "pp" : "tg"; cnt = x[w]; if (cnt == 0) continue
+            d = m(T[i], S[j], "duplex", kind); l = m(T[i], S[j], "llama", kind)
+            if (kind == "pp")
+                note = sprintf("%.0f%% of the time, %.0f GFLOP/s", m(T[i], S[j], "duplex", "pp_attn"),
+                               m(T[i], S[j], "duplex", "pp_gflops"))
+            else if (pg[2] == 0)
+                note = sprintf("%.0f%% of the memory limit", m(T[i], S[j], "duplex", "tg_limit"))
+            else
+                note = sprintf("%.0f%% of the time, %.1f GB/s KV; %.0f%% of the memory limit",
+                               m(T[i], S[j], "duplex", "tg_attn"), m(T[i], S[j], "duplex", "tg_gbs"),
+                               m(T[i], S[j], "duplex", "tg_limit"))
+            printf "| %s | %s%d @ d%d | %s | %.1f | %.1f | %s | %s | %s |\n", toupper(T[i]), kind, cnt, pg[2],
+                (l > 0 ? sprintf("%.2f×", d / l) : "-"), d, l, note,
+                range(T[i] SUBSEP S[j] SUBSEP "duplex" SUBSEP kind), range(T[i] SUBSEP S[j] SUBSEP "llama" SUBSEP kind)
+        }
+    }
+}' "$dir/results"
