@@ -376,8 +376,11 @@ static void handle_unauthed(conn *c, const kvport_hdr *h, const uint8_t *payload
     int want = c->phase == PH_INIT ? KVPORT_AUTH_INIT : KVPORT_AUTH_PROOF;
     if (h->type != want || kvport_decode(h, payload, &m)) {
         char why[96];
-        snprintf(why, sizeof why, "sent %s where %s was due", kvport_type_name(h->type),
-                 kvport_type_name((uint16_t)want));
+        if (h->type == want)
+            snprintf(why, sizeof why, "malformed %s", kvport_type_name(h->type));
+        else
+            snprintf(why, sizeof why, "sent %s where %s was due", kvport_type_name(h->type),
+                     kvport_type_name((uint16_t)want));
         auth_fail(c, why);
         return;
     }
