@@ -23,6 +23,11 @@ const char *dx_strerror(int err)
     }
 }
 
+int dx_err_known(int err)
+{
+    return err < 0 && strcmp(dx_strerror(err), "unknown error") != 0;
+}
+
 int dx_verrf(int err, const char *fmt, va_list ap)
 {
     vsnprintf(tl_msg, sizeof tl_msg, fmt, ap);

@@ -33,7 +33,9 @@
     X(EXIST, -16, "already exists")                                                                \
     X(BUSY, -17, "busy")                                                                           \
     X(TRANSPORT, -18, "transport error")                                                           \
-    X(TOOBIG, -19, "too large")
+    X(TOOBIG, -19, "too large")                                                                    \
+    X(AUTH, -20, "authentication failed")                                                          \
+    X(DENIED, -21, "not allowed")
 
 enum {
     DX_OK = 0,
@@ -44,6 +46,8 @@ enum {
 
 /* Static description of a code ("out of memory"); never NULL. */
 const char *dx_strerror(int err);
+/* 1 when err is one of the DX_E* codes above (e.g. one a peer sent). */
+int dx_err_known(int err);
 
 /* Record a formatted message for the calling thread and return `err`, so a
  * failure site reads `return dx_errf(DX_EFORMAT, "%s: offset %zu: ...", ...)`. */

@@ -113,9 +113,17 @@ static int holder_start(const bench_xfer_config *cfg, const char *tls, holder *h
     if (pipe(pfd)) return dx_errf(DX_EIO, "pipe");
     char blocks[16];
     snprintf(blocks, sizeof blocks, "%u", cfg->blocks);
-    char *argv[] = {"duplex", "kv",        "hold", "--preset-06b", "--blocks", blocks,
-                    "--tls",  (char *)tls, NULL};
-    if (!strcmp(tls, "default")) argv[6] = NULL;
+    char *argv[12] = {"duplex", "kv", "hold", "--preset-06b", "--blocks", blocks};
+    int n = 6;
+    if (strcmp(tls, "default")) {
+        argv[n++] = "--tls";
+        argv[n++] = (char *)tls;
+    }
+    if (cfg->secret_file) {
+        argv[n++] = "--kv-secret-file";
+        argv[n++] = (char *)cfg->secret_file;
+    }
+    argv[n] = NULL;
     h->pid = fork();
     if (h->pid == 0) {
         dup2(pfd[1], 1);
@@ -301,13 +309,16 @@ static int bench_transport(const bench_xfer_config *cfg, const char *tls, xfer_f
         rc = kv_pool_create(&pc, &pool);
     }
     kvport_hello hello;
+    kvport_secret *secret = NULL;
+    if (!rc && cfg->secret_file) rc = kvport_secret_load(cfg->secret_file, &secret);
     if (!rc) {
         xfer_hello_init(&hello, "bench", fp, pool, a);
-        xfer_client_config cc = {a, pool, &hello};
+        xfer_client_config cc = {.agent = a, .pool = pool, .hello = &hello, .secret = secret};
         rc = xfer_client_create(&cc, &c);
     }
     if (!rc) rc = run_pulls(cfg, c, pool, &h, fig);
     xfer_client_destroy(c);
+    kvport_secret_destroy(secret);
     kv_pool_destroy(pool);
     xfer_agent_destroy(a);
     holder_stop(&h);

@@ -12,6 +12,7 @@ typedef struct {
     unsigned reps;          /* pulls per transport; default 5 (median reported) */
     unsigned lat_reps;      /* single-block pulls for latency; default 50 */
     const char *transports; /* comma list of UCX_TLS values; "default" = UCX's choice */
+    const char *secret_file; /* --kv-secret-file for both ends; NULL: none (loopback) */
 } bench_xfer_config;
 
 int bench_xfer_run(const bench_xfer_config *cfg, FILE *out);

@@ -2,7 +2,9 @@
  * process of its own, with synthetic KV (xfer_synth).  The integration tests
  * and `duplex bench xfer` drive these: `hold` prints one JSON line (port,
  * lease tokens) and serves until SIGTERM; `pull` prints one JSON line with
- * the outcome and byte-for-byte verification. */
+ * the outcome and byte-for-byte verification.  Both take the cluster secret
+ * (--kv-secret-file) as nodes do, and `hold` listens off loopback only with
+ * one (or --insecure-no-auth). */
 #include <jansson.h>
 #include <signal.h>
 #include <stdio.h>
@@ -171,7 +173,9 @@ static int hold_setup(kv_side *s, uint64_t seed, const char *ttls, int policy, x
 typedef struct {
     const char *host;
     long port;
-    double idle_timeout_s;
+    double idle_timeout_s, handshake_timeout_s;
+    const kvport_secret *secret;
+    const char *auth; /* what the JSON line says about authentication */
 } hold_net;
 
 static int hold_serve(kv_side *s, xfer_leases *L, const hold_net *net, uint64_t n_blocks,
@@ -185,6 +189,8 @@ static int hold_serve(kv_side *s, xfer_leases *L, const hold_net *net, uint64_t 
                                .leases = L,
                                .hello = &s->hello,
                                .sweep_interval_s = 0.1,
+                               .secret = net->secret,
+                               .handshake_timeout_s = net->handshake_timeout_s,
                                .idle_timeout_s = net->idle_timeout_s};
     int rc = kvport_server_create(&loop, &sc, &hl.srv);
     if (rc) {
@@ -192,10 +198,10 @@ static int hold_serve(kv_side *s, xfer_leases *L, const hold_net *net, uint64_t 
         uv_loop_close(&loop);
         return rc;
     }
-    json_t *o = json_pack("{s:i,s:i,s:I,s:I,s:s,s:o}", "port", kvport_server_port(hl.srv), "pid",
-                          (int)getpid(), "block_bytes", (json_int_t)kv_pool_block_bytes(s->pool),
-                          "n_blocks", (json_int_t)n_blocks, "tls", xfer_agent_tls(s->agent),
-                          "leases", json_incref(leases));
+    json_t *o = json_pack(
+        "{s:i,s:i,s:I,s:I,s:s,s:s,s:o}", "port", kvport_server_port(hl.srv), "pid", (int)getpid(),
+        "block_bytes", (json_int_t)kv_pool_block_bytes(s->pool), "n_blocks", (json_int_t)n_blocks,
+        "tls", xfer_agent_tls(s->agent), "auth", net->auth, "leases", json_incref(leases));
     char *line = json_dumps(o, JSON_COMPACT);
     printf("%s\n", line);
     fflush(stdout);
@@ -215,9 +221,10 @@ int cli_kv_hold(int argc, char **argv)
 {
     long blocks = 64, block_bytes = 8192, preset = 0;
     uint64_t seed = 1, model_seed = 1;
-    const char *ttls = "60", *tls = NULL, *policy = "multi";
+    const char *ttls = "60", *tls = NULL, *policy = "multi", *secret_file = NULL;
     double pin_ttl = 30;
-    hold_net net = {"127.0.0.1", 0, 10};
+    long insecure = 0;
+    hold_net net = {"127.0.0.1", 0, 10, 10, NULL, NULL};
     cli_opt opts[] = {
         {"blocks", CLI_INT, &blocks, 1, 1 << 20, "pool blocks (all filled and leased)"},
         {"block-bytes", CLI_INT, &block_bytes, 64, 1 << 30, "bytes per block (multiple of 64)"},
@@ -225,7 +232,12 @@ int cli_kv_hold(int argc, char **argv)
         {"host", CLI_STR, &net.host, 0, 0, "address to listen on (default 127.0.0.1)"},
         {"port", CLI_INT, &net.port, 0, 65535, "KV port (0: any free port)"},
         {"idle-timeout-s", CLI_DBL, &net.idle_timeout_s, 0.01, 86400,
-         "close a connection this long silent and without live pins (default 10)"},
+         "close a connection this long without a frame and without live pins (default 10)"},
+        {"handshake-timeout-s", CLI_DBL, &net.handshake_timeout_s, 0.01, 86400,
+         "close a connection not authenticated this long after it connected (default 10)"},
+        {"kv-secret-file", CLI_PATH, &secret_file, 0, 0, "cluster secret readers must prove"},
+        {"insecure-no-auth", CLI_FLAG, &insecure, 0, 0,
+         "allow a non-loopback --host without --kv-secret-file"},
         {"fill-seed", CLI_U64, &seed, 0, 0, "pattern and token seed"},
         {"model-seed", CLI_U64, &model_seed, 0, 0, "fingerprint seed"},
         {"lease-ttls", CLI_STR, &ttls, 0, 0, "comma list: one lease per TTL over equal chunks"},
@@ -241,6 +253,15 @@ int cli_kv_hold(int argc, char **argv)
         return 2;
     }
     if (check_ttls(ttls)) return 2;
+    kvport_secret *secret = NULL;
+    rc = secret_file ? kvport_secret_load(secret_file, &secret) : 0;
+    if (!rc) rc = kvport_listen_allowed(net.host, secret, (int)insecure, "--host", &net.auth);
+    if (rc) {
+        fprintf(stderr, "duplex kv hold: %s\n", dx_errmsg());
+        kvport_secret_destroy(secret);
+        return 2;
+    }
+    net.secret = secret;
     kv_side s;
     xfer_leases *L = NULL;
     json_t *leases = json_array();
@@ -252,6 +273,7 @@ int cli_kv_hold(int argc, char **argv)
     json_decref(leases);
     xfer_leases_destroy(L);
     side_close(&s);
+    kvport_secret_destroy(secret);
     return rc ? 1 : 0;
 }
 
@@ -281,20 +303,20 @@ static json_t *pull_report(const xfer_pull_result *res, kv_side *s, const int32_
         else
             bad++;
     }
-    return json_pack("{s:i,s:s,s:s,s:i,s:i,s:i,s:I,s:i,s:i,s:i,s:i,s:f,s:f,s:f}", "err", res->err,
-                     "errname", res->err ? dx_strerror(res->err) : "ok", "reason", res->reason,
-                     "matched", (int)res->n_matched, "pulled", (int)res->n_pulled, "reads",
-                     (int)res->n_reads, "bytes", (json_int_t)res->bytes, "verified", (int)ok,
-                     "corrupt", (int)bad, "hello_cached", res->hello_cached, "renewals",
+    return json_pack("{s:i,s:s,s:s,s:i,s:i,s:i,s:I,s:i,s:i,s:i,s:i,s:f,s:f,s:f,s:f}", "err",
+                     res->err, "errname", res->err ? dx_strerror(res->err) : "ok", "reason",
+                     res->reason, "matched", (int)res->n_matched, "pulled", (int)res->n_pulled,
+                     "reads", (int)res->n_reads, "bytes", (json_int_t)res->bytes, "verified",
+                     (int)ok, "corrupt", (int)bad, "hello_cached", res->hello_cached, "renewals",
                      (int)res->n_renewals, "ms", ms, "read_ms", res->t_read_ms, "pin_ms",
-                     res->t_pin_ms);
+                     res->t_pin_ms, "auth_ms", res->t_auth_ms);
 }
 
 typedef struct {
-    const char *host, *token, *remote, *local, *tls;
+    const char *host, *token, *remote, *local, *tls, *secret_file;
     long port, pool_blocks, block_bytes, diverge_at, pause_ms, repeat, preset, no_renew;
     uint64_t seed, model_seed;
-    double timeout;
+    double timeout, peer_timeout;
 } pull_opts;
 
 static int pull_run(const pull_opts *o)
@@ -309,10 +331,13 @@ static int pull_run(const pull_opts *o)
                        (uint32_t)(o->pool_blocks ? o->pool_blocks : n), o->model_seed,
                        (int)o->preset);
     xfer_token tok;
+    kvport_secret *secret = NULL;
     if (!rc) rc = xfer_token_parse(o->token, &tok);
+    if (!rc && o->secret_file) rc = kvport_secret_load(o->secret_file, &secret);
     if (rc) {
         fprintf(stderr, "duplex kv pull: %s\n", dx_errmsg());
         dx_free(remote);
+        if (n >= 0) side_close(&s);
         return 2;
     }
     /* The chain the holder used is over its blocks in id order; ours picks
@@ -328,7 +353,11 @@ static int pull_run(const pull_opts *o)
         if (o->diverge_at >= 0 && i >= o->diverge_at) chain[i].lo ^= 0xdead;
     }
     xfer_client *c = NULL;
-    xfer_client_config cc = {s.agent, s.pool, &s.hello};
+    xfer_client_config cc = {.agent = s.agent,
+                             .pool = s.pool,
+                             .hello = &s.hello,
+                             .secret = secret,
+                             .peer_timeout_s = o->peer_timeout};
     rc = xfer_client_create(&cc, &c);
     pull_hook hook = {o->pause_ms};
     for (long r = 0; !rc && r < o->repeat; r++) {
@@ -367,6 +396,7 @@ static int pull_run(const pull_opts *o)
     dx_free(local);
     dx_free(remote);
     side_close(&s);
+    kvport_secret_destroy(secret);
     return rc ? 1 : 0;
 }
 
@@ -379,7 +409,8 @@ int cli_kv_pull(int argc, char **argv)
                    .repeat = 1,
                    .seed = 1,
                    .model_seed = 1,
-                   .timeout = 10};
+                   .timeout = 10,
+                   .peer_timeout = 5};
     cli_opt opts[] = {
         {"host", CLI_STR, &o.host, 0, 0, "holder's host"},
         {"port", CLI_INT, &o.port, 1, 65535, "holder's KV port"},
@@ -394,6 +425,9 @@ int cli_kv_pull(int argc, char **argv)
         {"diverge-at", CLI_INT, &o.diverge_at, -1, 1 << 20,
          "corrupt our hash chain from this index"},
         {"timeout", CLI_DBL, &o.timeout, 0.01, 3600, "seconds for the whole pull"},
+        {"peer-timeout", CLI_DBL, &o.peer_timeout, 0.01, 3600,
+         "seconds the holder may stay silent (default 5): a dead one fails the pull then"},
+        {"kv-secret-file", CLI_PATH, &o.secret_file, 0, 0, "cluster secret to prove to the holder"},
         {"pause-after-pin-ms", CLI_INT, &o.pause_ms, 0, 600000,
          "test hook: sleep between PIN and READ"},
         {"no-renew", CLI_FLAG, &o.no_renew, 0, 0,
@@ -422,17 +456,20 @@ int cli_kv_main(int argc, char **argv)
 int cli_bench_xfer_main(int argc, char **argv)
 {
     long blocks = 128, reps = 5, lat = 50;
-    const char *tr = "default,tcp";
+    const char *tr = "default,tcp", *secret = NULL;
     cli_opt opts[] = {
         {"blocks", CLI_INT, &blocks, 1, 4096, "0.6b-preset blocks per pull (1,835,008 bytes each)"},
         {"reps", CLI_INT, &reps, 1, 1000, "pulls per transport (median reported)"},
         {"lat-reps", CLI_INT, &lat, 1, 100000, "single-block pulls for the latency figure"},
         {"transports", CLI_STR, &tr, 0, 0, "comma list of UCX_TLS values; default = UCX's choice"},
+        {"kv-secret-file", CLI_PATH, &secret, 0, 0,
+         "authenticate both ends with this cluster secret (default: none, loopback)"},
     };
     int rc =
         cli_parse("bench xfer", "[options]", argc, argv, opts, DX_ARRAY_LEN(opts), NULL, 0, NULL);
     if (rc) return rc == 1 ? 0 : rc;
-    bench_xfer_config cfg = {"/proc/self/exe", (unsigned)blocks, (unsigned)reps, (unsigned)lat, tr};
+    bench_xfer_config cfg = {
+        "/proc/self/exe", (unsigned)blocks, (unsigned)reps, (unsigned)lat, tr, secret};
     rc = bench_xfer_run(&cfg, stdout);
     if (rc) fprintf(stderr, "duplex bench xfer: %s\n", dx_errmsg());
     return rc ? 1 : 0;

@@ -28,10 +28,10 @@ static int parse_role(const char *r, enum node_role *out)
 
 typedef struct {
     const char *path, *role, *host, *level, *kv_host, *kv_tls, *engine_id, *kv_dtype, *served;
-    const char *tool_parser, *reasoning_parser, *chat_template;
+    const char *tool_parser, *reasoning_parser, *chat_template, *kv_secret, *kv_peers;
     long port, threads, kv_mb, batch, waiting, ctx, req_timeout_ms, max_body_mb, kv_port,
         kv_blocks, threshold;
-    double grace, pin_ttl, lease_ttl, retain_ttl;
+    double grace, pin_ttl, lease_ttl, retain_ttl, kv_peer_timeout, kv_pull_timeout;
     int bidirectional, prefix_on, prefix_off, insecure;
     cli_list api_keys, api_key_files, trust_from;
     const char *internal_key_file;
@@ -78,6 +78,11 @@ static int to_config(const serve_flags *f, node_run_config *c)
     c->kv_port = (int)f->kv_port;
     c->kv_host = f->kv_host;
     c->kv_tls = f->kv_tls;
+    c->kv_secret_file = f->kv_secret;
+    c->kv_peers = f->kv_peers;
+    c->insecure_no_auth = f->insecure;
+    c->kv_peer_timeout_s = f->kv_peer_timeout;
+    c->kv_pull_timeout_s = f->kv_pull_timeout;
     c->engine_id = f->engine_id;
     c->served_model_name = f->served;
     c->tool_parser = f->tool_parser;
@@ -100,16 +105,29 @@ static int to_config(const serve_flags *f, node_run_config *c)
                                  .internal_key_file = f->internal_key_file,
                                  .trust_kv_from = f->trust_from.v,
                                  .n_trust_kv_from = f->trust_from.n};
-    c->insecure_no_auth = f->insecure;
     return 0;
 }
 
 int cli_serve_main(int argc, char **argv)
 {
-    serve_flags f = {.role = "both", .host = "127.0.0.1", .level = "info", .kv_dtype = "f16",
-                     .port = 8000, .kv_mb = 1024, .batch = 512, .waiting = 256,
-                     .req_timeout_ms = 30000, .max_body_mb = 4, .kv_port = -1, .threshold = 64,
-                     .grace = 10, .pin_ttl = 30, .lease_ttl = 30, .retain_ttl = 480};
+    serve_flags f = {.role = "both",
+                     .host = "127.0.0.1",
+                     .level = "info",
+                     .kv_dtype = "f16",
+                     .port = 8000,
+                     .kv_mb = 1024,
+                     .batch = 512,
+                     .waiting = 256,
+                     .req_timeout_ms = 30000,
+                     .max_body_mb = 4,
+                     .kv_port = -1,
+                     .threshold = 64,
+                     .grace = 10,
+                     .pin_ttl = 30,
+                     .lease_ttl = 30,
+                     .retain_ttl = 480,
+                     .kv_peer_timeout = 5,
+                     .kv_pull_timeout = 10};
     const cli_opt opts[] = {
         {"model", CLI_PATH, &f.path, 0, 0, "GGUF model file (required)"},
         {"role", CLI_STR, &f.role, 0, 0, "prefill|decode|both (default both)"},
@@ -136,7 +154,16 @@ int cli_serve_main(int argc, char **argv)
         {"kv-port", CLI_INT, &f.kv_port, 0, 65535,
          "KV port for peers' block reads (0 = any free; default off for role both, any free "
          "for prefill/decode)"},
-        {"kv-host", CLI_STR, &f.kv_host, 0, 0, "address of the KV port (default: --host)"},
+        {"kv-host", CLI_STR, &f.kv_host, 0, 0,
+         "address of the KV port (default: --host; without a secret, loopback only)"},
+        {"kv-secret-file", CLI_PATH, &f.kv_secret, 0, 0,
+         "cluster secret the KV port's peers must prove (every node the same)"},
+        {"kv-peers", CLI_STR, &f.kv_peers, 0, 0,
+         "HOST[:PORT],... KV ports this node may pull from (default: loopback only)"},
+        {"kv-peer-timeout-s", CLI_DBL, &f.kv_peer_timeout, 0.1, 3600,
+         "a holder silent this long is dead: the pull recomputes (default 5)"},
+        {"kv-pull-timeout-s", CLI_DBL, &f.kv_pull_timeout, 0.1, 86400,
+         "longest one KV pull may take before the request recomputes (default 10)"},
         {"kv-transport-tls", CLI_STR, &f.kv_tls, 0, 0,
          "UCX_TLS for KV reads (default: UCX's choice)"},
         {"kv-pin-ttl-s", CLI_DBL, &f.pin_ttl, 0.1, 3600,
@@ -164,7 +191,8 @@ int cli_serve_main(int argc, char **argv)
         {"trust-kv-params-from", CLI_LIST, &f.trust_from, 0, 0,
          "CIDR whose callers may send kv_transfer_params (repeatable)"},
         {"insecure-no-auth", CLI_FLAG, &f.insecure, 0, 0,
-         "allow a non-loopback --host without API keys"},
+         "allow a non-loopback --host without API keys, and a KV port off loopback without "
+         "--kv-secret-file (anyone reaching them is trusted)"},
     };
     int rc = cli_parse("serve", "--model FILE [--role prefill|decode|both] [--port N] [...]", argc,
                        argv, opts, DX_ARRAY_LEN(opts), NULL, 0, NULL);

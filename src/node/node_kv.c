@@ -40,6 +40,7 @@ int node_kv_create(const node_kv_config *cfg, node_kv **out)
     k->cfg.lease_ttl_s = or_default(cfg->lease_ttl_s, 30);
     k->cfg.retain_ttl_s = or_default(cfg->retain_ttl_s, 480);
     k->cfg.pull_timeout_s = or_default(cfg->pull_timeout_s, 10);
+    k->cfg.peer_timeout_s = or_default(cfg->peer_timeout_s, 5);
     snprintf(k->host, sizeof k->host, "%s", cfg->host ? cfg->host : "127.0.0.1");
     snprintf(k->engine_id, sizeof k->engine_id, "%s", cfg->engine_id ? cfg->engine_id : "");
     k->cfg.host = k->host;
@@ -82,11 +83,20 @@ int node_kv_start(node_kv *k, uv_loop_t *loop, const uint64_t fingerprint[2], kv
     int rc = xfer_leases_create(pool, k->cfg.pin_ttl_s, &L);
     if (rc) return rc;
     __atomic_store_n(&k->leases, L, __ATOMIC_RELEASE);
-    xfer_client_config cc = {.agent = k->agent, .pool = pool, .hello = &k->hello};
+    xfer_client_config cc = {.agent = k->agent,
+                             .pool = pool,
+                             .hello = &k->hello,
+                             .secret = k->cfg.secret,
+                             .peers = k->cfg.peers,
+                             .peer_timeout_s = k->cfg.peer_timeout_s};
     rc = xfer_client_create(&cc, &k->client);
     if (rc) return rc;
-    kvport_server_config kc = {.host = k->host, .port = k->cfg.port, .leases = L,
-                               .hello = &k->hello, .idle_timeout_s = k->cfg.idle_timeout_s};
+    kvport_server_config kc = {.host = k->host,
+                               .port = k->cfg.port,
+                               .leases = L,
+                               .hello = &k->hello,
+                               .secret = k->cfg.secret,
+                               .idle_timeout_s = k->cfg.idle_timeout_s};
     rc = kvport_server_create(loop, &kc, &k->port);
     return rc ? dx_err_wrap(rc, "KV port %s:%d", k->host, k->cfg.port) : 0;
 }
@@ -176,8 +186,8 @@ int node_kv_hold(node_kv *k, const int32_t *ids, size_t n, int retain, xfer_toke
 const char *node_kv_fallback_name(enum node_kv_fallback f)
 {
     static const char *const names[NODE_KV_N_FALLBACKS] = {
-        "none",    "partial",  "no_space", "unreachable", "refused",
-        "gone",    "mismatch", "timeout",  "transfer",    "error"};
+        "none",     "partial", "no_space", "unreachable", "refused",          "gone",
+        "mismatch", "timeout", "transfer", "auth",        "peer_not_allowed", "error"};
     return f < NODE_KV_N_FALLBACKS ? names[f] : "error";
 }
 
@@ -190,6 +200,10 @@ static enum node_kv_fallback classify(const xfer_pull_result *r)
         return strstr(r->reason, "HELLO") ? NODE_KV_REFUSED : NODE_KV_MISMATCH;
     case DX_ETIMEDOUT:
         return NODE_KV_TIMEOUT;
+    case DX_EAUTH:
+        return NODE_KV_AUTH;
+    case DX_EDENIED:
+        return NODE_KV_NOT_ALLOWED;
     case DX_EIO:
         return r->t_hello_ms == 0 && r->t_pin_ms == 0 ? NODE_KV_UNREACHABLE : NODE_KV_TRANSFER;
     case DX_ETRANSPORT:

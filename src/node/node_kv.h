@@ -28,8 +28,10 @@
 #include <uv.h>
 
 #include "engine/engine.h"
+#include "xfer/kvport_auth.h"
 #include "xfer/kvport_server.h"
 #include "xfer/xfer_lease.h"
+#include "xfer/xfer_peers.h"
 
 typedef struct node_kv node_kv;
 
@@ -43,6 +45,12 @@ typedef struct {
     double lease_ttl_s;    /* a prefill node's hold for its decode node (default 30) */
     double retain_ttl_s;   /* a decode node's retention (default 480) */
     double pull_timeout_s; /* one whole pull (default 10) */
+    double peer_timeout_s; /* longest wait for one reply from a holder (default 5) */
+    /* The cluster secret both sides of the KV port prove (NULL: none) and
+     * the addresses pulls may connect to (NULL: any); the caller's, kept
+     * until node_kv_destroy. */
+    const kvport_secret *secret;
+    xfer_peers *peers;
 } node_kv_config;
 
 int node_kv_create(const node_kv_config *cfg, node_kv **out);
@@ -70,15 +78,17 @@ int node_kv_hold(node_kv *k, const int32_t *ids, size_t n, int retain, xfer_toke
 /* Why a pull did not bring everything it asked for (metric labels). */
 enum node_kv_fallback {
     NODE_KV_OK = 0,
-    NODE_KV_PARTIAL,       /* the holder's hashes matched only a prefix */
-    NODE_KV_NO_SPACE,      /* no local blocks to pull into */
-    NODE_KV_UNREACHABLE,   /* connect or name lookup failed */
-    NODE_KV_REFUSED,       /* HELLO refused (other model or layout) */
-    NODE_KV_GONE,          /* lease unknown, expired or revoked */
-    NODE_KV_MISMATCH,      /* the first block's hash differs */
+    NODE_KV_PARTIAL,     /* the holder's hashes matched only a prefix */
+    NODE_KV_NO_SPACE,    /* no local blocks to pull into */
+    NODE_KV_UNREACHABLE, /* connect or name lookup failed */
+    NODE_KV_REFUSED,     /* HELLO refused (other model or layout) */
+    NODE_KV_GONE,        /* lease unknown, expired or revoked */
+    NODE_KV_MISMATCH,    /* the first block's hash differs */
     NODE_KV_TIMEOUT,
-    NODE_KV_TRANSFER,      /* the read failed, or the pin lapsed */
-    NODE_KV_ERROR,         /* anything else */
+    NODE_KV_TRANSFER,    /* the read failed, or the pin lapsed */
+    NODE_KV_AUTH,        /* the holder and this node do not share the KV secret */
+    NODE_KV_NOT_ALLOWED, /* the holder's address is not a known peer (--kv-peers) */
+    NODE_KV_ERROR,       /* anything else */
     NODE_KV_N_FALLBACKS
 };
 const char *node_kv_fallback_name(enum node_kv_fallback f);

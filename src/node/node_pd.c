@@ -443,6 +443,16 @@ static void write_leases(dx_buf *b, node_kv *k, const node_pd_stats *st)
     prom_write_value(b, name, "event=\"pinned\"", (double)ks.leases.pins_made);
     prom_write_counter(b, "duplex_kv_holds_total", "Finished requests whose KV was held",
                        (double)st->holds);
+    const kvport_server_stats *p = &ks.port;
+    static const char *const ev[] = {"accepted",          "authenticated", "auth_failed",
+                                     "handshake_timeout", "idle_closed",   "refused",
+                                     "evicted",           "paused"};
+    const uint64_t n[] = {p->conns,       p->auth_ok, p->auth_failed, p->handshake_timeouts,
+                          p->idle_closed, p->refused, p->evicted,     p->paused};
+    write_counters(b, "duplex_kv_port_connections_total",
+                   "KV-port connections by event (refused/evicted: over a cap; paused: a peer "
+                   "not reading its replies)",
+                   "event", ev, n, DX_ARRAY_LEN(ev));
 }
 
 void node_pd_write_metrics(node_server *s, dx_buf *b)

@@ -29,6 +29,10 @@ typedef struct {
     model *m;
     engine *e;
     node_kv *kv;
+    kvport_secret *kv_secret;
+    xfer_peers *kv_peers;
+    const char *kv_host; /* where the KV port listens (kv_security) */
+    const char *kv_auth; /* what the start-up line says about it */
     char engine_id[129];
     int load_rc, loading, stopping, exit_code;
     char load_err[512];
@@ -56,13 +60,17 @@ static void load_work(uv_work_t *w)
         rc = dx_errf(DX_EINVAL, "--ctx %u is over the model's context length of %u", r->ec.n_ctx,
                      train);
     if (!rc && kv_wanted(r)) {
-        node_kv_config kc = {.host = r->cfg.kv_host ? r->cfg.kv_host : r->cfg.host,
+        node_kv_config kc = {.host = r->kv_host,
                              .port = r->cfg.kv_port > 0 ? r->cfg.kv_port : 0,
                              .tls = r->cfg.kv_tls,
                              .engine_id = r->engine_id,
                              .pin_ttl_s = r->cfg.pin_ttl_s,
                              .lease_ttl_s = r->cfg.lease_ttl_s,
-                             .retain_ttl_s = r->cfg.retain_ttl_s};
+                             .retain_ttl_s = r->cfg.retain_ttl_s,
+                             .peer_timeout_s = r->cfg.kv_peer_timeout_s,
+                             .pull_timeout_s = r->cfg.kv_pull_timeout_s,
+                             .secret = r->kv_secret,
+                             .peers = r->kv_peers};
         rc = node_kv_create(&kc, &r->kv);
         if (!rc) node_kv_engine_hooks(r->kv, &r->ec);
     }
@@ -110,10 +118,11 @@ static void log_startup(run_ctx *r)
 {
     kv_pool *kv = engine_kv_pool(r->e);
     double mib = (double)kv_pool_arena_bytes(kv) / (1024.0 * 1024.0);
-    char kvport[192] = "off";
+    char kvport[600] = "off";
     if (r->kv)
-        snprintf(kvport, sizeof kvport, "%s:%d (engine id %s)", node_kv_host(r->kv),
-                 node_kv_port(r->kv), node_kv_engine_id(r->kv));
+        snprintf(kvport, sizeof kvport, "%s:%d (engine id %s; auth: %s; pulls from: %s)",
+                 node_kv_host(r->kv), node_kv_port(r->kv), node_kv_engine_id(r->kv), r->kv_auth,
+                 xfer_peers_describe(r->kv_peers));
     char host[300], auth[64], trust[1024];
     dx_addr_url_host(r->cfg.host, host, sizeof host);
     http_auth_describe(r->auth, r->cfg.insecure_no_auth, auth, sizeof auth);
@@ -206,6 +215,36 @@ static int start_server(run_ctx *r)
     return 0;
 }
 
+/* The KV port's trust settings, before anything loads: the secret, the
+ * peers pulls may reach, and where the port may listen.  A KV port hands
+ * out the whole pool to whoever authenticates, and without a secret anyone
+ * does: then it listens on loopback only, unless --insecure-no-auth. */
+static int kv_security(run_ctx *r)
+{
+    const node_run_config *c = &r->cfg;
+    int rc = c->kv_secret_file ? kvport_secret_load(c->kv_secret_file, &r->kv_secret) : 0;
+    if (!rc) rc = xfer_peers_create(c->kv_peers, &r->kv_peers);
+    if (rc || !kv_wanted(r)) return rc;
+    r->kv_host = c->kv_host ? c->kv_host : c->host;
+    rc = kvport_listen_allowed(r->kv_host, r->kv_secret, c->insecure_no_auth,
+                               c->kv_host ? "--kv-host" : "--host", &r->kv_auth);
+    if (rc != DX_EDENIED || c->kv_host) return rc;
+    /* not asked for: the KV port just follows --host, and stays on loopback */
+    DX_LOGW("duplex serve: the KV port listens on 127.0.0.1 only, not on --host %s: no "
+            "--kv-secret-file (peers on other hosts cannot pull from this node)",
+            c->host);
+    r->kv_host = "127.0.0.1";
+    return kvport_listen_allowed(r->kv_host, NULL, 0, "--kv-host", &r->kv_auth);
+}
+
+static void free_security(run_ctx *r)
+{
+    kvport_secret_destroy(r->kv_secret);
+    xfer_peers_destroy(r->kv_peers);
+    r->kv_secret = NULL;
+    r->kv_peers = NULL;
+}
+
 int node_run(const node_run_config *cfg)
 {
     static run_ctx r; /* one node per process; signal handlers reach it through handles */
@@ -222,6 +261,12 @@ int node_run(const node_run_config *cfg)
         return rc == DX_EINVAL ? 2 : 1;
     }
     signal(SIGPIPE, SIG_IGN); /* a client gone mid-write is an error code, not a death */
+    if (kv_security(&r) < 0) {
+        fprintf(stderr, "duplex serve: %s\n", dx_errmsg());
+        free_security(&r);
+        http_auth_destroy(r.auth);
+        return 2;
+    }
     oai_json_use_dx_alloc();
     uv_loop_init(&r.loop);
     if (start_server(&r) < 0) {
@@ -229,6 +274,7 @@ int node_run(const node_run_config *cfg)
         uv_run(&r.loop, UV_RUN_DEFAULT);
         uv_loop_close(&r.loop);
         http_auth_destroy(r.auth);
+        free_security(&r);
         return 1;
     }
     char host[300];
@@ -246,6 +292,7 @@ int node_run(const node_run_config *cfg)
     uv_run(&r.loop, UV_RUN_DEFAULT);
     uv_loop_close(&r.loop);
     http_auth_destroy(r.auth);
+    free_security(&r); /* the KV side that used them is gone */
     return r.exit_code;
 }
 

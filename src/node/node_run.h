@@ -28,8 +28,18 @@ typedef struct {
     /* KV port: -1 = off (the default for role both), 0 = any free port.
      * Roles prefill and decode always run one. */
     int kv_port;
-    const char *kv_host; /* default: host */
+    /* default: host, or 127.0.0.1 when host is not loopback and there is no
+     * secret (a KV port hands out the whole pool: without a secret it stays
+     * on loopback unless insecure_no_auth) */
+    const char *kv_host;
     const char *kv_tls;
+    const char *kv_secret_file; /* the cluster secret (kvport_auth.h); NULL: none */
+    const char *kv_peers;       /* addresses pulls may go to (xfer_peers.h); NULL: loopback */
+    /* --insecure-no-auth: listen beyond loopback without API keys (HTTP) or
+     * without a secret (KV port) */
+    int insecure_no_auth;
+    double kv_peer_timeout_s;   /* longest wait for one reply from a holder (default 5) */
+    double kv_pull_timeout_s;   /* one whole pull (default 10) */
     const char *engine_id; /* default: host:port of the HTTP server */
     const char *served_model_name; /* NULL: the model file's name */
     /* --tool-call-parser auto|qwen|llama3|none, --reasoning-parser
@@ -40,10 +50,8 @@ typedef struct {
     int bidirectional;
     uint32_t recompute_threshold;
     /* --api-key, --api-key-file, --internal-key-file, --trust-kv-params-from
-     * (node/http_auth.h), and --insecure-no-auth: listen beyond loopback
-     * without API keys. */
+     * (node/http_auth.h) */
     http_auth_config auth;
-    int insecure_no_auth;
 } node_run_config;
 
 /* Runs until shutdown; returns the process exit code (0; 1 when the model,

@@ -28,6 +28,7 @@
 #include "base/dx_log.h"
 #include "router/router_rundir.h"
 #include "router/router_up.h"
+#include "xfer/kvport_auth.h"
 
 enum phase { PH_NODES, PH_ROUTER, PH_HEALTH, PH_RUNNING, PH_STOPPING };
 enum kid_role { KID_PREFILL, KID_DECODE, KID_ROUTER };
@@ -125,6 +126,12 @@ void router_launch_node_argv(const router_launch_config *c, int prefill, router_
     if (c->mode != LAUNCH_COLOCATED) { /* the KV port on a free port */
         arg(a, "--kv-port");
         arg(a, "0");
+        if (c->kv_secret_file) {
+            arg(a, "--kv-secret-file");
+            arg(a, c->kv_secret_file);
+            arg(a, "--kv-peers");
+            arg(a, "127.0.0.1");
+        }
     }
     if (c->mode == LAUNCH_BIDIRECTIONAL) arg(a, "--bidirectional-kv-xfer");
     if (prefill && c->prefill_no_prefix_caching) arg(a, "--no-enable-prefix-caching");
@@ -517,6 +524,17 @@ static void on_startup_timeout(uv_timer_t *t)
 
 /* ---- run ------------------------------------------------------------------------------ */
 
+/* The cluster's KV secret, in the run directory (see .h). */
+static int make_secret(launch *L)
+{
+    int rc = router_rundir_add_kv_secret(&L->run);
+    if (rc) return rc;
+    L->cfg.kv_secret_file = L->run.kv_secret;
+    fprintf(stderr, "duplex up: KV ports authenticated with a fresh secret, %s\n",
+            L->run.kv_secret);
+    return 0;
+}
+
 static int start_nodes(launch *L)
 {
     int np = L->cfg.mode == LAUNCH_COLOCATED ? 0 : L->cfg.n_prefill;
@@ -576,6 +594,7 @@ int router_launch_run(const router_launch_config *cfg)
     uv_loop_init(&L->loop);
     init_handles(L);
     rc = router_up_create(&L->loop, &L->up);
+    if (rc == 0 && L->cfg.mode != LAUNCH_COLOCATED) rc = make_secret(L);
     if (rc == 0) rc = start_nodes(L);
     if (rc) {
         fprintf(stderr, "duplex up: %s\n", dx_errmsg());
@@ -585,7 +604,7 @@ int router_launch_run(const router_launch_config *cfg)
     for (size_t i = 0; i < L->n_kids; i++) kid_close_pipe(&L->kids[i]);
     uv_run(&L->loop, UV_RUN_DEFAULT);
     uv_loop_close(&L->loop);
-    router_rundir_remove(&L->run);
+    router_rundir_remove(&L->run); /* every child has exited: none reads them any more */
     int code = L->exit_code;
     dx_free(L->kids);
     dx_free(L);

@@ -20,6 +20,10 @@
  * (--api-key, --api-key-file: checked first, errors naming file and line)
  * go to every child in one file there (api-keys, 0600), never on a command
  * line.  The directory is removed when `up` ends.
+ * In the P/D modes the KV ports are authenticated too: the run directory
+ * also holds a fresh cluster secret (kv.secret, 0600); every node gets
+ * `--kv-secret-file` and `--kv-peers 127.0.0.1` (the cluster's KV ports are
+ * all on loopback, on ports not known before the nodes start).
  *
  * Node flags by mode follow docs/pd.md: bidirectional → prefill nodes
  * `--role prefill --bidirectional-kv-xfer`, decode nodes `--role decode
@@ -59,6 +63,7 @@ typedef struct {
     /* Set by router_launch_run (the run directory's files), or by tests:
      * passed as --internal-key-file / --api-key-file when not NULL. */
     const char *internal_key_file, *api_key_file;
+    const char *kv_secret_file;    /* set by router_launch_run (the run directory's) */
 } router_launch_config;
 
 /* A child's command line: argv[0..argc) and a NULL; strings owned here. */

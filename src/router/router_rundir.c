@@ -11,6 +11,7 @@
 #include "base/dx_buf.h"
 #include "base/dx_err.h"
 #include "base/dx_keys.h"
+#include "xfer/kvport_auth.h"
 
 /* Writes a new file readable by its owner only (never an existing one). */
 static int write_private(const char *path, const char *data, size_t len)
@@ -84,9 +85,18 @@ int router_rundir_create(router_rundir *d, const char *const *keys, size_t n_key
     return rc;
 }
 
+int router_rundir_add_kv_secret(router_rundir *d)
+{
+    snprintf(d->kv_secret, sizeof d->kv_secret, "%s/kv.secret", d->dir);
+    int rc = kvport_secret_write_new(d->kv_secret);
+    if (rc) d->kv_secret[0] = 0;
+    return rc;
+}
+
 void router_rundir_remove(router_rundir *d)
 {
     if (!d->dir[0]) return;
+    if (d->kv_secret[0]) unlink(d->kv_secret);
     if (d->internal_key[0]) unlink(d->internal_key);
     if (d->api_keys[0]) unlink(d->api_keys);
     rmdir(d->dir);

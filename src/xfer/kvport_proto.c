@@ -88,8 +88,10 @@ static int rd_end(rd *r)
 
 const char *kvport_type_name(uint16_t type)
 {
-    static const char *names[] = {"?",       "HELLO",      "PIN",   "PIN_OK", "GONE",    "MISMATCH",
-                                  "RELEASE", "RELEASE_OK", "ERROR", "RENEW",  "RENEW_OK"};
+    static const char *names[] = {
+        "?",          "HELLO", "PIN",   "PIN_OK",   "GONE",      "MISMATCH",       "RELEASE",
+        "RELEASE_OK", "ERROR", "RENEW", "RENEW_OK", "AUTH_INIT", "AUTH_CHALLENGE", "AUTH_PROOF",
+        "AUTH_OK"};
     return type < DX_ARRAY_LEN(names) ? names[type] : "unknown";
 }
 
@@ -171,6 +173,18 @@ int kvport_decode(const kvport_hdr *h, const uint8_t *payload, kvport_msg *out)
         break;
     case KVPORT_RENEW_OK:
         out->u.renew_ok.ttl_ms = (uint32_t)rd_uint(&r, 4, "ttl_ms");
+        break;
+    case KVPORT_AUTH_INIT:
+        rd_fixed(&r, out->u.auth.nonce, KVPORT_NONCE_BYTES, "nonce");
+        break;
+    case KVPORT_AUTH_CHALLENGE:
+        rd_fixed(&r, out->u.auth.nonce, KVPORT_NONCE_BYTES, "nonce");
+        rd_fixed(&r, out->u.auth.proof, KVPORT_PROOF_BYTES, "proof");
+        break;
+    case KVPORT_AUTH_PROOF:
+        rd_fixed(&r, out->u.auth.proof, KVPORT_PROOF_BYTES, "proof");
+        break;
+    case KVPORT_AUTH_OK:
         break;
     case KVPORT_GONE:
     case KVPORT_MISMATCH:
@@ -309,6 +323,18 @@ int kvport_encode_renew_ok(dx_buf *b, const kvport_renew_ok *m)
 {
     wr w = wr_begin(b, KVPORT_RENEW_OK);
     wr_uint(&w, m->ttl_ms, 4);
+    return wr_finish(&w);
+}
+
+int kvport_encode_auth(dx_buf *b, uint16_t type, const kvport_auth_msg *m)
+{
+    if (type < KVPORT_AUTH_INIT || type > KVPORT_AUTH_OK || (type != KVPORT_AUTH_OK && !m))
+        return dx_errf(DX_EINVAL, "kvport: %u is not an authentication frame type", type);
+    wr w = wr_begin(b, type);
+    if (type == KVPORT_AUTH_INIT || type == KVPORT_AUTH_CHALLENGE)
+        wr_raw(&w, m->nonce, KVPORT_NONCE_BYTES);
+    if (type == KVPORT_AUTH_CHALLENGE || type == KVPORT_AUTH_PROOF)
+        wr_raw(&w, m->proof, KVPORT_PROOF_BYTES);
     return wr_finish(&w);
 }
 

@@ -11,10 +11,15 @@
  * and never reads past the buffer; arrays are not copied: the decoded message
  * points into the frame (read them with the accessors below).
  *
- * Conversation (docs/kvport.md): the reader sends HELLO (its own identity
- * and layout) and the holder answers HELLO or ERROR(MISMATCH);
+ * Conversation (docs/kvport.md): first the mutual authentication
+ * (kvport_auth.h): AUTH_INIT {reader's nonce} → AUTH_CHALLENGE {holder's
+ * nonce, holder's proof}; AUTH_PROOF {reader's proof} → AUTH_OK, or ERROR
+ * (DX_EAUTH) and the connection closes.  Only then: the reader sends HELLO
+ * (its own identity and layout) and the holder answers HELLO or
+ * ERROR(MISMATCH);
  * PIN → PIN_OK {pin_id, n_matched, instance, ttl_ms} | GONE | MISMATCH;
- * while its one-sided reads run, the reader renews the pin every ttl_ms/3:
+ * while its one-sided reads run, the reader renews the pin every
+ * min(ttl_ms, its peer timeout)/3 (xfer_client.h):
  * RENEW {pin_id} → RENEW_OK {ttl_ms} | GONE (the pin lapsed) | ERROR (not a
  * pin of this connection); then RELEASE → RELEASE_OK, which is the holder's
  * word that the blocks stayed pinned for the whole read.  Any request the
@@ -24,8 +29,10 @@
  * malformed payload gets an ERROR and the connection stays usable.
  *
  * Version 2 added RENEW/RENEW_OK and PIN_OK's ttl_ms; version 3 changed what
- * the pulled bytes mean (K is stored transposed inside a block, kv_pool.h),
- * so an older peer gets the version error rather than misread KV. */
+ * the pulled bytes mean (K is stored transposed inside a block, kv_pool.h);
+ * version 4 added the AUTH frames (nothing else is answered before them).
+ * An older peer gets the version error rather than misread KV or skip the
+ * handshake. */
 #ifndef KVPORT_PROTO_H
 #define KVPORT_PROTO_H
 
@@ -35,13 +42,18 @@
 #include "base/dx_buf.h"
 
 #define KVPORT_MAGIC       0x564b5844u /* "DXKV" read as little-endian u32 */
-#define KVPORT_VERSION     3
+#define KVPORT_VERSION     4
 #define KVPORT_HDR_BYTES   12
 #define KVPORT_MAX_PAYLOAD (8u << 20)
 /* Most blocks one PIN may name (1 Mi tokens at 16 tokens per block). */
 #define KVPORT_MAX_PIN_BLOCKS 65536u
 #define KVPORT_MAX_BLOB       4096u /* worker address, rkey */
 #define KVPORT_MAX_STR        1024u
+/* Authentication: nonce and proof (HMAC-SHA-256) sizes, and the largest
+ * payload a holder reads from a peer that has not authenticated yet. */
+#define KVPORT_NONCE_BYTES      32u
+#define KVPORT_PROOF_BYTES      32u
+#define KVPORT_MAX_AUTH_PAYLOAD 64u
 
 enum kvport_type {
     KVPORT_HELLO = 1,
@@ -54,6 +66,10 @@ enum kvport_type {
     KVPORT_ERROR = 8,
     KVPORT_RENEW = 9,
     KVPORT_RENEW_OK = 10,
+    KVPORT_AUTH_INIT = 11,      /* reader: nonce */
+    KVPORT_AUTH_CHALLENGE = 12, /* holder: nonce, proof */
+    KVPORT_AUTH_PROOF = 13,     /* reader: proof */
+    KVPORT_AUTH_OK = 14,        /* holder: (empty) */
 };
 
 typedef struct {
@@ -108,6 +124,12 @@ typedef struct {
     uint32_t ttl_ms; /* the pin's new deadline is this far from the holder's now */
 } kvport_renew_ok;
 
+/* AUTH_INIT uses nonce, AUTH_CHALLENGE both, AUTH_PROOF proof. */
+typedef struct {
+    uint8_t nonce[KVPORT_NONCE_BYTES];
+    uint8_t proof[KVPORT_PROOF_BYTES];
+} kvport_auth_msg;
+
 typedef struct {
     int32_t code; /* DX_E* */
     kvport_bytes message;
@@ -122,6 +144,7 @@ typedef struct {
         kvport_release release;
         kvport_renew renew;
         kvport_renew_ok renew_ok;
+        kvport_auth_msg auth;
         kvport_error error; /* ERROR, GONE and MISMATCH (code = DX_EGONE/DX_EMISMATCH) */
     } u;
 } kvport_msg;
@@ -147,6 +170,9 @@ int kvport_encode_release(dx_buf *b, const kvport_release *m);
 int kvport_encode_release_ok(dx_buf *b);
 int kvport_encode_renew(dx_buf *b, const kvport_renew *m);
 int kvport_encode_renew_ok(dx_buf *b, const kvport_renew_ok *m);
+/* type is KVPORT_AUTH_INIT (m->nonce), KVPORT_AUTH_CHALLENGE (both),
+ * KVPORT_AUTH_PROOF (m->proof) or KVPORT_AUTH_OK (m unused, may be NULL). */
+int kvport_encode_auth(dx_buf *b, uint16_t type, const kvport_auth_msg *m);
 /* type is KVPORT_ERROR, KVPORT_GONE or KVPORT_MISMATCH. */
 int kvport_encode_error(dx_buf *b, uint16_t type, int32_t code, const char *msg);
 

@@ -1,13 +1,15 @@
 /* kvport_server: KV-port connections on a libuv loop.  Each connection
  * parses frames out of one bounded input buffer, answers each frame in
  * order, and remembers the pins it made so that closing releases them.
- * Connections sit in a list nothing walks per frame; a connection's pins are
- * a hash set (a RELEASE names any id it likes), and ids of pins that timed
- * out in the registry are forgotten as the set grows, so it tracks live pins
- * rather than every pin ever made on a long-lived connection.  The idle
- * timer closes only connections whose pins are all gone: a reader's one-
- * sided reads are invisible here, so "no frames lately" is not "idle" while
- * it holds a pin. */
+ * Connections sit in a list, newest first, walked only on accept (for the
+ * caps); a connection's pins are a hash set (a RELEASE names any id it
+ * likes), and ids of pins that timed out in the registry are forgotten as
+ * the set grows, so it tracks live pins rather than every pin ever made on
+ * a long-lived connection.  One timer per connection: the handshake
+ * deadline until the peer authenticated, then the idle timeout, restarted by
+ * each complete frame.  The idle timer closes only connections whose pins
+ * are all gone: a reader's one-sided reads are invisible here, so "no
+ * frames lately" is not "idle" while it holds a pin. */
 #include "xfer/kvport_server.h"
 
 #include <string.h>
@@ -22,8 +24,13 @@
 #include "xfer/xfer_lease_priv.h"
 
 #define CONN_READ_CHUNK 65536
-#define CONN_MAX_OUT    (16u << 20) /* queued reply bytes before we drop a peer that never reads */
-#define CONN_PRUNE_MIN  64          /* pins remembered before the first check for timed-out ones */
+#define CONN_PRUNE_MIN  64 /* pins remembered before the first check for timed-out ones */
+/* TCP keepalive on accepted connections: a reader whose host died is
+ * dropped (and its pins released) about 16 s after it went silent. */
+#define CONN_KEEPALIVE_IDLE_S  10
+#define CONN_KEEPALIVE_INTVL_S 2
+#define CONN_KEEPALIVE_CNT     3
+#define AUTH_LOG_EVERY_NS      10000000000ull /* at most one failed-handshake line per 10 s */
 
 typedef struct conn conn;
 
@@ -36,21 +43,32 @@ struct kvport_server {
     xfer_leases *leases;
     kvport_hello hello; /* fixed fields only; byte strings live in hello_frame */
     dx_buf hello_frame;
-    uint64_t idle_ms, sweep_ms;
-    unsigned max_conns, n_conns;
+    const kvport_secret *secret;
+    uint64_t handshake_ms, idle_ms, sweep_ms;
+    unsigned max_conns, max_per_peer, max_handshakes, max_handshakes_per_peer, n_conns;
+    size_t max_queued;
     conn *conns;
+    uint64_t auth_logged_ns, auth_unlogged;
     uint64_t pin_seed; /* keys connections' pin sets */
     int port;
     kvport_server_stats st;
 };
 
+enum conn_phase { PH_INIT, PH_PROOF, PH_AUTHED }; /* waiting for AUTH_INIT, AUTH_PROOF; done */
+
 struct conn {
     uv_tcp_t tcp;
-    uv_timer_t idle;
+    uv_timer_t timer; /* the handshake deadline, then the idle timeout */
     kvport_server *s;
     conn *next, *prev;
     int open_handles;
     int closing;
+    int paused;  /* reading stopped: too many reply bytes queued */
+    int failing; /* conn_fail: flushing its last reply, reading no more */
+    enum conn_phase phase;
+    kvport_auth auth;
+    dx_ipport peer, local; /* the peer's address; the holder's end of the connection */
+    size_t queued;         /* reply bytes queued, with their write requests */
     dx_buf in;
     dx_hidx *pins;   /* ids of the pins this connection made */
     size_t prune_at; /* set size that triggers forgetting timed-out pins */
@@ -59,6 +77,7 @@ struct conn {
 
 typedef struct {
     uv_write_t req;
+    size_t cost; /* what it adds to its connection's queued bytes */
     char data[];
 } wreq;
 
@@ -96,25 +115,33 @@ static void conn_close(conn *c)
     /* Pins that already timed out answer ENOENT, which is fine here. */
     while (c->pins && dx_hidx_each(c->pins, &cur, &id)) xfer_unpin(c->s->leases, id, 0);
     uv_close((uv_handle_t *)&c->tcp, conn_on_closed);
-    uv_close((uv_handle_t *)&c->idle, conn_on_closed);
+    uv_close((uv_handle_t *)&c->timer, conn_on_closed);
 }
+
+static void conn_on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf);
+static void conn_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf);
+static void conn_process(conn *c);
 
 static void on_written(uv_write_t *req, int status)
 {
+    wreq *w = (wreq *)req;
     conn *c = req->data;
-    dx_free(req);
+    c->queued -= w->cost;
+    dx_free(w);
     if (status < 0 && status != UV_ECANCELED) conn_close(c);
+    if (c->closing || c->failing || !c->paused || c->queued > c->s->max_queued / 2) return;
+    /* The peer reads again: take up its frames where we left off. */
+    c->paused = 0;
+    uv_read_start((uv_stream_t *)&c->tcp, conn_alloc, conn_on_read);
+    conn_process(c);
 }
 
-/* Queues b's bytes (the caller keeps b). */
+/* Queues b's bytes (the caller keeps b).  Past the connection's budget the
+ * reply still goes out, but nothing more is read from this peer until the
+ * queue drains: its replies then cost at most one budget. */
 static void conn_send(conn *c, const dx_buf *b)
 {
     if (c->closing || b->len == 0) return;
-    if (uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) > CONN_MAX_OUT) {
-        DX_LOGW("kvport: peer does not read its replies; dropping the connection");
-        conn_close(c);
-        return;
-    }
     wreq *w = dx_malloc(sizeof *w + b->len);
     if (!w) {
         conn_close(c);
@@ -122,10 +149,18 @@ static void conn_send(conn *c, const dx_buf *b)
     }
     memcpy(w->data, b->data, b->len);
     w->req.data = c;
+    w->cost = sizeof *w + b->len;
     uv_buf_t ub = uv_buf_init(w->data, (unsigned)b->len);
     if (uv_write(&w->req, (uv_stream_t *)&c->tcp, &ub, 1, on_written) < 0) {
         dx_free(w);
         conn_close(c);
+        return;
+    }
+    c->queued += w->cost;
+    if (c->queued > c->s->max_queued && !c->paused) {
+        c->paused = 1;
+        c->s->st.paused++;
+        uv_read_stop((uv_stream_t *)&c->tcp);
     }
 }
 
@@ -149,7 +184,8 @@ static void on_shutdown(uv_shutdown_t *req, int status)
 static void conn_fail(conn *c, int code, const char *msg)
 {
     send_error(c, KVPORT_ERROR, code, msg);
-    if (c->closing) return;
+    if (c->closing || c->failing) return;
+    c->failing = 1;
     uv_shutdown_t *req = dx_malloc(sizeof *req);
     if (req) req->data = c;
     if (!req || uv_shutdown(req, (uv_stream_t *)&c->tcp, on_shutdown) < 0) {
@@ -301,10 +337,82 @@ static void handle_renew(conn *c, const kvport_renew *m)
     dx_buf_free(&b);
 }
 
+/* An unauthenticated peer learns that it failed, nothing more; the holder's
+ * log says who and why (rate-limited: failures are the attacker's to make). */
+static void auth_fail(conn *c, const char *why)
+{
+    kvport_server *s = c->s;
+    s->st.auth_failed++;
+    uint64_t now = dx_now_ns();
+    if (s->auth_logged_ns && now - s->auth_logged_ns < AUTH_LOG_EVERY_NS) {
+        s->auth_unlogged++;
+    } else {
+        char peer[64];
+        dx_addr_format(&c->peer, peer, sizeof peer);
+        DX_LOGW("kvport: %s failed to authenticate (%s; a wrong or missing --kv-secret-file?)"
+                " [%llu more failures not logged]",
+                peer, why, (unsigned long long)s->auth_unlogged);
+        s->auth_logged_ns = now;
+        s->auth_unlogged = 0;
+    }
+    conn_fail(c, DX_EAUTH, "authentication failed");
+}
+
+static void send_auth(conn *c, uint16_t type, const kvport_auth_msg *m)
+{
+    dx_buf b;
+    dx_buf_init(&b, 0);
+    if (kvport_encode_auth(&b, type, m) == 0) conn_send(c, &b);
+    dx_buf_free(&b);
+}
+
+static void on_idle(uv_timer_t *t);
+
+/* Frames before authentication: AUTH_INIT, then AUTH_PROOF, nothing else. */
+static void handle_unauthed(conn *c, const kvport_hdr *h, const uint8_t *payload)
+{
+    kvport_msg m;
+    kvport_server *s = c->s;
+    int want = c->phase == PH_INIT ? KVPORT_AUTH_INIT : KVPORT_AUTH_PROOF;
+    if (h->type != want || kvport_decode(h, payload, &m)) {
+        char why[96];
+        if (h->type == want)
+            snprintf(why, sizeof why, "malformed %s", kvport_type_name(h->type));
+        else
+            snprintf(why, sizeof why, "sent %s where %s was due", kvport_type_name(h->type),
+                     kvport_type_name((uint16_t)want));
+        auth_fail(c, why);
+        return;
+    }
+    if (c->phase == PH_INIT) {
+        kvport_auth_msg ch;
+        if (kvport_auth_holder_challenge(&c->auth, s->secret, &c->local, &m.u.auth, &ch)) {
+            conn_fail(c, DX_EIO, "holder cannot make a challenge");
+            return;
+        }
+        c->phase = PH_PROOF;
+        send_auth(c, KVPORT_AUTH_CHALLENGE, &ch);
+        return;
+    }
+    if (kvport_auth_holder_verify(&c->auth, &m.u.auth)) {
+        auth_fail(c, "wrong proof");
+        return;
+    }
+    c->phase = PH_AUTHED;
+    s->st.auth_ok++;
+    send_auth(c, KVPORT_AUTH_OK, NULL);
+    /* from now on only silence counts, not the time since the accept */
+    uv_timer_start(&c->timer, on_idle, s->idle_ms, s->idle_ms);
+}
+
 static void handle_frame(conn *c, const kvport_hdr *h, const uint8_t *payload)
 {
     kvport_msg m;
     c->s->st.frames++;
+    if (c->phase != PH_AUTHED) {
+        handle_unauthed(c, h, payload);
+        return;
+    }
     int rc = kvport_decode(h, payload, &m);
     if (rc) {
         send_error(c, KVPORT_ERROR, rc, dx_errmsg());
@@ -333,7 +441,7 @@ static void handle_frame(conn *c, const kvport_hdr *h, const uint8_t *payload)
 
 static void conn_process(conn *c)
 {
-    while (!c->closing) {
+    while (!c->closing && !c->paused && !c->failing) {
         kvport_hdr h;
         int rc = kvport_hdr_read((const uint8_t *)c->in.data, c->in.len, &h);
         if (rc == DX_EAGAIN) return;
@@ -341,10 +449,16 @@ static void conn_process(conn *c)
             conn_fail(c, rc, dx_errmsg());
             return;
         }
+        if (c->phase != PH_AUTHED && h.length > KVPORT_MAX_AUTH_PAYLOAD) {
+            auth_fail(c, "oversized frame before authentication");
+            return;
+        }
         size_t need = KVPORT_HDR_BYTES + (size_t)h.length;
         if (c->in.len < need) return;
+        int authed = c->phase == PH_AUTHED;
         handle_frame(c, &h, (const uint8_t *)c->in.data + KVPORT_HDR_BYTES);
         dx_buf_consume(&c->in, need);
+        if (authed && !c->closing) uv_timer_again(&c->timer); /* a complete frame: not idle */
     }
 }
 
@@ -362,7 +476,6 @@ static void conn_on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf)
         return;
     }
     if (n == 0 || c->closing) return;
-    uv_timer_again(&c->idle);
     if (dx_buf_append(&c->in, buf->base, (size_t)n)) {
         conn_fail(c, DX_ETOOBIG, "kvport: input over the connection's buffer limit");
         return;
@@ -370,7 +483,7 @@ static void conn_on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf)
     conn_process(c);
 }
 
-static void conn_on_idle(uv_timer_t *t)
+static void on_idle(uv_timer_t *t)
 {
     conn *c = t->data;
     /* Reads are one-sided: a reader busy copying pinned blocks sends nothing
@@ -379,7 +492,54 @@ static void conn_on_idle(uv_timer_t *t)
     if (dx_hidx_count(c->pins)) forget_dead_pins(c);
     if (dx_hidx_count(c->pins)) return;
     DX_LOGD("kvport: closing an idle connection");
+    c->s->st.idle_closed++;
     conn_close(c);
+}
+
+static void on_handshake_deadline(uv_timer_t *t)
+{
+    conn *c = t->data;
+    c->s->st.handshake_timeouts++;
+    DX_LOGD("kvport: closing a connection that did not authenticate in time");
+    conn_close(c);
+}
+
+/* Which of the connection caps (if any) keeps c (just accepted, already in
+ * the list) out; evicts the oldest unauthenticated connection when that
+ * makes room. */
+static int over_caps(kvport_server *s, conn *c)
+{
+    unsigned same = 0, same_unauthed = 0, unauthed = 0;
+    conn *oldest = NULL;
+    for (conn *o = s->conns; o; o = o->next) {
+        if (o == c || o->closing) continue;
+        int mine = memcmp(o->peer.ip, c->peer.ip, sizeof o->peer.ip) == 0;
+        same += mine;
+        if (o->phase != PH_AUTHED) {
+            unauthed++;
+            same_unauthed += mine;
+            oldest = o; /* the list is newest first */
+        }
+    }
+    if (s->n_conns > s->max_conns || same >= s->max_per_peer ||
+        same_unauthed >= s->max_handshakes_per_peer)
+        return 1;
+    if (unauthed >= s->max_handshakes && oldest) {
+        s->st.evicted++;
+        conn_close(oldest);
+    }
+    return 0;
+}
+
+static int conn_addresses(conn *c)
+{
+    struct sockaddr_storage a, b;
+    int la = sizeof a, lb = sizeof b;
+    if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&a, &la) ||
+        uv_tcp_getsockname(&c->tcp, (struct sockaddr *)&b, &lb))
+        return -1;
+    return dx_addr_norm((struct sockaddr *)&a, &c->peer) ||
+           dx_addr_norm((struct sockaddr *)&b, &c->local);
 }
 
 static void on_connection(uv_stream_t *l, int status)
@@ -390,10 +550,11 @@ static void on_connection(uv_stream_t *l, int status)
     if (!c) return;
     c->s = s;
     c->prune_at = CONN_PRUNE_MIN;
+    c->phase = PH_INIT;
     dx_buf_init(&c->in, KVPORT_HDR_BYTES + KVPORT_MAX_PAYLOAD + CONN_READ_CHUNK);
     uv_tcp_init(s->loop, &c->tcp);
-    uv_timer_init(s->loop, &c->idle);
-    c->tcp.data = c->idle.data = c;
+    uv_timer_init(s->loop, &c->timer);
+    c->tcp.data = c->timer.data = c;
     c->open_handles = 2;
     c->next = s->conns;
     if (s->conns) s->conns->prev = c;
@@ -401,12 +562,17 @@ static void on_connection(uv_stream_t *l, int status)
     s->n_conns++;
     s->st.conns++;
     if (dx_hidx_create(0, &c->pins) || uv_accept(l, (uv_stream_t *)&c->tcp) < 0 ||
-        s->n_conns > s->max_conns) {
+        conn_addresses(c) || over_caps(s, c)) {
+        s->st.refused++;
         conn_close(c);
         return;
     }
     uv_tcp_nodelay(&c->tcp, 1);
-    uv_timer_start(&c->idle, conn_on_idle, s->idle_ms, s->idle_ms);
+    uv_os_fd_t fd;
+    if (uv_fileno((uv_handle_t *)&c->tcp, &fd) == 0)
+        dx_addr_keepalive(fd, CONN_KEEPALIVE_IDLE_S, CONN_KEEPALIVE_INTVL_S, CONN_KEEPALIVE_CNT);
+    /* absolute: nothing the peer sends before it authenticates moves it */
+    uv_timer_start(&c->timer, on_handshake_deadline, s->handshake_ms, 0);
     uv_read_start((uv_stream_t *)&c->tcp, conn_alloc, conn_on_read);
 }
 
@@ -438,6 +604,11 @@ static int server_listen(kvport_server *s, const char *host, int port)
     return 0;
 }
 
+static uint64_t ms_or(double s, double dflt)
+{
+    return (uint64_t)((s > 0 ? s : dflt) * 1000);
+}
+
 int kvport_server_create(uv_loop_t *loop, const kvport_server_config *cfg, kvport_server **out)
 {
     if (!cfg->leases || !cfg->hello) return dx_errf(DX_EINVAL, "kvport: config lacks leases/hello");
@@ -448,9 +619,15 @@ int kvport_server_create(uv_loop_t *loop, const kvport_server_config *cfg, kvpor
     s->hello = *cfg->hello;
     s->hello.engine_id = s->hello.transports = s->hello.worker_addr = s->hello.rkey =
         (kvport_bytes){NULL, 0};
-    s->idle_ms = (uint64_t)((cfg->idle_timeout_s > 0 ? cfg->idle_timeout_s : 60) * 1000);
-    s->sweep_ms = (uint64_t)((cfg->sweep_interval_s > 0 ? cfg->sweep_interval_s : 1) * 1000);
+    s->secret = cfg->secret;
+    s->handshake_ms = ms_or(cfg->handshake_timeout_s, 10);
+    s->idle_ms = ms_or(cfg->idle_timeout_s, 60);
+    s->sweep_ms = ms_or(cfg->sweep_interval_s, 1);
     s->max_conns = cfg->max_conns ? cfg->max_conns : 256;
+    s->max_per_peer = cfg->max_conns_per_peer ? cfg->max_conns_per_peer : 128;
+    s->max_handshakes = cfg->max_handshakes ? cfg->max_handshakes : 64;
+    s->max_handshakes_per_peer = cfg->max_handshakes_per_peer ? cfg->max_handshakes_per_peer : 8;
+    s->max_queued = cfg->max_queued ? cfg->max_queued : (size_t)1 << 20;
     dx_buf_init(&s->hello_frame, 0);
     xfer_token seed;
     int rc = xfer_token_random(&seed);

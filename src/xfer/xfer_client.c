@@ -1,7 +1,8 @@
-/* xfer_client: blocking KV pulls.  Socket steps use poll() against one
- * deadline; the data path goes through xfer_ucx.  Peers are cached by
- * host:port with a reference count, so a pull that finds a peer broken can
- * drop it while another thread still finishes with it. */
+/* xfer_client: blocking KV pulls.  Socket steps use poll() against the
+ * earlier of the pull's deadline and the peer timeout; the data path goes
+ * through xfer_ucx.  Peers are cached by host:port with a reference count,
+ * so a pull that finds a peer broken can drop it while another thread still
+ * finishes with it. */
 #include "xfer/xfer_client.h"
 
 #include <errno.h>
@@ -15,6 +16,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "base/dx_addr.h"
 #include "base/dx_alloc.h"
 #include "base/dx_clock.h"
 #include "base/dx_err.h"
@@ -35,9 +37,21 @@ struct xfer_client {
     kv_pool *pool;
     kvport_hello hello;
     dx_buf hello_frame;
+    const kvport_secret *secret;
+    xfer_peers *allow;
+    uint64_t peer_ns; /* longest wait for one reply */
     pthread_mutex_t mu;
     peer_entry *peers;
 };
+
+/* One pull's connection to the holder. */
+typedef struct {
+    int fd;
+    dx_buf in;
+    uint64_t deadline; /* the pull's */
+    uint64_t peer_ns;
+    dx_buf proof; /* the reader's AUTH_PROOF, sent with the next request */
+} kvlink;
 
 void xfer_hello_init(kvport_hello *h, const char *engine_id, const uint8_t fingerprint[16],
                      const kv_pool *pool, xfer_agent *agent)
@@ -78,6 +92,9 @@ int xfer_client_create(const xfer_client_config *cfg, xfer_client **out)
     c->agent = cfg->agent;
     c->pool = cfg->pool;
     c->hello = *cfg->hello;
+    c->secret = cfg->secret;
+    c->allow = cfg->peers;
+    c->peer_ns = (uint64_t)((cfg->peer_timeout_s > 0 ? cfg->peer_timeout_s : 5) * 1e9);
     dx_buf_init(&c->hello_frame, 0);
     int rc = kvport_encode_hello(&c->hello_frame, cfg->hello);
     if (rc) {
@@ -190,21 +207,34 @@ static int try_connect(const struct addrinfo *ai, uint64_t deadline, int *fd_out
     }
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    /* a dead link drops the connection within seconds even between frames */
+    dx_addr_keepalive(fd, 2, 1, 3);
     *fd_out = fd;
     return 0;
 }
 
-static int sock_connect(const char *host, int port, uint64_t deadline, int *fd)
+/* Connects to the first address of host that the allow-list admits (every
+ * address is checked after resolution: a name cannot resolve around it). */
+static int sock_connect(xfer_client *c, const char *host, int port, uint64_t deadline, int *fd)
 {
     char ps[16];
     snprintf(ps, sizeof ps, "%d", port);
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res = NULL;
     int g = getaddrinfo(host, ps, &hints, &res);
     if (g) return dx_errf(DX_EIO, "resolving %s: %s", host, gai_strerror(g));
-    int rc = DX_EIO;
-    for (struct addrinfo *ai = res; ai; ai = ai->ai_next)
+    int rc = DX_EIO, denied = 0, tried = 0;
+    for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
+        if (c->allow && !xfer_peers_allowed(c->allow, ai->ai_addr)) {
+            denied++;
+            continue;
+        }
+        tried++;
         if ((rc = try_connect(ai, deadline, fd)) == 0 || rc == DX_ETIMEDOUT) break;
+    }
     freeaddrinfo(res);
+    if (!tried && denied)
+        return dx_errf(DX_EDENIED, "%s:%d is not a known KV peer (--kv-peers: %s); not connecting",
+                       host, port, xfer_peers_describe(c->allow));
     return rc;
 }
 
@@ -259,10 +289,10 @@ static int sock_recv(int fd, dx_buf *in, uint64_t deadline, kvport_msg *m)
 static int reply_error(const kvport_msg *m, const char *step)
 {
     const kvport_error *e = &m->u.error;
-    int code = m->type == KVPORT_GONE                 ? DX_EGONE
-               : m->type == KVPORT_MISMATCH           ? DX_EMISMATCH
-               : e->code < 0 && e->code >= DX_ETOOBIG ? e->code
-                                                      : DX_EPROTO;
+    int code = m->type == KVPORT_GONE       ? DX_EGONE
+               : m->type == KVPORT_MISMATCH ? DX_EMISMATCH
+               : dx_err_known(e->code)      ? e->code
+                                            : DX_EPROTO;
     return dx_errf(code, "%s: holder answered %s: %.*s", step, kvport_type_name(m->type),
                    (int)e->message.n, (const char *)e->message.p);
 }
@@ -275,13 +305,61 @@ static int expect(const kvport_msg *m, uint16_t type, const char *step)
     return dx_errf(DX_EPROTO, "%s: unexpected %s reply", step, kvport_type_name(m->type));
 }
 
-/* Sends one request frame and receives its reply, which must be `type`. */
-static int exchange(int fd, dx_buf *in, const dx_buf *out, uint64_t deadline, uint16_t type,
-                    const char *step, kvport_msg *m)
+/* The earlier of the pull's deadline and one peer timeout from now. */
+static uint64_t step_deadline(const kvlink *k, int *by_peer)
 {
-    int rc = sock_send(fd, out, deadline);
-    if (!rc) rc = sock_recv(fd, in, deadline, m);
+    uint64_t t = dx_now_ns() + k->peer_ns;
+    *by_peer = t < k->deadline;
+    return *by_peer ? t : k->deadline;
+}
+
+/* Sends one request frame and receives its reply, which must be `type`; a
+ * pending AUTH_PROOF goes first, and its AUTH_OK is read first. */
+static int exchange(kvlink *k, const dx_buf *out, uint16_t type, const char *step, kvport_msg *m)
+{
+    int by_peer, rc = 0;
+    uint64_t dl = step_deadline(k, &by_peer);
+    if (k->proof.len) {
+        rc = dx_buf_append(&k->proof, out->data, out->len);
+        if (!rc) rc = sock_send(k->fd, &k->proof, dl);
+        if (!rc) rc = sock_recv(k->fd, &k->in, dl, m);
+        if (!rc && (rc = expect(m, KVPORT_AUTH_OK, "AUTH")))
+            dx_err_wrap(rc, "the holder did not accept this node's proof");
+        k->proof.len = 0;
+    } else {
+        rc = sock_send(k->fd, out, dl);
+    }
+    if (!rc) rc = sock_recv(k->fd, &k->in, dl, m);
     if (!rc) rc = expect(m, type, step);
+    if (rc == DX_ETIMEDOUT && by_peer)
+        dx_err_wrap(rc,
+                    "%s: no reply within the %.1f s peer timeout (the holder or the link to it "
+                    "may be down)",
+                    step, (double)k->peer_ns * 1e-9);
+    return rc;
+}
+
+/* Mutual authentication (kvport_auth.h): checks the holder's proof now and
+ * leaves ours in k->proof, for exchange() to send with the next request. */
+static int do_auth(xfer_client *c, kvlink *k)
+{
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    dx_ipport holder;
+    if (getpeername(k->fd, (struct sockaddr *)&ss, &sl) < 0 ||
+        dx_addr_norm((struct sockaddr *)&ss, &holder))
+        return dx_errf(DX_EIO, "AUTH: the connection has no peer address: %s", strerror(errno));
+    kvport_auth a;
+    kvport_auth_msg init, proof;
+    kvport_msg m = {0};
+    dx_buf out;
+    dx_buf_init(&out, 0);
+    int rc = kvport_auth_reader_start(&a, c->secret, &holder, &init);
+    if (!rc) rc = kvport_encode_auth(&out, KVPORT_AUTH_INIT, &init);
+    if (!rc) rc = exchange(k, &out, KVPORT_AUTH_CHALLENGE, "AUTH", &m);
+    if (!rc) rc = kvport_auth_reader_prove(&a, &m.u.auth, &proof);
+    if (!rc) rc = kvport_encode_auth(&k->proof, KVPORT_AUTH_PROOF, &proof);
+    dx_buf_free(&out);
     return rc;
 }
 
@@ -291,11 +369,10 @@ static double ms_since(uint64_t t0)
 }
 
 /* HELLO on fd, check compatibility, connect the data path; new cache entry. */
-static int do_hello(xfer_client *c, int fd, dx_buf *in, const char *key, uint64_t deadline,
-                    peer_entry **out)
+static int do_hello(xfer_client *c, kvlink *k, const char *key, peer_entry **out)
 {
     kvport_msg m = {0};
-    int rc = exchange(fd, in, &c->hello_frame, deadline, KVPORT_HELLO, "HELLO", &m);
+    int rc = exchange(k, &c->hello_frame, KVPORT_HELLO, "HELLO", &m);
     if (!rc) rc = kvport_hello_compatible(&c->hello, &m.u.hello);
     if (rc) return dx_err_wrap(rc, "HELLO");
     const kvport_hello *h = &m.u.hello;
@@ -325,8 +402,7 @@ static int do_hello(xfer_client *c, int fd, dx_buf *in, const char *key, uint64_
     return 0;
 }
 
-static int do_pin(xfer_client *c, int fd, dx_buf *in, const xfer_pull_req *r, uint64_t deadline,
-                  kvport_pin_ok *ok)
+static int do_pin(kvlink *k, const xfer_pull_req *r, kvport_pin_ok *ok)
 {
     uint64_t *hs = dx_malloc(r->n * 2 * sizeof *hs);
     if (!hs) return DX_ENOMEM;
@@ -339,7 +415,7 @@ static int do_pin(xfer_client *c, int fd, dx_buf *in, const xfer_pull_req *r, ui
     int rc = kvport_encode_pin(&out, r->token.b, r->remote_ids, hs, (uint32_t)r->n);
     dx_free(hs);
     kvport_msg m = {0};
-    if (!rc) rc = exchange(fd, in, &out, deadline, KVPORT_PIN_OK, "PIN", &m);
+    if (!rc) rc = exchange(k, &out, KVPORT_PIN_OK, "PIN", &m);
     dx_buf_free(&out);
     if (rc) return rc;
     *ok = m.u.pin_ok;
@@ -353,18 +429,20 @@ static int do_pin(xfer_client *c, int fd, dx_buf *in, const xfer_pull_req *r, ui
 /* Keeps the pin alive while the one-sided reads run: the holder cannot see
  * them, so without RENEW the pin lapses at its TTL and the blocks may be
  * freed and reused under the read.  A RENEW every ttl/3 leaves room for two
- * slow round trips before the deadline. */
+ * slow round trips before the deadline.  The RENEWs are also the heartbeat:
+ * sent at least every peer timeout/3, each answered within a peer timeout,
+ * they notice a holder or link that died long before the pull's deadline. */
 typedef struct {
-    int fd;
-    dx_buf *in;
-    uint64_t pin_id, deadline;
+    kvlink *k;
+    uint64_t pin_id;
     uint32_t n_renewed;
     xfer_read_tick tick;
 } pin_keeper;
 
-static uint64_t renew_period_ns(uint32_t ttl_ms)
+static uint64_t renew_period_ns(const kvlink *k, uint32_t ttl_ms)
 {
-    return (uint64_t)ttl_ms * 1000000 / 3;
+    uint64_t ttl = (uint64_t)ttl_ms * 1000000;
+    return (ttl < k->peer_ns ? ttl : k->peer_ns) / 3;
 }
 
 static int renew_tick(void *user)
@@ -375,14 +453,14 @@ static int renew_tick(void *user)
     kvport_renew rn = {k->pin_id};
     kvport_msg m = {0};
     int rc = kvport_encode_renew(&out, &rn);
-    if (!rc) rc = exchange(k->fd, k->in, &out, k->deadline, KVPORT_RENEW_OK, "RENEW", &m);
+    if (!rc) rc = exchange(k->k, &out, KVPORT_RENEW_OK, "RENEW", &m);
     dx_buf_free(&out);
     if (!rc && m.u.renew_ok.ttl_ms == 0)
         rc = dx_errf(DX_EPROTO, "RENEW: holder renewed the pin for 0 ms");
     if (rc)
         return dx_err_wrap(rc, "pin %llu may lapse before the reads complete",
                            (unsigned long long)k->pin_id);
-    k->tick.period_ns = renew_period_ns(m.u.renew_ok.ttl_ms);
+    k->tick.period_ns = renew_period_ns(k->k, m.u.renew_ok.ttl_ms);
     k->n_renewed++;
     return 0;
 }
@@ -427,21 +505,21 @@ static void fail(xfer_pull_result *res, int rc)
     snprintf(res->reason, sizeof res->reason, "%s", dx_errmsg());
 }
 
-static int do_release(int fd, dx_buf *in, uint64_t pin_id, int consumed, uint64_t deadline)
+static int do_release(kvlink *k, uint64_t pin_id, int consumed)
 {
     dx_buf out;
     dx_buf_init(&out, 0);
     kvport_release rel = {pin_id, (uint8_t)consumed};
     kvport_msg m = {0};
     int rc = kvport_encode_release(&out, &rel);
-    if (!rc) rc = exchange(fd, in, &out, deadline, KVPORT_RELEASE_OK, "RELEASE", &m);
+    if (!rc) rc = exchange(k, &out, KVPORT_RELEASE_OK, "RELEASE", &m);
     dx_buf_free(&out);
     return rc;
 }
 
 /* HELLO unless cached; returns a referenced entry. */
-static int get_peer(xfer_client *c, int fd, dx_buf *in, const char *key, uint64_t deadline,
-                    xfer_pull_result *res, peer_entry **e)
+static int get_peer(xfer_client *c, kvlink *k, const char *key, xfer_pull_result *res,
+                    peer_entry **e)
 {
     *e = entry_get(c, key);
     if (*e && ((*e)->dead || xfer_peer_failed((*e)->ep))) {
@@ -452,36 +530,39 @@ static int get_peer(xfer_client *c, int fd, dx_buf *in, const char *key, uint64_
     res->hello_cached = *e != NULL;
     if (*e) return 0;
     uint64_t t = dx_now_ns();
-    int rc = do_hello(c, fd, in, key, deadline, e);
+    int rc = do_hello(c, k, key, e);
     res->t_hello_ms = ms_since(t);
     return rc;
 }
 
-static int pull_steps(xfer_client *c, int fd, dx_buf *in, const xfer_pull_req *r, const char *key,
-                      uint64_t deadline, xfer_pull_result *res)
+static int pull_steps(xfer_client *c, kvlink *k, const xfer_pull_req *r, const char *key,
+                      xfer_pull_result *res)
 {
     peer_entry *e = NULL;
-    int rc = get_peer(c, fd, in, key, deadline, res, &e);
-    if (rc) return rc;
     uint64_t t = dx_now_ns();
+    int rc = do_auth(c, k);
+    res->t_auth_ms = ms_since(t);
+    if (!rc) rc = get_peer(c, k, key, res, &e);
+    if (rc) return rc;
+    t = dx_now_ns();
     kvport_pin_ok ok = {0};
-    rc = do_pin(c, fd, in, r, deadline, &ok);
+    rc = do_pin(k, r, &ok);
     res->t_pin_ms = ms_since(t);
     if (!rc && ok.instance != e->instance) {
         /* The holder restarted since we cached it: describe it afresh. */
         entry_kill(c, e);
         entry_put(c, e);
         e = NULL;
-        rc = do_hello(c, fd, in, key, deadline, &e);
+        rc = do_hello(c, k, key, &e);
     }
     if (rc) goto out;
     res->n_matched = ok.n_matched;
     if (r->on_pinned) r->on_pinned(r->user, ok.n_matched);
-    pin_keeper keep = {fd, in, ok.pin_id, deadline, 0, {0, renew_tick, NULL}};
+    pin_keeper keep = {k, ok.pin_id, 0, {0, renew_tick, NULL}};
     keep.tick.user = &keep;
-    keep.tick.period_ns = r->no_renew ? 0 : renew_period_ns(ok.ttl_ms);
+    keep.tick.period_ns = r->no_renew ? 0 : renew_period_ns(k, ok.ttl_ms);
     t = dx_now_ns();
-    rc = do_read(c, e, r, ok.n_matched, deadline, &keep.tick, res);
+    rc = do_read(c, e, r, ok.n_matched, k->deadline, &keep.tick, res);
     res->t_read_ms = ms_since(t);
     res->n_renewals = keep.n_renewed;
     if (rc) {
@@ -489,7 +570,7 @@ static int pull_steps(xfer_client *c, int fd, dx_buf *in, const xfer_pull_req *r
         goto out;
     }
     t = dx_now_ns();
-    rc = do_release(fd, in, ok.pin_id, ok.n_matched == r->n, deadline);
+    rc = do_release(k, ok.pin_id, ok.n_matched == r->n);
     res->t_release_ms = ms_since(t);
     if (rc) {
         /* Only RELEASE_OK says the pin held to the end of the reads.  Without
@@ -518,19 +599,21 @@ int xfer_pull(xfer_client *c, const xfer_pull_req *r, xfer_pull_result *res)
     char key[300];
     snprintf(key, sizeof key, "%s:%d", r->host, r->port);
     uint64_t t = dx_now_ns();
-    int fd = -1;
-    int rc = sock_connect(r->host, r->port, deadline, &fd);
+    kvlink k = {.fd = -1, .deadline = deadline, .peer_ns = c->peer_ns};
+    uint64_t connect_by = t + c->peer_ns < deadline ? t + c->peer_ns : deadline;
+    int rc = sock_connect(c, r->host, r->port, connect_by, &k.fd);
     res->t_connect_ms = ms_since(t);
     if (rc) {
         dx_err_wrap(rc, "KV port %s", key);
         fail(res, rc);
         return rc;
     }
-    dx_buf in;
-    dx_buf_init(&in, KVPORT_HDR_BYTES + KVPORT_MAX_PAYLOAD);
-    rc = pull_steps(c, fd, &in, r, key, deadline, res);
-    dx_buf_free(&in);
-    close(fd);
+    dx_buf_init(&k.in, KVPORT_HDR_BYTES + KVPORT_MAX_PAYLOAD);
+    dx_buf_init(&k.proof, 0);
+    rc = pull_steps(c, &k, r, key, res);
+    dx_buf_free(&k.in);
+    dx_buf_free(&k.proof);
+    close(k.fd);
     if (rc) {
         dx_err_wrap(rc, "pull from %s", key);
         fail(res, rc);

@@ -3,19 +3,26 @@
  * xfer_pull() is synchronous and thread-safe: call it from a worker thread
  * (never from the event loop: it blocks for up to timeout_s).  One pull:
  *
- *   TCP connect → HELLO (once per peer; the peer's identity, layout and
- *   transfer description are cached with a connected endpoint) → PIN →
- *   one READ per run of adjacent blocks (remote and local ids both adjacent),
- *   all in flight, with a RENEW of the pin every ttl/3 while they run →
- *   RELEASE → close.
+ *   TCP connect (only to an address the allow-list admits) → mutual
+ *   authentication (kvport_auth.h; every connection) → HELLO (once per
+ *   peer; the peer's identity, layout and transfer description are cached
+ *   with a connected endpoint) → PIN → one READ per run of adjacent blocks
+ *   (remote and local ids both adjacent), all in flight, with a RENEW of the
+ *   pin every min(ttl, peer timeout)/3 while they run → RELEASE → close.
+ *   The reader's AUTH_PROOF travels with the request after it (HELLO or
+ *   PIN), which saves a round trip.
  *
- * Every step shares one deadline.  Any failure (peer unreachable, timeout,
- * GONE, MISMATCH, refused HELLO, UCX error, peer died mid-transfer, a RENEW
- * not answered RENEW_OK) comes back as res->err plus res->reason — never a
- * crash or hang.  On failure after the PIN the connection is just closed:
- * the holder releases pins of a closed connection.  The local blocks belong
- * to the caller throughout; after a failed pull their contents are undefined
- * (n_pulled is 0).
+ * Every step shares the pull's deadline, and no reply may take longer than
+ * the peer timeout (default 5 s): the RENEWs double as a heartbeat, so a
+ * holder that died or whose link went down is noticed within a few seconds
+ * even when the pull's deadline is minutes away (TCP keepalive and
+ * TCP_USER_TIMEOUT on the socket as well).  Any failure (peer unreachable
+ * or not allowed, authentication failed, timeout, GONE, MISMATCH, refused
+ * HELLO, UCX error, peer died mid-transfer, a RENEW not answered RENEW_OK)
+ * comes back as res->err plus res->reason — never a crash or hang.  On failure after the PIN the
+ * connection is just closed: the holder releases pins of a closed connection.  The local blocks
+ * belong to the caller throughout; after a failed pull their contents are undefined (n_pulled is
+ * 0).
  *
  * The reads are one-sided, so only the holder's RELEASE_OK proves that the
  * pin — and with it the blocks — held until they completed.  A RELEASE
@@ -33,8 +40,10 @@
 #include <stdint.h>
 
 #include "engine/kv_pool.h"
+#include "xfer/kvport_auth.h"
 #include "xfer/kvport_proto.h"
 #include "xfer/xfer_lease.h"
+#include "xfer/xfer_peers.h"
 #include "xfer/xfer_ucx.h"
 
 typedef struct xfer_client xfer_client;
@@ -43,6 +52,9 @@ typedef struct {
     xfer_agent *agent;
     kv_pool *pool;             /* local pool, allocated through agent */
     const kvport_hello *hello; /* this node's HELLO (see xfer_hello_init); copied */
+    const kvport_secret *secret; /* NULL: no secret; the caller's, kept until destroy */
+    xfer_peers *peers;           /* addresses it may connect to; NULL: any (the caller's) */
+    double peer_timeout_s;       /* longest wait for one reply (default 5) */
 } xfer_client_config;
 
 typedef struct {
@@ -69,7 +81,7 @@ typedef struct {
     uint32_t n_renewals; /* RENEW_OKs received while the reads ran */
     uint64_t bytes;
     int hello_cached;
-    double t_connect_ms, t_hello_ms, t_pin_ms, t_read_ms, t_release_ms;
+    double t_connect_ms, t_auth_ms, t_hello_ms, t_pin_ms, t_read_ms, t_release_ms;
     char reason[256];
 } xfer_pull_result;
 

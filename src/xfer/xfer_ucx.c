@@ -12,7 +12,9 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdio.h>
 #include <ucp/api/ucp.h>
+#include <ucs/debug/log_def.h>
 #include <unistd.h>
 
 #include "base/dx_alloc.h"
@@ -75,6 +77,34 @@ static int ucs_err(ucs_status_t st, const char *what)
     return dx_errf(DX_ETRANSPORT, "ucx: %s: %s", what, ucs_status_string(st));
 }
 
+/* UCX prints its log lines (warnings such as "unused env variable" or
+ * "not returned to mpool" among them) on stdout by default, where tools
+ * parse JSON (`duplex kv pull`, `bench ... --json`).  This handler, first
+ * in UCX's chain, sends each line the configuration enables to duplex's log
+ * (stderr) instead, and stops the default handler.  UCX_LOG_LEVEL still
+ * says what UCX emits; lines below WARN that the user asked UCX for are
+ * logged at INFO so that they show at duplex's default level. */
+static ucs_log_func_rc_t ucx_log(const char *file, unsigned line, const char *function,
+                                 ucs_log_level_t level, const ucs_log_component_config_t *comp,
+                                 const char *fmt, va_list ap)
+{
+    if (level != UCS_LOG_LEVEL_PRINT && !ucs_log_component_is_enabled(level, comp))
+        return UCS_LOG_FUNC_RC_STOP;
+    char msg[768];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    const char *base = strrchr(file, '/');
+    enum dx_log_level l = level <= UCS_LOG_LEVEL_ERROR  ? DX_LOG_ERROR
+                          : level == UCS_LOG_LEVEL_WARN ? DX_LOG_WARN
+                                                        : DX_LOG_INFO;
+    dx_log(l, "ucx: %s (%s:%u)", msg, base ? base + 1 : file, line);
+    return UCS_LOG_FUNC_RC_STOP;
+}
+
+static void install_log_handler(void)
+{
+    ucs_log_push_handler(ucx_log);
+}
+
 /* UCX 1.13 flags transport-level options given through ucp_config_modify
  * as unused, so defaults for them go through the environment (before the
  * configuration is read), never overriding what the user set. */
@@ -100,11 +130,29 @@ static void set_default_env(const char *name, const char *val)
  * progress, and the posix/sysv interfaces support wakeup (UCP_FEATURE_WAKEUP
  * does not exclude them).  A peer on another host, or one without this
  * option, still negotiates TCP. */
+/* Whether a transport list can use shared memory (UCX warns about an
+ * unused UCX_MM_* variable when it cannot: so we set none then). */
+static int tls_may_use_mm(const char *tls)
+{
+    if (!tls || !*tls || tls[0] == '^') return 1;
+    static const char *const mm[] = {"sm", "shm", "mm", "posix", "sysv", "all"};
+    char buf[128];
+    snprintf(buf, sizeof buf, "%s", tls);
+    char *save = NULL;
+    for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save))
+        for (size_t i = 0; i < sizeof mm / sizeof mm[0]; i++)
+            if (!strcmp(t, mm[i])) return 1;
+    return 0;
+}
+
 static int agent_init_ucp(xfer_agent *a, const xfer_agent_config *cfg)
 {
+    static pthread_once_t log_once = PTHREAD_ONCE_INIT;
+    pthread_once(&log_once, install_log_handler);
     set_default_env("UCX_TCP_TX_SEG_SIZE", "256k");
     set_default_env("UCX_TCP_RX_SEG_SIZE", "256k");
-    set_default_env("UCX_MM_ERROR_HANDLING", "y");
+    if (tls_may_use_mm(cfg->tls && cfg->tls[0] ? cfg->tls : getenv("UCX_TLS")))
+        set_default_env("UCX_MM_ERROR_HANDLING", "y");
     ucp_config_t *uc;
     ucs_status_t st = ucp_config_read(NULL, NULL, &uc);
     if (st != UCS_OK) return ucs_err(st, "reading configuration");

@@ -50,6 +50,12 @@ static void roundtrip(const kvport_msg *m, const uint8_t *frame, size_t len)
     case KVPORT_RENEW_OK:
         rc = kvport_encode_renew_ok(&b, &m->u.renew_ok);
         break;
+    case KVPORT_AUTH_INIT:
+    case KVPORT_AUTH_CHALLENGE:
+    case KVPORT_AUTH_PROOF:
+    case KVPORT_AUTH_OK:
+        rc = kvport_encode_auth(&b, m->type, &m->u.auth);
+        break;
     default:
         check = 0;
         break;

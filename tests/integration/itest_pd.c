@@ -410,6 +410,43 @@ static void test_other_model_refused(void **state)
     stop_ok(&X);
 }
 
+/* A decode node that does not share the prefill node's KV secret, and one
+ * whose --kv-peers do not list the prefill node's address: the first pull
+ * fails at the handshake, the second is refused before any connection; each
+ * is counted by its reason and the request completes by recompute, with
+ * the single node's answer. */
+static void test_pull_refused_recomputes(void **state)
+{
+    (void)state;
+    char other[160];
+    snprintf(other, sizeof other, "%s/other.secret", G.dir);
+    assert_int_equal(kvport_secret_write_new(other), 0);
+    const char *wrong[] = {"--role", "decode", "--kv-secret-file", other, NULL};
+    const char *fenced[] = {"--role", "decode", "--kv-peers", "127.0.0.2,[::1]", NULL};
+    const char *const *da[] = {wrong, fenced};
+    const char *why[] = {"duplex_kv_fallbacks_total{reason=\"auth\"}",
+                         "duplex_kv_fallbacks_total{reason=\"peer_not_allowed\"}"};
+    tp_proc P, S;
+    node_start(&P, "p", k_pa);
+    node_start(&S, "s", k_ref);
+    for (int i = 0; i < 2; i++) {
+        tp_proc D;
+        node_start(&D, "d", da[i]);
+        conv c, r;
+        conv_init(&c, 40 + (unsigned)i, 70);
+        conv_init(&r, 40 + (unsigned)i, 70);
+        assert_same(turn_pd(&c, &P, &D, 24, 0, 0), turn_single(&r, &S, 24), 1);
+        assert_int_equal(metric(&D, why[i]), 1);
+        assert_int_equal(metric(&D, PULLED), 0);
+        assert_int_equal(metric(&D, COMPUTED), c.prompt);
+        conv_free(&c);
+        conv_free(&r);
+        stop_ok(&D);
+    }
+    stop_ok(&P);
+    stop_ok(&S);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -545,6 +582,7 @@ int main(void)
         cmocka_unit_test(test_token_faithful_single_node),
         cmocka_unit_test(test_other_model_refused),
         cmocka_unit_test(test_first_token),
+        cmocka_unit_test(test_pull_refused_recomputes),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

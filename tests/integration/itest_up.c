@@ -2,7 +2,10 @@
  * nodes on free ports: the summary lines name every process, a chat through
  * the printed URL gives what a node gives directly, SIGTERM stops everything
  * with exit 0 and leaves no child behind; a node that dies takes `up` down
- * with a non-zero exit that names it; bad flags exit 2.
+ * with a non-zero exit that names it; bad flags exit 2.  In a P/D mode the
+ * nodes' KV ports are authenticated with a fresh secret, mode 0600 in a run
+ * folder of up's own that goes when up does, and a two-turn conversation
+ * (whose KV moves through them) answers as a node does directly.
  *
  * (The prefill/decode modes run in itest_bench and `make demo`'s test,
  * itest_demo; their command lines are unit-tested in test_router_launch.) */
@@ -17,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "../test_client.h"
 #include "../test_proc.h"
@@ -45,16 +49,19 @@ static void summary(const tp_proc *p, const char *name, int *pid, int *port)
     assert_int_equal(sscanf(strstr(l, " pid "), " pid %d http://127.0.0.1:%d", pid, port), 2);
 }
 
-static void start_up(up_run *u, const char *name)
+/* mode "colocated": decode0, decode1 and the router; else prefill0,
+ * decode0 and the router. */
+static void start_up_mode(up_run *u, const char *name, const char *mode)
 {
     char log[160];
+    int colo = !strcmp(mode, "colocated");
     snprintf(log, sizeof log, "%s/up-%s.log", G.dir, name);
     char *argv[] = {(char *)G.bin,
                     "up",
                     "--mode",
-                    "colocated",
+                    (char *)mode,
                     "--decode",
-                    "2",
+                    colo ? "2" : "1",
                     "--port",
                     "0",
                     "--model",
@@ -63,6 +70,8 @@ static void start_up(up_run *u, const char *name)
                     "32",
                     "--threads-per-node",
                     "1",
+                    colo ? NULL : "--local-prefill-max-tokens", /* P/D: every turn via P */
+                    "0",
                     NULL};
     assert_int_equal(tp_spawn(&u->p, log, argv), 0);
     u->port = (int)tp_wait_int(&u->p, "ready: http://127.0.0.1:", 120);
@@ -70,9 +79,14 @@ static void start_up(up_run *u, const char *name)
         tp_log_tail(&u->p, 40);
         fail_msg("duplex up did not get ready");
     }
-    const char *names[] = {"decode0", "decode1", "router"};
+    const char *names[] = {colo ? "decode0" : "prefill0", colo ? "decode1" : "decode0", "router"};
     for (int i = 0; i < 3; i++) summary(&u->p, names[i], &u->pid[i], &u->url_port[i]);
     assert_int_equal(u->url_port[2], u->port);
+}
+
+static void start_up(up_run *u, const char *name)
+{
+    start_up_mode(u, name, "colocated");
 }
 
 static void assert_gone(const up_run *u)
@@ -82,19 +96,21 @@ static void assert_gone(const up_run *u)
             fail_msg("child pid %d is still there", u->pid[i]);
 }
 
-static char *chat_text(int port)
+/* The answer to one user message (text) at port. */
+static char *chat_text_of(int port, const char *text)
 {
     dx_buf b, t;
     dx_buf_init(&b, 0);
     dx_buf_init(&t, 0);
     assert_int_equal(tc_http(port, "GET", "/v1/models", NULL, &b, 30), 200);
     json_t *v = tc_json(&b);
-    char body[512];
+    char body[1024];
     snprintf(
         body, sizeof body,
-        "{\"model\":\"%s\",\"messages\":[{\"role\":\"user\",\"content\":\"Hello from up\"}],"
+        "{\"model\":\"%s\",\"messages\":[{\"role\":\"user\",\"content\":\"%s\"}],"
         "\"max_tokens\":12,\"temperature\":0}",
-        json_string_value(json_object_get(json_array_get(json_object_get(v, "data"), 0), "id")));
+        json_string_value(json_object_get(json_array_get(json_object_get(v, "data"), 0), "id")),
+        text);
     json_decref(v);
     assert_int_equal(tc_http(port, "POST", "/v1/chat/completions", body, &b, 120), 200);
     tc_answer_text(&b, 1, &t);
@@ -102,6 +118,11 @@ static char *chat_text(int port)
     dx_buf_free(&b);
     dx_buf_free(&t);
     return s;
+}
+
+static char *chat_text(int port)
+{
+    return chat_text_of(port, "Hello from up");
 }
 
 static void test_colocated_run_and_stop(void **state)
@@ -135,6 +156,42 @@ static void test_child_dies(void **state)
     tp_read_log(&u.p, buf, sizeof buf);
     if (!strstr(buf, want)) fail_msg("the log does not say '%s':\n%s", want, buf);
     assert_gone(&u);
+}
+
+static void test_pd_secret(void **state)
+{
+    (void)state;
+    up_run u;
+    start_up_mode(&u, "pd", "unidirectional");
+    char buf[65536], secret[256] = "", dir[256];
+    tp_read_log(&u.p, buf, sizeof buf);
+    const char *k = strstr(buf, "fresh secret, ");
+    if (k) sscanf(k + strlen("fresh secret, "), "%255s", secret);
+    struct stat st;
+    if (!secret[0] || stat(secret, &st)) fail_msg("no secret file named in:\n%s", buf);
+    assert_int_equal(st.st_mode & 0777, 0600);
+    snprintf(dir, sizeof dir, "%.*s", (int)(strrchr(secret, '/') - secret), secret);
+    assert_int_equal(stat(dir, &st), 0);
+    assert_int_equal(st.st_mode & 0777, 0700);
+    /* both nodes authenticate their KV ports with it */
+    const char *a = strstr(buf, "auth: secret"), *b = a ? strstr(a + 1, "auth: secret") : NULL;
+    if (!b) fail_msg("the nodes' start-up lines do not both say 'auth: secret':\n%s", buf);
+    for (int turn = 0; turn < 2; turn++) {
+        /* long enough for whole KV blocks to move */
+        const char *text = "the cache moves between nodes and every turn keeps its history while "
+                           "agents call tools with long outputs that grow quickly so prefill work "
+                           "matters more than decode for them";
+        char *via = chat_text_of(u.port, text), *direct = chat_text_of(u.url_port[1], text);
+        assert_string_equal(via, direct);
+        free(via);
+        free(direct);
+    }
+    /* the prompt's KV went from the prefill node to the decode node */
+    assert_true(tc_metric(u.url_port[1], "duplex_kv_prompt_tokens_total{source=\"pulled\"}") > 0);
+    int rc = tp_stop(&u.p, SIGTERM, 60);
+    assert_true(rc >= 0 && WIFEXITED(rc) && WEXITSTATUS(rc) == 0);
+    assert_gone(&u);
+    if (stat(dir, &st) == 0) fail_msg("%s is still there after up exited", dir);
 }
 
 static void expect(int want_rc, const char *phrase, const char *args)
@@ -179,6 +236,7 @@ int main(void)
         cmocka_unit_test(test_colocated_run_and_stop),
         cmocka_unit_test(test_child_dies),
         cmocka_unit_test(test_bad_flags),
+        cmocka_unit_test(test_pd_secret),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -1,11 +1,18 @@
 /* itest_xfer: two real processes on loopback — `duplex kv hold` serves
  * synthetic KV under leases, `duplex kv pull` pulls it and verifies it byte
- * for byte — run once with UCX's default transports and once with
- * UCX_TLS=tcp.  Covers exact pulls (adjacent, scattered, 256 MiB), lease
- * security, hash-chain divergence, a holder killed mid-transfer, a stopped
- * holder, garbage on the KV port, many pins on one connection released
- * out of order, some after they timed out, and RENEW against the idle
- * timeout.  The throttled-link test is itest_xfer_throttle. */
+ * for byte, both with the same cluster secret — run once with UCX's default
+ * transports and once with UCX_TLS=tcp.  Covers exact pulls (adjacent,
+ * scattered, 256 MiB), lease security, hash-chain divergence, a holder
+ * killed mid-transfer, a stopped holder, garbage on the KV port, many pins
+ * on one connection released out of order, some after they timed out, and
+ * RENEW against the idle timeout.  Then the attacks on the port itself,
+ * each while a well-behaved reader keeps pulling: peers without the secret
+ * (wrong, none, probes before the handshake, replayed proofs, truncated and
+ * oversized handshake frames) get "authentication failed" and nothing else;
+ * a peer dripping bytes is closed at the handshake deadline or the idle
+ * timeout; hundreds of half-open connections from many addresses; peers
+ * that flood frames and never read their replies.  The throttled-link and
+ * dead-link tests are itest_xfer_throttle. */
 #include <errno.h>
 #include <jansson.h>
 #include <netinet/in.h>
@@ -108,7 +115,8 @@ static void test_holder_killed(void **state)
     char *argv[] = {
         "duplex", "kv",        "pull", "--port",        port,     "--token",
         h.tok[0], "--remote",  "0-63", "--fill-seed",   "7",      "--pause-after-pin-ms",
-        "1000",   "--timeout", "5",    "--block-bytes", "262144", NULL};
+        "1000",   "--timeout", "5",    "--block-bytes", "262144", "--kv-secret-file",
+        g_secret, NULL};
     kp_proc p;
     kp_spawn(&p, NULL, argv);
     json_t *j = kp_next_json(&p, 30000);
@@ -147,35 +155,6 @@ static void test_holder_stopped(void **state)
     kp_hold_stop(&h);
 }
 
-static int tcp_connect(int port)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET,
-                            .sin_port = htons((uint16_t)port),
-                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
-    return fd;
-}
-
-/* Reads one frame; returns its type (0 if the connection closed first). */
-static int read_frame(int fd, kvport_msg *m, uint8_t *buf, size_t cap)
-{
-    size_t len = 0;
-    kvport_hdr h;
-    for (;;) {
-        int rc = kvport_hdr_read(buf, len, &h);
-        if (rc == 0 && len >= KVPORT_HDR_BYTES + h.length) break;
-        assert_true(rc == 0 || rc == -1);
-        struct pollfd pf = {.fd = fd, .events = POLLIN};
-        if (poll(&pf, 1, 10000) <= 0) return 0;
-        ssize_t r = read(fd, buf + len, cap - len);
-        if (r <= 0) return 0;
-        len += (size_t)r;
-    }
-    assert_int_equal(kvport_decode(&h, buf + KVPORT_HDR_BYTES, m), 0);
-    return m->type;
-}
-
 static void test_garbage_frames(void **state)
 {
     kp_holder h;
@@ -183,29 +162,29 @@ static void test_garbage_frames(void **state)
     static uint8_t buf[1 << 16];
     kvport_msg m;
     /* garbage: ERROR frame, then the holder closes that connection */
-    int fd = tcp_connect(h.port);
+    int fd = kp_connect_from(h.port, NULL);
     const char junk[] = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
     assert_int_equal(write(fd, junk, sizeof junk - 1), (ssize_t)(sizeof junk - 1));
-    assert_int_equal(read_frame(fd, &m, buf, sizeof buf), KVPORT_ERROR);
-    assert_int_equal(read_frame(fd, &m, buf, sizeof buf), 0);
+    assert_int_equal(kp_read_frame(fd, &m, buf, sizeof buf), KVPORT_ERROR);
+    assert_int_equal(kp_read_frame(fd, &m, buf, sizeof buf), 0);
     close(fd);
-    /* a PIN whose payload is truncated, then an unknown type: ERROR each,
-     * and the connection stays usable */
-    fd = tcp_connect(h.port);
+    /* authenticated: a PIN whose payload is truncated, then an unknown type:
+     * ERROR each, and the connection stays usable */
+    fd = kp_authed(h.port);
     uint8_t fr[32] = {0x44, 0x58, 0x4b, 0x56, KVPORT_VERSION, 0, KVPORT_PIN, 0, 5, 0, 0, 0};
     memcpy(fr + KVPORT_HDR_BYTES, "\1\2\3\4\5", 5);
     assert_int_equal(write(fd, fr, 17), 17);
-    assert_int_equal(read_frame(fd, &m, buf, sizeof buf), KVPORT_ERROR);
+    assert_int_equal(kp_read_frame(fd, &m, buf, sizeof buf), KVPORT_ERROR);
     assert_int_equal(m.u.error.code, -5); /* DX_EFORMAT */
     uint8_t unk[12] = {0x44, 0x58, 0x4b, 0x56, KVPORT_VERSION, 0, 99, 0, 0, 0, 0, 0};
     assert_int_equal(write(fd, unk, 12), 12);
-    assert_int_equal(read_frame(fd, &m, buf, sizeof buf), KVPORT_ERROR);
+    assert_int_equal(kp_read_frame(fd, &m, buf, sizeof buf), KVPORT_ERROR);
     uint8_t badver[12] = {0x44, 0x58, 0x4b, 0x56, 9, 0, KVPORT_PIN, 0, 0, 0, 0, 0};
     assert_int_equal(write(fd, badver, 12), 12);
-    assert_int_equal(read_frame(fd, &m, buf, sizeof buf), KVPORT_ERROR);
+    assert_int_equal(kp_read_frame(fd, &m, buf, sizeof buf), KVPORT_ERROR);
     close(fd);
     /* a truncated frame and a hang-up mid-frame */
-    fd = tcp_connect(h.port);
+    fd = kp_connect_from(h.port, NULL);
     assert_int_equal(write(fd, fr, 14), 14);
     close(fd);
     /* the holder still serves */
@@ -213,12 +192,6 @@ static void test_garbage_frames(void **state)
     kp_expect_ok(j, 16);
     json_decref(j);
     kp_hold_stop(&h);
-}
-
-static void send_frame(int fd, dx_buf *b)
-{
-    assert_int_equal(write(fd, b->data, b->len), (ssize_t)b->len);
-    b->len = 0;
 }
 
 /* The reader's view of holder h's first lease: its token and the hash
@@ -247,8 +220,8 @@ static void pin_many(int fd, const xfer_token *t, const kv_hash *chain, uint64_t
     kvport_msg m;
     for (int i = 0; i < n; i++) {
         assert_int_equal(kvport_encode_pin(&b, t->b, blk, hs, 2), 0);
-        send_frame(fd, &b);
-        assert_int_equal(read_frame(fd, &m, buf, cap), KVPORT_PIN_OK);
+        kp_send(fd, &b);
+        assert_int_equal(kp_read_frame(fd, &m, buf, cap), KVPORT_PIN_OK);
         assert_int_equal(m.u.pin_ok.n_matched, 2);
         if (ttl_ms) assert_int_equal(m.u.pin_ok.ttl_ms, ttl_ms);
         ids[i] = m.u.pin_ok.pin_id;
@@ -263,10 +236,10 @@ static int release_one(int fd, uint64_t id, uint8_t *buf, size_t cap, int *code)
     dx_buf_init(&b, 0);
     kvport_release rel = {id, 0};
     assert_int_equal(kvport_encode_release(&b, &rel), 0);
-    send_frame(fd, &b);
+    kp_send(fd, &b);
     dx_buf_free(&b);
     kvport_msg m;
-    int type = read_frame(fd, &m, buf, cap);
+    int type = kp_read_frame(fd, &m, buf, cap);
     *code = type == KVPORT_ERROR ? m.u.error.code : 0;
     return type;
 }
@@ -279,7 +252,7 @@ static void test_many_pins_one_connection(void **state)
     kv_hash chain[2];
     xfer_token t;
     holder_lease(&h, &t, chain);
-    int fd = tcp_connect(h.port), code;
+    int fd = kp_authed(h.port), code;
     /* 100 pins; the odd ones released newest first, the even ones left to
      * time out */
     enum { N1 = 100, N2 = 300 };
@@ -321,10 +294,10 @@ static int renew_one(int fd, uint64_t id, uint8_t *buf, size_t cap, long *val)
     dx_buf_init(&b, 0);
     kvport_renew rn = {id};
     assert_int_equal(kvport_encode_renew(&b, &rn), 0);
-    send_frame(fd, &b);
+    kp_send(fd, &b);
     dx_buf_free(&b);
     kvport_msg m;
-    int type = read_frame(fd, &m, buf, cap);
+    int type = kp_read_frame(fd, &m, buf, cap);
     *val = type == KVPORT_RENEW_OK ? (long)m.u.renew_ok.ttl_ms : type ? (long)m.u.error.code : 0;
     return type;
 }
@@ -342,7 +315,7 @@ static void test_renew_and_idle(void **state)
     kv_hash chain[2];
     xfer_token t;
     holder_lease(&h, &t, chain);
-    int fd = tcp_connect(h.port);
+    int fd = kp_authed(h.port);
     uint64_t id;
     pin_many(fd, &t, chain, &id, 1, 3000, buf, sizeof buf);
     long val;
@@ -351,7 +324,7 @@ static void test_renew_and_idle(void **state)
     assert_int_equal(renew_one(fd, id, buf, sizeof buf, &val), KVPORT_RENEW_OK);
     assert_int_equal(val, 3000);
     /* another connection may neither renew nor release it */
-    int other = tcp_connect(h.port);
+    int other = kp_authed(h.port);
     assert_int_equal(renew_one(other, id, buf, sizeof buf, &val), KVPORT_ERROR);
     assert_int_equal(val, -8); /* DX_ENOENT */
     int code;
@@ -374,6 +347,303 @@ static void test_renew_and_idle(void **state)
     kp_hold_stop(&h);
 }
 
+/* ---- attacks on the port ------------------------------------------------- */
+
+static void expect_pull_ok(const kp_holder *h)
+{
+    json_t *j = pull(h, h->tok[0], "0-15", NULL);
+    kp_expect_ok(j, 16);
+    json_decref(j);
+}
+
+/* What a reader without the secret can get from a holder: "authentication
+ * failed", never its HELLO (remote key, worker address, pool base, layout)
+ * — not by probing before the handshake, not with a wrong or no secret,
+ * not by replaying a recorded handshake, not with cut or oversized
+ * handshake frames — while the right secret pulls as before. */
+static void test_auth_required(void **state)
+{
+    kp_holder h;
+    hold_start(&h, "16", "8192", "60", NULL);
+    dx_buf b;
+    dx_buf_init(&b, 0);
+    /* a HELLO probe (another model's) before authenticating */
+    kvport_hello probe = {.engine_id = {(const uint8_t *)"probe", 5}, .n_layer = 1};
+    int fd = kp_connect_from(h.port, NULL);
+    assert_int_equal(kvport_encode_hello(&b, &probe), 0);
+    kp_send(fd, &b);
+    kp_expect_auth_failed(fd, 0);
+    /* AUTH_INIT, then a PIN instead of the proof */
+    fd = kp_connect_from(h.port, NULL);
+    kvport_auth_msg a = {{1, 2, 3}, {0}};
+    assert_int_equal(kvport_encode_auth(&b, KVPORT_AUTH_INIT, &a), 0);
+    kp_send(fd, &b);
+    uint8_t tok[16] = {0};
+    int32_t id = 0;
+    uint64_t hs[2] = {0, 0};
+    assert_int_equal(kvport_encode_pin(&b, tok, &id, hs, 1), 0);
+    kp_send(fd, &b);
+    kp_expect_auth_failed(fd, KVPORT_HDR_BYTES + KVPORT_NONCE_BYTES + KVPORT_PROOF_BYTES);
+    /* a made-up proof */
+    fd = kp_connect_from(h.port, NULL);
+    assert_int_equal(kvport_encode_auth(&b, KVPORT_AUTH_INIT, &a), 0);
+    assert_int_equal(kvport_encode_auth(&b, KVPORT_AUTH_PROOF, &a), 0);
+    kp_send(fd, &b);
+    kp_expect_auth_failed(fd, KVPORT_HDR_BYTES + KVPORT_NONCE_BYTES + KVPORT_PROOF_BYTES);
+    /* an oversized frame before authenticating: refused at its header */
+    fd = kp_connect_from(h.port, NULL);
+    uint8_t big[12] = {0x44, 0x58, 0x4b, 0x56, KVPORT_VERSION, 0, KVPORT_AUTH_INIT, 0, 0, 0, 1, 0};
+    assert_int_equal(write(fd, big, sizeof big), (ssize_t)sizeof big);
+    kp_expect_auth_failed(fd, 0);
+    /* a wrong secret and no secret: the reader refuses the holder first */
+    char other[160];
+    snprintf(other, sizeof other, "%s.other", g_secret);
+    unlink(other);
+    assert_int_equal(kvport_secret_write_new(other), 0);
+    fd = kp_connect_from(h.port, NULL);
+    assert_int_equal(kp_auth(fd, other), DX_EAUTH);
+    close(fd);
+    const char *bad[] = {other, ""};
+    for (int i = 0; i < 2; i++) {
+        g_pull_secret = bad[i];
+        json_t *j = pull(&h, h.tok[0], "0-15", NULL);
+        g_pull_secret = NULL;
+        assert_int_equal(kp_jint(j, "err"), DX_EAUTH);
+        assert_int_equal(kp_jint(j, "pulled"), 0);
+        assert_int_equal(kp_jint(j, "leaked"), 0);
+        assert_non_null(strstr(kp_jstr(j, "reason"), "authentication failed"));
+        json_decref(j);
+    }
+    unlink(other);
+    /* every cut of a handshake, then a hang-up */
+    uint8_t init[KVPORT_HDR_BYTES + KVPORT_NONCE_BYTES];
+    assert_int_equal(kvport_encode_auth(&b, KVPORT_AUTH_INIT, &a), 0);
+    memcpy(init, b.data, sizeof init);
+    b.len = 0;
+    for (size_t cut = 0; cut < sizeof init; cut++) {
+        fd = kp_connect_from(h.port, NULL);
+        if (cut) assert_int_equal(write(fd, init, cut), (ssize_t)cut);
+        shutdown(fd, SHUT_WR);
+        static uint8_t none[64];
+        assert_int_equal(kp_read_to_eof(fd, none, sizeof none), 0); /* closed, nothing said */
+        close(fd);
+    }
+    /* a recorded handshake replayed: the holder's fresh nonce defeats it */
+    kvport_auth_msg ri, rp;
+    fd = kp_connect_from(h.port, NULL);
+    assert_int_equal(kp_auth_rec(fd, g_secret, &ri, &rp), 0);
+    close(fd);
+    fd = kp_connect_from(h.port, NULL);
+    assert_int_equal(kvport_encode_auth(&b, KVPORT_AUTH_INIT, &ri), 0);
+    assert_int_equal(kvport_encode_auth(&b, KVPORT_AUTH_PROOF, &rp), 0);
+    kp_send(fd, &b);
+    kp_expect_auth_failed(fd, KVPORT_HDR_BYTES + KVPORT_NONCE_BYTES + KVPORT_PROOF_BYTES);
+    dx_buf_free(&b);
+    expect_pull_ok(&h);
+    kp_hold_stop(&h);
+}
+
+/* Writes bytes one at a time, `ms` apart, until all are sent or the holder
+ * closes the connection; returns how many it took. */
+static size_t drip(int fd, const uint8_t *p, size_t n, int ms)
+{
+    uint8_t junk[256];
+    for (size_t i = 0; i < n; i++) {
+        struct pollfd pf = {.fd = fd, .events = POLLIN};
+        if (poll(&pf, 1, ms) > 0) {
+            ssize_t r = read(fd, junk, sizeof junk);
+            if (r <= 0) return i;
+        }
+        if (write(fd, p + i, 1) != 1) return i;
+    }
+    return n;
+}
+
+/* Dripping keeps nothing open: a handshake that is not done 1 s after the
+ * connect is closed however the bytes trickle in, and once authenticated a
+ * partial frame trickling in does not count as activity — the 1 s idle
+ * timeout counts from the last complete frame.  Each drip would take 11 s
+ * in full (and kept the connection forever before). */
+static void test_drip(void **state)
+{
+    kp_holder h;
+    kp_hold_start(&h, NULL, "--blocks", "16", "--block-bytes", "8192", "--handshake-timeout-s", "1",
+                  "--idle-timeout-s", "1", NULL);
+    dx_buf b;
+    dx_buf_init(&b, 0);
+    kvport_auth_msg a = {{7}, {0}};
+    assert_int_equal(kvport_encode_auth(&b, KVPORT_AUTH_INIT, &a), 0);
+    int fd = kp_connect_from(h.port, NULL);
+    size_t sent = drip(fd, (const uint8_t *)b.data, b.len, 250);
+    if (sent == b.len) fail_msg("a connection dripping its handshake stayed open");
+    close(fd);
+    expect_pull_ok(&h);
+    /* authenticated, then a PIN frame at 4 bytes per second */
+    uint8_t tok[16] = {0};
+    int32_t id = 0;
+    uint64_t hs[2] = {0, 0};
+    b.len = 0;
+    assert_int_equal(kvport_encode_pin(&b, tok, &id, hs, 1), 0);
+    fd = kp_authed(h.port);
+    sent = drip(fd, (const uint8_t *)b.data, b.len, 250);
+    if (sent == b.len) fail_msg("an authenticated connection dripping a frame stayed open");
+    close(fd);
+    dx_buf_free(&b);
+    expect_pull_ok(&h);
+    kp_hold_stop(&h);
+}
+
+/* Hundreds of connections that start a handshake and stall, from 20
+ * loopback addresses: the per-address cap closes the extra ones at once,
+ * the oldest give way to new ones past the total, so a well-behaved reader
+ * still authenticates and pulls; the handshake deadline then closes them
+ * all. */
+static void test_many_connections(void **state)
+{
+    kp_holder h;
+    kp_hold_start(&h, NULL, "--blocks", "16", "--block-bytes", "8192", "--handshake-timeout-s", "3",
+                  NULL);
+    enum { N_ADDR = 20, PER_ADDR = 12, N = N_ADDR * PER_ADDR };
+    static int fds[N];
+    for (int i = 0; i < N; i++) {
+        char src[32];
+        snprintf(src, sizeof src, "127.0.0.%d", 2 + i / PER_ADDR);
+        fds[i] = kp_connect_from(h.port, src);
+        assert_int_equal(write(fds[i], "DXKV\3", 5), 5); /* a header begun, never finished */
+    }
+    expect_pull_ok(&h);
+    expect_pull_ok(&h);
+    /* at most 8 per address and 64 in all are still open: poll until the
+     * holder has dealt with every connect */
+    int open = N;
+    for (int tries = 0; tries < 200 && open > 64; tries++) {
+        open = 0;
+        for (int i = 0; i < N; i++) {
+            if (fds[i] < 0) continue;
+            struct pollfd pf = {.fd = fds[i], .events = POLLIN};
+            uint8_t c;
+            if (poll(&pf, 1, 0) > 0 && read(fds[i], &c, 1) <= 0) {
+                close(fds[i]);
+                fds[i] = -1;
+            } else {
+                open++;
+            }
+        }
+        if (open > 64) usleep(50000);
+    }
+    if (open > 64) fail_msg("%d unauthenticated connections still open (cap 64)", open);
+    /* and past the handshake deadline, none */
+    uint8_t buf[256];
+    for (int i = 0; i < N; i++) {
+        if (fds[i] < 0) continue;
+        if (kp_read_to_eof(fds[i], buf, sizeof buf) < 0)
+            fail_msg("connection %d outlived the handshake deadline", i);
+        close(fds[i]);
+    }
+    expect_pull_ok(&h);
+    kp_hold_stop(&h);
+}
+
+static long vm_rss_kb(pid_t pid)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    long kb = -1;
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, "VmRSS:", 6)) kb = strtol(line + 6, NULL, 10);
+    if (f) fclose(f);
+    return kb;
+}
+
+/* Sends frames the holder answers with ERROR, never reading the answers,
+ * until the holder stops reading (our writes block for 2 s); returns the
+ * bytes sent.  Fails if the holder closed the connection instead. */
+static size_t flood(int fd)
+{
+    static uint8_t frames[12 * 4096];
+    uint8_t unk[12] = {0x44, 0x58, 0x4b, 0x56, KVPORT_VERSION, 0, 99, 0, 0, 0, 0, 0};
+    for (size_t i = 0; i < sizeof frames; i += 12) memcpy(frames + i, unk, 12);
+    size_t sent = 0, off = 0;
+    for (;;) {
+        struct pollfd pf = {.fd = fd, .events = POLLOUT};
+        if (poll(&pf, 1, 2000) == 0) return sent; /* the holder stopped reading */
+        ssize_t w = send(fd, frames + off, sizeof frames - off, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (w < 0 && errno == EAGAIN) continue;
+        if (w <= 0) fail_msg("the holder dropped a flooding peer instead of pausing it");
+        sent += (size_t)w;
+        off = (off + (size_t)w) % sizeof frames;
+        if (sent > (512u << 20)) fail_msg("the holder read 512 MiB of frames without pausing");
+    }
+}
+
+/* Peers that send and never read cost the holder one reply budget each
+ * (1 MiB, write requests counted), not tens of MB: it stops reading from
+ * them, and keeps serving a well-behaved reader. */
+static void test_flood_without_reading(void **state)
+{
+    kp_holder h;
+    /* Under ASan freed memory waits in a quarantine (256 MB) before reuse,
+     * which RSS would count: the holder runs without one here. */
+    const char *asan = getenv("ASAN_OPTIONS");
+    char *saved = asan ? strdup(asan) : NULL, opts[512];
+    snprintf(opts, sizeof opts, "%s%squarantine_size_mb=0", asan ? asan : "", asan ? ":" : "");
+    setenv("ASAN_OPTIONS", opts, 1);
+    kp_hold_start(&h, NULL, "--blocks", "16", "--block-bytes", "8192", "--idle-timeout-s", "600",
+                  NULL);
+    if (saved)
+        setenv("ASAN_OPTIONS", saved, 1);
+    else
+        unsetenv("ASAN_OPTIONS");
+    free(saved);
+    expect_pull_ok(&h);
+    long before = vm_rss_kb(h.p.pid);
+    enum { N = 4 };
+    int fds[N];
+    for (int i = 0; i < N; i++) {
+        fds[i] = kp_authed(h.port);
+        int small = 64 << 10; /* our receive buffer: the replies back up at the holder soon */
+        setsockopt(fds[i], SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+        size_t sent = flood(fds[i]);
+        print_message("flooder %d: %zu bytes sent before the holder paused it\n", i, sent);
+    }
+    expect_pull_ok(&h);
+    long after = vm_rss_kb(h.p.pid);
+    print_message("holder RSS: %ld kB before, %ld kB with %d flooders paused\n", before, after, N);
+    if (after - before > 32 * 1024)
+        fail_msg("%d paused flooders cost the holder %ld kB", N, after - before);
+    for (int i = 0; i < N; i++) close(fds[i]);
+    expect_pull_ok(&h);
+    kp_hold_stop(&h);
+}
+
+/* UCX's own warnings (here: an environment variable it does not know) go
+ * to stderr, never into the JSON lines on stdout (kp_next_json fails the
+ * test on any other line), in the holder and in the reader. */
+static void test_stdout_stays_json(void **state)
+{
+    setenv("UCX_DUPLEX_ITEST_UNUSED", "1", 1);
+    kp_holder h;
+    hold_start(&h, "16", "8192", "60", NULL);
+    json_t *j = pull(&h, h.tok[0], "0-15", NULL);
+    unsetenv("UCX_DUPLEX_ITEST_UNUSED");
+    kp_expect_ok(j, 16);
+    json_decref(j);
+    kp_hold_stop(&h);
+    /* and the warning did go somewhere: stderr */
+    char cmd[512], out[8192];
+    snprintf(cmd, sizeof cmd,
+             "UCX_DUPLEX_ITEST_UNUSED=1 %s kv pull --port 1 --token "
+             "0123456789abcdef0123456789abcdef --timeout 1 2>&1 >/dev/null",
+             g_bin);
+    FILE *f = popen(cmd, "r");
+    size_t n = fread(out, 1, sizeof out - 1, f);
+    out[n] = 0;
+    pclose(f);
+    if (!strstr(out, "unused env variable: UCX_DUPLEX_ITEST_UNUSED"))
+        fail_msg("UCX's warning is not on stderr:\n%s", out);
+}
+
 #define T(f) cmocka_unit_test_teardown(f, kp_kill_holder)
 
 int main(void)
@@ -381,10 +651,22 @@ int main(void)
     g_bin = getenv("DUPLEX_BIN");
     if (!g_bin) g_bin = "build/release/duplex";
     signal(SIGPIPE, SIG_IGN);
+    char dir[] = "/tmp/dx_itest_xfer_XXXXXX";
+    if (!mkdtemp(dir)) return 1;
+    kp_make_secret(dir);
     const struct CMUnitTest tests[] = {
-        T(test_exact_and_security), T(test_256mib),         T(test_holder_killed),
-        T(test_holder_stopped),     T(test_garbage_frames), T(test_many_pins_one_connection),
+        T(test_exact_and_security),
+        T(test_256mib),
+        T(test_holder_killed),
+        T(test_holder_stopped),
+        T(test_garbage_frames),
+        T(test_many_pins_one_connection),
         T(test_renew_and_idle),
+        T(test_auth_required),
+        T(test_drip),
+        T(test_many_connections),
+        T(test_flood_without_reading),
+        T(test_stdout_stays_json),
     };
     int fails = 0;
     const char *user_tls = getenv("UCX_TLS");
@@ -396,5 +678,7 @@ int main(void)
         fails +=
             cmocka_run_group_tests_name("xfer (UCX_TLS from the environment)", tests, NULL, NULL);
     }
+    unlink(g_secret);
+    rmdir(dir);
     return fails ? 1 : 0;
 }

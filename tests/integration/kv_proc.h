@@ -1,23 +1,47 @@
 /* kv_proc: the KV-transfer integration tests' processes — `duplex kv hold`
  * and `duplex kv pull` started as children (optionally inside a network
  * namespace), their JSON lines read with a timeout, their exit awaited with
- * a limit.  Static functions in a header: each test binary is one
- * translation unit (like tests/test_client.h).  Include after cmocka.h. */
+ * a limit — and raw KV-port connections that authenticate like a reader
+ * does (kp_auth) and speak frames.  Both processes get the cluster secret
+ * in g_secret (kp_make_secret) unless a test says otherwise.  Static
+ * functions in a header: each test binary is one translation unit (like
+ * tests/test_client.h).  Include after cmocka.h. */
 #ifndef KV_PROC_H
 #define KV_PROC_H
 
+#include <arpa/inet.h>
+#include <errno.h>
 #include <jansson.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "base/dx_addr.h"
+#include "base/dx_buf.h"
+#include "base/dx_err.h"
+#include "xfer/kvport_auth.h"
+#include "xfer/kvport_proto.h"
+
 static const char *g_bin;   /* the duplex binary (DUPLEX_BIN) */
 static pid_t g_holder = -1; /* killed by kp_kill_holder if a test fails midway */
+static char g_secret[128];  /* the cluster secret file both sides get ("": none) */
+/* The secret a pull gets instead (a path, or "" for none); NULL: g_secret. */
+static const char *g_pull_secret;
+
+/* Writes a fresh secret file in dir as g_secret. */
+static inline void kp_make_secret(const char *dir)
+{
+    snprintf(g_secret, sizeof g_secret, "%s/kv.secret", dir);
+    unlink(g_secret);
+    assert_int_equal(kvport_secret_write_new(g_secret), 0);
+}
 
 typedef struct {
     pid_t pid;
@@ -54,19 +78,21 @@ static inline void kp_spawn(kp_proc *p, const char *netns, char *const argv[])
     p->fd = pfd[0];
 }
 
-/* Next stdout line that is a JSON object (UCX may log to stdout too). */
+/* The next stdout line, which must be a JSON object: tools parse these
+ * commands' stdout, so nothing else may land there (UCX's own log lines go
+ * to stderr).  NULL at EOF or after timeout_ms without a line. */
 static inline json_t *kp_next_json(kp_proc *p, int timeout_ms)
 {
     for (;;) {
         char *nl = memchr(p->buf, '\n', p->len);
         if (nl) {
             *nl = 0;
-            json_t *j = p->buf[0] == '{' ? json_loads(p->buf, 0, NULL) : NULL;
+            json_t *j = json_loads(p->buf, 0, NULL);
+            if (!json_is_object(j)) fail_msg("stdout line is not a JSON object: %s", p->buf);
             size_t used = (size_t)(nl - p->buf) + 1;
             memmove(p->buf, nl + 1, p->len - used);
             p->len -= used;
-            if (j) return j;
-            continue;
+            return j;
         }
         struct pollfd pf = {.fd = p->fd, .events = POLLIN};
         if (poll(&pf, 1, timeout_ms) <= 0) return NULL;
@@ -107,6 +133,10 @@ static inline void kp_hold_start(kp_holder *h, const char *netns, ...)
 {
     char *argv[40] = {"duplex", "kv", "hold", "--fill-seed", "7"};
     int n = 5;
+    if (g_secret[0]) {
+        argv[n++] = "--kv-secret-file";
+        argv[n++] = g_secret;
+    }
     va_list ap;
     va_start(ap, netns);
     for (char *a; n < 38 && (a = va_arg(ap, char *));) argv[n++] = a;
@@ -144,6 +174,11 @@ static inline json_t *kp_vpull(const kp_holder *h, const char *netns, int *rc, c
     char *argv[40] = {"duplex",      "kv",       "pull",         "--port",      port, "--token",
                       (char *)token, "--remote", (char *)remote, "--fill-seed", "7"};
     int n = 11;
+    const char *secret = g_pull_secret ? g_pull_secret : g_secret;
+    if (secret[0]) {
+        argv[n++] = "--kv-secret-file";
+        argv[n++] = (char *)secret;
+    }
     for (char *a; n < 38 && (a = va_arg(ap, char *));) argv[n++] = a;
     argv[n] = NULL;
     kp_proc p;
@@ -201,6 +236,140 @@ static inline int kp_kill_holder(void **state)
     }
     g_holder = -1;
     return 0;
+}
+
+/* ---- raw connections ---- */
+
+/* A TCP connection to 127.0.0.1:port from source address src (NULL: any;
+ * "127.0.0.N" gives a peer an address of its own on loopback). */
+static inline int kp_connect_from(int port, const char *src)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    if (src) {
+        struct sockaddr_in b = {.sin_family = AF_INET};
+        inet_pton(AF_INET, src, &b.sin_addr);
+        assert_int_equal(bind(fd, (struct sockaddr *)&b, sizeof b), 0);
+    }
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_port = htons((uint16_t)port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    return fd;
+}
+
+static inline void kp_send(int fd, dx_buf *b)
+{
+    assert_int_equal(write(fd, b->data, b->len), (ssize_t)b->len);
+    b->len = 0;
+}
+
+/* Reads one frame into buf; returns its type (0 if the connection closed
+ * first or nothing came within 10 s). */
+static inline int kp_read_frame(int fd, kvport_msg *m, uint8_t *buf, size_t cap)
+{
+    size_t len = 0;
+    kvport_hdr h;
+    for (;;) {
+        int rc = kvport_hdr_read(buf, len, &h);
+        if (rc == 0 && len >= KVPORT_HDR_BYTES + h.length) break;
+        assert_true(rc == 0 || rc == DX_EAGAIN);
+        struct pollfd pf = {.fd = fd, .events = POLLIN};
+        if (poll(&pf, 1, 10000) <= 0) return 0;
+        /* never past this frame: the next one is the caller's */
+        size_t want = rc == 0 ? KVPORT_HDR_BYTES + h.length - len : KVPORT_HDR_BYTES - len;
+        ssize_t r = read(fd, buf + len, want < cap - len ? want : cap - len);
+        if (r <= 0) return 0;
+        len += (size_t)r;
+    }
+    assert_int_equal(kvport_decode(&h, buf + KVPORT_HDR_BYTES, m), 0);
+    return m->type;
+}
+
+/* The reader's side of the handshake on fd with the secret in file `path`
+ * ("" or NULL: none): 0 once the holder sent AUTH_OK, DX_EAUTH when either
+ * side refused the other.  The AUTH_INIT and AUTH_PROOF sent go to init
+ * and proof when given (to replay them). */
+static inline int kp_auth_rec(int fd, const char *path, kvport_auth_msg *rec_init,
+                              kvport_auth_msg *rec_proof)
+{
+    kvport_secret *k = NULL;
+    if (path && *path) assert_int_equal(kvport_secret_load(path, &k), 0);
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    dx_ipport holder;
+    assert_int_equal(getpeername(fd, (struct sockaddr *)&ss, &sl), 0);
+    assert_int_equal(dx_addr_norm((struct sockaddr *)&ss, &holder), 0);
+    kvport_auth a;
+    kvport_auth_msg init, proof = {{0}, {0}};
+    kvport_msg m;
+    static uint8_t buf[4096];
+    dx_buf b;
+    dx_buf_init(&b, 0);
+    assert_int_equal(kvport_auth_reader_start(&a, k, &holder, &init), 0);
+    assert_int_equal(kvport_encode_auth(&b, KVPORT_AUTH_INIT, &init), 0);
+    kp_send(fd, &b);
+    int rc = kp_read_frame(fd, &m, buf, sizeof buf) == KVPORT_AUTH_CHALLENGE ? 0 : DX_EAUTH;
+    if (!rc) rc = kvport_auth_reader_prove(&a, &m.u.auth, &proof);
+    if (!rc) {
+        assert_int_equal(kvport_encode_auth(&b, KVPORT_AUTH_PROOF, &proof), 0);
+        kp_send(fd, &b);
+        rc = kp_read_frame(fd, &m, buf, sizeof buf) == KVPORT_AUTH_OK ? 0 : DX_EAUTH;
+    }
+    dx_buf_free(&b);
+    kvport_secret_destroy(k);
+    if (rec_init) *rec_init = init;
+    if (rec_proof) *rec_proof = proof;
+    return rc;
+}
+
+static inline int kp_auth(int fd, const char *path)
+{
+    return kp_auth_rec(fd, path, NULL, NULL);
+}
+
+/* A connection from this process, authenticated with g_secret. */
+static inline int kp_authed(int port)
+{
+    int fd = kp_connect_from(port, NULL);
+    assert_int_equal(kp_auth(fd, g_secret), 0);
+    return fd;
+}
+
+/* Every byte the holder sends on fd until it closes (at most cap; waits at
+ * most 20 s for each read).  Returns the count, or -1 if it stayed open. */
+static inline long kp_read_to_eof(int fd, uint8_t *buf, size_t cap)
+{
+    size_t len = 0;
+    for (;;) {
+        struct pollfd pf = {.fd = fd, .events = POLLIN};
+        if (poll(&pf, 1, 20000) <= 0) return -1;
+        ssize_t r = read(fd, buf + len, cap - len);
+        if (r == 0 || (r < 0 && errno == ECONNRESET)) return (long)len;
+        if (r < 0) return -1;
+        len += (size_t)r;
+        if (len == cap) return -1;
+    }
+}
+
+/* The whole stream the holder sent before closing is one ERROR frame saying
+ * "authentication failed", after `skip` bytes (a challenge). */
+static inline void kp_expect_auth_failed(int fd, size_t skip)
+{
+    static uint8_t buf[1 << 16];
+    long n = kp_read_to_eof(fd, buf, sizeof buf);
+    if (n < 0) fail_msg("the holder kept the connection open");
+    kvport_hdr h;
+    kvport_msg m;
+    assert_true((size_t)n > skip);
+    assert_int_equal(kvport_hdr_read(buf + skip, (size_t)n - skip, &h), 0);
+    assert_int_equal((size_t)n, skip + KVPORT_HDR_BYTES + h.length);
+    assert_int_equal(kvport_decode(&h, buf + skip + KVPORT_HDR_BYTES, &m), 0);
+    assert_int_equal(m.type, KVPORT_ERROR);
+    assert_int_equal(m.u.error.code, DX_EAUTH);
+    assert_int_equal(m.u.error.message.n, strlen("authentication failed"));
+    assert_memory_equal(m.u.error.message.p, "authentication failed", m.u.error.message.n);
+    close(fd);
 }
 
 #endif

@@ -1,5 +1,5 @@
 /* pd_test: what the P/D integration tests share — nodes as processes on
- * loopback with the tiny test model, OpenAI requests, conversations that
+ * loopback with the tiny test model and one cluster KV secret, OpenAI requests, conversations that
  * grow turn by turn, and the one-way/bidirectional protocol steps a router
  * performs (so node tests can drive P and D directly).  Static functions:
  * each test binary is one translation unit.  Include after cmocka.h. */
@@ -13,10 +13,11 @@
 #include "base/dx_dtype.h"
 #include "base/dx_err.h"
 #include "model/synth.h"
+#include "xfer/kvport_auth.h"
 
 static struct {
     const char *bin;
-    char dir[64], model[128];
+    char dir[64], model[128], secret[128];
     const char *model_name;
     int n_logs;
     double temperature; /* every chat body's (0: greedy) */
@@ -27,12 +28,15 @@ static struct {
 
 /* ---- processes ------------------------------------------------------------ */
 
-/* `duplex serve` on a free port with the test model, plus extra flags. */
+/* `duplex serve` on a free port with the test model and the cluster's KV
+ * secret, plus extra flags (later ones win: a test may give another
+ * --kv-secret-file). */
 static inline void node_start(tp_proc *p, const char *tag, const char *const *extra)
 {
-    const char *argv[48] = {"serve",     "--model", G.model,         "--port", "0",
-                            "--threads", "1",       "--kv-cache-mb", "16"};
-    int n = 9;
+    const char *argv[48] = {"serve", "--model",          G.model, "--port",
+                            "0",     "--threads",        "1",     "--kv-cache-mb",
+                            "16",    "--kv-secret-file", G.secret};
+    int n = 11;
     for (int i = 0; extra && extra[i]; i++) argv[n++] = extra[i];
     argv[n] = NULL;
     char log[160];
@@ -356,6 +360,8 @@ static inline int pdt_setup(const char *name)
     snprintf(G.model, sizeof G.model, "%s/tiny.gguf", G.dir);
     synth_config c = {.arch = MODEL_QWEN3, .preset = "tiny", .dtype = DX_F32, .seed = 5};
     if (synth_write(&c, G.model)) return -1;
+    snprintf(G.secret, sizeof G.secret, "%s/kv.secret", G.dir);
+    if (kvport_secret_write_new(G.secret)) return -1;
     G.model_name = "duplex-synth-qwen3-tiny-f32";
     curl_global_init(CURL_GLOBAL_DEFAULT);
     return 0;

@@ -234,8 +234,48 @@ static void test_renew_frames(void **state)
     dx_buf_free(&b);
 }
 
+/* The handshake's frames: fixed-size nonces and proofs; every cut and a
+ * trailing byte are format errors; the encoder refuses other types. */
+static void test_auth_frames(void **state)
+{
+    dx_buf b;
+    dx_buf_init(&b, 0);
+    kvport_auth_msg a;
+    for (unsigned i = 0; i < KVPORT_NONCE_BYTES; i++) a.nonce[i] = (uint8_t)(i + 1);
+    for (unsigned i = 0; i < KVPORT_PROOF_BYTES; i++) a.proof[i] = (uint8_t)(0xf0 - i);
+    static const struct {
+        uint16_t type;
+        size_t payload;
+        const char *name;
+    } k[] = {{KVPORT_AUTH_INIT, KVPORT_NONCE_BYTES, "auth_init"},
+             {KVPORT_AUTH_CHALLENGE, KVPORT_NONCE_BYTES + KVPORT_PROOF_BYTES, "auth_challenge"},
+             {KVPORT_AUTH_PROOF, KVPORT_PROOF_BYTES, "auth_proof"},
+             {KVPORT_AUTH_OK, 0, "auth_ok"}};
+    for (size_t i = 0; i < DX_ARRAY_LEN(k); i++) {
+        dx_buf_reset(&b);
+        assert_int_equal(kvport_encode_auth(&b, k[i].type, &a), 0);
+        dump(k[i].name, &b);
+        assert_int_equal(b.len, KVPORT_HDR_BYTES + k[i].payload);
+        assert_true(k[i].payload <= KVPORT_MAX_AUTH_PAYLOAD);
+        kvport_msg m;
+        assert_int_equal(decode(&b, &m), 0);
+        assert_int_equal(m.type, k[i].type);
+        if (k[i].type == KVPORT_AUTH_INIT || k[i].type == KVPORT_AUTH_CHALLENGE)
+            assert_memory_equal(m.u.auth.nonce, a.nonce, KVPORT_NONCE_BYTES);
+        if (k[i].type == KVPORT_AUTH_CHALLENGE || k[i].type == KVPORT_AUTH_PROOF)
+            assert_memory_equal(m.u.auth.proof, a.proof, KVPORT_PROOF_BYTES);
+        check_cuts_and_trailing(&b);
+    }
+    assert_string_equal(kvport_type_name(KVPORT_AUTH_CHALLENGE), "AUTH_CHALLENGE");
+    assert_int_equal(kvport_encode_auth(&b, KVPORT_HELLO, &a), DX_EINVAL);
+    assert_int_equal(kvport_encode_auth(&b, KVPORT_AUTH_PROOF, NULL), DX_EINVAL);
+    assert_int_equal(kvport_encode_auth(&b, KVPORT_AUTH_OK, NULL), 0);
+    dx_buf_free(&b);
+}
+
 /* A version-1 peer's frames (PIN_OK without ttl_ms) are refused at the
- * header with the version in the message, before any field is read. */
+ * header with the version in the message, before any field is read; so are
+ * a version-3 peer's (it does not authenticate). */
 static void test_version1_peer(void **state)
 {
     uint8_t v1_pin_ok[12 + 20] = {0x44, 0x58, 0x4b, 0x56, 1, 0, KVPORT_PIN_OK, 0, 20, 0, 0, 0, 42};
@@ -245,6 +285,9 @@ static void test_version1_peer(void **state)
     char speaks[32];
     snprintf(speaks, sizeof speaks, "speaks %d", KVPORT_VERSION);
     assert_non_null(strstr(dx_errmsg(), speaks));
+    uint8_t v3_hello[12] = {0x44, 0x58, 0x4b, 0x56, 3, 0, KVPORT_HELLO, 0, 0, 0, 0, 0};
+    assert_int_equal(kvport_hdr_read(v3_hello, sizeof v3_hello, &h), DX_EUNSUPPORTED);
+    assert_non_null(strstr(dx_errmsg(), "version 3"));
     /* the same 20-byte payload under this version's header is one field short */
     v1_pin_ok[4] = KVPORT_VERSION;
     kvport_msg m;
@@ -280,6 +323,7 @@ int main(void)
         cmocka_unit_test(test_hello_roundtrip), cmocka_unit_test(test_pin_roundtrip),
         cmocka_unit_test(test_small_frames),    cmocka_unit_test(test_renew_frames),
         cmocka_unit_test(test_version1_peer),   cmocka_unit_test(test_bad_headers),
+        cmocka_unit_test(test_auth_frames),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
