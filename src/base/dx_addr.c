@@ -43,11 +43,10 @@ int dx_addr_resolve(const char *host, int port, struct sockaddr_storage *out, so
 
 int dx_addr_is_loopback(const struct sockaddr *sa)
 {
-    if (sa->sa_family == AF_INET)
-        return (ntohl(((const struct sockaddr_in *)sa)->sin_addr.s_addr) >> 24) == 127;
-    if (sa->sa_family != AF_INET6) return 0;
-    const struct in6_addr *a = &((const struct sockaddr_in6 *)sa)->sin6_addr;
-    return IN6_IS_ADDR_LOOPBACK(a) || (IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127);
+    dx_ipport a;
+    return sa->sa_family == AF_INET6 || sa->sa_family == AF_INET
+               ? dx_addr_norm(sa, &a) == 0 && dx_ipport_is_loopback(&a)
+               : 0;
 }
 
 int dx_addr_port(const struct sockaddr_storage *a)
@@ -87,7 +86,7 @@ static int is_v4_mapped(const uint8_t ip[16])
     return memcmp(ip, prefix, 12) == 0;
 }
 
-int dx_addr_is_loopback(const dx_ipport *a)
+int dx_ipport_is_loopback(const dx_ipport *a)
 {
     static const uint8_t v6_lo[16] = {[15] = 1};
     return is_v4_mapped(a->ip) ? a->ip[12] == 127 : memcmp(a->ip, v6_lo, 16) == 0;
@@ -104,7 +103,7 @@ int dx_addr_host_is_loopback(const char *host)
     int all = 1;
     for (struct addrinfo *ai = res; ai && all; ai = ai->ai_next) {
         dx_ipport a;
-        all = dx_addr_norm(ai->ai_addr, &a) == 0 && dx_addr_is_loopback(&a);
+        all = dx_addr_norm(ai->ai_addr, &a) == 0 && dx_ipport_is_loopback(&a);
     }
     freeaddrinfo(res);
     return all;

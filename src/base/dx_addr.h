@@ -33,8 +33,8 @@ typedef struct {
 
 /* 0, or DX_EINVAL for an address that is not IPv4/IPv6. */
 int dx_addr_norm(const struct sockaddr *sa, dx_ipport *out);
-/* 1 for 127.0.0.0/8 and ::1. */
-int dx_addr_is_loopback(const dx_ipport *a);
+/* 1 for 127.0.0.0/8 (IPv4-mapped too) and ::1. */
+int dx_ipport_is_loopback(const dx_ipport *a);
 /* 1 when every address `host` resolves to is a loopback address, 0 when one
  * is not, DX_EINVAL (message set) when it does not resolve.  Blocking. */
 int dx_addr_host_is_loopback(const char *host);
