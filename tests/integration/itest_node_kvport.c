@@ -49,7 +49,8 @@ static int read_ports(void)
         size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
         if (f) fclose(f);
         buf[n] = 0;
-        const char *a = strstr(buf, "address=http://127.0.0.1:"), *k = strstr(buf, "kv_port=127.0.0.1:");
+        const char *a = strstr(buf, "address=http://127.0.0.1:"),
+                   *k = strstr(buf, "kv_port=127.0.0.1:");
         if (a && k) {
             g_http = atoi(a + strlen("address=http://127.0.0.1:"));
             g_kv = atoi(k + strlen("kv_port=127.0.0.1:"));
@@ -125,10 +126,15 @@ static void reader_init(reader *r, const model *m, const uint8_t fp[16], const c
     const model_hparams *hp = model_hp(m);
     xfer_agent_config ac = {.no_progress_thread = 1};
     assert_int_equal(xfer_agent_create(&ac, &r->agent), 0);
-    kv_pool_config pc = {.n_layer = hp->n_layer, .n_kv_head = hp->n_kv_head,
-                         .head_dim = hp->head_dim, .block_size = 16, .dtype = DX_F16,
-                         .n_blocks = 8, .alloc = xfer_agent_alloc,
-                         .release = xfer_agent_release, .alloc_user = r->agent};
+    kv_pool_config pc = {.n_layer = hp->n_layer,
+                         .n_kv_head = hp->n_kv_head,
+                         .head_dim = hp->head_dim,
+                         .block_size = 16,
+                         .dtype = DX_F16,
+                         .n_blocks = 8,
+                         .alloc = xfer_agent_alloc,
+                         .release = xfer_agent_release,
+                         .alloc_user = r->agent};
     assert_int_equal(kv_pool_create(&pc, &r->pool), 0);
     xfer_hello_init(&r->hello, "itest-reader", fp, r->pool, r->agent);
     xfer_client_config cc = {
@@ -151,8 +157,13 @@ static int try_pull(reader *r, xfer_pull_result *res)
     int32_t remote = 0;
     int32_t toks[16] = {0};
     kv_hash chain = kv_hash_next(kv_pool_seed(r->pool), toks, 16);
-    xfer_pull_req q = {.host = "127.0.0.1", .port = g_kv, .chain = &chain, .remote_ids = &remote,
-                       .local_ids = &local, .n = 1, .timeout_s = 10};
+    xfer_pull_req q = {.host = "127.0.0.1",
+                       .port = g_kv,
+                       .chain = &chain,
+                       .remote_ids = &remote,
+                       .local_ids = &local,
+                       .n = 1,
+                       .timeout_s = 10};
     assert_int_equal(xfer_token_random(&q.token), 0);
     int rc = xfer_pull(r->client, &q, res);
     kv_pool_unref(r->pool, local);
@@ -255,9 +266,11 @@ static void test_kv_flags(void **state)
     tp_expect(g_bin, "serve", 2, "--kv-peers: '10.0.0.1:0'", args);
     char log[160];
     snprintf(log, sizeof log, "%s/any.log", g_dir);
-    char *argv[] = {(char *)g_bin,   "serve",  "--model",   g_model,  "--role",
-                    "prefill",       "--host", "0.0.0.0",   "--port", "0",
-                    "--kv-cache-mb", "16",     "--threads", "1",      NULL};
+    /* an API key, so the HTTP side may leave loopback (http_auth) */
+    char *argv[] = {(char *)g_bin,      "serve",  "--model",   g_model,  "--role",
+                    "prefill",          "--host", "0.0.0.0",   "--port", "0",
+                    "--kv-cache-mb",    "16",     "--threads", "1",      "--api-key",
+                    "sk-test-kv-flags", NULL};
     tp_proc p;
     assert_int_equal(tp_spawn(&p, log, argv), 0);
     long kv = tp_wait_int(&p, "kv_port=127.0.0.1:", 60);
