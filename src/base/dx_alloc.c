@@ -15,6 +15,7 @@
 static atomic_size_t g_live_bytes;
 static atomic_size_t g_live_count;
 static atomic_size_t g_total_count;
+static atomic_size_t g_failed_count;
 static atomic_long g_fail_countdown;
 static atomic_int g_fail_sticky;
 
@@ -24,7 +25,13 @@ static int should_fail(void)
     if (c <= 0) return 0;
     if (atomic_fetch_sub(&g_fail_countdown, 1) != 1) return 0;
     if (atomic_load(&g_fail_sticky)) atomic_store(&g_fail_countdown, 1);
+    atomic_fetch_add(&g_failed_count, 1);
     return 1;
+}
+
+size_t dx_alloc_failed_count(void)
+{
+    return atomic_load_explicit(&g_failed_count, memory_order_relaxed);
 }
 
 void dx_alloc_fail_after(long n, int sticky)
@@ -35,7 +42,10 @@ void dx_alloc_fail_after(long n, int sticky)
 
 static void *account(unsigned char *raw, size_t size)
 {
-    if (!raw) return NULL;
+    if (!raw) {
+        atomic_fetch_add(&g_failed_count, 1);
+        return NULL;
+    }
     memcpy(raw, &size, sizeof size);
     atomic_fetch_add_explicit(&g_live_bytes, size, memory_order_relaxed);
     atomic_fetch_add_explicit(&g_live_count, 1, memory_order_relaxed);
@@ -75,7 +85,10 @@ void *dx_realloc(void *p, size_t size)
     size_t old;
     memcpy(&old, raw, sizeof old);
     unsigned char *nraw = realloc(raw, size + HDR);
-    if (!nraw) return NULL;
+    if (!nraw) {
+        atomic_fetch_add(&g_failed_count, 1);
+        return NULL;
+    }
     memcpy(nraw, &size, sizeof size);
     atomic_fetch_sub_explicit(&g_live_bytes, old, memory_order_relaxed);
     atomic_fetch_add_explicit(&g_live_bytes, size, memory_order_relaxed);

@@ -30,6 +30,10 @@ size_t dx_alloc_live_count(void);
  * dx_realloc count one each): tests check that a path allocates nothing. */
 size_t dx_alloc_total_count(void);
 
+/* Allocations that failed so far (injected or real): a caller whose library
+ * reports only "failed" (jansson) tells out-of-memory from bad input by it. */
+size_t dx_alloc_failed_count(void);
+
 /* Fault injection for tests: the n-th allocation from now fails (n >= 1),
  * and every later one too if `sticky`.  n = 0 disables. */
 void dx_alloc_fail_after(long n, int sticky);

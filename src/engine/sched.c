@@ -561,6 +561,15 @@ static uint32_t growth(const sched *s, const seq *q)
 static enum engine_finish accept_token(sched *s, seq *q, int32_t t);
 static void finish(sched *s, uint32_t i, enum engine_finish fin, int err, const char *msg);
 
+/* Ends running[idx] as accept_token said (ERROR: its text could not be kept). */
+static void finish_token(sched *s, uint32_t idx, enum engine_finish fin)
+{
+    if (fin == ENGINE_FINISH_ERROR)
+        finish(s, idx, fin, DX_ENOMEM, "out of memory keeping the answer's text");
+    else
+        finish(s, idx, fin, 0, NULL);
+}
+
 /* The tokens another engine generated for this prompt, taken as if sampled
  * here (once: a preempted sequence keeps them as generated tokens).  The
  * sampler draws one uniform per token when it samples at random and none
@@ -573,7 +582,7 @@ static void accept_pregen(sched *s, seq *q)
         if (q->sp.temperature > 0.0f) (void)dx_rng_uniform(&q->rng);
         enum engine_finish fin = accept_token(s, q, q->req.pregen[i]);
         if (fin != ENGINE_FINISH_NONE) {
-            finish(s, s->n_running - 1, fin, 0, NULL);
+            finish_token(s, s->n_running - 1, fin);
             return;
         }
     }
@@ -685,7 +694,8 @@ static enum engine_finish accept_token(sched *s, seq *q, int32_t t)
     if (!is_end && tok_is_text(s->tk, t)) {
         char piece[256];
         int n = tok_token_bytes(s->tk, t, piece, sizeof piece);
-        if (n > 0) dx_buf_append(&q->text, piece, (size_t)n);
+        /* text that cannot be kept would make a wrong answer: end it */
+        if (n > 0 && dx_buf_append(&q->text, piece, (size_t)n) < 0) return ENGINE_FINISH_ERROR;
     }
     long stop_at = q->req.n_stop ? find_stop(q) : -1;
     if (stop_at >= 0) {
@@ -770,7 +780,7 @@ int sched_step(sched *s)
         if (!s->batch[i].logits) continue;
         int32_t t = sample_row(s, q, s->logits + row++ * s->n_vocab);
         enum engine_finish fin = accept_token(s, q, t);
-        if (fin != ENGINE_FINISH_NONE) finish(s, running_index(s, q), fin, 0, NULL);
+        if (fin != ENGINE_FINISH_NONE) finish_token(s, running_index(s, q), fin);
     }
     return sched_busy(s);
 }

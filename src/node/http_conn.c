@@ -72,6 +72,11 @@ struct http_srv {
     int n_open; /* listener + connections not yet freed */
     size_t n_conns;
     http_conn *conns;
+    /* A connection there was no memory for is taken from libuv with this
+     * handle (embedded: needs no allocation) and closed at once; libuv
+     * accepts nothing more until a pending connection is taken. */
+    uv_tcp_t reject;
+    int reject_busy, reject_pending;
 };
 
 /* A write buffer over this is released once written rather than kept for
@@ -324,7 +329,8 @@ static void conn_reject(http_conn *c, int status, const char *msg)
     c->abort_fn = NULL;
     uv_timer_stop(&c->timer);
     uv_read_stop((uv_stream_t *)&c->tcp);
-    http_conn_respond(c, status, "application/json", NULL, body, (size_t)n);
+    http_conn_respond(c, status, "application/json", status == 503 ? "Retry-After: 1\r\n" : NULL,
+                      body, (size_t)n);
 }
 
 /* ---- closing --------------------------------------------------------- */
@@ -383,11 +389,17 @@ static int head_add(http_conn *c, const char *at, size_t len)
         c->reject_status = 431;
         return -1;
     }
-    if (dx_buf_append(&c->head, at, len) < 0) {
-        c->reject_status = 431;
-        return -1;
-    }
-    return 0;
+    int rc = dx_buf_append(&c->head, at, len);
+    if (rc < 0) c->reject_status = rc == DX_ENOMEM ? 503 : 431;
+    return rc < 0 ? -1 : 0;
+}
+
+/* Ends the URL, a name or a value in the head buffer. */
+static int head_end(http_conn *c)
+{
+    int rc = dx_buf_putc(&c->head, 0);
+    if (rc < 0) c->reject_status = rc == DX_ENOMEM ? 503 : 431;
+    return rc < 0 ? -1 : 0;
 }
 
 static int on_message_begin(http_parser *p)
@@ -413,7 +425,7 @@ static int on_header_field(http_parser *p, const char *at, size_t len)
 {
     http_conn *c = pconn(p);
     if (c->n_hdr == 0 && c->url_end == 0) {
-        if (dx_buf_putc(&c->head, 0) < 0) return -1;
+        if (head_end(c) < 0) return -1;
         c->url_end = c->head.len;
     }
     if (c->header_is_value || c->n_hdr == 0) {
@@ -422,7 +434,7 @@ static int on_header_field(http_parser *p, const char *at, size_t len)
             c->reject_status = 431;
             return -1;
         }
-        if (c->n_hdr > 0 && dx_buf_putc(&c->head, 0) < 0) return -1;
+        if (c->n_hdr > 0 && head_end(c) < 0) return -1;
         c->hdr_off[2 * c->n_hdr] = c->head.len;
         c->hdr_off[2 * c->n_hdr + 1] = SIZE_MAX;
         c->n_hdr++;
@@ -435,7 +447,7 @@ static int on_header_value(http_parser *p, const char *at, size_t len)
 {
     http_conn *c = pconn(p);
     if (!c->header_is_value) {
-        if (dx_buf_putc(&c->head, 0) < 0) return -1;
+        if (head_end(c) < 0) return -1;
         c->hdr_off[2 * (c->n_hdr - 1) + 1] = c->head.len;
         c->header_is_value = 1;
     }
@@ -456,9 +468,9 @@ static int on_headers_complete(http_parser *p)
 {
     http_conn *c = pconn(p);
     if (c->url_end == 0) {
-        if (dx_buf_putc(&c->head, 0) < 0) return -1;
+        if (head_end(c) < 0) return -1;
         c->url_end = c->head.len;
-    } else if (dx_buf_putc(&c->head, 0) < 0) {
+    } else if (head_end(c) < 0) {
         return -1;
     }
     /* A header with no value callback at all ("X:") gets the empty value. */
@@ -478,8 +490,12 @@ static int on_headers_complete(http_parser *p)
 static int on_body(http_parser *p, const char *at, size_t len)
 {
     http_conn *c = pconn(p);
-    if (c->body.len + len > c->srv->cfg.max_body_bytes || dx_buf_append(&c->body, at, len) < 0) {
+    if (c->body.len + len > c->srv->cfg.max_body_bytes) {
         c->reject_status = 413;
+        return -1;
+    }
+    if (dx_buf_append(&c->body, at, len) < 0) {
+        c->reject_status = 503; /* out of memory: not the client's fault */
         return -1;
     }
     return 0;
@@ -516,8 +532,8 @@ static void conn_dispatch(http_conn *c)
     if (q) *q++ = 0;
     char *frag = strchr(q ? q : url, '#');
     if (frag) *frag = 0;
-    if (dx_buf_reserve(&c->body, 1) < 0) {
-        conn_reject(c, 413, "request body too large");
+    if (dx_buf_reserve(&c->body, 1) < 0) { /* the body is within its limit: memory */
+        conn_reject(c, 503, "out of memory; try again");
         return;
     }
     c->body.data[c->body.len] = 0;
@@ -557,6 +573,8 @@ static int reject_status_for(http_conn *c, enum http_errno err, const char **msg
 {
     if (c->reject_status == 413)
         *msg = "request body too large";
+    else if (c->reject_status == 503)
+        *msg = "out of memory; try again";
     else if (c->reject_status == 431 || err == HPE_HEADER_OVERFLOW)
         *msg = "request line or headers too large";
     else
@@ -608,9 +626,12 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
         conn_close(c);
         return;
     }
-    if (dx_buf_append(&c->in, buf->base, (size_t)nread) < 0) {
-        /* Only a client pipelining far ahead of its answers gets here. */
-        if (c->state == ST_READING)
+    int rc = dx_buf_append(&c->in, buf->base, (size_t)nread);
+    if (rc < 0) {
+        /* Only a client pipelining far ahead of its answers, or no memory. */
+        if (c->state == ST_READING && rc == DX_ENOMEM)
+            conn_reject(c, 503, "out of memory; try again");
+        else if (c->state == ST_READING)
             conn_reject(c, 413, "request too large");
         else
             conn_close(c);
@@ -639,6 +660,36 @@ static int conn_init(http_srv *s, http_conn *c)
     return 0;
 }
 
+static void reject_one(http_srv *s);
+
+static void on_reject_closed(uv_handle_t *h)
+{
+    http_srv *s = h->data;
+    s->reject_busy = 0;
+    s->n_open--;
+    if (s->reject_pending && s->listening) {
+        s->reject_pending = 0;
+        reject_one(s);
+    }
+    srv_maybe_free(s);
+}
+
+/* Accepts the pending connection into the spare handle and closes it: the
+ * client sees the connection closed, and the listener goes on accepting. */
+static void reject_one(http_srv *s)
+{
+    if (s->reject_busy) {
+        s->reject_pending = 1; /* taken when the spare handle's close is done */
+        return;
+    }
+    uv_tcp_init(s->loop, &s->reject);
+    s->reject.data = s;
+    s->reject_busy = 1;
+    s->n_open++;
+    uv_accept((uv_stream_t *)&s->listener, (uv_stream_t *)&s->reject);
+    uv_close((uv_handle_t *)&s->reject, on_reject_closed);
+}
+
 static void on_connection(uv_stream_t *server, int status)
 {
     http_srv *s = server->data;
@@ -650,8 +701,9 @@ static void on_connection(uv_stream_t *server, int status)
     if (!c || conn_init(s, c) < 0 || uv_tcp_init(s->loop, &c->tcp) < 0) {
         if (c) dx_free(c->hdr_off);
         dx_free(c);
-        DX_LOGW("http: out of memory accepting a connection");
-        return; /* the pending connection stays in the backlog */
+        DX_LOGW("http: out of memory accepting a connection; closing it");
+        reject_one(s);
+        return;
     }
     uv_timer_init(s->loop, &c->timer);
     c->n_open_handles = 2;

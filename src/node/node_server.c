@@ -329,6 +329,7 @@ static int encode_prompt(node_server *s, node_req *q, oai_err *err)
 {
     const oai_req *o = &q->o;
     int rc;
+    size_t failed = dx_alloc_failed_count();
     if (o->kind == OAI_COMPLETION && o->prompt_ids) {
         q->prompt = dx_memdup(o->prompt_ids, o->n_prompt_ids * sizeof *q->prompt);
         q->n_prompt = o->n_prompt_ids;
@@ -352,6 +353,14 @@ static int encode_prompt(node_server *s, node_req *q, oai_err *err)
         node_pd_hist_done(s, q, &src);
         hist_src_free(&src);
         dx_free(msgs);
+    }
+    /* the tokenizer and the template report a failed allocation as they
+     * can: one seen during the work makes it the server's fault, a 503 */
+    if (rc < 0 && (rc == DX_ENOMEM || dx_alloc_failed_count() != failed)) {
+        err->status = 503;
+        snprintf(err->message, sizeof err->message, "out of memory; try again");
+        err->param[0] = 0;
+        rc = DX_ENOMEM;
     }
     if (rc == DX_EINVAL) rc = prompt_error(o, dx_errmsg(), err);
     if (rc == 0 && q->n_prompt == 0) rc = prompt_error(o, "the prompt is empty", err);
@@ -440,8 +449,14 @@ static void start_stream(node_req *q)
     int rc =
         http_conn_stream_begin(q->conn, 200, "text/event-stream", "Cache-Control: no-cache\r\n");
     if (rc == 0 && q->meta.kind == OAI_CHAT) {
-        oai_sse_chunk(&b, &q->meta, &(oai_choice){.text = ""}, 1, q->include_usage, NULL);
-        rc = http_conn_stream_write(q->conn, b.data, b.len);
+        size_t failed = dx_alloc_failed_count();
+        if (oai_sse_chunk(&b, &q->meta, &(oai_choice){.text = ""}, 1, q->include_usage, NULL) ||
+            dx_alloc_failed_count() != failed) { /* out of memory: end with an error, not a gap */
+            q->lost = 1;
+            q->srv->be.cancel(q->srv->be.self, q->engine_id);
+        } else {
+            rc = http_conn_stream_write(q->conn, b.data, b.len);
+        }
     }
     dx_buf_free(&b); /* a failed write has run on_client_gone already */
 }
@@ -802,6 +817,7 @@ static void handle_tokens(node_req *q, const char *text, size_t len, size_t n_to
     dx_buf *b = &s->scratch; /* reused: no allocation per token */
     dx_buf_reset(b);
     int rc = 0;
+    size_t failed = dx_alloc_failed_count();
     for (size_t i = 0, from = 0; !rc && i < n_cuts; from = cuts[i++].end) {
         oai_choice c = {.text = text + from, .len = cuts[i].end - from};
         if (cuts[i].lp >= 0 && (size_t)cuts[i].lp < n_lps) {
@@ -817,8 +833,15 @@ static void handle_tokens(node_req *q, const char *text, size_t len, size_t n_to
         }
         if (!rc) rc = oai_sse_chunk(b, &q->meta, &c, 0, q->include_usage, NULL);
     }
+    if (rc || dx_alloc_failed_count() != failed) {
+        /* out of memory building these chunks: a stream that skipped them
+         * would be a wrong answer, so it ends with an error instead */
+        q->lost = 1;
+        s->be.cancel(s->be.self, q->engine_id);
+        return;
+    }
     /* A failed write has already closed the connection and run on_client_gone. */
-    if (rc == 0) http_conn_stream_write(q->conn, b->data, b->len);
+    http_conn_stream_write(q->conn, b->data, b->len);
 }
 
 /* Why the answer failed, or NULL when it finished normally.  A cancel that
@@ -837,6 +860,7 @@ static int finish_stream(node_req *q, const oai_usage *u)
 {
     dx_buf b;
     dx_buf_init(&b, 0);
+    size_t failed = dx_alloc_failed_count();
     const char *fail = failure_msg(q);
     if (fail) {
         oai_sse_error(&b, fail, "server_error");
@@ -852,6 +876,14 @@ static int finish_stream(node_req *q, const oai_usage *u)
     }
     if (q->include_usage) oai_sse_usage(&b, &q->meta, u);
     oai_sse_done(&b);
+    if (dx_alloc_failed_count() != failed) { /* the end is incomplete: say so */
+        static const char oom[] = "data: {\"error\":{\"message\":\"out of memory; the answer is "
+                                  "incomplete\",\"type\":\"server_error\"}}\n\ndata: [DONE]\n\n";
+        dx_buf_free(&b);
+        if (http_conn_stream_write(q->conn, oom, sizeof oom - 1) == 0)
+            http_conn_stream_end(q->conn);
+        return 200;
+    }
     if (http_conn_stream_write(q->conn, b.data, b.len) == 0) http_conn_stream_end(q->conn);
     dx_buf_free(&b);
     return 200; /* the status went out with the stream's head */
@@ -861,6 +893,7 @@ static int finish_full(node_req *q, const oai_usage *u)
 {
     dx_buf b;
     dx_buf_init(&b, 0);
+    size_t failed = dx_alloc_failed_count();
     const char *fail = failure_msg(q);
     int busy = q->fin.finish == ENGINE_FINISH_ERROR && q->fin.error == DX_EBUSY;
     int server_fault = !busy && (q->lost || q->fin.finish == ENGINE_FINISH_ERROR);
@@ -886,6 +919,15 @@ static int finish_full(node_req *q, const oai_usage *u)
         oai_tools_result_free(&r);
         dx_buf_free(&lp);
         dx_buf_free(&msg);
+    }
+    if (dx_alloc_failed_count() != failed) { /* a part of the answer may be missing */
+        static const char oom[] = "{\"error\":{\"message\":\"out of memory; try again\",\"type\":"
+                                  "\"server_error\",\"param\":null,\"code\":null}}";
+        dx_buf_free(&b);
+        status = 503;
+        http_conn_respond(q->conn, status, "application/json", k_retry_after, oom,
+                          sizeof oom - 1);
+        return status;
     }
     http_conn_respond(q->conn, status, "application/json", status == 503 ? k_retry_after : NULL,
                       b.data, b.len);

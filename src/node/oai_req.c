@@ -29,6 +29,15 @@ static int fail(oai_err *err, const char *param, const char *fmt, ...)
     return DX_EINVAL;
 }
 
+/* Out of memory while reading a request: the server's state, not the
+ * client's JSON — a 503 it may retry. */
+static int oom(oai_err *err)
+{
+    fail(err, NULL, "out of memory reading the request; try again");
+    err->status = 503;
+    return dx_errf(DX_ENOMEM, "out of memory parsing a request");
+}
+
 void oai_json_use_dx_alloc(void)
 {
     json_set_alloc_funcs(dx_malloc, dx_free);
@@ -568,12 +577,21 @@ int oai_req_parse(enum oai_kind kind, const char *body, size_t len, const oai_pa
     out->repetition_penalty = 1.0;
     json_error_t jerr;
     /* a model can emit any byte, NUL included, and the client sends it back */
+    size_t failed = dx_alloc_failed_count();
     json_t *root = json_loadb(body, len, JSON_ALLOW_NUL, &jerr);
+    if (dx_alloc_failed_count() != failed) {
+        /* jansson's lexer drops a byte it has no memory for and goes on: a
+         * parse that saw an allocation fail is not trusted, even if it
+         * "succeeded" (seen: a model name one letter short) */
+        json_decref(root);
+        return oom(err);
+    }
     if (!root)
         return fail(err, NULL, "invalid JSON at line %d, column %d: %s", jerr.line, jerr.column,
                     jerr.text);
     out->root = root;
     int rc = parse_root(kind, root, opts, out, err);
+    if (rc < 0 && dx_alloc_failed_count() != failed) rc = oom(err); /* not the request's fault */
     if (rc < 0) oai_req_free(out);
     return rc;
 }

@@ -329,14 +329,14 @@ static const char *req(const char *fmt, ...)
 
 /* ---- clients (tests/test_client.h, bound to this file's server) -------- */
 
-#define http(method, path, body, out) tc_http(H.port, method, path, body, out, 20)
+#define http(method, path, body, out)           tc_http(H.port, method, path, body, out, 20)
 #define curl_for(method, path, body, out, hdrs) tc_curl(H.port, method, path, body, out, hdrs, 20)
-#define raw_connect() tc_raw_connect(H.port)
-#define raw_read_all tc_raw_read_all
-#define body_json tc_json
-#define answer_text tc_answer_text
-#define parse_sse tc_parse_sse
-#define metric(name) ((uint32_t)tc_metric(H.port, name))
+#define raw_connect()                           tc_raw_connect(H.port)
+#define raw_read_all                            tc_raw_read_all
+#define body_json                               tc_json
+#define answer_text                             tc_answer_text
+#define parse_sse                               tc_parse_sse
+#define metric(name)                            ((uint32_t)tc_metric(H.port, name))
 
 static void raw_exchange(const char *request, size_t len, dx_buf *out)
 {
@@ -910,6 +910,89 @@ static void test_no_alloc_per_token(void **state)
     dx_buf_free(&b);
 }
 
+/* Out of memory on the request path, at every allocation in turn (curl's
+ * and SQLite's torture tests do the same): the n-th allocation of a chat
+ * request fails, for every n the request makes.  Each answer is a real one
+ * (200 with the right text, when the failure hit something with a fallback)
+ * or a clean failure (500/503, or the connection closed when there was not
+ * even memory to answer); never a hang or a wrong answer.  After each, the
+ * engine is idle with no KV blocks held and the next request is served
+ * correctly.  Leaks: the asan variant of this test reports any allocation
+ * an error path dropped (connections close lazily and the reply memory is
+ * a cache, so live counts here would not tell). */
+/* A POST whose connection may be closed without an answer: the status, or
+ * 0 for a closed connection (a timeout still fails the test). */
+static long http_or_closed(const char *path, const char *body, dx_buf *out)
+{
+    struct curl_slist *hdrs;
+    dx_buf_reset(out);
+    CURL *c = tc_curl(H.port, "POST", path, body, out, &hdrs, 20);
+    CURLcode rc = curl_easy_perform(c);
+    long status = 0;
+    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
+    curl_easy_cleanup(c);
+    curl_slist_free_all(hdrs);
+    if (rc == CURLE_OPERATION_TIMEDOUT) fail_msg("POST %s: no answer within 20 s", path);
+    tc_terminate(out);
+    return rc == CURLE_OK ? status : 0;
+}
+
+static void test_oom_each_allocation(void **state)
+{
+    (void)state;
+    dx_buf want, got, text;
+    dx_buf_init(&want, 0);
+    dx_buf_init(&got, 0);
+    dx_buf_init(&text, 0);
+    ref_chat("al be", 6, &want);
+    for (int stream = 0; stream < 2; stream++) {
+        char b[512], finish[16];
+        int usage;
+        snprintf(b, sizeof b, "%s",
+                 req("\"messages\":[{\"role\":\"user\",\"content\":\"al be\"}],"
+                     "\"max_tokens\":6,\"stream\":%s",
+                     stream ? "true" : "false"));
+        allocs_during("/v1/chat/completions", b, &got); /* warm-up */
+        size_t n = allocs_during("/v1/chat/completions", b, &got);
+        int seen[4] = {0}; /* 200 right, 200 cut short, 5xx, closed */
+        for (size_t i = 1; i <= n + 2; i++) {
+            dx_alloc_fail_after((long)i, 0);
+            long st = http_or_closed("/v1/chat/completions", b, &got);
+            dx_alloc_fail_after(0, 0);
+            if (st != 200 && st != 500 && st != 503 && st != 0)
+                fail_msg("allocation %zu of %zu failed: status %ld: %s", i, n, st, got.data);
+            if (st == 200 && !stream) {
+                answer_text(&got, 1, &text);
+                if (text.len != want.len || memcmp(text.data, want.data, want.len))
+                    fail_msg("allocation %zu of %zu failed: a wrong 200: %s", i, n, got.data);
+            }
+            /* a stream the failure cut short ends with an error event (then
+             * [DONE], as every failed stream does); one without has the whole
+             * answer */
+            int whole = st == 200 && (!stream || (strstr(got.data, "data: [DONE]") &&
+                                                  !strstr(got.data, "data: {\"error\"")));
+            if (st == 200 && stream && whole) {
+                parse_sse(&got, 1, &text, finish, &usage);
+                assert_text_equal(&text, &want);
+            }
+            seen[st == 200 ? (whole ? 0 : 1) : st ? 2 : 3]++;
+            wait_idle();
+            assert_int_equal(http("POST", "/v1/chat/completions", b, &got), 200);
+            if (!stream) {
+                answer_text(&got, 1, &text);
+                assert_text_equal(&text, &want);
+            }
+        }
+        wait_idle();
+        printf("stream=%d: %zu allocations each failed in turn: %d right answers, %d streams cut "
+               "short, %d 5xx, %d connections closed\n",
+               stream, n, seen[0], seen[1], seen[2], seen[3]);
+    }
+    dx_buf_free(&want);
+    dx_buf_free(&got);
+    dx_buf_free(&text);
+}
+
 typedef struct {
     dx_buf out;
     long status;
@@ -1092,17 +1175,12 @@ int main(void)
     oai_json_use_dx_alloc();
     if (etu_setup()) return 1;
     const struct CMUnitTest main_tests[] = {
-        cmocka_unit_test(test_simple_routes),
-        cmocka_unit_test(test_completion_full),
-        cmocka_unit_test(test_streaming),
-        cmocka_unit_test(test_request_errors),
-        cmocka_unit_test(test_engine_error),
-        cmocka_unit_test(test_keepalive_pipelining),
-        cmocka_unit_test(test_http_limits),
-        cmocka_unit_test(test_truncation_and_trickle),
-        cmocka_unit_test(test_many_connections),
-        cmocka_unit_test(test_concurrent_streams),
-        cmocka_unit_test(test_no_alloc_per_token),
+        cmocka_unit_test(test_simple_routes),      cmocka_unit_test(test_completion_full),
+        cmocka_unit_test(test_streaming),          cmocka_unit_test(test_request_errors),
+        cmocka_unit_test(test_engine_error),       cmocka_unit_test(test_keepalive_pipelining),
+        cmocka_unit_test(test_http_limits),        cmocka_unit_test(test_truncation_and_trickle),
+        cmocka_unit_test(test_many_connections),   cmocka_unit_test(test_concurrent_streams),
+        cmocka_unit_test(test_no_alloc_per_token), cmocka_unit_test(test_oom_each_allocation),
         cmocka_unit_test(test_graceful_shutdown), /* stops the server: last */
     };
     int rc = cmocka_run_group_tests_name("main", main_tests, setup_main, teardown);
