@@ -2,7 +2,9 @@
 #   make            release build (build/release/duplex)
 #   make debug      -O0 -g            (build/debug/)
 #   make asan       ASan + UBSan      (build/asan/)
+#   make tsan       ThreadSanitizer   (build/tsan/)
 #   make test       install missing deps, build release + asan, run every test
+#   make test-tsan  build tsan, run the threaded tests under it (scripts/test_tsan.sh)
 #   make demo       build, synthesise the default model, run the main job
 # CC=clang works too.  V selects the variant for the generic targets.
 # Each step prints one short line ("  CC  src/engine/sched.c"); VERBOSE=1
@@ -33,8 +35,13 @@ else ifeq ($(V),asan)
   VFLAGS := -O1 -g $(ARCH) -fsanitize=address,undefined -fno-omit-frame-pointer \
 	-fno-sanitize-recover=all
   VLDFLAGS := -fsanitize=address,undefined
+else ifeq ($(V),tsan)
+  # halt_on_error is set at run time (scripts/test_tsan.sh), so that one
+  # report fails the test that found it.
+  VFLAGS := -O1 -g $(ARCH) -fsanitize=thread -fno-omit-frame-pointer
+  VLDFLAGS := -fsanitize=thread
 else
-  $(error unknown variant V=$(V) (release|debug|asan))
+  $(error unknown variant V=$(V) (release|debug|asan|tsan))
 endif
 
 ifeq ($(VERBOSE),1)
@@ -72,7 +79,7 @@ FUZZ_BIN := $(FUZZ_SRC:tests/fuzz/%.c=$(BUILD)/fuzz/%)
 ITEST_SRC := $(wildcard tests/integration/itest_*.c)
 ITEST_BIN := $(ITEST_SRC:tests/integration/%.c=$(BUILD)/tests/%)
 
-.PHONY: all release debug asan tests test demo clean fmt fuzz bench-server bench-router
+.PHONY: all release debug asan tsan tests test test-tsan demo clean fmt fuzz bench-server bench-router
 .DEFAULT_GOAL := all
 
 all: $(BIN)
@@ -83,6 +90,8 @@ debug:
 	$(MAKE) V=debug
 asan:
 	$(MAKE) V=asan
+tsan:
+	$(MAKE) V=tsan
 
 tests: $(BIN) $(UNIT_BIN) $(FUZZ_BIN) $(ITEST_BIN)
 
@@ -134,6 +143,9 @@ $(BUILD)/fuzz/%: $(BUILD)/obj/tests/fuzz/%.o $(BUILD)/obj/tests/fuzz/replay_main
 
 test:
 	@scripts/test.sh
+
+test-tsan:
+	@scripts/test_tsan.sh
 
 demo:
 	@scripts/demo.sh

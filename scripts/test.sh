@@ -5,6 +5,8 @@
 # here and said so with cmocka's skip()).  Exits non-zero on any failure.
 # Each stage (deps, build, tests) ends with a line giving its time.
 #   TEST_VARIANTS="release asan" (default)   TEST_FILTER=substring
+# The tsan variant (`make test-tsan`: TEST_VARIANTS=tsan) runs only the
+# tests whose code runs on several threads; see scripts/lib.sh tsan_*.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -32,23 +34,28 @@ if [ -f tests/integration/node/package.json ]; then
         { echo "npm install failed"; exit 1; }
 fi
 
+# wanted VARIANT PATH: whether this run takes the test program PATH.
+wanted() {
+    [ -x "$2" ] || return 1
+    [[ -n "$FILTER" && "$2" != *"$FILTER"* ]] && return 1
+    [ "$1" != tsan ] || tsan_wanted "$(basename "$2")"
+}
+
 for v in $VARIANTS; do
     echo "== tests ($v)"
     start=$SECONDS
+    [ "$v" = tsan ] && tsan_env
     for t in build/"$v"/tests/test_*; do
-        [ -x "$t" ] || continue
-        [[ -n "$FILTER" && "$t" != *"$FILTER"* ]] && continue
+        wanted "$v" "$t" || continue
         run_one "$v/$(basename "$t")" "$t"
     done
     for f in build/"$v"/fuzz/fuzz_*; do
-        [ -x "$f" ] || continue
-        [[ -n "$FILTER" && "$f" != *"$FILTER"* ]] && continue
+        wanted "$v" "$f" || continue
         n=$(basename "$f"); corpus=tests/fuzz/corpus/${n#fuzz_}
         run_one "$v/$n-replay" "$f" "$corpus"
     done
     for t in build/"$v"/tests/itest_*; do
-        [ -x "$t" ] || continue
-        [[ -n "$FILTER" && "$t" != *"$FILTER"* ]] && continue
+        wanted "$v" "$t" || continue
         DUPLEX_BIN="build/$v/duplex" run_one "$v/$(basename "$t")" "$t"
     done
     stage_done "tests ($v)" "$start"
