@@ -34,6 +34,9 @@ if [ -f tests/integration/node/package.json ]; then
         { echo "npm install failed"; exit 1; }
 fi
 
+# source checks, once per run
+[[ -z "$FILTER" || "lint/errs" == *"$FILTER"* ]] && run_one "lint/errs" scripts/check_errs.sh
+
 # wanted VARIANT PATH: whether this run takes the test program PATH.
 wanted() {
     [ -x "$2" ] || return 1

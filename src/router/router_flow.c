@@ -795,7 +795,7 @@ static uint32_t count_tokens(const router *r, const oai_req *o)
             rc = tok_encode(model_tokenizer(r->tok), o->prompt, o->prompt_len, TOK_ADD_SPECIAL, &v);
         } else {
             chat_msg *m = dx_calloc(o->n_msgs, sizeof *m);
-            rc = m ? 0 : DX_ENOMEM;
+            rc = m ? 0 : dx_errf(DX_ENOMEM, "router: %zu messages", o->n_msgs);
             for (size_t i = 0; m && i < o->n_msgs; i++)
                 m[i] = (chat_msg){o->msgs[i].role, o->msgs[i].content, o->msgs[i].content_len};
             /* the node's own way: the model's template with the request's extras */
@@ -923,7 +923,8 @@ static int build_prefill_body(rt_req *q, json_t *root)
     if (q->r->cfg.mode == ROUTER_BIDIRECTIONAL) /* pull, or (holder down) the history only */
         kv = entry_json(q, 1, entry_usable(q));
     if (!kv) kv = json_pack("{s:b, s:b}", "do_remote_decode", 1, "do_remote_prefill", 0);
-    if (!kv || json_object_set_new(root, "kv_transfer_params", kv) < 0) return DX_ENOMEM;
+    if (!kv || json_object_set_new(root, "kv_transfer_params", kv) < 0)
+        return dx_errf(DX_ENOMEM, "router: prefill request's kv_transfer_params");
     return router_json_append(&q->pbody, root);
 }
 

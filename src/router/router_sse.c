@@ -132,14 +132,15 @@ int router_sse_data(const char *ev, size_t len, dx_buf *scratch, const char **da
         const char *v = l + 5;
         size_t vl = ll - 5;
         if (vl && *v == ' ') v++, vl--;
-        if (n_data == 1 && (dx_buf_append(scratch, *data, *dlen) < 0)) return DX_ENOMEM;
+        if (n_data == 1 && (dx_buf_append(scratch, *data, *dlen) < 0))
+            return dx_errf(DX_ENOMEM, "SSE: event data (%zu bytes)", len);
         if (n_data >= 1 && (dx_buf_putc(scratch, '\n') < 0 || dx_buf_append(scratch, v, vl) < 0))
-            return DX_ENOMEM;
+            return dx_errf(DX_ENOMEM, "SSE: event data (%zu bytes)", len);
         *data = v;
         *dlen = vl;
         n_data++;
     }
-    if (!n_data) return DX_ENOENT;
+    if (!n_data) return dx_errf(DX_ENOENT, "SSE: event without a data line");
     if (n_data > 1) {
         *data = scratch->data;
         *dlen = scratch->len;
@@ -156,7 +157,9 @@ static int dump_cb(const char *p, size_t n, void *b)
 
 int router_json_append(dx_buf *b, const json_t *v)
 {
-    return json_dump_callback(v, dump_cb, b, JSON_COMPACT | JSON_ENCODE_ANY) == 0 ? 0 : DX_ENOMEM;
+    return json_dump_callback(v, dump_cb, b, JSON_COMPACT | JSON_ENCODE_ANY) == 0
+               ? 0
+               : dx_errf(DX_ENOMEM, "JSON of %zu bytes", b->len);
 }
 
 /* Appends the first choice's text (see router_sse_info). */
@@ -233,7 +236,7 @@ static int rewrite(json_t *root, const char *pre, const char *post, dx_buf *out,
     if (rc == 0) return 1;
     json_decref(info->params);
     info->params = NULL;
-    return DX_ENOMEM;
+    return dx_errf(DX_ENOMEM, "router: an answer rewritten without kv_transfer_params");
 }
 
 int router_sse_event(const char *ev, size_t len, int chat, dx_buf *scratch, dx_buf *out,
