@@ -16,6 +16,7 @@
 #include "base/dx_dtype.h"
 #include "base/dx_err.h"
 #include "engine/kern.h"
+#include "kern_test_isa.h"
 
 /* ------------------------------------------------------------ fixtures */
 
@@ -167,14 +168,6 @@ static void attn_naive(const attn_case *c, double *out)
 
 static const int kv_types[3] = {DX_F16, DX_BF16, DX_F32};
 
-/* ISAs this CPU supports, scalar first. */
-static int isa_list(enum kern_isa *isas)
-{
-    int n = 0;
-    for (int i = KERN_SCALAR; i <= (int)kern_isa_detect(); i++) isas[n++] = (enum kern_isa)i;
-    return n;
-}
-
 /* ------------------------------------------------------------ accuracy */
 
 static void test_scalar_vs_naive(void **state)
@@ -204,9 +197,7 @@ static void test_scalar_vs_naive(void **state)
 
 static void test_fast_vs_scalar(void **state)
 {
-    (void)state;
-    enum kern_isa isas[3];
-    int n_isa = isa_list(isas);
+    enum kern_isa isa = kti_use(state);
     static const int shapes[][4] = {/* G, bs, D, pos0 */ {2, 16, 64, 0},
                                     {4, 4, 128, 5},
                                     {1, 32, 64, 37},
@@ -221,15 +212,12 @@ static void test_fast_vs_scalar(void **state)
             size_t n = c.n_q * c.L.n_head * c.L.head_dim;
             float *ref = out_alloc(&c), *out = out_alloc(&c);
             run_attn(kern_attn_scalar, &c, 0, c.n_q, 0, N_KV, ref);
-            for (int ii = 1; ii < n_isa; ii++) {
-                assert_int_equal(kern_set_isa(isas[ii]), 0);
-                memset(out, 0xff, n * sizeof(float));
-                run_attn(kern_attn, &c, 0, c.n_q, 0, N_KV, out);
-                /* Only the exp polynomial and the summation orders differ (measured
-                 * worst 1.8e-6 on outputs of magnitude up to 2). */
-                for (size_t i = 0; i < n; i++) assert_true(fabsf(out[i] - ref[i]) < 1e-5f);
-            }
-            assert_int_equal(kern_set_isa(kern_isa_detect()), 0);
+            assert_int_equal(kern_set_isa(isa), 0);
+            memset(out, 0xff, n * sizeof(float));
+            run_attn(kern_attn, &c, 0, c.n_q, 0, N_KV, out);
+            /* Only the exp polynomial and the summation orders differ (measured
+             * worst 1.8e-6 on outputs of magnitude up to 2). */
+            for (size_t i = 0; i < n; i++) assert_true(fabsf(out[i] - ref[i]) < 1e-5f);
             dx_free(ref);
             dx_free(out);
             case_free(&c);
@@ -266,21 +254,15 @@ static void check_invariance(int kv_type, int G, int bs, int D, size_t pos0)
 
 static void test_invariance(void **state)
 {
-    (void)state;
-    enum kern_isa isas[3];
-    int n_isa = isa_list(isas);
+    enum kern_isa isa = kti_use(state);
     static const int gs[] = {1, 2, 4}, bss[] = {4, 16, 32};
-    for (int ii = 0; ii < n_isa; ii++) {
-        assert_int_equal(kern_set_isa(isas[ii]), 0);
-        for (int ti = 0; ti < 3; ti++) {
-            /* The scalar path is per row by construction: one layout is enough. */
-            int n_cfg = isas[ii] == KERN_SCALAR ? 1 : 9;
-            for (int k = 0; k < n_cfg; k++)
-                check_invariance(kv_types[ti], gs[k % 3], bss[k / 3], 64, (size_t)(5 + k));
-            if (isas[ii] != KERN_SCALAR) check_invariance(kv_types[ti], 2, 16, 128, 16);
-        }
+    for (int ti = 0; ti < 3; ti++) {
+        /* The scalar path is per row by construction: one layout is enough. */
+        int n_cfg = isa == KERN_SCALAR ? 1 : 9;
+        for (int k = 0; k < n_cfg; k++)
+            check_invariance(kv_types[ti], gs[k % 3], bss[k / 3], 64, (size_t)(5 + k));
+        if (isa != KERN_SCALAR) check_invariance(kv_types[ti], 2, 16, 128, 16);
     }
-    assert_int_equal(kern_set_isa(kern_isa_detect()), 0);
 }
 
 static void test_isa_select(void **state)
@@ -299,34 +281,28 @@ static void test_isa_select(void **state)
 
 static void test_rmsnorm(void **state)
 {
-    (void)state;
-    enum kern_isa isas[3];
-    int n_isa = isa_list(isas);
+    kti_use(state);
     enum { N = 3072 + 5 };
     float *x = dx_calloc(N, 4), *w = dx_calloc(N, 4), *y = dx_calloc(N, 4);
     for (int i = 0; i < N; i++) x[i] = 3.0f * rnd(), w[i] = 1.0f + rnd();
     double ss = 0;
     for (int i = 0; i < N; i++) ss += (double)x[i] * x[i];
     double sc = 1.0 / sqrt(ss / N + 1e-6);
-    for (int ii = 0; ii < n_isa; ii++) {
-        assert_int_equal(kern_set_isa(isas[ii]), 0);
-        kern_rmsnorm(x, w, 1e-6f, N, y);
-        for (int i = 0; i < N; i++) {
-            double r = x[i] * sc * w[i];
-            assert_true(fabs(y[i] - r) <= 1e-5 * fabs(r) + 1e-7);
-        }
-        /* In place gives the same bits. */
-        float *z = dx_memdup(x, N * 4);
-        kern_rmsnorm(z, w, 1e-6f, N, z);
-        assert_memory_equal(z, y, N * 4);
-        dx_free(z);
-        /* eps dominates a zero / tiny row: no NaN, y = x / sqrt(eps) * w. */
-        float xz[19] = {0}, wz[19], yz[19];
-        for (int i = 0; i < 19; i++) wz[i] = 1.0f, xz[i] = i == 3 ? 1e-6f : 0.0f;
-        kern_rmsnorm(xz, wz, 1e-2f, 19, yz);
-        for (int i = 0; i < 19; i++) assert_true(fabsf(yz[i] - (i == 3 ? 1e-5f : 0.0f)) < 1e-10f);
+    kern_rmsnorm(x, w, 1e-6f, N, y);
+    for (int i = 0; i < N; i++) {
+        double r = x[i] * sc * w[i];
+        assert_true(fabs(y[i] - r) <= 1e-5 * fabs(r) + 1e-7);
     }
-    assert_int_equal(kern_set_isa(kern_isa_detect()), 0);
+    /* In place gives the same bits. */
+    float *z = dx_memdup(x, N * 4);
+    kern_rmsnorm(z, w, 1e-6f, N, z);
+    assert_memory_equal(z, y, N * 4);
+    dx_free(z);
+    /* eps dominates a zero / tiny row: no NaN, y = x / sqrt(eps) * w. */
+    float xz[19] = {0}, wz[19], yz[19];
+    for (int i = 0; i < 19; i++) wz[i] = 1.0f, xz[i] = i == 3 ? 1e-6f : 0.0f;
+    kern_rmsnorm(xz, wz, 1e-2f, 19, yz);
+    for (int i = 0; i < 19; i++) assert_true(fabsf(yz[i] - (i == 3 ? 1e-5f : 0.0f)) < 1e-10f);
     dx_free(x);
     dx_free(w);
     dx_free(y);
@@ -363,23 +339,17 @@ static void test_rope(void **state)
 
 static void test_swiglu_add(void **state)
 {
-    (void)state;
-    enum kern_isa isas[3];
-    int n_isa = isa_list(isas);
+    kti_use(state);
     enum { N = 3072 + 3 };
     float *g = dx_calloc(N, 4), *u = dx_calloc(N, 4), *gw = dx_calloc(N, 4);
     for (int i = 0; i < N; i++) g[i] = 12.0f * rnd(), u[i] = rnd();
     g[0] = -100.0f, g[1] = 100.0f, g[2] = 0.0f;
-    for (int ii = 0; ii < n_isa; ii++) {
-        assert_int_equal(kern_set_isa(isas[ii]), 0);
-        memcpy(gw, g, N * 4);
-        kern_swiglu(gw, u, N);
-        for (int i = 0; i < N; i++) {
-            double r = g[i] / (1.0 + exp(-(double)g[i])) * u[i];
-            assert_true(fabs(gw[i] - r) <= 2e-6 * fabs(r) + 1e-30);
-        }
+    memcpy(gw, g, N * 4);
+    kern_swiglu(gw, u, N);
+    for (int i = 0; i < N; i++) {
+        double r = g[i] / (1.0 + exp(-(double)g[i])) * u[i];
+        assert_true(fabs(gw[i] - r) <= 2e-6 * fabs(r) + 1e-30);
     }
-    assert_int_equal(kern_set_isa(kern_isa_detect()), 0);
     float y[5] = {1, 2, 3, 4, 5}, x[5] = {0.5f, -2, 1e-8f, 4, -5};
     kern_add(y, x, 5);
     assert_true(y[0] == 1.5f && y[1] == 0.0f && y[2] == 3.0f && y[3] == 8.0f && y[4] == 0.0f);
@@ -391,10 +361,13 @@ static void test_swiglu_add(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_isa_select),     cmocka_unit_test(test_scalar_vs_naive),
-        cmocka_unit_test(test_fast_vs_scalar), cmocka_unit_test(test_invariance),
-        cmocka_unit_test(test_rmsnorm),        cmocka_unit_test(test_rope),
-        cmocka_unit_test(test_swiglu_add),
+        cmocka_unit_test(test_isa_select),
+        cmocka_unit_test(test_scalar_vs_naive),
+        KTI_FAST(test_fast_vs_scalar),
+        KTI_ALL(test_invariance),
+        KTI_ALL(test_rmsnorm),
+        cmocka_unit_test(test_rope),
+        KTI_ALL(test_swiglu_add),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
