@@ -1,8 +1,10 @@
 /* router_sse: SSE splitting and kv_transfer_params removal (see .h). */
 #include "router/router_sse.h"
 
+#include <limits.h>
 #include <string.h>
 
+#include "base/dx_alloc.h"
 #include "base/dx_err.h"
 
 void router_sse_init(router_sse *s, size_t max_event)
@@ -260,4 +262,65 @@ int router_sse_answer(const char *body, size_t len, int chat, dx_buf *out, route
     json_t *root;
     int rc = inspect(body, len, chat, "message", info, &root);
     return rc <= 0 ? rc : rewrite(root, "", "", out, info);
+}
+
+/* ---- the params a node hands back -------------------------------------------- */
+
+int router_answer_params(const char *body, size_t len, char **params, long *cached)
+{
+    *params = NULL;
+    json_error_t je;
+    json_t *root = json_loadb(body ? body : "", len, JSON_ALLOW_NUL, &je);
+    json_t *p = json_object_get(root, "kv_transfer_params");
+    json_t *u = json_object_get(root, "usage");
+    json_t *c = json_object_get(json_object_get(u, "prompt_tokens_details"), "cached_tokens");
+    *cached = json_is_integer(c) && json_integer_value(c) >= 0 && json_integer_value(c) <= LONG_MAX
+                  ? (long)json_integer_value(c)
+                  : -1;
+    int rc = 0;
+    if (json_is_object(p)) {
+        dx_buf b;
+        dx_buf_init(&b, 0);
+        rc = router_json_append(&b, p);
+        if (rc == 0 && !(*params = dx_buf_take(&b)))
+            rc = dx_errf(DX_ENOMEM, "prefill node's kv_transfer_params");
+        dx_buf_free(&b);
+        rc = rc ? rc : 1;
+    }
+    json_decref(root);
+    return rc;
+}
+
+double router_params_ttl(const json_t *params, double ttl_s)
+{
+    json_t *bt = json_object_get(params, "remote_blocks_ttl_s");
+    if (json_is_number(bt)) {
+        double b = json_number_value(bt), margin = b / 8 < 30 ? b / 8 : 30;
+        if (b - margin < ttl_s) ttl_s = b - margin;
+    }
+    return ttl_s;
+}
+
+uint32_t router_params_tokens(const json_t *params)
+{
+    json_t *nt = json_object_get(params, "remote_num_tokens");
+    if (json_is_integer(nt) && json_integer_value(nt) >= 0 && json_integer_value(nt) <= UINT32_MAX)
+        return (uint32_t)json_integer_value(nt);
+    return 0;
+}
+
+json_t *router_params_flagged(const char *text, int decode, int prefill)
+{
+    json_error_t je;
+    json_t *kv = text ? json_loads(text, JSON_ALLOW_NUL, &je) : NULL; /* as serialised: \u0000 too */
+    if (!json_is_object(kv)) {
+        json_decref(kv);
+        return NULL;
+    }
+    if (json_object_set_new(kv, "do_remote_decode", json_boolean(decode)) < 0 ||
+        json_object_set_new(kv, "do_remote_prefill", json_boolean(prefill)) < 0) {
+        json_decref(kv);
+        return NULL;
+    }
+    return kv;
 }
