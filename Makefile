@@ -3,8 +3,8 @@
 #   make debug      -O0 -g            (build/debug/)
 #   make asan       ASan + UBSan      (build/asan/)
 #   make tsan       ThreadSanitizer   (build/tsan/)
-#   make test       install missing deps, build release + asan, run every test
-#   make test-tsan  build tsan, run the threaded tests under it (scripts/test_tsan.sh)
+#   make test       install missing deps, build release + asan + tsan, run every test
+#   make test-tsan  build tsan, run the threaded tests under it only
 #   make demo       build, synthesise the default model, run the main job
 # CC=clang works too.  V selects the variant for the generic targets.
 # Each step prints one short line ("  CC  src/engine/sched.c"); VERBOSE=1
@@ -36,8 +36,8 @@ else ifeq ($(V),asan)
 	-fno-sanitize-recover=all
   VLDFLAGS := -fsanitize=address,undefined
 else ifeq ($(V),tsan)
-  # halt_on_error is set at run time (scripts/test_tsan.sh), so that one
-  # report fails the test that found it.
+  # halt_on_error and per-process report files are set at run time
+  # (scripts/lib.sh tsan_env), so that one report fails the test that found it.
   VFLAGS := -O1 -g $(ARCH) -fsanitize=thread -fno-omit-frame-pointer
   VLDFLAGS := -fsanitize=thread
 else
@@ -145,7 +145,7 @@ test:
 	@scripts/test.sh
 
 test-tsan:
-	@scripts/test_tsan.sh
+	@TEST_VARIANTS=tsan scripts/test.sh
 
 demo:
 	@scripts/demo.sh

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# `make test`: install what is missing, build release and asan variants, run
-# every unit test, fuzz-corpus replay and integration test, then print one
+# `make test`: install what is missing, build the release, asan and tsan
+# variants, run every unit test, fuzz-corpus replay and integration test
+# (under tsan only the threaded ones), then print one
 # closing line "N passed, N failed" (", N skipped" when a test could not run
 # here and said so with cmocka's skip()).  Exits non-zero on any failure.
 # Each stage (deps, build, tests) ends with a line giving its time.
-#   TEST_VARIANTS="release asan" (default)   TEST_FILTER=substring
-# The tsan variant (`make test-tsan`: TEST_VARIANTS=tsan) runs only the
-# tests whose code runs on several threads; see scripts/lib.sh tsan_*.
+#   TEST_VARIANTS="release asan tsan" (default)   TEST_FILTER=substring
+# The tsan variant (`make test-tsan` runs it alone) runs only the tests
+# whose code runs on several threads; see scripts/lib.sh tsan_*.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,7 +16,7 @@ start=$SECONDS
 scripts/deps.sh || exit 1
 stage_done deps "$start"
 JOBS=${JOBS:-$(nproc)}
-VARIANTS=${TEST_VARIANTS:-release asan}
+VARIANTS=${TEST_VARIANTS:-release asan tsan}
 FILTER=${TEST_FILTER:-}
 mkdir -p "$log_dir"
 

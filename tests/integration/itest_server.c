@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -112,6 +113,7 @@ static void start_server(void)
     G.pid = fork();
     DX_ASSERT(G.pid >= 0);
     if (G.pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* a failed test leaves no server behind */
         FILE *log = freopen(G.log_path, "w", stderr);
         (void)log;
         execl(G.bin, G.bin, "serve", "--model", G.model_path, "--role", "both", "--port", "0",
