@@ -99,9 +99,11 @@ static void test_node_http(void **state)
     node_start(&n, "node", extra);
     run_cases(n.http, k_node_cases, DX_ARRAY_LEN(k_node_cases));
     /* the node still serves */
-    json_t *ok =
-        post(&n, chat_body(json_pack("[{s:s, s:s}]", "role", "user", "content", "hi"), 2), 200);
-    json_decref(ok);
+    json_t *msgs = json_pack("[{s:s, s:s}]", "role", "user", "content", "hi");
+    json_t *body = chat_body(msgs, 2);
+    json_decref(post(&n, body, 200));
+    json_decref(body);
+    json_decref(msgs);
     stop_ok(&n);
 }
 
