@@ -144,7 +144,9 @@ static void check_scanner(const char *p, size_t n)
     int ours = oai_jscan_is_object(p, n);
     json_error_t je;
     json_t *v = json_loadb(p, n, JSON_ALLOW_NUL | JSON_DECODE_INT_AS_REAL, &je);
-    if (json_is_object(v) && opens <= OAI_JSCAN_MAX_DEPTH) DX_ASSERT(ours);
+    /* jansson 2.14 swallows a NUL byte right after a number or literal
+     * ({"a": 1\0} loads): such input is not JSON, and the scanner says so */
+    if (json_is_object(v) && opens <= OAI_JSCAN_MAX_DEPTH && !memchr(p, 0, n)) DX_ASSERT(ours);
     if (ours && dx_utf8_valid_prefix((const uint8_t *)p, n) == n)
         DX_ASSERT(json_is_object(v) || (!v && jansson_limit(&je)));
     if (ours) { /* compacting keeps the value */
