@@ -229,6 +229,20 @@ static int teardown(void **state)
 
 /* ---------- tests ---------- */
 
+/* The logits of g_toks[0..n) computed in one chunk on a fresh 2-thread rig
+ * (malloc'd, [n][n_vocab]). */
+static float *one_chunk_logits(model *m, int n)
+{
+    rig r;
+    rig_init(&r, m, 2, DX_F32);
+    int32_t blocks[8];
+    fresh_blocks(&r, 0, 4, blocks);
+    float *lg = malloc((size_t)n * model_hp(m)->n_vocab * sizeof(float));
+    run_chunks(&r, blocks, g_toks, 0, n, n, lg);
+    rig_free(&r);
+    return lg;
+}
+
 static void check_reference(enum model_arch arch, enum kern_isa isa)
 {
     model *m = etu_model(arch, DX_F32);
@@ -238,12 +252,7 @@ static void check_reference(enum model_arch arch, enum kern_isa isa)
     etu_tokens(g_toks, n, V, 7);
     double *ref = malloc((size_t)n * V * sizeof(double));
     reference(m, g_toks, n, ref);
-    rig r;
-    rig_init(&r, m, 2, DX_F32);
-    int32_t blocks[8];
-    fresh_blocks(&r, 0, 4, blocks);
-    float *lg = malloc((size_t)n * V * sizeof(float));
-    run_chunks(&r, blocks, g_toks, 0, n, n, lg);
+    float *lg = one_chunk_logits(m, n);
     /* tolerance: f32 arithmetic vs double over 2 layers; logits are O(1-10) */
     double maxdiff = 0, maxref = 0;
     for (size_t i = 0; i < (size_t)n * V; i++) {
@@ -254,7 +263,6 @@ static void check_reference(enum model_arch arch, enum kern_isa isa)
         fail_msg("arch %d isa %s: max |logit diff| %g (max |logit| %g)", arch, kern_isa_name(isa),
                  maxdiff, maxref);
     free(lg);
-    rig_free(&r);
     free(ref);
     model_free(m);
 }
@@ -307,12 +315,7 @@ static void test_llama3_rope_scaling(void **state)
     reference(m, g_toks, n, ref);
     g_rs = NULL;
     reference(m, g_toks, n, plain);
-    rig r;
-    rig_init(&r, m, 2, DX_F32);
-    int32_t blocks[8];
-    fresh_blocks(&r, 0, 4, blocks);
-    float *lg = malloc((size_t)n * V * sizeof(float));
-    run_chunks(&r, blocks, g_toks, 0, n, n, lg);
+    float *lg = one_chunk_logits(m, n);
     double d_scaled = 0, d_plain = 0, maxref = 0;
     for (size_t i = 0; i < (size_t)n * V; i++) {
         d_scaled = fmax(d_scaled, fabs(lg[i] - ref[i]));
@@ -325,7 +328,6 @@ static void test_llama3_rope_scaling(void **state)
     free(lg);
     free(ref);
     free(plain);
-    rig_free(&r);
     model_free(m);
 }
 
