@@ -2,7 +2,9 @@
 #   make            release build (build/release/duplex)
 #   make debug      -O0 -g            (build/debug/)
 #   make asan       ASan + UBSan      (build/asan/)
-#   make test       install missing deps, build release + asan, run every test
+#   make tsan       ThreadSanitizer   (build/tsan/)
+#   make test       install missing deps, build release + asan + tsan, run every test
+#   make test-tsan  build tsan, run the threaded tests under it only
 #   make demo       build, synthesise the default model, run the main job
 # CC=clang works too.  V selects the variant for the generic targets.
 # Each step prints one short line ("  CC  src/engine/sched.c"); VERBOSE=1
@@ -33,8 +35,13 @@ else ifeq ($(V),asan)
   VFLAGS := -O1 -g $(ARCH) -fsanitize=address,undefined -fno-omit-frame-pointer \
 	-fno-sanitize-recover=all
   VLDFLAGS := -fsanitize=address,undefined
+else ifeq ($(V),tsan)
+  # halt_on_error and per-process report files are set at run time
+  # (scripts/lib.sh tsan_env), so that one report fails the test that found it.
+  VFLAGS := -O1 -g $(ARCH) -fsanitize=thread -fno-omit-frame-pointer
+  VLDFLAGS := -fsanitize=thread
 else
-  $(error unknown variant V=$(V) (release|debug|asan))
+  $(error unknown variant V=$(V) (release|debug|asan|tsan))
 endif
 
 ifeq ($(VERBOSE),1)
@@ -72,7 +79,7 @@ FUZZ_BIN := $(FUZZ_SRC:tests/fuzz/%.c=$(BUILD)/fuzz/%)
 ITEST_SRC := $(wildcard tests/integration/itest_*.c)
 ITEST_BIN := $(ITEST_SRC:tests/integration/%.c=$(BUILD)/tests/%)
 
-.PHONY: all release debug asan tests test soak demo clean fmt fuzz bench-server bench-router
+.PHONY: all release debug asan tsan tests test test-tsan soak demo clean fmt fuzz bench-server bench-router
 .DEFAULT_GOAL := all
 
 all: $(BIN)
@@ -83,6 +90,8 @@ debug:
 	$(MAKE) V=debug
 asan:
 	$(MAKE) V=asan
+tsan:
+	$(MAKE) V=tsan
 
 tests: $(BIN) $(UNIT_BIN) $(FUZZ_BIN) $(ITEST_BIN)
 
@@ -134,6 +143,9 @@ $(BUILD)/fuzz/%: $(BUILD)/obj/tests/fuzz/%.o $(BUILD)/obj/tests/fuzz/replay_main
 
 test:
 	@scripts/test.sh
+
+test-tsan:
+	@TEST_VARIANTS=tsan scripts/test.sh
 
 soak:
 	@scripts/soak.sh

@@ -75,8 +75,10 @@ run_one() {
     shift
     local log="$log_dir/${name//\//_}.log"
     local start=$SECONDS
+    [ -n "${tsan_dir:-}" ] && rm -f "$tsan_dir"/report.*
     timeout "${TEST_TIMEOUT:-900}" "$@" >"$log" 2>&1
     local rc=$?
+    tsan_reports "$log" || rc=66
     local p f s
     p=$(grep -Eo '^\[  PASSED  \] [0-9]+' "$log" | awk '{s+=$4} END {print s+0}')
     f=$(grep -Eo '^\[  FAILED  \] [0-9]+' "$log" | awk '{s+=$4} END {print s+0}')
@@ -109,4 +111,50 @@ test_summary() {
     fi
     echo "$passed passed, $failed failed$([ "$skipped" -gt 0 ] && echo ", $skipped skipped")"
     [ "$failed" -eq 0 ] && [ ${#failures[@]} -eq 0 ]
+}
+
+# ThreadSanitizer (the tsan variant, `make test-tsan`).  It runs the tests
+# whose code runs on several threads: the engine thread and its thread pool
+# (scheduler, forward pass, KV pool), the node's event loop against the
+# engine, leases and the KV port's server, transfers, the router and
+# `duplex up` — the integration tests through build/tsan/duplex, so every
+# server process they start is checked too.  Single-threaded parsers gain
+# nothing from it and would only cost time.
+TSAN_TESTS="test_sched test_tpool test_fwd test_kv_pool test_kern_mm test_node_server
+    test_node_tools test_xfer_lease test_router_launch
+    itest_server itest_xfer itest_xfer_throttle itest_node_kvport itest_pd itest_pd_router
+    itest_router itest_up itest_bench itest_errors"
+
+tsan_wanted() {
+    [[ " $(echo $TSAN_TESTS) " == *" $1 "* ]]
+}
+
+# The run-time settings of the tsan variant, for the tests and every
+# process they start.  Reports go to files (log_path), one per process, so
+# that a race in a server a test started fails that test even when the
+# test never looks at the server's exit status.
+tsan_env() {
+    tsan_dir=$PWD/$log_dir/tsan
+    mkdir -p "$tsan_dir"
+    export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 log_path=$tsan_dir/report"
+    # UCX patches mmap/munmap/brk (its memory hooks, by default by
+    # rewriting the functions' code) to keep its registration cache true.
+    # Under TSAN those hooks crash every process at thread exit, and the
+    # `reloc` mode (GOT patching) trips TSAN's allocator in uv_loop_close.
+    # duplex registers only memory that UCX allocated itself
+    # (ucp_mem_map ALLOCATE), so the cache needs no unmap events here.
+    export UCX_MEM_MMAP_HOOK_MODE=none
+}
+
+# tsan_reports LOG: 1 (and the reports appended to LOG) when a process of
+# the test that just ran wrote a ThreadSanitizer report.
+tsan_reports() {
+    [ -n "${tsan_dir:-}" ] || return 0
+    local f found=0
+    for f in "$tsan_dir"/report.*; do
+        [ -f "$f" ] || continue
+        found=1
+        { echo "== ThreadSanitizer report ($f)"; cat "$f"; } >>"$1"
+    done
+    [ $found -eq 0 ]
 }

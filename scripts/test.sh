@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# `make test`: install what is missing, build release and asan variants, run
-# every unit test, fuzz-corpus replay and integration test, then print one
+# `make test`: install what is missing, build the release, asan and tsan
+# variants, run every unit test, fuzz-corpus replay and integration test
+# (under tsan only the threaded ones), then print one
 # closing line "N passed, N failed" (", N skipped" when a test could not run
 # here and said so with cmocka's skip()).  Exits non-zero on any failure.
 # Each stage (deps, build, tests) ends with a line giving its time.
-#   TEST_VARIANTS="release asan" (default)   TEST_FILTER=substring
+#   TEST_VARIANTS="release asan tsan" (default)   TEST_FILTER=substring
+# The tsan variant (`make test-tsan` runs it alone) runs only the tests
+# whose code runs on several threads; see scripts/lib.sh tsan_*.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -13,7 +16,7 @@ start=$SECONDS
 scripts/deps.sh || exit 1
 stage_done deps "$start"
 JOBS=${JOBS:-$(nproc)}
-VARIANTS=${TEST_VARIANTS:-release asan}
+VARIANTS=${TEST_VARIANTS:-release asan tsan}
 FILTER=${TEST_FILTER:-}
 mkdir -p "$log_dir"
 
@@ -32,23 +35,31 @@ if [ -f tests/integration/node/package.json ]; then
         { echo "npm install failed"; exit 1; }
 fi
 
+# source checks, once per run
+[[ -z "$FILTER" || "lint/errs" == *"$FILTER"* ]] && run_one "lint/errs" scripts/check_errs.sh
+
+# wanted VARIANT PATH: whether this run takes the test program PATH.
+wanted() {
+    [ -x "$2" ] || return 1
+    [[ -n "$FILTER" && "$2" != *"$FILTER"* ]] && return 1
+    [ "$1" != tsan ] || tsan_wanted "$(basename "$2")"
+}
+
 for v in $VARIANTS; do
     echo "== tests ($v)"
     start=$SECONDS
+    [ "$v" = tsan ] && tsan_env
     for t in build/"$v"/tests/test_*; do
-        [ -x "$t" ] || continue
-        [[ -n "$FILTER" && "$t" != *"$FILTER"* ]] && continue
+        wanted "$v" "$t" || continue
         run_one "$v/$(basename "$t")" "$t"
     done
     for f in build/"$v"/fuzz/fuzz_*; do
-        [ -x "$f" ] || continue
-        [[ -n "$FILTER" && "$f" != *"$FILTER"* ]] && continue
+        wanted "$v" "$f" || continue
         n=$(basename "$f"); corpus=tests/fuzz/corpus/${n#fuzz_}
         run_one "$v/$n-replay" "$f" "$corpus"
     done
     for t in build/"$v"/tests/itest_*; do
-        [ -x "$t" ] || continue
-        [[ -n "$FILTER" && "$t" != *"$FILTER"* ]] && continue
+        wanted "$v" "$t" || continue
         DUPLEX_BIN="build/$v/duplex" run_one "$v/$(basename "$t")" "$t"
     done
     stage_done "tests ($v)" "$start"

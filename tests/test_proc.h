@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -35,6 +36,7 @@ static inline int tp_spawn(tp_proc *p, const char *log, char *const argv[])
     p->pid = fork();
     if (p->pid < 0) return -1;
     if (p->pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* a test that fails leaves no server behind */
         FILE *f = freopen(log, "w", stderr);
         (void)f;
         dup2(2, 1);

@@ -36,11 +36,11 @@ int dx_hidx_create(size_t cap_hint, dx_hidx **out)
         n_slots <<= 1;
     }
     dx_hidx *ix = dx_calloc(1, sizeof *ix);
-    if (!ix) return DX_ENOMEM;
+    if (!ix) return dx_errf(DX_ENOMEM, "dx_hidx: index");
     ix->slot = hidx_alloc_slots(n_slots);
     if (!ix->slot) {
         dx_free(ix);
-        return DX_ENOMEM;
+        return dx_errf(DX_ENOMEM, "dx_hidx: %zu slots", n_slots);
     }
     ix->mask = n_slots - 1;
     *out = ix;
@@ -70,9 +70,9 @@ static void hidx_place(hidx_slot *slot, size_t mask, uint64_t h, uint64_t v)
 static int hidx_grow(dx_hidx *ix)
 {
     size_t old_n = ix->mask + 1;
-    if (old_n > SIZE_MAX / 4) return DX_ENOMEM;
+    if (old_n > SIZE_MAX / 4) return dx_errf(DX_ENOMEM, "dx_hidx: %zu slots", old_n);
     hidx_slot *ns = hidx_alloc_slots(old_n * 2);
-    if (!ns) return DX_ENOMEM;
+    if (!ns) return dx_errf(DX_ENOMEM, "dx_hidx: %zu slots", old_n * 2);
     for (size_t i = 0; i < old_n; i++)
         if (ix->slot[i].v != DX_HIDX_NIL)
             hidx_place(ns, old_n * 2 - 1, ix->slot[i].h, ix->slot[i].v);
@@ -119,7 +119,7 @@ int dx_hidx_remove(dx_hidx *ix, uint64_t h, uint64_t v)
             return 0;
         }
     }
-    return DX_ENOENT;
+    return dx_errf(DX_ENOENT, "dx_hidx: entry not found");
 }
 
 void dx_hidx_find(const dx_hidx *ix, uint64_t h, dx_hidx_iter *it)

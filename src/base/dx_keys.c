@@ -120,12 +120,13 @@ static int add_digest(dx_keys *k, const char *key, size_t len)
     uint8_t d[DX_KEY_DIGEST];
     digest(key, len, d);
     for (size_t i = 0; i < k->n; i++)
-        if (sodium_memcmp(d, k->dig[i], DX_KEY_DIGEST) == 0) return DX_EEXIST;
-    if (k->n == DX_KEYS_MAX) return DX_EFULL;
+        if (sodium_memcmp(d, k->dig[i], DX_KEY_DIGEST) == 0)
+            return dx_errf(DX_EEXIST, "the same key twice");
+    if (k->n == DX_KEYS_MAX) return dx_errf(DX_EFULL, "more than %d keys", DX_KEYS_MAX);
     if (k->n == k->cap) {
         size_t cap = k->cap ? 2 * k->cap : 8;
         void *p = dx_calloc(cap, sizeof *k->dig);
-        if (!p) return DX_ENOMEM;
+        if (!p) return dx_errf(DX_ENOMEM, "out of memory for %zu keys", cap);
         if (k->n) memcpy(p, k->dig, k->n * sizeof *k->dig);
         if (k->dig) sodium_memzero(k->dig, k->cap * sizeof *k->dig);
         dx_free(k->dig);

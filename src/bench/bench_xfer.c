@@ -229,7 +229,8 @@ static int run_pulls(const bench_xfer_config *cfg, xfer_client *c, kv_pool *pool
     kv_hash *chain = dx_malloc(n * sizeof *chain);
     unsigned nt = cfg->reps > cfg->lat_reps ? cfg->reps : cfg->lat_reps;
     double *t1 = dx_calloc(nt, sizeof *t1), *t2 = dx_calloc(nt, sizeof *t2);
-    if (!ids || !loc || !chain || !t1 || !t2) return DX_ENOMEM;
+    if (!ids || !loc || !chain || !t1 || !t2)
+        return dx_errf(DX_ENOMEM, "bench xfer: tables for %u blocks", n);
     /* the holder filled a fresh pool: its blocks are 0..n-1 in chain order */
     for (unsigned i = 0; i < n; i++) ids[i] = loc[i] = (int32_t)i;
     xfer_synth_chain(pool, BENCH_XFER_FILL_SEED, n, chain);

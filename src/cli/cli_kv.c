@@ -81,7 +81,7 @@ static long parse_ids(const char *spec, int32_t **out)
         else if (*p)
             break;
     }
-    if (!ids) return DX_ENOMEM;
+    if (!ids) return dx_errf(DX_ENOMEM, "block list '%s'", spec);
     if (*p || n == 0) {
         dx_free(ids);
         return dx_errf(DX_EINVAL, "bad block list '%s' (want e.g. 0-3,7)", spec);
@@ -139,7 +139,8 @@ static int hold_setup(kv_side *s, uint64_t seed, const char *ttls, int policy, x
     uint32_t n = kv_pool_n_blocks(s->pool);
     int32_t *ids = dx_malloc(n * sizeof *ids);
     kv_hash *chain = dx_malloc(n * sizeof *chain);
-    int rc = ids && chain ? kv_pool_alloc_n(s->pool, n, ids) : DX_ENOMEM;
+    int rc =
+        ids && chain ? kv_pool_alloc_n(s->pool, n, ids) : dx_errf(DX_ENOMEM, "%u block ids", n);
     if (!rc) xfer_synth_chain(s->pool, seed, n, chain);
     for (uint32_t i = 0; !rc && i < n; i++) {
         xfer_synth_fill(s->pool, ids[i], seed);

@@ -45,7 +45,7 @@ struct engine {
     int kv_type; /* enum dx_dtype parsed from cfg.kv_dtype */
     pthread_t pop_th; /* faults the pool's pages in while the engine already runs */
     int pop_started;
-    volatile int pop_stop;
+    int pop_stop;       /* atomic: set by engine_stop, read by the populate thread */
     engine_stats stats; /* snapshot after the last step */
 };
 
@@ -217,7 +217,7 @@ void engine_stop(engine *e)
 {
     if (!e || e->stopped) return;
     if (e->pop_started) {
-        e->pop_stop = 1;
+        __atomic_store_n(&e->pop_stop, 1, __ATOMIC_RELAXED);
         pthread_join(e->pop_th, NULL);
         e->pop_started = 0;
     }

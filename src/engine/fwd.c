@@ -456,7 +456,7 @@ static int build_rope(fwd *f)
 {
     uint32_t D = f->hp->head_dim, half = D / 2;
     f->rope = dx_malloc((size_t)f->n_ctx * D * sizeof(float));
-    if (!f->rope) return DX_ENOMEM;
+    if (!f->rope) return dx_errf(DX_ENOMEM, "fwd: rope table for %u positions", f->n_ctx);
     const float *div = model_rope_freqs(f->m); /* Llama 3 rope scaling, or NULL */
     for (uint32_t i = 0; i < half; i++) {
         double theta = pow((double)f->hp->rope_base, -2.0 * i / (double)D);
@@ -478,7 +478,8 @@ static int alloc_buffers(fwd *f)
     size_t widths[] = {hp->n_embd, hp->n_embd, f->q_dim, f->kv_dim, f->kv_dim,
                        f->q_dim,   hp->n_ff,   hp->n_ff, hp->n_embd};
     for (size_t i = 0; i < DX_ARRAY_LEN(bufs); i++)
-        if (!(*bufs[i] = dx_aligned_alloc(64, T * widths[i] * sizeof(float)))) return DX_ENOMEM;
+        if (!(*bufs[i] = dx_aligned_alloc(64, T * widths[i] * sizeof(float))))
+            return dx_errf(DX_ENOMEM, "fwd: activations for %zu tokens", (size_t)T);
     /* activations for any weight type, for the widest input */
     static const int types[] = {DX_F32, DX_F16, DX_BF16, DX_Q8_0};
     for (size_t i = 0; i < DX_ARRAY_LEN(types); i++) {
@@ -486,9 +487,10 @@ static int alloc_buffers(fwd *f)
         if (b > f->act_bytes) f->act_bytes = b;
     }
     for (int i = 0; i < 2; i++)
-        if (!(f->act[i] = dx_aligned_alloc(64, f->act_bytes))) return DX_ENOMEM;
+        if (!(f->act[i] = dx_aligned_alloc(64, f->act_bytes)))
+            return dx_errf(DX_ENOMEM, "fwd: %zu-byte quantised activations", f->act_bytes);
     f->attn_scratch = dx_calloc((size_t)f->n_threads, sizeof(void *));
-    if (!f->attn_scratch) return DX_ENOMEM;
+    if (!f->attn_scratch) return dx_errf(DX_ENOMEM, "fwd: attention scratch");
     kern_attn_layout L = {.kv_type = kv_pool_dtype(f->pool),
                           .block_size = (int)kv_pool_block_size(f->pool),
                           .head_dim = (int)hp->head_dim,
@@ -496,22 +498,26 @@ static int alloc_buffers(fwd *f)
                           .n_kv_head = (int)hp->n_kv_head};
     size_t sb = kern_attn_scratch_bytes(&L, ATTN_Q_CHUNK);
     for (int i = 0; i < f->n_threads; i++)
-        if (!(f->attn_scratch[i] = dx_aligned_alloc(64, sb ? sb : 64))) return DX_ENOMEM;
+        if (!(f->attn_scratch[i] = dx_aligned_alloc(64, sb ? sb : 64)))
+            return dx_errf(DX_ENOMEM, "fwd: attention scratch of %zu bytes", sb);
     /* split parts: the budget, but at least one sequence of ATTN_SPLIT_MAX_Q
      * tokens at the longest context */
     size_t PF = kern_attn_part_floats(&L), splits = (f->n_ctx - 1) / KERN_ATTN_SPLIT + 1;
     size_t one = splits * ATTN_SPLIT_MAX_Q * hp->n_head * PF;
     f->part_floats = ATTN_PART_BUDGET / sizeof(float);
     if (f->part_floats < one) f->part_floats = one;
-    if (!(f->part = dx_aligned_alloc(64, f->part_floats * sizeof(float)))) return DX_ENOMEM;
+    if (!(f->part = dx_aligned_alloc(64, f->part_floats * sizeof(float))))
+        return dx_errf(DX_ENOMEM, "fwd: attention split parts of %zu floats", f->part_floats);
     f->attn_first = dx_calloc(f->max_seqs + 1, sizeof *f->attn_first);
     f->part_off = dx_calloc(f->max_seqs, sizeof *f->part_off);
     f->merge_seq = dx_calloc(f->max_seqs, sizeof *f->merge_seq);
-    if (!f->attn_first || !f->part_off || !f->merge_seq) return DX_ENOMEM;
+    if (!f->attn_first || !f->part_off || !f->merge_seq)
+        return dx_errf(DX_ENOMEM, "fwd: attention plan for %u sequences", f->max_seqs);
     f->tok_seq = dx_calloc(T, sizeof *f->tok_seq);
     f->tok_pos = dx_calloc(T, sizeof *f->tok_pos);
     f->seq_first = dx_calloc(f->max_seqs, sizeof *f->seq_first);
-    if (!f->tok_seq || !f->tok_pos || !f->seq_first) return DX_ENOMEM;
+    if (!f->tok_seq || !f->tok_pos || !f->seq_first)
+        return dx_errf(DX_ENOMEM, "fwd: batch tables for %zu tokens", (size_t)T);
     return build_rope(f);
 }
 

@@ -193,14 +193,15 @@ static int kv_arena_create(kv_pool *p, const kv_pool_config *c)
     return 0;
 }
 
-int kv_pool_populate(kv_pool *p, const volatile int *stop)
+int kv_pool_populate(kv_pool *p, const int *stop)
 {
     /* MADV_POPULATE_WRITE faults pages in writable without touching their
      * contents, so it is safe while the engine writes KV into them; in
      * chunks, so a stop request is seen soon. */
     const size_t chunk = (size_t)64 << 20;
     for (size_t off = 0; off < p->L.arena_bytes; off += chunk) {
-        if (stop && *stop) return DX_ECANCELED;
+        if (stop && __atomic_load_n(stop, __ATOMIC_RELAXED))
+            return dx_errf(DX_ECANCELED, "KV pool: fault-in stopped at %zu MiB", off >> 20);
         size_t n = p->L.arena_bytes - off < chunk ? p->L.arena_bytes - off : chunk;
         if (madvise(p->base + off, n, MADV_POPULATE_WRITE) != 0)
             return dx_errf(errno == EINVAL ? DX_EUNSUPPORTED : DX_EIO,

@@ -95,9 +95,9 @@ uint8_t *kv_pool_base(const kv_pool *p);
 /* Faults every page of the arena in, writable, without changing its
  * contents (madvise MADV_POPULATE_WRITE), so first use does not pay page
  * faults; safe while the pool is in use.  Stops early with DX_ECANCELED when
- * *stop becomes non-zero (stop may be NULL); DX_EUNSUPPORTED on a kernel
+ * *stop becomes non-zero (read atomically; stop may be NULL); DX_EUNSUPPORTED on a kernel
  * without it (pages then fault on first use, which is only slower). */
-int kv_pool_populate(kv_pool *p, const volatile int *stop);
+int kv_pool_populate(kv_pool *p, const int *stop);
 /* Bytes allocated through the hook (n_blocks * block_bytes rounded up to
  * the page size): the range to register for transfers. */
 size_t kv_pool_arena_bytes(const kv_pool *p);

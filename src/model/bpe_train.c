@@ -69,7 +69,7 @@ typedef struct {
 static int index_init(bt_index *x, size_t cap)
 {
     x->slot = dx_malloc(cap * sizeof *x->slot);
-    if (!x->slot) return DX_ENOMEM;
+    if (!x->slot) return dx_errf(DX_ENOMEM, "bpe_train: index of %zu slots", cap);
     memset(x->slot, 0xFF, cap * sizeof *x->slot);
     x->mask = cap - 1;
     return 0;
@@ -79,7 +79,8 @@ static int index_init(bt_index *x, size_t cap)
 static int index_grow(bt_index *x, size_t n, uint64_t (*hash)(const bt *, size_t), const bt *b)
 {
     bt_index nx;
-    if (index_init(&nx, (x->mask + 1) * 2)) return DX_ENOMEM;
+    if (index_init(&nx, (x->mask + 1) * 2))
+        return dx_errf(DX_ENOMEM, "bpe_train: index of %zu slots", (x->mask + 1) * 2);
     for (size_t i = 0; i < n; i++) {
         size_t h = (size_t)hash(b, i) & nx.mask;
         while (nx.slot[h] >= 0) h = (h + 1) & nx.mask;
@@ -96,7 +97,7 @@ static int grow_array(void **p, size_t *cap, size_t need, size_t elem)
     size_t nc = *cap ? *cap * 2 : 256;
     while (nc < need) nc *= 2;
     void *q = dx_realloc(*p, nc * elem);
-    if (!q) return DX_ENOMEM;
+    if (!q) return dx_errf(DX_ENOMEM, "bpe_train: array of %zu", nc);
     *p = q;
     *cap = nc;
     return 0;
@@ -122,10 +123,10 @@ static int add_word(void *ctx, const char *piece, size_t len)
     }
     if (b->wbytes.len + len > INT32_MAX) return dx_errf(DX_ETOOBIG, "bpe_train: corpus too large");
     if (grow_array((void **)&b->words, &b->capwords, b->nwords + 1, sizeof *b->words))
-        return DX_ENOMEM;
+        return dx_errf(DX_ENOMEM, "bpe_train: %zu words", b->nwords + 1);
     b->words[b->nwords] = (bt_word){
         .off = (uint32_t)b->wbytes.len, .n = (uint32_t)len, .nsym = (uint32_t)len, .count = 1};
-    if (dx_buf_append(&b->wbytes, piece, len)) return DX_ENOMEM;
+    if (dx_buf_append(&b->wbytes, piece, len)) return dx_errf(DX_ENOMEM, "bpe_train: word bytes");
     b->widx.slot[h] = (int32_t)b->nwords++;
     if (b->nwords * 2 > b->widx.mask + 1) return index_grow(&b->widx, b->nwords, word_hash, b);
     return 0;
@@ -155,11 +156,11 @@ static int sym_add(bt *b, const char *s, size_t len, size_t slot)
     size_t need = b->nsym + 1, c1 = b->capsym, c2 = b->capsym;
     if (grow_array((void **)&b->soff, &c1, need, sizeof *b->soff) ||
         grow_array((void **)&b->slen, &c2, need, sizeof *b->slen))
-        return DX_ENOMEM;
+        return dx_errf(DX_ENOMEM, "bpe_train: %zu symbols", need);
     b->capsym = c1 < c2 ? c1 : c2;
     b->soff[b->nsym] = (uint32_t)b->sbytes.len;
     b->slen[b->nsym] = (uint32_t)len;
-    if (dx_buf_append(&b->sbytes, s, len)) return DX_ENOMEM;
+    if (dx_buf_append(&b->sbytes, s, len)) return dx_errf(DX_ENOMEM, "bpe_train: symbol bytes");
     b->sidx.slot[slot] = (int32_t)b->nsym++;
     if (b->nsym * 2 > b->sidx.mask + 1) return index_grow(&b->sidx, b->nsym, sym_hash, b);
     return 0;
@@ -190,7 +191,7 @@ static int pair_add(bt *b, int32_t x, int32_t y, int64_t d)
     }
     DX_ASSERT(d > 0); /* only pairs already counted are ever removed */
     if (grow_array((void **)&b->pairs, &b->cappairs, b->npairs + 1, sizeof *b->pairs))
-        return DX_ENOMEM;
+        return dx_errf(DX_ENOMEM, "bpe_train: %zu pairs", b->npairs + 1);
     b->pairs[b->npairs] = (bt_pair){.a = x, .b = y, .count = d};
     b->pidx.slot[h] = (int32_t)b->npairs++;
     if (b->npairs * 2 > b->pidx.mask + 1) return index_grow(&b->pidx, b->npairs, pair_hash, b);
@@ -280,7 +281,7 @@ static int bt_init(bt *b, const char *corpus, size_t len, enum tok_pre pre)
     dx_buf_init(&b->wbytes, 0);
     dx_buf_init(&b->sbytes, 0);
     if (index_init(&b->widx, 1024) || index_init(&b->sidx, 1024) || index_init(&b->pidx, 1024))
-        return DX_ENOMEM;
+        return dx_errf(DX_ENOMEM, "bpe_train: indexes");
     tok_regex *re;
     int rc = tok_regex_create(pre, &re);
     if (rc) return rc;
@@ -288,7 +289,8 @@ static int bt_init(bt *b, const char *corpus, size_t len, enum tok_pre pre)
     tok_regex_destroy(re);
     if (rc) return rc;
     b->syms = dx_malloc((b->wbytes.len ? b->wbytes.len : 1) * sizeof *b->syms);
-    if (!b->syms) return DX_ENOMEM;
+    if (!b->syms)
+        return dx_errf(DX_ENOMEM, "bpe_train: symbols of a %zu-byte corpus", b->wbytes.len);
     for (size_t i = 0; i < b->wbytes.len; i++) b->syms[i] = (uint8_t)b->wbytes.data[i];
     /* symbol c is byte c, so a word's initial symbols are its bytes */
     for (unsigned c = 0; c < 256; c++) {
@@ -329,7 +331,7 @@ static int learn_one(bt *b, bpe_vocab *out, int *done)
         int32_t x = p->a, y = p->b;
         size_t lx = b->slen[x], ly = b->slen[y], slot;
         char *cat = dx_malloc(lx + ly);
-        if (!cat) return DX_ENOMEM;
+        if (!cat) return dx_errf(DX_ENOMEM, "bpe_train: merge of %zu bytes", lx + ly);
         memcpy(cat, b->sbytes.data + b->soff[x], lx);
         memcpy(cat + lx, b->sbytes.data + b->soff[y], ly);
         int32_t found = sym_find(b, cat, lx + ly, &slot);
@@ -345,7 +347,7 @@ static int learn_one(bt *b, bpe_vocab *out, int *done)
         if (!merge || !token) {
             dx_free(merge);
             dx_free(token);
-            return DX_ENOMEM;
+            return dx_errf(DX_ENOMEM, "bpe_train: merge text");
         }
         out->merges[out->n_merges++] = merge;
         out->tokens[out->n_tokens++] = token;
@@ -362,10 +364,11 @@ int bpe_train(const char *corpus, size_t len, enum tok_pre pre, size_t n_merges,
     bt b = {0};
     out->tokens = dx_calloc(256 + n_merges, sizeof *out->tokens);
     out->merges = dx_calloc(n_merges ? n_merges : 1, sizeof *out->merges);
-    int rc = out->tokens && out->merges ? bt_init(&b, corpus, len, pre) : DX_ENOMEM;
+    int rc = out->tokens && out->merges ? bt_init(&b, corpus, len, pre)
+                                        : dx_errf(DX_ENOMEM, "bpe_train: %zu merges", n_merges);
     for (int32_t c = 0; !rc && c < 256; c++) {
         out->tokens[out->n_tokens] = sym_bl(&b, c, -1);
-        if (!out->tokens[out->n_tokens++]) rc = DX_ENOMEM;
+        if (!out->tokens[out->n_tokens++]) rc = dx_errf(DX_ENOMEM, "bpe_train: byte tokens");
     }
     int done = 0;
     for (size_t m = 0; !rc && !done && m < n_merges; m++) rc = learn_one(&b, out, &done);

@@ -634,8 +634,8 @@ static void shortest(double x, uint64_t *mant, int *exp10)
 /* Shortest digits that read back as x: digits[0..k), x = 0.d1d2... * 10^n. */
 static int shortest_digits(double x, char *digits, int *n)
 {
-    uint64_t m;
-    int e;
+    uint64_t m = 0; /* set by shortest(); gcc -O1 (tsan) cannot see it */
+    int e = 0;
     shortest(x, &m, &e);
     while (m >= 10 && m % 10 == 0) {
         m /= 10;

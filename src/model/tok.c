@@ -177,7 +177,7 @@ int tok_regex_create(enum tok_pre pre, tok_regex **out)
 {
     *out = NULL;
     tok_regex *re = dx_calloc(1, sizeof *re);
-    if (!re) return DX_ENOMEM;
+    if (!re) return dx_errf(DX_ENOMEM, "tokenizer: regex");
     re->gctx = pcre2_general_context_create(re_malloc, re_free, NULL);
     pcre2_compile_context *cctx = re->gctx ? pcre2_compile_context_create(re->gctx) : NULL;
     if (!cctx) {
@@ -378,7 +378,8 @@ static int load_tokens(tok *t, const tok_config *cfg)
     t->type = dx_malloc(t->n);
     t->blob = dx_malloc(total + 1);
     t->raw = dx_malloc(total + 1);
-    if (!t->ent || !t->type || !t->blob || !t->raw) return DX_ENOMEM;
+    if (!t->ent || !t->type || !t->blob || !t->raw)
+        return dx_errf(DX_ENOMEM, "tokenizer: %zu tokens", t->n);
     size_t off = 0;
     for (size_t i = 0; i < t->n; i++) {
         int ty = cfg->token_types ? cfg->token_types[i] : TOK_TYPE_NORMAL;
@@ -422,7 +423,7 @@ static int build_str_map(tok *t)
 {
     size_t cap = table_size(t->n);
     t->slots = dx_malloc(cap * sizeof *t->slots);
-    if (!t->slots) return DX_ENOMEM;
+    if (!t->slots) return dx_errf(DX_ENOMEM, "tokenizer: string map of %zu slots", cap);
     memset(t->slots, 0xFF, cap * sizeof *t->slots);
     t->str_mask = cap - 1;
     for (size_t i = 0; i < t->n; i++) {
@@ -472,7 +473,7 @@ static int resolve_merge(tok *t, const tok_strview *m, size_t rank, uint64_t *ke
                        (int)m->len, m->ptr, (int)(l < 0 ? ll : rl), l < 0 ? m->ptr : sp + 1);
     char stackbuf[256];
     char *cat = ll + rl <= sizeof stackbuf ? stackbuf : dx_malloc(ll + rl);
-    if (!cat) return DX_ENOMEM;
+    if (!cat) return dx_errf(DX_ENOMEM, "tokenizer: merge %zu", rank);
     memcpy(cat, m->ptr, ll);
     memcpy(cat + ll, sp + 1, rl);
     *id = str_lookup(t, cat, ll + rl);
@@ -506,7 +507,7 @@ static int build_merges(tok *t, const tok_config *cfg)
 {
     size_t cap = table_size(cfg->n_merges);
     t->pairs = dx_malloc(cap * sizeof *t->pairs);
-    if (!t->pairs) return DX_ENOMEM;
+    if (!t->pairs) return dx_errf(DX_ENOMEM, "tokenizer: merge table of %zu slots", cap);
     for (size_t i = 0; i < cap; i++) t->pairs[i].key = PAIR_EMPTY;
     t->pair_mask = cap - 1;
     uint64_t key[MERGE_BATCH];
@@ -553,7 +554,7 @@ static int build_specials(tok *t)
     for (size_t i = 0; i < t->n; i++)
         if (type_is_special(t->type[i]) && t->ent[i].raw_len) ns++;
     t->spec = dx_malloc((ns ? ns : 1) * sizeof *t->spec);
-    if (!t->spec) return DX_ENOMEM;
+    if (!t->spec) return dx_errf(DX_ENOMEM, "tokenizer: %zu special tokens", ns);
     size_t k = 0;
     for (size_t i = 0; i < t->n; i++) {
         if (!type_is_special(t->type[i]) || !t->ent[i].raw_len) continue;

@@ -652,7 +652,8 @@ static int conn_init(http_srv *s, http_conn *c)
     dx_buf_init(&c->wnext, 0);
     c->wreq.data = c;
     c->hdr_off = dx_calloc(2 * (size_t)s->cfg.max_headers, sizeof *c->hdr_off);
-    if (!c->hdr_off) return DX_ENOMEM;
+    if (!c->hdr_off)
+        return dx_errf(DX_ENOMEM, "http: header table (%u headers)", s->cfg.max_headers);
     http_parser_init(&c->parser, HTTP_REQUEST);
     c->parser.data = c;
     c->tcp.data = c;
@@ -766,7 +767,7 @@ int http_srv_create(uv_loop_t *loop, const http_srv_config *cfg, http_srv **out)
     *out = NULL;
     if (!cfg->on_request) return dx_errf(DX_EINVAL, "http: no request handler");
     http_srv *s = dx_calloc(1, sizeof *s);
-    if (!s) return DX_ENOMEM;
+    if (!s) return dx_errf(DX_ENOMEM, "http: server");
     s->loop = loop;
     s->cfg = *cfg;
     fill_defaults(&s->cfg);

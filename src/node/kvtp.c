@@ -24,7 +24,7 @@ static int bad(oai_err *err, const char *field, const char *fmt, ...)
     err->status = 400;
     snprintf(err->param, sizeof err->param, "kv_transfer_params.%s", field);
     snprintf(err->message, sizeof err->message, "kv_transfer_params.%s: %s", field, what);
-    return DX_EINVAL;
+    return dx_errf(DX_EINVAL, "%s", err->message);
 }
 
 /* The member, or NULL when absent or null. */

@@ -33,7 +33,7 @@ static int take_ids(int rc, tok_ids *v, int32_t **ids, size_t *n)
     if (rc == 0) {
         *ids = dx_memdup(v->ids ? v->ids : (int32_t[1]){0}, (v->n ? v->n : 1) * sizeof **ids);
         *n = v->n;
-        if (!*ids) rc = DX_ENOMEM;
+        if (!*ids) rc = dx_errf(DX_ENOMEM, "%zu token ids", v->n);
     }
     tok_ids_free(v);
     return rc;

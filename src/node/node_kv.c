@@ -221,7 +221,8 @@ static int alloc_dest(node_kv *k, size_t n, int32_t *ids)
     for (;;) {
         if (kv_pool_alloc_n(k->pool, n, ids) == 0) return 0;
         xfer_leases *L = __atomic_load_n(&k->leases, __ATOMIC_ACQUIRE);
-        if (!L || !xfer_leases_revoke_lru(L, NULL)) return DX_EFULL;
+        if (!L || !xfer_leases_revoke_lru(L, NULL))
+            return dx_errf(DX_EFULL, "KV pool: no room for %zu pulled blocks", n);
     }
 }
 

@@ -157,7 +157,8 @@ static int match_local(node_server *s, node_req *q, size_t n_full)
     kv_pool *pool = node_kv_pool(s->be.kv);
     pd->chain = dx_malloc(n_full * sizeof *pd->chain);
     pd->blocks = dx_malloc(n_full * sizeof *pd->blocks);
-    if (!pd->chain || !pd->blocks) return DX_ENOMEM;
+    if (!pd->chain || !pd->blocks)
+        return dx_errf(DX_ENOMEM, "P/D: hash chain of %zu blocks", n_full);
     kv_pool_hash_chain_from(pool, kv_pool_seed_salted(pool, q->salt), q->prompt,
                             n_full * block_size(s), pd->chain);
     pd->n_local = s->cfg.no_prefix_cache ? 0 : kv_pool_match_prefix(pool, pd->chain, n_full, pd->blocks);

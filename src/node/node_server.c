@@ -319,7 +319,7 @@ static int prompt_error(const oai_req *o, const char *msg, oai_err *err)
     err->status = 400;
     snprintf(err->message, sizeof err->message, "%s", msg);
     snprintf(err->param, sizeof err->param, o->kind == OAI_CHAT ? "messages" : "prompt");
-    return DX_EINVAL;
+    return dx_errf(DX_EINVAL, "%s", msg);
 }
 
 /* Tokenises the request's prompt into q->prompt (token-faithfully for chat:
@@ -333,12 +333,12 @@ static int encode_prompt(node_server *s, node_req *q, oai_err *err)
     if (o->kind == OAI_COMPLETION && o->prompt_ids) {
         q->prompt = dx_memdup(o->prompt_ids, o->n_prompt_ids * sizeof *q->prompt);
         q->n_prompt = o->n_prompt_ids;
-        rc = q->prompt ? 0 : DX_ENOMEM;
+        rc = q->prompt ? 0 : dx_errf(DX_ENOMEM, "prompt of %zu tokens", o->n_prompt_ids);
     } else if (o->kind == OAI_COMPLETION) {
         rc = s->be.encode_text(s->be.self, o->prompt, o->prompt_len, &q->prompt, &q->n_prompt);
     } else {
         chat_msg *msgs = dx_malloc(o->n_msgs * sizeof *msgs);
-        if (!msgs) return DX_ENOMEM;
+        if (!msgs) return dx_errf(DX_ENOMEM, "chat: %zu messages", o->n_msgs);
         for (size_t i = 0; i < o->n_msgs; i++)
             msgs[i] = (chat_msg){o->msgs[i].role, o->msgs[i].content, o->msgs[i].content_len};
         /* what the template sees besides roles and texts; vLLM leaves the
@@ -360,7 +360,7 @@ static int encode_prompt(node_server *s, node_req *q, oai_err *err)
         err->status = 503;
         snprintf(err->message, sizeof err->message, "out of memory; try again");
         err->param[0] = 0;
-        rc = DX_ENOMEM;
+        rc = dx_errf(DX_ENOMEM, "out of memory preparing the prompt");
     }
     if (rc == DX_EINVAL) rc = prompt_error(o, dx_errmsg(), err);
     if (rc == 0 && q->n_prompt == 0) rc = prompt_error(o, "the prompt is empty", err);
@@ -502,7 +502,8 @@ static int setup_parse(node_server *s, node_req *q)
             q->topts.think_open = oai_tools_think_open(tail.data ? tail.data : "", tail.len);
         dx_buf_free(&tail);
     }
-    if (q->stream && !(q->tp = oai_tools_create(&q->topts))) return DX_ENOMEM;
+    if (q->stream && !(q->tp = oai_tools_create(&q->topts)))
+        return dx_errf(DX_ENOMEM, "tool-call parser");
     return 0;
 }
 
@@ -736,7 +737,7 @@ static int lp_json(node_server *s, node_req *q, const node_lp *r, size_t n, dx_b
     size_t *off = dx_malloc((total ? total : 1) * sizeof *off);
     dx_buf bytes; /* every piece's bytes; offsets first, as the buffer may move */
     dx_buf_init(&bytes, 0);
-    int rc = e && t && off ? 0 : DX_ENOMEM;
+    int rc = e && t && off ? 0 : dx_errf(DX_ENOMEM, "logprobs of %zu tokens", n);
     for (size_t i = 0; !rc && i < n; i++)
         for (uint32_t j = 0; !rc && j < per; j++) {
             char piece[256];
@@ -1091,7 +1092,7 @@ int node_server_create(uv_loop_t *loop, const node_server_config *cfg, node_serv
 {
     *out = NULL;
     node_server *s = dx_calloc(1, sizeof *s);
-    if (!s) return DX_ENOMEM;
+    if (!s) return dx_errf(DX_ENOMEM, "node server");
     s->loop = loop;
     s->cfg = *cfg;
     if (s->cfg.shutdown_grace_s <= 0) s->cfg.shutdown_grace_s = 10;
@@ -1111,7 +1112,7 @@ int node_server_create(uv_loop_t *loop, const node_server_config *cfg, node_serv
     if (hist_mem_create(&hc_mem, &s->mem) < 0) {
         prom_family_free(&s->requests);
         dx_free(s);
-        return DX_ENOMEM;
+        return dx_errf(DX_ENOMEM, "node server: reply history");
     }
     http_srv_config hc = {
         .host = cfg->host,

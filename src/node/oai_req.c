@@ -26,7 +26,14 @@ static int fail(oai_err *err, const char *param, const char *fmt, ...)
     va_end(ap);
     snprintf(err->param, sizeof err->param, "%s", param ? param : "");
     err->status = 400;
-    return DX_EINVAL;
+    return dx_errf(DX_EINVAL, "%s", err->message);
+}
+
+/* A callee has filled *err (and the thread's message): its failure passes on. */
+static int failed(const oai_err *err)
+{
+    DX_ASSERT(err->status == 400 && err->message[0]);
+    return dx_errf(DX_EINVAL, "%s", err->message);
 }
 
 /* Out of memory while reading a request: the server's state, not the
@@ -181,7 +188,7 @@ static int parse_msg_extras(json_t *jm, size_t i, oai_msg *m, oai_err *err)
     if ((v = field(jm, "tool_calls"))) {
         snprintf(name, sizeof name, "messages[%zu].tool_calls", i);
         if (!assistant) return fail(err, name, "%s: only on assistant messages", name);
-        if (parse_tool_calls(v, i, m, err)) return DX_EINVAL;
+        if (parse_tool_calls(v, i, m, err)) return failed(err);
     }
     if ((v = field(jm, "reasoning_content"))) {
         snprintf(name, sizeof name, "messages[%zu].reasoning_content", i);
@@ -215,7 +222,7 @@ static int parse_msg(json_t *jm, size_t i, oai_msg *m, oai_err *err)
     m->role = norm_role(json_string_value(role));
     if (!m->role)
         return fail(err, name, "%s.role: unknown role '%.32s'", name, json_string_value(role));
-    if (parse_msg_extras(jm, i, m, err)) return DX_EINVAL;
+    if (parse_msg_extras(jm, i, m, err)) return failed(err);
     return parse_msg_content(jm, i, m, err);
 }
 
@@ -271,7 +278,7 @@ static int parse_ids(json_t *arr, const oai_parse_opts *opts, oai_req *r, oai_er
         if (!json_is_integer(v)) return fail(err, "prompt", "%s: expected a token id", name);
         if (get_int(v, name, 0, hi, &id, err) < 0) {
             snprintf(err->param, sizeof err->param, "prompt");
-            return DX_EINVAL;
+            return failed(err);
         }
         r->prompt_ids[i] = (int32_t)id;
     }
@@ -330,7 +337,7 @@ static int parse_max_tokens(json_t *root, oai_req *r, oai_err *err)
         json_t *v = field(root, names[i]);
         int64_t n;
         if (!v) continue;
-        if (get_int(v, names[i], 1, UINT32_MAX, &n, err) < 0) return DX_EINVAL;
+        if (get_int(v, names[i], 1, UINT32_MAX, &n, err) < 0) return failed(err);
         r->has_max_tokens = 1;
         r->max_tokens = (uint32_t)n;
         return 0;
@@ -343,16 +350,17 @@ static int parse_sampling(json_t *root, oai_req *r, oai_err *err)
     json_t *v;
     int64_t i;
     if ((v = field(root, "temperature")) && get_num(v, "temperature", 0, 2, &r->temperature, err))
-        return DX_EINVAL;
-    if ((v = field(root, "top_p")) && get_num(v, "top_p", 0, 1, &r->top_p, err)) return DX_EINVAL;
+        return failed(err);
+    if ((v = field(root, "top_p")) && get_num(v, "top_p", 0, 1, &r->top_p, err)) return failed(err);
     if (v && r->top_p == 0) return fail(err, "top_p", "top_p: must be greater than 0");
-    if ((v = field(root, "min_p")) && get_num(v, "min_p", 0, 1, &r->min_p, err)) return DX_EINVAL;
+    if ((v = field(root, "min_p")) && get_num(v, "min_p", 0, 1, &r->min_p, err)) return failed(err);
     if ((v = field(root, "top_k"))) {
-        if (get_int(v, "top_k", -1, INT32_MAX, &i, err) < 0) return DX_EINVAL;
+        if (get_int(v, "top_k", -1, INT32_MAX, &i, err) < 0) return failed(err);
         r->top_k = i < 0 ? 0 : (int)i; /* -1 = off, as in vLLM */
     }
     if ((v = field(root, "seed"))) {
-        if (get_int(v, "seed", (double)INT64_MIN, (double)INT64_MAX, &i, err) < 0) return DX_EINVAL;
+        if (get_int(v, "seed", (double)INT64_MIN, (double)INT64_MAX, &i, err) < 0)
+            return failed(err);
         r->has_seed = 1;
         r->seed = (uint64_t)i;
     }
@@ -389,7 +397,7 @@ static int parse_logit_bias(json_t *v, const oai_parse_opts *opts, oai_req *r, o
             return fail(err, param, "logit_bias: key '%.40s' is not a token id%s", key,
                         opts && opts->n_vocab ? " of this model's vocabulary" : "");
         double d;
-        if (get_num(b, param, -100, 100, &d, err)) return DX_EINVAL;
+        if (get_num(b, param, -100, 100, &d, err)) return failed(err);
         r->logit_bias[r->n_logit_bias++] = (oai_bias){(int32_t)id, (float)d};
     }
     qsort(r->logit_bias, r->n_logit_bias, sizeof *r->logit_bias, cmp_bias);
@@ -403,28 +411,28 @@ static int parse_shaping(json_t *root, const oai_parse_opts *opts, oai_req *r, o
     int64_t n;
     if ((v = field(root, "presence_penalty")) &&
         get_num(v, "presence_penalty", -2, 2, &r->presence_penalty, err))
-        return DX_EINVAL;
+        return failed(err);
     if ((v = field(root, "frequency_penalty")) &&
         get_num(v, "frequency_penalty", -2, 2, &r->frequency_penalty, err))
-        return DX_EINVAL;
+        return failed(err);
     if ((v = field(root, "repetition_penalty"))) {
-        if (get_num(v, "repetition_penalty", 0, 2, &r->repetition_penalty, err)) return DX_EINVAL;
+        if (get_num(v, "repetition_penalty", 0, 2, &r->repetition_penalty, err)) return failed(err);
         if (r->repetition_penalty == 0)
             return fail(err, "repetition_penalty", "repetition_penalty: must be greater than 0");
     }
-    if ((v = field(root, "logit_bias")) && parse_logit_bias(v, opts, r, err)) return DX_EINVAL;
+    if ((v = field(root, "logit_bias")) && parse_logit_bias(v, opts, r, err)) return failed(err);
     if (r->kind == OAI_COMPLETION) { /* the legacy form: logprobs is how many alternatives */
         if ((v = field(root, "logprobs"))) {
-            if (get_int(v, "logprobs", 0, 5, &n, err) < 0) return DX_EINVAL;
+            if (get_int(v, "logprobs", 0, 5, &n, err) < 0) return failed(err);
             r->logprobs = 1;
             r->top_logprobs = (uint32_t)n;
         }
         return 0;
     }
     if ((v = field(root, "logprobs")) && get_bool(v, "logprobs", &r->logprobs, err))
-        return DX_EINVAL;
+        return failed(err);
     if ((v = field(root, "top_logprobs"))) {
-        if (get_int(v, "top_logprobs", 0, OAI_MAX_TOP_LOGPROBS, &n, err) < 0) return DX_EINVAL;
+        if (get_int(v, "top_logprobs", 0, OAI_MAX_TOP_LOGPROBS, &n, err) < 0) return failed(err);
         if (!r->logprobs)
             return fail(err, "top_logprobs", "top_logprobs: requires \"logprobs\": true");
         r->top_logprobs = (uint32_t)n;
@@ -471,7 +479,7 @@ static int parse_tools(json_t *root, oai_req *r, oai_err *err)
     }
     if ((v = field(root, "parallel_tool_calls")) &&
         get_bool(v, "parallel_tool_calls", &r->parallel_tool_calls, err))
-        return DX_EINVAL;
+        return failed(err);
     if (!(v = field(root, "tool_choice"))) return 0;
     if (json_is_string(v)) {
         const char *c = json_string_value(v);
@@ -506,13 +514,13 @@ static int parse_tools(json_t *root, oai_req *r, oai_err *err)
 static int parse_stream(json_t *root, oai_req *r, oai_err *err)
 {
     json_t *v;
-    if ((v = field(root, "stream")) && get_bool(v, "stream", &r->stream, err)) return DX_EINVAL;
+    if ((v = field(root, "stream")) && get_bool(v, "stream", &r->stream, err)) return failed(err);
     if ((v = field(root, "stream_options"))) {
         if (!json_is_object(v))
             return fail(err, "stream_options", "stream_options: expected an object");
         json_t *u = field(v, "include_usage");
         if (u && get_bool(u, "stream_options.include_usage", &r->include_usage, err))
-            return DX_EINVAL;
+            return failed(err);
     }
     return 0;
 }
@@ -522,7 +530,7 @@ static int parse_misc(json_t *root, oai_req *r, oai_err *err)
     json_t *v;
     int64_t n;
     if ((v = field(root, "n"))) {
-        if (get_int(v, "n", (double)INT64_MIN, (double)INT64_MAX, &n, err) < 0) return DX_EINVAL;
+        if (get_int(v, "n", (double)INT64_MIN, (double)INT64_MAX, &n, err) < 0) return failed(err);
         if (n != 1) return fail(err, "n", "n: only n = 1 is supported");
     }
     if ((v = field(root, "user"))) {
@@ -530,7 +538,7 @@ static int parse_misc(json_t *root, oai_req *r, oai_err *err)
         r->user = json_string_value(v);
     }
     if ((v = field(root, "ignore_eos")) && get_bool(v, "ignore_eos", &r->ignore_eos, err))
-        return DX_EINVAL;
+        return failed(err);
     if ((v = field(root, "cache_salt"))) { /* vLLM's: a prefix-cache namespace */
         size_t n = json_string_length(v);
         if (!json_is_string(v) || n == 0 || n > OAI_MAX_CACHE_SALT)

@@ -681,18 +681,20 @@ static int collect(collector *c, const oai_tools_ev *ev, size_t n)
             if (r->n_calls == c->cap) {
                 size_t cap = c->cap ? 2 * c->cap : 4;
                 oai_tool_call *p = dx_realloc(r->calls, cap * sizeof *p);
-                if (!p) return DX_ENOMEM;
+                if (!p) return dx_errf(DX_ENOMEM, "tool calls: %zu calls", cap);
                 r->calls = p, c->cap = cap;
             }
             oai_tool_call *call = &r->calls[r->n_calls];
             memset(call, 0, sizeof *call);
             snprintf(call->id, sizeof call->id, "%s", e->id);
             r->n_calls++;
-            if (!(call->name = dx_strndup(e->text, e->len))) rc = DX_ENOMEM;
+            if (!(call->name = dx_strndup(e->text, e->len)))
+                rc = dx_errf(DX_ENOMEM, "tool call name");
         } else { /* OAI_TOOLS_EV_ARGS: each call's arguments come in one event */
             DX_ASSERT(e->index + 1 == r->n_calls && !r->calls[e->index].arguments);
             oai_tool_call *call = &r->calls[e->index];
-            if (!(call->arguments = dx_strndup(e->text, e->len))) rc = DX_ENOMEM;
+            if (!(call->arguments = dx_strndup(e->text, e->len)))
+                rc = dx_errf(DX_ENOMEM, "tool call arguments");
             call->arguments_len = e->len;
         }
     }
@@ -706,9 +708,9 @@ int oai_tools_parse(const oai_tools_opts *o, const char *text, size_t len, oai_t
     dx_buf_init(&c.content, 0);
     dx_buf_init(&c.reasoning, 0);
     oai_tools *t = oai_tools_create(o);
-    const oai_tools_ev *ev;
-    size_t n;
-    int rc = t ? oai_tools_feed(t, text, len, &ev, &n) : DX_ENOMEM;
+    const oai_tools_ev *ev = NULL;
+    size_t n = 0;
+    int rc = t ? oai_tools_feed(t, text, len, &ev, &n) : dx_errf(DX_ENOMEM, "tool-call parser");
     if (!rc) rc = collect(&c, ev, n);
     if (!rc) rc = oai_tools_finish(t, &ev, &n);
     if (!rc) rc = collect(&c, ev, n);
@@ -793,7 +795,7 @@ int oai_tools_ev_json(dx_buf *b, const oai_tools_ev *ev)
         return rc ? rc : dx_buf_puts(b, "}}]");
     }
     DX_ASSERT(!"oai_tools: unknown event kind");
-    return DX_EINVAL;
+    return dx_errf(DX_EINVAL, "oai_tools: event kind %d", (int)ev->kind);
 }
 
 /* ---- options ---------------------------------------------------------------- */

@@ -68,15 +68,15 @@ int prom_family_add(prom_family *f, const char *labels, uint64_t v)
     if (f->n == f->cap) {
         size_t cap = f->cap ? 2 * f->cap : 8;
         char **l = dx_realloc(f->labels, cap * sizeof *l);
-        if (!l) return DX_ENOMEM;
+        if (!l) return dx_errf(DX_ENOMEM, "metrics: %zu series", cap);
         f->labels = l;
         uint64_t *vals = dx_realloc(f->values, cap * sizeof *vals);
-        if (!vals) return DX_ENOMEM;
+        if (!vals) return dx_errf(DX_ENOMEM, "metrics: %zu series", cap);
         f->values = vals;
         f->cap = cap;
     }
     f->labels[f->n] = dx_strdup(labels);
-    if (!f->labels[f->n]) return DX_ENOMEM;
+    if (!f->labels[f->n]) return dx_errf(DX_ENOMEM, "metrics: series {%.60s}", labels);
     f->values[f->n++] = v;
     return 0;
 }

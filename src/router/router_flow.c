@@ -345,16 +345,7 @@ static int entry_usable(const rt_req *q)
  * there are none or they do not parse). */
 static json_t *entry_json(const rt_req *q, int decode, int prefill)
 {
-    if (!q->entry_params) return NULL;
-    json_error_t je;
-    json_t *kv = json_loads(q->entry_params, 0, &je);
-    if (!json_is_object(kv)) {
-        json_decref(kv);
-        return NULL;
-    }
-    json_object_set_new(kv, "do_remote_decode", json_boolean(decode));
-    json_object_set_new(kv, "do_remote_prefill", json_boolean(prefill));
-    return kv;
+    return router_params_flagged(q->entry_params, decode, prefill);
 }
 
 /* The stored params when their holder is down: nothing to pull, but their
@@ -470,13 +461,7 @@ static void observe(prom_hist *h, uint64_t since_ns)
  * holder promises less (expire a margin before the holder drops them). */
 static double params_ttl(const router *r, const json_t *params)
 {
-    double ttl = r->cfg.conversation_ttl_s;
-    json_t *bt = json_object_get(params, "remote_blocks_ttl_s");
-    if (json_is_number(bt)) {
-        double b = json_number_value(bt), margin = b / 8 < 30 ? b / 8 : 30;
-        if (b - margin < ttl) ttl = b - margin;
-    }
-    return ttl;
+    return router_params_ttl(params, r->cfg.conversation_ttl_s);
 }
 
 /* The turn finished normally: remember which node holds it, with its
@@ -493,10 +478,7 @@ static void store_entry(rt_req *q)
     json_t *p = q->new_params;
     if (json_is_object(p) && params_ttl(r, p) > 0 && router_json_append(&txt, p) == 0) {
         ttl = params_ttl(r, p);
-        json_t *nt = json_object_get(p, "remote_num_tokens");
-        if (json_is_integer(nt) && json_integer_value(nt) >= 0 &&
-            json_integer_value(nt) <= UINT32_MAX)
-            ntok = (uint32_t)json_integer_value(nt);
+        ntok = router_params_tokens(p);
     } else {
         dx_buf_free(&txt); /* affinity only */
     }
@@ -549,24 +531,12 @@ static void pass_on_done(void *user, int rc, long status)
 /* The prefill node's answer carries params: keep them as text. */
 static int take_prefill_params(rt_req *q)
 {
-    json_error_t je;
-    json_t *root = json_loadb(q->acc.data ? q->acc.data : "", q->acc.len, JSON_ALLOW_NUL, &je);
-    json_t *p = json_object_get(root, "kv_transfer_params");
-    json_t *u = json_object_get(root, "usage");
-    json_t *c = json_object_get(json_object_get(u, "prompt_tokens_details"), "cached_tokens");
-    q->p_cached = json_is_integer(c) ? (long)json_integer_value(c) : -1;
-    int ok = 0;
-    if (json_is_object(p)) {
-        dx_buf b;
-        dx_buf_init(&b, 0);
-        if (router_json_append(&b, p) == 0) {
-            dx_free(q->pparams);
-            q->pparams = dx_buf_take(&b);
-            ok = q->pparams != NULL;
-        }
-        dx_buf_free(&b);
+    char *p;
+    int ok = router_answer_params(q->acc.data, q->acc.len, &p, &q->p_cached) == 1;
+    if (ok) {
+        dx_free(q->pparams);
+        q->pparams = p;
     }
-    json_decref(root);
     return ok;
 }
 
@@ -792,7 +762,7 @@ static uint32_t count_tokens(const router *r, const oai_req *o)
             rc = tok_encode(model_tokenizer(r->tok), o->prompt, o->prompt_len, TOK_ADD_SPECIAL, &v);
         } else {
             chat_msg *m = dx_calloc(o->n_msgs, sizeof *m);
-            rc = m ? 0 : DX_ENOMEM;
+            rc = m ? 0 : dx_errf(DX_ENOMEM, "router: %zu messages", o->n_msgs);
             for (size_t i = 0; m && i < o->n_msgs; i++)
                 m[i] = (chat_msg){o->msgs[i].role, o->msgs[i].content, o->msgs[i].content_len};
             /* the node's own way: the model's template with the request's extras */
@@ -954,7 +924,8 @@ static int build_prefill_body(rt_req *q, json_t *root)
     if (q->r->cfg.mode == ROUTER_BIDIRECTIONAL) /* pull, or (holder down) the history only */
         kv = entry_json(q, 1, entry_usable(q));
     if (!kv) kv = json_pack("{s:b, s:b}", "do_remote_decode", 1, "do_remote_prefill", 0);
-    if (!kv || json_object_set_new(root, "kv_transfer_params", kv) < 0) return DX_ENOMEM;
+    if (!kv || json_object_set_new(root, "kv_transfer_params", kv) < 0)
+        return dx_errf(DX_ENOMEM, "router: prefill request's kv_transfer_params");
     return router_json_append(&q->pbody, root);
 }
 

@@ -1,8 +1,10 @@
 /* router_sse: SSE splitting and kv_transfer_params removal (see .h). */
 #include "router/router_sse.h"
 
+#include <limits.h>
 #include <string.h>
 
+#include "base/dx_alloc.h"
 #include "base/dx_err.h"
 
 void router_sse_init(router_sse *s, size_t max_event)
@@ -132,14 +134,15 @@ int router_sse_data(const char *ev, size_t len, dx_buf *scratch, const char **da
         const char *v = l + 5;
         size_t vl = ll - 5;
         if (vl && *v == ' ') v++, vl--;
-        if (n_data == 1 && (dx_buf_append(scratch, *data, *dlen) < 0)) return DX_ENOMEM;
+        if (n_data == 1 && (dx_buf_append(scratch, *data, *dlen) < 0))
+            return dx_errf(DX_ENOMEM, "SSE: event data (%zu bytes)", len);
         if (n_data >= 1 && (dx_buf_putc(scratch, '\n') < 0 || dx_buf_append(scratch, v, vl) < 0))
-            return DX_ENOMEM;
+            return dx_errf(DX_ENOMEM, "SSE: event data (%zu bytes)", len);
         *data = v;
         *dlen = vl;
         n_data++;
     }
-    if (!n_data) return DX_ENOENT;
+    if (!n_data) return dx_errf(DX_ENOENT, "SSE: event without a data line");
     if (n_data > 1) {
         *data = scratch->data;
         *dlen = scratch->len;
@@ -156,7 +159,9 @@ static int dump_cb(const char *p, size_t n, void *b)
 
 int router_json_append(dx_buf *b, const json_t *v)
 {
-    return json_dump_callback(v, dump_cb, b, JSON_COMPACT | JSON_ENCODE_ANY) == 0 ? 0 : DX_ENOMEM;
+    return json_dump_callback(v, dump_cb, b, JSON_COMPACT | JSON_ENCODE_ANY) == 0
+               ? 0
+               : dx_errf(DX_ENOMEM, "JSON of %zu bytes", b->len);
 }
 
 /* Appends the first choice's text (see router_sse_info). */
@@ -233,7 +238,7 @@ static int rewrite(json_t *root, const char *pre, const char *post, dx_buf *out,
     if (rc == 0) return 1;
     json_decref(info->params);
     info->params = NULL;
-    return DX_ENOMEM;
+    return dx_errf(DX_ENOMEM, "router: an answer rewritten without kv_transfer_params");
 }
 
 int router_sse_event(const char *ev, size_t len, int chat, dx_buf *scratch, dx_buf *out,
@@ -257,4 +262,65 @@ int router_sse_answer(const char *body, size_t len, int chat, dx_buf *out, route
     json_t *root;
     int rc = inspect(body, len, chat, "message", info, &root);
     return rc <= 0 ? rc : rewrite(root, "", "", out, info);
+}
+
+/* ---- the params a node hands back -------------------------------------------- */
+
+int router_answer_params(const char *body, size_t len, char **params, long *cached)
+{
+    *params = NULL;
+    json_error_t je;
+    json_t *root = json_loadb(body ? body : "", len, JSON_ALLOW_NUL, &je);
+    json_t *p = json_object_get(root, "kv_transfer_params");
+    json_t *u = json_object_get(root, "usage");
+    json_t *c = json_object_get(json_object_get(u, "prompt_tokens_details"), "cached_tokens");
+    *cached = json_is_integer(c) && json_integer_value(c) >= 0 && json_integer_value(c) <= LONG_MAX
+                  ? (long)json_integer_value(c)
+                  : -1;
+    int rc = 0;
+    if (json_is_object(p)) {
+        dx_buf b;
+        dx_buf_init(&b, 0);
+        rc = router_json_append(&b, p);
+        if (rc == 0 && !(*params = dx_buf_take(&b)))
+            rc = dx_errf(DX_ENOMEM, "prefill node's kv_transfer_params");
+        dx_buf_free(&b);
+        rc = rc ? rc : 1;
+    }
+    json_decref(root);
+    return rc;
+}
+
+double router_params_ttl(const json_t *params, double ttl_s)
+{
+    json_t *bt = json_object_get(params, "remote_blocks_ttl_s");
+    if (json_is_number(bt)) {
+        double b = json_number_value(bt), margin = b / 8 < 30 ? b / 8 : 30;
+        if (b - margin < ttl_s) ttl_s = b - margin;
+    }
+    return ttl_s;
+}
+
+uint32_t router_params_tokens(const json_t *params)
+{
+    json_t *nt = json_object_get(params, "remote_num_tokens");
+    if (json_is_integer(nt) && json_integer_value(nt) >= 0 && json_integer_value(nt) <= UINT32_MAX)
+        return (uint32_t)json_integer_value(nt);
+    return 0;
+}
+
+json_t *router_params_flagged(const char *text, int decode, int prefill)
+{
+    json_error_t je;
+    json_t *kv = text ? json_loads(text, JSON_ALLOW_NUL, &je) : NULL; /* as serialised: \u0000 too */
+    if (!json_is_object(kv)) {
+        json_decref(kv);
+        return NULL;
+    }
+    if (json_object_set_new(kv, "do_remote_decode", json_boolean(decode)) < 0 ||
+        json_object_set_new(kv, "do_remote_prefill", json_boolean(prefill)) < 0) {
+        json_decref(kv);
+        return NULL;
+    }
+    return kv;
 }

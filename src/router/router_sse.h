@@ -18,6 +18,7 @@
 
 #include <jansson.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "base/dx_buf.h"
 
@@ -74,5 +75,23 @@ int router_sse_answer(const char *body, size_t len, int chat, dx_buf *out, route
 
 /* Appends v as compact JSON (the serialiser the inspectors use). */
 int router_json_append(dx_buf *b, const json_t *v);
+
+/* ---- the params a node hands back -------------------------------------------- */
+
+/* The prefill node's (non-streamed) answer: its kv_transfer_params as
+ * compact JSON text in *params (dx_malloc'd; NULL when there are none or
+ * the answer is not a JSON object) and its
+ * usage.prompt_tokens_details.cached_tokens in *cached (-1 when absent or
+ * not a count).  1 with params, 0 without, DX_ENOMEM. */
+int router_answer_params(const char *body, size_t len, char **params, long *cached);
+/* How long params may be kept: ttl_s, or less when the holder promises
+ * less (remote_blocks_ttl_s), a margin before the holder drops them.  May be
+ * <= 0: not worth keeping. */
+double router_params_ttl(const json_t *params, double ttl_s);
+/* remote_num_tokens when it is a count that fits 32 bits, else 0. */
+uint32_t router_params_tokens(const json_t *params);
+/* Stored params text as a JSON object with do_remote_decode and
+ * do_remote_prefill set; NULL when the text is not a JSON object. */
+json_t *router_params_flagged(const char *text, int decode, int prefill);
 
 #endif

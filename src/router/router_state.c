@@ -244,7 +244,7 @@ int router_state_put(router_state *st, const router_key *k, int node, const char
 int router_state_del(router_state *st, const router_key *k)
 {
     uint32_t i = find(st, k);
-    if (i == NIL) return DX_ENOENT;
+    if (i == NIL) return dx_errf(DX_ENOENT, "router state: no such conversation");
     remove_at(st, i);
     return 0;
 }

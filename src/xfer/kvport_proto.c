@@ -97,7 +97,8 @@ const char *kvport_type_name(uint16_t type)
 
 int kvport_hdr_read(const uint8_t *buf, size_t len, kvport_hdr *h)
 {
-    if (len < KVPORT_HDR_BYTES) return DX_EAGAIN;
+    if (len < KVPORT_HDR_BYTES)
+        return dx_errf(DX_EAGAIN, "kvport: %zu of %d header bytes", len, KVPORT_HDR_BYTES);
     h->magic = (uint32_t)le_load(buf, 4);
     h->version = (uint16_t)le_load(buf + 4, 2);
     h->type = (uint16_t)le_load(buf + 6, 2);

@@ -613,7 +613,7 @@ int kvport_server_create(uv_loop_t *loop, const kvport_server_config *cfg, kvpor
 {
     if (!cfg->leases || !cfg->hello) return dx_errf(DX_EINVAL, "kvport: config lacks leases/hello");
     kvport_server *s = dx_calloc(1, sizeof *s);
-    if (!s) return DX_ENOMEM;
+    if (!s) return dx_errf(DX_ENOMEM, "kvport: server");
     s->loop = loop;
     s->leases = cfg->leases;
     s->hello = *cfg->hello;

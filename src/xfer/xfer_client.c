@@ -88,7 +88,7 @@ int xfer_client_create(const xfer_client_config *cfg, xfer_client **out)
     if (!cfg->agent || !cfg->pool || !cfg->hello)
         return dx_errf(DX_EINVAL, "xfer_client: config lacks agent, pool or hello");
     xfer_client *c = dx_calloc(1, sizeof *c);
-    if (!c) return DX_ENOMEM;
+    if (!c) return dx_errf(DX_ENOMEM, "xfer_client");
     c->agent = cfg->agent;
     c->pool = cfg->pool;
     c->hello = *cfg->hello;
@@ -222,7 +222,8 @@ static int sock_connect(xfer_client *c, const char *host, int port, uint64_t dea
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res = NULL;
     int g = getaddrinfo(host, ps, &hints, &res);
     if (g) return dx_errf(DX_EIO, "resolving %s: %s", host, gai_strerror(g));
-    int rc = DX_EIO, denied = 0, tried = 0;
+    int rc = dx_errf(DX_EIO, "connecting to %s:%d: no address", host, port), denied = 0,
+        tried = 0;
     for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
         if (c->allow && !xfer_peers_allowed(c->allow, ai->ai_addr)) {
             denied++;
@@ -377,7 +378,7 @@ static int do_hello(xfer_client *c, kvlink *k, const char *key, peer_entry **out
     if (rc) return dx_err_wrap(rc, "HELLO");
     const kvport_hello *h = &m.u.hello;
     peer_entry *e = dx_calloc(1, sizeof *e);
-    if (!e) return DX_ENOMEM;
+    if (!e) return dx_errf(DX_ENOMEM, "xfer_client: peer %s", key);
     snprintf(e->key, sizeof e->key, "%s", key);
     e->instance = h->instance;
     e->block_bytes = h->block_bytes;
@@ -405,7 +406,7 @@ static int do_hello(xfer_client *c, kvlink *k, const char *key, peer_entry **out
 static int do_pin(kvlink *k, const xfer_pull_req *r, kvport_pin_ok *ok)
 {
     uint64_t *hs = dx_malloc(r->n * 2 * sizeof *hs);
-    if (!hs) return DX_ENOMEM;
+    if (!hs) return dx_errf(DX_ENOMEM, "PIN: hash chain of %zu blocks", r->n);
     for (size_t i = 0; i < r->n; i++) {
         hs[2 * i] = r->chain[i].lo;
         hs[2 * i + 1] = r->chain[i].hi;
@@ -479,7 +480,7 @@ static int do_read(xfer_client *c, peer_entry *e, const xfer_pull_req *r, uint32
                            r->remote_ids[i], i);
     }
     xfer_read_op *ops = dx_malloc(k * sizeof *ops);
-    if (!ops) return DX_ENOMEM;
+    if (!ops) return dx_errf(DX_ENOMEM, "pull: %u read ops", k);
     size_t n = 0;
     uint64_t rbase = e->base;
     for (uint32_t i = 0; i < k; i++) {

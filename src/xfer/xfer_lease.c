@@ -72,8 +72,14 @@ struct xfer_leases {
     lease *lru_head, *lru_tail;
     uint64_t lease_blocks; /* sum of the live leases' block counts */
     uint64_t next_pin;
+    uint64_t (*now)(void); /* tests: an injected clock; NULL = dx_now_ns */
     xfer_leases_stats st;
 };
+
+static uint64_t now_ns(const xfer_leases *L)
+{
+    return L->now ? L->now() : dx_now_ns();
+}
 
 static uint64_t ttl_ns(double s)
 {
@@ -237,7 +243,7 @@ int xfer_leases_create(kv_pool *pool, double pin_ttl_s, xfer_leases **out)
     int rc = xfer_token_random(&s);
     if (rc) return rc;
     xfer_leases *L = dx_calloc(1, sizeof *L);
-    if (!L) return DX_ENOMEM;
+    if (!L) return dx_errf(DX_ENOMEM, "leases: registry");
     rc = dx_hidx_create(0, &L->by_tok);
     if (!rc) rc = dx_hidx_create(0, &L->by_pin);
     if (!rc) rc = dx_hidx_create(0, &L->by_tag);
@@ -325,7 +331,7 @@ static int grow(void **arr, size_t *cap, size_t n, size_t elem)
     if (n < *cap) return 0;
     size_t nc = *cap ? *cap * 2 : 16;
     void *p = dx_realloc(*arr, nc * elem);
-    if (!p) return DX_ENOMEM;
+    if (!p) return dx_errf(DX_ENOMEM, "leases: table of %zu", nc);
     *arr = p;
     *cap = nc;
     return 0;
@@ -333,7 +339,7 @@ static int grow(void **arr, size_t *cap, size_t n, size_t elem)
 
 /* ---- leases -------------------------------------------------------------- */
 
-static lease *lease_new(const int32_t *ids, size_t n, double ttl_s, int policy)
+static lease *lease_new(const int32_t *ids, size_t n, double ttl_s, int policy, uint64_t now)
 {
     lease *l = dx_calloc(1, sizeof *l);
     if (!l) return NULL;
@@ -347,7 +353,7 @@ static lease *lease_new(const int32_t *ids, size_t n, double ttl_s, int policy)
     l->n = (uint32_t)n;
     l->policy = policy;
     l->ttl_s = ttl_s;
-    l->expires_ns = dx_now_ns() + ttl_ns(ttl_s);
+    l->expires_ns = now + ttl_ns(ttl_s);
     return l;
 }
 
@@ -372,7 +378,7 @@ static int lease_args_check(xfer_leases *L, const int32_t *ids, size_t n, double
 /* Registers l under l->tok and takes its references.  Called with mu held. */
 static int lease_add(xfer_leases *L, lease *l)
 {
-    if (find_any_lease(L, &l->tok)) return DX_EEXIST;
+    if (find_any_lease(L, &l->tok)) return dx_errf(DX_EEXIST, "lease: token already in use");
     int rc = grow((void **)&L->leases, &L->cap_leases, L->n_leases, sizeof *L->leases);
     l->h = tok_hash(L, &l->tok);
     if (!rc) rc = dx_hidx_insert(L->by_tok, l->h, (uintptr_t)l);
@@ -396,8 +402,8 @@ static int lease_create(xfer_leases *L, const xfer_token *tok, const int32_t *id
 {
     int rc = lease_args_check(L, ids, n, ttl_s, policy);
     if (rc) return rc;
-    lease *l = lease_new(ids, n, ttl_s, policy);
-    if (!l) return DX_ENOMEM;
+    lease *l = lease_new(ids, n, ttl_s, policy, now_ns(L));
+    if (!l) return dx_errf(DX_ENOMEM, "lease of %zu blocks", n);
     l->tag = tag;
     /* A random token repeats with odds of 2^-128; retrying costs nothing. */
     for (int tries = 0; tries < 4; tries++) {
@@ -436,6 +442,13 @@ int xfer_lease_create_as(xfer_leases *L, const xfer_token *tok, const int32_t *i
     return lease_create(L, tok, ids, n, ttl_s, policy, 0, NULL);
 }
 
+void xfer_leases_set_clock(xfer_leases *L, uint64_t (*now)(void))
+{
+    pthread_mutex_lock(&L->mu);
+    L->now = now;
+    pthread_mutex_unlock(&L->mu);
+}
+
 void xfer_leases_weak_hash(xfer_leases *L, uint64_t mask)
 {
     pthread_mutex_lock(&L->mu);
@@ -448,7 +461,7 @@ void xfer_leases_weak_hash(xfer_leases *L, uint64_t mask)
 int xfer_lease_renew(xfer_leases *L, const xfer_token *tok, double ttl_s)
 {
     if (!(ttl_s > 0)) return dx_errf(DX_EINVAL, "lease renew: ttl %g s must be positive", ttl_s);
-    uint64_t now = dx_now_ns();
+    uint64_t now = now_ns(L);
     pthread_mutex_lock(&L->mu);
     lease *l = find_lease(L, tok, now);
     if (l) {
@@ -513,7 +526,7 @@ int xfer_lease_revoke(xfer_leases *L, const xfer_token *tok)
 int xfer_lease_lookup(xfer_leases *L, const xfer_token *tok, xfer_lease_info *out)
 {
     pthread_mutex_lock(&L->mu);
-    lease *l = find_lease(L, tok, dx_now_ns());
+    lease *l = find_lease(L, tok, now_ns(L));
     if (l) *out = (xfer_lease_info){l->n, l->policy, l->ttl_s, l->expires_ns, l->n_pins};
     pthread_mutex_unlock(&L->mu);
     return l ? 0 : dx_errf(DX_EGONE, "lease lookup: unknown or expired lease");
@@ -583,9 +596,9 @@ int xfer_pin(xfer_leases *L, const xfer_token *tok, const int32_t *ids, const kv
 {
     if (n == 0 || n > UINT32_MAX) return dx_errf(DX_EINVAL, "PIN: %zu blocks", n);
     pin *p = dx_malloc(sizeof *p + n * sizeof *ids);
-    if (!p) return DX_ENOMEM;
+    if (!p) return dx_errf(DX_ENOMEM, "PIN: %zu blocks", n);
     memcpy(p->ids, ids, n * sizeof *ids);
-    uint64_t now = dx_now_ns();
+    uint64_t now = now_ns(L);
     lease *l;
     pthread_mutex_lock(&L->mu);
     int rc = pin_check(L, tok, ids, n, now, &l), unhashed = 0;
@@ -635,7 +648,7 @@ int xfer_pin_live(xfer_leases *L, uint64_t pin_id)
 
 int xfer_pin_renew(xfer_leases *L, uint64_t pin_id, double *ttl_s)
 {
-    uint64_t now = dx_now_ns();
+    uint64_t now = now_ns(L);
     pthread_mutex_lock(&L->mu);
     pin *p = find_pin(L, pin_id);
     /* Past its deadline a pin is gone even before the sweep frees it: the

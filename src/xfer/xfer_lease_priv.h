@@ -17,6 +17,9 @@ int xfer_lease_create_as(xfer_leases *L, const xfer_token *tok, const int32_t *i
 /* Tests: index hash = low 64 bits of the token or pin id & mask, so tests can
  * force collisions (mask 0: every key in one probe run).  Only while empty. */
 void xfer_leases_weak_hash(xfer_leases *L, uint64_t mask);
+/* Tests: the clock that expiry and pin deadlines read (default dx_now_ns),
+ * so that a test decides when a lease lapses, not the machine's speed. */
+void xfer_leases_set_clock(xfer_leases *L, uint64_t (*now)(void));
 /* Tests: the indexes, arrays and per-lease pin lists agree.  0 or
  * DX_EMISMATCH with a message. */
 int xfer_leases_check(xfer_leases *L);

@@ -191,7 +191,7 @@ int xfer_agent_create(const xfer_agent_config *cfg, xfer_agent **out)
     static const xfer_agent_config dflt = {0};
     if (!cfg) cfg = &dflt;
     xfer_agent *a = dx_calloc(1, sizeof *a);
-    if (!a) return DX_ENOMEM;
+    if (!a) return dx_errf(DX_ENOMEM, "xfer: agent");
     pthread_mutex_init(&a->mu, NULL);
     const char *env_tls = getenv("UCX_TLS");
     snprintf(a->tls, sizeof a->tls, "%s",
@@ -316,7 +316,7 @@ int xfer_peer_connect(xfer_agent *a, const uint8_t *worker_addr, size_t addr_len
     if (!worker_addr || !addr_len || !rkey || !rkey_len)
         return dx_errf(DX_EINVAL, "xfer: peer description lacks a worker address or rkey");
     xfer_peer *p = dx_calloc(1, sizeof *p);
-    if (!p) return DX_ENOMEM;
+    if (!p) return dx_errf(DX_ENOMEM, "xfer: peer");
     *p = (xfer_peer){.a = a, .base = base, .length = length};
     ucp_ep_params_t ep = {.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
                                         UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
@@ -481,7 +481,7 @@ int xfer_read(xfer_peer *p, const xfer_read_op *ops, size_t n, uint64_t deadline
     if (!reqs || !b) {
         dx_free(reqs);
         dx_free(b);
-        return DX_ENOMEM;
+        return dx_errf(DX_ENOMEM, "xfer: batch of %zu reads", n);
     }
     size_t posted = 0;
     pthread_mutex_lock(&a->mu);

@@ -35,7 +35,7 @@ static void test_start_progress(void **state)
     printf("# ready (health 200) %.0f ms after exec, default 1 GiB pool\n",
            (double)(dx_now_ns() - t0) * 1e-6);
     char text[8192];
-    for (int i = 0; i < 600; i++) { /* the background population reports when done */
+    for (int i = 0; i < 3000; i++) { /* the background population reports when done */
         tp_read_log(&p, text, sizeof text);
         if (strstr(text, "faulted in, in the background")) break;
         tp_sleep_ms(20);

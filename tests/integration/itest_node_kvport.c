@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -79,6 +80,7 @@ static int setup(void **state)
     if (kvport_secret_write_new(g_other)) return -1;
     g_pid = fork();
     if (g_pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* a failed test leaves no server behind */
         FILE *f = freopen(g_log, "w", stderr);
         (void)f;
         execl(bin, bin, "serve", "--model", g_model, "--port", "0", "--kv-port", "0",

@@ -273,7 +273,10 @@ static void test_decode_dies_and_ttl(void **state)
     b = turn_single(&r, &S, 30);
     assert_same(a, b, 2);
     assert_int_equal(metric(&P, "duplex_kv_fallbacks_total{reason=\"unreachable\"}"), 1);
-    tp_sleep_ms(1600); /* D2's retention expires */
+    /* D2's retention (TTL 1 s) expires: its sweep counts it (bounded wait) */
+    const char *expired = "duplex_kv_lease_events_total{event=\"expired\"}";
+    for (int i = 0; i < 1200 && metric(&D2, expired) < 1; i++) tp_sleep_ms(50);
+    assert_int_equal(metric(&D2, expired), 1);
     user_turn(&c, &r, 62, 20);
     long pulled = metric(&P, PULLED);
     a = turn_pd(&c, &P, &D2, 30, 1, 0);

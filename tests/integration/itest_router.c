@@ -56,7 +56,7 @@ typedef struct {
     pthread_mutex_t mu;
     fake_rec log[FAKE_LOG];
     int n_log;
-    volatile int stop;
+    int stop; /* atomic: fake_stop sets it, the fake's thread polls it */
 } fake_node;
 
 #define P_PARAMS                                                                                   \
@@ -213,7 +213,7 @@ static void *fake_main(void *arg)
     size_t lens[FAKE_CONNS] = {0};
     int n = 0;
     p[0] = (struct pollfd){.fd = f->lfd, .events = POLLIN};
-    while (!f->stop) {
+    while (!__atomic_load_n(&f->stop, __ATOMIC_ACQUIRE)) {
         if (poll(p, (nfds_t)n + 1, 50) <= 0) continue;
         if ((p[0].revents & POLLIN) && n < FAKE_CONNS) {
             int c = accept(f->lfd, NULL, NULL);
@@ -271,7 +271,7 @@ static void fake_clear(fake_node *f)
 
 static void fake_stop(fake_node *f)
 {
-    f->stop = 1;
+    __atomic_store_n(&f->stop, 1, __ATOMIC_RELEASE);
     pthread_join(f->th, NULL);
     close(f->lfd);
     fake_clear(f);

@@ -32,6 +32,7 @@
 #include <cmocka.h>
 
 #include "base/dx_buf.h"
+#include "base/dx_clock.h"
 #include "engine/kv_pool.h"
 #include "xfer/kvport_proto.h"
 #include "xfer/xfer_lease.h"
@@ -115,7 +116,7 @@ static void test_holder_killed(void **state)
     char *argv[] = {
         "duplex", "kv",        "pull", "--port",        port,     "--token",
         h.tok[0], "--remote",  "0-63", "--fill-seed",   "7",      "--pause-after-pin-ms",
-        "1000",   "--timeout", "5",    "--block-bytes", "262144", "--kv-secret-file",
+        "2000",   "--timeout", "5",    "--block-bytes", "262144", "--kv-secret-file",
         g_secret, NULL};
     kp_proc p;
     kp_spawn(&p, NULL, argv);
@@ -208,10 +209,19 @@ static void holder_lease(const kp_holder *h, xfer_token *t, kv_hash chain[2])
     assert_int_equal(xfer_token_parse(h->tok[0], t), 0);
 }
 
-/* PINs blocks 0-1 n times over fd; the pin ids go to ids[], each PIN_OK's
- * pin TTL must be ttl_ms (0: any). */
+/* Pin deadlines as the reader can bound them without trusting its speed:
+ * the holder's deadline for a pin lies between (time the PIN was sent) +
+ * TTL and (time its PIN_OK arrived) + TTL.  A pin is surely live for an
+ * answer that arrived before the first bound, and surely gone for a request
+ * sent after the second; in between, either answer is right. */
+typedef struct {
+    uint64_t sent_ns, answered_ns;
+} pin_time;
+
+/* PINs blocks 0-1 n times over fd; the pin ids go to ids[] and their times
+ * to at[] (may be NULL), each PIN_OK's pin TTL must be ttl_ms (0: any). */
 static void pin_many(int fd, const xfer_token *t, const kv_hash *chain, uint64_t *ids, int n,
-                     uint32_t ttl_ms, uint8_t *buf, size_t cap)
+                     uint32_t ttl_ms, uint8_t *buf, size_t cap, pin_time *at)
 {
     int32_t blk[2] = {0, 1};
     uint64_t hs[4] = {chain[0].lo, chain[0].hi, chain[1].lo, chain[1].hi};
@@ -220,8 +230,10 @@ static void pin_many(int fd, const xfer_token *t, const kv_hash *chain, uint64_t
     kvport_msg m;
     for (int i = 0; i < n; i++) {
         assert_int_equal(kvport_encode_pin(&b, t->b, blk, hs, 2), 0);
+        if (at) at[i].sent_ns = dx_now_ns();
         kp_send(fd, &b);
         assert_int_equal(kp_read_frame(fd, &m, buf, cap), KVPORT_PIN_OK);
+        if (at) at[i].answered_ns = dx_now_ns();
         assert_int_equal(m.u.pin_ok.n_matched, 2);
         if (ttl_ms) assert_int_equal(m.u.pin_ok.ttl_ms, ttl_ms);
         ids[i] = m.u.pin_ok.pin_id;
@@ -244,6 +256,29 @@ static int release_one(int fd, uint64_t id, uint8_t *buf, size_t cap, int *code)
     return type;
 }
 
+/* RELEASE of a pin made at `at` with a TTL of ttl_ns: RELEASE_OK while the
+ * pin is surely live when the answer arrives; after that, ENOENT (it timed
+ * out on a slow machine) is right too. */
+static void release_live(int fd, uint64_t id, pin_time at, uint64_t ttl_ns, uint8_t *buf,
+                         size_t cap)
+{
+    int code;
+    int type = release_one(fd, id, buf, cap, &code);
+    if (dx_now_ns() < at.sent_ns + ttl_ns)
+        assert_int_equal(type, KVPORT_RELEASE_OK);
+    else
+        assert_true(type == KVPORT_RELEASE_OK || (type == KVPORT_ERROR && code == -8));
+}
+
+static void sleep_until(uint64_t t_ns)
+{
+    for (uint64_t now; (now = dx_now_ns()) < t_ns;) {
+        uint64_t d = t_ns - now;
+        struct timespec ts = {(time_t)(d / 1000000000ull), (long)(d % 1000000000ull)};
+        nanosleep(&ts, NULL);
+    }
+}
+
 static void test_many_pins_one_connection(void **state)
 {
     kp_holder h;
@@ -256,22 +291,25 @@ static void test_many_pins_one_connection(void **state)
     /* 100 pins; the odd ones released newest first, the even ones left to
      * time out */
     enum { N1 = 100, N2 = 300 };
+    const uint64_t ttl = 1500000000ull;
     uint64_t first[N1], second[N2];
-    pin_many(fd, &t, chain, first, N1, 1500, buf, sizeof buf);
+    static pin_time at1[N1], at2[N2];
+    pin_many(fd, &t, chain, first, N1, 1500, buf, sizeof buf, at1);
     for (int i = N1 - 1; i > 0; i -= 2) {
-        assert_int_equal(release_one(fd, first[i], buf, sizeof buf, &code), KVPORT_RELEASE_OK);
+        release_live(fd, first[i], at1[i], ttl, buf, sizeof buf);
         assert_int_equal(release_one(fd, first[i], buf, sizeof buf, &code), KVPORT_ERROR);
-        assert_int_equal(code, -8); /* DX_ENOENT: released already */
+        assert_int_equal(code, -8); /* DX_ENOENT: released already, or timed out */
     }
     assert_int_equal(release_one(fd, first[N1 - 1] + 100000, buf, sizeof buf, &code), KVPORT_ERROR);
     assert_int_equal(code, -8);
-    usleep(2000000); /* past the 1.5 s pin TTL: the even pins time out */
+    sleep_until(at1[N1 - 1].answered_ns + ttl +
+                100000000); /* the even pins are past their deadline */
     /* enough new pins that the connection forgets the dead ones on the way;
      * released in an order unrelated to their ids */
-    pin_many(fd, &t, chain, second, N2, 1500, buf, sizeof buf);
+    pin_many(fd, &t, chain, second, N2, 1500, buf, sizeof buf, at2);
     for (int k = 0; k < N2; k++) {
         int i = (k * 7) % N2; /* 7 is coprime to 300 */
-        assert_int_equal(release_one(fd, second[i], buf, sizeof buf, &code), KVPORT_RELEASE_OK);
+        release_live(fd, second[i], at2[i], ttl, buf, sizeof buf);
     }
     /* timed-out pins: ENOENT, whether or not the connection still listed them */
     for (int i = 0; i < N1; i += 2) {
@@ -305,24 +343,36 @@ static int renew_one(int fd, uint64_t id, uint8_t *buf, size_t cap, long *val)
 /* RENEW over the wire, and the idle timeout against live pins: PIN_OK says
  * the pin TTL; a connection silent for longer than the idle timeout stays
  * open while it holds a live pin; only that connection may renew; a pin past
- * its deadline is GONE; once its pins are gone an idle connection closes. */
+ * its deadline is GONE; once its pins are gone an idle connection closes.
+ * Deadlines are bounded as pin_time says, so a slow machine cannot turn a
+ * right answer into a failure (where it makes the first RENEW come too late
+ * to be sure of, the test says it skipped). */
 static void test_renew_and_idle(void **state)
 {
     kp_holder h;
-    kp_hold_start(&h, NULL, "--blocks", "16", "--block-bytes", "8192", "--pin-ttl", "3",
-                  "--idle-timeout-s", "0.5", NULL);
+    const uint64_t ttl = 4000000000ull;
+    kp_hold_start(&h, NULL, "--blocks", "16", "--block-bytes", "8192", "--pin-ttl", "4",
+                  "--idle-timeout-s", "1", NULL);
     static uint8_t buf[1 << 16];
     kv_hash chain[2];
     xfer_token t;
     holder_lease(&h, &t, chain);
     int fd = kp_authed(h.port);
     uint64_t id;
-    pin_many(fd, &t, chain, &id, 1, 3000, buf, sizeof buf);
+    pin_time at;
+    pin_many(fd, &t, chain, &id, 1, 4000, buf, sizeof buf, &at);
     long val;
-    /* over twice the idle timeout in silence, well inside the pin TTL */
-    usleep(1200000);
-    assert_int_equal(renew_one(fd, id, buf, sizeof buf, &val), KVPORT_RENEW_OK);
-    assert_int_equal(val, 3000);
+    /* over twice the idle timeout in silence, inside the pin TTL */
+    sleep_until(at.answered_ns + 2200000000ull);
+    int type = renew_one(fd, id, buf, sizeof buf, &val);
+    uint64_t renewed = dx_now_ns(); /* the new deadline is at most renewed + ttl */
+    if (renewed >= at.sent_ns + ttl) {
+        close(fd);
+        kp_hold_stop(&h);
+        skip(); /* the machine stalled past the pin's deadline: nothing sure to check */
+    }
+    assert_int_equal(type, KVPORT_RENEW_OK);
+    assert_int_equal(val, 4000);
     /* another connection may neither renew nor release it */
     int other = kp_authed(h.port);
     assert_int_equal(renew_one(other, id, buf, sizeof buf, &val), KVPORT_ERROR);
@@ -332,9 +382,10 @@ static void test_renew_and_idle(void **state)
     assert_int_equal(code, -8);
     close(other);
     /* stop renewing; keep the connection busy (RENEWs of a pin it never
-     * made) until the pin's deadline has passed, then it is GONE */
-    for (int i = 0; i < 34; i++) {
-        usleep(100000);
+     * made, well inside the idle timeout) until the pin's deadline has
+     * surely passed, then it is GONE */
+    while (dx_now_ns() < renewed + ttl + 50000000) {
+        sleep_until(dx_now_ns() + 50000000);
         assert_int_equal(renew_one(fd, id + 1000, buf, sizeof buf, &val), KVPORT_ERROR);
     }
     assert_int_equal(renew_one(fd, id, buf, sizeof buf, &val), KVPORT_GONE);

@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -62,6 +63,7 @@ static inline void kp_spawn(kp_proc *p, const char *netns, char *const argv[])
     p->pid = fork();
     assert_true(p->pid >= 0);
     if (p->pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* a test that fails leaves no holder behind */
         dup2(pfd[1], 1);
         close(pfd[0]);
         close(pfd[1]);

@@ -17,6 +17,7 @@
 #include "engine/kern.h"
 #include "engine/kv_pool.h"
 #include "engine_test_util.h"
+#include "kern_test_isa.h"
 
 #define NP 69 /* prompt length: not a multiple of the block size */
 #define BS 16
@@ -228,7 +229,21 @@ static int teardown(void **state)
 
 /* ---------- tests ---------- */
 
-static void check_reference(enum model_arch arch)
+/* The logits of g_toks[0..n) computed in one chunk on a fresh 2-thread rig
+ * (malloc'd, [n][n_vocab]). */
+static float *one_chunk_logits(model *m, int n)
+{
+    rig r;
+    rig_init(&r, m, 2, DX_F32);
+    int32_t blocks[8];
+    fresh_blocks(&r, 0, 4, blocks);
+    float *lg = malloc((size_t)n * model_hp(m)->n_vocab * sizeof(float));
+    run_chunks(&r, blocks, g_toks, 0, n, n, lg);
+    rig_free(&r);
+    return lg;
+}
+
+static void check_reference(enum model_arch arch, enum kern_isa isa)
 {
     model *m = etu_model(arch, DX_F32);
     assert_non_null(m);
@@ -237,35 +252,33 @@ static void check_reference(enum model_arch arch)
     etu_tokens(g_toks, n, V, 7);
     double *ref = malloc((size_t)n * V * sizeof(double));
     reference(m, g_toks, n, ref);
-    const enum kern_isa isas[] = {KERN_SCALAR, KERN_AVX2, KERN_AVX512};
-    for (size_t ii = 0; ii < 3; ii++) {
-        if (kern_set_isa(isas[ii])) continue;
-        rig r;
-        rig_init(&r, m, 2, DX_F32);
-        int32_t blocks[8];
-        fresh_blocks(&r, 0, 4, blocks);
-        float *lg = malloc((size_t)n * V * sizeof(float));
-        run_chunks(&r, blocks, g_toks, 0, n, n, lg);
-        /* tolerance: f32 arithmetic vs double over 2 layers; logits are O(1-10) */
-        double maxdiff = 0, maxref = 0;
-        for (size_t i = 0; i < (size_t)n * V; i++) {
-            maxdiff = fmax(maxdiff, fabs(lg[i] - ref[i]));
-            maxref = fmax(maxref, fabs(ref[i]));
-        }
-        if (maxdiff > 2e-3 * fmax(1.0, maxref))
-            fail_msg("arch %d isa %s: max |logit diff| %g (max |logit| %g)", arch,
-                     kern_isa_name(isas[ii]), maxdiff, maxref);
-        free(lg);
-        rig_free(&r);
+    float *lg = one_chunk_logits(m, n);
+    /* tolerance: f32 arithmetic vs double over 2 layers; logits are O(1-10) */
+    double maxdiff = 0, maxref = 0;
+    for (size_t i = 0; i < (size_t)n * V; i++) {
+        maxdiff = fmax(maxdiff, fabs(lg[i] - ref[i]));
+        maxref = fmax(maxref, fabs(ref[i]));
     }
-    kern_set_isa(kern_isa_detect());
+    if (maxdiff > 2e-3 * fmax(1.0, maxref))
+        fail_msg("arch %d isa %s: max |logit diff| %g (max |logit| %g)", arch, kern_isa_name(isa),
+                 maxdiff, maxref);
+    free(lg);
     free(ref);
     model_free(m);
 }
 
-static void test_reference_qwen3(void **s) { (void)s; check_reference(MODEL_QWEN3); }
-static void test_reference_qwen2(void **s) { (void)s; check_reference(MODEL_QWEN2); }
-static void test_reference_llama(void **s) { (void)s; check_reference(MODEL_LLAMA); }
+static void test_reference_qwen3(void **s)
+{
+    check_reference(MODEL_QWEN3, kti_use(s));
+}
+static void test_reference_qwen2(void **s)
+{
+    check_reference(MODEL_QWEN2, kti_use(s));
+}
+static void test_reference_llama(void **s)
+{
+    check_reference(MODEL_LLAMA, kti_use(s));
+}
 
 /* Llama 3 rope scaling: the divisors synth writes (rope_freqs.weight, as
  * llama.cpp's converter computes them) give transformers' frequencies, and
@@ -302,12 +315,7 @@ static void test_llama3_rope_scaling(void **state)
     reference(m, g_toks, n, ref);
     g_rs = NULL;
     reference(m, g_toks, n, plain);
-    rig r;
-    rig_init(&r, m, 2, DX_F32);
-    int32_t blocks[8];
-    fresh_blocks(&r, 0, 4, blocks);
-    float *lg = malloc((size_t)n * V * sizeof(float));
-    run_chunks(&r, blocks, g_toks, 0, n, n, lg);
+    float *lg = one_chunk_logits(m, n);
     double d_scaled = 0, d_plain = 0, maxref = 0;
     for (size_t i = 0; i < (size_t)n * V; i++) {
         d_scaled = fmax(d_scaled, fabs(lg[i] - ref[i]));
@@ -320,7 +328,6 @@ static void test_llama3_rope_scaling(void **state)
     free(lg);
     free(ref);
     free(plain);
-    rig_free(&r);
     model_free(m);
 }
 
@@ -373,9 +380,8 @@ static void check_invariance(const model *m, int threads, int kv_dtype)
 
 static void test_batch_invariance(void **state)
 {
-    (void)state;
+    kti_use(state);
     const int dtypes[] = {DX_F32, DX_F16, DX_BF16, DX_Q8_0};
-    const enum kern_isa isas[] = {KERN_SCALAR, KERN_AVX2, KERN_AVX512};
     for (size_t d = 0; d < 4; d++) {
         model *m = etu_model(MODEL_QWEN3, dtypes[d]);
         assert_non_null(m);
@@ -383,11 +389,7 @@ static void test_batch_invariance(void **state)
         etu_tokens(g_toks, NP, V, 11);
         etu_tokens(g_other1, 30, V, 12);
         etu_tokens(g_other2, 17, V, 13);
-        for (size_t i = 0; i < 3; i++) {
-            if (kern_set_isa(isas[i])) continue;
-            for (int th = 1; th <= 2; th++) check_invariance(m, th, DX_F16);
-        }
-        kern_set_isa(kern_isa_detect());
+        for (int th = 1; th <= 2; th++) check_invariance(m, th, DX_F16);
         model_free(m);
     }
 }
@@ -560,12 +562,9 @@ static void test_bad_batches(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_reference_qwen3),
-        cmocka_unit_test(test_reference_qwen2),
-        cmocka_unit_test(test_reference_llama),
-        cmocka_unit_test(test_llama3_rope_scaling),
-        cmocka_unit_test(test_batch_invariance),
-        cmocka_unit_test(test_thread_count_invariance),
+        KTI_ALL(test_reference_qwen3),      KTI_ALL(test_reference_qwen2),
+        KTI_ALL(test_reference_llama),      cmocka_unit_test(test_llama3_rope_scaling),
+        KTI_ALL(test_batch_invariance),     cmocka_unit_test(test_thread_count_invariance),
         cmocka_unit_test(test_long_depth_invariance),
         cmocka_unit_test(test_bad_batches),
     };

@@ -171,6 +171,18 @@ static void attn_naive(const attn_case *c, double *out)
 static const int kv_types[3] = {DX_F16, DX_BF16, DX_F32};
 
 /* ISAs this CPU supports, scalar first. */
+/* The tests below check every ISA this CPU has; this one reports, as a
+ * skipped test, the fast ISAs it lacks (they are not checked here). */
+static void test_isas_checked(void **state)
+{
+    (void)state;
+    if (kern_isa_detect() < KERN_AVX512) {
+        print_message("this CPU lacks %s: its attention kernels are not checked here\n",
+                      kern_isa_name(kern_isa_detect() < KERN_AVX2 ? KERN_AVX2 : KERN_AVX512));
+        skip();
+    }
+}
+
 static int isa_list(enum kern_isa *isas)
 {
     int n = 0;
@@ -487,6 +499,7 @@ static void test_swiglu_add(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_isas_checked),
         cmocka_unit_test(test_isa_select),     cmocka_unit_test(test_scalar_vs_naive),
         cmocka_unit_test(test_fast_vs_scalar), cmocka_unit_test(test_invariance),
         cmocka_unit_test(test_split_invariance), cmocka_unit_test(test_long_depth),

@@ -27,6 +27,7 @@
 #include "base/dx_err.h"
 #include "base/dx_tpool.h"
 #include "engine/kern.h"
+#include "kern_test_isa.h"
 
 #define REL_TOL 2e-5
 
@@ -116,15 +117,8 @@ static void consumed_x(int wtype, const float *x, size_t n_in, float *out)
     }
 }
 
-static int cpu_isas(enum kern_isa *out)
-{
-    int n = 0;
-    for (int i = KERN_SCALAR; i <= (int)kern_isa_detect(); i++) out[n++] = (enum kern_isa)i;
-    return n;
-}
-
-/* One shape: every fast ISA vs scalar vs the double sum. */
-static void check_shape(int wtype, size_t n_tok, size_t n_in, size_t n_out)
+/* One shape: a fast ISA vs scalar vs the double sum. */
+static void check_shape(enum kern_isa isa, int wtype, size_t n_tok, size_t n_in, size_t n_out)
 {
     void *w = make_weights(wtype, n_out, n_in);
     float *x = dx_malloc(n_tok * n_in * sizeof(float));
@@ -134,30 +128,25 @@ static void check_shape(int wtype, size_t n_tok, size_t n_in, size_t n_out)
     fill_random(x, n_tok * n_in);
     assert_int_equal(kern_set_isa(KERN_SCALAR), 0);
     matmul_all(wtype, w, x, n_tok, n_in, n_out, ref);
-    enum kern_isa isas[3];
-    int n_isa = cpu_isas(isas);
     size_t wrb = dx_dtype_row_bytes(wtype, n_in);
-    for (int i = 1; i < n_isa; i++) {
-        assert_int_equal(kern_set_isa(isas[i]), 0);
-        matmul_all(wtype, w, x, n_tok, n_in, n_out, y);
-        for (size_t t = 0; t < n_tok; t++) {
-            consumed_x(wtype, x + t * n_in, n_in, xf);
-            for (size_t o = 0; o < n_out; o++) {
-                assert_int_equal(dx_dtype_to_f32_row(wtype, (uint8_t *)w + o * wrb, wf, n_in), 0);
-                double exact = 0, mag = 0;
-                for (size_t k = 0; k < n_in; k++) {
-                    exact += (double)wf[k] * xf[k];
-                    mag += fabs((double)wf[k] * xf[k]);
-                }
-                double tol = REL_TOL * mag + 1e-30, f = y[t * n_out + o], r = ref[t * n_out + o];
-                if (fabs(f - r) > tol || fabs(r - exact) > tol || fabs(f - exact) > tol) {
-                    fprintf(
-                        stderr,
+    assert_int_equal(kern_set_isa(isa), 0);
+    matmul_all(wtype, w, x, n_tok, n_in, n_out, y);
+    for (size_t t = 0; t < n_tok; t++) {
+        consumed_x(wtype, x + t * n_in, n_in, xf);
+        for (size_t o = 0; o < n_out; o++) {
+            assert_int_equal(dx_dtype_to_f32_row(wtype, (uint8_t *)w + o * wrb, wf, n_in), 0);
+            double exact = 0, mag = 0;
+            for (size_t k = 0; k < n_in; k++) {
+                exact += (double)wf[k] * xf[k];
+                mag += fabs((double)wf[k] * xf[k]);
+            }
+            double tol = REL_TOL * mag + 1e-30, f = y[t * n_out + o], r = ref[t * n_out + o];
+            if (fabs(f - r) > tol || fabs(r - exact) > tol || fabs(f - exact) > tol) {
+                fprintf(stderr,
                         "%s %s tok=%zu in=%zu out=%zu: t=%zu o=%zu fast=%.9g ref=%.9g exact=%.9g\n",
-                        kern_isa_name(isas[i]), dx_dtype_name(wtype), n_tok, n_in, n_out, t, o, f,
-                        r, exact);
-                    fail();
-                }
+                        kern_isa_name(isa), dx_dtype_name(wtype), n_tok, n_in, n_out, t, o, f, r,
+                        exact);
+                fail();
             }
         }
     }
@@ -171,7 +160,7 @@ static void check_shape(int wtype, size_t n_tok, size_t n_in, size_t n_out)
 
 static void test_mm_matches_scalar(void **state)
 {
-    (void)state;
+    enum kern_isa isa = kti_use(state);
     static const size_t n_ins[] = {32, 64, 96, 1024, 2080, 1, 3, 17, 33, 100};
     static const size_t n_toks[] = {1, 2, 3, 5, 7, 16, 33};
     static const size_t n_outs[] = {1, 3, 5, 17, 64};
@@ -180,7 +169,7 @@ static void test_mm_matches_scalar(void **state)
         for (size_t i = 0; i < DX_ARRAY_LEN(n_ins); i++) {
             if (wtypes[d] == DX_Q8_0 && n_ins[i] % 32) continue;
             for (size_t t = 0; t < DX_ARRAY_LEN(n_toks); t++, c++)
-                check_shape(wtypes[d], n_toks[t], n_ins[i], n_outs[c % DX_ARRAY_LEN(n_outs)]);
+                check_shape(isa, wtypes[d], n_toks[t], n_ins[i], n_outs[c % DX_ARRAY_LEN(n_outs)]);
         }
 }
 
@@ -313,22 +302,19 @@ static void check_invariance(enum kern_isa isa, int wtype, size_t n_in, size_t n
 
 static void test_mm_invariance(void **state)
 {
-    (void)state;
-    enum kern_isa isas[3];
-    int n_isa = cpu_isas(isas);
-    for (int i = 0; i < n_isa; i++)
-        for (size_t d = 0; d < DX_ARRAY_LEN(wtypes); d++) {
-            int q8 = wtypes[d] == DX_Q8_0;
-            check_invariance(isas[i], wtypes[d], q8 ? 96 : 100, 37);
-            check_invariance(isas[i], wtypes[d], q8 ? 1024 : 33, 21);
-        }
+    enum kern_isa isa = kti_use(state);
+    for (size_t d = 0; d < DX_ARRAY_LEN(wtypes); d++) {
+        int q8 = wtypes[d] == DX_Q8_0;
+        check_invariance(isa, wtypes[d], q8 ? 96 : 100, 37);
+        check_invariance(isa, wtypes[d], q8 ? 1024 : 33, 21);
+    }
 }
 
 /* ---- activation preps ---- */
 
 static void test_prep_bits(void **state)
 {
-    (void)state;
+    enum kern_isa isa = kti_use(state);
     const size_t n_in = 160, n_tok = 3;
     float x[3 * 160];
     fill_random(x, n_tok * n_in);
@@ -336,19 +322,15 @@ static void test_prep_bits(void **state)
     x[70] = 1e-40f, x[71] = -3e-39f, x[72] = NAN, x[73] = -0.0f; /* denormals, NaN */
     x[74] = 0x1.01p-120f, x[75] = dx_u32_as_f32(0x3f808000u);    /* bf16 tie */
     for (size_t k = 96; k < 128; k++) x[k] = (float)((int)k - 112) * 0.5f; /* q8 ties */
-    enum kern_isa isas[3];
-    int n_isa = cpu_isas(isas);
     for (size_t d = 0; d < DX_ARRAY_LEN(wtypes); d++) {
         int wt = wtypes[d];
         if (wt == DX_Q8_0) x[72] = 0.25f; /* NaN is not quantised meaningfully */
         assert_int_equal(kern_set_isa(KERN_SCALAR), 0);
         void *ref = prep(wt, x, n_tok, n_in);
-        for (int i = 1; i < n_isa; i++) {
-            assert_int_equal(kern_set_isa(isas[i]), 0);
-            void *a = prep(wt, x, n_tok, n_in);
-            assert_memory_equal(a, ref, kern_act_bytes(wt, n_tok, n_in));
-            dx_aligned_free(a);
-        }
+        assert_int_equal(kern_set_isa(isa), 0);
+        void *a = prep(wt, x, n_tok, n_in);
+        assert_memory_equal(a, ref, kern_act_bytes(wt, n_tok, n_in));
+        dx_aligned_free(a);
         dx_aligned_free(ref);
         x[72] = NAN;
     }
@@ -402,9 +384,9 @@ static void test_isa_select(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_isa_select),        cmocka_unit_test(test_prep_layout),
-        cmocka_unit_test(test_prep_bits),         cmocka_unit_test(test_mm_invariance),
-        cmocka_unit_test(test_mm_matches_scalar),
+        cmocka_unit_test(test_isa_select), cmocka_unit_test(test_prep_layout),
+        KTI_FAST(test_prep_bits),          KTI_ALL(test_mm_invariance),
+        KTI_FAST(test_mm_matches_scalar),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

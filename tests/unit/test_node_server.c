@@ -130,7 +130,7 @@ static void *loop_thread(void *arg)
     h->cmd.data = h;
     node_server_config cfg = {.port = 0,
                               .max_body_bytes = 65536,
-                              .request_timeout_ms = 300,
+                              .request_timeout_ms = 1000, /* the 408 test waits this long */
                               .idle_timeout_ms = 5000,
                               .shutdown_grace_s = h->g->grace_s,
                               .on_stopped = on_stopped,
@@ -273,7 +273,9 @@ static void ref_ids(const int32_t *ids, size_t n, uint32_t max_tokens, dx_buf *o
     /* the engine's running/waiting figures are a snapshot taken after each
      * step: wait until it no longer counts this request, so that tests
      * waiting for "n outstanding" see only their own */
-    for (int i = 0; i < 1000 && stats().running + stats().waiting; i++) usleep(1000);
+    for (uint64_t end = dx_now_ns() + 60000000000ull;
+         stats().running + stats().waiting && dx_now_ns() < end;)
+        usleep(1000);
     assert_int_equal(r.finish, ENGINE_FINISH_LENGTH);
     assert_int_equal(r.n_gen, max_tokens);
     as_json_text(&r.text, out);
@@ -398,7 +400,8 @@ static int count_str(const char *hay, const char *needle)
 static void wait_idle(void)
 {
     engine_stats st = stats();
-    for (int i = 0; i < 500 && (st.kv.n_used || st.running || st.waiting); i++) {
+    for (uint64_t end = dx_now_ns() + 60000000000ull;
+         (st.kv.n_used || st.running || st.waiting) && dx_now_ns() < end;) {
         usleep(10000);
         st = stats();
     }
@@ -411,7 +414,8 @@ static void wait_idle(void)
 static void wait_outstanding(uint32_t n)
 {
     engine_stats st = stats();
-    for (int i = 0; i < 2500 && st.running + st.waiting != n; i++) {
+    for (uint64_t end = dx_now_ns() + 60000000000ull;
+         st.running + st.waiting != n && dx_now_ns() < end;) {
         usleep(2000);
         st = stats();
     }

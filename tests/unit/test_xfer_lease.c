@@ -8,7 +8,6 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
-#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -54,6 +53,20 @@ static int teardown(void **state)
     kv_pool_destroy(f->pool);
     dx_free(f);
     return 0;
+}
+
+/* The registry's clock in the tests that are about time: it moves only
+ * when the test moves it, so expiry never depends on the machine's speed. */
+static uint64_t g_now = 1000000000ull;
+
+static uint64_t fake_now(void)
+{
+    return g_now;
+}
+
+static void advance_ms(uint64_t ms)
+{
+    g_now += ms * 1000000ull;
 }
 
 static void drop_own_refs(fx *f)
@@ -122,18 +135,22 @@ static void test_expiry_and_sweep(void **state)
 {
     fx *f = *state;
     xfer_token t;
+    xfer_leases_set_clock(f->L, fake_now);
     assert_int_equal(xfer_lease_create(f->L, f->ids, 8, 0.05, XFER_LEASE_MULTI, &t), 0);
     drop_own_refs(f);
     xfer_lease_info info;
+    advance_ms(49);
     assert_int_equal(xfer_lease_lookup(f->L, &t, &info), 0);
     assert_int_equal(info.n_blocks, 8);
+    assert_true(info.expires_ns == g_now + 1000000);
     assert_int_equal(kv_pool_refcount(f->pool, f->ids[0]), 1);
-    usleep(100000);
+    assert_int_equal(xfer_leases_sweep(f->L, g_now), 0);
+    advance_ms(1); /* the deadline itself: gone */
     uint64_t pin;
     uint32_t k;
     assert_int_equal(xfer_pin(f->L, &t, f->ids, f->chain, 8, &pin, &k), DX_EGONE);
     assert_int_equal(xfer_lease_renew(f->L, &t, 10), DX_EGONE);
-    assert_int_equal(xfer_leases_sweep(f->L, dx_now_ns()), 1);
+    assert_int_equal(xfer_leases_sweep(f->L, g_now), 1);
     /* the lease's references went back: blocks are cached (evictable) */
     kv_pool_stats st;
     kv_pool_get_stats(f->pool, &st);
@@ -142,12 +159,12 @@ static void test_expiry_and_sweep(void **state)
 }
 
 /* RENEW pushes a pin's deadline to now + the pin TTL.  The sweep runs at an
- * instant chosen between the two possible deadlines, so the outcome does not
- * depend on how long anything took. */
+ * instant between the two deadlines (the test's clock). */
 static void test_pin_renew(void **state)
 {
     fx *f = *state;
     xfer_token t;
+    xfer_leases_set_clock(f->L, fake_now);
     assert_int_equal(xfer_lease_create(f->L, f->ids, 8, 600, XFER_LEASE_MULTI, &t), 0);
     drop_own_refs(f);
     assert_true(xfer_leases_pin_ttl(f->L) == 30);
@@ -155,16 +172,15 @@ static void test_pin_renew(void **state)
     uint32_t k;
     assert_int_equal(xfer_pin(f->L, &t, f->ids, f->chain, 4, &kept, &k), 0);
     assert_int_equal(xfer_pin(f->L, &t, f->ids, f->chain, 2, &lapsed, &k), 0);
-    uint64_t pinned_by = dx_now_ns(); /* both deadlines <= pinned_by + 30 s */
-    usleep(20000);
+    uint64_t pinned_at = g_now; /* both deadlines: pinned_at + 30 s */
+    advance_ms(20);
     /* the lease going away does not stop its pin being renewed */
     assert_int_equal(xfer_lease_revoke(f->L, &t), 0);
-    uint64_t renewed_after = dx_now_ns(); /* kept's new deadline >= this + 30 s */
     double ttl = 0;
-    assert_int_equal(xfer_pin_renew(f->L, kept, &ttl), 0);
+    assert_int_equal(xfer_pin_renew(f->L, kept, &ttl), 0); /* kept's: g_now + 30 s */
     assert_true(ttl == 30);
-    assert_true(renewed_after > pinned_by);
-    uint64_t between = pinned_by + 30000000000ull + (renewed_after - pinned_by) / 2;
+    uint64_t between = pinned_at + 30010000000ull;
+    assert_int_equal(xfer_leases_sweep(f->L, between - 20000000), 0);
     assert_int_equal(xfer_leases_sweep(f->L, between), 1);
     assert_int_equal(xfer_pin_live(f->L, lapsed), 0);
     assert_int_equal(xfer_pin_live(f->L, kept), 1);
@@ -185,17 +201,20 @@ static void test_pin_renew_after_deadline(void **state)
     fx *f = *state;
     xfer_leases *L;
     assert_int_equal(xfer_leases_create(f->pool, 0.01, &L), 0);
+    xfer_leases_set_clock(L, fake_now);
     xfer_token t;
     assert_int_equal(xfer_lease_create(L, f->ids, 8, 600, XFER_LEASE_MULTI, &t), 0);
     uint64_t pin;
     uint32_t k;
     double ttl;
     assert_int_equal(xfer_pin(L, &t, f->ids, f->chain, 8, &pin, &k), 0);
-    usleep(30000);
+    advance_ms(9);
+    assert_int_equal(xfer_pin_renew(L, pin, &ttl), 0); /* 1 ms left: renewed to 10 again */
+    advance_ms(10);
     assert_int_equal(xfer_pin_renew(L, pin, &ttl), DX_EGONE);
     assert_true(ttl == 0.01);
     assert_int_equal(xfer_pin_live(L, pin), 1); /* not swept yet: still holds its blocks */
-    assert_int_equal(xfer_leases_sweep(L, dx_now_ns()), 1);
+    assert_int_equal(xfer_leases_sweep(L, g_now), 1);
     xfer_leases_destroy(L);
 }
 
@@ -242,12 +261,15 @@ static void test_policies(void **state)
     assert_int_equal(xfer_pin(f->L, &s, f->ids, f->chain, 2, &pin, &k), 0);
     assert_int_equal(xfer_unpin(f->L, pin, 1), 0); /* consumed: the lease is done */
     assert_int_equal(xfer_pin(f->L, &s, f->ids, f->chain, 2, &pin, &k), DX_EGONE);
+    xfer_leases_set_clock(f->L, fake_now);
     assert_int_equal(xfer_lease_create(f->L, f->ids, 2, 0.2, XFER_LEASE_RENEW_ON_READ, &r), 0);
-    for (int i = 0; i < 4; i++) { /* 0.4 s in all: alive only because each PIN renews */
-        usleep(100000);
+    for (int i = 0; i < 4; i++) { /* 0.6 s in all: alive only because each PIN renews */
+        advance_ms(150);
         assert_int_equal(xfer_pin(f->L, &r, f->ids, f->chain, 2, &pin, &k), 0);
         assert_int_equal(xfer_unpin(f->L, pin, 0), 0);
     }
+    advance_ms(200); /* no PIN for a whole TTL: gone */
+    assert_int_equal(xfer_pin(f->L, &r, f->ids, f->chain, 2, &pin, &k), DX_EGONE);
     int32_t fr;
     assert_int_equal(kv_pool_alloc(f->pool, &fr), 0);
     kv_pool_unref(f->pool, fr); /* free and unhashed: holds no KV */

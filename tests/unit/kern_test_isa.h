@@ -1,0 +1,40 @@
+/* kern_test_isa: kernel tests that run once per instruction set.  Each case
+ * is its own cmocka test whose initial state names the ISA it checks, so a
+ * CPU that lacks an ISA reports that ISA's cases skipped (cmocka skip())
+ * instead of passing them silently.  Include after cmocka.h. */
+#ifndef KERN_TEST_ISA_H
+#define KERN_TEST_ISA_H
+
+#include "engine/kern.h"
+
+static const enum kern_isa kti_isas[] = {KERN_SCALAR, KERN_AVX2, KERN_AVX512};
+
+/* The case's ISA, made active; skips the case on a CPU without it. */
+static inline enum kern_isa kti_use(void **state)
+{
+    enum kern_isa isa = *(const enum kern_isa *)*state;
+    if (isa > kern_isa_detect()) {
+        print_message("this CPU lacks %s: its kernels are not checked here\n", kern_isa_name(isa));
+        skip();
+    }
+    assert_int_equal(kern_set_isa(isa), 0);
+    return isa;
+}
+
+/* After each case: the best ISA again, as the other tests expect. */
+static inline int kti_restore(void **state)
+{
+    (void)state;
+    return kern_set_isa(kern_isa_detect());
+}
+
+#define KTI_CASE(f, isa, name)                                                                     \
+    {                                                                                              \
+#f "(" name ")", f, NULL, kti_restore, (void *)&kti_isas[isa]                              \
+    }
+/* f once per fast ISA (each compared against the scalar reference). */
+#define KTI_FAST(f) KTI_CASE(f, KERN_AVX2, "avx2"), KTI_CASE(f, KERN_AVX512, "avx512")
+/* f once per ISA, scalar included. */
+#define KTI_ALL(f) KTI_CASE(f, KERN_SCALAR, "scalar"), KTI_FAST(f)
+
+#endif
