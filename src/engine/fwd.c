@@ -47,6 +47,7 @@ struct fwd {
     int32_t *tok_seq;  /* [T] which sequence */
     uint32_t *tok_pos; /* [T] position */
     uint32_t *seq_first; /* [n_seqs] first token index of each sequence */
+    size_t *task_first;  /* [max_seqs + 1] first attention task of each sequence */
     const fwd_seq *cur;  /* the step being computed */
 };
 
@@ -289,7 +290,7 @@ static int embed(fwd *f, const int32_t *tokens, size_t n, float *x)
 
 int fwd_step(fwd *f, const fwd_seq *seqs, size_t n_seqs, float *logits)
 {
-    size_t T = 0, n_tasks = 0, task_first[f->max_seqs + 1];
+    size_t T = 0, n_tasks = 0, *task_first = f->task_first;
     if (n_seqs > f->max_seqs)
         return dx_errf(DX_EINVAL, "batch of %zu sequences exceeds %u", n_seqs, f->max_seqs);
     for (size_t s = 0; s < n_seqs; s++) {
@@ -380,7 +381,8 @@ static int alloc_buffers(fwd *f)
     f->tok_seq = dx_calloc(T, sizeof *f->tok_seq);
     f->tok_pos = dx_calloc(T, sizeof *f->tok_pos);
     f->seq_first = dx_calloc(f->max_seqs, sizeof *f->seq_first);
-    if (!f->tok_seq || !f->tok_pos || !f->seq_first) return DX_ENOMEM;
+    f->task_first = dx_calloc((size_t)f->max_seqs + 1, sizeof *f->task_first);
+    if (!f->tok_seq || !f->tok_pos || !f->seq_first || !f->task_first) return DX_ENOMEM;
     return build_rope(f);
 }
 
@@ -429,5 +431,6 @@ void fwd_destroy(fwd *f)
     dx_free(f->tok_seq);
     dx_free(f->tok_pos);
     dx_free(f->seq_first);
+    dx_free(f->task_first);
     dx_free(f);
 }

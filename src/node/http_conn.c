@@ -48,6 +48,7 @@ struct http_conn {
     dx_buf body;
     size_t head_bytes; /* url + header bytes seen (limit check) */
     size_t *hdr_off;   /* per header: offset of name, of value in head */
+    http_header *hdrs; /* [max_headers]: the headers as the application gets them */
     uint32_t n_hdr;
     size_t url_end;
     uv_write_t wreq; /* the one write in flight (data: this connection) */
@@ -331,6 +332,7 @@ static void on_conn_handle_closed(uv_handle_t *h)
     dx_buf_free(&c->wfly);
     dx_buf_free(&c->wnext);
     dx_free(c->hdr_off);
+    dx_free(c->hdrs);
     dx_free(c);
     s->n_open--;
     srv_maybe_free(s);
@@ -492,7 +494,7 @@ static const http_parser_settings k_settings = {
 
 static void conn_dispatch(http_conn *c)
 {
-    http_header hdrs[c->n_hdr ? c->n_hdr : 1];
+    http_header *hdrs = c->hdrs;
     for (uint32_t i = 0; i < c->n_hdr; i++) {
         hdrs[i].name = c->head.data + c->hdr_off[2 * i];
         hdrs[i].value = c->head.data + c->hdr_off[2 * i + 1];
@@ -616,7 +618,8 @@ static int conn_init(http_srv *s, http_conn *c)
     dx_buf_init(&c->wnext, 0);
     c->wreq.data = c;
     c->hdr_off = dx_calloc(2 * (size_t)s->cfg.max_headers, sizeof *c->hdr_off);
-    if (!c->hdr_off) return DX_ENOMEM;
+    c->hdrs = dx_calloc(s->cfg.max_headers, sizeof *c->hdrs);
+    if (!c->hdr_off || !c->hdrs) return DX_ENOMEM;
     http_parser_init(&c->parser, HTTP_REQUEST);
     c->parser.data = c;
     c->tcp.data = c;
@@ -633,7 +636,10 @@ static void on_connection(uv_stream_t *server, int status)
     }
     http_conn *c = dx_calloc(1, sizeof *c);
     if (!c || conn_init(s, c) < 0 || uv_tcp_init(s->loop, &c->tcp) < 0) {
-        if (c) dx_free(c->hdr_off);
+        if (c) {
+            dx_free(c->hdr_off);
+            dx_free(c->hdrs);
+        }
         dx_free(c);
         DX_LOGW("http: out of memory accepting a connection");
         return; /* the pending connection stays in the backlog */
