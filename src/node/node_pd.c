@@ -46,7 +46,7 @@ int node_pd_parse(node_server *s, node_req *q, oai_err *err)
 {
     node_pd_req *pd = &q->pd;
     node_kv *k = s->be.kv;
-    if (q->o.kv_transfer_params && !k) s->pd.params_ignored++; /* no KV port: plain request */
+    pd->params_ignored = q->o.kv_transfer_params && !k; /* no KV port: a plain request */
     if (q->o.kv_transfer_params && k) {
         kvtp_limits lim = {s->be.n_vocab, block_size(s), s->be.n_ctx};
         int rc = kvtp_parse(q->o.kv_transfer_params, &lim, &pd->in, err);
@@ -78,10 +78,19 @@ void node_pd_hist_src(node_server *s, node_req *q, hist_src *src)
 
 void node_pd_hist_done(node_server *s, node_req *q, const hist_src *src)
 {
-    (void)q;
-    s->pd.replies_from_seq += src->from_seq;
-    s->pd.replies_from_mem += src->from_mem;
-    s->pd.replies_retokenised += src->retokenised;
+    (void)s;
+    q->pd.from_seq = src->from_seq;
+    q->pd.from_mem = src->from_mem;
+    q->pd.retokenised = src->retokenised;
+}
+
+void node_pd_prepared(node_server *s, node_req *q)
+{
+    node_pd_stats *st = &s->pd;
+    st->params_ignored += (uint64_t)q->pd.params_ignored;
+    st->replies_from_seq += q->pd.from_seq;
+    st->replies_from_mem += q->pd.from_mem;
+    st->replies_retokenised += q->pd.retokenised;
 }
 
 int node_pd_wants_text(node_server *s, const node_req *q)

@@ -25,6 +25,7 @@
 #include "engine/engine.h"
 #include "model/chat_tmpl.h"
 #include "model/model_chat.h"
+#include "node/http_conn.h"
 #include "node/node_kv.h"
 
 enum node_role { NODE_ROLE_BOTH, NODE_ROLE_PREFILL, NODE_ROLE_DECODE };
@@ -67,9 +68,7 @@ typedef struct {
     const char *host; /* default 127.0.0.1 */
     int port;         /* 0 = ephemeral */
     enum node_role role;
-    size_t max_body_bytes;       /* default 4 MiB */
-    uint64_t request_timeout_ms; /* default 30 s */
-    uint64_t idle_timeout_ms;    /* default 120 s */
+    http_limits http;            /* what clients may use (http_conn.h; 0 = defaults) */
     double shutdown_grace_s;     /* default 10 */
     /* The name /v1/models lists and answers carry (--served-model-name);
      * requests may name it or the model file's name.  NULL: the file's. */
@@ -79,6 +78,7 @@ typedef struct {
     uint32_t recompute_threshold;  /* default 64 (0 means the default; 1 pulls anything) */
     int no_prefix_cache;           /* --no-enable-prefix-caching */
     double history_ttl_s;          /* memory of generated replies; default 480 */
+    int prep_threads;              /* threads preparing requests off the loop; default 2 */
     /* Called on the loop thread when a shutdown has drained. */
     void (*on_stopped)(void *user);
     void *user;

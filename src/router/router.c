@@ -162,8 +162,7 @@ static void render_metrics(router *r, dx_buf *b)
     prom_write_hist(b, "duplex_router_ttft_seconds",
                     "Request arrival to the first content byte written to the client", &r->ttft);
     write_added(r, b);
-    prom_write_gauge(b, "duplex_router_http_connections", "Open client connections",
-                     (double)http_srv_n_conns(r->http));
+    http_srv_write_metrics(r->http, "duplex_router", b);
 }
 
 /* ---- simple routes ---------------------------------------------------------- */
@@ -181,8 +180,7 @@ void rt_respond_error(router *r, http_conn *c, const char *method, const char *p
     dx_buf b;
     dx_buf_init(&b, 0);
     oai_error_json(&b, msg, oai_error_type(status), param && *param ? param : NULL, NULL);
-    const char *allow = NULL;
-    if (status == 405) allow = strstr(path, "completions") ? "Allow: POST\r\n" : "Allow: GET\r\n";
+    const char *allow = status == 405 ? http_allow_header(path) : NULL;
     http_conn_set_abort(c, NULL, NULL);
     http_conn_respond(c, status, "application/json", allow, b.data, b.len);
     dx_buf_free(&b);
@@ -231,7 +229,9 @@ static void on_request(void *user, http_conn *c, const http_req *hr)
     router *r = user;
     uint64_t t0 = dx_now_ns();
     const char *p = hr->path;
-    int get = !strcmp(hr->method, "GET"), post = !strcmp(hr->method, "POST");
+    /* HEAD is GET without the body (http_conn leaves it out) */
+    int get = !strcmp(hr->method, "GET") || !strcmp(hr->method, "HEAD");
+    int post = !strcmp(hr->method, "POST");
     int is_get = !strcmp(p, "/health") || !strcmp(p, "/v1/models") || !strcmp(p, "/metrics");
     int is_post = !strcmp(p, "/v1/chat/completions") || !strcmp(p, "/v1/completions");
     if ((is_get && !get) || (is_post && !post))
@@ -345,7 +345,6 @@ static void fill_defaults(router_config *c)
     if (!c->decode_max_outstanding) c->decode_max_outstanding = 64;
     if (!c->health_interval_ms) c->health_interval_ms = 1000;
     if (c->prefill_timeout_s <= 0) c->prefill_timeout_s = 300;
-    if (!c->max_body_bytes) c->max_body_bytes = 4u << 20;
     if (c->shutdown_grace_s <= 0) c->shutdown_grace_s = 30;
     while (!c->key_seed)
         if (getrandom(&c->key_seed, sizeof c->key_seed, 0) != sizeof c->key_seed) c->key_seed = 1;
@@ -375,7 +374,7 @@ static int setup_parts(router *r)
     if ((rc = router_up_create(r->loop, &r->up))) return rc;
     http_srv_config hc = {.host = r->cfg.host,
                           .port = r->cfg.port,
-                          .max_body_bytes = r->cfg.max_body_bytes,
+                          .lim = r->cfg.http,
                           .on_request = on_request,
                           .user = r};
     return http_srv_create(r->loop, &hc, &r->http);

@@ -22,6 +22,8 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "node/http_conn.h"
+
 enum router_mode { ROUTER_BIDIRECTIONAL, ROUTER_UNIDIRECTIONAL };
 
 typedef struct router router;
@@ -42,7 +44,7 @@ typedef struct {
     uint32_t decode_max_outstanding;   /* default 64: affinity yields to load beyond it */
     uint64_t health_interval_ms;       /* default 1000 */
     double prefill_timeout_s;          /* default 300 */
-    size_t max_body_bytes;             /* client request bodies; default 4 MiB */
+    http_limits http;                  /* what clients may use (node/http_conn.h; 0 = defaults) */
     double shutdown_grace_s;           /* default 30 */
     uint64_t key_seed;                 /* 0: random (tests fix it) */
     /* Called on the loop thread when a shutdown has drained. */

@@ -128,13 +128,12 @@ static void *loop_thread(void *arg)
     uv_loop_init(&h->loop);
     uv_async_init(&h->loop, &h->cmd, on_cmd);
     h->cmd.data = h;
-    node_server_config cfg = {.port = 0,
-                              .max_body_bytes = 65536,
-                              .request_timeout_ms = 300,
-                              .idle_timeout_ms = 5000,
-                              .shutdown_grace_s = h->g->grace_s,
-                              .on_stopped = on_stopped,
-                              .user = h};
+    node_server_config cfg = {
+        .port = 0,
+        .http = {.max_body_bytes = 65536, .request_timeout_ms = 300, .idle_timeout_ms = 5000},
+        .shutdown_grace_s = h->g->grace_s,
+        .on_stopped = on_stopped,
+        .user = h};
     DX_ASSERT(node_server_create(&h->loop, &cfg, &h->srv) == 0);
     pthread_mutex_lock(&h->mu);
     h->port = node_server_port(h->srv);
