@@ -69,6 +69,7 @@ struct http_conn {
     int is_head;         /* answering a HEAD request: no body goes out */
     int trusted;         /* the peer is one of the limits' trusted addresses */
     int health_only;     /* past its share of connections: GET /health, once */
+    int served;          /* has had an answer: idle now means between requests */
     http_peer *peer;
     uint64_t req_start;     /* loop time (ms) of the request's first byte; 0: none */
     uint64_t body_expect;   /* declared body bytes (the limit when chunked) */
@@ -307,6 +308,7 @@ static void conn_finish(http_conn *c)
     c->abort_fn = NULL;
     c->abort_user = NULL;
     conn_shrink(c);
+    c->served = 1;
     c->idle_since = uv_now(c->srv->loop);
     if (!c->keep_alive) {
         c->state = ST_BUSY; /* read nothing more */
@@ -412,8 +414,8 @@ static void conn_reject(http_conn *c, int status, const char *msg)
     c->abort_fn = NULL;
     uv_timer_stop(&c->timer);
     uv_read_stop((uv_stream_t *)&c->tcp);
-    http_conn_respond(c, status, "application/json", status == 503 ? "Retry-After: 1\r\n" : NULL,
-                      body, (size_t)n);
+    http_conn_respond(c, status, "application/json", status == 503 ? HTTP_RETRY_AFTER : NULL, body,
+                      (size_t)n);
 }
 
 /* ---- peers ----------------------------------------------------------- */
@@ -904,14 +906,22 @@ static int conn_init(http_srv *s, http_conn *c)
     return 0;
 }
 
-/* Closes the idle keep-alive connection idle the longest (nothing being
- * read, nothing left to write); 0 if there is none. */
+/* A new connection that has not sent its first request yet is left alone
+ * this long: its client is about to, and would not retry a connection that
+ * never served it.  One idle between requests may go at once. */
+#define EVICT_FRESH_MS 1000
+
+/* Closes the connection idle the longest (nothing being read, nothing left
+ * to write, and between requests or quiet since it was accepted for a
+ * while); 0 if there is none. */
 static int evict_idle(http_srv *s)
 {
-    http_conn *v = NULL;
+    http_conn *v = NULL; /* the list is newest first: on a tie the later one is older */
+    uint64_t now = uv_now(s->loop);
     for (http_conn *c = s->conns; c; c = c->next)
         if (c->state == ST_READING && !conn_partial(c) && !conn_queued(c) &&
-            (!v || c->idle_since < v->idle_since))
+            (c->served || now - c->idle_since >= EVICT_FRESH_MS) &&
+            (!v || c->idle_since <= v->idle_since))
             v = c;
     if (!v) return 0;
     s->st.evicted_idle++;
@@ -943,10 +953,11 @@ static void conn_refuse(http_conn *c)
                                "try again later\",\"type\":\"server_error\",\"param\":null,"
                                "\"code\":null}}";
     char rsp[512];
-    int n = snprintf(rsp, sizeof rsp,
-                     "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-                     "Retry-After: 1\r\nConnection: close\r\nContent-Length: %zu\r\n\r\n%s",
-                     sizeof body - 1, body);
+    int n = snprintf(
+        rsp, sizeof rsp,
+        "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n" HTTP_RETRY_AFTER
+        "Connection: close\r\nContent-Length: %zu\r\n\r\n%s",
+        sizeof body - 1, body);
     c->srv->st.refused_conns++;
     uv_buf_t b = uv_buf_init(rsp, (unsigned)n);
     uv_try_write((uv_stream_t *)&c->tcp, &b, 1); /* best effort: the socket is new and empty */

@@ -50,7 +50,7 @@
 #include "node/prom.h"
 
 /* Clients may try again after a 503 (queue full, shutting down, loading). */
-static const char k_retry_after[] = "Retry-After: 1\r\n";
+static const char k_retry_after[] = HTTP_RETRY_AFTER;
 
 const char *node_role_name(enum node_role r)
 {

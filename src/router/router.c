@@ -180,9 +180,11 @@ void rt_respond_error(router *r, http_conn *c, const char *method, const char *p
     dx_buf b;
     dx_buf_init(&b, 0);
     oai_error_json(&b, msg, oai_error_type(status), param && *param ? param : NULL, NULL);
-    const char *allow = status == 405 ? http_allow_header(path) : NULL;
+    const char *hdr = status == 405   ? http_allow_header(path)
+                      : status == 503 ? HTTP_RETRY_AFTER
+                                      : NULL;
     http_conn_set_abort(c, NULL, NULL);
-    http_conn_respond(c, status, "application/json", allow, b.data, b.len);
+    http_conn_respond(c, status, "application/json", hdr, b.data, b.len);
     dx_buf_free(&b);
     rt_count_request(r, path, status);
     log_simple(method, path, status, t0);

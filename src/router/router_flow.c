@@ -225,7 +225,9 @@ static void reply_full(rt_req *q, int status, const char *body, size_t len)
     http_conn *c = q->conn;
     q->conn = NULL;
     http_conn_set_abort(c, NULL, NULL);
-    http_conn_respond(c, status, "application/json", NULL, body ? body : "", len);
+    /* a node's 503 (at capacity) reaches the client with its Retry-After */
+    http_conn_respond(c, status, "application/json", status == 503 ? HTTP_RETRY_AFTER : NULL,
+                      body ? body : "", len);
 }
 
 static void reply_error(rt_req *q, int status, const char *msg, const char *param)
