@@ -114,18 +114,8 @@ static int group_setup(void **state)
     G.busy_port = start(&G.busy, "busy", 0, "--max-seqs", "2", "--max-waiting", "2", NULL);
     G.router_port = start(&G.router, "router", G.busy_port, "--max-body-mb", "16",
                           "--request-timeout-ms", "1000", NULL);
-    dx_buf b;
-    dx_buf_init(&b, 0);
-    int ok = G.big_port && G.caps_port && G.busy_port && G.router_port &&
-             tc_http(G.big_port, "GET", "/v1/models", NULL, &b, 30) == 200;
-    if (ok) {
-        json_t *v = tc_json(&b);
-        json_t *id = json_object_get(json_array_get(json_object_get(v, "data"), 0), "id");
-        snprintf(G.model, sizeof G.model, "%s", json_string_value(id));
-        json_decref(v);
-    }
-    dx_buf_free(&b);
-    return ok ? 0 : -1;
+    int ok = G.big_port && G.caps_port && G.busy_port && G.router_port;
+    return ok ? tc_model_id(G.big_port, G.model, sizeof G.model) : -1;
 }
 
 static int group_teardown(void **state)
@@ -133,14 +123,7 @@ static int group_teardown(void **state)
     (void)state;
     int bad = 0;
     tp_proc *ps[] = {&G.router, &G.big, &G.caps, &G.busy};
-    for (size_t i = 0; i < DX_ARRAY_LEN(ps); i++) {
-        int st = tp_stop(ps[i], SIGTERM, 30);
-        if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0)) {
-            fprintf(stderr, "itest_hostile: %s did not exit 0 (status %d)\n", ps[i]->log, st);
-            tp_log_tail(ps[i], 30);
-            bad = 1;
-        }
-    }
+    for (size_t i = 0; i < DX_ARRAY_LEN(ps); i++) bad |= tp_stop_clean(ps[i]) != 0;
     tp_rm_rf(G.dir);
     return bad ? -1 : 0;
 }
