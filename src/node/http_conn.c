@@ -295,6 +295,7 @@ static void on_timer(uv_timer_t *t);
  * connection holds little. */
 static void conn_shrink(http_conn *c)
 {
+    if (c->holds) return; /* the body is still being read */
     if (c->body.cap > WBUF_KEEP) dx_buf_free(&c->body);
     if (c->head.cap > WBUF_KEEP) dx_buf_free(&c->head);
     if (c->in.len == 0 && c->in.cap > WBUF_KEEP) dx_buf_free(&c->in);
@@ -307,6 +308,9 @@ static void conn_finish(http_conn *c)
     if (c->state == ST_CLOSING) return;
     c->abort_fn = NULL;
     c->abort_user = NULL;
+    /* answered while its body is still read off the loop (a shutdown): no
+     * next request may reuse the buffers, so the connection ends here */
+    if (c->holds) c->keep_alive = 0;
     conn_shrink(c);
     c->served = 1;
     c->idle_since = uv_now(c->srv->loop);

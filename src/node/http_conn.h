@@ -57,7 +57,10 @@ typedef struct {
     const char *query;  /* after '?', "" if none */
     const http_header *headers;
     size_t n_headers;
-    const char *body; /* NUL-terminated for convenience; body_len excludes it */
+    /* NUL-terminated for convenience; body_len excludes it.  Valid until the
+     * answer is finished or the connection closes (or, held, until the
+     * release). */
+    const char *body;
     size_t body_len;
 } http_req;
 
@@ -126,8 +129,9 @@ void http_conn_set_abort(http_conn *c, http_abort_fn fn, void *req_user);
 /* Keeps c's memory, the request's body included, valid after the connection
  * closes, until the matching http_conn_release (loop thread): for work that
  * reads the body off the loop.  A closed connection cannot be answered; the
- * abort callback still says when it is gone.  The server is freed only
- * when every hold is released. */
+ * abort callback still says when it is gone.  An answer given while held
+ * closes the connection after it (no next request may reuse the body's
+ * buffer).  The server is freed only when every hold is released. */
 void http_conn_hold(http_conn *c);
 void http_conn_release(http_conn *c);
 /* Closes the connection now, mid-answer if need be (no abort callback runs);

@@ -374,6 +374,7 @@ static int setup_parts(router *r)
                               .max_bytes = r->cfg.max_state_bytes};
     if ((rc = router_state_create(&sc, &r->state))) return rc;
     if ((rc = router_up_create(r->loop, &r->up))) return rc;
+    if ((rc = work_pool_create(r->loop, 2, &r->prep))) return rc;
     http_srv_config hc = {.host = r->cfg.host,
                           .port = r->cfg.port,
                           .lim = r->cfg.http,
@@ -437,6 +438,7 @@ int router_create(uv_loop_t *loop, const router_config *cfg, router **out)
     int rc = setup_parts(r);
     if (rc) {
         router_up_destroy(r->up); /* closes on the next loop run */
+        work_pool_destroy(r->prep);
         free_parts(r);
         dx_free(r);
         return rc;
@@ -497,6 +499,8 @@ void router_destroy(router *r)
     if (!r) return;
     r->destroying = 1;
     rt_abort_all(r);
+    work_pool_destroy(r->prep); /* what is being prepared ends now (rt_forget) */
+    r->prep = NULL;
     for (size_t i = 0; i < r->n_nodes; i++) {
         router_up_cancel(r->nodes[i].check);
         r->nodes[i].check = NULL;
