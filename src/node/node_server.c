@@ -564,7 +564,11 @@ static void prep_run(work_job *j)
     }
 }
 
-/* POST /tokenize's answer: the tokens the request would run on. */
+/* POST /tokenize (vLLM's) answers the prompt tokens a completion or chat
+ * request with the same "prompt" or "messages" (tools, chat_template_kwargs)
+ * would run on: it is prepared on the same path, token-faithful history
+ * included.  (POST /detokenize, {"tokens": [...]} back to text, is cheap
+ * and answered on the loop.) */
 static void answer_tokens(node_server *s, node_req *q)
 {
     dx_buf b;

@@ -139,8 +139,9 @@ static void check_family(int w)
     char *ref = sh("cd tests/integration/node && node chat_ref.mjs %s < %s", k_which[w], reqs);
     tp_proc S;
     serve(&S, w, NULL);
-    json_t *models = post(S.http, "/v1/models", json_object(), 405);
+    json_t *empty = json_object(), *models = post(S.http, "/v1/models", empty, 405);
     json_decref(models);
+    json_decref(empty);
     dx_buf mb;
     dx_buf_init(&mb, 0);
     assert_int_equal(tc_http(S.http, "GET", "/v1/models", NULL, &mb, 10), 200);
