@@ -21,7 +21,6 @@ struct work_pool {
     int stop;                   /* guarded by mu */
     work_job *todo, *todo_tail; /* guarded by mu */
     work_job *fin, *fin_tail;   /* guarded by mu */
-    size_t pending;             /* loop thread: submitted, done not run */
 };
 
 static void append(work_job **head, work_job **tail, work_job *j)
@@ -63,7 +62,6 @@ static void deliver(work_pool *p)
     pthread_mutex_unlock(&p->mu);
     while (j) {
         work_job *next = j->next;
-        p->pending--;
         j->done(j);
         j = next;
     }
@@ -123,16 +121,10 @@ int work_pool_create(uv_loop_t *loop, int n_threads, work_pool **out)
 void work_pool_submit(work_pool *p, work_job *j)
 {
     j->canceled = 0;
-    p->pending++;
     pthread_mutex_lock(&p->mu);
     append(&p->todo, &p->todo_tail, j);
     pthread_cond_signal(&p->cv);
     pthread_mutex_unlock(&p->mu);
-}
-
-size_t work_pool_pending(const work_pool *p)
-{
-    return p->pending;
 }
 
 void work_pool_destroy(work_pool *p)
@@ -142,7 +134,6 @@ void work_pool_destroy(work_pool *p)
     deliver(p);
     for (work_job *j = p->todo, *next; j; j = next) {
         next = j->next;
-        p->pending--;
         j->canceled = 1;
         j->done(j);
     }

@@ -32,8 +32,6 @@ struct work_job {
 int work_pool_create(uv_loop_t *loop, int n_threads, work_pool **out);
 /* Loop thread.  j must stay valid until its done has run. */
 void work_pool_submit(work_pool *p, work_job *j);
-/* Jobs submitted whose done has not run yet. */
-size_t work_pool_pending(const work_pool *p);
 /* Loop thread: lets the jobs that are running finish, then runs done for
  * every job not yet handed back (those that never ran with canceled set),
  * stops the threads and frees the pool once the loop has closed its handle
