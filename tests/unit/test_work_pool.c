@@ -22,7 +22,7 @@ typedef struct {
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t g_cv = PTHREAD_COND_INITIALIZER;
 static int g_block; /* jobs wait in run while set */
-static int g_inside;
+static int g_entered; /* jobs that have begun run (only grows) */
 static int g_done;
 
 static void run(work_job *j)
@@ -31,10 +31,9 @@ static void run(work_job *j)
     x->ran_on = pthread_self();
     x->runs++;
     pthread_mutex_lock(&g_mu);
-    g_inside++;
+    g_entered++;
     pthread_cond_broadcast(&g_cv);
     while (g_block) pthread_cond_wait(&g_cv, &g_mu);
-    g_inside--;
     pthread_mutex_unlock(&g_mu);
 }
 
@@ -86,7 +85,7 @@ static void *release_later(void *arg)
 {
     (void)arg;
     pthread_mutex_lock(&g_mu);
-    while (g_inside < 2) pthread_cond_wait(&g_cv, &g_mu);
+    while (g_entered < 2) pthread_cond_wait(&g_cv, &g_mu);
     g_block = 0;
     pthread_cond_broadcast(&g_cv);
     pthread_mutex_unlock(&g_mu);
@@ -103,12 +102,13 @@ static void test_destroy_cancels_queued(void **state)
     assert_int_equal(work_pool_create(&loop, 2, &p), 0);
     static job jobs[N];
     g_done = 0;
+    g_entered = 0;
     g_block = 1;
     submit_all(p, jobs, N);
     pthread_t th;
     pthread_create(&th, NULL, release_later, NULL);
     pthread_mutex_lock(&g_mu);
-    while (g_inside < 2) pthread_cond_wait(&g_cv, &g_mu);
+    while (g_entered < 2) pthread_cond_wait(&g_cv, &g_mu);
     pthread_mutex_unlock(&g_mu);
     work_pool_destroy(p); /* returns once the two have run */
     pthread_join(th, NULL);
