@@ -1,11 +1,15 @@
 /* node_server: routes, the completion path and the engine-event hand-off
  * (see .h).
  *
- * A completion request becomes a node_req when the backend accepts it and
- * lives until its final (DONE) event has been handled on the loop — even if
- * the client left earlier, because the engine still holds the pointer as its
- * callback's user data.  The client leaving only clears req->conn and cancels
- * the engine request.
+ * A completion request becomes a node_req when it arrives; it is prepared
+ * (parsed, its P/D params read, its prompt tokenised) on the work pool while
+ * the loop serves the rest, holding the connection so that its body stays;
+ * then it goes to the P/D plan and the backend.  Once the backend has
+ * accepted it, it lives until its final (DONE) event has been handled on
+ * the loop — even if the client left earlier, because the engine still
+ * holds the pointer as its callback's user data.  The client leaving only
+ * clears req->conn and cancels the engine request (or, during preparation or
+ * a pull, lets their end free it).
  *
  * Engine events reach the loop without an allocation per token: the engine
  * thread appends a TOKENS event's text to the request's own pending buffer

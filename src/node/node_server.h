@@ -1,10 +1,13 @@
 /* node_server: the node's OpenAI-compatible HTTP API on a libuv loop.
  *
  * Routes: POST /v1/chat/completions, POST /v1/completions (JSON or SSE),
- * GET /v1/models, GET /health, GET /metrics.  The server reaches the engine
- * through node_backend, a table of functions over engine_* and the model's
+ * POST /tokenize, POST /detokenize, GET /v1/models, GET /health, GET
+ * /metrics (HEAD like GET).  The server reaches the engine through
+ * node_backend, a table of functions over engine_* and the model's
  * tokenizer (node_engine.h), which keeps the tokenizer and chat template out
- * of this file.  Engine events
+ * of this file; a request's parsing and tokenising run on a small work pool
+ * (work_pool.h), so encode_chat and encode_text are called off the loop, on
+ * several threads at once.  Engine events
  * arrive on the engine's thread, are copied under a mutex into the
  * request's own reused buffers (no allocation per token), the request is
  * put on a ready list and the loop is woken with uv_async_send; only the
