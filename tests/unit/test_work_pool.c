@@ -21,7 +21,7 @@ typedef struct {
 
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t g_cv = PTHREAD_COND_INITIALIZER;
-static int g_block; /* jobs wait in run while set */
+static int g_block;   /* jobs wait in run while set */
 static int g_entered; /* jobs that have begun run (only grows) */
 static int g_done;
 
