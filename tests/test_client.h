@@ -212,6 +212,23 @@ static inline long tc_metric(int port, const char *name)
     return (long)v;
 }
 
+/* The first model GET /v1/models lists (its id into out); 0, or -1 when
+ * the server does not answer 200. */
+static inline int tc_model_id(int port, char *out, size_t cap)
+{
+    dx_buf b;
+    dx_buf_init(&b, 0);
+    int ok = tc_http(port, "GET", "/v1/models", NULL, &b, 30) == 200;
+    if (ok) {
+        json_t *v = tc_json(&b);
+        json_t *id = json_object_get(json_array_get(json_object_get(v, "data"), 0), "id");
+        snprintf(out, cap, "%s", json_is_string(id) ? json_string_value(id) : "");
+        json_decref(v);
+    }
+    dx_buf_free(&b);
+    return ok ? 0 : -1;
+}
+
 /* Runs every transfer of a multi handle to its end. */
 static inline void tc_multi_run(CURLM *m)
 {

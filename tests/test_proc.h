@@ -191,4 +191,15 @@ static inline void tp_log_tail(const tp_proc *p, int lines)
     (void)!system(cmd);
 }
 
+/* SIGTERM, and a clean exit 0 within 30 s: 0, or -1 after printing the
+ * status and the log's tail. */
+static inline int tp_stop_clean(tp_proc *p)
+{
+    int st = tp_stop(p, SIGTERM, 30);
+    if (st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0) return 0;
+    fprintf(stderr, "%s: exited with status %d\n", p->log, st);
+    tp_log_tail(p, 30);
+    return -1;
+}
+
 #endif

@@ -12,6 +12,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "node/http_conn.h"
+
 /* CLI_PATH is a CLI_STR that help shows as FILE.  CLI_LIST and
  * CLI_PATH_LIST may be given several times: each value is added to a
  * cli_list (at most CLI_LIST_MAX). */
@@ -65,6 +67,61 @@ int cli_required(const char *cmd, const char *what);
 /* For a value a library parser rejected (its message in dx_errmsg()):
  * "duplex CMD: FLAG: message" on stderr; returns 2. */
 int cli_bad_value(const char *cmd, const char *flag);
+
+/* The HTTP front's flags, the same for `duplex serve` and `duplex router`
+ * (http_limits in node/http_conn.h; docs/api.md, "Limits"): put
+ * CLI_HTTP_OPTS(f) in the command's options, then cli_http_limits. */
+#define CLI_MAX_TRUSTED 64
+typedef struct {
+    long max_body_mb, request_timeout_ms, max_conns, max_conns_per_peer, max_buffer_mb;
+    const char *trusted; /* IP[,IP...] */
+    char *buf;           /* the split copy of trusted */
+    const char *list[CLI_MAX_TRUSTED];
+} cli_http_flags;
+
+#define CLI_HTTP_FLAGS_INIT                                                                        \
+    {                                                                                              \
+        .max_body_mb = 4, .request_timeout_ms = 30000, .max_conns = 4096                           \
+    }
+#define CLI_HTTP_OPTS(f)                                                                           \
+    {"max-body-mb", CLI_INT, &(f).max_body_mb, 1, 1024, "request body limit (default 4)"},         \
+        {"request-timeout-ms",                                                                     \
+         CLI_INT,                                                                                  \
+         &(f).request_timeout_ms,                                                                  \
+         1,                                                                                        \
+         3600000,                                                                                  \
+         "time a client has for its request line and headers, from the first byte; the body "      \
+         "gets 1 s more per MiB (default 30000)"},                                                 \
+        {"max-conns",                                                                              \
+         CLI_INT,                                                                                  \
+         &(f).max_conns,                                                                           \
+         8,                                                                                        \
+         1 << 20,                                                                                  \
+         "client connections at most, the last 1/16 kept for --trusted-peer and /health "          \
+         "(default 4096)"},                                                                        \
+        {"max-conns-per-peer",                                                                     \
+         CLI_INT,                                                                                  \
+         &(f).max_conns_per_peer,                                                                  \
+         0,                                                                                        \
+         1 << 20,                                                                                  \
+         "connections from one address (default: a quarter of --max-conns)"},                      \
+        {"max-buffer-mb",                                                                          \
+         CLI_INT,                                                                                  \
+         &(f).max_buffer_mb,                                                                       \
+         0,                                                                                        \
+         1 << 20,                                                                                  \
+         "request and answer bytes all connections may hold together; past it 503 "                \
+         "(default: 256, at least 8 bodies)"},                                                     \
+    {                                                                                              \
+        "trusted-peer", CLI_STR, &(f).trusted, 0, 0,                                               \
+            "IP[,IP...]: peers (a router) exempt from --max-conns-per-peer, given the reserve"     \
+    }
+
+/* The limits from the flags; 2 with a message naming the flag for a bad
+ * one.  The trusted list points into f, which must outlive the server's
+ * creation; cli_http_flags_free releases it. */
+int cli_http_limits(const char *cmd, cli_http_flags *f, http_limits *out);
+void cli_http_flags_free(cli_http_flags *f);
 
 /* A command of a group (`duplex model synth`) or of duplex itself. */
 typedef struct {

@@ -6,12 +6,14 @@
  * and a wrong number of dashes is refused with the right one suggested. */
 #include "cli.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/dx_alloc.h"
 #include "base/dx_err.h"
 
 static const char *dashes(const char *name)
@@ -179,6 +181,48 @@ int cli_parse(const char *cmd, const char *use, int argc, char **argv, const cli
     }
     if (npos) *npos = np;
     return 0;
+}
+
+int cli_http_limits(const char *cmd, cli_http_flags *f, http_limits *out)
+{
+    memset(out, 0, sizeof *out);
+    out->max_body_bytes = (size_t)f->max_body_mb << 20;
+    out->request_timeout_ms = (uint64_t)f->request_timeout_ms;
+    out->max_conns = (uint32_t)f->max_conns;
+    out->max_conns_per_peer = (uint32_t)f->max_conns_per_peer;
+    out->max_buffered_bytes = (size_t)f->max_buffer_mb << 20;
+    if (out->max_buffered_bytes && out->max_buffered_bytes < out->max_body_bytes) {
+        fprintf(stderr, "duplex %s: --max-buffer-mb %ld is below --max-body-mb %ld\n", cmd,
+                f->max_buffer_mb, f->max_body_mb);
+        return 2;
+    }
+    if (!f->trusted) return 0;
+    if (!(f->buf = dx_strdup(f->trusted))) return 1;
+    size_t n = 0;
+    for (char *p = f->buf, *comma; p; p = comma ? comma + 1 : NULL) {
+        if ((comma = strchr(p, ','))) *comma = 0;
+        struct in6_addr a6;
+        struct in_addr a4;
+        if (inet_pton(AF_INET, p, &a4) != 1 && inet_pton(AF_INET6, p, &a6) != 1) {
+            fprintf(stderr, "duplex %s: --trusted-peer: '%s' is not an IP address\n", cmd, p);
+            return 2;
+        }
+        if (n == CLI_MAX_TRUSTED) {
+            fprintf(stderr, "duplex %s: --trusted-peer: more than %d addresses\n", cmd,
+                    CLI_MAX_TRUSTED);
+            return 2;
+        }
+        f->list[n++] = p;
+    }
+    out->trusted = f->list;
+    out->n_trusted = n;
+    return 0;
+}
+
+void cli_http_flags_free(cli_http_flags *f)
+{
+    dx_free(f->buf);
+    f->buf = NULL;
 }
 
 int cli_required(const char *cmd, const char *what)

@@ -132,7 +132,8 @@ int cli_router_main(int argc, char **argv)
     const char *prefill = NULL, *decode = NULL, *host = "127.0.0.1", *tokenizer = NULL;
     const char *mode = "bidirectional", *level = "info";
     long port = 8000, max_conv = 100000, local_max = 256, health_ms = 1000, max_out = 64;
-    long max_body_mb = 4, state_mb = 1024;
+    long state_mb = 1024;
+    cli_http_flags http = CLI_HTTP_FLAGS_INIT;
     double ttl = 450, prefill_timeout = 300, grace = 30;
     cli_list api_keys = {.n = 0}, api_key_files = {.n = 0};
     const char *internal_key_file = NULL;
@@ -154,7 +155,7 @@ int cli_router_main(int argc, char **argv)
          "requests at a decode node beyond which affinity yields (64)"},
         {"health-interval-ms", CLI_INT, &health_ms, 10, 3600000, "node health checks (1000)"},
         {"prefill-timeout-s", CLI_DBL, &prefill_timeout, 0.1, 86400, "prefill request limit (300)"},
-        {"max-body-mb", CLI_INT, &max_body_mb, 1, 1024, "request body limit (4)"},
+        CLI_HTTP_OPTS(http),
         {"shutdown-grace-s", CLI_DBL, &grace, 0.001, 86400, "drain time on SIGTERM (30)"},
         {"log-level", CLI_STR, &level, 0, 0, "error|warn|info|debug (default info)"},
         CLI_API_KEY_OPTS(&api_keys, &api_key_files),
@@ -174,7 +175,8 @@ int cli_router_main(int argc, char **argv)
     char *pbuf = NULL, *dbuf = NULL;
     const char *purls[MAX_NODES], *durls[MAX_NODES];
     size_t np = 0, nd = 0;
-    rc = split_urls("prefill", prefill, &pbuf, purls, &np);
+    rc = cli_http_limits("router", &http, &cfg.http);
+    if (!rc) rc = split_urls("prefill", prefill, &pbuf, purls, &np);
     if (!rc) rc = split_urls("decode", decode, &dbuf, durls, &nd);
     if (!rc) {
         dx_log_set_level(lvl);
@@ -194,7 +196,6 @@ int cli_router_main(int argc, char **argv)
         cfg.decode_max_outstanding = (uint32_t)max_out;
         cfg.health_interval_ms = (uint64_t)health_ms;
         cfg.prefill_timeout_s = prefill_timeout;
-        cfg.max_body_bytes = (size_t)max_body_mb << 20;
         cfg.shutdown_grace_s = grace;
         cfg.auth = (http_auth_config){.api_keys = api_keys.v,
                                       .n_api_keys = api_keys.n,
@@ -206,5 +207,6 @@ int cli_router_main(int argc, char **argv)
     }
     dx_free(pbuf);
     dx_free(dbuf);
+    cli_http_flags_free(&http);
     return rc;
 }

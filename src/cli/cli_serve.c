@@ -29,8 +29,8 @@ static int parse_role(const char *r, enum node_role *out)
 typedef struct {
     const char *path, *role, *host, *level, *kv_host, *kv_tls, *engine_id, *kv_dtype, *served;
     const char *tool_parser, *reasoning_parser, *chat_template, *kv_secret, *kv_peers;
-    long port, threads, kv_mb, batch, waiting, ctx, req_timeout_ms, max_body_mb, kv_port,
-        kv_blocks, threshold;
+    long port, threads, kv_mb, batch, seqs, waiting, ctx, kv_port, kv_blocks, threshold;
+    cli_http_flags http;
     double grace, pin_ttl, lease_ttl, retain_ttl, kv_peer_timeout, kv_pull_timeout;
     int bidirectional, prefix_on, prefix_off, insecure;
     cli_list api_keys, api_key_files, trust_from;
@@ -38,7 +38,7 @@ typedef struct {
 } serve_flags;
 
 /* Cross-flag checks and the run configuration. */
-static int to_config(const serve_flags *f, node_run_config *c)
+static int to_config(serve_flags *f, node_run_config *c)
 {
     enum dx_log_level lvl;
     int kvt;
@@ -69,11 +69,12 @@ static int to_config(const serve_flags *f, node_run_config *c)
                                 .kv_dtype = f->kv_dtype,
                                 .kv_blocks = (uint32_t)f->kv_blocks,
                                 .max_batch_tokens = (uint32_t)f->batch,
+                                .max_seqs = (uint32_t)f->seqs,
                                 .max_waiting = (uint32_t)f->waiting,
                                 .n_ctx = (uint32_t)f->ctx,
                                 .no_prefix_cache = f->prefix_off};
-    c->max_body_bytes = (size_t)f->max_body_mb << 20;
-    c->request_timeout_ms = (uint64_t)f->req_timeout_ms;
+    int rc = cli_http_limits("serve", &f->http, &c->http);
+    if (rc) return rc;
     c->shutdown_grace_s = f->grace;
     c->kv_port = (int)f->kv_port;
     c->kv_host = f->kv_host;
@@ -117,9 +118,9 @@ int cli_serve_main(int argc, char **argv)
                      .port = 8000,
                      .kv_mb = 1024,
                      .batch = 512,
+                     .seqs = 64,
                      .waiting = 256,
-                     .req_timeout_ms = 30000,
-                     .max_body_mb = 4,
+                     .http = CLI_HTTP_FLAGS_INIT,
                      .kv_port = -1,
                      .threshold = 64,
                      .grace = 10,
@@ -136,13 +137,12 @@ int cli_serve_main(int argc, char **argv)
         {"threads", CLI_INT, &f.threads, 0, 1024, "engine threads (default: cores)"},
         {"kv-cache-mb", CLI_INT, &f.kv_mb, 1, 1 << 22, "KV pool size (default 1024)"},
         {"max-batch-tokens", CLI_INT, &f.batch, 1, 1 << 16, "tokens per step (default 512)"},
+        {"max-seqs", CLI_INT, &f.seqs, 1, 4096, "requests running at once (default 64)"},
         {"max-waiting", CLI_INT, &f.waiting, 1, 1 << 20,
          "queued requests before 503 (default 256)"},
         {"ctx", CLI_INT, &f.ctx, 0, 1 << 24,
          "max tokens per sequence (default: the model's, at most 32768; at most the model's)"},
-        {"request-timeout-ms", CLI_INT, &f.req_timeout_ms, 1, 3600000,
-         "time a client has to send its request (default 30000)"},
-        {"max-body-mb", CLI_INT, &f.max_body_mb, 1, 1024, "request body limit (default 4)"},
+        CLI_HTTP_OPTS(f.http),
         {"shutdown-grace-s", CLI_DBL, &f.grace, 0.001, 86400, "drain time on SIGTERM (default 10)"},
         {"log-level", CLI_STR, &f.level, 0, 0, "error|warn|info|debug (default info)"},
         {"kv-blocks", CLI_INT, &f.kv_blocks, 0, 1 << 30,
@@ -198,6 +198,7 @@ int cli_serve_main(int argc, char **argv)
                        argv, opts, DX_ARRAY_LEN(opts), NULL, 0, NULL);
     if (rc) return rc == 1 ? 0 : rc;
     node_run_config c;
-    if ((rc = to_config(&f, &c))) return rc;
-    return node_run(&c);
+    if (!(rc = to_config(&f, &c))) rc = node_run(&c);
+    cli_http_flags_free(&f.http);
+    return rc;
 }

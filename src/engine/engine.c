@@ -4,7 +4,13 @@
  * (so the HTTP layer can answer 400/503 at once), copies the request into the
  * inbox and signals; the engine thread drains the inbox between steps.  Events
  * are delivered on the engine thread, never while the inbox lock is held, so
- * a callback may call engine_cancel. */
+ * a callback may call engine_cancel.
+ *
+ * Admission is decided once, in engine_submit, against an exact count: the
+ * requests the scheduler held at its last snapshot plus every request
+ * submitted since (n_in stays counted until a snapshot includes it), so the
+ * scheduler never has to refuse for capacity a request the caller was told
+ * it accepted. */
 #include "engine/engine.h"
 
 #include <pthread.h>
@@ -38,7 +44,7 @@ struct engine {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     item *in_head, *in_tail;
-    uint32_t n_in;
+    uint32_t n_in; /* submitted requests not yet in the stats snapshot */
     int stop;
     int stopped; /* engine_stop has run: no scheduler any more */
     uint64_t next_id;
@@ -67,7 +73,7 @@ static void push_item(engine *e, item *it)
     if (e->in_tail) e->in_tail->next = it;
     else e->in_head = it;
     e->in_tail = it;
-    e->n_in++;
+    if (!it->cancel) e->n_in++;
     pthread_cond_signal(&e->cv);
 }
 
@@ -112,11 +118,16 @@ static void *engine_main(void *arg)
         }
         item *list = e->in_head;
         e->in_head = e->in_tail = NULL;
-        e->n_in = 0;
+        uint32_t taken = e->n_in; /* still counted until the snapshot below has them */
         pthread_mutex_unlock(&e->mu);
         drain(e, list);
-        sched_step(e->s);
         engine_stats st;
+        sched_get_stats(e->s, &st);
+        pthread_mutex_lock(&e->mu);
+        e->stats = st;
+        e->n_in -= taken;
+        pthread_mutex_unlock(&e->mu);
+        sched_step(e->s);
         sched_get_stats(e->s, &st);
         pthread_mutex_lock(&e->mu);
         e->stats = st;

@@ -192,7 +192,12 @@ void engine_stop(engine *e);
 void engine_destroy(engine *e); /* engine_stop, then frees the pool */
 
 /* DX_EINVAL: empty prompt, prompt + max_tokens over n_ctx, bad
- * prefix_blocks (message says which); DX_EBUSY: waiting queue full. */
+ * prefix_blocks (message says which); DX_EBUSY: the requests running,
+ * waiting and submitted but not yet scheduled number max_seqs + max_waiting
+ * already.  That count is exact, so a request accepted here is never turned
+ * away for capacity later; only max_waiting's shedding of the newest waiting
+ * request (when the pool, not max_seqs, holds requests back) can still end
+ * one with ERROR / DX_EBUSY, always before its first token. */
 int engine_submit(engine *e, const engine_request *req, uint64_t *req_id);
 int engine_cancel(engine *e, uint64_t req_id);
 void engine_get_stats(engine *e, engine_stats *out);

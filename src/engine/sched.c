@@ -13,6 +13,7 @@
 #include "base/dx_utf8.h"
 #include "engine/fwd.h"
 #include "engine/sampler.h"
+#include "engine/stop_match.h"
 
 /* Tokens every running sequence must be able to add before another is
  * admitted (see admit). */
@@ -22,8 +23,7 @@ typedef struct seq {
     uint64_t id;
     struct seq *next; /* waiting queue */
     engine_request req;
-    char **stop;
-    size_t max_stop;
+    stop_match *stop; /* the request's stop strings, or NULL */
     int32_t *tokens; /* prompt, then generated */
     uint32_t n_tokens, n_prompt, cap_tokens;
     uint32_t max_total; /* prompt + max_tokens, capped by n_ctx */
@@ -112,36 +112,6 @@ static void emit_done(sched *s, seq *q, enum engine_finish fin, int err, const c
                        .ttft_s = q->t_first ? (double)(q->t_first - q->t_submit) * 1e-9 : 0};
     (void)s;
     q->req.on_event(q->req.user, &ev);
-}
-
-/* Bytes at the end of text that are a proper prefix of some stop string. */
-static size_t stop_prefix_tail(const seq *q)
-{
-    size_t best = 0, n = q->text.len;
-    for (size_t i = 0; i < q->req.n_stop; i++) {
-        size_t sl = strlen(q->stop[i]);
-        for (size_t k = sl - 1; k > best; k--)
-            if (k <= n && !memcmp(q->text.data + n - k, q->stop[i], k)) {
-                best = k;
-                break;
-            }
-    }
-    return best;
-}
-
-/* Finds the earliest stop string in the text not yet emitted; returns its
- * offset or -1. */
-static long find_stop(const seq *q)
-{
-    long best = -1;
-    size_t from = q->emitted;
-    if (from >= q->text.len) return -1; /* also: no text yet (data may be NULL) */
-    for (size_t i = 0; i < q->req.n_stop; i++) {
-        const char *hit = memmem(q->text.data + from, q->text.len - from, q->stop[i],
-                                 strlen(q->stop[i]));
-        if (hit && (best < 0 || hit - q->text.data < best)) best = hit - q->text.data;
-    }
-    return best;
 }
 
 /* Delivers new tokens and the text up to `upto` (sanitised into the
@@ -262,8 +232,7 @@ static void seq_free(seq *q)
     if (!q) return;
     DX_ASSERT(q->n_pre == 0); /* handed blocks are released before (drop_pre_blocks) */
     dx_free(q->pre_blocks);
-    for (size_t i = 0; i < q->req.n_stop; i++) dx_free(q->stop[i]);
-    dx_free(q->stop);
+    stop_match_destroy(q->stop);
     dx_free(q->tokens);
     dx_free(q->blocks);
     dx_free(q->bias);
@@ -382,12 +351,11 @@ int sched_submit_at(sched *s, const engine_request *r, uint64_t id, uint64_t t_s
     q->cap_blocks = (q->cap_tokens + s->bs - 1) / s->bs;
     q->tokens = dx_malloc(q->cap_tokens * sizeof(int32_t));
     q->blocks = dx_malloc(q->cap_blocks * sizeof(int32_t));
-    q->stop = dx_calloc(r->n_stop ? r->n_stop : 1, sizeof(char *));
     if (r->n_prefix_blocks)
         q->pre_blocks = dx_memdup(r->prefix_blocks, r->n_prefix_blocks * sizeof(int32_t));
     dx_buf_init(&q->text, 0);
-    int oom = !q->tokens || !q->blocks || !q->stop || (r->n_prefix_blocks && !q->pre_blocks);
-    for (size_t i = 0; !oom && i < r->n_stop; i++) oom = !(q->stop[i] = dx_strdup(r->stop[i]));
+    int oom = !q->tokens || !q->blocks || (r->n_prefix_blocks && !q->pre_blocks) ||
+              (r->n_stop && stop_match_create(r->stop, r->n_stop, &q->stop) < 0);
     if (oom) {
         seq_free(q);
         return dx_errf(DX_ENOMEM, "out of memory");
@@ -691,13 +659,17 @@ static enum engine_finish accept_token(sched *s, seq *q, int32_t t)
     if (!q->t_first) q->t_first = dx_now_ns();
     s->st.gen_tokens++;
     int is_end = !q->req.ignore_eos && tok_is_eog(s->tk, t);
+    size_t before = q->text.len, hold = 0;
     if (!is_end && tok_is_text(s->tk, t)) {
         char piece[256];
         int n = tok_token_bytes(s->tk, t, piece, sizeof piece);
         /* text that cannot be kept would make a wrong answer: end it */
         if (n > 0 && dx_buf_append(&q->text, piece, (size_t)n) < 0) return ENGINE_FINISH_ERROR;
     }
-    long stop_at = q->req.n_stop ? find_stop(q) : -1;
+    /* only the new bytes are searched: the work is bounded by the text */
+    const char *added = q->text.len > before ? q->text.data + before : "";
+    long stop_at =
+        q->stop ? stop_match_feed(q->stop, added, q->text.len - before, before, &hold) : -1;
     if (stop_at >= 0) {
         emit_tokens(s, q, &q->tokens[q->n_tokens - 1], 1, (size_t)stop_at);
         q->text.len = (size_t)stop_at;
@@ -707,7 +679,7 @@ static enum engine_finish accept_token(sched *s, seq *q, int32_t t)
         emit_tokens(s, q, &q->tokens[q->n_tokens - 1], 1, q->text.len);
         return ENGINE_FINISH_STOP;
     }
-    size_t hold = stop_prefix_tail(q), tail = dx_utf8_incomplete_tail((const uint8_t *)q->text.data, q->text.len);
+    size_t tail = dx_utf8_incomplete_tail((const uint8_t *)q->text.data, q->text.len);
     if (tail > hold) hold = tail;
     emit_tokens(s, q, &q->tokens[q->n_tokens - 1], 1, q->text.len - hold);
     if (q->n_tokens >= q->max_total) return ENGINE_FINISH_LENGTH;

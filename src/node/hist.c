@@ -3,9 +3,11 @@
  * The memory is a hash index (base/dx_hidx, seeded: the text comes from
  * clients) over entries on one use-ordered list.  Every entry lives for the
  * same TTL from its last use, so the list's head is also the next to expire:
- * pruning is a walk from the head, and the bounds evict from there too. */
+ * pruning is a walk from the head, and the bounds evict from there too.
+ * One mutex guards it: lookups come from the threads that prepare prompts. */
 #include "node/hist.h"
 
+#include <pthread.h>
 #include <string.h>
 #include <xxhash.h>
 
@@ -28,6 +30,7 @@ struct entry {
 };
 
 struct hist_mem {
+    pthread_mutex_t mu; /* guards everything below cfg and seed */
     hist_mem_config cfg;
     uint64_t seed;
     dx_hidx *idx;
@@ -92,6 +95,7 @@ int hist_mem_create(const hist_mem_config *cfg, hist_mem **out)
         dx_free(m);
         return rc;
     }
+    pthread_mutex_init(&m->mu, NULL);
     *out = m;
     return 0;
 }
@@ -101,6 +105,7 @@ void hist_mem_destroy(hist_mem *m)
     if (!m) return;
     while (m->head) entry_drop(m, m->head);
     dx_hidx_destroy(m->idx);
+    pthread_mutex_destroy(&m->mu);
     dx_free(m);
 }
 
@@ -146,8 +151,9 @@ static uint64_t ttl_ns(const hist_mem *m)
     return (uint64_t)(m->cfg.ttl_s * 1e9);
 }
 
-int hist_mem_put(hist_mem *m, uint64_t ns, const int32_t *ctx, size_t n_ctx, const char *text,
-                 size_t len, const int32_t *ids, size_t n_ids, uint64_t now_ns)
+static int put_locked(hist_mem *m, uint64_t ns, const int32_t *ctx, size_t n_ctx,
+                      const char *text, size_t len, const int32_t *ids, size_t n_ids,
+                      uint64_t now_ns)
 {
     XXH128_hash_t c = ctx_hash(ctx, n_ctx, ns);
     uint64_t h = key_hash(m, c, text, len);
@@ -182,9 +188,20 @@ int hist_mem_put(hist_mem *m, uint64_t ns, const int32_t *ctx, size_t n_ctx, con
     return 0;
 }
 
+int hist_mem_put(hist_mem *m, uint64_t ns, const int32_t *ctx, size_t n_ctx, const char *text,
+                 size_t len, const int32_t *ids, size_t n_ids, uint64_t now_ns)
+{
+    pthread_mutex_lock(&m->mu);
+    int rc = put_locked(m, ns, ctx, n_ctx, text, len, ids, n_ids, now_ns);
+    pthread_mutex_unlock(&m->mu);
+    return rc;
+}
+
 void hist_mem_get_stats(const hist_mem *m, hist_mem_stats *out)
 {
+    pthread_mutex_lock((pthread_mutex_t *)&m->mu);
     *out = m->st;
+    pthread_mutex_unlock((pthread_mutex_t *)&m->mu);
 }
 
 /* ---- replies -------------------------------------------------------------- */
@@ -266,18 +283,21 @@ static int from_mem(hist_src *s, const int32_t *ctx, size_t n_ctx, const char *t
     hist_mem *m = s->mem;
     if (!m) return 0;
     XXH128_hash_t c = ctx_hash(ctx, n_ctx, s->ns);
+    int rc = 0;
+    pthread_mutex_lock(&m->mu);
     entry *e = find(m, key_hash(m, c, text, len), c, text, len);
-    if (!e) return 0;
-    if (e->expires_ns <= s->now_ns) {
+    if (e && e->expires_ns <= s->now_ns) {
         entry_drop(m, e);
         m->st.expired++;
-        return 0;
+    } else if (e) {
+        e->expires_ns = s->now_ns + ttl_ns(m); /* in use: keep it as long as a lease would */
+        list_unlink(m, e);
+        list_push(m, e);
+        m->st.hits++;
+        rc = append_ids(out, e->ids, e->n_ids);
     }
-    e->expires_ns = s->now_ns + ttl_ns(m); /* in use: keep it as long as a lease would */
-    list_unlink(m, e);
-    list_push(m, e);
-    m->st.hits++;
-    return append_ids(out, e->ids, e->n_ids);
+    pthread_mutex_unlock(&m->mu);
+    return rc;
 }
 
 int hist_reply(void *user, const int32_t *ctx, size_t n_ctx, const char *text, size_t len,

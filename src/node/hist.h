@@ -29,7 +29,8 @@
  * exactly the engine's streamed text.  A reply cut by a stop string does not
  * match its ids and is tokenised afresh.
  *
- * hist_mem is used from one thread (the node's loop). */
+ * hist_mem may be used from several threads: the node's loop remembers
+ * replies while prompts are prepared on worker threads (one mutex inside). */
 #ifndef HIST_H
 #define HIST_H
 

@@ -1,10 +1,11 @@
 /* http_conn: HTTP/1.1 server connections on libuv + http-parser (see .h).
  *
  * A connection is a small state machine:
- *   READING  parsing a request (timer: idle, then request timeout)
+ *   READING  parsing a request (timer: idle, then the request's deadline)
  *   BUSY     a complete request is with the application; input is buffered
  *   STREAM   BUSY, and a chunked answer has begun
- *   CLOSING  uv_close issued; freed when both handles report closed
+ *   CLOSING  uv_close issued; freed when both handles report closed and no
+ *            hold is left
  * All unparsed input lives in c->in (bounded); parsing resumes from it after
  * each answer, which is how pipelined requests keep their order.
  *
@@ -12,21 +13,40 @@
  * goes straight to the socket (uv_try_write) when nothing is queued; what
  * the socket does not take is copied into c->wnext and handed to the one
  * uv_write in flight, from c->wfly; what the application writes meanwhile
- * is appended to c->wnext, which becomes the next write when it completes. */
+ * is appended to c->wnext, which becomes the next write when it completes.
+ *
+ * Memory: every connection's buffers are charged to the server (their
+ * capacities, re-counted after each read, write and answer), so the total a
+ * crowd of clients can make the server hold is bounded, not only each one's
+ * share; buffers grown past WBUF_KEEP by one request are released when its
+ * answer is finished.  Connections are counted per peer address in a hash
+ * index keyed with a per-server random seed. */
 #include "node/http_conn.h"
 
+#include <arpa/inet.h>
 #include <http_parser.h>
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/random.h>
+#include <xxhash.h>
 
 #include "base/dx_addr.h"
 #include "base/dx_alloc.h"
 #include "base/dx_buf.h"
 #include "base/dx_err.h"
+#include "base/dx_hidx.h"
 #include "base/dx_log.h"
+#include "node/prom.h"
 
 enum conn_state { ST_READING, ST_BUSY, ST_STREAM, ST_CLOSING };
+
+/* One peer address and its open connections. */
+typedef struct {
+    uint8_t addr[16]; /* IPv6, or IPv4-mapped */
+    uint64_t hash;
+    uint32_t n;
+} http_peer;
 
 struct http_conn {
     uv_tcp_t tcp;
@@ -36,18 +56,32 @@ struct http_conn {
     http_parser parser;
     enum conn_state state;
     int n_open_handles;
-    int keep_alive; /* this request's answer keeps the connection */
-    int chunked;    /* the current stream uses chunked encoding */
-    int in_process; /* inside conn_process: no re-entry */
+    int holds;          /* http_conn_hold minus http_conn_release */
+    int handles_closed; /* both handles closed: freed when the holds are gone */
+    int keep_alive;     /* this request's answer keeps the connection */
+    int chunked;        /* the current stream uses chunked encoding */
+    int in_process;     /* inside conn_process: no re-entry */
     int close_after_write;
     int reject_status;   /* set by a parser callback to refuse the request */
     int in_message;      /* a request has begun (bytes seen) */
     int header_is_value; /* last header callback was a value */
-    dx_buf in;           /* unparsed input */
-    dx_buf head;         /* url, then header names/values, NUL-separated */
+    int head_done;       /* the request's headers are complete */
+    int is_head;         /* answering a HEAD request: no body goes out */
+    int trusted;         /* the peer is one of the limits' trusted addresses */
+    int health_only;     /* past its share of connections: GET /health, once */
+    int served;          /* has had an answer: idle now means between requests */
+    http_peer *peer;
+    uint64_t req_start;     /* loop time (ms) of the request's first byte; 0: none */
+    uint64_t body_expect;   /* declared body bytes (the limit when chunked) */
+    uint64_t chunked_total; /* chunk sizes declared so far */
+    uint64_t idle_since;    /* loop time the connection last became idle */
+    size_t charged;         /* bytes of buffers counted in srv->buffered */
+    dx_buf in;              /* unparsed input */
+    dx_buf head;            /* url, then header names/values, NUL-separated */
     dx_buf body;
     size_t head_bytes; /* url + header bytes seen (limit check) */
     size_t *hdr_off;   /* per header: offset of name, of value in head */
+    http_header *hdrs; /* [max_headers]: the headers as the application gets them */
     uint32_t n_hdr;
     size_t url_end;
     uv_write_t wreq; /* the one write in flight (data: this connection) */
@@ -56,7 +90,7 @@ struct http_conn {
     dx_buf wnext;    /* bytes queued behind it; empty while !writing */
     http_abort_fn abort_fn;
     void *abort_user;
-    struct sockaddr_storage peer; /* the client's address (servers may trust some) */
+    struct sockaddr_storage peer_ss; /* the client's address (servers may trust some) */
     int has_peer;
     char rbuf[16384];
 };
@@ -65,18 +99,25 @@ struct http_srv {
     uv_loop_t *loop;
     uv_tcp_t listener;
     http_srv_config cfg;
+    http_limits *lim; /* &cfg.lim, defaults filled in */
     char host[64];
     int port;
     int listening;
     int destroying;
     int n_open; /* listener + connections not yet freed */
-    size_t n_conns;
+    size_t n_conns, n_health_only;
     http_conn *conns;
     /* A connection there was no memory for is taken from libuv with this
      * handle (embedded: needs no allocation) and closed at once; libuv
      * accepts nothing more until a pending connection is taken. */
     uv_tcp_t reject;
     int reject_busy, reject_pending;
+    dx_hidx *peers; /* peer hash -> http_peer * */
+    uint64_t peer_seed;
+    uint8_t (*trusted)[16];
+    size_t n_trusted;
+    size_t buffered;
+    http_srv_stats st; /* counters (the gauges are read live) */
 };
 
 /* A write buffer over this is released once written rather than kept for
@@ -112,6 +153,8 @@ const char *http_status_text(int status)
         return "Request Header Fields Too Large";
     case 500:
         return "Internal Server Error";
+    case 505:
+        return "HTTP Version Not Supported";
     case 501:
         return "Not Implemented";
     case 502:
@@ -133,6 +176,28 @@ const char *http_req_header(const http_req *r, const char *name, int *count)
         if (!strcasecmp(r->headers[i].name, name) && n++ == 0) v = r->headers[i].value;
     if (count) *count = n;
     return v;
+}
+
+const char *http_allow_header(const char *path)
+{
+    int post =
+        strstr(path, "completions") || !strcmp(path, "/tokenize") || !strcmp(path, "/detokenize");
+    return post ? "Allow: POST\r\n" : "Allow: GET, HEAD\r\n";
+}
+
+/* ---- accounting ------------------------------------------------------ */
+
+/* Re-counts c's buffers in the server's total. */
+static void conn_charge(http_conn *c)
+{
+    size_t now = c->in.cap + c->head.cap + c->body.cap + c->wfly.cap + c->wnext.cap;
+    c->srv->buffered = c->srv->buffered - c->charged + now;
+    c->charged = now;
+}
+
+static int over_budget(const http_srv *s)
+{
+    return s->buffered > s->lim->max_buffered_bytes;
 }
 
 /* ---- output ---------------------------------------------------------- */
@@ -167,6 +232,7 @@ static void on_write_done(uv_write_t *w, int status)
     c->writing = 0;
     dx_buf_reset(&c->wfly);
     if (c->wfly.cap > WBUF_KEEP) dx_buf_free(&c->wfly);
+    conn_charge(c);
     if (c->state == ST_CLOSING) return; /* canceled by the close: what is queued is dropped */
     if (status < 0) {
         DX_LOGD("http: write failed: %s", uv_strerror(status));
@@ -181,14 +247,17 @@ static void on_write_done(uv_write_t *w, int status)
 
 /* Writes up to three pieces now, or queues them behind the write in flight.
  * Fails (and closes) when the client has let too much pile up: it is not
- * reading. */
+ * reading — past its own limit, or past a share of the server's budget
+ * while the server is over it. */
 static int conn_writev(http_conn *c, const uv_buf_t *parts, int n_parts)
 {
     if (c->state == ST_CLOSING) return dx_errf(DX_ECLOSED, "http: connection closed");
     size_t len = 0;
     for (int i = 0; i < n_parts; i++) len += parts[i].len;
-    if (conn_queued(c) + len > c->srv->cfg.max_write_queue_bytes) {
+    if (conn_queued(c) + len > c->srv->lim->max_write_queue_bytes ||
+        (conn_queued(c) > WBUF_KEEP && over_budget(c->srv))) {
         size_t queued = conn_queued(c);
+        if (conn_queued(c) + len <= c->srv->lim->max_write_queue_bytes) c->srv->st.refused_budget++;
         conn_close(c);
         return dx_errf(DX_ECLOSED, "http: client not reading (%zu bytes queued)", queued);
     }
@@ -209,6 +278,7 @@ static int conn_writev(http_conn *c, const uv_buf_t *parts, int n_parts)
         dx_buf_append(&c->wnext, parts[i].base + skip, parts[i].len - skip);
         done -= skip;
     }
+    conn_charge(c);
     return c->writing ? 0 : conn_flush(c);
 }
 
@@ -229,12 +299,26 @@ static int write_head(http_conn *c, int status, const char *ctype, const char *e
                      extra ? extra : "", c->keep_alive ? "keep-alive" : "close");
     if (n < 0 || (size_t)n >= sizeof head)
         return dx_errf(DX_ETOOBIG, "http: response head over %zu bytes", sizeof head);
-    return conn_write(c, head, (size_t)n, body, blen);
+    /* HEAD: the head GET would get, without its body */
+    return conn_write(c, head, (size_t)n, body, c->is_head ? 0 : blen);
 }
 
 static void on_resume(uv_timer_t *t)
 {
     conn_process(t->data);
+}
+
+static void on_timer(uv_timer_t *t);
+
+/* Buffers one request grew past WBUF_KEEP go with its answer: an idle
+ * connection holds little. */
+static void conn_shrink(http_conn *c)
+{
+    if (c->holds) return; /* the body is still being read */
+    if (c->body.cap > WBUF_KEEP) dx_buf_free(&c->body);
+    if (c->head.cap > WBUF_KEEP) dx_buf_free(&c->head);
+    if (c->in.len == 0 && c->in.cap > WBUF_KEEP) dx_buf_free(&c->in);
+    conn_charge(c);
 }
 
 /* The answer is complete: next request, or close once written. */
@@ -243,10 +327,21 @@ static void conn_finish(http_conn *c)
     if (c->state == ST_CLOSING) return;
     c->abort_fn = NULL;
     c->abort_user = NULL;
+    /* answered while its body is still read off the loop (a shutdown): no
+     * next request may reuse the buffers, so the connection ends here */
+    if (c->holds) c->keep_alive = 0;
+    conn_shrink(c);
+    c->served = 1;
+    c->idle_since = uv_now(c->srv->loop);
     if (!c->keep_alive) {
         c->state = ST_BUSY; /* read nothing more */
         c->close_after_write = 1;
-        if (conn_queued(c) == 0) conn_close(c);
+        if (conn_queued(c) == 0) {
+            conn_close(c);
+            return;
+        }
+        /* a client that never reads its last answer does not keep it open */
+        uv_timer_start(&c->timer, on_timer, c->srv->lim->idle_timeout_ms, 0);
         return;
     }
     c->state = ST_READING;
@@ -284,7 +379,7 @@ int http_conn_stream_begin(http_conn *c, int status, const char *content_type,
 int http_conn_stream_write(http_conn *c, const char *data, size_t len)
 {
     DX_ASSERT(c->state == ST_STREAM || c->state == ST_CLOSING);
-    if (len == 0) return 0; /* an empty chunk would end the stream */
+    if (len == 0 || c->is_head) return 0; /* an empty chunk would end the stream */
     if (!c->chunked) return conn_write(c, data, len, NULL, 0);
     char size[24];
     int n = snprintf(size, sizeof size, "%zx\r\n", len);
@@ -296,7 +391,7 @@ int http_conn_stream_write(http_conn *c, const char *data, size_t len)
 int http_conn_stream_end(http_conn *c)
 {
     DX_ASSERT(c->state == ST_STREAM || c->state == ST_CLOSING);
-    if (c->chunked) {
+    if (c->chunked && !c->is_head) {
         int rc = conn_write(c, "0\r\n\r\n", 5, NULL, 0);
         if (rc < 0) return rc;
     }
@@ -316,44 +411,142 @@ void http_conn_set_abort(http_conn *c, http_abort_fn fn, void *req_user)
     c->abort_user = req_user;
 }
 
+void http_conn_hold(http_conn *c)
+{
+    c->holds++;
+}
+
+static void conn_free(http_conn *c);
+
+void http_conn_release(http_conn *c)
+{
+    DX_ASSERT(c->holds > 0);
+    if (--c->holds == 0 && c->handles_closed) conn_free(c);
+}
+
 /* An answer the connection gives itself (limits, bad HTTP), then close. */
 static void conn_reject(http_conn *c, int status, const char *msg)
 {
     char body[512];
-    int n = snprintf(body, sizeof body,
-                     "{\"error\":{\"message\":\"%s\",\"type\":\"invalid_request_error\","
-                     "\"param\":null,\"code\":null}}",
-                     msg);
+    int n =
+        snprintf(body, sizeof body,
+                 "{\"error\":{\"message\":\"%s\",\"type\":\"%s\",\"param\":null,\"code\":null}}",
+                 msg, status >= 500 ? "server_error" : "invalid_request_error");
     c->keep_alive = 0;
     c->state = ST_BUSY;
     c->abort_fn = NULL;
     uv_timer_stop(&c->timer);
     uv_read_stop((uv_stream_t *)&c->tcp);
-    http_conn_respond(c, status, "application/json", status == 503 ? "Retry-After: 1\r\n" : NULL,
-                      body, (size_t)n);
+    http_conn_respond(c, status, "application/json", status == 503 ? HTTP_RETRY_AFTER : NULL, body,
+                      (size_t)n);
+}
+
+/* ---- peers ----------------------------------------------------------- */
+
+/* An address as 16 bytes: IPv6, or IPv4 mapped (::ffff:a.b.c.d), so a v4
+ * client of a dual-stack listener counts once whichever way it came. */
+static int peer_addr(const struct sockaddr_storage *ss, uint8_t out[16])
+{
+    memset(out, 0, 16);
+    if (ss->ss_family == AF_INET) {
+        out[10] = out[11] = 0xff;
+        memcpy(out + 12, &((const struct sockaddr_in *)ss)->sin_addr, 4);
+        return 0;
+    }
+    if (ss->ss_family != AF_INET6) return -1;
+    memcpy(out, &((const struct sockaddr_in6 *)ss)->sin6_addr, 16);
+    return 0;
+}
+
+/* An IP literal ("10.0.0.1", "::1", "[::1]") as 16 bytes. */
+static int parse_ip(const char *s, uint8_t out[16])
+{
+    char buf[64];
+    size_t n = strlen(s);
+    if (n >= 2 && s[0] == '[' && s[n - 1] == ']') {
+        s++;
+        n -= 2;
+    }
+    if (n >= sizeof buf) return -1;
+    memcpy(buf, s, n);
+    buf[n] = 0;
+    struct sockaddr_storage ss = {0};
+    if (inet_pton(AF_INET, buf, &((struct sockaddr_in *)&ss)->sin_addr) == 1)
+        ss.ss_family = AF_INET;
+    else if (inet_pton(AF_INET6, buf, &((struct sockaddr_in6 *)&ss)->sin6_addr) == 1)
+        ss.ss_family = AF_INET6;
+    else
+        return -1;
+    return peer_addr(&ss, out);
+}
+
+/* The entry for addr, created with no connections; NULL without memory. */
+static http_peer *peer_get(http_srv *s, const uint8_t addr[16])
+{
+    uint64_t h = XXH3_64bits_withSeed(addr, 16, s->peer_seed), v;
+    dx_hidx_iter it;
+    for (dx_hidx_find(s->peers, h, &it); dx_hidx_next(s->peers, &it, &v);) {
+        http_peer *p = (http_peer *)(uintptr_t)v;
+        if (!memcmp(p->addr, addr, 16)) return p;
+    }
+    http_peer *p = dx_calloc(1, sizeof *p);
+    if (!p) return NULL;
+    memcpy(p->addr, addr, 16);
+    p->hash = h;
+    if (dx_hidx_insert(s->peers, h, (uint64_t)(uintptr_t)p) < 0) {
+        dx_free(p);
+        return NULL;
+    }
+    return p;
+}
+
+static void peer_put(http_srv *s, http_peer *p)
+{
+    if (!p || --p->n > 0) return;
+    dx_hidx_remove(s->peers, p->hash, (uint64_t)(uintptr_t)p);
+    dx_free(p);
+}
+
+static int is_trusted(const http_srv *s, const uint8_t addr[16])
+{
+    for (size_t i = 0; i < s->n_trusted; i++)
+        if (!memcmp(s->trusted[i], addr, 16)) return 1;
+    return 0;
 }
 
 /* ---- closing --------------------------------------------------------- */
 
 static void srv_maybe_free(http_srv *s)
 {
-    if (s->destroying && s->n_open == 0) dx_free(s);
+    if (s->destroying && s->n_open == 0) {
+        dx_hidx_destroy(s->peers);
+        dx_free(s->trusted);
+        dx_free(s);
+    }
 }
 
-static void on_conn_handle_closed(uv_handle_t *h)
+static void conn_free(http_conn *c)
 {
-    http_conn *c = h->data;
-    if (--c->n_open_handles > 0) return;
     http_srv *s = c->srv;
     dx_buf_free(&c->in);
     dx_buf_free(&c->head);
     dx_buf_free(&c->body);
     dx_buf_free(&c->wfly);
     dx_buf_free(&c->wnext);
+    s->buffered -= c->charged;
     dx_free(c->hdr_off);
+    dx_free(c->hdrs);
     dx_free(c);
     s->n_open--;
     srv_maybe_free(s);
+}
+
+static void on_conn_handle_closed(uv_handle_t *h)
+{
+    http_conn *c = h->data;
+    if (--c->n_open_handles > 0) return;
+    c->handles_closed = 1;
+    if (c->holds == 0) conn_free(c);
 }
 
 static void conn_close(http_conn *c)
@@ -367,6 +560,9 @@ static void conn_close(http_conn *c)
         s->conns = c->next;
     if (c->next) c->next->prev = c->prev;
     s->n_conns--;
+    if (c->health_only) s->n_health_only--;
+    peer_put(s, c->peer);
+    c->peer = NULL;
     uv_close((uv_handle_t *)&c->timer, on_conn_handle_closed);
     uv_close((uv_handle_t *)&c->tcp, on_conn_handle_closed);
     /* The application learns last, so it sees a consistent (closing) conn. */
@@ -385,7 +581,7 @@ static http_conn *pconn(http_parser *p)
 static int head_add(http_conn *c, const char *at, size_t len)
 {
     c->head_bytes += len;
-    if (c->head_bytes > c->srv->cfg.max_header_bytes) {
+    if (c->head_bytes > c->srv->lim->max_header_bytes) {
         c->reject_status = 431;
         return -1;
     }
@@ -410,9 +606,11 @@ static int on_message_begin(http_parser *p)
     c->n_hdr = 0;
     c->header_is_value = 0;
     c->url_end = 0;
+    c->head_done = 0;
+    c->body_expect = 0;
+    c->chunked_total = 0;
     dx_buf_reset(&c->head);
     dx_buf_reset(&c->body);
-    uv_timer_stop(&c->timer);
     return 0;
 }
 
@@ -430,7 +628,7 @@ static int on_header_field(http_parser *p, const char *at, size_t len)
     }
     if (c->header_is_value || c->n_hdr == 0) {
         /* a new header: terminate the previous value, record the name */
-        if (c->n_hdr >= c->srv->cfg.max_headers) {
+        if (c->n_hdr >= c->srv->lim->max_headers) {
             c->reject_status = 431;
             return -1;
         }
@@ -467,6 +665,11 @@ static const char *conn_header(http_conn *c, const char *name)
 static int on_headers_complete(http_parser *p)
 {
     http_conn *c = pconn(p);
+    const http_limits *l = c->srv->lim;
+    if (p->http_major != 1 || p->http_minor > 1) { /* HTTP/1.0 and 1.1 only */
+        c->reject_status = 505;
+        return -1;
+    }
     if (c->url_end == 0) {
         if (head_end(c) < 0) return -1;
         c->url_end = c->head.len;
@@ -477,20 +680,38 @@ static int on_headers_complete(http_parser *p)
     for (uint32_t i = 0; i < c->n_hdr; i++)
         if (c->hdr_off[2 * i + 1] == SIZE_MAX) c->hdr_off[2 * i + 1] = c->head.len - 1;
     uint64_t cl = p->content_length;
-    if ((p->flags & F_CONTENTLENGTH) && cl > c->srv->cfg.max_body_bytes) {
+    if ((p->flags & F_CONTENTLENGTH) && cl > l->max_body_bytes) {
         c->reject_status = 413;
         return -1;
     }
+    c->head_done = 1;
+    c->body_expect = (p->flags & F_CONTENTLENGTH) ? cl
+                     : (p->flags & F_CHUNKED)     ? l->max_body_bytes
+                                                  : 0;
     const char *expect = conn_header(c, "Expect");
     if (expect && strcasecmp(expect, "100-continue") == 0)
         conn_write(c, "HTTP/1.1 100 Continue\r\n\r\n", 25, NULL, 0);
     return 0;
 }
 
+/* A chunked body is refused as soon as its declared chunk sizes pass the
+ * limit, before their bytes arrive. */
+static int on_chunk_header(http_parser *p)
+{
+    http_conn *c = pconn(p);
+    uint64_t n = p->content_length, max = c->srv->lim->max_body_bytes;
+    if (n > max || c->chunked_total + n > max) {
+        c->reject_status = 413;
+        return -1;
+    }
+    c->chunked_total += n;
+    return 0;
+}
+
 static int on_body(http_parser *p, const char *at, size_t len)
 {
     http_conn *c = pconn(p);
-    if (c->body.len + len > c->srv->cfg.max_body_bytes) {
+    if (c->body.len + len > c->srv->lim->max_body_bytes) {
         c->reject_status = 413;
         return -1;
     }
@@ -516,13 +737,14 @@ static const http_parser_settings k_settings = {
     .on_header_field = on_header_field,
     .on_header_value = on_header_value,
     .on_headers_complete = on_headers_complete,
+    .on_chunk_header = on_chunk_header,
     .on_body = on_body,
     .on_message_complete = on_message_complete,
 };
 
 static void conn_dispatch(http_conn *c)
 {
-    http_header hdrs[c->n_hdr ? c->n_hdr : 1];
+    http_header *hdrs = c->hdrs;
     for (uint32_t i = 0; i < c->n_hdr; i++) {
         hdrs[i].name = c->head.data + c->hdr_off[2 * i];
         hdrs[i].value = c->head.data + c->hdr_off[2 * i + 1];
@@ -532,11 +754,21 @@ static void conn_dispatch(http_conn *c)
     if (q) *q++ = 0;
     char *frag = strchr(q ? q : url, '#');
     if (frag) *frag = 0;
+    c->req_start = 0;
+    c->is_head = c->parser.method == HTTP_HEAD;
     if (dx_buf_reserve(&c->body, 1) < 0) { /* the body is within its limit: memory */
         conn_reject(c, 503, "out of memory; try again");
         return;
     }
     c->body.data[c->body.len] = 0;
+    if (c->health_only) { /* past its share of connections: /health, then close */
+        c->keep_alive = 0;
+        int get = c->parser.method == HTTP_GET || c->is_head;
+        if (!get || strcmp(url, "/health") != 0) {
+            conn_reject(c, 503, "server busy: too many connections; try again later");
+            return;
+        }
+    }
     http_req req = {
         .method = http_method_str(c->parser.method),
         .path = url,
@@ -545,28 +777,56 @@ static void conn_dispatch(http_conn *c)
         .n_headers = c->n_hdr,
         .body = c->body.data,
         .body_len = c->body.len,
-        .peer = c->has_peer ? (const struct sockaddr *)&c->peer : NULL,
+        .peer = c->has_peer ? (const struct sockaddr *)&c->peer_ss : NULL,
     };
     c->state = ST_BUSY;
     c->srv->cfg.on_request(c->srv->cfg.user, c, &req);
 }
 
+static int conn_partial(const http_conn *c)
+{
+    return c->in_message || c->in.len > 0;
+}
+
 static void on_timer(uv_timer_t *t)
 {
     http_conn *c = t->data;
+    if (c->state == ST_BUSY && c->close_after_write) { /* its last answer was never read */
+        conn_close(c);
+        return;
+    }
     if (c->state != ST_READING) return;
-    if (c->in_message || c->in.len > 0)
+    if (conn_partial(c)) {
+        c->srv->st.timeouts++;
         conn_reject(c, 408, "request not completed in time");
-    else
+    } else {
         conn_close(c); /* idle keep-alive */
+    }
 }
 
+/* Milliseconds a body of n bytes is given on top of the headers' time. */
+static uint64_t body_ms(const http_limits *l, uint64_t n)
+{
+    return (n * l->body_ms_per_mib + (1u << 20) - 1) >> 20;
+}
+
+/* Deadlines are absolute: from the request's first byte for a request in
+ * progress, from the last answer (or the accept) for an idle connection.
+ * Bytes that arrive — a byte of a request, a stray newline between
+ * requests — never move them. */
 static void conn_arm_timer(http_conn *c)
 {
-    const http_srv_config *cfg = &c->srv->cfg;
-    int partial = c->in_message || c->in.len > 0;
-    uv_timer_start(&c->timer, on_timer, partial ? cfg->request_timeout_ms : cfg->idle_timeout_ms,
-                   0);
+    const http_limits *l = c->srv->lim;
+    uint64_t now = uv_now(c->srv->loop), deadline;
+    if (!conn_partial(c)) {
+        c->req_start = 0;
+        deadline = c->idle_since + l->idle_timeout_ms;
+    } else {
+        if (!c->req_start) c->req_start = now;
+        deadline = c->req_start + l->request_timeout_ms;
+        if (c->head_done) deadline += body_ms(l, c->body_expect);
+    }
+    uv_timer_start(&c->timer, on_timer, deadline > now ? deadline - now : 0, 0);
 }
 
 static int reject_status_for(http_conn *c, enum http_errno err, const char **msg)
@@ -575,6 +835,8 @@ static int reject_status_for(http_conn *c, enum http_errno err, const char **msg
         *msg = "request body too large";
     else if (c->reject_status == 503)
         *msg = "out of memory; try again";
+    else if (c->reject_status == 505)
+        *msg = "HTTP version not supported (HTTP/1.0 and HTTP/1.1 are)";
     else if (c->reject_status == 431 || err == HPE_HEADER_OVERFLOW)
         *msg = "request line or headers too large";
     else
@@ -618,6 +880,19 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
     *buf = uv_buf_init(c->rbuf, sizeof c->rbuf);
 }
 
+/* The server holds more than its budget and c's bytes crossed it: a request
+ * being read gets 503, anything else is closed. */
+static void conn_over_budget(http_conn *c)
+{
+    c->srv->st.refused_budget++;
+    DX_LOGD("http: %zu bytes buffered, over the budget of %zu: refusing", c->srv->buffered,
+            c->srv->lim->max_buffered_bytes);
+    if (c->state == ST_READING)
+        conn_reject(c, 503, "server busy: too much request data in progress; try again later");
+    else
+        conn_close(c);
+}
+
 static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
 {
     http_conn *c = st->data;
@@ -637,23 +912,33 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
             conn_close(c);
         return;
     }
-    if (c->state == ST_READING) conn_process(c);
+    conn_charge(c);
+    if (over_budget(c->srv)) {
+        conn_over_budget(c);
+        return;
+    }
+    if (c->state != ST_READING) return;
+    conn_process(c);
+    conn_charge(c); /* the body grew as the input was parsed */
+    if (c->state == ST_READING && conn_partial(c) && over_budget(c->srv)) conn_over_budget(c);
 }
 
 /* ---- accepting ------------------------------------------------------- */
 
 static int conn_init(http_srv *s, http_conn *c)
 {
+    const http_limits *l = s->lim;
     c->srv = s;
-    dx_buf_init(&c->in, s->cfg.max_header_bytes + s->cfg.max_body_bytes + 65536);
-    dx_buf_init(&c->head, s->cfg.max_header_bytes + 2 * s->cfg.max_headers + 8);
-    dx_buf_init(&c->body, s->cfg.max_body_bytes + 1);
+    dx_buf_init(&c->in, l->max_header_bytes + l->max_body_bytes + 65536);
+    dx_buf_init(&c->head, l->max_header_bytes + 2 * l->max_headers + 8);
+    dx_buf_init(&c->body, l->max_body_bytes + 1);
     dx_buf_init(&c->wfly, 0); /* bounded by max_write_queue_bytes */
     dx_buf_init(&c->wnext, 0);
     c->wreq.data = c;
-    c->hdr_off = dx_calloc(2 * (size_t)s->cfg.max_headers, sizeof *c->hdr_off);
-    if (!c->hdr_off)
-        return dx_errf(DX_ENOMEM, "http: header table (%u headers)", s->cfg.max_headers);
+    c->hdr_off = dx_calloc(2 * (size_t)l->max_headers, sizeof *c->hdr_off);
+    c->hdrs = dx_calloc(l->max_headers, sizeof *c->hdrs);
+    if (!c->hdr_off || !c->hdrs)
+        return dx_errf(DX_ENOMEM, "http: header tables (%u headers)", l->max_headers);
     http_parser_init(&c->parser, HTTP_REQUEST);
     c->parser.data = c;
     c->tcp.data = c;
@@ -691,6 +976,77 @@ static void reject_one(http_srv *s)
     uv_close((uv_handle_t *)&s->reject, on_reject_closed);
 }
 
+/* A new connection that has not sent its first request yet is left alone
+ * this long: its client is about to, and would not retry a connection that
+ * never served it.  One idle between requests may go at once. */
+#define EVICT_FRESH_MS 1000
+
+/* Closes the connection idle the longest (nothing being read, nothing left
+ * to write, and between requests or quiet since it was accepted for a
+ * while); 0 if there is none. */
+static int evict_idle(http_srv *s)
+{
+    http_conn *v = NULL; /* the list is newest first: on a tie the later one is older */
+    uint64_t now = uv_now(s->loop);
+    for (http_conn *c = s->conns; c; c = c->next)
+        if (c->state == ST_READING && !conn_partial(c) && !conn_queued(c) &&
+            (c->served || now - c->idle_since >= EVICT_FRESH_MS) &&
+            (!v || c->idle_since <= v->idle_since))
+            v = c;
+    if (!v) return 0;
+    s->st.evicted_idle++;
+    DX_LOGD("http: closing an idle connection to make room");
+    conn_close(v);
+    return 1;
+}
+
+enum { ADMIT_NO, ADMIT_FULL, ADMIT_HEALTH };
+
+/* What a new connection from peer p may do.  The last `reserve` slots are
+ * for trusted peers and (half of them) for GET /health; an idle
+ * connection makes way for a new one. */
+static int admit(http_srv *s, const http_peer *p, int trusted)
+{
+    const http_limits *l = s->lim;
+    uint32_t reserve = http_srv_reserve(l), shared = l->max_conns - reserve;
+    if (trusted) return s->n_conns < l->max_conns || evict_idle(s) ? ADMIT_FULL : ADMIT_NO;
+    int peer_ok = p->n < l->max_conns_per_peer;
+    if (peer_ok && s->n_conns >= shared) evict_idle(s);
+    if (peer_ok && s->n_conns < shared) return ADMIT_FULL;
+    if (s->n_health_only < reserve / 2 && s->n_conns < l->max_conns) return ADMIT_HEALTH;
+    return ADMIT_NO;
+}
+
+static void conn_refuse(http_conn *c)
+{
+    static const char body[] = "{\"error\":{\"message\":\"server busy: too many connections; "
+                               "try again later\",\"type\":\"server_error\",\"param\":null,"
+                               "\"code\":null}}";
+    char rsp[512];
+    int n = snprintf(
+        rsp, sizeof rsp,
+        "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n" HTTP_RETRY_AFTER
+        "Connection: close\r\nContent-Length: %zu\r\n\r\n%s",
+        sizeof body - 1, body);
+    c->srv->st.refused_conns++;
+    uv_buf_t b = uv_buf_init(rsp, (unsigned)n);
+    uv_try_write((uv_stream_t *)&c->tcp, &b, 1); /* best effort: the socket is new and empty */
+    conn_close(c);
+}
+
+/* The peer's address, its entry and whether it is trusted; -1 if unknown. */
+static int conn_peer(http_srv *s, http_conn *c, int *trusted)
+{
+    struct sockaddr_storage ss;
+    int len = sizeof ss;
+    uint8_t addr[16];
+    if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&ss, &len) < 0 || peer_addr(&ss, addr) < 0)
+        return -1;
+    *trusted = is_trusted(s, addr);
+    c->peer = peer_get(s, addr);
+    return c->peer ? 0 : -1;
+}
+
 static void on_connection(uv_stream_t *server, int status)
 {
     http_srv *s = server->data;
@@ -700,7 +1056,10 @@ static void on_connection(uv_stream_t *server, int status)
     }
     http_conn *c = dx_calloc(1, sizeof *c);
     if (!c || conn_init(s, c) < 0 || uv_tcp_init(s->loop, &c->tcp) < 0) {
-        if (c) dx_free(c->hdr_off);
+        if (c) {
+            dx_free(c->hdr_off);
+            dx_free(c->hdrs);
+        }
         dx_free(c);
         DX_LOGW("http: out of memory accepting a connection; closing it");
         reject_one(s);
@@ -709,32 +1068,55 @@ static void on_connection(uv_stream_t *server, int status)
     uv_timer_init(s->loop, &c->timer);
     c->n_open_handles = 2;
     s->n_open++;
+    int accepted = uv_accept(server, (uv_stream_t *)&c->tcp) == 0, trusted = 0;
+    int how = accepted && conn_peer(s, c, &trusted) == 0 ? admit(s, c->peer, trusted) : ADMIT_NO;
     c->next = s->conns;
     if (s->conns) s->conns->prev = c;
     s->conns = c;
     s->n_conns++;
+    if (c->peer) c->peer->n++;
+    c->trusted = trusted;
+    c->health_only = how == ADMIT_HEALTH;
+    s->n_health_only += (size_t)c->health_only;
     c->state = ST_READING;
-    if (uv_accept(server, (uv_stream_t *)&c->tcp) < 0 || s->n_conns > s->cfg.max_conns) {
-        conn_close(c);
+    c->idle_since = uv_now(s->loop);
+    if (how == ADMIT_NO) {
+        if (accepted)
+            conn_refuse(c);
+        else
+            conn_close(c);
         return;
     }
-    int plen = sizeof c->peer;
-    c->has_peer = uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&c->peer, &plen) == 0;
+    int plen = sizeof c->peer_ss;
+    c->has_peer = uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&c->peer_ss, &plen) == 0;
     uv_tcp_nodelay(&c->tcp, 1); /* tokens go out as they come */
     uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
     conn_arm_timer(c);
 }
 
-static void fill_defaults(http_srv_config *c)
+void http_limits_defaults(http_limits *l)
 {
-    if (!c->host) c->host = "127.0.0.1";
-    if (!c->max_header_bytes) c->max_header_bytes = 16 << 10;
-    if (!c->max_body_bytes) c->max_body_bytes = 4 << 20;
-    if (!c->max_write_queue_bytes) c->max_write_queue_bytes = 16 << 20;
-    if (!c->max_headers) c->max_headers = 64;
-    if (!c->max_conns) c->max_conns = 4096;
-    if (!c->request_timeout_ms) c->request_timeout_ms = 30000;
-    if (!c->idle_timeout_ms) c->idle_timeout_ms = 120000;
+    if (!l->max_header_bytes) l->max_header_bytes = 16 << 10;
+    if (!l->max_body_bytes) l->max_body_bytes = 4 << 20;
+    if (!l->max_write_queue_bytes) l->max_write_queue_bytes = 16 << 20;
+    if (!l->max_buffered_bytes) {
+        size_t eight = 8 * l->max_body_bytes;
+        l->max_buffered_bytes = eight > ((size_t)256 << 20) ? eight : (size_t)256 << 20;
+    }
+    if (!l->max_headers) l->max_headers = 64;
+    if (!l->max_conns) l->max_conns = 4096;
+    if (!l->max_conns_per_peer) l->max_conns_per_peer = l->max_conns / 4 ? l->max_conns / 4 : 1;
+    if (!l->request_timeout_ms) l->request_timeout_ms = 30000;
+    if (!l->body_ms_per_mib) l->body_ms_per_mib = 1000;
+    if (!l->idle_timeout_ms) l->idle_timeout_ms = 120000;
+}
+
+uint32_t http_srv_reserve(const http_limits *l)
+{
+    uint32_t r = l->max_conns / 16;
+    if (r < 2) r = 2;
+    if (r > 256) r = 256;
+    return r <= l->max_conns / 2 ? r : l->max_conns / 2;
 }
 
 static int srv_bind(http_srv *s)
@@ -762,6 +1144,21 @@ static void on_listener_closed(uv_handle_t *h)
     srv_maybe_free(s);
 }
 
+/* The trusted peers as 16-byte addresses; DX_EINVAL naming a bad one. */
+static int srv_trust(http_srv *s)
+{
+    const http_limits *l = s->lim;
+    s->trusted = dx_calloc(l->n_trusted ? l->n_trusted : 1, sizeof *s->trusted);
+    if (!s->trusted) return dx_errf(DX_ENOMEM, "out of memory");
+    for (size_t i = 0; i < l->n_trusted; i++)
+        if (parse_ip(l->trusted[i], s->trusted[i]) < 0)
+            return dx_errf(DX_EINVAL, "trusted peer '%.64s' is not an IP address", l->trusted[i]);
+    s->n_trusted = l->n_trusted;
+    s->lim->trusted = NULL; /* parsed: the strings need not outlive the call */
+    s->lim->n_trusted = 0;
+    return 0;
+}
+
 int http_srv_create(uv_loop_t *loop, const http_srv_config *cfg, http_srv **out)
 {
     *out = NULL;
@@ -770,14 +1167,19 @@ int http_srv_create(uv_loop_t *loop, const http_srv_config *cfg, http_srv **out)
     if (!s) return dx_errf(DX_ENOMEM, "http: server");
     s->loop = loop;
     s->cfg = *cfg;
-    fill_defaults(&s->cfg);
-    snprintf(s->host, sizeof s->host, "%s", s->cfg.host);
+    s->lim = &s->cfg.lim;
+    http_limits_defaults(s->lim);
+    snprintf(s->host, sizeof s->host, "%s", s->cfg.host ? s->cfg.host : "127.0.0.1");
     s->cfg.host = s->host;
+    if (getrandom(&s->peer_seed, sizeof s->peer_seed, GRND_NONBLOCK) != sizeof s->peer_seed)
+        s->peer_seed = (uint64_t)(uintptr_t)s ^ uv_hrtime();
+    int rc = dx_hidx_create(64, &s->peers);
+    if (!rc) rc = srv_trust(s);
     uv_tcp_init(loop, &s->listener);
     s->listener.data = s;
     s->n_open = 1;
     s->listening = 1;
-    int rc = srv_bind(s);
+    if (!rc) rc = srv_bind(s);
     if (rc < 0) {
         s->destroying = 1;
         s->listening = 0;
@@ -796,6 +1198,51 @@ int http_srv_port(const http_srv *s)
 size_t http_srv_n_conns(const http_srv *s)
 {
     return s->n_conns;
+}
+
+void http_srv_get_stats(const http_srv *s, http_srv_stats *out)
+{
+    *out = s->st;
+    out->conns = s->n_conns;
+    out->health_only = s->n_health_only;
+    out->buffered = s->buffered;
+}
+
+int http_srv_write_metrics(const http_srv *s, const char *prefix, dx_buf *b)
+{
+    http_srv_stats st;
+    http_srv_get_stats(s, &st);
+    static const struct {
+        const char *name, *help;
+        int counter;
+        size_t off;
+    } k[] = {
+        {"http_connections", "Open HTTP connections", 0, offsetof(http_srv_stats, conns)},
+        {"http_connections_health_only", "Connections past their share, limited to GET /health", 0,
+         offsetof(http_srv_stats, health_only)},
+        {"http_buffered_bytes", "Bytes in all HTTP connections' buffers", 0,
+         offsetof(http_srv_stats, buffered)},
+        {"http_refused_connections_total",
+         "Connections answered 503 at once: no connection left for them", 1,
+         offsetof(http_srv_stats, refused_conns)},
+        {"http_refused_buffer_total",
+         "Requests refused (503) or connections closed past the buffer budget", 1,
+         offsetof(http_srv_stats, refused_budget)},
+        {"http_evicted_idle_total", "Idle keep-alive connections closed to make room", 1,
+         offsetof(http_srv_stats, evicted_idle)},
+        {"http_request_timeouts_total", "Requests not received by their deadline (408)", 1,
+         offsetof(http_srv_stats, timeouts)},
+    };
+    int rc = 0;
+    for (size_t i = 0; !rc && i < DX_ARRAY_LEN(k); i++) {
+        char name[128];
+        snprintf(name, sizeof name, "%s_%s", prefix, k[i].name);
+        const char *f = (const char *)&st + k[i].off;
+        double v = k[i].counter ? (double)*(const uint64_t *)f : (double)*(const size_t *)f;
+        rc = k[i].counter ? prom_write_counter(b, name, k[i].help, v)
+                          : prom_write_gauge(b, name, k[i].help, v);
+    }
+    return rc;
 }
 
 void http_srv_stop_accepting(http_srv *s)

@@ -59,11 +59,11 @@ int node_pd_parse(node_server *s, node_req *q, oai_err *err)
         /* they would make this node pull from, or hold KV for, an address
          * the caller names: only the router (the internal key) and trusted
          * ranges give them (http_auth.h); the request runs as a plain one */
-        s->pd.params_untrusted++;
+        pd->params_untrusted = 1;
         DX_LOGD("%s: kv_transfer_params ignored: the caller did not present the internal key",
                 q->id);
     } else if (q->o.kv_transfer_params && !k) {
-        s->pd.params_ignored++; /* no KV port: plain request */
+        pd->params_ignored = 1; /* no KV port: a plain request */
     } else if (q->o.kv_transfer_params) {
         kvtp_limits lim = {s->be.n_vocab, block_size(s), s->be.n_ctx};
         int rc = kvtp_parse(q->o.kv_transfer_params, &lim, &pd->in, err);
@@ -96,10 +96,20 @@ void node_pd_hist_src(node_server *s, node_req *q, hist_src *src)
 
 void node_pd_hist_done(node_server *s, node_req *q, const hist_src *src)
 {
-    (void)q;
-    s->pd.replies_from_seq += src->from_seq;
-    s->pd.replies_from_mem += src->from_mem;
-    s->pd.replies_retokenised += src->retokenised;
+    (void)s;
+    q->pd.from_seq = src->from_seq;
+    q->pd.from_mem = src->from_mem;
+    q->pd.retokenised = src->retokenised;
+}
+
+void node_pd_prepared(node_server *s, node_req *q)
+{
+    node_pd_stats *st = &s->pd;
+    st->params_ignored += (uint64_t)q->pd.params_ignored;
+    st->params_untrusted += (uint64_t)q->pd.params_untrusted;
+    st->replies_from_seq += q->pd.from_seq;
+    st->replies_from_mem += q->pd.from_mem;
+    st->replies_retokenised += q->pd.retokenised;
 }
 
 int node_pd_wants_text(node_server *s, const node_req *q)

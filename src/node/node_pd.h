@@ -7,6 +7,10 @@
  *                       sequence and the node's reply memory
  *                       (node_pd_hist_src), so prefill and decode nodes
  *                       agree on the tokens wherever they can
+ *                       (these two run on a preparation thread: they read
+ *                       the server's configuration only and leave their
+ *                       counts in the request)
+ *   node_pd_prepared    (loop) those counts into the metrics
  *   node_pd_plan        this node's cached prefix, and — when the params name
  *                       a holder that can supply at least the threshold more
  *                       tokens — a pull on a worker thread; the request is
@@ -59,6 +63,10 @@ typedef struct {
     uv_work_t work;
     int pulling;
     int below_threshold;
+    /* Preparation → loop (node_pd_prepared). */
+    int params_ignored;   /* params given to a node without a KV port */
+    int params_untrusted; /* params from a caller without the internal key */
+    uint32_t from_seq, from_mem, retokenised;
     /* Engine thread → loop (written before the DONE event hands q over). */
     int held, hold_failed;
     xfer_token lease;
@@ -90,6 +98,7 @@ void node_pd_stats_free(node_pd_stats *st);
 int node_pd_parse(node_server *s, node_req *q, oai_err *err);
 void node_pd_hist_src(node_server *s, node_req *q, hist_src *src);
 void node_pd_hist_done(node_server *s, node_req *q, const hist_src *src);
+void node_pd_prepared(node_server *s, node_req *q);
 /* The client's text must be kept even when streamed (the reply memory). */
 int node_pd_wants_text(node_server *s, const node_req *q);
 /* 1: a pull is under way (node_server_submit follows it); 0: submit now. */

@@ -22,8 +22,7 @@ typedef struct {
     int port;
     enum node_role role;
     engine_config engine; /* threads, pool, dtype, batch, queue, context, prefix caching */
-    size_t max_body_bytes;
-    uint64_t request_timeout_ms;
+    http_limits http;     /* what clients may use (http_conn.h; 0 = defaults) */
     double shutdown_grace_s;
     /* KV port: -1 = off (the default for role both), 0 = any free port.
      * Roles prefill and decode always run one. */

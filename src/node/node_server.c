@@ -1,11 +1,15 @@
 /* node_server: routes, the completion path and the engine-event hand-off
  * (see .h).
  *
- * A completion request becomes a node_req when the backend accepts it and
- * lives until its final (DONE) event has been handled on the loop — even if
- * the client left earlier, because the engine still holds the pointer as its
- * callback's user data.  The client leaving only clears req->conn and cancels
- * the engine request.
+ * A completion request becomes a node_req when it arrives; it is prepared
+ * (parsed, its P/D params read, its prompt tokenised) on the work pool while
+ * the loop serves the rest, holding the connection so that its body stays;
+ * then it goes to the P/D plan and the backend.  Once the backend has
+ * accepted it, it lives until its final (DONE) event has been handled on
+ * the loop — even if the client left earlier, because the engine still
+ * holds the pointer as its callback's user data.  The client leaving only
+ * clears req->conn and cancels the engine request (or, during preparation or
+ * a pull, lets their end free it).
  *
  * Engine events reach the loop without an allocation per token: the engine
  * thread appends a TOKENS event's text to the request's own pending buffer
@@ -50,7 +54,7 @@
 #include "node/prom.h"
 
 /* Clients may try again after a 503 (queue full, shutting down, loading). */
-static const char k_retry_after[] = "Retry-After: 1\r\n";
+static const char k_retry_after[] = HTTP_RETRY_AFTER;
 
 const char *node_role_name(enum node_role r)
 {
@@ -105,8 +109,7 @@ static void respond_error(node_server *s, http_conn *c, const http_req *r, int s
     dx_buf_init(&b, 0);
     oai_error_json(&b, msg, oai_error_type(status), param, code);
     const char *hdr = status == 503 ? k_retry_after : NULL;
-    if (status == 405)
-        hdr = strstr(r->path, "completions") ? "Allow: POST\r\n" : "Allow: GET\r\n";
+    if (status == 405) hdr = http_allow_header(r->path);
     respond_json(s, c, r->method, r->path, status, hdr, &b, t0);
     dx_buf_free(&b);
 }
@@ -195,8 +198,7 @@ static void route_metrics(node_server *s, http_conn *c, const http_req *r, uint6
                        (double)s->cached_tokens);
     prom_write_counter(&b, "duplex_request_generation_tokens_total",
                        "Tokens generated for finished requests", (double)s->gen_tokens);
-    prom_write_gauge(&b, "duplex_http_connections", "Open HTTP connections",
-                     (double)http_srv_n_conns(s->http));
+    http_srv_write_metrics(s->http, "duplex", &b);
     prom_write_gauge(&b, "duplex_node_ready", "1 once the model is loaded", s->ready);
     write_engine_metrics(s, &b);
     http_conn_respond(c, 200, "text/plain; version=0.0.4", NULL, b.data, b.len);
@@ -309,7 +311,8 @@ static void on_client_gone(void *user)
 {
     node_req *q = user;
     q->conn = NULL;
-    if (q->pd.pulling) return; /* not with the engine yet: the pull's end frees it */
+    /* not with the engine yet: the preparation's or the pull's end frees it */
+    if (q->preparing || q->pd.pulling) return;
     q->srv->be.cancel(q->srv->be.self, q->engine_id);
     DX_LOGD("%s: client disconnected, canceled", q->id);
 }
@@ -412,33 +415,39 @@ static void fill_engine_request(node_req *q, engine_request *er)
     er->user = q;
 }
 
-/* Takes ownership of *o (the caller must not free it).  who: the caller's
- * credentials (whether its kv_transfer_params count, its namespace). */
-static node_req *req_new(node_server *s, oai_req *o, http_conn *c, const http_auth_result *who,
-                         uint64_t t0)
+/* A request before it is parsed: its route, id and the answer's meta.
+ * who: the caller's credentials (whether its kv_transfer_params count, its
+ * namespace), kept for the preparation. */
+static node_req *req_new(node_server *s, http_conn *c, enum oai_kind kind,
+                         const http_auth_result *who, uint64_t t0)
 {
     node_req *q = dx_calloc(1, sizeof *q);
     if (!q) return NULL;
     q->srv = s;
     q->conn = c;
-    q->o = *o;
-    memset(o, 0, sizeof *o);
+    q->kind = kind;
+    q->who = *who;
+    q->who.message = NULL;
     q->trusted = who->trusted;
-    http_auth_cache_salt(s->cfg.auth, who, q->o.cache_salt, q->o.cache_salt_len, q->salt);
-    q->stream = q->o.stream;
-    q->include_usage = q->o.stream && q->o.include_usage;
-    q->logprobs = q->o.logprobs;
-    q->top_logprobs = q->o.top_logprobs;
     q->t_start_ns = t0;
-    q->path = q->o.kind == OAI_CHAT ? "/v1/chat/completions" : "/v1/completions";
-    oai_make_id(q->id, sizeof q->id, q->o.kind == OAI_CHAT ? "chatcmpl" : "cmpl");
-    q->meta = (oai_meta){q->o.kind, q->id, served_name(s), (int64_t)time(NULL)};
+    q->path = kind == OAI_CHAT ? "/v1/chat/completions" : "/v1/completions";
+    oai_make_id(q->id, sizeof q->id, kind == OAI_CHAT ? "chatcmpl" : "cmpl");
+    q->meta = (oai_meta){kind, q->id, served_name(s), (int64_t)time(NULL)};
     dx_buf_init(&q->text, 0);
     dx_buf_init(&q->pend, 0);
     dx_buf_init(&q->pend_cuts, 0);
     dx_buf_init(&q->pend_lp, 0);
     dx_buf_init(&q->lp_all, 0);
     return q;
+}
+
+/* What the answer needs from the parsed request. */
+static void req_take_parsed(node_req *q)
+{
+    q->stream = q->o.stream;
+    q->include_usage = q->o.stream && q->o.include_usage;
+    q->logprobs = q->o.logprobs;
+    q->top_logprobs = q->o.top_logprobs;
 }
 
 static void start_stream(node_req *q)
@@ -463,13 +472,14 @@ static void start_stream(node_req *q)
 
 static void maybe_stopped(node_server *s);
 
-void node_server_fail_early(node_server *s, node_req *q, int status, const char *msg,
-                            const char *param)
+/* node_server_fail_early with the error's OpenAI code (or NULL). */
+static void fail_early_code(node_server *s, node_req *q, int status, const char *msg,
+                            const char *param, const char *code)
 {
     if (q->conn) {
         dx_buf b;
         dx_buf_init(&b, 0);
-        oai_error_json(&b, msg, oai_error_type(status), param, NULL);
+        oai_error_json(&b, msg, oai_error_type(status), param, code);
         http_conn_set_abort(q->conn, NULL, NULL);
         http_conn_respond(q->conn, status, "application/json",
                           status == 503 ? k_retry_after : NULL, b.data, b.len);
@@ -480,6 +490,12 @@ void node_server_fail_early(node_server *s, node_req *q, int status, const char 
     req_unlink(q);
     req_free(q);
     if (s->draining) maybe_stopped(s);
+}
+
+void node_server_fail_early(node_server *s, node_req *q, int status, const char *msg,
+                            const char *param)
+{
+    fail_early_code(s, q, status, msg, param, NULL);
 }
 
 /* Chat answers go through the tool-call/reasoning parser when the request
@@ -544,52 +560,137 @@ int node_server_submit(node_server *s, node_req *q)
     return 0;
 }
 
-/* POST /tokenize (vLLM's): the prompt tokens a completion or chat request
- * with the same "prompt" or "messages" (tools, chat_template_kwargs) would
- * run on — the same path, token-faithful history included.  POST
- * /detokenize: {"tokens": [...]} back to text. */
-static void route_tokenize(node_server *s, http_conn *c, const http_req *r,
-                           const http_auth_result *who, uint64_t t0)
+/* ---- preparation, off the loop -------------------------------------------- */
+
+/* POST /tokenize takes a completion's "prompt" or a chat's "messages". */
+static enum oai_kind tokenize_kind(const node_req *q)
 {
-    if (!s->ready) {
-        respond_error(s, c, r, 503, "the model is still loading", NULL, NULL, t0);
-        return;
-    }
     json_error_t je;
-    json_t *root = json_loadb(r->body, r->body_len, JSON_ALLOW_NUL, &je);
+    json_t *root = json_loadb(q->body, q->body_len, JSON_ALLOW_NUL, &je);
     enum oai_kind kind = json_object_get(root, "messages") ? OAI_CHAT : OAI_COMPLETION;
     json_decref(root);
-    oai_req o;
-    oai_err err;
+    return kind;
+}
+
+/* Pool thread: parse, check, P/D params, the prompt's tokens.  Touches only
+ * q (never q->conn) and what the server does not change while serving. */
+static void prep_run(work_job *j)
+{
+    node_req *q = (node_req *)((char *)j - offsetof(node_req, job));
+    node_server *s = q->srv;
+    oai_err *err = &q->prep_err;
     oai_parse_opts opts = {.n_vocab = s->be.n_vocab};
-    if (oai_req_parse(kind, r->body, r->body_len, &opts, &o, &err) < 0) {
-        respond_error(s, c, r, err.status, err.message, err.param, NULL, t0);
+    if (q->tokenize) q->kind = tokenize_kind(q);
+    q->prep_rc = oai_req_parse(q->kind, q->body, q->body_len, &opts, &q->o, err);
+    if (q->prep_rc < 0) return;
+    if (!q->tokenize && strcmp(q->o.model, served_name(s)) &&
+        strcmp(q->o.model, s->be.model_name)) {
+        err->status = 404;
+        snprintf(err->message, sizeof err->message, "The model '%.160s' does not exist",
+                 q->o.model);
+        snprintf(err->param, sizeof err->param, "model");
+        q->prep_code = "model_not_found";
+        q->prep_rc = DX_ENOENT;
         return;
     }
-    node_req *q = req_new(s, &o, c, who, t0);
+    req_take_parsed(q);
+    http_auth_cache_salt(s->cfg.auth, &q->who, q->o.cache_salt, q->o.cache_salt_len, q->salt);
+    q->prep_rc = node_pd_parse(s, q, err);
+    if (!q->prep_rc) q->prep_rc = encode_prompt(s, q, err);
+    if (q->prep_rc < 0 && !err->status) { /* the message is this thread's: keep it */
+        err->status = 500;
+        snprintf(err->message, sizeof err->message, "%s", dx_errmsg());
+    }
+}
+
+/* POST /tokenize (vLLM's) answers the prompt tokens a completion or chat
+ * request with the same "prompt" or "messages" (tools, chat_template_kwargs)
+ * would run on: it is prepared on the same path, token-faithful history
+ * included.  (POST /detokenize, {"tokens": [...]} back to text, is cheap
+ * and answered on the loop.) */
+static void answer_tokens(node_server *s, node_req *q)
+{
+    dx_buf b;
+    dx_buf_init(&b, 0);
+    int rc = dx_buf_printf(&b, "{\"count\":%zu,\"max_model_len\":%u,\"tokens\":[", q->n_prompt,
+                           s->be.n_ctx);
+    for (size_t i = 0; !rc && i < q->n_prompt; i++)
+        rc = dx_buf_printf(&b, i ? ",%d" : "%d", q->prompt[i]);
+    if (!rc) rc = dx_buf_puts(&b, "]}");
+    http_conn_set_abort(q->conn, NULL, NULL);
+    if (rc)
+        fail_early_code(s, q, 500, "out of memory", NULL, NULL);
+    else {
+        respond_json(s, q->conn, "POST", q->path, 200, NULL, &b, q->t_start_ns);
+        req_unlink(q);
+        req_free(q);
+        if (s->draining) maybe_stopped(s);
+    }
+    dx_buf_free(&b);
+}
+
+/* Loop: the preparation is over (or was dropped, at destroy): answer a
+ * failure, /tokenize, or go on to the P/D plan and the engine. */
+static void prep_done(work_job *j)
+{
+    node_req *q = (node_req *)((char *)j - offsetof(node_req, job));
+    node_server *s = q->srv;
+    q->preparing = 0;
+    http_conn_release(q->held); /* the body has been read */
+    q->held = NULL;
+    q->body = NULL;
+    node_pd_prepared(s, q);
+    if (j->canceled) { /* the server is being destroyed */
+        if (q->conn) http_conn_set_abort(q->conn, NULL, NULL);
+        req_unlink(q);
+        req_free(q);
+        return;
+    }
+    if (!q->conn) { /* the client left while its request was being prepared */
+        node_server_fail_early(s, q, 499, "client gone", NULL);
+        return;
+    }
+    if (q->prep_rc < 0) {
+        const oai_err *e = &q->prep_err;
+        fail_early_code(s, q, e->status, e->message, e->param[0] ? e->param : NULL, q->prep_code);
+        return;
+    }
+    if (q->tokenize) {
+        answer_tokens(s, q);
+        return;
+    }
+    q->keep_text = !q->stream || node_pd_wants_text(s, q);
+    if (node_pd_plan(s, q) == 1) return; /* pulling on a worker thread; submitted when done */
+    node_server_submit(s, q);
+}
+
+/* A completion or /tokenize request is prepared on the pool, holding the
+ * connection (its body) until then; the loop goes on serving meanwhile. */
+static void route_prepare(node_server *s, http_conn *c, const http_req *r, enum oai_kind kind,
+                          int tokenize, const http_auth_result *who, uint64_t t0)
+{
+    if (!s->ready || (s->draining && !tokenize)) {
+        respond_error(s, c, r, 503,
+                      s->ready ? "the server is shutting down" : "the model is still loading", NULL,
+                      NULL, t0);
+        return;
+    }
+    node_req *q = req_new(s, c, kind, who, t0);
     if (!q) {
-        oai_req_free(&o);
         respond_error(s, c, r, 500, "out of memory", NULL, NULL, t0);
         return;
     }
-    memset(&err, 0, sizeof err);
-    int rc = node_pd_parse(s, q, &err);
-    if (!rc) rc = encode_prompt(s, q, &err);
-    if (rc < 0) {
-        int st = err.status ? err.status : 500;
-        respond_error(s, c, r, st, err.status ? err.message : dx_errmsg(), err.param, NULL, t0);
-    } else {
-        dx_buf b;
-        dx_buf_init(&b, 0);
-        rc = dx_buf_printf(&b, "{\"count\":%zu,\"max_model_len\":%u,\"tokens\":[", q->n_prompt,
-                           s->be.n_ctx);
-        for (size_t i = 0; !rc && i < q->n_prompt; i++)
-            rc = dx_buf_printf(&b, i ? ",%d" : "%d", q->prompt[i]);
-        if (!rc) rc = dx_buf_puts(&b, "]}");
-        respond_json(s, c, "POST", r->path, 200, NULL, &b, t0);
-        dx_buf_free(&b);
-    }
-    req_free(q);
+    if (tokenize) q->path = "/tokenize";
+    q->tokenize = tokenize;
+    q->body = r->body;
+    q->body_len = r->body_len;
+    q->held = c;
+    http_conn_hold(c);
+    q->preparing = 1;
+    req_link(q); /* a shutdown waits for it */
+    http_conn_set_abort(c, on_client_gone, q);
+    q->job = (work_job){.run = prep_run, .done = prep_done};
+    work_pool_submit(s->prep, &q->job);
 }
 
 static void route_detokenize(node_server *s, http_conn *c, const http_req *r, uint64_t t0)
@@ -637,58 +738,13 @@ static void route_detokenize(node_server *s, http_conn *c, const http_req *r, ui
     dx_buf_free(&b);
 }
 
-static void route_completion(node_server *s, http_conn *c, const http_req *r, enum oai_kind kind,
-                             const http_auth_result *who, uint64_t t0)
-{
-    if (!s->ready || s->draining) {
-        respond_error(s, c, r, 503,
-                      s->draining ? "the server is shutting down" : "the model is still loading",
-                      NULL, NULL, t0);
-        return;
-    }
-    oai_req o;
-    oai_err err;
-    oai_parse_opts opts = {.n_vocab = s->be.n_vocab};
-    if (oai_req_parse(kind, r->body, r->body_len, &opts, &o, &err) < 0) {
-        respond_error(s, c, r, err.status, err.message, err.param, NULL, t0);
-        return;
-    }
-    if (strcmp(o.model, served_name(s)) != 0 && strcmp(o.model, s->be.model_name) != 0) {
-        char msg[256];
-        snprintf(msg, sizeof msg, "The model '%.160s' does not exist", o.model);
-        respond_error(s, c, r, 404, msg, "model", "model_not_found", t0);
-        oai_req_free(&o);
-        return;
-    }
-    node_req *q = req_new(s, &o, c, who, t0);
-    if (!q) {
-        oai_req_free(&o);
-        respond_error(s, c, r, 500, "out of memory", NULL, NULL, t0);
-        return;
-    }
-    memset(&err, 0, sizeof err);
-    int rc = node_pd_parse(s, q, &err);
-    if (!rc) rc = encode_prompt(s, q, &err);
-    if (rc < 0) {
-        int st = err.status ? err.status : 500;
-        respond_error(s, c, r, st, err.status ? err.message : dx_errmsg(), err.param, NULL, t0);
-        req_free(q);
-        return;
-    }
-    q->keep_text = !q->stream || node_pd_wants_text(s, q);
-    if (node_pd_plan(s, q) == 1) { /* pulling on a worker thread; submitted when done */
-        req_link(q);
-        http_conn_set_abort(c, on_client_gone, q);
-        return;
-    }
-    node_server_submit(s, q);
-}
-
 static void on_request(void *user, http_conn *c, const http_req *r)
 {
     node_server *s = user;
     uint64_t t0 = dx_now_ns();
-    int get = !strcmp(r->method, "GET"), post = !strcmp(r->method, "POST");
+    /* HEAD is GET without the body (http_conn leaves it out) */
+    int get = !strcmp(r->method, "GET") || !strcmp(r->method, "HEAD");
+    int post = !strcmp(r->method, "POST");
     const char *p = r->path;
     int is_get_route = !strcmp(p, "/health") || !strcmp(p, "/v1/models") || !strcmp(p, "/metrics");
     int is_post_route = !strcmp(p, "/v1/chat/completions") || !strcmp(p, "/v1/completions") ||
@@ -708,11 +764,11 @@ static void on_request(void *user, http_conn *c, const http_req *r)
     else if (!strcmp(p, "/metrics"))
         route_metrics(s, c, r, t0);
     else if (!strcmp(p, "/v1/chat/completions"))
-        route_completion(s, c, r, OAI_CHAT, &who, t0);
+        route_prepare(s, c, r, OAI_CHAT, 0, &who, t0);
     else if (!strcmp(p, "/v1/completions"))
-        route_completion(s, c, r, OAI_COMPLETION, &who, t0);
+        route_prepare(s, c, r, OAI_COMPLETION, 0, &who, t0);
     else if (!strcmp(p, "/tokenize"))
-        route_tokenize(s, c, r, &who, t0);
+        route_prepare(s, c, r, OAI_COMPLETION, 1, &who, t0);
     else if (!strcmp(p, "/detokenize"))
         route_detokenize(s, c, r, t0);
     else
@@ -1070,7 +1126,8 @@ static void on_grace_over(uv_timer_t *t)
 {
     node_server *s = t->data;
     DX_LOGW("shutdown: grace period over, canceling %zu requests", s->n_active);
-    for (node_req *q = s->active; q; q = q->next) s->be.cancel(s->be.self, q->engine_id);
+    for (node_req *q = s->active; q; q = q->next)
+        if (!q->preparing && !q->pd.pulling) s->be.cancel(s->be.self, q->engine_id);
 }
 
 void node_server_shutdown(node_server *s)
@@ -1117,14 +1174,20 @@ int node_server_create(uv_loop_t *loop, const node_server_config *cfg, node_serv
     http_srv_config hc = {
         .host = cfg->host,
         .port = cfg->port,
-        .max_body_bytes = cfg->max_body_bytes,
-        .request_timeout_ms = cfg->request_timeout_ms,
-        .idle_timeout_ms = cfg->idle_timeout_ms,
+        .lim = cfg->http,
         .on_request = on_request,
         .user = s,
     };
     int rc = http_srv_create(loop, &hc, &s->http);
     if (rc < 0) {
+        prom_family_free(&s->requests);
+        hist_mem_destroy(s->mem);
+        dx_free(s);
+        return rc;
+    }
+    rc = work_pool_create(loop, cfg->prep_threads > 0 ? cfg->prep_threads : 2, &s->prep);
+    if (rc < 0) {
+        http_srv_destroy(s->http);
         prom_family_free(&s->requests);
         hist_mem_destroy(s->mem);
         dx_free(s);
@@ -1169,7 +1232,8 @@ static void on_handle_closed(uv_handle_t *h)
 void node_server_destroy(node_server *s)
 {
     if (!s) return;
-    drain_events(s);    /* final events the backend delivered while stopping */
+    work_pool_destroy(s->prep); /* preparations in flight end here (their done frees them) */
+    drain_events(s);            /* final events the backend delivered while stopping */
     while (s->active) { /* only if the backend never finished them */
         node_req *q = s->active;
         if (q->conn) http_conn_set_abort(q->conn, NULL, NULL);

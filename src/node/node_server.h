@@ -1,10 +1,13 @@
 /* node_server: the node's OpenAI-compatible HTTP API on a libuv loop.
  *
  * Routes: POST /v1/chat/completions, POST /v1/completions (JSON or SSE),
- * GET /v1/models, GET /health, GET /metrics.  The server reaches the engine
- * through node_backend, a table of functions over engine_* and the model's
+ * POST /tokenize, POST /detokenize, GET /v1/models, GET /health, GET
+ * /metrics (HEAD like GET).  The server reaches the engine through
+ * node_backend, a table of functions over engine_* and the model's
  * tokenizer (node_engine.h), which keeps the tokenizer and chat template out
- * of this file.  Engine events
+ * of this file; a request's parsing and tokenising run on a small work pool
+ * (work_pool.h), so encode_chat and encode_text are called off the loop, on
+ * several threads at once.  Engine events
  * arrive on the engine's thread, are copied under a mutex into the
  * request's own reused buffers (no allocation per token), the request is
  * put on a ready list and the loop is woken with uv_async_send; only the
@@ -26,6 +29,7 @@
 #include "model/chat_tmpl.h"
 #include "model/model_chat.h"
 #include "node/http_auth.h"
+#include "node/http_conn.h"
 #include "node/node_kv.h"
 
 enum node_role { NODE_ROLE_BOTH, NODE_ROLE_PREFILL, NODE_ROLE_DECODE };
@@ -68,9 +72,7 @@ typedef struct {
     const char *host; /* default 127.0.0.1 */
     int port;         /* 0 = ephemeral */
     enum node_role role;
-    size_t max_body_bytes;       /* default 4 MiB */
-    uint64_t request_timeout_ms; /* default 30 s */
-    uint64_t idle_timeout_ms;    /* default 120 s */
+    http_limits http;            /* what clients may use (http_conn.h; 0 = defaults) */
     double shutdown_grace_s;     /* default 10 */
     /* The name /v1/models lists and answers carry (--served-model-name);
      * requests may name it or the model file's name.  NULL: the file's. */
@@ -84,6 +86,7 @@ typedef struct {
     uint32_t recompute_threshold;  /* default 64 (0 means the default; 1 pulls anything) */
     int no_prefix_cache;           /* --no-enable-prefix-caching */
     double history_ttl_s;          /* memory of generated replies; default 480 */
+    int prep_threads;              /* threads preparing requests off the loop; default 2 */
     /* Called on the loop thread when a shutdown has drained. */
     void (*on_stopped)(void *user);
     void *user;

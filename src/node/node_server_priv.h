@@ -17,6 +17,7 @@
 #include "node/oai_resp.h"
 #include "node/oai_tools.h"
 #include "node/prom.h"
+#include "node/work_pool.h"
 
 typedef struct node_req node_req;
 
@@ -52,6 +53,19 @@ struct node_req {
     node_server *srv;
     node_req *prev, *next; /* active list */
     int linked;            /* on the active list */
+    /* Preparation — parsing, the P/D params, the prompt's tokens — runs on
+     * the server's work pool (prep_run); until its done the loop touches
+     * only conn and preparing. */
+    work_job job;
+    int preparing; /* loop: with the pool */
+    int tokenize;  /* POST /tokenize: the answer is the prompt's tokens */
+    enum oai_kind kind;
+    http_conn *held;  /* held while its body is read off the loop */
+    const char *body; /* the request body (held's) */
+    size_t body_len;
+    int prep_rc; /* pool → loop: 0, or the failure in prep_err */
+    oai_err prep_err;
+    const char *prep_code; /* the error's OpenAI code, or NULL */
     oai_req o;             /* the parsed request, until the engine has it */
     http_conn *conn;       /* NULL once the client is gone */
     uint64_t engine_id;
@@ -75,6 +89,7 @@ struct node_req {
     size_t n_prompt;
     node_pd_req pd;
     int trusted;                  /* the caller may give kv_transfer_params (http_auth.h) */
+    http_auth_result who;         /* the caller's credentials, for the preparation */
     uint8_t salt[HTTP_AUTH_SALT]; /* its prefix-cache namespace; all zero: shared */
     int lost;    /* loop: text was lost (out of memory); the request is canceled */
     /* Engine thread → loop, guarded by srv->mu. */
@@ -112,6 +127,7 @@ struct node_server {
     prom_hist ttft, engine_ttft, tpot, e2e;
     uint64_t gen_tokens, prompt_tokens, cached_tokens;
     hist_mem *mem;   /* replies this node generated (token-faithful history) */
+    work_pool *prep; /* requests' preparation, off the loop */
     node_pd_stats pd; /* loop thread only */
 };
 

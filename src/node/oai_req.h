@@ -18,7 +18,15 @@
 
 enum oai_kind { OAI_CHAT, OAI_COMPLETION };
 
-#define OAI_MAX_STOP 16
+/* Limits on what a request may ask for (docs/api.md, "Limits"), each a 400
+ * naming the field and the limit.  Nodes and the router parse with the same
+ * code, so they agree.  OpenAI allows 4 stop strings, 2048 messages and 128
+ * tools; these are deliberately more permissive (vLLM sets no count), while
+ * keeping the work and memory a request can demand bounded. */
+#define OAI_MAX_STOP       16
+#define OAI_MAX_STOP_BYTES (64u << 10) /* all stop strings together */
+#define OAI_MAX_MESSAGES   16384
+#define OAI_MAX_TOOLS      1024
 
 typedef struct {
     const char *role; /* system | user | assistant | tool ("developer" → system) */

@@ -163,8 +163,7 @@ static void render_metrics(router *r, dx_buf *b)
     prom_write_hist(b, "duplex_router_ttft_seconds",
                     "Request arrival to the first content byte written to the client", &r->ttft);
     write_added(r, b);
-    prom_write_gauge(b, "duplex_router_http_connections", "Open client connections",
-                     (double)http_srv_n_conns(r->http));
+    http_srv_write_metrics(r->http, "duplex_router", b);
 }
 
 /* ---- simple routes ---------------------------------------------------------- */
@@ -182,11 +181,11 @@ void rt_respond_error(router *r, http_conn *c, const char *method, const char *p
     dx_buf b;
     dx_buf_init(&b, 0);
     oai_error_json(&b, msg, oai_error_type(status), param && *param ? param : NULL, NULL);
-    const char *allow = NULL;
-    if (status == 405) allow = strstr(path, "completions") ? "Allow: POST\r\n" : "Allow: GET\r\n";
-    if (status == 503) allow = "Retry-After: 1\r\n"; /* shutting down: try again (elsewhere) */
+    const char *hdr = status == 405   ? http_allow_header(path)
+                      : status == 503 ? HTTP_RETRY_AFTER
+                                      : NULL;
     http_conn_set_abort(c, NULL, NULL);
-    http_conn_respond(c, status, "application/json", allow, b.data, b.len);
+    http_conn_respond(c, status, "application/json", hdr, b.data, b.len);
     dx_buf_free(&b);
     rt_count_request(r, path, status);
     log_simple(method, path, status, t0);
@@ -244,7 +243,9 @@ static void on_request(void *user, http_conn *c, const http_req *hr)
     router *r = user;
     uint64_t t0 = dx_now_ns();
     const char *p = hr->path;
-    int get = !strcmp(hr->method, "GET"), post = !strcmp(hr->method, "POST");
+    /* HEAD is GET without the body (http_conn leaves it out) */
+    int get = !strcmp(hr->method, "GET") || !strcmp(hr->method, "HEAD");
+    int post = !strcmp(hr->method, "POST");
     int is_get = !strcmp(p, "/health") || !strcmp(p, "/v1/models") || !strcmp(p, "/metrics");
     int is_post = !strcmp(p, "/v1/chat/completions") || !strcmp(p, "/v1/completions");
     /* /health and /metrics stay open; every other route wants a key when
@@ -364,7 +365,6 @@ static void fill_defaults(router_config *c)
     if (!c->decode_max_outstanding) c->decode_max_outstanding = 64;
     if (!c->health_interval_ms) c->health_interval_ms = 1000;
     if (c->prefill_timeout_s <= 0) c->prefill_timeout_s = 300;
-    if (!c->max_body_bytes) c->max_body_bytes = 4u << 20;
     if (c->shutdown_grace_s <= 0) c->shutdown_grace_s = 30;
     while (!c->key_seed)
         if (getrandom(&c->key_seed, sizeof c->key_seed, 0) != sizeof c->key_seed) c->key_seed = 1;
@@ -417,9 +417,10 @@ static int setup_parts(router *r)
                               .max_bytes = r->cfg.max_state_bytes};
     if ((rc = router_state_create(&sc, &r->state))) return rc;
     if ((rc = router_up_create(r->loop, &r->up))) return rc;
+    if ((rc = work_pool_create(r->loop, 2, &r->prep))) return rc;
     http_srv_config hc = {.host = r->cfg.host,
                           .port = r->cfg.port,
-                          .max_body_bytes = r->cfg.max_body_bytes,
+                          .lim = r->cfg.http,
                           .on_request = on_request,
                           .user = r};
     return http_srv_create(r->loop, &hc, &r->http);
@@ -482,6 +483,7 @@ int router_create(uv_loop_t *loop, const router_config *cfg, router **out)
     int rc = setup_parts(r);
     if (rc) {
         router_up_destroy(r->up); /* closes on the next loop run */
+        work_pool_destroy(r->prep);
         free_parts(r);
         dx_free(r);
         return rc;
@@ -542,6 +544,8 @@ void router_destroy(router *r)
     if (!r) return;
     r->destroying = 1;
     rt_abort_all(r);
+    work_pool_destroy(r->prep); /* what is being prepared ends now (rt_forget) */
+    r->prep = NULL;
     for (size_t i = 0; i < r->n_nodes; i++) {
         router_up_cancel(r->nodes[i].check);
         r->nodes[i].check = NULL;

@@ -23,6 +23,7 @@
 #include <uv.h>
 
 #include "node/http_auth.h"
+#include "node/http_conn.h"
 
 enum router_mode { ROUTER_BIDIRECTIONAL, ROUTER_UNIDIRECTIONAL };
 
@@ -44,7 +45,7 @@ typedef struct {
     uint32_t decode_max_outstanding;   /* default 64: affinity yields to load beyond it */
     uint64_t health_interval_ms;       /* default 1000 */
     double prefill_timeout_s;          /* default 300 */
-    size_t max_body_bytes;             /* client request bodies; default 4 MiB */
+    http_limits http;                  /* what clients may use (node/http_conn.h; 0 = defaults) */
     double shutdown_grace_s;           /* default 30 */
     uint64_t key_seed;                 /* 0: random (tests fix it) */
     /* --api-key, --api-key-file, --internal-key-file (node/http_auth.h; the

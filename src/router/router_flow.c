@@ -2,7 +2,8 @@
  * docs/router.md).
  *
  *   parse (oai_req: the same validation a node does) → strip client
- *   kv_transfer_params and conversation_id → key → look up the entry →
+ *   kv_transfer_params and conversation_id → key (these on the work pool,
+ *   off the loop) → look up the entry →
  *   choose the decode node → local prefill, or prefill node first → decode
  *   node → proxy the answer, remove and keep its kv_transfer_params → store
  *   the entry.
@@ -37,10 +38,6 @@
 #define ANSWER_MAX ((size_t)64 << 20) /* a node's whole (non-streamed) answer */
 #define EVENT_MAX  ((size_t)16 << 20) /* one SSE event (the final one carries token ids) */
 #define REPLY_MAX  ((size_t)16 << 20) /* reply text kept for a content key */
-/* Prompts up to this many bytes are tokenised on the loop (tens of
- * microseconds); longer ones on libuv's thread pool, so a long history
- * (~3 ms per 100 KB) never holds up other streams' events. */
-#define TOKENIZE_INLINE_MAX 8192
 
 enum rt_phase { PH_PASS, PH_PREFILL, PH_DECODE };
 enum rt_keykind { KEY_NONE, KEY_ID, KEY_CHAT };
@@ -85,8 +82,20 @@ struct rt_req {
     json_t *new_params; /* what the decode node returned */
     long p_cached;      /* prompt tokens the prefill node did not compute (its usage) */
     oai_req o;          /* the parsed request, until the first upstream request starts */
-    uv_work_t work;     /* counting the prompt's tokens on the thread pool */
+    /* Preparation on the work pool (prep_run); until its done the loop
+     * touches only conn. */
+    work_job job;
     int in_work;
+    http_conn *held;     /* held while its body is read off the loop */
+    const char *in_body; /* the client's body (held's) */
+    size_t in_len;
+    char *conv_hdr;   /* X-Conversation-Id, copied */
+    router_key *keys; /* CHAT: the key of each prefix of the messages */
+    size_t n_keys;
+    dx_buf pbase;    /* the prefill body without its params */
+    int prep_status; /* 0, or the HTTP status of what was wrong */
+    char prep_msg[256], prep_param[64];
+    http_auth_result who; /* the caller's credentials: its tenant */
 };
 
 static const router_up_cb k_pass_cb, k_prefill_cb, k_decode_cb;
@@ -106,6 +115,9 @@ static void req_free(rt_req *q)
     dx_free(q->entry_params);
     dx_free(q->hist_params);
     dx_free(q->auth);
+    dx_free(q->conv_hdr);
+    dx_free(q->keys);
+    dx_buf_free(&q->pbase);
     oai_req_free(&q->o);
     dx_free(q);
 }
@@ -129,6 +141,7 @@ static rt_req *req_new(router *r, http_conn *c, const http_req *hr, uint64_t t0)
     dx_buf_init(&q->body, 0);
     dx_buf_init(&q->pbody, 0);
     dx_buf_init(&q->dbody, 0);
+    dx_buf_init(&q->pbase, 0);
     dx_buf_init(&q->acc, ANSWER_MAX);
     dx_buf_init(&q->reply, REPLY_MAX);
     router_sse_init(&q->sse, EVENT_MAX);
@@ -227,7 +240,7 @@ static void reply_full(rt_req *q, int status, const char *body, size_t len)
     http_conn_set_abort(c, NULL, NULL);
     /* a 503 (a node's full queue passed on, no healthy node) invites a retry,
      * as the nodes' own 503s do */
-    http_conn_respond(c, status, "application/json", status == 503 ? "Retry-After: 1\r\n" : NULL,
+    http_conn_respond(c, status, "application/json", status == 503 ? HTTP_RETRY_AFTER : NULL,
                       body ? body : "", len);
 }
 
@@ -781,42 +794,26 @@ static uint32_t count_tokens(const router *r, const oai_req *o)
     return (uint32_t)((bytes + 3) / 4);
 }
 
-/* Content keys: every prefix's key, longest first until one has an entry. */
-static int lookup_chat(rt_req *q, const oai_req *o, const router_key *ns, router_entry *e)
-{
-    router *r = q->r;
-    uint64_t seed = r->cfg.key_seed;
-    router_key *keys = dx_malloc(o->n_msgs * sizeof *keys);
-    if (!keys) return dx_errf(DX_ENOMEM, "out of memory");
-    router_key_chat_begin(seed, ns, o->model, strlen(o->model), &q->chain);
-    for (size_t i = 0; i < o->n_msgs; i++) {
-        router_key_chat_add(seed, &q->chain, o->msgs[i].role, o->msgs[i].content,
-                            o->msgs[i].content_len);
-        keys[i] = q->chain;
-    }
-    double now = rt_now_s();
-    for (size_t i = o->n_msgs; i-- > 0 && !q->found;) {
-        q->found = router_state_get(r->state, &keys[i], now, e);
-        if (q->found) q->key = keys[i];
-    }
-    dx_free(keys);
-    return 0;
-}
+/* ---- preparation, off the loop ---------------------------------------------------------------
+ *
+ * Parsing, the conversation's keys, the bodies sent upstream and the token
+ * count take milliseconds per megabyte: they run on the router's work pool
+ * (node/work_pool.h) while the loop serves other streams.  The loop keeps
+ * what is its own: the conversation map, the nodes, the answer. */
 
-/* The conversation id: the header, else the body's (a string). */
-static int conversation_id(const http_req *hr, json_t *root, const char **id, size_t *len,
-                           char *msg, size_t cap)
+/* The conversation id: the header (copied on the loop), else the body's. */
+static int conversation_id(rt_req *q, json_t *root, const char **id, size_t *len)
 {
-    const char *h = http_req_header(hr, "X-Conversation-Id", NULL);
     json_t *b = json_object_get(root, "conversation_id");
     *id = NULL;
     if (b && !json_is_null(b) && !json_is_string(b)) {
-        snprintf(msg, cap, "conversation_id: expected a string");
+        snprintf(q->prep_msg, sizeof q->prep_msg, "conversation_id: expected a string");
+        snprintf(q->prep_param, sizeof q->prep_param, "conversation_id");
         return 400;
     }
-    if (h && *h) {
-        *id = h;
-        *len = strlen(h);
+    if (q->conv_hdr && *q->conv_hdr) {
+        *id = q->conv_hdr;
+        *len = strlen(q->conv_hdr);
     } else if (json_is_string(b) && json_string_length(b) > 0) {
         *id = json_string_value(b);
         *len = json_string_length(b);
@@ -827,9 +824,10 @@ static int conversation_id(const http_req *hr, json_t *root, const char **id, si
 /* The caller's tenant: the API key it presented when keys are set, else
  * its whole Authorization value (clients may keep apart by sending
  * different ones), else none. */
-static void tenant_ns(rt_req *q, const http_auth_result *who, router_key *ns)
+static void tenant_ns(rt_req *q, router_key *ns)
 {
     router *r = q->r;
+    const http_auth_result *who = &q->who;
     if (who->internal)
         router_key_ns(r->ns_secret, ROUTER_TENANT_INTERNAL, NULL, 0, ns);
     else if (who->key >= 0)
@@ -844,8 +842,9 @@ static void tenant_ns(rt_req *q, const http_auth_result *who, router_key *ns)
 /* The nodes' prefix-cache namespace for the tenant (and the client's own
  * cache_salt): a tenant's requests never reuse KV computed for another's.
  * A caller with no tenant and no salt shares the default namespace. */
-static int set_cache_salt(rt_req *q, const http_auth_result *who, const router_key *ns, oai_req *o)
+static int set_cache_salt(rt_req *q, const router_key *ns, oai_req *o)
 {
+    const http_auth_result *who = &q->who;
     int tenant = who->internal || who->key >= 0 || q->auth;
     if (!tenant && !o->cache_salt) return 0;
     char salt[33];
@@ -856,82 +855,134 @@ static int set_cache_salt(rt_req *q, const http_auth_result *who, const router_k
     return json_object_set_new(o->root, "cache_salt", json_string(salt)) < 0 ? 500 : 0;
 }
 
-static int key_and_lookup(rt_req *q, const http_req *hr, const http_auth_result *who, oai_req *o,
-                          char *msg, size_t cap)
+/* The request's keys: its id's, or one per prefix of its messages (looked
+ * up longest first on the loop), in the caller's tenant; and the tenant's
+ * cache_salt set in the body. */
+static int make_keys(rt_req *q, oai_req *o)
 {
     router *r = q->r;
+    uint64_t seed = r->cfg.key_seed;
     const char *id;
-    size_t id_len = 0;
-    int st = conversation_id(hr, o->root, &id, &id_len, msg, cap);
+    size_t id_len;
+    int st = conversation_id(q, o->root, &id, &id_len);
     if (st) return st;
     router_key ns;
-    tenant_ns(q, who, &ns);
-    if ((st = set_cache_salt(q, who, &ns, o))) return st;
-    router_entry e;
+    tenant_ns(q, &ns);
+    if ((st = set_cache_salt(q, &ns, o))) return st;
     if (id) {
         q->key_kind = KEY_ID;
-        router_key_id(r->cfg.key_seed, &ns, id, id_len, &q->key);
-        q->found = router_state_get(r->state, &q->key, rt_now_s(), &e);
-    } else if (o->kind == OAI_CHAT) {
-        q->key_kind = KEY_CHAT;
-        if (lookup_chat(q, o, &ns, &e) < 0) return 500;
+        router_key_id(seed, &ns, id, id_len, &q->key);
+        return 0;
     }
-    if (!q->found) return 0;
-    q->entry_node = e.node;
-    q->entry_tokens = e.num_tokens;
-    if (e.params && !(q->entry_params = dx_strndup(e.params, e.params_len))) return 500;
+    if (o->kind != OAI_CHAT) return 0;
+    q->key_kind = KEY_CHAT;
+    if (!(q->keys = dx_malloc(o->n_msgs * sizeof *q->keys))) return 500;
+    router_key_chat_begin(seed, &ns, o->model, strlen(o->model), &q->chain);
+    for (size_t i = 0; i < o->n_msgs; i++) {
+        router_key_chat_add(seed, &q->chain, o->msgs[i].role, o->msgs[i].content,
+                            o->msgs[i].content_len);
+        q->keys[i] = q->chain;
+    }
+    q->n_keys = o->n_msgs;
     return 0;
 }
 
-/* Control characters in a header value passed upstream would split it. */
-static int header_ok(const char *v)
-{
-    for (; *v; v++)
-        if ((unsigned char)*v < 0x20 && *v != '\t') return 0;
-    return 1;
-}
-
-/* Everything before a node is chosen; 0, or an HTTP status with msg. */
-static int prepare(rt_req *q, const http_req *hr, const http_auth_result *who, oai_req *o,
-                   char *msg, size_t cap, const char **param)
-{
-    json_t *root = o->root;
-    const char *auth = http_req_header(hr, "Authorization", NULL);
-    if (auth && !header_ok(auth)) {
-        snprintf(msg, cap, "Authorization: control characters in the header");
-        return 400;
-    }
-    *param = "conversation_id"; /* the only other 400 */
-    if (auth && !(q->auth = dx_strdup(auth))) return 500;
-    int st = key_and_lookup(q, hr, who, o, msg, cap);
-    if (st) return st;
-    /* only the router issues kv_transfer_params; conversation_id is the router's */
-    json_object_del(root, "kv_transfer_params");
-    json_object_del(root, "conversation_id");
-    o->kv_transfer_params = NULL;
-    return router_json_append(&q->body, root) < 0 ? 500 : 0;
-}
-
-/* The prefill node's body: one token, no stream, and params that ask it to
- * hold the KV (and, with stored params, to pull the history). */
-static int build_prefill_body(rt_req *q, json_t *root)
+/* The prefill node's body, but for its kv_transfer_params (spliced in on
+ * the loop, once the conversation's entry is known): one token, no stream. */
+static int build_prefill_base(rt_req *q, json_t *root)
 {
     json_object_set_new(root, "max_tokens", json_integer(1));
     json_object_del(root, "max_completion_tokens");
     json_object_set_new(root, "stream", json_false());
     json_object_del(root, "stream_options");
+    return router_json_append(&q->pbase, root);
+}
+
+/* The node's validation, except that a client's kv_transfer_params are
+ * dropped whatever they hold (only the router issues them): a body whose
+ * only fault is a malformed one is parsed again without it. */
+static int parse_body(enum oai_kind kind, const char *body, size_t len, oai_req *o, oai_err *err)
+{
+    oai_parse_opts opts = {.n_vocab = 0};
+    int rc = oai_req_parse(kind, body, len, &opts, o, err);
+    if (rc == 0 || strcmp(err->param, "kv_transfer_params") != 0) return rc;
+    json_error_t je;
+    json_t *root = json_loadb(body, len, 0, &je);
+    dx_buf b;
+    dx_buf_init(&b, 0);
+    json_object_del(root, "kv_transfer_params");
+    if (router_json_append(&b, root) == 0) rc = oai_req_parse(kind, b.data, b.len, &opts, o, err);
+    json_decref(root);
+    dx_buf_free(&b);
+    return rc;
+}
+
+/* Pool thread: everything before a node is chosen that is not the
+ * conversation map's; q->prep_status 0, or the HTTP status with prep_msg. */
+static void prep_run(work_job *j)
+{
+    rt_req *q = (rt_req *)((char *)j - offsetof(rt_req, job));
+    oai_err err;
+    if (parse_body(q->kind, q->in_body, q->in_len, &q->o, &err) < 0) {
+        q->prep_status = err.status;
+        snprintf(q->prep_msg, sizeof q->prep_msg, "%s", err.message);
+        snprintf(q->prep_param, sizeof q->prep_param, "%s", err.param);
+        return;
+    }
+    q->stream = q->o.stream;
+    int st = make_keys(q, &q->o);
+    if (st) {
+        q->prep_status = st;
+        return;
+    }
+    /* only the router issues kv_transfer_params; conversation_id is the router's */
+    json_t *root = q->o.root;
+    json_object_del(root, "kv_transfer_params");
+    json_object_del(root, "conversation_id");
+    q->o.kv_transfer_params = NULL;
+    q->prompt_tokens = count_tokens(q->r, &q->o); /* the tokenizer is immutable */
+    if (router_json_append(&q->body, root) < 0 ||
+        (q->r->n_prefill && build_prefill_base(q, root) < 0))
+        q->prep_status = 500;
+}
+
+/* The conversation's entry, from the keys made off the loop. */
+static void lookup(rt_req *q)
+{
+    router *r = q->r;
+    router_entry e;
+    double now = rt_now_s();
+    if (q->key_kind == KEY_ID) q->found = router_state_get(r->state, &q->key, now, &e);
+    for (size_t i = q->n_keys; i-- > 0 && !q->found;) { /* content keys: longest first */
+        q->found = router_state_get(r->state, &q->keys[i], now, &e);
+        if (q->found) q->key = q->keys[i];
+    }
+    if (!q->found) return;
+    q->entry_node = e.node;
+    q->entry_tokens = e.num_tokens;
+    if (e.params && !(q->entry_params = dx_strndup(e.params, e.params_len))) q->found = 0;
+}
+
+/* The prefill node's body: the base made off the loop, and params that ask
+ * it to hold the KV (and, with stored params, to pull the history). */
+static int build_prefill_body(rt_req *q)
+{
     json_t *kv = NULL;
     if (q->r->cfg.mode == ROUTER_BIDIRECTIONAL) /* pull, or (holder down) the history only */
         kv = entry_json(q, 1, entry_usable(q));
     if (!kv) kv = json_pack("{s:b, s:b}", "do_remote_decode", 1, "do_remote_prefill", 0);
-    if (!kv || json_object_set_new(root, "kv_transfer_params", kv) < 0)
-        return dx_errf(DX_ENOMEM, "router: prefill request's kv_transfer_params");
-    return router_json_append(&q->pbody, root);
+    dx_buf p;
+    dx_buf_init(&p, 0);
+    int rc = kv ? router_json_append(&p, kv) : DX_ENOMEM;
+    if (!rc) rc = splice_params(&q->pbase, p.data, &q->pbody);
+    json_decref(kv);
+    dx_buf_free(&p);
+    return rc;
 }
 
 /* Local prefill or a prefill node first; starts the first upstream request
  * or answers why not. */
-static int dispatch(rt_req *q, json_t *root)
+static int dispatch(rt_req *q)
 {
     router *r = q->r;
     q->decode = pick_decode_for(q);
@@ -952,7 +1003,7 @@ static int dispatch(rt_req *q, json_t *root)
         rc = start_decode(q);
     } else {
         q->via = "prefill";
-        rc = build_prefill_body(q, root);
+        rc = build_prefill_body(q);
         if (rc == 0) rc = start_prefill(q);
     }
     char labels[32];
@@ -965,31 +1016,18 @@ static int dispatch(rt_req *q, json_t *root)
     return 0;
 }
 
-/* The prompt is counted: on to the nodes. */
-static void begin(rt_req *q)
+/* Loop: the preparation is over — answer its failure, or look the
+ * conversation up and go on to the nodes. */
+static void prep_done(work_job *j)
 {
-    if (dispatch(q, q->o.root) == 0) {
-        observe(&q->r->added_before, q->t0);
-        oai_req_free(&q->o); /* the bodies are built */
-        return;
-    }
-    req_end(q);
-}
-
-static void count_work(uv_work_t *w)
-{
-    rt_req *q = w->data;
-    q->prompt_tokens = count_tokens(q->r, &q->o); /* the tokenizer is immutable */
-}
-
-static void count_done(uv_work_t *w, int status)
-{
-    rt_req *q = w->data;
+    rt_req *q = (rt_req *)((char *)j - offsetof(rt_req, job));
     router *r = q->r;
+    http_conn_release(q->held); /* the body has been read */
+    q->held = NULL;
     q->in_work = 0;
     q->busy = 0;
     r->n_work--;
-    if (r->destroying) { /* answered by rt_abort_all; the router waits for us */
+    if (r->destroying || j->canceled) { /* answered by rt_abort_all; the router waits for us */
         rt_forget(r, q);
         return;
     }
@@ -997,70 +1035,59 @@ static void count_done(uv_work_t *w, int status)
         req_end(q);
         return;
     }
-    begin(q);
+    if (q->prep_status) {
+        const char *msg = q->prep_status == 500 ? "out of memory" : q->prep_msg;
+        reply_error(q, q->prep_status, msg, q->prep_param[0] ? q->prep_param : NULL);
+        req_end(q);
+        return;
+    }
+    lookup(q);
+    if (dispatch(q) == 0) {
+        observe(&r->added_before, q->t0);
+        oai_req_free(&q->o); /* the bodies are built */
+        dx_buf_free(&q->pbase);
+        return;
+    }
+    req_end(q);
 }
 
-static size_t prompt_bytes(const oai_req *o)
+/* Control characters in a header value passed upstream would split it. */
+static int header_ok(const char *v)
 {
-    size_t n = o->prompt_len;
-    for (size_t i = 0; i < o->n_msgs; i++) n += o->msgs[i].content_len;
-    return n;
-}
-
-/* The node's validation, except that a client's kv_transfer_params are
- * dropped whatever they hold (only the router issues them): a body whose
- * only fault is a malformed one is parsed again without it. */
-static int parse_body(enum oai_kind kind, const http_req *hr, oai_req *o, oai_err *err)
-{
-    oai_parse_opts opts = {.n_vocab = 0};
-    int rc = oai_req_parse(kind, hr->body, hr->body_len, &opts, o, err);
-    if (rc == 0 || strcmp(err->param, "kv_transfer_params") != 0) return rc;
-    json_error_t je;
-    json_t *root = json_loadb(hr->body, hr->body_len, 0, &je);
-    dx_buf b;
-    dx_buf_init(&b, 0);
-    json_object_del(root, "kv_transfer_params");
-    if (router_json_append(&b, root) == 0)
-        rc = oai_req_parse(kind, b.data, b.len, &opts, o, err);
-    json_decref(root);
-    dx_buf_free(&b);
-    return rc;
+    for (; *v; v++)
+        if ((unsigned char)*v < 0x20 && *v != '\t') return 0;
+    return 1;
 }
 
 void rt_route_completion(router *r, http_conn *c, const http_req *hr, enum oai_kind kind,
                          const http_auth_result *who, uint64_t t0)
 {
-    oai_req o;
-    oai_err err;
-    if (parse_body(kind, hr, &o, &err) < 0) {
-        rt_respond_error(r, c, hr->method, hr->path, err.status, err.message, err.param, t0);
+    const char *auth = http_req_header(hr, "Authorization", NULL),
+               *conv = http_req_header(hr, "X-Conversation-Id", NULL);
+    if (auth && !header_ok(auth)) {
+        rt_respond_error(r, c, hr->method, hr->path, 400,
+                         "Authorization: control characters in the header", NULL, t0);
         return;
     }
     rt_req *q = req_new(r, c, hr, t0);
-    if (!q) {
+    if (!q || (auth && !(q->auth = dx_strdup(auth))) ||
+        (conv && !(q->conv_hdr = dx_strdup(conv)))) {
+        if (q) req_unlink_free(q);
         rt_respond_error(r, c, hr->method, hr->path, 500, "out of memory", NULL, t0);
-        oai_req_free(&o);
         return;
     }
-    q->o = o; /* q owns it now */
     q->kind = kind;
-    q->stream = o.stream;
+    q->who = *who;
+    q->who.message = NULL;
     q->phase = PH_DECODE;
-    char msg[256] = "out of memory";
-    const char *param = NULL;
-    int st = prepare(q, hr, who, &q->o, msg, sizeof msg, &param);
-    if (st) {
-        reply_error(q, st, msg, st == 400 ? param : NULL);
-        req_end(q);
-    } else if (r->tok && prompt_bytes(&q->o) > TOKENIZE_INLINE_MAX) {
-        q->work.data = q;
-        q->in_work = q->busy = 1; /* the pool's callback ends q if the client leaves */
-        r->n_work++;
-        uv_queue_work(r->loop, &q->work, count_work, count_done);
-    } else {
-        q->prompt_tokens = count_tokens(r, &q->o);
-        begin(q);
-    }
+    q->in_body = hr->body;
+    q->in_len = hr->body_len;
+    q->held = c;
+    http_conn_hold(c);
+    q->in_work = q->busy = 1; /* prep_done ends q if the client leaves */
+    r->n_work++;
+    q->job = (work_job){.run = prep_run, .done = prep_done};
+    work_pool_submit(r->prep, &q->job);
 }
 
 void rt_route_passthrough(router *r, http_conn *c, const http_req *hr, uint64_t t0)
@@ -1094,7 +1121,7 @@ void rt_abort_all(router *r)
             stream_finish(q, "the router is shutting down");
         else
             reply_error(q, 503, "the router is shutting down", NULL);
-        if (!q->in_work) req_end(q); /* else count_done ends it */
+        if (!q->in_work) req_end(q); /* else prep_done ends it */
     }
 }
 

@@ -123,6 +123,10 @@ void router_launch_node_argv(const router_launch_config *c, int prefill, router_
     arg(a, "127.0.0.1");
     arg(a, "--port");
     arg(a, "0");
+    /* the router reaches its nodes from loopback: no per-peer cap for it,
+     * and the connections kept in reserve */
+    arg(a, "--trusted-peer");
+    arg(a, "127.0.0.1");
     if (c->mode != LAUNCH_COLOCATED) { /* the KV port on a free port */
         arg(a, "--kv-port");
         arg(a, "0");

@@ -11,6 +11,7 @@
 #include "node/http_conn.h"
 #include "node/oai_req.h"
 #include "node/prom.h"
+#include "node/work_pool.h"
 #include "router/router.h"
 #include "router/router_key.h"
 #include "router/router_sse.h"
@@ -46,7 +47,8 @@ struct router {
     size_t n_nodes, n_prefill;
     uv_timer_t health, grace;
     int n_handles; /* uv handles not yet closed */
-    int n_work;    /* prompts being counted on the thread pool */
+    work_pool *prep; /* requests' preparation, off the loop */
+    int n_work;      /* requests being prepared there */
     int draining, stopped, destroying;
     rt_req *active;
     size_t n_active;

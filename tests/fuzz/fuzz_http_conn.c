@@ -64,7 +64,7 @@ static void start_server(void)
     signal(SIGPIPE, SIG_IGN);
     oai_json_use_dx_alloc();
     uv_loop_init(&loop);
-    node_server_config cfg = {.max_body_bytes = 1 << 16, .request_timeout_ms = 2000};
+    node_server_config cfg = {.http = {.max_body_bytes = 1 << 16, .request_timeout_ms = 2000}};
     DX_ASSERT(node_server_create(&loop, &cfg, &srv) == 0);
     start_engine(&g_engine, &mdl);
     node_backend be;

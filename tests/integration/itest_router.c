@@ -399,18 +399,8 @@ static int group_setup(void **state)
                               "--local-prefill-max-tokens", "0", NULL);
     G.funi_port = start_router(&G.funi, "fake-uni", 1, "--prefill", fp, "--decode", fdu,
                                "--local-prefill-max-tokens", "0", "--mode", "unidirectional", NULL);
-    dx_buf b;
-    dx_buf_init(&b, 0);
-    int ok = G.pd_port && G.colo_port && G.fl_port && G.fpd_port && G.funi_port &&
-             tc_http(G.node_port[D0], "GET", "/v1/models", NULL, &b, 30) == 200;
-    if (ok) {
-        json_t *v = tc_json(&b);
-        json_t *id = json_object_get(json_array_get(json_object_get(v, "data"), 0), "id");
-        snprintf(G.model, sizeof G.model, "%s", json_string_value(id));
-        json_decref(v);
-    }
-    dx_buf_free(&b);
-    return ok ? 0 : -1;
+    int ok = G.pd_port && G.colo_port && G.fl_port && G.fpd_port && G.funi_port;
+    return ok ? tc_model_id(G.node_port[D0], G.model, sizeof G.model) : -1;
 }
 
 static int group_teardown(void **state)
@@ -418,14 +408,7 @@ static int group_teardown(void **state)
     (void)state;
     int bad = 0;
     tp_proc *routers[] = {&G.pd, &G.colo, &G.fl, &G.fpd, &G.funi};
-    for (size_t i = 0; i < DX_ARRAY_LEN(routers); i++) {
-        int st = tp_stop(routers[i], SIGTERM, 30);
-        if (!(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0)) { /* SIGTERM: a clean exit 0 */
-            fprintf(stderr, "itest_router: router %zu exited with status %d\n", i, st);
-            tp_log_tail(routers[i], 30);
-            bad = 1;
-        }
-    }
+    for (size_t i = 0; i < DX_ARRAY_LEN(routers); i++) bad |= tp_stop_clean(routers[i]) != 0;
     for (int i = 0; i < N_NODES; i++) tp_stop(&G.node[i], SIGTERM, 30);
     fake_stop(&G.fp);
     fake_stop(&G.fd);

@@ -86,6 +86,48 @@ typedef struct {
 
 static harness H;
 
+/* A gate in the backend's chat tokenisation: a chat request whose first
+ * message starts with "GATE" waits there until the test opens it, so a test
+ * can hold a request in its preparation and see what the server does
+ * meanwhile. */
+static struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int closed, inside;
+    int (*real)(void *self, const chat_msg *msgs, size_t n, const model_chat_extra *x,
+                chat_reply_fn reply, void *reply_user, int32_t **ids, size_t *n_ids);
+} g_gate = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+
+static int gated_encode_chat(void *self, const chat_msg *msgs, size_t n, const model_chat_extra *x,
+                             chat_reply_fn reply, void *reply_user, int32_t **ids, size_t *n_ids)
+{
+    if (n && msgs[0].content_len >= 4 && !memcmp(msgs[0].content, "GATE", 4)) {
+        pthread_mutex_lock(&g_gate.mu);
+        g_gate.inside++;
+        pthread_cond_broadcast(&g_gate.cv);
+        while (g_gate.closed) pthread_cond_wait(&g_gate.cv, &g_gate.mu);
+        g_gate.inside--;
+        pthread_mutex_unlock(&g_gate.mu);
+    }
+    return g_gate.real(self, msgs, n, x, reply, reply_user, ids, n_ids);
+}
+
+static void gate_set(int closed)
+{
+    pthread_mutex_lock(&g_gate.mu);
+    g_gate.closed = closed;
+    pthread_cond_broadcast(&g_gate.cv);
+    pthread_mutex_unlock(&g_gate.mu);
+}
+
+/* Waits until n requests wait at the gate. */
+static void gate_wait_inside(int n)
+{
+    pthread_mutex_lock(&g_gate.mu);
+    while (g_gate.inside < n) pthread_cond_wait(&g_gate.cv, &g_gate.mu);
+    pthread_mutex_unlock(&g_gate.mu);
+}
+
 /* Loop thread, once the server has drained: the engine goes first so its
  * last events land in the server's queue (as in cli_serve). */
 static void on_stopped(void *user)
@@ -113,6 +155,8 @@ static void on_cmd(uv_async_t *a)
     if (set) {
         node_backend be;
         node_engine_backend(h->e, h->m, &be);
+        g_gate.real = be.encode_chat;
+        be.encode_chat = gated_encode_chat;
         node_server_set_backend(h->srv, &be);
         pthread_mutex_lock(&h->mu);
         h->backend_set = 1;
@@ -128,13 +172,13 @@ static void *loop_thread(void *arg)
     uv_loop_init(&h->loop);
     uv_async_init(&h->loop, &h->cmd, on_cmd);
     h->cmd.data = h;
-    node_server_config cfg = {.port = 0,
-                              .max_body_bytes = 65536,
-                              .request_timeout_ms = 1000, /* the 408 test waits this long */
-                              .idle_timeout_ms = 5000,
-                              .shutdown_grace_s = h->g->grace_s,
-                              .on_stopped = on_stopped,
-                              .user = h};
+    node_server_config cfg = {
+        .port = 0,
+        /* the 408 test waits request_timeout_ms */
+        .http = {.max_body_bytes = 65536, .request_timeout_ms = 1000, .idle_timeout_ms = 5000},
+        .shutdown_grace_s = h->g->grace_s,
+        .on_stopped = on_stopped,
+        .user = h};
     DX_ASSERT(node_server_create(&h->loop, &cfg, &h->srv) == 0);
     pthread_mutex_lock(&h->mu);
     h->port = node_server_port(h->srv);
@@ -204,6 +248,7 @@ static void shutdown_server(void)
 static int teardown(void **state)
 {
     (void)state;
+    gate_set(0); /* a failed test may have left a request at the gate */
     if (!H.stopped) shutdown_server();
     pthread_mutex_destroy(&H.mu);
     pthread_cond_destroy(&H.cv);
@@ -813,6 +858,76 @@ static void test_many_connections(void **state)
     for (int i = 0; i < N; i++) close(fds[i]);
 }
 
+/* Reads fd until n more SSE events have come. */
+static void read_events(int fd, int n)
+{
+    char buf[4096];
+    int got = 0, partial = 0; /* bytes of "data: " matched across reads */
+    static const char mark[] = "data: ";
+    while (got < n) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        assert_int_equal(poll(&p, 1, 30000), 1);
+        ssize_t k = read(fd, buf, sizeof buf);
+        assert_true(k > 0);
+        for (ssize_t i = 0; i < k; i++) {
+            partial = buf[i] == mark[partial] ? partial + 1 : buf[i] == mark[0];
+            if (partial == 6) {
+                got++;
+                partial = 0;
+            }
+        }
+    }
+}
+
+/* A request's preparation (parsing, the chat template, tokenising) runs off
+ * the loop: while one is held in it, another connection's stream goes on
+ * (40 more events), /health answers and a third request comes and goes;
+ * one whose client leaves during its preparation ends as 499 and frees
+ * everything; the held one then gets its answer. */
+static void test_prepared_off_loop(void **state)
+{
+    (void)state;
+    char rq[2048];
+    int n = raw_post(rq, sizeof rq, "/v1/completions", "",
+                     req("\"prompt\":\"keep going\",\"max_tokens\":400,\"stream\":true"));
+    int a = raw_connect();
+    assert_int_equal(write(a, rq, (size_t)n), n);
+    read_events(a, 1); /* running */
+    gate_set(1);
+    n = raw_post(rq, sizeof rq, "/v1/chat/completions", "Connection: close\r\n",
+                 req("\"messages\":[{\"role\":\"user\",\"content\":\"GATE b\"}],"
+                     "\"max_tokens\":3"));
+    int b = raw_connect();
+    assert_int_equal(write(b, rq, (size_t)n), n);
+    gate_wait_inside(1); /* b is being prepared, on the pool */
+    read_events(a, 40);
+    dx_buf out;
+    dx_buf_init(&out, 0);
+    assert_int_equal(http("GET", "/health", NULL, &out), 200);
+    assert_int_equal(
+        http("POST", "/v1/completions", req("\"prompt\":\"c\",\"max_tokens\":2"), &out), 200);
+    const char *gone = "duplex_http_requests_total{route=\"/v1/chat/completions\",status=\"499\"}";
+    double gone0 = tc_metric_or(H.port, gone, 0);
+    n = raw_post(rq, sizeof rq, "/v1/chat/completions", "",
+                 req("\"messages\":[{\"role\":\"user\",\"content\":\"GATE c\"}],"
+                     "\"max_tokens\":3"));
+    int c = raw_connect();
+    assert_int_equal(write(c, rq, (size_t)n), n);
+    gate_wait_inside(2);
+    close(c); /* leaves while its request is prepared */
+    read_events(a, 5);
+    gate_set(0);
+    dx_buf_reset(&out);
+    raw_read_all(b, &out, 20000);
+    assert_memory_equal(out.data, "HTTP/1.1 200 OK", 15);
+    close(b);
+    close(a);
+    wait_idle();
+    for (int i = 0; i < 500 && tc_metric_or(H.port, gone, 0) <= gone0; i++) usleep(10000);
+    assert_true(tc_metric_or(H.port, gone, 0) > gone0);
+    dx_buf_free(&out);
+}
+
 #define N_CONC 16
 
 /* 16 chat streams at once (8 run, 8 wait in the engine): each gets exactly
@@ -1184,7 +1299,8 @@ int main(void)
         cmocka_unit_test(test_engine_error),       cmocka_unit_test(test_keepalive_pipelining),
         cmocka_unit_test(test_http_limits),        cmocka_unit_test(test_truncation_and_trickle),
         cmocka_unit_test(test_many_connections),   cmocka_unit_test(test_concurrent_streams),
-        cmocka_unit_test(test_no_alloc_per_token), cmocka_unit_test(test_oom_each_allocation),
+        cmocka_unit_test(test_no_alloc_per_token), cmocka_unit_test(test_prepared_off_loop),
+        cmocka_unit_test(test_oom_each_allocation),
         cmocka_unit_test(test_graceful_shutdown), /* stops the server: last */
     };
     int rc = cmocka_run_group_tests_name("main", main_tests, setup_main, teardown);

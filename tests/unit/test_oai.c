@@ -298,6 +298,74 @@ static void test_bad_corpus(void **state)
     assert_int_equal(dx_alloc_live_bytes(), live);
 }
 
+/* A JSON array of n copies of item, as a request's field. */
+static void rep_array(dx_buf *b, const char *item, size_t n)
+{
+    dx_buf_putc(b, '[');
+    for (size_t i = 0; i < n; i++) dx_buf_printf(b, "%s%s", i ? "," : "", item);
+    dx_buf_putc(b, ']');
+}
+
+/* The request limits (OAI_MAX_*): the limit itself is accepted, one more is a
+ * 400 that names the field and the limit.  A chat request with ~790,000
+ * messages once overflowed the loop thread's stack. */
+static void test_request_limits(void **state)
+{
+    (void)state;
+    static const struct {
+        enum oai_kind kind;
+        const char *field, *item; /* item repeated; "S" = one stop string of n bytes */
+        size_t limit;
+        const char *want;
+    } cases[] = {
+        {OAI_CHAT, "messages", "{\"role\":\"user\",\"content\":\"a\"}", OAI_MAX_MESSAGES,
+         "at most 16384"},
+        {OAI_CHAT, "tools", "{\"type\":\"function\",\"function\":{\"name\":\"f\"}}", OAI_MAX_TOOLS,
+         "at most 1024"},
+        {OAI_COMPLETION, "stop", "\"s\"", OAI_MAX_STOP, "at most 16"},
+        {OAI_COMPLETION, "stop", "S", OAI_MAX_STOP_BYTES, "at most 65536"},
+    };
+    size_t live = dx_alloc_live_bytes();
+    for (size_t i = 0; i < DX_ARRAY_LEN(cases); i++)
+        for (size_t n = cases[i].limit; n <= cases[i].limit + 1; n++) {
+            dx_buf b;
+            dx_buf_init(&b, 0);
+            dx_buf_puts(&b, "{\"model\":\"m\",");
+            if (cases[i].kind == OAI_COMPLETION) dx_buf_puts(&b, "\"prompt\":\"p\",");
+            if (strcmp(cases[i].field, "messages"))
+                dx_buf_puts(&b, cases[i].kind == OAI_CHAT
+                                    ? "\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],"
+                                    : "");
+            dx_buf_printf(&b, "\"%s\":", cases[i].field);
+            if (!strcmp(cases[i].item, "S")) { /* two strings of n bytes in all */
+                dx_buf_puts(&b, "[\"");
+                for (size_t k = 0; k < n / 2; k++) dx_buf_putc(&b, 'x');
+                dx_buf_puts(&b, "\",\"");
+                for (size_t k = 0; k < n - n / 2; k++) dx_buf_putc(&b, 'y');
+                dx_buf_puts(&b, "\"]");
+            } else {
+                rep_array(&b, cases[i].item, n);
+            }
+            dx_buf_putc(&b, '}');
+            oai_req r;
+            oai_err e;
+            int rc = oai_req_parse(cases[i].kind, b.data, b.len, NULL, &r, &e);
+            if (n == cases[i].limit) {
+                if (rc) fail_msg("%s at the limit %zu: %s", cases[i].field, n, e.message);
+                oai_req_free(&r);
+            } else {
+                assert_int_equal(rc, DX_EINVAL);
+                assert_int_equal(e.status, 400);
+                assert_string_equal(e.param, cases[i].field);
+                if (!strstr(e.message, cases[i].want))
+                    fail_msg("%s: message '%s' lacks '%s'", cases[i].field, e.message,
+                             cases[i].want);
+            }
+            dx_buf_free(&b);
+        }
+    assert_int_equal(dx_alloc_live_bytes(), live);
+}
+
 /* Running out of memory anywhere in parsing is an error, never a crash/leak. */
 static void test_parse_oom(void **state)
 {
@@ -607,13 +675,12 @@ int main(void)
 {
     oai_json_use_dx_alloc();
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_chat_full),     cmocka_unit_test(test_defaults_and_prompts),
-        cmocka_unit_test(test_bad_corpus),    cmocka_unit_test(test_parse_oom),
-        cmocka_unit_test(test_json_str_utf8), cmocka_unit_test(test_resp_full),
-        cmocka_unit_test(test_sse_chunks),    cmocka_unit_test(test_errors_models_ids),
-        cmocka_unit_test(test_prom),
-        cmocka_unit_test(test_kvtp),
-        cmocka_unit_test(test_tools_accepted),
+        cmocka_unit_test(test_chat_full),      cmocka_unit_test(test_defaults_and_prompts),
+        cmocka_unit_test(test_bad_corpus),     cmocka_unit_test(test_parse_oom),
+        cmocka_unit_test(test_json_str_utf8),  cmocka_unit_test(test_resp_full),
+        cmocka_unit_test(test_sse_chunks),     cmocka_unit_test(test_errors_models_ids),
+        cmocka_unit_test(test_prom),           cmocka_unit_test(test_kvtp),
+        cmocka_unit_test(test_tools_accepted), cmocka_unit_test(test_request_limits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -45,11 +45,13 @@ static void test_nodes(void **state)
     router_launch_node_argv(&c, 1, &a);
     assert_string_equal(joined(&a),
                         "/bin/duplex serve --model m.gguf --role prefill --host 127.0.0.1 --port 0 "
-                        "--kv-port 0 --bidirectional-kv-xfer --threads 2 --kv-cache-mb 512");
+                        "--trusted-peer 127.0.0.1 --kv-port 0 --bidirectional-kv-xfer --threads 2 "
+                        "--kv-cache-mb 512");
     router_launch_node_argv(&c, 0, &a);
     assert_string_equal(joined(&a),
                         "/bin/duplex serve --model m.gguf --role decode --host 127.0.0.1 --port 0 "
-                        "--kv-port 0 --bidirectional-kv-xfer --threads 2 --kv-cache-mb 512");
+                        "--trusted-peer 127.0.0.1 --kv-port 0 --bidirectional-kv-xfer --threads 2 "
+                        "--kv-cache-mb 512");
     c.prefill_no_prefix_caching = 1;
     router_launch_node_argv(&c, 1, &a);
     assert_non_null(strstr(joined(&a), " --no-enable-prefix-caching"));
@@ -57,22 +59,26 @@ static void test_nodes(void **state)
     assert_null(strstr(joined(&a), "prefix-caching"));
     c = cfg(LAUNCH_UNIDIRECTIONAL);
     router_launch_node_argv(&c, 1, &a);
-    assert_string_equal(joined(&a), "/bin/duplex serve --model m.gguf --role prefill --host "
-                                    "127.0.0.1 --port 0 --kv-port 0 --threads 2 --kv-cache-mb 512");
+    assert_string_equal(joined(&a),
+                        "/bin/duplex serve --model m.gguf --role prefill --host "
+                        "127.0.0.1 --port 0 --trusted-peer 127.0.0.1 --kv-port 0 --threads 2 "
+                        "--kv-cache-mb 512");
     /* the cluster's secret (router_launch_run's), and its loopback peers */
     c.kv_secret_file = "/run/duplex-up-x/kv.secret";
     router_launch_node_argv(&c, 0, &a);
     assert_string_equal(joined(&a),
                         "/bin/duplex serve --model m.gguf --role decode --host 127.0.0.1 --port 0 "
-                        "--kv-port 0 --kv-secret-file /run/duplex-up-x/kv.secret --kv-peers "
-                        "127.0.0.1 --threads 2 --kv-cache-mb 512");
+                        "--trusted-peer 127.0.0.1 --kv-port 0 --kv-secret-file "
+                        "/run/duplex-up-x/kv.secret --kv-peers 127.0.0.1 --threads 2 "
+                        "--kv-cache-mb 512");
     c = cfg(LAUNCH_COLOCATED);
     c.threads_per_node = 0;
     c.kv_cache_mb = 0;
     c.kv_secret_file = "/run/duplex-up-x/kv.secret"; /* no KV port: no secret */
     router_launch_node_argv(&c, 0, &a);
     assert_string_equal(joined(&a),
-                        "/bin/duplex serve --model m.gguf --role both --host 127.0.0.1 --port 0");
+                        "/bin/duplex serve --model m.gguf --role both --host 127.0.0.1 --port 0 "
+                        "--trusted-peer 127.0.0.1");
 }
 
 static void test_router(void **state)

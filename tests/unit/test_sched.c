@@ -9,10 +9,12 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "base/dx_alloc.h"
 #include "base/dx_buf.h"
+#include "base/dx_clock.h"
 #include "base/dx_dtype.h"
 #include "base/dx_tpool.h"
 #include "engine/engine.h"
@@ -939,6 +941,49 @@ static void test_engine_thread(void **state)
     col_free(&k);
 }
 
+/* Admission is decided once, in engine_submit, against an exact count:
+ * every request it accepted runs to its end, never "at capacity" later,
+ * whatever the engine thread was doing when it came (draining its inbox,
+ * stepping).  Requests submitted as fast as one thread can, against
+ * max_seqs 2 + max_waiting 2 and a pool with room for all of them; the
+ * rest are refused at once with DX_EBUSY. */
+static void test_admission_exact(void **state)
+{
+    (void)state;
+    enum { N = 300 };
+    engine_config ec = {.n_threads = 1, .kv_blocks = 256, .max_seqs = 2, .max_waiting = 2};
+    collector *c = calloc(N, sizeof *c);
+    int accepted[N];
+    for (int round = 0; round < 8; round++) { /* the engine thread is somewhere else each time */
+        engine *e;
+        assert_int_equal(engine_create(&ec, g_m, &e), 0);
+        int n_ok = 0;
+        for (int i = 0; i < N; i++) col_init(&c[i]);
+        for (int i = 0; i < N; i++) {
+            /* paced over many engine steps, so that submissions meet the
+             * engine in every phase (the pace decides nothing else) */
+            for (uint64_t t = dx_now_ns(); dx_now_ns() - t < 40000;) {
+            }
+            engine_request q = greedy(g_prompts[i % 8], g_plen[i % 8], 3, &c[i]);
+            int rc = engine_submit(e, &q, NULL);
+            if (rc) assert_int_equal(rc, DX_EBUSY);
+            accepted[i] = rc == 0;
+            n_ok += accepted[i];
+        }
+        assert_true(n_ok >= 4);
+        for (int i = 0; i < N; i++) {
+            if (!accepted[i]) continue;
+            wait_done(&c[i]);
+            if (c[i].fin.finish != ENGINE_FINISH_LENGTH)
+                fail_msg("round %d: request %d was accepted, then ended with %d (error %d)", round,
+                         i, c[i].fin.finish, c[i].fin.error);
+        }
+        engine_destroy(e);
+        for (int i = 0; i < N; i++) col_free(&c[i]);
+    }
+    free(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -959,6 +1004,7 @@ int main(void)
         cmocka_unit_test(test_stop_string_and_validation),
         cmocka_unit_test(test_seeded_sampling),
         cmocka_unit_test(test_engine_thread),
+        cmocka_unit_test(test_admission_exact),
         cmocka_unit_test(test_stops_on_every_end_token),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
