@@ -443,18 +443,13 @@ static void conn_reject(http_conn *c, int status, const char *msg)
 
 /* ---- peers ----------------------------------------------------------- */
 
-/* An address as 16 bytes: IPv6, or IPv4 mapped (::ffff:a.b.c.d), so a v4
+/* An address as 16 bytes: dx_addr_norm's form (IPv4 mapped), so a v4
  * client of a dual-stack listener counts once whichever way it came. */
 static int peer_addr(const struct sockaddr_storage *ss, uint8_t out[16])
 {
-    memset(out, 0, 16);
-    if (ss->ss_family == AF_INET) {
-        out[10] = out[11] = 0xff;
-        memcpy(out + 12, &((const struct sockaddr_in *)ss)->sin_addr, 4);
-        return 0;
-    }
-    if (ss->ss_family != AF_INET6) return -1;
-    memcpy(out, &((const struct sockaddr_in6 *)ss)->sin6_addr, 16);
+    dx_ipport a;
+    if (dx_addr_norm((const struct sockaddr *)ss, &a) < 0) return -1;
+    memcpy(out, a.ip, 16);
     return 0;
 }
 

@@ -53,9 +53,6 @@
 #include "node/oai_resp.h"
 #include "node/prom.h"
 
-/* Clients may try again after a 503 (queue full, shutting down, loading). */
-static const char k_retry_after[] = HTTP_RETRY_AFTER;
-
 const char *node_role_name(enum node_role r)
 {
     return r == NODE_ROLE_PREFILL ? "prefill" : r == NODE_ROLE_DECODE ? "decode" : "both";
@@ -108,7 +105,7 @@ static void respond_error(node_server *s, http_conn *c, const http_req *r, int s
     dx_buf b;
     dx_buf_init(&b, 0);
     oai_error_json(&b, msg, oai_error_type(status), param, code);
-    const char *hdr = status == 503 ? k_retry_after : NULL;
+    const char *hdr = status == 503 ? HTTP_RETRY_AFTER : NULL;
     if (status == 405) hdr = http_allow_header(r->path);
     respond_json(s, c, r->method, r->path, status, hdr, &b, t0);
     dx_buf_free(&b);
@@ -482,7 +479,7 @@ static void fail_early_code(node_server *s, node_req *q, int status, const char 
         oai_error_json(&b, msg, oai_error_type(status), param, code);
         http_conn_set_abort(q->conn, NULL, NULL);
         http_conn_respond(q->conn, status, "application/json",
-                          status == 503 ? k_retry_after : NULL, b.data, b.len);
+                          status == 503 ? HTTP_RETRY_AFTER : NULL, b.data, b.len);
         dx_buf_free(&b);
     }
     count_request(s, q->path, q->conn ? status : 499);
@@ -982,11 +979,11 @@ static int finish_full(node_req *q, const oai_usage *u)
                                   "\"server_error\",\"param\":null,\"code\":null}}";
         dx_buf_free(&b);
         status = 503;
-        http_conn_respond(q->conn, status, "application/json", k_retry_after, oom,
+        http_conn_respond(q->conn, status, "application/json", HTTP_RETRY_AFTER, oom,
                           sizeof oom - 1);
         return status;
     }
-    http_conn_respond(q->conn, status, "application/json", status == 503 ? k_retry_after : NULL,
+    http_conn_respond(q->conn, status, "application/json", status == 503 ? HTTP_RETRY_AFTER : NULL,
                       b.data, b.len);
     dx_buf_free(&b);
     return status;

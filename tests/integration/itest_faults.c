@@ -22,11 +22,6 @@
  * apart instead of failing. */
 #define CAPACITY_500_TOLERATED 0
 
-static const char *const k_pa[] = {"--role", "prefill", "--bidirectional-kv-xfer",
-                                   "--no-enable-prefix-caching", NULL};
-static const char *const k_da[] = {"--role", "decode", "--bidirectional-kv-xfer", NULL};
-static const char *const k_ref[] = {"--no-enable-prefix-caching", NULL};
-static const char *const k_via_p[] = {"--local-prefill-max-tokens", "0", NULL};
 
 /* One non-streamed turn through the router, checked against the oracle. */
 static void turn_checked(conv *c, conv *r, const tp_proc *R, const tp_proc *S, int max_tokens,
@@ -112,12 +107,7 @@ static void test_decode_killed_mid_stream(void **state)
 {
     (void)state;
     tp_proc P, D0, D1, S, R;
-    node_start(&P, "p", k_pa);
-    node_start(&D0, "d0", k_da);
-    node_start(&D1, "d1", k_da);
-    node_start(&S, "s", k_ref);
-    tp_proc *pp[] = {&P}, *dd[] = {&D0, &D1};
-    router_start(&R, pp, 1, dd, 2, k_via_p);
+    cluster_start(&P, &D0, &D1, &S, &R);
     conv c, r;
     conv_init(&c, 1101, 60);
     conv_init(&r, 1101, 60);
@@ -169,12 +159,7 @@ static void test_holder_killed_mid_transfer(void **state)
 {
     (void)state;
     tp_proc P, D0, D1, S, R;
-    node_start(&P, "p", k_pa);
-    node_start(&D0, "d0", k_da);
-    node_start(&D1, "d1", k_da);
-    node_start(&S, "s", k_ref);
-    tp_proc *pp[] = {&P}, *dd[] = {&D0, &D1};
-    router_start(&R, pp, 1, dd, 2, k_via_p);
+    cluster_start(&P, &D0, &D1, &S, &R);
     const char *h[] = {"X-Conversation-Id: holder", NULL};
     conv c, r;
     conv_init(&c, 1201, 120);
@@ -239,17 +224,14 @@ static void test_router_restarted(void **state)
 {
     (void)state;
     tp_proc P, D, S, R;
-    node_start(&P, "p", k_pa);
-    node_start(&D, "d", k_da);
-    node_start(&S, "s", k_ref);
-    tp_proc *pp[] = {&P}, *dd[] = {&D};
-    router_start(&R, pp, 1, dd, 1, k_via_p);
+    cluster_start(&P, &D, NULL, &S, &R);
     conv c, r;
     conv_init(&c, 1301, 80);
     conv_init(&r, 1301, 80);
     for (int t = 1; t <= 5; t++) {
         if (t == 3) {
             tp_stop(&R, SIGKILL, 30);
+            tp_proc *pp[] = {&P}, *dd[] = {&D};
             router_start(&R, pp, 1, dd, 1, k_via_p);
         }
         long pulled = metric(&P, PULLED);
@@ -279,12 +261,7 @@ static void test_node_stopped_and_resumed(void **state)
 {
     (void)state;
     tp_proc P, D0, D1, S, R;
-    node_start(&P, "p", k_pa);
-    node_start(&D0, "d0", k_da);
-    node_start(&D1, "d1", k_da);
-    node_start(&S, "s", k_ref);
-    tp_proc *pp[] = {&P}, *dd[] = {&D0, &D1};
-    router_start(&R, pp, 1, dd, 2, k_via_p);
+    cluster_start(&P, &D0, &D1, &S, &R);
     const char *h[] = {"X-Conversation-Id: stopped", NULL};
     conv c, r;
     conv_init(&c, 1401, 80);

@@ -18,7 +18,6 @@
 
 /* ---- tests -------------------------------------------------------------------- */
 
-static const char *const k_ref[] = {"--no-enable-prefix-caching", NULL};
 
 #define FIRST "duplex_pd_first_token_from_prefill_total"
 
@@ -152,9 +151,6 @@ static void test_threshold(void **state)
     stop_ok(&D);
 }
 
-static const char *const k_pa[] = {"--role", "prefill", "--bidirectional-kv-xfer",
-                                   "--no-enable-prefix-caching", NULL};
-static const char *const k_da[] = {"--role", "decode", "--bidirectional-kv-xfer", NULL};
 
 /* A past answer edited (its second half stripped, as clients strip
  * reasoning): outputs still equal the single node's; reuse stops at the

@@ -31,11 +31,6 @@ static json_t *turn_router(conv *c, const tp_proc *R, int max_tokens, const char
     return ans;
 }
 
-static const char *const k_pa[] = {"--role", "prefill", "--bidirectional-kv-xfer",
-                                   "--no-enable-prefix-caching", NULL};
-static const char *const k_da[] = {"--role", "decode", "--bidirectional-kv-xfer", NULL};
-static const char *const k_ref[] = {"--no-enable-prefix-caching", NULL};
-static const char *const k_via_p[] = {"--local-prefill-max-tokens", "0", NULL};
 
 /* ---- tests ---------------------------------------------------------------------- */
 
@@ -46,11 +41,7 @@ static void test_bidirectional_through_router(void **state)
 {
     (void)state;
     tp_proc P, D, S, R;
-    node_start(&P, "p", k_pa);
-    node_start(&D, "d", k_da);
-    node_start(&S, "s", k_ref);
-    tp_proc *pp[] = {&P}, *dd[] = {&D};
-    router_start(&R, pp, 1, dd, 1, k_via_p);
+    cluster_start(&P, &D, NULL, &S, &R);
     conv c, r;
     conv_init(&c, 201, 90);
     conv_init(&r, 201, 90);
@@ -144,11 +135,7 @@ static void test_ids_tenants_forgery(void **state)
 {
     (void)state;
     tp_proc P, D, S, R;
-    node_start(&P, "p", k_pa);
-    node_start(&D, "d", k_da);
-    node_start(&S, "s", k_ref);
-    tp_proc *pp[] = {&P}, *dd[] = {&D};
-    router_start(&R, pp, 1, dd, 1, k_via_p);
+    cluster_start(&P, &D, NULL, &S, &R);
     const char *ha[] = {"Authorization: Bearer tenant-a", "X-Conversation-Id: shared", NULL};
     const char *hb[] = {"Authorization: Bearer tenant-b", "X-Conversation-Id: shared", NULL};
     const char *hg[] = {"Authorization: Bearer tenant-b", "X-Conversation-Id: guessed", NULL};
@@ -282,12 +269,7 @@ static void test_nodes_killed(void **state)
 {
     (void)state;
     tp_proc P, D0, D1, S, R;
-    node_start(&P, "p", k_pa);
-    node_start(&D0, "d0", k_da);
-    node_start(&D1, "d1", k_da);
-    node_start(&S, "s", k_ref);
-    tp_proc *pp[] = {&P}, *dd[] = {&D0, &D1};
-    router_start(&R, pp, 1, dd, 2, k_via_p);
+    cluster_start(&P, &D0, &D1, &S, &R);
     const char *h[] = {"X-Conversation-Id: kill", NULL};
     conv c, r;
     conv_init(&c, 801, 80);

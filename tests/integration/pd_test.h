@@ -75,6 +75,17 @@ static inline void url_list(char *out, size_t cap, tp_proc *const *n, int k)
                                 n[i]->http);
 }
 
+/* The flags the P/D tests give their processes: bidirectional prefill and
+ * decode nodes, the single-node oracle (no prefix cache: every answer
+ * computed afresh), and a router that sends every prompt through a prefill
+ * node.  (Unused in some files.) */
+#define PD_UNUSED __attribute__((unused))
+static const char *const k_pa[] PD_UNUSED = {"--role", "prefill", "--bidirectional-kv-xfer",
+                                             "--no-enable-prefix-caching", NULL};
+static const char *const k_da[] PD_UNUSED = {"--role", "decode", "--bidirectional-kv-xfer", NULL};
+static const char *const k_ref[] PD_UNUSED = {"--no-enable-prefix-caching", NULL};
+static const char *const k_via_p[] PD_UNUSED = {"--local-prefill-max-tokens", "0", NULL};
+
 /* A router over P[0..np) and D[0..nd), healthy before it returns. */
 static inline void router_start(tp_proc *r, tp_proc *const *P, int np, tp_proc *const *D, int nd,
                                 const char *const *extra)
@@ -100,6 +111,18 @@ static inline void router_start(tp_proc *r, tp_proc *const *P, int np, tp_proc *
         tp_sleep_ms(50);
     assert_int_equal(tc_http(r->http, "GET", "/health", NULL, &b, 10), 200);
     dx_buf_free(&b);
+}
+
+/* One prefill node P, decode nodes D0 and (unless NULL) D1, with the flags
+ * above; the oracle S; and a router over them that always prefills on P. */
+static inline void cluster_start(tp_proc *P, tp_proc *D0, tp_proc *D1, tp_proc *S, tp_proc *R)
+{
+    node_start(P, "p", k_pa);
+    node_start(D0, D1 ? "d0" : "d", k_da);
+    if (D1) node_start(D1, "d1", k_da);
+    node_start(S, "s", k_ref);
+    tp_proc *pp[] = {P}, *dd[] = {D0, D1};
+    router_start(R, pp, 1, dd, D1 ? 2 : 1, k_via_p);
 }
 
 /* A node at rest after a test: no request running or waiting, no pin, and
