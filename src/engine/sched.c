@@ -619,6 +619,18 @@ static uint32_t newest_running(const sched *s)
 /* Makes q's block table cover `upto` tokens, preempting newer sequences when
  * the pool is dry.  Returns 0, 1 if q itself had to be preempted, 2 if q runs
  * alone and the pool still has no room (blocks pinned outside the scheduler). */
+/* The newest waiting request holding handed-in prefix blocks lets them go;
+ * 0 when none holds any. */
+static int drop_newest_waiting_prefix(sched *s)
+{
+    seq *newest = NULL;
+    for (seq *w = s->wait_head; w; w = w->next)
+        if (w->n_pre) newest = w;
+    if (!newest) return 0;
+    drop_pre_blocks(s, newest);
+    return 1;
+}
+
 static int ensure_blocks(sched *s, seq *q, uint32_t upto)
 {
     uint32_t need = (upto + s->bs - 1) / s->bs;
@@ -629,7 +641,13 @@ static int ensure_blocks(sched *s, seq *q, uint32_t upto)
             continue;
         }
         if (reclaim(s)) continue; /* retained KV gives way before anything running */
-        if (s->n_running == 1) return 2; /* alone and still no room: blocks held elsewhere */
+        if (s->n_running == 1) {
+            /* alone: what else holds blocks is waiting requests' handed-in
+             * prefixes (they give way, and compute those tokens when
+             * admitted) and pins of reads in flight */
+            if (drop_newest_waiting_prefix(s)) continue;
+            return 2;
+        }
         uint32_t v = newest_running(s);
         int self = s->running[v] == q;
         preempt(s, v);
