@@ -14,7 +14,7 @@ V ?= release
 CC ?= cc
 BUILD := build/$(V)
 
-PKGS := libpcre2-8 libxxhash jansson libuv libcurl ucx libutf8proc libsodium
+PKGS := libpcre2-8 libxxhash jansson libuv libcurl ucx libutf8proc libsodium hiredis
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS := $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lhttp_parser
 CMOCKA_LIBS := $(shell pkg-config --libs cmocka 2>/dev/null)

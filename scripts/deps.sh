@@ -6,6 +6,7 @@ set -euo pipefail
 PKGS=(build-essential pkg-config clang
       libpcre2-dev libxxhash-dev libjansson-dev libutf8proc-dev libcmocka-dev libexpat1-dev
       libuv1-dev libhttp-parser-dev libcurl4-openssl-dev libucx-dev libsodium-dev
+      libhiredis-dev redis-server
       iproute2 nodejs npm curl)
 
 missing=()

@@ -15,7 +15,7 @@ SECS=${FUZZ_SECONDS:-60}
 OUT=build/libfuzzer
 OBJ=$OUT/obj
 mkdir -p "$OBJ" build/fuzz-artifacts
-PKGS="libpcre2-8 libxxhash jansson libuv ucx libutf8proc libsodium"
+PKGS="libpcre2-8 libxxhash jansson libuv ucx libutf8proc libsodium hiredis"
 FLAGS="-std=c11 -D_GNU_SOURCE -O1 -g -Isrc -ffp-contract=off $(pkg-config --cflags $PKGS)"
 LIBS="$(pkg-config --libs $PKGS libcurl) -lhttp_parser -lm -pthread"
 AVX2="-mavx2 -mfma -mf16c"
