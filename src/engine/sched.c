@@ -616,9 +616,6 @@ static uint32_t newest_running(const sched *s)
     return best;
 }
 
-/* Makes q's block table cover `upto` tokens, preempting newer sequences when
- * the pool is dry.  Returns 0, 1 if q itself had to be preempted, 2 if q runs
- * alone and the pool still has no room (blocks pinned outside the scheduler). */
 /* The newest waiting request holding handed-in prefix blocks lets them go;
  * 0 when none holds any. */
 static int drop_newest_waiting_prefix(sched *s)
@@ -631,6 +628,9 @@ static int drop_newest_waiting_prefix(sched *s)
     return 1;
 }
 
+/* Makes q's block table cover `upto` tokens, preempting newer sequences when
+ * the pool is dry.  Returns 0, 1 if q itself had to be preempted, 2 if q runs
+ * alone and the pool still has no room (blocks pinned outside the scheduler). */
 static int ensure_blocks(sched *s, seq *q, uint32_t upto)
 {
     uint32_t need = (upto + s->bs - 1) / s->bs;

@@ -82,11 +82,34 @@ static void load_work(uv_work_t *w)
 
 /* Dependency order (node_kv.h): no more pins, no more engine events, no
  * more leases, then the pool, then the agent that allocated it. */
+/* Once every request, pin and lease has ended, nothing may still hold a
+ * block: a leak here would be a lease or handed-in prefix never released,
+ * which in a long-running node slowly eats the pool.  Every graceful stop
+ * checks it (so every test that stops a node checks it too) and a leak
+ * turns exit 0 into exit 3. */
+static void audit_pool(run_ctx *r)
+{
+    kv_pool *p = engine_kv_pool(r->e);
+    kv_pool_stats st;
+    kv_pool_get_stats(p, &st);
+    int rc = kv_pool_check(p);
+    if (rc < 0)
+        DX_LOGE("duplex serve: shutdown audit: the KV pool is inconsistent: %s", dx_errmsg());
+    else if (st.n_used)
+        DX_LOGE("duplex serve: shutdown audit: %u KV blocks still referenced after every "
+                "request, pin and lease ended (a leak)",
+                st.n_used);
+    else
+        return;
+    if (!r->exit_code) r->exit_code = 3;
+}
+
 static void teardown_engine(run_ctx *r)
 {
     node_kv_close_port(r->kv);
     engine_stop(r->e);
     node_kv_drop_leases(r->kv);
+    if (r->e) audit_pool(r);
     engine_destroy(r->e);
     r->e = NULL;
     node_kv_destroy(r->kv);
@@ -209,8 +232,7 @@ static int start_server(run_ctx *r)
     if (r->cfg.engine_id && *r->cfg.engine_id)
         snprintf(r->engine_id, sizeof r->engine_id, "%s", r->cfg.engine_id);
     else /* default: the HTTP address, known once bound */
-        snprintf(r->engine_id, sizeof r->engine_id, "%s:%d", r->cfg.host,
-                 node_server_port(r->srv));
+        snprintf(r->engine_id, sizeof r->engine_id, "%s:%d", r->cfg.host, node_server_port(r->srv));
     return 0;
 }
 

@@ -409,7 +409,13 @@ static int group_teardown(void **state)
     int bad = 0;
     tp_proc *routers[] = {&G.pd, &G.colo, &G.fl, &G.fpd, &G.funi};
     for (size_t i = 0; i < DX_ARRAY_LEN(routers); i++) bad |= tp_stop_clean(routers[i]) != 0;
-    for (int i = 0; i < N_NODES; i++) tp_stop(&G.node[i], SIGTERM, 30);
+    /* every node a test did not kill on purpose exits 0: drained, and its
+     * shutdown audit found no leaked KV block */
+    for (int i = 0; i < N_NODES; i++) {
+        tp_proc *n = &G.node[i];
+        if (tp_gone(n) && WIFSIGNALED(n->status) && WTERMSIG(n->status) == SIGKILL) continue;
+        bad |= tp_stop_clean(n) != 0;
+    }
     fake_stop(&G.fp);
     fake_stop(&G.fd);
     char cmd[128];

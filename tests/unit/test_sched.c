@@ -114,13 +114,17 @@ static void srig_init_cfg(srig *r, model *m, uint32_t n_blocks, uint32_t max_bat
     r->m = m;
     uint64_t fp[2];
     model_fingerprint(m, fp);
-    kv_pool_config pc = {.n_layer = hp->n_layer, .n_kv_head = hp->n_kv_head,
-                         .head_dim = hp->head_dim, .block_size = 16, .dtype = DX_F16,
-                         .n_blocks = n_blocks, .seed = {fp[0], fp[1]}};
+    kv_pool_config pc = {.n_layer = hp->n_layer,
+                         .n_kv_head = hp->n_kv_head,
+                         .head_dim = hp->head_dim,
+                         .block_size = 16,
+                         .dtype = DX_F16,
+                         .n_blocks = n_blocks,
+                         .seed = {fp[0], fp[1]}};
     assert_int_equal(kv_pool_create(&pc, &r->pool), 0);
     assert_int_equal(dx_tpool_create(threads, &r->tp), 0);
-    sched_config sc = {max_batch, 16, 64, 1024, no_prefix_cache,
-                       reclaim_user ? reclaim_one : NULL, reclaim_user};
+    sched_config sc = {
+        max_batch, 16, 64, 1024, no_prefix_cache, reclaim_user ? reclaim_one : NULL, reclaim_user};
     assert_int_equal(sched_create(&sc, m, r->pool, r->tp, &r->s), 0);
 }
 
@@ -144,8 +148,12 @@ static void run_all(srig *r)
 
 static engine_request greedy(const int32_t *p, size_t n, uint32_t max_tokens, collector *c)
 {
-    return (engine_request){.prompt = p, .n_prompt = n, .max_tokens = max_tokens,
-                            .ignore_eos = 1, .on_event = collect, .user = c};
+    return (engine_request){.prompt = p,
+                            .n_prompt = n,
+                            .max_tokens = max_tokens,
+                            .ignore_eos = 1,
+                            .on_event = collect,
+                            .user = c};
 }
 
 static model *g_m;
@@ -584,8 +592,12 @@ static void test_pregen_first_token(void **state)
         srig_init(&r, g_m, 64, 512, 1);
         col_init(&cs[i]);
         engine_request s = greedy(g_prompts[1], g_plen[1], 24, &cs[i]);
-        s.sampling = (engine_sampling){.temperature = 1.5f, .top_k = 50, .top_p = 0.95f,
-                                       .min_p = 0.01f, .seed = 5, .has_seed = 1};
+        s.sampling = (engine_sampling){.temperature = 1.5f,
+                                       .top_k = 50,
+                                       .top_p = 0.95f,
+                                       .min_p = 0.01f,
+                                       .seed = 5,
+                                       .has_seed = 1};
         if (i) {
             s.pregen[0] = cs[0].toks[0];
             s.n_pregen = 1;
@@ -800,6 +812,83 @@ static void test_reclaim_before_preempt(void **state)
     srig_free(&r);
 }
 
+/* A sequence running alone runs out of blocks while a waiting request holds
+ * handed-in prefix blocks (pulled KV, say): those give way — the waiting
+ * request computes the tokens itself later — instead of the running one
+ * failing with "KV pool exhausted".  Both answers equal their runs alone. */
+static void test_alone_takes_waiting_prefix(void **state)
+{
+    (void)state;
+    srig big, r;
+    srig_init(&big, g_m, 64, 512, 1);
+    /* references: A = prompt 0 with 200 tokens; B = prompt 7 with 24
+     * (g_alone[7]); and B's first 4 prompt blocks, kept to hand in */
+    collector ra, cb0;
+    col_init(&ra);
+    col_init(&cb0);
+    engine_request qa = greedy(g_prompts[0], g_plen[0], 200, &ra);
+    assert_int_equal(sched_submit(big.s, &qa, 1), 0);
+    cb0.hold_pool = big.pool;
+    engine_request qb = greedy(g_prompts[7], g_plen[7], 24, &cb0);
+    qb.want_kv = 1;
+    assert_int_equal(sched_submit(big.s, &qb, 2), 0);
+    run_all(&big);
+    assert_int_equal(ra.fin.finish, ENGINE_FINISH_LENGTH);
+
+    /* 16 blocks, one sequence at a time: A needs 13 (205 tokens), and B's
+     * 4 handed-in blocks leave it 12 */
+    r.m = g_m;
+    const model_hparams *hp = model_hp(g_m);
+    uint64_t fp[2];
+    model_fingerprint(g_m, fp);
+    kv_pool_config pc = {.n_layer = hp->n_layer,
+                         .n_kv_head = hp->n_kv_head,
+                         .head_dim = hp->head_dim,
+                         .block_size = 16,
+                         .dtype = DX_F16,
+                         .n_blocks = 16,
+                         .seed = {fp[0], fp[1]}};
+    assert_int_equal(kv_pool_create(&pc, &r.pool), 0);
+    assert_int_equal(dx_tpool_create(1, &r.tp), 0);
+    sched_config sc = {512, 1, 64, 1024, 0, NULL, NULL};
+    assert_int_equal(sched_create(&sc, g_m, r.pool, r.tp, &r.s), 0);
+    int32_t pre[8];
+    size_t n_pre = transplant(big.pool, cb0.kv_blocks, r.pool, g_prompts[7], 4, pre);
+    for (size_t i = 0; i < cb0.kv_n_blocks; i++) kv_pool_unref(big.pool, cb0.kv_blocks[i]);
+
+    collector ca, cb;
+    col_init(&ca);
+    col_init(&cb);
+    qa.user = &ca;
+    qb = greedy(g_prompts[7], g_plen[7], 24, &cb);
+    qb.prefix_blocks = pre;
+    qb.n_prefix_blocks = n_pre;
+    assert_int_equal(sched_submit(r.s, &qa, 1), 0);
+    assert_int_equal(sched_submit(r.s, &qb, 2), 0);
+    run_all(&r);
+    assert_int_equal(ca.fin.finish, ENGINE_FINISH_LENGTH);
+    assert_int_equal(ca.n, 200);
+    assert_memory_equal(ca.toks, ra.toks, 200 * sizeof(int32_t));
+    assert_int_equal(cb.fin.finish, ENGINE_FINISH_LENGTH);
+    assert_memory_equal(cb.toks, g_alone[7].toks, 24 * sizeof(int32_t));
+    /* B lost its handed-in prefix (A reused one of the blocks) and
+     * computed what the prefix cache no longer had */
+    assert_true(cb.fin.n_cached < 64);
+    engine_stats st;
+    sched_get_stats(r.s, &st);
+    assert_int_equal(st.preemptions, 0);
+    kv_pool_stats ps;
+    kv_pool_get_stats(r.pool, &ps);
+    assert_int_equal(ps.n_used, 0);
+    assert_int_equal(kv_pool_check(r.pool), 0);
+    col_free(&ra);
+    col_free(&cb0);
+    col_free(&ca);
+    col_free(&cb);
+    srig_free(&r);
+    srig_free(&big);
+}
+
 static void test_cancel_frees_blocks(void **state)
 {
     (void)state;
@@ -871,8 +960,12 @@ static void test_seeded_sampling(void **state)
         srig_init(&r, g_m, 64, 512, 1);
         col_init(&c[i]);
         engine_request q = greedy(g_prompts[1], g_plen[1], 24, &c[i]);
-        q.sampling = (engine_sampling){.temperature = 1.5f, .top_k = 50, .top_p = 0.95f,
-                                       .min_p = 0.01f, .seed = i < 2 ? 5 : 6, .has_seed = 1};
+        q.sampling = (engine_sampling){.temperature = 1.5f,
+                                       .top_k = 50,
+                                       .top_p = 0.95f,
+                                       .min_p = 0.01f,
+                                       .seed = i < 2 ? 5 : 6,
+                                       .has_seed = 1};
         assert_int_equal(sched_submit(r.s, &q, 1), 0);
         run_all(&r);
         srig_free(&r);
@@ -1000,6 +1093,7 @@ int main(void)
         cmocka_unit_test(test_bias_penalties_logprobs),
         cmocka_unit_test(test_no_prefix_cache),
         cmocka_unit_test(test_reclaim_before_preempt),
+        cmocka_unit_test(test_alone_takes_waiting_prefix),
         cmocka_unit_test(test_cancel_frees_blocks),
         cmocka_unit_test(test_stop_string_and_validation),
         cmocka_unit_test(test_seeded_sampling),
