@@ -18,6 +18,14 @@ static atomic_size_t g_total_count;
 static atomic_size_t g_failed_count;
 static atomic_long g_fail_countdown;
 static atomic_int g_fail_sticky;
+/* Net bytes this thread allocated (minus what it freed): differences around
+ * a piece of work measure what that work left allocated. */
+static _Thread_local long long t_net_bytes;
+
+long long dx_alloc_thread_bytes(void)
+{
+    return t_net_bytes;
+}
 
 static int should_fail(void)
 {
@@ -47,6 +55,7 @@ static void *account(unsigned char *raw, size_t size)
         return NULL;
     }
     memcpy(raw, &size, sizeof size);
+    t_net_bytes += (long long)size;
     atomic_fetch_add_explicit(&g_live_bytes, size, memory_order_relaxed);
     atomic_fetch_add_explicit(&g_live_count, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&g_total_count, 1, memory_order_relaxed);
@@ -72,6 +81,7 @@ void dx_free(void *p)
     unsigned char *raw = (unsigned char *)p - HDR;
     size_t size;
     memcpy(&size, raw, sizeof size);
+    t_net_bytes -= (long long)size;
     atomic_fetch_sub_explicit(&g_live_bytes, size, memory_order_relaxed);
     atomic_fetch_sub_explicit(&g_live_count, 1, memory_order_relaxed);
     free(raw);
@@ -90,6 +100,7 @@ void *dx_realloc(void *p, size_t size)
         return NULL;
     }
     memcpy(nraw, &size, sizeof size);
+    t_net_bytes += (long long)size - (long long)old;
     atomic_fetch_sub_explicit(&g_live_bytes, old, memory_order_relaxed);
     atomic_fetch_add_explicit(&g_live_bytes, size, memory_order_relaxed);
     atomic_fetch_add_explicit(&g_total_count, 1, memory_order_relaxed);

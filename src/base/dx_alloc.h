@@ -29,6 +29,10 @@ size_t dx_alloc_live_count(void);
 /* Allocations made so far (all threads; dx_malloc, dx_calloc and every
  * dx_realloc count one each): tests check that a path allocates nothing. */
 size_t dx_alloc_total_count(void);
+/* Bytes the calling thread has allocated through this module minus those it
+ * freed (any start value: use the difference around a piece of work to know
+ * how much it left allocated, e.g. a parsed request's tree). */
+long long dx_alloc_thread_bytes(void);
 
 /* Allocations that failed so far (injected or real): a caller whose library
  * reports only "failed" (jansson) tells out-of-memory from bad input by it. */

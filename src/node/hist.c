@@ -139,8 +139,8 @@ static void prune(hist_mem *m, uint64_t now_ns, size_t room_bytes)
         entry_drop(m, m->head);
         m->st.expired++;
     }
-    while (m->head && (m->st.entries >= m->cfg.max_entries ||
-                       m->st.bytes + room_bytes > m->cfg.max_bytes)) {
+    while (m->head &&
+           (m->st.entries >= m->cfg.max_entries || m->st.bytes + room_bytes > m->cfg.max_bytes)) {
         entry_drop(m, m->head);
         m->st.evicted++;
     }
@@ -151,9 +151,8 @@ static uint64_t ttl_ns(const hist_mem *m)
     return (uint64_t)(m->cfg.ttl_s * 1e9);
 }
 
-static int put_locked(hist_mem *m, uint64_t ns, const int32_t *ctx, size_t n_ctx,
-                      const char *text, size_t len, const int32_t *ids, size_t n_ids,
-                      uint64_t now_ns)
+static int put_locked(hist_mem *m, uint64_t ns, const int32_t *ctx, size_t n_ctx, const char *text,
+                      size_t len, const int32_t *ids, size_t n_ids, uint64_t now_ns)
 {
     XXH128_hash_t c = ctx_hash(ctx, n_ctx, ns);
     uint64_t h = key_hash(m, c, text, len);
@@ -307,7 +306,8 @@ int hist_reply(void *user, const int32_t *ctx, size_t n_ctx, const char *text, s
     int rc = 0;
     for (int pass = 0; pass < 2 && rc == 0; pass++) {
         int mem = pass == 0 ? s->mem_first : !s->mem_first;
-        rc = mem ? from_mem(s, ctx, n_ctx, text, len, out) : from_seq(s, ctx, n_ctx, text, len, out);
+        rc =
+            mem ? from_mem(s, ctx, n_ctx, text, len, out) : from_seq(s, ctx, n_ctx, text, len, out);
         if (rc > 0) *(mem ? &s->from_mem : &s->from_seq) += 1;
     }
     if (rc == 0) s->retokenised++;

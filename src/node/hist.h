@@ -75,7 +75,7 @@ typedef struct {
     uint64_t ns;   /* the request's namespace in mem (hist_mem_put) */
     int mem_first; /* the sequence is a prefill node's prompt, not generated ids: memory first */
     uint64_t now_ns;
-    dx_buf scratch; /* hist_src_init/free */
+    dx_buf scratch;                           /* hist_src_init/free */
     uint32_t from_seq, from_mem, retokenised; /* replies, by where their ids came from */
 } hist_src;
 

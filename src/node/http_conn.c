@@ -76,6 +76,7 @@ struct http_conn {
     uint64_t chunked_total; /* chunk sizes declared so far */
     uint64_t idle_since;    /* loop time the connection last became idle */
     size_t charged;         /* bytes of buffers counted in srv->buffered */
+    size_t app_bytes;       /* held by the application for the request (http_conn_charge) */
     dx_buf in;              /* unparsed input */
     dx_buf head;            /* url, then header names/values, NUL-separated */
     dx_buf body;
@@ -190,7 +191,7 @@ const char *http_allow_header(const char *path)
 /* Re-counts c's buffers in the server's total. */
 static void conn_charge(http_conn *c)
 {
-    size_t now = c->in.cap + c->head.cap + c->body.cap + c->wfly.cap + c->wnext.cap;
+    size_t now = c->in.cap + c->head.cap + c->body.cap + c->wfly.cap + c->wnext.cap + c->app_bytes;
     c->srv->buffered = c->srv->buffered - c->charged + now;
     c->charged = now;
 }
@@ -198,6 +199,23 @@ static void conn_charge(http_conn *c)
 static int over_budget(const http_srv *s)
 {
     return s->buffered > s->lim->max_buffered_bytes;
+}
+
+int http_conn_charge(http_conn *c, size_t bytes)
+{
+    c->app_bytes += bytes;
+    conn_charge(c);
+    if (!bytes || !over_budget(c->srv)) return 0;
+    c->srv->st.refused_budget++;
+    DX_LOGD("http: %zu bytes held, over the budget of %zu: refusing", c->srv->buffered,
+            c->srv->lim->max_buffered_bytes);
+    return 1;
+}
+
+void http_conn_uncharge(http_conn *c, size_t bytes)
+{
+    c->app_bytes -= bytes < c->app_bytes ? bytes : c->app_bytes;
+    conn_charge(c);
 }
 
 /* ---- output ---------------------------------------------------------- */
@@ -883,7 +901,7 @@ static void conn_over_budget(http_conn *c)
     DX_LOGD("http: %zu bytes buffered, over the budget of %zu: refusing", c->srv->buffered,
             c->srv->lim->max_buffered_bytes);
     if (c->state == ST_READING)
-        conn_reject(c, 503, "server busy: too much request data in progress; try again later");
+        conn_reject(c, 503, HTTP_BUSY_BUFFERS);
     else
         conn_close(c);
 }

@@ -143,6 +143,14 @@ void http_conn_release(http_conn *c);
 /* Closes the connection now, mid-answer if need be (no abort callback runs);
  * the pointer is invalid afterwards.  For tests and fault injection. */
 void http_conn_abort(http_conn *c);
+/* Bytes the application holds on behalf of c's request besides the body
+ * (its parsed tree): counted in max_buffered_bytes like the buffers until
+ * uncharged or the connection closes.  Returns 1 when the server is over the
+ * budget with them (counted as refused): the caller answers 503 with
+ * HTTP_BUSY_BUFFERS after uncharging them; else 0. */
+int http_conn_charge(http_conn *c, size_t bytes);
+void http_conn_uncharge(http_conn *c, size_t bytes);
+#define HTTP_BUSY_BUFFERS "server busy: too much request data in progress; try again later"
 /* A finished answer with Content-Length.  extra_headers: "Name: v\r\n"... or
  * NULL.  Returns 0 or a negative code: the connection is then closing and the
  * abort callback, if one is set, has already run (inside this call). */

@@ -119,14 +119,15 @@ static int check_consistent(const kvtp *p, int has_model, const kvtp_limits *lim
 {
     if (p->num_tokens >= 0 && p->block_ids &&
         (uint64_t)p->num_tokens != (uint64_t)p->n_blocks * lim->block_size)
-        return bad(err, "remote_num_tokens",
-                   "%lld tokens, but %zu blocks of %u tokens hold %llu", (long long)p->num_tokens,
-                   p->n_blocks, lim->block_size,
+        return bad(err, "remote_num_tokens", "%lld tokens, but %zu blocks of %u tokens hold %llu",
+                   (long long)p->num_tokens, p->n_blocks, lim->block_size,
                    (unsigned long long)p->n_blocks * lim->block_size);
     if (p->first_ids && !p->token_ids)
-        return bad(err, "first_token_ids", "given without remote_token_ids (the tokens they follow)");
+        return bad(err, "first_token_ids",
+                   "given without remote_token_ids (the tokens they follow)");
     if (p->first_ids && !has_model)
-        return bad(err, "first_token_ids", "given without first_token_model (the model that made them)");
+        return bad(err, "first_token_ids",
+                   "given without first_token_model (the model that made them)");
     if (p->num_tokens > 0 && p->token_ids && (size_t)p->num_tokens > p->n_tokens)
         return bad(err, "remote_num_tokens", "%lld tokens, but remote_token_ids has only %zu",
                    (long long)p->num_tokens, p->n_tokens);
@@ -201,15 +202,17 @@ int kvtp_write(dx_buf *b, const kvtp *p)
 {
     char lease[33];
     if (p->has_lease) xfer_token_hex(&p->lease, lease);
-    int rc = dx_buf_printf(b, "\"kv_transfer_params\":{\"do_remote_decode\":%s,"
-                              "\"do_remote_prefill\":%s",
+    int rc = dx_buf_printf(b,
+                           "\"kv_transfer_params\":{\"do_remote_decode\":%s,"
+                           "\"do_remote_prefill\":%s",
                            p->do_remote_decode ? "true" : "false",
                            p->do_remote_prefill ? "true" : "false");
     if (!rc) rc = put_str(b, "remote_engine_id", p->engine_id);
     if (!rc) rc = put_str(b, "remote_request_id", p->request_id);
     if (!rc) rc = put_str(b, "remote_host", p->host);
-    if (!rc) rc = p->port ? dx_buf_printf(b, ",\"remote_port\":%d", p->port)
-                          : dx_buf_puts(b, ",\"remote_port\":null");
+    if (!rc)
+        rc = p->port ? dx_buf_printf(b, ",\"remote_port\":%d", p->port)
+                     : dx_buf_puts(b, ",\"remote_port\":null");
     if (!rc) rc = put_ids(b, "remote_block_ids", p->block_ids, p->n_blocks);
     if (!rc)
         rc = p->num_tokens >= 0

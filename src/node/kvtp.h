@@ -17,8 +17,8 @@
 #include "node/oai_req.h"
 #include "xfer/xfer_lease.h"
 
-#define KVTP_MAX_ID   128 /* engine and request ids, bytes */
-#define KVTP_MAX_HOST 255
+#define KVTP_MAX_ID    128 /* engine and request ids, bytes */
+#define KVTP_MAX_HOST  255
 #define KVTP_MAX_FIRST 8 /* first_token_ids (the engine's ENGINE_MAX_PREGEN) */
 
 typedef struct {
@@ -32,7 +32,7 @@ typedef struct {
     int64_t num_tokens; /* -1 = absent */
     int has_lease;
     xfer_token lease;
-    double ttl_s; /* < 0 = absent */
+    double ttl_s;       /* < 0 = absent */
     int32_t *token_ids; /* dx_malloc'd; NULL = absent */
     size_t n_tokens;
     /* first_token_ids: what a prefill node generated after remote_token_ids

@@ -238,8 +238,13 @@ void node_kv_pull_run(node_kv *k, node_kv_pull *p)
         p->seconds = (double)(dx_now_ns() - t0) * 1e-9;
         return;
     }
-    xfer_pull_req rq = {.host = p->host, .port = p->port, .token = p->lease, .chain = p->chain,
-                        .remote_ids = p->remote_ids, .local_ids = p->local_ids, .n = p->n,
+    xfer_pull_req rq = {.host = p->host,
+                        .port = p->port,
+                        .token = p->lease,
+                        .chain = p->chain,
+                        .remote_ids = p->remote_ids,
+                        .local_ids = p->local_ids,
+                        .n = p->n,
                         .timeout_s = k->cfg.pull_timeout_s};
     xfer_pull_result res;
     int rc = xfer_pull(k->client, &rq, &res);

@@ -171,7 +171,8 @@ static int match_local(node_server *s, node_req *q, size_t n_full)
         return dx_errf(DX_ENOMEM, "P/D: hash chain of %zu blocks", n_full);
     kv_pool_hash_chain_from(pool, kv_pool_seed_salted(pool, q->salt), q->prompt,
                             n_full * block_size(s), pd->chain);
-    pd->n_local = s->cfg.no_prefix_cache ? 0 : kv_pool_match_prefix(pool, pd->chain, n_full, pd->blocks);
+    pd->n_local =
+        s->cfg.no_prefix_cache ? 0 : kv_pool_match_prefix(pool, pd->chain, n_full, pd->blocks);
     pd->owns_blocks = 1;
     return 0;
 }
@@ -208,8 +209,7 @@ int node_pd_plan(node_server *s, node_req *q)
     node_pd_req *pd = &q->pd;
     const kvtp *in = &pd->in;
     take_first(s, q);
-    if (!s->be.kv || !pd->has_params || !in->do_remote_prefill || !kvtp_has_holder(in) ||
-        pd->self)
+    if (!s->be.kv || !pd->has_params || !in->do_remote_prefill || !kvtp_has_holder(in) || pd->self)
         return 0; /* nothing remote: the engine matches its own cache at admission */
     if (in->do_remote_decode && !s->cfg.bidirectional) return 0; /* one-way P→D only */
     uint32_t bs = block_size(s);
@@ -230,9 +230,12 @@ int node_pd_plan(node_server *s, node_req *q)
         return 0;
     }
     pd->d2p = in->do_remote_decode;
-    pd->pull = (node_kv_pull){.host = in->host, .port = in->port, .lease = in->lease,
+    pd->pull = (node_kv_pull){.host = in->host,
+                              .port = in->port,
+                              .lease = in->lease,
                               .chain = pd->chain + pd->n_local,
-                              .remote_ids = in->block_ids + pd->n_local, .n = want,
+                              .remote_ids = in->block_ids + pd->n_local,
+                              .n = want,
                               .local_ids = pd->blocks + pd->n_local};
     pd->work.data = q;
     pd->pulling = 1;

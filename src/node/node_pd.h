@@ -48,10 +48,10 @@ enum node_pd_hold {
 typedef struct {
     int has_params; /* kv_transfer_params given, and the node has a KV port */
     kvtp in;
-    int self;  /* the params name this very node */
-    int hold;  /* enum node_pd_hold */
-    int memo;  /* remember the reply in the node's memory */
-    int d2p;   /* a pull here brings a decode node's history to a prefill node */
+    int self; /* the params name this very node */
+    int hold; /* enum node_pd_hold */
+    int memo; /* remember the reply in the node's memory */
+    int d2p;  /* a pull here brings a decode node's history to a prefill node */
     /* The prompt's leading blocks handed to the engine: [0, n_local) from
      * this node's cache, then n_pulled pulled.  Referenced by us while
      * owns_blocks, by the engine once it has the request. */

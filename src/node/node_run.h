@@ -37,9 +37,9 @@ typedef struct {
     /* --insecure-no-auth: listen beyond loopback without API keys (HTTP) or
      * without a secret (KV port) */
     int insecure_no_auth;
-    double kv_peer_timeout_s;   /* longest wait for one reply from a holder (default 5) */
-    double kv_pull_timeout_s;   /* one whole pull (default 10) */
-    const char *engine_id; /* default: host:port of the HTTP server */
+    double kv_peer_timeout_s;      /* longest wait for one reply from a holder (default 5) */
+    double kv_pull_timeout_s;      /* one whole pull (default 10) */
+    const char *engine_id;         /* default: host:port of the HTTP server */
     const char *served_model_name; /* NULL: the model file's name */
     /* --tool-call-parser auto|qwen|llama3|none, --reasoning-parser
      * auto|think|none (NULL: auto; checked by node_run_parse_parsers) */

@@ -69,8 +69,9 @@ static const char *served_name(const node_server *s)
  * blow up the metric's cardinality. */
 static const char *route_label(const char *path)
 {
-    static const char *const known[] = {"/v1/chat/completions", "/v1/completions", "/v1/models",
-                                        "/health", "/metrics", "/tokenize", "/detokenize"};
+    static const char *const known[] = {
+        "/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics", "/tokenize",
+        "/detokenize"};
     for (size_t i = 0; i < DX_ARRAY_LEN(known); i++)
         if (strcmp(path, known[i]) == 0) return known[i];
     return "other";
@@ -470,9 +471,18 @@ static void start_stream(node_req *q)
 static void maybe_stopped(node_server *s);
 
 /* node_server_fail_early with the error's OpenAI code (or NULL). */
+/* The parsed request is about to be freed or answered: its bytes leave the
+ * connection's buffer budget. */
+static void req_uncharge(node_req *q)
+{
+    if (q->charged && q->conn) http_conn_uncharge(q->conn, q->charged);
+    q->charged = 0;
+}
+
 static void fail_early_code(node_server *s, node_req *q, int status, const char *msg,
                             const char *param, const char *code)
 {
+    req_uncharge(q);
     if (q->conn) {
         dx_buf b;
         dx_buf_init(&b, 0);
@@ -541,15 +551,17 @@ int node_server_submit(node_server *s, node_req *q)
         int st = rc == DX_EBUSY ? 503 : rc == DX_EINVAL ? 400 : 500;
         const char *msg = rc == DX_EBUSY ? "server busy: the waiting queue is full" : dx_errmsg();
         /* the field to blame: the prompt when it alone fills the context */
-        const char *param = st != 400                  ? NULL
-                            : q->n_prompt >= s->be.n_ctx ? (q->meta.kind == OAI_CHAT ? "messages" : "prompt")
-                                                         : "max_tokens";
+        const char *param = st != 400 ? NULL
+                            : q->n_prompt >= s->be.n_ctx
+                                ? (q->meta.kind == OAI_CHAT ? "messages" : "prompt")
+                                : "max_tokens";
         /* also drops the P/D blocks, which are still ours */
         node_server_fail_early(s, q, st, msg, param);
         return st;
     }
     node_pd_submitted(q); /* the engine owns the handed blocks now */
-    oai_req_free(&q->o);  /* everything the engine needs was copied */
+    req_uncharge(q);
+    oai_req_free(&q->o); /* everything the engine needs was copied */
     req_link(q);
     http_conn_set_abort(q->conn, on_client_gone, q);
     /* a stream's head goes out with its first text: until then a failure
@@ -656,6 +668,13 @@ static void prep_done(work_job *j)
         answer_tokens(s, q);
         return;
     }
+    /* the parsed request (several times its body for many small messages)
+     * counts in the buffer budget until the engine has copied what it needs */
+    q->charged = q->o.mem_bytes;
+    if (http_conn_charge(q->conn, q->charged)) {
+        fail_early_code(s, q, 503, HTTP_BUSY_BUFFERS, NULL, NULL);
+        return;
+    }
     q->keep_text = !q->stream || node_pd_wants_text(s, q);
     if (node_pd_plan(s, q) == 1) return; /* pulling on a worker thread; submitted when done */
     node_server_submit(s, q);
@@ -697,7 +716,8 @@ static void route_detokenize(node_server *s, http_conn *c, const http_req *r, ui
         return;
     }
     json_error_t je;
-    json_t *root = json_loadb(r->body, r->body_len, 0, &je), *toks = json_object_get(root, "tokens");
+    json_t *root = json_loadb(r->body, r->body_len, 0, &je),
+           *toks = json_object_get(root, "tokens");
     if (!json_is_array(toks)) {
         json_decref(root);
         respond_error(s, c, r, 400, "tokens: required, an array of token ids", "tokens", NULL, t0);
@@ -728,8 +748,10 @@ static void route_detokenize(node_server *s, http_conn *c, const http_req *r, ui
     if (!rc) rc = dx_buf_puts(&b, "{\"prompt\":");
     if (!rc) rc = oai_json_str(&b, text.data ? text.data : "", text.len);
     if (!rc) rc = dx_buf_putc(&b, '}');
-    if (rc) respond_error(s, c, r, 500, "out of memory", NULL, NULL, t0);
-    else respond_json(s, c, "POST", r->path, 200, NULL, &b, t0);
+    if (rc)
+        respond_error(s, c, r, 500, "out of memory", NULL, NULL, t0);
+    else
+        respond_json(s, c, "POST", r->path, 200, NULL, &b, t0);
     dx_free(ids);
     dx_buf_free(&text);
     dx_buf_free(&b);
@@ -786,7 +808,8 @@ static int lp_json(node_server *s, node_req *q, const node_lp *r, size_t n, dx_b
     dx_buf_reset(out);
     size_t per = ENGINE_MAX_TOP_LOGPROBS + 1, total = n * per;
     oai_lp_entry *e = dx_malloc((n ? n : 1) * sizeof *e);
-    oai_lp_tok *t = dx_malloc((total ? total : 1) * sizeof *t); /* [i*per]: the token, then its top */
+    oai_lp_tok *t =
+        dx_malloc((total ? total : 1) * sizeof *t); /* [i*per]: the token, then its top */
     size_t *off = dx_malloc((total ? total : 1) * sizeof *off);
     dx_buf bytes; /* every piece's bytes; offsets first, as the buffer may move */
     dx_buf_init(&bytes, 0);
@@ -795,8 +818,8 @@ static int lp_json(node_server *s, node_req *q, const node_lp *r, size_t n, dx_b
         for (uint32_t j = 0; !rc && j < per; j++) {
             char piece[256];
             int len = j > r[i].n_top ? 0
-                      : tok_token_bytes(s->be.tk, j ? r[i].top_ids[j - 1] : r[i].id, piece,
-                                        sizeof piece);
+                                     : tok_token_bytes(s->be.tk, j ? r[i].top_ids[j - 1] : r[i].id,
+                                                       piece, sizeof piece);
             off[i * per + j] = bytes.len;
             rc = dx_buf_append(&bytes, piece, len > 0 ? (size_t)len : 0);
         }
@@ -955,7 +978,8 @@ static int finish_full(node_req *q, const oai_usage *u)
     if (fail)
         oai_error_json(&b, fail, oai_error_type(status), NULL, NULL);
     else {
-        oai_choice c = {.text = q->text.data ? q->text.data : "", .len = q->text.len,
+        oai_choice c = {.text = q->text.data ? q->text.data : "",
+                        .len = q->text.len,
                         .finish = finish_name(q->fin.finish)};
         dx_buf lp, msg;
         dx_buf_init(&lp, 0);
@@ -1012,8 +1036,7 @@ static void record_done(node_server *s, node_req *q, int status)
     if (e->n_preempted) snprintf(preempted, sizeof preempted, " preempted=%u", e->n_preempted);
     DX_LOGI("POST %s %d id=%s prompt=%u local=%u pulled=%u computed=%u gen=%u finish=%s "
             "ttft_ms=%s total_ms=%.1f%s%s",
-            q->path, status, q->id, e->n_prompt, local, pulled, e->n_prompt - e->n_cached,
-            e->n_gen,
+            q->path, status, q->id, e->n_prompt, local, pulled, e->n_prompt - e->n_cached, e->n_gen,
             e->finish == ENGINE_FINISH_CANCELED ? "canceled"
             : e->finish == ENGINE_FINISH_ERROR  ? (e->error == DX_EBUSY ? "busy" : "error")
                                                 : finish_name(e->finish),
@@ -1136,8 +1159,8 @@ void node_server_shutdown(node_server *s)
     /* a node that never served (its model failed to load) has nothing to say */
     s->quiet = !s->ready;
     if (!s->quiet)
-        DX_LOGI("shutdown: no longer accepting; %zu requests running (grace %.0f s)",
-                s->n_active, s->cfg.shutdown_grace_s);
+        DX_LOGI("shutdown: no longer accepting; %zu requests running (grace %.0f s)", s->n_active,
+                s->cfg.shutdown_grace_s);
     uv_timer_start(&s->grace, on_grace_over, (uint64_t)(s->cfg.shutdown_grace_s * 1e3), 0);
     maybe_stopped(s);
 }
@@ -1231,7 +1254,7 @@ void node_server_destroy(node_server *s)
     if (!s) return;
     work_pool_destroy(s->prep); /* preparations in flight end here (their done frees them) */
     drain_events(s);            /* final events the backend delivered while stopping */
-    while (s->active) { /* only if the backend never finished them */
+    while (s->active) {         /* only if the backend never finished them */
         node_req *q = s->active;
         if (q->conn) http_conn_set_abort(q->conn, NULL, NULL);
         req_unlink(q);

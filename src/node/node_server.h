@@ -47,8 +47,7 @@ typedef struct {
      * through `reply`, see model_chat_encode) or plain text; *ids is
      * dx_malloc'd. */
     int (*encode_chat)(void *self, const chat_msg *msgs, size_t n, const model_chat_extra *x,
-                       chat_reply_fn reply,
-                       void *reply_user, int32_t **ids, size_t *n_ids);
+                       chat_reply_fn reply, void *reply_user, int32_t **ids, size_t *n_ids);
     int (*encode_text)(void *self, const char *text, size_t len, int32_t **ids, size_t *n_ids);
     const char *model_name;
     uint32_t n_vocab, n_ctx;
@@ -72,8 +71,8 @@ typedef struct {
     const char *host; /* default 127.0.0.1 */
     int port;         /* 0 = ephemeral */
     enum node_role role;
-    http_limits http;            /* what clients may use (http_conn.h; 0 = defaults) */
-    double shutdown_grace_s;     /* default 10 */
+    http_limits http;        /* what clients may use (http_conn.h; 0 = defaults) */
+    double shutdown_grace_s; /* default 10 */
     /* The name /v1/models lists and answers carry (--served-model-name);
      * requests may name it or the model file's name.  NULL: the file's. */
     const char *served_model_name;
@@ -82,11 +81,11 @@ typedef struct {
      * Borrowed: it must outlive the server. */
     const http_auth *auth;
     /* P/D (docs/pd.md) */
-    int bidirectional;             /* --bidirectional-kv-xfer */
-    uint32_t recompute_threshold;  /* default 64 (0 means the default; 1 pulls anything) */
-    int no_prefix_cache;           /* --no-enable-prefix-caching */
-    double history_ttl_s;          /* memory of generated replies; default 480 */
-    int prep_threads;              /* threads preparing requests off the loop; default 2 */
+    int bidirectional;            /* --bidirectional-kv-xfer */
+    uint32_t recompute_threshold; /* default 64 (0 means the default; 1 pulls anything) */
+    int no_prefix_cache;          /* --no-enable-prefix-caching */
+    double history_ttl_s;         /* memory of generated replies; default 480 */
+    int prep_threads;             /* threads preparing requests off the loop; default 2 */
     /* Called on the loop thread when a shutdown has drained. */
     void (*on_stopped)(void *user);
     void *user;

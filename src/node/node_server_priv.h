@@ -57,8 +57,9 @@ struct node_req {
      * the server's work pool (prep_run); until its done the loop touches
      * only conn and preparing. */
     work_job job;
-    int preparing; /* loop: with the pool */
-    int tokenize;  /* POST /tokenize: the answer is the prompt's tokens */
+    int preparing;  /* loop: with the pool */
+    size_t charged; /* loop: the parsed request's bytes in conn's buffer budget */
+    int tokenize;   /* POST /tokenize: the answer is the prompt's tokens */
     enum oai_kind kind;
     http_conn *held;  /* held while its body is read off the loop */
     const char *body; /* the request body (held's) */
@@ -72,26 +73,26 @@ struct node_req {
     char id[64];
     oai_meta meta;
     int stream, include_usage;
-    int logprobs;          /* report logprobs (copied from o) */
+    int logprobs; /* report logprobs (copied from o) */
     uint32_t top_logprobs;
-    dx_buf lp_all;         /* loop: every token's node_lp, for a non-streamed answer */
-    int parse;             /* tool calls or reasoning are parsed out of the answer */
+    dx_buf lp_all; /* loop: every token's node_lp, for a non-streamed answer */
+    int parse;     /* tool calls or reasoning are parsed out of the answer */
     oai_tools_opts topts;
-    oai_tools *tp;         /* streaming: the parser the answer's pieces go through */
-    size_t lp_offset;      /* loop: completions' text_offset so far */
-    int head_sent; /* a stream's HTTP head and first chunk have gone out */
-    dx_buf text; /* the answer so far (non-streaming, or kept for the reply memory) */
-    int keep_text; /* streaming too: the reply memory needs what the client got */
+    oai_tools *tp;    /* streaming: the parser the answer's pieces go through */
+    size_t lp_offset; /* loop: completions' text_offset so far */
+    int head_sent;    /* a stream's HTTP head and first chunk have gone out */
+    dx_buf text;      /* the answer so far (non-streaming, or kept for the reply memory) */
+    int keep_text;    /* streaming too: the reply memory needs what the client got */
     uint64_t t_start_ns, t_first_ns;
     const char *path;
-    char *extra; /* raw JSON members for the final answer (P/D roles) */
+    char *extra;     /* raw JSON members for the final answer (P/D roles) */
     int32_t *prompt; /* the tokens submitted (P/D and the reply memory need them) */
     size_t n_prompt;
     node_pd_req pd;
     int trusted;                  /* the caller may give kv_transfer_params (http_auth.h) */
     http_auth_result who;         /* the caller's credentials, for the preparation */
     uint8_t salt[HTTP_AUTH_SALT]; /* its prefix-cache namespace; all zero: shared */
-    int lost;    /* loop: text was lost (out of memory); the request is canceled */
+    int lost;                     /* loop: text was lost (out of memory); the request is canceled */
     /* Engine thread → loop, guarded by srv->mu. */
     dx_buf pend;        /* text not yet taken by the loop (reset, never freed, when taken) */
     dx_buf pend_cuts;   /* node_cut of each event's text (or logprobs) */
@@ -118,16 +119,16 @@ struct node_server {
     size_t n_active;
     int64_t started;
     /* metrics (loop thread only) */
-    dx_buf scratch; /* chunk being built (loop thread) */
-    dx_buf take;    /* a request's pending text, copied out (loop thread) */
-    dx_buf take_cuts; /* and its pieces (node_cut) */
-    dx_buf take_lp;   /* and their logprobs (node_lp) */
+    dx_buf scratch;    /* chunk being built (loop thread) */
+    dx_buf take;       /* a request's pending text, copied out (loop thread) */
+    dx_buf take_cuts;  /* and its pieces (node_cut) */
+    dx_buf take_lp;    /* and their logprobs (node_lp) */
     dx_buf scratch_lp; /* a chunk's logprobs JSON (loop thread) */
     prom_family requests;
     prom_hist ttft, engine_ttft, tpot, e2e;
     uint64_t gen_tokens, prompt_tokens, cached_tokens;
-    hist_mem *mem;   /* replies this node generated (token-faithful history) */
-    work_pool *prep; /* requests' preparation, off the loop */
+    hist_mem *mem;    /* replies this node generated (token-faithful history) */
+    work_pool *prep;  /* requests' preparation, off the loop */
     node_pd_stats pd; /* loop thread only */
 };
 

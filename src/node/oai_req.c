@@ -471,7 +471,8 @@ static int parse_tools(json_t *root, oai_req *r, oai_err *err)
             if (!json_is_object(t)) return fail(err, name, "%s: expected an object", name);
             if (!is_cstr(type) || strcmp(json_string_value(type), "function"))
                 return fail(err, name, "%s.type: required, \"function\"", name);
-            if (!json_is_object(fn)) return fail(err, name, "%s.function: required, an object", name);
+            if (!json_is_object(fn))
+                return fail(err, name, "%s.function: required, an object", name);
             json_t *fname = json_object_get(fn, "name"), *params = field(fn, "parameters");
             json_t *desc = field(fn, "description");
             snprintf(name, sizeof name, "tools[%zu].function.name", i);
@@ -481,7 +482,8 @@ static int parse_tools(json_t *root, oai_req *r, oai_err *err)
             if (params && !json_is_object(params))
                 return fail(err, name, "%s: expected a JSON Schema object", name);
             snprintf(name, sizeof name, "tools[%zu].function.description", i);
-            if (desc && !json_is_string(desc)) return fail(err, name, "%s: expected a string", name);
+            if (desc && !json_is_string(desc))
+                return fail(err, name, "%s: expected a string", name);
         }
         r->tools = tools;
         r->n_tools = json_array_size(tools);
@@ -499,9 +501,12 @@ static int parse_tools(json_t *root, oai_req *r, oai_err *err)
     if (!(v = field(root, "tool_choice"))) return 0;
     if (json_is_string(v)) {
         const char *c = json_string_value(v);
-        if (!strcmp(c, "auto")) r->tool_choice = OAI_CHOICE_AUTO;
-        else if (!strcmp(c, "none")) r->tool_choice = OAI_CHOICE_NONE;
-        else if (!strcmp(c, "required")) r->tool_choice = OAI_CHOICE_REQUIRED;
+        if (!strcmp(c, "auto"))
+            r->tool_choice = OAI_CHOICE_AUTO;
+        else if (!strcmp(c, "none"))
+            r->tool_choice = OAI_CHOICE_NONE;
+        else if (!strcmp(c, "required"))
+            r->tool_choice = OAI_CHOICE_REQUIRED;
         else
             return fail(err, "tool_choice",
                         "tool_choice: '%.32s' is not auto, none, required or a function", c);
@@ -515,15 +520,16 @@ static int parse_tools(json_t *root, oai_req *r, oai_err *err)
         r->tool_choice = OAI_CHOICE_NAMED;
         r->tool_choice_name = json_string_value(fname);
         int found = 0;
-        json_array_foreach(r->tools, i, t)
-            found |= !strcmp(json_string_value(json_object_get(json_object_get(t, "function"), "name")),
-                             r->tool_choice_name);
+        json_array_foreach(r->tools, i, t) found |=
+            !strcmp(json_string_value(json_object_get(json_object_get(t, "function"), "name")),
+                    r->tool_choice_name);
         if (!found)
             return fail(err, "tool_choice", "tool_choice: no tool named '%.64s' in tools",
                         r->tool_choice_name);
     }
     if (r->tool_choice >= OAI_CHOICE_REQUIRED && !r->n_tools)
-        return fail(err, "tool_choice", "tool_choice: a tool call is required but no tools are given");
+        return fail(err, "tool_choice",
+                    "tool_choice: a tool call is required but no tools are given");
     return 0;
 }
 
@@ -602,6 +608,7 @@ int oai_req_parse(enum oai_kind kind, const char *body, size_t len, const oai_pa
     json_error_t jerr;
     /* a model can emit any byte, NUL included, and the client sends it back */
     size_t failed = dx_alloc_failed_count();
+    long long mem0 = dx_alloc_thread_bytes();
     json_t *root = json_loadb(body, len, JSON_ALLOW_NUL, &jerr);
     if (dx_alloc_failed_count() != failed) {
         /* jansson's lexer drops a byte it has no memory for and goes on: a
@@ -617,6 +624,8 @@ int oai_req_parse(enum oai_kind kind, const char *body, size_t len, const oai_pa
     int rc = parse_root(kind, root, opts, out, err);
     if (rc < 0 && dx_alloc_failed_count() != failed) rc = oom(err); /* not the request's fault */
     if (rc < 0) oai_req_free(out);
+    long long mem = dx_alloc_thread_bytes() - mem0;
+    if (rc >= 0) out->mem_bytes = mem > 0 ? (size_t)mem : 0;
     return rc;
 }
 

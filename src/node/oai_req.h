@@ -32,14 +32,19 @@ typedef struct {
     const char *role; /* system | user | assistant | tool ("developer" → system) */
     const char *content;
     size_t content_len;
-    char *owned; /* content joined from text parts (dx_malloc), else NULL */
-    size_t n_tool_calls; /* assistant: its tool_calls (checked; the JSON is in the document) */
+    char *owned;              /* content joined from text parts (dx_malloc), else NULL */
+    size_t n_tool_calls;      /* assistant: its tool_calls (checked; the JSON is in the document) */
     const char *tool_call_id; /* tool: the call it answers */
     const char *reasoning;    /* assistant: reasoning_content, or NULL */
     size_t reasoning_len;
 } oai_msg;
 
-enum oai_tool_choice { OAI_CHOICE_AUTO = 0, OAI_CHOICE_NONE, OAI_CHOICE_REQUIRED, OAI_CHOICE_NAMED };
+enum oai_tool_choice {
+    OAI_CHOICE_AUTO = 0,
+    OAI_CHOICE_NONE,
+    OAI_CHOICE_REQUIRED,
+    OAI_CHOICE_NAMED
+};
 
 /* logit_bias: a token id and what is added to its logit ([-100, 100]). */
 typedef struct {
@@ -47,7 +52,7 @@ typedef struct {
     float bias;
 } oai_bias;
 
-#define OAI_MAX_LOGIT_BIAS 1024
+#define OAI_MAX_LOGIT_BIAS   1024
 #define OAI_MAX_TOP_LOGPROBS 20
 #define OAI_MAX_CACHE_SALT   1024
 
@@ -70,7 +75,7 @@ typedef struct {
     uint64_t seed;
     double presence_penalty, frequency_penalty; /* [-2, 2], default 0 */
     double repetition_penalty;                  /* (0, 2], default 1 (vLLM extension) */
-    oai_bias *logit_bias; /* dx_malloc'd, sorted by id */
+    oai_bias *logit_bias;                       /* dx_malloc'd, sorted by id */
     size_t n_logit_bias;
     int logprobs;          /* chat: "logprobs": true; completions: "logprobs": N given */
     uint32_t top_logprobs; /* chat: top_logprobs (0..20); completions: N (0..5) */
@@ -97,6 +102,9 @@ typedef struct {
     size_t cache_salt_len;
     void *kv_transfer_params; /* json_t object or NULL (borrowed from root) */
     void *root;               /* json_t document */
+    /* bytes the parse left allocated (the tree, messages): what holding this
+     * request costs, counted in the HTTP server's buffer budget */
+    size_t mem_bytes;
 } oai_req;
 
 /* The 4xx a bad request gets: HTTP status, OpenAI error type, the field. */

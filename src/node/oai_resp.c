@@ -22,7 +22,6 @@ void oai_make_id(char *out, size_t cap, const char *prefix)
              (unsigned long long)r[1]);
 }
 
-
 int oai_json_str(dx_buf *b, const char *str, size_t len)
 {
     const unsigned char *s = (const unsigned char *)str;

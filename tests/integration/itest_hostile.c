@@ -332,6 +332,44 @@ static void test_buffer_budget(void **state)
     dx_buf_free(&out);
 }
 
+/* A body of many tiny values parses into a tree ~24 times its size: that
+ * tree counts in --max-buffer-mb (40) while the request is prepared, so
+ * 4 MiB of zeros is refused with 503 (and leaves nothing counted), while
+ * 1 MiB (a ~24 MiB tree) is served. */
+static void test_parsed_tree_budget(void **state)
+{
+    (void)state;
+    int port = G.big_port;
+    dx_buf body, out;
+    dx_buf_init(&body, 0);
+    dx_buf_init(&out, 0);
+    double refused = metric(port, "duplex_http_refused_buffer_total");
+    static const size_t mib[] = {4, 1};
+    for (size_t k = 0; k < DX_ARRAY_LEN(mib); k++) {
+        body.len = 0;
+        dx_buf_printf(&body, "{\"model\":\"%s\",\"prompt\":\"hi\",\"max_tokens\":1,\"x\":[0",
+                      G.model);
+        while (body.len < (mib[k] << 20)) dx_buf_puts(&body, ",0,0,0,0,0,0,0,0");
+        dx_buf_puts(&body, "]}");
+        long st = tc_http(port, "POST", "/v1/completions", body.data, &out, 120);
+        if (mib[k] == 4) {
+            if (st != 503 || !strstr(out.data, "too much request data"))
+                fail_msg("4 MiB of zeros: %ld %s", st, out.data);
+            assert_true(metric(port, "duplex_http_refused_buffer_total") >= refused + 1);
+        } else if (st != 200) {
+            fail_msg("1 MiB of zeros: %ld %s", st, out.data);
+        }
+    }
+    double held = 1e30;
+    for (int i = 0; i < 600 && held > (1 << 20); i++) {
+        held = metric(port, "duplex_http_buffered_bytes");
+        if (held > (1 << 20)) tp_sleep_ms(50);
+    }
+    assert_true(held <= (1 << 20));
+    dx_buf_free(&body);
+    dx_buf_free(&out);
+}
+
 static const char k_health[] = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
 
 /* A completion request's bytes (Connection: close). */
@@ -797,10 +835,10 @@ int main(void)
 {
     curl_global_init(CURL_GLOBAL_DEFAULT);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_many_messages), cmocka_unit_test(test_drip),
-        cmocka_unit_test(test_buffer_budget), cmocka_unit_test(test_connection_caps),
-        cmocka_unit_test(test_capacity),      cmocka_unit_test(test_stop_strings),
-        cmocka_unit_test(test_http_edges),
+        cmocka_unit_test(test_many_messages),   cmocka_unit_test(test_drip),
+        cmocka_unit_test(test_buffer_budget),   cmocka_unit_test(test_parsed_tree_budget),
+        cmocka_unit_test(test_connection_caps), cmocka_unit_test(test_capacity),
+        cmocka_unit_test(test_stop_strings),    cmocka_unit_test(test_http_edges),
     };
     int rc = cmocka_run_group_tests(tests, group_setup, group_teardown);
     curl_global_cleanup();
