@@ -206,7 +206,7 @@ static inline void tc_parse_sse(const dx_buf *b, int chat, dx_buf *text, char *f
     tc_terminate(text);
 }
 
-/* A series from /metrics — a name with its labels, as printed
+/* A series from host:port's /metrics — a name with its labels, as printed
  * ("x_total{route=\"/a\"}") — or dflt when there is no such series. */
 static inline double tc_metric_at(const char *host, int port, const char *series, double dflt)
 {
