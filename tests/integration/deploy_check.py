@@ -2,10 +2,11 @@
 """deploy_check: checks the deployment examples in deploy/ against the
 duplex binary that will run them, so that they cannot drift from it.
 
-    deploy_check.py DUPLEX_BIN DEPLOY_DIR
+    deploy_check.py DUPLEX_BIN ROOT
 
-Kubernetes (DEPLOY_DIR/kubernetes/*.yaml) and systemd (DEPLOY_DIR/systemd/:
-*.service units and the *.env files they read) are parsed, every duplex
+Kubernetes (ROOT/deploy/kubernetes/*.yaml), systemd (ROOT/deploy/systemd/:
+*.service units and the *.env files they read) and the commands of
+ROOT/README.md's "Running on several hosts" are parsed, every duplex
 command line in them is rebuilt as the pod or unit would run it (environment
 variables, ConfigMap values, systemd specifiers and EnvironmentFile
 expanded; `sh -c` scripts split into commands), and:
@@ -747,15 +748,48 @@ def peer_covers(entry, host, port):
         return False
 
 
+# ---- README ---------------------------------------------------------------------
+
+README_SECTION = "## Running on several hosts"
+
+
+def check_readme(path, binary):
+    """The duplex commands of the README's multi-host section: their flags
+    (those code blocks need several hosts, so no test runs them)."""
+    where = os.path.basename(path)
+    with open(path) as f:
+        text = f.read()
+    if README_SECTION not in text:
+        problem(where, f"no section '{README_SECTION}'")
+        return 0
+    sec = text.split(README_SECTION, 1)[1].split("\n## ", 1)[0]
+    n = 0
+    for block in re.findall(r"```sh\n(.*?)\n```", sec, re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            try:
+                invs = duplex_commands(f"{where}: `{line.strip()[:40]}...`", ["sh", "-c", line])
+            except ValueError as e:
+                problem(where, f"cannot split '{line}': {e}")
+                continue
+            for inv in invs:
+                inv.check_flags(binary)
+                n += 1
+    if n == 0:
+        problem(where, f"no duplex command in '{README_SECTION}'")
+    return n
+
+
 def main():
     if len(sys.argv) != 3:
         print(__doc__.split("\n\n")[1], file=sys.stderr)
         return 2
-    binary, folder = sys.argv[1], sys.argv[2]
+    binary, root = sys.argv[1], sys.argv[2]
+    folder = os.path.join(root, "deploy")
     k8s = K8s(os.path.join(folder, "kubernetes"), binary)
     k8s.check()
     sd = Systemd(os.path.join(folder, "systemd"), binary)
     sd.check()
+    n_readme = check_readme(os.path.join(root, "README.md"), binary)
     for p in problems:
         print(p)
     if problems:
@@ -764,7 +798,8 @@ def main():
     n_flags = sum(len(i.flags) for _, _, i in k8s.nodes + k8s.routers)
     print(f"deploy_check: ok: {len(k8s.docs)} Kubernetes objects, "
           f"{len(k8s.nodes)} node and {len(k8s.routers)} router containers ({n_flags} flags), "
-          f"{len(sd.nodes)} node and {len(sd.routers)} router units; pending flags: "
+          f"{len(sd.nodes)} node and {len(sd.routers)} router units, {n_readme} README "
+          f"commands; pending flags: "
           + ", ".join(f"{c} {' '.join(f)}" for c, f in PENDING_FLAGS.items()))
     return 0
 
