@@ -44,6 +44,7 @@
 
 #include <cmocka.h>
 
+#include "netns_test.h"
 #include "pd_test.h"
 
 #define NS_PREFIX "dxnn"
@@ -60,54 +61,10 @@ enum { NS_R, NS_P, NS_D };
 static const char k_side[] = {'r', 'p', 'd'};
 
 static char g_ns[3][32];
-static char g_skip[800]; /* why the hosts could not be built; empty when they were */
-static char g_ip[128];   /* the ip command's path (the nodes run under `ip netns exec`) */
+static char g_ip[128]; /* the ip command's path (the nodes run under `ip netns exec`) */
 static char g_keys[160], g_internal[160];
 static int g_home = -1; /* the namespace the test started in */
 static tp_proc g_procs[4];
-
-/* Runs a shell command quietly; 0 when it exited 0. */
-static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int sh(const char *fmt, ...)
-{
-    char cmd[512], full[600];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    snprintf(full, sizeof full, "{ %s; } >/dev/null 2>&1", cmd);
-    return system(full) == 0 ? 0 : -1;
-}
-
-/* Runs one setup step; on failure records why and returns -1. */
-static int step(const char *why, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int step(const char *why, const char *fmt, ...)
-{
-    char cmd[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    if (sh("%s", cmd) == 0) return 0;
-    snprintf(g_skip, sizeof g_skip, "%s (`%s` failed)", why, cmd);
-    return -1;
-}
-
-/* Namespaces named after a pid that no longer runs are a killed earlier
- * run's: remove them (never another live run's). */
-static void remove_stale(void)
-{
-    DIR *d = opendir("/run/netns");
-    struct dirent *e;
-    while (d && (e = readdir(d))) {
-        int pid;
-        char side;
-        if (sscanf(e->d_name, NS_PREFIX "%d-%c", &pid, &side) == 2 && pid > 0 && kill(pid, 0) < 0 &&
-            errno == ESRCH)
-            sh("ip netns del %s", e->d_name);
-    }
-    if (d) closedir(d);
-}
 
 /* Back to the namespace the test started in, then every namespace made
  * (their veths go with them). */
@@ -119,7 +76,7 @@ static void hosts_remove(void)
         g_home = -1;
     }
     for (int i = 0; i < 3; i++)
-        if (g_ns[i][0]) sh("ip netns del %s", g_ns[i]);
+        if (g_ns[i][0]) nt_sh("ip netns del %s", g_ns[i]);
 }
 
 /* A veth pair from namespace a (end dev_a, address addr_a) to b, both ends
@@ -128,12 +85,12 @@ static int link_up(int a, const char *dev_a, const char *addr_a, int b, const ch
                    const char *addr_b)
 {
     const char *why = "cannot create a veth pair between namespaces";
-    return step(why, "ip link add %s netns %s type veth peer name %s netns %s", dev_a, g_ns[a],
-                dev_b, g_ns[b]) ||
-           step(why, "ip -n %s addr add %s/30 dev %s", g_ns[a], addr_a, dev_a) ||
-           step(why, "ip -n %s addr add %s/30 dev %s", g_ns[b], addr_b, dev_b) ||
-           step(why, "ip -n %s link set %s up", g_ns[a], dev_a) ||
-           step(why, "ip -n %s link set %s up", g_ns[b], dev_b);
+    return nt_step(why, "ip link add %s netns %s type veth peer name %s netns %s", dev_a, g_ns[a],
+                   dev_b, g_ns[b]) ||
+           nt_step(why, "ip -n %s addr add %s/30 dev %s", g_ns[a], addr_a, dev_a) ||
+           nt_step(why, "ip -n %s addr add %s/30 dev %s", g_ns[b], addr_b, dev_b) ||
+           nt_step(why, "ip -n %s link set %s up", g_ns[a], dev_a) ||
+           nt_step(why, "ip -n %s link set %s up", g_ns[b], dev_b);
 }
 
 /* Waits until the end dev in namespace ns is running: the kernel turns a
@@ -149,7 +106,7 @@ static int link_running(int ns, const char *dev)
             return 0;
         tp_sleep_ms(50);
     }
-    snprintf(g_skip, sizeof g_skip, "the veth %s in %s did not come up: %s", dev, g_ns[ns], out);
+    snprintf(nt_skip, sizeof nt_skip, "the veth %s in %s did not come up: %s", dev, g_ns[ns], out);
     return -1;
 }
 
@@ -167,34 +124,32 @@ static int write_text(const char *path, const char *text)
 static int hosts_up(void **state)
 {
     (void)state;
-    g_skip[0] = 0;
+    nt_skip[0] = 0;
     if (geteuid() != 0) {
-        snprintf(g_skip, sizeof g_skip, "needs root to create network namespaces");
+        snprintf(nt_skip, sizeof nt_skip, "needs root to create network namespaces");
         return 0;
     }
-    if (sh("command -v ip && ip netns list")) {
-        snprintf(g_skip, sizeof g_skip, "`ip netns` (iproute2) is not available");
+    if (nt_sh("command -v ip && ip netns list")) {
+        snprintf(nt_skip, sizeof nt_skip, "`ip netns` (iproute2) is not available");
         return 0;
     }
-    remove_stale();
-    char path[200];
-    if (tp_capture("command -v ip", path, sizeof path) == 0)
-        snprintf(g_ip, sizeof g_ip, "%.*s", (int)strcspn(path, "\n"), path);
+    nt_remove_stale(NS_PREFIX);
+    nt_ip_path(g_ip, sizeof g_ip);
     if (pdt_setup("netns")) {
-        snprintf(g_skip, sizeof g_skip, "cannot write the test model and secret");
+        snprintf(nt_skip, sizeof nt_skip, "cannot write the test model and secret");
         return 0;
     }
     snprintf(g_keys, sizeof g_keys, "%s/api-keys", G.dir);
     snprintf(g_internal, sizeof g_internal, "%s/internal.key", G.dir);
     if (write_text(g_keys, API_KEY "\n") ||
         write_text(g_internal, "netns-test-internal-key-0123456789abcdef\n")) {
-        snprintf(g_skip, sizeof g_skip, "cannot write the key files");
+        snprintf(nt_skip, sizeof nt_skip, "cannot write the key files");
         return 0;
     }
     for (int i = 0; i < 3; i++) {
         snprintf(g_ns[i], sizeof g_ns[i], NS_PREFIX "%d-%c", (int)getpid(), k_side[i]);
-        if (step("cannot create network namespaces", "ip netns add %s", g_ns[i]) ||
-            step("cannot bring up lo in a namespace", "ip -n %s link set lo up", g_ns[i]))
+        if (nt_step("cannot create network namespaces", "ip netns add %s", g_ns[i]) ||
+            nt_step("cannot bring up lo in a namespace", "ip -n %s link set lo up", g_ns[i]))
             goto fail;
     }
     if (link_up(NS_P, KV_DEV, P_KV, NS_D, KV_DEV, D_KV) ||
@@ -215,7 +170,7 @@ static int hosts_up(void **state)
     int rc = g_home >= 0 && fd >= 0 ? setns(fd, CLONE_NEWNET) : -1;
     if (fd >= 0) close(fd);
     if (rc) {
-        snprintf(g_skip, sizeof g_skip, "cannot enter namespace %s: %s", g_ns[NS_R],
+        snprintf(nt_skip, sizeof nt_skip, "cannot enter namespace %s: %s", g_ns[NS_R],
                  strerror(errno));
         goto fail;
     }
@@ -281,29 +236,14 @@ static long tx_bytes(int ns, const char *dev)
 #define BYTES_D2P "duplex_kv_pull_bytes_total{direction=\"d2p\"}"
 #define BYTES_P2D "duplex_kv_pull_bytes_total{direction=\"p2d\"}"
 
-/* One turn through the router: the answer, appended to the conversation. */
-static json_t *turn_router(conv *c, const tp_proc *R, int max_tokens)
-{
-    static const char *const h[] = {"Authorization: Bearer " API_KEY, "X-Conversation-Id: netns-1",
-                                    NULL};
-    json_t *b = chat_body(c->msgs, max_tokens);
-    json_t *r = post_h(R->http, b, h, 200);
-    json_t *ans = answer_of(r);
-    c->prompt = usage_of(r, "prompt_tokens");
-    c->gen = usage_of(r, "completion_tokens");
-    conv_add_answer(c, ans);
-    json_decref(b);
-    json_decref(r);
-    return ans;
-}
+/* What the test's client sends the router with every turn. */
+static const char *const k_client[] = {"Authorization: Bearer " API_KEY,
+                                       "X-Conversation-Id: netns-1", NULL};
 
 static void test_conversation_across_hosts(void **state)
 {
     (void)state;
-    if (g_skip[0]) {
-        print_message("skipped: %s\n", g_skip);
-        skip();
-    }
+    nt_skip_unless_ready();
     tp_proc *P = &g_procs[0], *D = &g_procs[1], *R = &g_procs[2], *S = &g_procs[3];
     host_node(P, NS_P, "prefill", P_HTTP, P_KV, D_KV);
     host_node(D, NS_D, "decode", D_HTTP, D_KV, P_KV);
@@ -347,7 +287,7 @@ static void test_conversation_across_hosts(void **state)
         double pulled_p = node_metric(P_HTTP, P, PULLED);
         double d2p = node_metric(P_HTTP, P, PULLS_D2P), p2d = node_metric(D_HTTP, D, PULLS_P2D);
         long held = c.prompt + c.gen > 0 ? (c.prompt + c.gen - 1) / BS * BS : 0;
-        json_t *a = turn_router(&c, R, max_tokens);
+        json_t *a = turn_h(&c, R->http, k_client, max_tokens);
         json_t *b = turn_single(&s, S, max_tokens);
         assert_same(a, b, t);
         /* the decode host pulled this turn's new blocks from the prefill host */

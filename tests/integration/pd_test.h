@@ -340,11 +340,13 @@ static inline json_t *turn_pd(conv *c, const tp_proc *P, const tp_proc *D, int m
     return ans;
 }
 
-/* The same turn on one node. */
-static inline json_t *turn_single(conv *c, const tp_proc *S, int max_tokens)
+/* One turn at the server on 127.0.0.1:port (a node or a router), with
+ * extra headers ("Name: value", NULL-ended, or NULL); the answer, appended
+ * to the conversation. */
+static inline json_t *turn_h(conv *c, int port, const char *const *headers, int max_tokens)
 {
     json_t *b = chat_body(c->msgs, max_tokens);
-    json_t *r = post(S, b, 200);
+    json_t *r = post_h(port, b, headers, 200);
     json_t *ans = answer_of(r);
     c->prompt = usage_of(r, "prompt_tokens");
     c->gen = usage_of(r, "completion_tokens");
@@ -352,6 +354,12 @@ static inline json_t *turn_single(conv *c, const tp_proc *S, int max_tokens)
     json_decref(b);
     json_decref(r);
     return ans;
+}
+
+/* The same turn on one node. */
+static inline json_t *turn_single(conv *c, const tp_proc *S, int max_tokens)
+{
+    return turn_h(c, S->http, NULL, max_tokens);
 }
 
 /* The next user message, to both copies of a conversation. */
