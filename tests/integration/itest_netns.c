@@ -45,7 +45,6 @@
 #include <cmocka.h>
 
 #include "netns_test.h"
-#include "pd_test.h"
 
 #define NS_PREFIX "dxnn"
 #define KV_DEV    "dxkv0" /* the KV link's end in P and in D */
@@ -124,21 +123,9 @@ static int write_text(const char *path, const char *text)
 static int hosts_up(void **state)
 {
     (void)state;
-    nt_skip[0] = 0;
-    if (geteuid() != 0) {
-        snprintf(nt_skip, sizeof nt_skip, "needs root to create network namespaces");
+    if (nt_begin(NS_PREFIX, "command -v ip && ip netns list",
+                 "`ip netns` (iproute2) is not available", "netns", g_ip, sizeof g_ip))
         return 0;
-    }
-    if (nt_sh("command -v ip && ip netns list")) {
-        snprintf(nt_skip, sizeof nt_skip, "`ip netns` (iproute2) is not available");
-        return 0;
-    }
-    nt_remove_stale(NS_PREFIX);
-    nt_ip_path(g_ip, sizeof g_ip);
-    if (pdt_setup("netns")) {
-        snprintf(nt_skip, sizeof nt_skip, "cannot write the test model and secret");
-        return 0;
-    }
     snprintf(g_keys, sizeof g_keys, "%s/api-keys", G.dir);
     snprintf(g_internal, sizeof g_internal, "%s/internal.key", G.dir);
     if (write_text(g_keys, API_KEY "\n") ||
@@ -271,12 +258,7 @@ static void test_conversation_across_hosts(void **state)
                         g_internal,
                         NULL};
     tp_start(R, G.bin, rlog, ra, "duplex router:");
-    dx_buf hb;
-    dx_buf_init(&hb, 0);
-    for (int i = 0; i < 600 && tc_http(R->http, "GET", "/health", NULL, &hb, 10) != 200; i++)
-        tp_sleep_ms(50);
-    assert_int_equal(tc_http(R->http, "GET", "/health", NULL, &hb, 10), 200);
-    dx_buf_free(&hb);
+    router_wait_healthy(R);
     long tx_d0 = tx_bytes(NS_D, KV_DEV), tx_p0 = tx_bytes(NS_P, KV_DEV);
 
     conv c, s;

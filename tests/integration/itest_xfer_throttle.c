@@ -39,7 +39,6 @@
 
 #include "kv_proc.h"
 #include "netns_test.h"
-#include "pd_test.h"
 
 #define NS_PREFIX  "dxkv"
 #define DEV        "dxkv0"      /* the veth end's name inside each namespace */
@@ -86,21 +85,9 @@ static int side_up(int i, const char *addr)
 static int link_up(void **state)
 {
     (void)state;
-    nt_skip[0] = 0;
-    if (geteuid() != 0) {
-        snprintf(nt_skip, sizeof nt_skip, "needs root to create network namespaces");
+    if (nt_begin(NS_PREFIX, "command -v ip && command -v tc", "iproute2 (ip, tc) is not installed",
+                 "xfer_throttle", g_ip, sizeof g_ip))
         return 0;
-    }
-    if (nt_sh("command -v ip && command -v tc")) {
-        snprintf(nt_skip, sizeof nt_skip, "iproute2 (ip, tc) is not installed");
-        return 0;
-    }
-    nt_remove_stale(NS_PREFIX);
-    nt_ip_path(g_ip, sizeof g_ip);
-    if (pdt_setup("xfer_throttle")) {
-        snprintf(nt_skip, sizeof nt_skip, "cannot write the test model and secret");
-        return 0;
-    }
     snprintf(g_secret, sizeof g_secret, "%s", G.secret);
     int pid = (int)getpid();
     snprintf(g_ns[0], sizeof g_ns[0], NS_PREFIX "%d-h", pid);

@@ -2,7 +2,8 @@
  * share — quiet shell steps that record why a setup step failed (the tests
  * then report themselves skipped, with that reason), the path of `ip` (for
  * `ip netns exec`), and the removal of the namespaces a killed earlier run
- * left.  Namespaces are named PREFIX<pid>-<letter> after the run that made
+ * left.  It builds on pd_test.h (the test's directory, model and secret).
+ * Namespaces are named PREFIX<pid>-<letter> after the run that made
  * them.  Static functions: each test binary is one translation unit.
  * Include after cmocka.h. */
 #ifndef NETNS_TEST_H
@@ -16,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../test_proc.h"
+#include "pd_test.h"
 
 static char nt_skip[800]; /* why the setup could not be done; empty when it was */
 
@@ -76,6 +77,32 @@ static inline void nt_ip_path(char *out, size_t cap)
     out[0] = 0;
     if (tp_capture("command -v ip", path, sizeof path) == 0)
         snprintf(out, cap, "%.*s", (int)strcspn(path, "\n"), path);
+}
+
+/* The start of a group setup: root, the commands `tools` runs (a shell
+ * test such as "command -v ip && ip netns list"; what is missing is named
+ * by `missing`), no namespaces of killed runs, ip's path in ip, and
+ * pd_test's directory with the model and secret for test `name`.  0, or -1
+ * with the reason in nt_skip. */
+static inline int nt_begin(const char *prefix, const char *tools, const char *missing,
+                           const char *name, char *ip, size_t cap)
+{
+    nt_skip[0] = 0;
+    if (geteuid() != 0) {
+        snprintf(nt_skip, sizeof nt_skip, "needs root to create network namespaces");
+        return -1;
+    }
+    if (nt_sh("%s", tools)) {
+        snprintf(nt_skip, sizeof nt_skip, "%s", missing);
+        return -1;
+    }
+    nt_remove_stale(prefix);
+    nt_ip_path(ip, cap);
+    if (pdt_setup(name)) {
+        snprintf(nt_skip, sizeof nt_skip, "cannot write the test model and secret");
+        return -1;
+    }
+    return 0;
 }
 
 /* At the start of a test: skipped, saying why, when the setup failed. */
