@@ -396,9 +396,12 @@ static int setup_auth(router *r)
     if (rc) return rc;
     /* replicas sharing a store must key alike: the seed follows the secret */
     static const char seed_tag[] = "duplex router key seed v1";
-    if (!r->cfg.key_seed)
-        dx_keys_hash(seed_tag, sizeof seed_tag, r->ns_secret, sizeof r->ns_secret, NULL, 0,
-                     (uint8_t *)&r->cfg.key_seed, sizeof r->cfg.key_seed);
+    if (!r->cfg.key_seed) {
+        uint8_t h[16]; /* the hash's shortest output */
+        dx_keys_hash(seed_tag, sizeof seed_tag, r->ns_secret, sizeof r->ns_secret, NULL, 0, h,
+                     sizeof h);
+        memcpy(&r->cfg.key_seed, h, sizeof r->cfg.key_seed);
+    }
     if (!r->cfg.key_seed) r->cfg.key_seed = 1;
     return 0;
 }

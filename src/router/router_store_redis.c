@@ -246,9 +246,12 @@ static void on_setup_reply(redisAsyncContext *ac, void *reply, void *priv)
     const redisReply *rep = reply;
     (void)ac;
     if (!rep || s->destroying) return;
-    if (rep->type == REDIS_REPLY_ERROR)
+    if (rep->type == REDIS_REPLY_ERROR) {
         mark_error(s, "%s", rep->str);
-    else if (rep->type == REDIS_REPLY_STRING && rep->len < sizeof s->sha)
+        return;
+    }
+    mark_ok(s);
+    if (rep->type == REDIS_REPLY_STRING && rep->len < sizeof s->sha)
         memcpy(s->sha, rep->str, rep->len + 1); /* SCRIPT LOAD's */
 }
 
