@@ -113,7 +113,8 @@ static void log_startup(const router_config *c, const router *r)
     char auth[96], state[RDS_HOST_MAX + 64] = "memory";
     router_describe_auth(r, auth, sizeof auth);
     rds_url u;
-    if (c->state_url && rds_url_parse(c->state_url, &u) == 0) rds_url_format(&u, state, sizeof state);
+    if (c->state_url && rds_url_parse(c->state_url, &u) == 0)
+        rds_url_format(&u, state, sizeof state);
     DX_LOGI("duplex router: address=http://%s:%d mode=%s prefill=%s decode=%s tokenizer=%s "
             "local_prefill_max_tokens=%u auth=%s state=%s",
             c->host, router_port(r), c->n_prefill ? router_mode_name(c->mode) : "colocated", p.data,

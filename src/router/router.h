@@ -37,10 +37,10 @@ typedef struct {
     const char *const *decode; /* at least one */
     size_t n_decode;
     enum router_mode mode;
-    const char *tokenizer;             /* GGUF whose tokenizer counts prompt tokens, or NULL */
-    double conversation_ttl_s;         /* default 450 */
-    size_t max_conversations;          /* default 100000 */
-    size_t max_state_bytes;            /* stored params, default 1 GiB */
+    const char *tokenizer;     /* GGUF whose tokenizer counts prompt tokens, or NULL */
+    double conversation_ttl_s; /* default 450 */
+    size_t max_conversations;  /* default 100000 */
+    size_t max_state_bytes;    /* stored params, default 1 GiB */
     /* The conversation map: NULL in this process, else redis://HOST:PORT[/DB]
      * shared by every router replica (router_store.h); its keys' prefix
      * (default "duplex:") and each Redis call's deadline (default 50 ms). */

@@ -635,8 +635,8 @@ static int on_event(void *user, const char *ev, size_t len)
     rt_req *q = user;
     router *r = q->r;
     int want_text = q->key_kind == KEY_CHAT || !q->t_first;
-    router_sse_info info = {.text = want_text ? &q->reply : NULL, .has_cap = has_cap(q),
-                            .cached_cap = q->p_cached};
+    router_sse_info info = {
+        .text = want_text ? &q->reply : NULL, .has_cap = has_cap(q), .cached_cap = q->p_cached};
     int rc = router_sse_event(ev, len, q->kind == OAI_CHAT, &r->scratch, &r->out, &info);
     if (rc < 0) return rc; /* never pass on an event that may hold params */
     q->reply_lost |= info.text_lost;
@@ -710,7 +710,8 @@ static void dec_finish_full(rt_req *q, long status)
         return;
     }
     router_sse_info info = {.text = q->key_kind == KEY_CHAT ? &q->reply : NULL,
-                            .has_cap = has_cap(q), .cached_cap = q->p_cached};
+                            .has_cap = has_cap(q),
+                            .cached_cap = q->p_cached};
     int rc = router_sse_answer(q->acc.data ? q->acc.data : "", q->acc.len, q->kind == OAI_CHAT,
                                &r->out, &info);
     if (rc < 0) {

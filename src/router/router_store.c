@@ -16,15 +16,14 @@
 
 /* Replaces an entry only with one of at least as many tokens: a later turn
  * has more, and a tie is the newer write of the same turn. */
-const char router_store_cas_lua[] =
-    "local cur = redis.call('GET', KEYS[1])\n"
-    "if cur then\n"
-    "  local t = tonumber(string.match(cur, '^(%d+) '))\n"
-    "  if t and t > tonumber(ARGV[2]) then return 0 end\n"
-    "end\n"
-    "redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[3])\n"
-    "if KEYS[2] then redis.call('DEL', KEYS[2]) end\n"
-    "return 1\n";
+const char router_store_cas_lua[] = "local cur = redis.call('GET', KEYS[1])\n"
+                                    "if cur then\n"
+                                    "  local t = tonumber(string.match(cur, '^(%d+) '))\n"
+                                    "  if t and t > tonumber(ARGV[2]) then return 0 end\n"
+                                    "end\n"
+                                    "redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[3])\n"
+                                    "if KEYS[2] then redis.call('DEL', KEYS[2]) end\n"
+                                    "return 1\n";
 
 /* ---- encoding ---------------------------------------------------------------- */
 
@@ -200,10 +199,12 @@ int router_store_metrics(router_store *s, dx_buf *b)
     int rc = prom_write_header(b, "duplex_router_state_errors_total", "counter",
                                "State store calls that failed or timed out (routed without "
                                "affinity, or the entry not stored), by operation");
-    if (!rc) rc = prom_write_value(b, "duplex_router_state_errors_total", "op=\"get\"",
-                                   (double)s->err_get);
-    if (!rc) rc = prom_write_value(b, "duplex_router_state_errors_total", "op=\"put\"",
-                                   (double)s->err_put);
+    if (!rc)
+        rc = prom_write_value(b, "duplex_router_state_errors_total", "op=\"get\"",
+                              (double)s->err_get);
+    if (!rc)
+        rc = prom_write_value(b, "duplex_router_state_errors_total", "op=\"put\"",
+                              (double)s->err_put);
     if (!rc)
         rc = prom_write_counter(b, "duplex_router_state_stale_writes_total",
                                 "Entries not replaced: the stored turn had more tokens",
@@ -211,17 +212,18 @@ int router_store_metrics(router_store *s, dx_buf *b)
     if (rc || !s->mem)
         return rc ? rc
                   : prom_write_gauge(b, "duplex_router_state_up",
-                                     "1 while the shared state store answers", s->healthy &&
-                                                                                   s->ac);
+                                     "1 while the shared state store answers", s->healthy && s->ac);
     router_state_expire(s->mem, dx_now_s(), SIZE_MAX);
     rc = prom_write_gauge(b, "duplex_router_conversations", "Conversations tracked",
                           (double)router_state_count(s->mem));
     if (!rc)
         rc = prom_write_gauge(b, "duplex_router_conversation_params_bytes",
-                              "Bytes of kv_transfer_params held for conversations", (double)router_state_bytes(s->mem));
+                              "Bytes of kv_transfer_params held for conversations",
+                              (double)router_state_bytes(s->mem));
     if (!rc)
-        rc = prom_write_counter(b, "duplex_router_conversation_evictions_total",
-                                "Conversations dropped to stay within --max-conversations / the bytes bound",
-                                (double)router_state_evictions(s->mem));
+        rc = prom_write_counter(
+            b, "duplex_router_conversation_evictions_total",
+            "Conversations dropped to stay within --max-conversations / the bytes bound",
+            (double)router_state_evictions(s->mem));
     return rc;
 }

@@ -44,9 +44,9 @@ typedef struct router_store_op router_store_op;
 
 typedef struct {
     uv_loop_t *loop;
-    const char *url;    /* redis://...; NULL: in-process memory */
-    const char *prefix; /* keys' prefix (default "duplex:") */
-    int timeout_ms;     /* each Redis call's deadline (default 50) */
+    const char *url;               /* redis://...; NULL: in-process memory */
+    const char *prefix;            /* keys' prefix (default "duplex:") */
+    int timeout_ms;                /* each Redis call's deadline (default 50) */
     size_t max_entries, max_bytes; /* memory backend's bounds (router_state.h) */
     /* Decode nodes by URL: node_url(user, i) names node i; node_of finds
      * the node of a URL (-1: none this router knows). */

@@ -23,12 +23,12 @@ struct router_store {
     redisAsyncContext *ac;         /* NULL while waiting to reconnect */
     int connected, destroying, n_handles;
     uint64_t backoff_ms;
-    uv_timer_t deadline; /* the oldest pending call's deadline */
-    uv_timer_t retry;    /* reconnect backoff; also the connect's deadline */
+    uv_timer_t deadline;                    /* the oldest pending call's deadline */
+    uv_timer_t retry;                       /* reconnect backoff; also the connect's deadline */
     router_store_op *live_head, *live_tail; /* calls not yet answered or timed out, oldest first */
     size_t n_inflight;                      /* calls hiredis still holds */
     uint64_t last_answer_ns;
-    char sha[48];                           /* the CAS script's, once loaded */
+    char sha[48]; /* the CAS script's, once loaded */
 };
 
 int rstore_redis_init(router_store *s);

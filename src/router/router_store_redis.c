@@ -124,8 +124,8 @@ static void drop_conn(router_store *s)
     redisAsyncContext *ac = s->ac;
     s->ac = NULL;
     s->connected = 0;
-    if (ac) redisAsyncFree(ac);
-    if (!s->destroying) schedule_retry(s);
+    if (ac) redisAsyncFree(ac); /* its disconnect callback may have scheduled the retry */
+    if (!s->destroying && !uv_is_active((uv_handle_t *)&s->retry)) schedule_retry(s);
 }
 
 static void on_deadline(uv_timer_t *t)
@@ -188,9 +188,9 @@ static void on_get_reply(router_store *s, router_store_op *op, const redisReply 
     if (!rep || rep->type != REDIS_REPLY_ARRAY || rep->elements != n) {
         rstore_count_error(s, 1);
         mark_error(s, "lookup: %s",
-                   !rep                               ? "connection lost"
+                   !rep                             ? "connection lost"
                    : rep->type == REDIS_REPLY_ERROR ? rep->str
-                                                      : "unexpected reply");
+                                                    : "unexpected reply");
         cb(user, DX_EIO, NULL);
         return;
     }
@@ -450,8 +450,9 @@ void rstore_redis_put(router_store *s, const router_key *k, const router_key *dr
     const char *url = s->cfg.node_url(s->cfg.user, node);
     dx_buf_reset(&s->val);
     router_store_op *op = NULL;
+    size_t vlen = 0;
     if (!s->ac || s->n_inflight >= MAX_INFLIGHT || !url ||
-        router_store_encode(url, num_tokens, params, len, &s->val) < 0 ||
+        router_store_encode(url, num_tokens, params, len, &s->val) < 0 || !(vlen = s->val.len) ||
         !(op = dx_calloc(1, sizeof *op)) || !(op->value = dx_buf_take(&s->val))) {
         dx_free(op);
         rstore_count_error(s, 0);
@@ -459,7 +460,6 @@ void rstore_redis_put(router_store *s, const router_key *k, const router_key *dr
         return;
     }
     op->s = s;
-    size_t vlen = strlen(op->value); /* params are JSON text: no NUL inside */
     int sha = s->sha[0] != 0, nk = drop && !router_key_eq(drop, k) ? 2 : 1;
     op->argv[0] = sha ? "EVALSHA" : "EVAL";
     op->argv[1] = sha ? s->sha : router_store_cas_lua;
@@ -506,7 +506,9 @@ int router_store_secret(const char *url, const char *prefix, int timeout_ms, uin
     redisReply *r = redisCommand(c, "EVAL %s 1 %s %s", lua, key, hex);
     if (!r || r->type != REDIS_REPLY_STRING || r->len < 32) {
         rc = dx_errf(DX_EIO, "--state: reading %s: %s", key,
-                     !r ? c->errstr : r->type == REDIS_REPLY_ERROR ? r->str : "not a secret");
+                     !r                             ? c->errstr
+                     : r->type == REDIS_REPLY_ERROR ? r->str
+                                                    : "not a secret");
     } else {
         /* spread whatever the key holds over out: the same on every router */
         dx_keys_hash("duplex router shared secret v1", 30, r->str, r->len, NULL, 0, out, len);

@@ -256,8 +256,8 @@ static long pulled2(const tp_proc *P0, const tp_proc *P1)
 
 static void router_state_start(tp_proc *R, tp_proc *const *P, tp_proc *const *D, const char *url)
 {
-    const char *ra[] = {"--local-prefill-max-tokens", "0", "--state", url, "--state-prefix",
-                        "it:", NULL};
+    const char *ra[] = {
+        "--local-prefill-max-tokens", "0", "--state", url, "--state-prefix", "it:", NULL};
     router_start(R, P, 2, D, 2, ra);
 }
 
@@ -430,8 +430,8 @@ static int teardown(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_backend),     cmocka_unit_test(test_cas_script),
-        cmocka_unit_test(test_two_routers), cmocka_unit_test(test_redis_killed),
+        cmocka_unit_test(test_backend),           cmocka_unit_test(test_cas_script),
+        cmocka_unit_test(test_two_routers),       cmocka_unit_test(test_redis_killed),
         cmocka_unit_test(test_no_redis_at_start),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -59,7 +59,7 @@ static inline void rp_start(rp_redis *r, const char *log)
     char port[16];
     snprintf(port, sizeof port, "%d", r->port);
     char *argv[] = {"/usr/bin/redis-server", "--port", port, "--bind", "127.0.0.1", "--save", "",
-                    "--appendonly", "no", NULL};
+                    "--appendonly",          "no",     NULL};
     assert_int_equal(tp_spawn(&r->p, log, argv), 0);
     for (int i = 0; i < 600; i++) {
         redisContext *c = rp_connect(r);

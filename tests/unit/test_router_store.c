@@ -45,8 +45,15 @@ static void test_encode_decode(void **state)
     assert_null(v.params);
     assert_int_equal(v.num_tokens, 0);
     dx_buf_free(&b);
-    static const char *const bad[] = {"", "x http://h\n{}", "12", "12 ", "12 http://h", "12 \n{}",
-                                      "4294967296 http://h\n", " 1 http://h\n", "1\thttp://h\n"};
+    static const char *const bad[] = {"",
+                                      "x http://h\n{}",
+                                      "12",
+                                      "12 ",
+                                      "12 http://h",
+                                      "12 \n{}",
+                                      "4294967296 http://h\n",
+                                      " 1 http://h\n",
+                                      "1\thttp://h\n"};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
         assert_int_equal(router_store_decode(bad[i], strlen(bad[i]), &v), DX_EFORMAT);
 }
