@@ -26,6 +26,15 @@
 
 /* ---- the backend, driven directly ------------------------------------------------ */
 
+/* The test's redis-server, its log in the test's folder. */
+static void redis_up(rp_redis *rd, const char *tag)
+{
+    memset(rd, 0, sizeof *rd);
+    char log[160];
+    snprintf(log, sizeof log, "%s/redis-%s.log", G.dir, tag);
+    rp_start(rd, log);
+}
+
 static const char *const k_urls[] = {"http://127.0.0.1:1001", "http://127.0.0.1:1002"};
 
 static const char *node_url(void *user, int node)
@@ -112,10 +121,8 @@ static got get_when_back(uv_loop_t *loop, router_store *s, const router_key *k)
 static void test_backend(void **state)
 {
     (void)state;
-    rp_redis rd = {0};
-    char log[160];
-    snprintf(log, sizeof log, "%s/redis-backend.log", G.dir);
-    rp_start(&rd, log);
+    rp_redis rd;
+    redis_up(&rd, "backend");
     uv_loop_t loop;
     uv_loop_init(&loop);
     router_store_config cfg = {.loop = &loop,
@@ -185,7 +192,7 @@ static void test_backend(void **state)
     g = get1(&loop, s, &k2);
     assert_true(g.rc < 0);
     assert_true(router_store_errors(s, "get") >= 1);
-    rp_start(&rd, log);
+    rp_start(&rd, rd.log);
     g = get_when_back(&loop, s, &k2);
     assert_false(g.found); /* nothing was saved */
     put(s, &k2, 1, "{\"t\":5}", 50);
@@ -210,10 +217,8 @@ static void test_backend(void **state)
 static void test_cas_script(void **state)
 {
     (void)state;
-    rp_redis rd = {0};
-    char log[160];
-    snprintf(log, sizeof log, "%s/redis-lua.log", G.dir);
-    rp_start(&rd, log);
+    rp_redis rd;
+    redis_up(&rd, "lua");
     redisReply *r = rp_cmd(&rd, "EVAL %s 1 k %s 10 60000", router_store_cas_lua, "10 u\np");
     assert_int_equal(r->integer, 1);
     freeReplyObject(r);
@@ -235,51 +240,58 @@ static void test_cas_script(void **state)
 
 /* ---- routers sharing Redis --------------------------------------------------------- */
 
-static json_t *turn_router(conv *c, const tp_proc *R, int max_tokens, const char *const *headers)
+/* 2 prefill nodes, 2 decode nodes and the single-node oracle. */
+typedef struct {
+    tp_proc P0, P1, D0, D1, S;
+} nodes4;
+
+static void nodes_start(nodes4 *n)
 {
-    json_t *b = chat_body(c->msgs, max_tokens);
-    json_t *resp = post_h(R->http, b, headers, 200);
-    json_t *ans = answer_of(resp);
-    c->prompt = usage_of(resp, "prompt_tokens");
-    c->gen = usage_of(resp, "completion_tokens");
-    c->p_prompt = usage_of(resp, "cached_tokens");
-    conv_add_answer(c, ans);
-    json_decref(b);
-    json_decref(resp);
-    return ans;
+    node_start(&n->P0, "p0", k_pa);
+    node_start(&n->P1, "p1", k_pa);
+    node_start(&n->D0, "d0", k_da);
+    node_start(&n->D1, "d1", k_da);
+    node_start(&n->S, "s", k_ref);
 }
 
-static long pulled2(const tp_proc *P0, const tp_proc *P1)
+static void nodes_stop(nodes4 *n)
 {
-    return metric(P0, PULLED) + metric(P1, PULLED);
+    stop_ok(&n->P0);
+    stop_ok(&n->P1);
+    stop_ok(&n->D0);
+    stop_ok(&n->D1);
+    stop_ok(&n->S);
 }
 
-static void router_state_start(tp_proc *R, tp_proc *const *P, tp_proc *const *D, const char *url)
+/* A router over them (decode nodes in the order given) sharing Redis. */
+static void router_state_start(tp_proc *R, nodes4 *n, int reversed, const char *url)
 {
     const char *ra[] = {
         "--local-prefill-max-tokens", "0", "--state", url, "--state-prefix", "it:", NULL};
-    router_start(R, P, 2, D, 2, ra);
+    tp_proc *pp[] = {&n->P0, &n->P1}, *dd[] = {&n->D0, &n->D1}, *dr[] = {&n->D1, &n->D0};
+    router_start(R, pp, 2, reversed ? dr : dd, 2, ra);
+}
+
+static long pulled(const nodes4 *n)
+{
+    return metric(&n->P0, PULLED) + metric(&n->P1, PULLED);
 }
 
 /* One turn of a conversation through R, checked against the single node
  * (unless ref is NULL): the same answer, and (want_reuse) every token the
  * decode node held pulled instead of recomputed, or (else) nothing pulled. */
-static void turn_reuse(conv *c, conv *ref, const tp_proc *R, const tp_proc *S, const tp_proc *P0,
-                       const tp_proc *P1, const char *const *h, int t, int want_reuse)
+static void turn_reuse(conv *c, conv *ref, const tp_proc *R, const nodes4 *n, const char *const *h,
+                       int t, int want_reuse)
 {
     long held = c->prompt + c->gen > 0 ? (c->prompt + c->gen - 1) / BS * BS : 0;
-    long pulled = pulled2(P0, P1);
+    long before = pulled(n);
     json_t *a = turn_router(c, R, 24, h);
     if (ref)
-        assert_same(a, turn_single(ref, S, 24), t);
+        assert_same(a, turn_single(ref, &n->S, 24), t);
     else
         json_decref(a);
-    if (want_reuse) {
-        assert_int_equal(pulled2(P0, P1) - pulled, held);
-        assert_true(c->p_prompt >= held);
-    } else {
-        assert_int_equal(pulled2(P0, P1) - pulled, 0);
-    }
+    assert_int_equal(pulled(n) - before, want_reuse ? held : 0);
+    if (want_reuse) assert_true(c->p_prompt >= held); /* the client's usage: cached tokens */
 }
 
 /* Two conversations (one keyed by its content, one by an id) alternate
@@ -288,19 +300,13 @@ static void turn_reuse(conv *c, conv *ref, const tp_proc *R, const tp_proc *S, c
 static void test_two_routers(void **state)
 {
     (void)state;
-    rp_redis rd = {0};
-    char log[160];
-    snprintf(log, sizeof log, "%s/redis-2r.log", G.dir);
-    rp_start(&rd, log);
-    tp_proc P0, P1, D0, D1, S, R0, R1;
-    node_start(&P0, "p0", k_pa);
-    node_start(&P1, "p1", k_pa);
-    node_start(&D0, "d0", k_da);
-    node_start(&D1, "d1", k_da);
-    node_start(&S, "s", k_ref);
-    tp_proc *pp[] = {&P0, &P1}, *dd[] = {&D0, &D1}, *dd_rev[] = {&D1, &D0};
-    router_state_start(&R0, pp, dd, rd.url);
-    router_state_start(&R1, pp, dd_rev, rd.url); /* the nodes listed the other way round */
+    rp_redis rd;
+    redis_up(&rd, "2r");
+    nodes4 n;
+    nodes_start(&n);
+    tp_proc R0, R1;
+    router_state_start(&R0, &n, 0, rd.url);
+    router_state_start(&R1, &n, 1, rd.url); /* the nodes listed the other way round */
     const char *hid[] = {"X-Conversation-Id: alternating", NULL};
     conv c[2], r[2];
     for (int i = 0; i < 2; i++) {
@@ -311,7 +317,7 @@ static void test_two_routers(void **state)
     for (int t = 1; t <= TURNS; t++) {
         for (int i = 0; i < 2; i++) {
             const tp_proc *R = t > KILL_AFTER || (t + i) % 2 ? &R1 : &R0;
-            turn_reuse(&c[i], &r[i], R, &S, &P0, &P1, i ? hid : NULL, t, t > 1);
+            turn_reuse(&c[i], &r[i], R, &n, i ? hid : NULL, t, t > 1);
             user_turn(&c[i], &r[i], 950 + (unsigned)(t * 2 + i), 12);
         }
         if (t == KILL_AFTER) tp_stop(&R0, SIGKILL, 30);
@@ -328,11 +334,7 @@ static void test_two_routers(void **state)
         conv_free(&r[i]);
     }
     stop_ok(&R1);
-    stop_ok(&P0);
-    stop_ok(&P1);
-    stop_ok(&D0);
-    stop_ok(&D1);
-    stop_ok(&S);
+    nodes_stop(&n);
     rp_stop(&rd);
 }
 
@@ -352,25 +354,19 @@ static int log_count(const tp_proc *p, const char *s)
 static void test_redis_killed(void **state)
 {
     (void)state;
-    rp_redis rd = {0};
-    char log[160];
-    snprintf(log, sizeof log, "%s/redis-kill.log", G.dir);
-    rp_start(&rd, log);
-    tp_proc P0, P1, D0, D1, S, R;
-    node_start(&P0, "p0", k_pa);
-    node_start(&P1, "p1", k_pa);
-    node_start(&D0, "d0", k_da);
-    node_start(&D1, "d1", k_da);
-    node_start(&S, "s", k_ref);
-    tp_proc *pp[] = {&P0, &P1}, *dd[] = {&D0, &D1};
-    router_state_start(&R, pp, dd, rd.url);
+    rp_redis rd;
+    redis_up(&rd, "kill");
+    nodes4 n;
+    nodes_start(&n);
+    tp_proc R;
+    router_state_start(&R, &n, 0, rd.url);
     const char *h[] = {"X-Conversation-Id: outage", NULL};
     conv c, r;
     conv_init(&c, 1001, 70);
     conv_init(&r, 1001, 70);
-    turn_reuse(&c, &r, &R, &S, &P0, &P1, h, 1, 0);
+    turn_reuse(&c, &r, &R, &n, h, 1, 0);
     user_turn(&c, &r, 1011, 12);
-    turn_reuse(&c, &r, &R, &S, &P0, &P1, h, 2, 1);
+    turn_reuse(&c, &r, &R, &n, h, 2, 1);
     rp_stop(&rd);
     /* No state: every turn recomputed, none fails.  Without the stored
      * params the replies' tokens are lost too, and the history is tokenised
@@ -379,28 +375,24 @@ static void test_redis_killed(void **state)
      * the answers are no longer compared with the single node's. */
     for (int t = 3; t <= 5; t++) {
         user_turn(&c, &r, 1010 + (unsigned)t, 12);
-        turn_reuse(&c, NULL, &R, &S, &P0, &P1, h, t, 0);
+        turn_reuse(&c, NULL, &R, &n, h, t, 0);
     }
     assert_true(metric(&R, "duplex_router_state_errors_total{op=\"get\"}") >= 3);
     assert_int_equal(metric(&R, "duplex_router_state_up"), 0);
     assert_int_equal(log_count(&R, "routing without affinity"), 1);
-    rp_start(&rd, log); /* the same port, empty */
+    rp_start(&rd, rd.log); /* the same port, empty */
     for (int i = 0; i < 600 && tc_metric_or(R.http, "duplex_router_state_up", 0) != 1; i++)
         tp_sleep_ms(50);
     assert_int_equal(metric(&R, "duplex_router_state_up"), 1);
     user_turn(&c, &r, 1016, 12);
-    turn_reuse(&c, NULL, &R, &S, &P0, &P1, h, 6, 0); /* the entry was lost with Redis */
+    turn_reuse(&c, NULL, &R, &n, h, 6, 0); /* the entry was lost with Redis */
     user_turn(&c, &r, 1017, 12);
-    turn_reuse(&c, NULL, &R, &S, &P0, &P1, h, 7, 1);
+    turn_reuse(&c, NULL, &R, &n, h, 7, 1);
     assert_int_equal(log_count(&R, "affinity resumes"), 1);
     conv_free(&c);
     conv_free(&r);
     stop_ok(&R);
-    stop_ok(&P0);
-    stop_ok(&P1);
-    stop_ok(&D0);
-    stop_ok(&D1);
-    stop_ok(&S);
+    nodes_stop(&n);
     rp_stop(&rd);
 }
 
