@@ -23,6 +23,7 @@
 #include "pd_test.h"
 #include "redis_proc.h"
 #include "router/router_store.h"
+#include "../store_test.h"
 
 /* ---- the backend, driven directly ------------------------------------------------ */
 
@@ -51,40 +52,18 @@ static int node_of(void *user, const char *url, size_t len)
     return -1;
 }
 
-typedef struct {
-    int done, rc, found, node;
-    size_t which;
-    uint32_t tokens;
-    char params[256];
-} got;
-
-static void on_got(void *user, int rc, const router_store_hit *h)
-{
-    got *g = user;
-    g->done = 1;
-    g->rc = rc;
-    g->found = h != NULL;
-    if (h) {
-        g->node = h->node;
-        g->which = h->which;
-        g->tokens = h->num_tokens;
-        snprintf(g->params, sizeof g->params, "%.*s", (int)h->params_len,
-                 h->params ? h->params : "");
-    }
-}
-
 /* A lookup, the loop run until it is answered. */
-static got get_keys(uv_loop_t *loop, router_store *s, const router_key *k, size_t n)
+static st_got get_keys(uv_loop_t *loop, router_store *s, const router_key *k, size_t n)
 {
-    got g = {0};
+    st_got g = {0};
     router_store_op *op;
-    router_store_get(s, k, n, on_got, &g, &op);
-    for (int i = 0; i < 100000 && !g.done; i++) uv_run(loop, UV_RUN_ONCE);
-    assert_true(g.done);
+    router_store_get(s, k, n, st_on_got, &g, &op);
+    for (int i = 0; i < 100000 && !g.calls; i++) uv_run(loop, UV_RUN_ONCE);
+    assert_true(g.calls);
     return g;
 }
 
-static got get1(uv_loop_t *loop, router_store *s, const router_key *k)
+static st_got get1(uv_loop_t *loop, router_store *s, const router_key *k)
 {
     return get_keys(loop, s, k, 1);
 }
@@ -101,9 +80,9 @@ static void on_pause(uv_timer_t *t)
 
 /* A lookup answered without error, retried (the loop turning) while the
  * store reconnects. */
-static got get_when_back(uv_loop_t *loop, router_store *s, const router_key *k)
+static st_got get_when_back(uv_loop_t *loop, router_store *s, const router_key *k)
 {
-    got g = {0};
+    st_got g = {0};
     for (int i = 0; i < 600; i++) {
         g = get1(loop, s, k);
         if (g.rc == 0) return g;
@@ -137,7 +116,7 @@ static void test_backend(void **state)
     router_key k = {.lo = 0x1122334455667788ull, .hi = 0x99aabbccddeeff00ull};
     router_key k2 = {.lo = 7, .hi = 8}, k3 = {.lo = 9, .hi = 10};
 
-    got g = get1(&loop, s, &k);
+    st_got g = get1(&loop, s, &k);
     assert_int_equal(g.rc, 0);
     assert_false(g.found);
     /* turn 2 finishes first, turn 1 last: turn 2's params stay */

@@ -13,6 +13,7 @@
 
 #include "base/dx_err.h"
 #include "router/router_store.h"
+#include "../store_test.h"
 
 static void test_key(void **state)
 {
@@ -78,33 +79,11 @@ static void test_config(void **state)
     assert_int_equal(router_store_check_prefix("duplex:"), 0);
 }
 
-typedef struct {
-    int calls, rc, found, node;
-    size_t which;
-    uint32_t tokens;
-    char params[64];
-} got;
-
-static void on_got(void *user, int rc, const router_store_hit *h)
+static st_got get(router_store *s, const router_key *k, size_t n)
 {
-    got *g = user;
-    g->calls++;
-    g->rc = rc;
-    g->found = h != NULL;
-    if (h) {
-        g->node = h->node;
-        g->which = h->which;
-        g->tokens = h->num_tokens;
-        snprintf(g->params, sizeof g->params, "%.*s", (int)h->params_len,
-                 h->params ? h->params : "");
-    }
-}
-
-static got get(router_store *s, const router_key *k, size_t n)
-{
-    got g = {0};
+    st_got g = {0};
     router_store_op *op = (router_store_op *)1;
-    router_store_get(s, k, n, on_got, &g, &op);
+    router_store_get(s, k, n, st_on_got, &g, &op);
     assert_int_equal(g.calls, 1); /* answered before it returns */
     assert_null(op);
     return g;
@@ -122,7 +101,7 @@ static void test_memory(void **state)
     /* out of order: the later turn (more tokens) stays; a tie is written */
     router_store_put(s, &a, NULL, 3, "{\"t\":2}", 7, 20, 60);
     router_store_put(s, &a, NULL, 4, "{\"t\":1}", 7, 10, 60);
-    got g = get(s, &a, 1);
+    st_got g = get(s, &a, 1);
     assert_int_equal(g.node, 3);
     assert_string_equal(g.params, "{\"t\":2}");
     router_store_put(s, &a, NULL, 4, "{\"t\":3}", 7, 20, 60);
