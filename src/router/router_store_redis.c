@@ -184,6 +184,7 @@ static void on_get_reply(router_store *s, router_store_op *op, const redisReply 
     size_t n = op->n;
     live_unlink(s, op);
     dx_free(op);
+    if (rep && !s->destroying) s->last_answer_ns = dx_now_ns(); /* late is not stalled */
     if (s->destroying || !was_live || !cb) return; /* timed out or canceled: done with */
     if (!rep || rep->type != REDIS_REPLY_ARRAY || rep->elements != n) {
         rstore_count_error(s, 1);
