@@ -47,7 +47,7 @@ import yaml
 # checked against this list alone.
 PENDING_FLAGS = {
     "serve": ["--register", "--register-prefix", "--advertise-url", "--heartbeat-ms"],
-    "router": ["--state", "--state-prefix", "--state-timeout-ms", "--discover"],
+    "router": ["--discover"],
     "node drain": ["--internal-key-file"],
 }
 # ---------------------------------------------------------------------------

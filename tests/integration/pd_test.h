@@ -248,6 +248,7 @@ typedef struct {
     json_t *dparams;  /* the decode node's last params (the router's state) */
     long prompt, gen; /* the last turn's prompt and answer tokens */
     long p_prompt;    /* the prompt as the prefill node tokenised it */
+    long cached;      /* the last turn's cached prompt tokens (usage) */
 } conv;
 
 static const char *const k_words[] = {
@@ -354,9 +355,11 @@ static inline json_t *turn_h(conv *c, int port, const char *const *headers, int 
 {
     json_t *b = chat_body(c->msgs, max_tokens);
     json_t *r = post_h(port, b, headers, 200);
+    assert_null(json_object_get(r, "kv_transfer_params")); /* none asked for */
     json_t *ans = answer_of(r);
     c->prompt = usage_of(r, "prompt_tokens");
     c->gen = usage_of(r, "completion_tokens");
+    c->cached = usage_of(r, "cached_tokens");
     conv_add_answer(c, ans);
     json_decref(b);
     json_decref(r);
@@ -367,6 +370,16 @@ static inline json_t *turn_h(conv *c, int port, const char *const *headers, int 
 static inline json_t *turn_single(conv *c, const tp_proc *S, int max_tokens)
 {
     return turn_h(c, S->http, NULL, max_tokens);
+}
+
+/* One turn through the router; the answer is appended.  The client never
+ * sees kv_transfer_params; its usage is the cluster's. */
+static inline json_t *turn_router(conv *c, const tp_proc *R, int max_tokens,
+                                  const char *const *headers)
+{
+    json_t *ans = turn_h(c, R->http, headers, max_tokens);
+    c->p_prompt = c->cached; /* reused here: the cluster's cached tokens */
+    return ans;
 }
 
 /* The next user message, to both copies of a conversation. */
