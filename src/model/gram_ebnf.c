@@ -431,7 +431,7 @@ static int wrap_tail(pst *p, uint32_t rule, uint32_t start, size_t pos)
     evec *w = &p->rules[g].body;
     if ((rc = grow((void **)&w->e, &w->cap, n + 1, sizeof *w->e))) return rc;
     v = &p->rules[rule].body; /* grow may not move it, but new_rule may have */
-    memcpy(w->e, v->e + start, n * sizeof *w->e);
+    if (n) memcpy(w->e, v->e + start, n * sizeof *w->e);
     w->e[n] = GE_MAKE(GE_END, 0);
     w->n = n + 1;
     p->n_elems += 1;
@@ -867,7 +867,7 @@ static int build(pst *p, gram *g)
     g->alt_off[p->n_rules] = a;
     DX_ASSERT(k == g->n_elems && a == n_alts);
     if (p->n_sets) memcpy(g->set_off, p->set_off, ((size_t)g->n_sets + 1) * sizeof *g->set_off);
-    memcpy(g->ranges, p->ranges, (size_t)p->n_ranges * 2 * sizeof *g->ranges);
+    if (p->n_ranges) memcpy(g->ranges, p->ranges, (size_t)p->n_ranges * 2 * sizeof *g->ranges);
     for (uint32_t s = 0; s < g->n_sets; s++)
         for (uint32_t i = g->set_off[s]; i < g->set_off[s + 1]; i++)
             for (uint32_t c = g->ranges[2 * i]; c <= g->ranges[2 * i + 1] && c < 128; c++)

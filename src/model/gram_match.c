@@ -165,7 +165,7 @@ int gram_vocab_create(const tok *t, gram_vocab **out)
     v->eog = dx_calloc(n_eog + 1, sizeof *v->eog);
     int rc = !v->tb_off || !v->kind || !v->eog ? DX_ENOMEM : 0;
     if (!rc) {
-        memcpy(v->eog, eog, n_eog * sizeof *eog);
+        if (n_eog) memcpy(v->eog, eog, n_eog * sizeof *eog);
         v->n_eog = (uint32_t)n_eog;
         rc = vocab_bytes(v, t);
     }
@@ -362,7 +362,7 @@ static int64_t intern_state(gram_match *m, uint32_t pu, const uint32_t *ids, uin
     int rc = gm_grow((void **)&m->states, &m->cap_states, m->n_states + 1, sizeof *m->states);
     if (!rc) rc = gm_grow((void **)&m->spool, &m->cap_spool, m->n_spool + n, sizeof *m->spool);
     if (rc) return rc;
-    memcpy(m->spool + m->n_spool, ids, n * sizeof *ids);
+    if (n) memcpy(m->spool + m->n_spool, ids, n * sizeof *ids);
     m->states[m->n_states] =
         (gm_state){.off = m->n_spool, .n = n, .pu = pu, .slot = -1, .dense = -1};
     m->n_spool += n;
@@ -430,7 +430,7 @@ static int closure(gram_match *m, uint32_t n)
     uint32_t items = 0;
     m->n_out = 0;
     if (++m->gen == 0) {
-        memset(m->seen, 0, (size_t)m->seen_cap * sizeof *m->seen);
+        if (m->seen) memset(m->seen, 0, (size_t)m->seen_cap * sizeof *m->seen);
         m->gen = 1;
     }
     while (n) {
