@@ -758,6 +758,44 @@ static void test_long_run(void **state)
     dx_free(mask);
     assert_int_equal(gram_match_accept(m, 'x'), 0);
     assert_true(gram_match_done(m));
+    /* the start state was forgotten on the way: reset finds it again */
+    assert_int_equal(gram_match_reset(m), 0);
+    assert_false(gram_match_complete(m));
+    assert_int_equal(gram_match_accept(m, 'x'), 0);
+    assert_true(gram_match_done(m));
+    gram_match_destroy(m);
+    gram_destroy(g);
+}
+
+/* A reset match starts over with its caches: the same masks, the same
+ * acceptance, and no allocation once warm. */
+static void test_reset_warm(void **state)
+{
+    (void)state;
+    gram *g = schema_gram(k_schemas[0], 1);
+    gram_match *m;
+    assert_int_equal(gram_match_create(g, g_sv.v, &m), 0);
+    uint32_t nw = (gram_vocab_size(g_sv.v) + 63) / 64;
+    uint64_t *mask = dx_calloc(nw, sizeof *mask), *first = dx_calloc(nw * 64, sizeof *first);
+    const char *doc = "{\"name\": \"ab\", \"age\": 7, \"ok\": true}";
+    size_t allocs = 0;
+    for (int pass = 0; pass < 3; pass++) {
+        if (pass == 2) allocs = dx_alloc_total_count();
+        assert_int_equal(gram_match_reset(m), 0);
+        for (size_t i = 0; doc[i]; i++) {
+            int n = gram_match_mask(m, mask);
+            assert_true(n > 0);
+            if (pass == 0)
+                memcpy(first + i * nw, mask, nw * sizeof *mask);
+            else
+                assert_memory_equal(first + i * nw, mask, nw * sizeof *mask);
+            assert_int_equal(gram_match_accept(m, (uint8_t)doc[i]), 0);
+        }
+        assert_true(gram_match_complete(m));
+    }
+    assert_int_equal(dx_alloc_total_count(), allocs); /* warm: nothing allocated */
+    dx_free(mask);
+    dx_free(first);
     gram_match_destroy(m);
     gram_destroy(g);
 }
@@ -824,7 +862,7 @@ int main(void)
         cmocka_unit_test(test_walk_ebnf),        cmocka_unit_test(test_schema_walks),
         cmocka_unit_test(test_json_object_mode), cmocka_unit_test(test_schema_errors),
         cmocka_unit_test(test_hostile),          cmocka_unit_test(test_long_run),
-        cmocka_unit_test(test_real_vocab),
+        cmocka_unit_test(test_reset_warm),       cmocka_unit_test(test_real_vocab),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
