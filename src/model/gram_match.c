@@ -56,11 +56,9 @@ struct gram_vocab {
     uint32_t n_eog;
 };
 
-static const gram_vocab *g_sort_vocab; /* qsort has no context argument */
-
-static int cmp_tok(const void *a, const void *b)
+static int cmp_tok(const void *a, const void *b, void *ctx)
 {
-    const gram_vocab *v = g_sort_vocab;
+    const gram_vocab *v = ctx;
     uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
     uint32_t lx = v->tb_off[x + 1] - v->tb_off[x], ly = v->tb_off[y + 1] - v->tb_off[y];
     int c = memcmp(v->tb + v->tb_off[x], v->tb + v->tb_off[y], lx < ly ? lx : ly);
@@ -118,8 +116,7 @@ static int vocab_trie(gram_vocab *v)
     }
     for (uint32_t id = 0; id < v->n_vocab; id++)
         if (v->kind[id] == 1) order[n++] = id;
-    g_sort_vocab = v;
-    qsort(order, n, sizeof *order, cmp_tok);
+    qsort_r(order, n, sizeof *order, cmp_tok, v);
     uint32_t path[GM_MAX_TOKEN + 1], depth = 0, nn = 1, nt = 0;
     path[0] = 0;
     v->byte[0] = 0;
@@ -697,7 +694,9 @@ int gram_match_create(const gram *g, const gram_vocab *v, gram_match **out)
             rc = push_work(m, &n, g->alts[a], 0);
     }
     if (!rc) rc = closure(m, n);
-    if (!rc && !m->n_out) rc = dx_errf(DX_EINVAL, "gram: the grammar accepts nothing");
+    if (!rc && !m->n_out)
+        rc = dx_errf(DX_ETOOBIG, "gram: the grammar's first step nests deeper than %u",
+                     GM_MAX_DEPTH);
     if (!rc) {
         int64_t s = intern_state(m, 0, m->out, m->n_out);
         rc = s < 0 ? (int)s : 0;
@@ -830,6 +829,11 @@ int gram_match_mask(gram_match *m, uint64_t *mask)
     }
     int64_t count = walk(m, m->cur, mask);
     if (count < 0) return (int)count;
+    if (count == 0 && !is_complete(m, m->cur)) /* only deeper nesting could go on */
+        return dx_errf(DX_ETOOBIG,
+                       "gram: no token continues the grammar within the stack "
+                       "depth of %u",
+                       GM_MAX_DEPTH);
     if (is_complete(m, m->cur))
         for (uint32_t e = 0; e < m->v->n_eog; e++) {
             uint32_t id = (uint32_t)m->v->eog[e];

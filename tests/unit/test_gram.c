@@ -724,6 +724,16 @@ static void test_hostile(void **state)
     assert_true(i >= 1000 && i < 5000);
     gram_match_destroy(m);
     gram_destroy(g);
+    /* a first step nesting past the stack bound is refused */
+    dx_buf_reset(&s);
+    dx_buf_puts(&s, "root ::= r0\n");
+    for (int k = 0; k < 3000; k++) dx_buf_printf(&s, "r%d ::= r%d \"x\"\n", k, k + 1);
+    dx_buf_puts(&s, "r3000 ::= \"y\"\n");
+    g = compile_ok(s.data);
+    m = (gram_match *)1;
+    assert_int_equal(gram_match_create(g, g_sv.v, &m), DX_ETOOBIG);
+    assert_null(m);
+    gram_destroy(g);
     /* exponential ambiguity stays within bounds */
     g = compile_ok("root ::= x*\nx ::= \"a\" | \"a\" \"a\" | y\ny ::= \"a\"+");
     assert_int_equal(gram_match_create(g, g_sv.v, &m), 0);
