@@ -72,7 +72,7 @@ static int vocab_bytes(gram_vocab *v, const tok *t)
     size_t n = v->n_vocab, cap = 1 << 20, len = 0;
     char buf[GM_MAX_TOKEN];
     v->tb = dx_malloc(cap);
-    if (!v->tb) return DX_ENOMEM;
+    if (!v->tb) return dx_errf(DX_ENOMEM, "gram: out of memory building the vocabulary");
     for (size_t id = 0; id < n; id++) {
         v->tb_off[id] = (uint32_t)len;
         int32_t i = (int32_t)id;
@@ -87,7 +87,7 @@ static int vocab_bytes(gram_vocab *v, const tok *t)
         if (k == 0) continue;
         if (len + (size_t)k > cap) {
             uint8_t *nb = dx_realloc(v->tb, cap * 2);
-            if (!nb) return DX_ENOMEM;
+            if (!nb) return dx_errf(DX_ENOMEM, "gram: out of memory building the vocabulary");
             v->tb = nb;
             cap *= 2;
         }
@@ -112,7 +112,7 @@ static int vocab_trie(gram_vocab *v)
     v->toks = dx_malloc(((size_t)v->n_vocab + 1) * sizeof *v->toks);
     if (!order || !v->end || !v->byte || !v->tok_off || !v->toks) {
         dx_free(order);
-        return DX_ENOMEM;
+        return dx_errf(DX_ENOMEM, "gram: out of memory building the vocabulary trie");
     }
     for (uint32_t id = 0; id < v->n_vocab; id++)
         if (v->kind[id] == 1) order[n++] = id;
@@ -160,7 +160,7 @@ int gram_vocab_create(const tok *t, gram_vocab **out)
     size_t n_eog = 0;
     const int32_t *eog = tok_eog_ids(t, &n_eog);
     v->eog = dx_calloc(n_eog + 1, sizeof *v->eog);
-    int rc = !v->tb_off || !v->kind || !v->eog ? DX_ENOMEM : 0;
+    int rc = !v->tb_off || !v->kind || !v->eog ? dx_errf(DX_ENOMEM, "gram: out of memory") : 0;
     if (!rc) {
         if (n_eog) memcpy(v->eog, eog, n_eog * sizeof *eog);
         v->n_eog = (uint32_t)n_eog;
@@ -169,8 +169,7 @@ int gram_vocab_create(const tok *t, gram_vocab **out)
     if (!rc) rc = vocab_trie(v);
     if (rc) {
         gram_vocab_destroy(v);
-        return rc == DX_ENOMEM ? dx_errf(rc, "gram: out of memory building the vocabulary trie")
-                               : rc;
+        return rc;
     }
     *out = v;
     return 0;

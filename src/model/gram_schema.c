@@ -806,7 +806,10 @@ int gram_schema_to_ebnf(const char *schema_json, size_t len, int strict, const c
                            "letters, digits, '-' and '_'",
                            prefix);
     json_error_t je;
+    size_t failed = dx_alloc_failed_count();
     json_t *root = json_loadb(schema_json, len, JSON_DECODE_ANY, &je);
+    if (!root && dx_alloc_failed_count() != failed)
+        return dx_errf(DX_ENOMEM, "json schema: out of memory parsing it");
     if (!root)
         return dx_errf(DX_EINVAL, "json schema: not JSON (line %d col %d: %s)", je.line, je.column,
                        je.text);

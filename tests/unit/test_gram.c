@@ -810,6 +810,49 @@ static void test_reset_warm(void **state)
     gram_destroy(g);
 }
 
+/* Every allocation failing in turn: each step fails cleanly with an error,
+ * or succeeds, and nothing leaks. */
+static int oom_pipeline(void)
+{
+    const char *schema = k_schemas[6];
+    dx_buf b;
+    dx_buf_init(&b, 0);
+    int rc = dx_buf_puts(&b, "root ::= t0-root\n");
+    if (!rc) rc = gram_schema_to_ebnf(schema, strlen(schema), 1, "t0-", &b, NULL);
+    gram *g = NULL;
+    gram_match *m = NULL;
+    gram_vocab *v = NULL;
+    if (!rc) rc = gram_compile_ebnf(b.data, b.len, &g);
+    if (!rc) rc = gram_vocab_create(g_sv.t, &v);
+    if (!rc) rc = gram_match_create(g, v, &m);
+    uint64_t mask[8];
+    const char *doc = "{\"val\":1,\"kids\":[{\"val\":2}]}";
+    for (size_t i = 0; !rc && doc[i]; i++) {
+        int n = gram_match_mask(m, mask);
+        rc = n < 0 ? n : gram_match_accept(m, (uint8_t)doc[i]);
+    }
+    gram_match_destroy(m);
+    gram_vocab_destroy(v);
+    gram_destroy(g);
+    dx_buf_free(&b);
+    return rc;
+}
+
+static void test_oom(void **state)
+{
+    (void)state;
+    size_t live = dx_alloc_live_count();
+    for (long n = 1;; n++) {
+        dx_alloc_fail_after(n, 1);
+        int rc = oom_pipeline();
+        dx_alloc_fail_after(0, 0);
+        assert_int_equal(dx_alloc_live_count(), live);
+        if (!rc) break;
+        if (rc != DX_ENOMEM) fail_msg("allocation %ld failing: %d %s", n, rc, dx_errmsg());
+        assert_true(n < 100000);
+    }
+}
+
 /* ---- the real Qwen3 vocabulary ------------------------------------------------------ */
 
 static const char k_qwen3[] =
@@ -872,7 +915,8 @@ int main(void)
         cmocka_unit_test(test_walk_ebnf),        cmocka_unit_test(test_schema_walks),
         cmocka_unit_test(test_json_object_mode), cmocka_unit_test(test_schema_errors),
         cmocka_unit_test(test_hostile),          cmocka_unit_test(test_long_run),
-        cmocka_unit_test(test_reset_warm),       cmocka_unit_test(test_real_vocab),
+        cmocka_unit_test(test_reset_warm),       cmocka_unit_test(test_oom),
+        cmocka_unit_test(test_real_vocab),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
