@@ -328,7 +328,7 @@ static int add_range(pst *p, uint32_t lo, uint32_t hi)
 static int finish_set(pst *p, uint32_t from, int negate, uint32_t *out)
 {
     uint32_t n = p->n_ranges - from, *r = p->ranges + 2 * from, m = 0;
-    qsort(r, n, 2 * sizeof *r, cmp_range);
+    if (n > 1) qsort(r, n, 2 * sizeof *r, cmp_range);
     for (uint32_t i = 0; i < n; i++) {
         if (m && r[2 * i] <= r[2 * (m - 1) + 1] + 1) {
             if (r[2 * i + 1] > r[2 * (m - 1) + 1]) r[2 * (m - 1) + 1] = r[2 * i + 1];
@@ -381,7 +381,7 @@ static int finish_set(pst *p, uint32_t from, int negate, uint32_t *out)
             k++;
         }
     p->n_ranges = k;
-    qsort(p->ranges + 2 * from, k - from, 2 * sizeof *p->ranges, cmp_range);
+    if (k - from > 1) qsort(p->ranges + 2 * from, k - from, 2 * sizeof *p->ranges, cmp_range);
     int rc = grow((void **)&p->set_off, &p->cap_sets, p->n_sets + 2, sizeof *p->set_off);
     if (rc) return rc;
     if (p->n_sets == 0) p->set_off[0] = 0;
@@ -892,7 +892,9 @@ int gram_compile_ebnf(const char *src, size_t len, gram **out)
     pst p = {.src = src, .len = len};
     gram *g = dx_calloc(1, sizeof *g);
     if (!g) return dx_errf(DX_ENOMEM, "grammar: out of memory");
-    int rc = parse_grammar(&p);
+    /* allocated up front: set arithmetic never starts from a null pointer */
+    int rc = grow((void **)&p.ranges, &p.cap_ranges, 32, 2 * sizeof(uint32_t));
+    if (!rc) rc = parse_grammar(&p);
     uint32_t root = 0;
     if (!rc) {
         rc = lookup(&p, "root", 4, 0, &root);

@@ -458,7 +458,7 @@ static int closure(gram_match *m, uint32_t n)
         }
         if (rc) return rc;
     }
-    qsort(m->out, m->n_out, sizeof *m->out, cmp_u32);
+    if (m->n_out > 1) qsort(m->out, m->n_out, sizeof *m->out, cmp_u32);
     uint32_t k = 0;
     for (uint32_t i = 0; i < m->n_out; i++)
         if (!k || m->out[k - 1] != m->out[i]) m->out[k++] = m->out[i];
@@ -642,7 +642,7 @@ static int gm_reset(gram_match *m, const uint32_t *chains, uint32_t n_chains, ui
         int rc = push_out(m, parent);
         if (rc) return rc;
     }
-    qsort(m->out, m->n_out, sizeof *m->out, cmp_u32);
+    if (m->n_out > 1) qsort(m->out, m->n_out, sizeof *m->out, cmp_u32);
     int64_t s = intern_state(m, pu, m->out, m->n_out);
     if (s < 0) return (int)s;
     m->cur = (int32_t)s;
