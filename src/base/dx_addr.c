@@ -31,8 +31,10 @@ int dx_addr_resolve(const char *host, int port, struct sockaddr_storage *out, so
     if (rc) return rc;
     char ps[16];
     snprintf(ps, sizeof ps, "%d", port);
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
-                             .ai_flags = AI_PASSIVE | AI_NUMERICSERV}, *res = NULL;
+    struct addrinfo hints = {.ai_family = AF_UNSPEC,
+                             .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_PASSIVE | AI_NUMERICSERV},
+                    *res = NULL;
     int g = getaddrinfo(h, ps, &hints, &res);
     if (g) return dx_errf(DX_EINVAL, "host '%s' does not resolve: %s", host, gai_strerror(g));
     memcpy(out, res->ai_addr, res->ai_addrlen);

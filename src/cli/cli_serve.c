@@ -47,7 +47,7 @@ static int register_config(const serve_flags *f, node_run_config *c)
     rds_url u;
     char url[NODE_REG_URL_MAX];
     if (!f->reg) {
-        const char *lone = f->reg_prefix ? "--register-prefix"
+        const char *lone = f->reg_prefix  ? "--register-prefix"
                            : f->advertise ? "--advertise-url"
                            : f->heartbeat ? "--heartbeat-ms"
                                           : NULL;
@@ -61,10 +61,11 @@ static int register_config(const serve_flags *f, node_run_config *c)
     }
     if (f->advertise && dx_addr_http_url(f->advertise, url, sizeof url))
         return cli_bad_value("serve", "--advertise-url");
-    if (!f->advertise && (!strcmp(f->host, "0.0.0.0") || !strcmp(f->host, "::") ||
-                          !strcmp(f->host, "[::]"))) {
-        fprintf(stderr, "duplex serve: --register with --host %s needs --advertise-url "
-                        "http://HOST:PORT (the address routers reach this node at)\n",
+    if (!f->advertise &&
+        (!strcmp(f->host, "0.0.0.0") || !strcmp(f->host, "::") || !strcmp(f->host, "[::]"))) {
+        fprintf(stderr,
+                "duplex serve: --register with --host %s needs --advertise-url "
+                "http://HOST:PORT (the address routers reach this node at)\n",
                 f->host);
         return 2;
     }

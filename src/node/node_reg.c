@@ -19,15 +19,14 @@ int node_reg_format(const node_reg_info *ni, dx_buf *out)
     json_t *v = json_pack("{s:s, s:s, s:o, s:s, s:I, s:I, s:b, s:I, s:I}", "url", ni->url, "role",
                           ni->role, "kv", ni->kv[0] ? json_string(ni->kv) : json_null(), "model",
                           ni->model, "outstanding", (json_int_t)ni->outstanding, "free_kv_blocks",
-                          (json_int_t)ni->free_kv_blocks, "draining", ni->draining,
-                          "heartbeat_ms", (json_int_t)ni->heartbeat_ms, "started_ms",
-                          (json_int_t)ni->started_ms);
-    char *s = v ? json_dumps(v, JSON_COMPACT) : NULL;
+                          (json_int_t)ni->free_kv_blocks, "draining", ni->draining, "heartbeat_ms",
+                          (json_int_t)ni->heartbeat_ms, "started_ms", (json_int_t)ni->started_ms);
+    char s[NODE_REG_VALUE_MAX];
+    size_t n = v ? json_dumpb(v, s, sizeof s, JSON_COMPACT) : 0;
     json_decref(v);
-    if (!s) return dx_errf(DX_ENOMEM, "out of memory");
-    int rc = dx_buf_puts(out, s);
-    free(s);
-    return rc;
+    if (!v) return dx_errf(DX_ENOMEM, "out of memory");
+    if (n == 0 || n > sizeof s) return dx_errf(DX_ETOOBIG, "registration: value too long");
+    return dx_buf_append(out, s, n);
 }
 
 static int get_str(json_t *o, const char *name, char *out, size_t cap, int nullable)
@@ -174,8 +173,7 @@ int node_reg_scan(redisContext *c, const char *prefix, node_reg_each_fn fn, void
     do {
         redisReply *r = redisCommand(c, "SCAN %s MATCH %s COUNT 256", cursor, pattern);
         if (!r || r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
-            r->element[0]->type != REDIS_REPLY_STRING ||
-            r->element[1]->type != REDIS_REPLY_ARRAY) {
+            r->element[0]->type != REDIS_REPLY_STRING || r->element[1]->type != REDIS_REPLY_ARRAY) {
             rc = scan_fail(c, r, "SCAN");
             break;
         }
@@ -205,12 +203,12 @@ struct node_reg {
     pthread_t th;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    int stop, have;          /* guarded by mu */
-    dx_buf next;             /* guarded by mu: the value to write */
-    dx_buf value;            /* thread: the value being written */
-    redisContext *c;         /* thread */
-    int down, registered;    /* thread: an outage is logged; the key was written once */
-    char **peer_kv;          /* thread: KV addresses already allowed */
+    int stop, have;       /* guarded by mu */
+    dx_buf next;          /* guarded by mu: the value to write */
+    dx_buf value;         /* thread: the value being written */
+    redisContext *c;      /* thread */
+    int down, registered; /* thread: an outage is logged; the key was written once */
+    char **peer_kv;       /* thread: KV addresses already allowed */
     size_t n_peer_kv;
 };
 

@@ -220,6 +220,13 @@ static void on_beat(uv_timer_t *t)
     node_reg_publish(r->reg, &ni);
 }
 
+static uint64_t wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
 /* After the bind (the default URL has the port): the key's writer. */
 static int setup_register(run_ctx *r)
 {
@@ -236,7 +243,7 @@ static int setup_register(run_ctx *r)
         snprintf(r->adv_url, sizeof r->adv_url, "http://%.200s:%d", host,
                  node_server_port(r->srv) & 0xffff);
     }
-    r->started_ms = (uint64_t)time(NULL) * 1000;
+    r->started_ms = wall_ms();
     node_reg_config rc_ = {.redis = &u,
                            .prefix = c->register_prefix,
                            .url = r->adv_url,

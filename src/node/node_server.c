@@ -71,7 +71,7 @@ static const char *route_label(const char *path)
 {
     static const char *const known[] = {
         "/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics", "/tokenize",
-        "/detokenize", "/admin/drain"};
+        "/detokenize",          "/admin/drain"};
     for (size_t i = 0; i < DX_ARRAY_LEN(known); i++)
         if (strcmp(path, known[i]) == 0) return known[i];
     return "other";

@@ -333,7 +333,8 @@ static int pick_decode_for(rt_req *q)
     if (q->found && q->entry_node >= 0) {
         const rt_node *e = &r->nodes[q->entry_node];
         if (!rt_node_takes_new(e))
-            rt_count_fallback(r, rt_node_holds(e) ? "affinity_node_draining" : "affinity_node_down");
+            rt_count_fallback(r,
+                              rt_node_holds(e) ? "affinity_node_draining" : "affinity_node_down");
         else if (e->outstanding >= r->cfg.decode_max_outstanding)
             rt_count_fallback(r, "overloaded");
         else {
@@ -636,8 +637,8 @@ static int on_event(void *user, const char *ev, size_t len)
     rt_req *q = user;
     router *r = q->r;
     int want_text = q->key_kind == KEY_CHAT || !q->t_first;
-    router_sse_info info = {.text = want_text ? &q->reply : NULL, .has_cap = has_cap(q),
-                            .cached_cap = q->p_cached};
+    router_sse_info info = {
+        .text = want_text ? &q->reply : NULL, .has_cap = has_cap(q), .cached_cap = q->p_cached};
     int rc = router_sse_event(ev, len, q->kind == OAI_CHAT, &r->scratch, &r->out, &info);
     if (rc < 0) return rc; /* never pass on an event that may hold params */
     q->reply_lost |= info.text_lost;
@@ -711,7 +712,8 @@ static void dec_finish_full(rt_req *q, long status)
         return;
     }
     router_sse_info info = {.text = q->key_kind == KEY_CHAT ? &q->reply : NULL,
-                            .has_cap = has_cap(q), .cached_cap = q->p_cached};
+                            .has_cap = has_cap(q),
+                            .cached_cap = q->p_cached};
     int rc = router_sse_answer(q->acc.data ? q->acc.data : "", q->acc.len, q->kind == OAI_CHAT,
                                &r->out, &info);
     if (rc < 0) {

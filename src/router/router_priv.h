@@ -37,9 +37,9 @@ typedef struct {
     int seen;       /* in the current scan */
     char hbody[48]; /* the start of the health check's answer */
     size_t hlen;
-    router_up_req *check;         /* health check in flight */
-    uint32_t outstanding;         /* requests in flight */
-    uint64_t outstanding_tokens;  /* prompt tokens in flight (prefill) */
+    router_up_req *check;        /* health check in flight */
+    uint32_t outstanding;        /* requests in flight */
+    uint64_t outstanding_tokens; /* prompt tokens in flight (prefill) */
 } rt_node;
 
 typedef struct rt_req rt_req;
@@ -50,7 +50,7 @@ struct router {
     http_srv *http;
     router_up *up;
     router_state *state;
-    model *tok;     /* tokenizer and chat template only, or NULL */
+    model *tok;                           /* tokenizer and chat template only, or NULL */
     http_auth *auth;                      /* clients' API keys; the internal key nodes get */
     uint8_t ns_secret[ROUTER_KEY_SECRET]; /* keys tenants' namespaces (router_key.h) */
     /* Static prefill nodes, static decode nodes, then discovered ones in the
@@ -66,7 +66,7 @@ struct router {
     size_t n_skipped;      /* registrations skipped in the last scan (another model) */
     uint64_t disc_dropped; /* registrations not taken: no free slot */
     uv_timer_t health, grace;
-    int n_handles; /* uv handles not yet closed */
+    int n_handles;   /* uv handles not yet closed */
     work_pool *prep; /* requests' preparation, off the loop */
     int n_work;      /* requests being prepared there */
     int draining, stopped, destroying;
