@@ -101,6 +101,9 @@ static void write_discovery(router *r, dx_buf *b)
     prom_write_gauge(b, "duplex_router_discovery_skipped_nodes",
                      "Registered nodes skipped in the last scan: their model fingerprint differs",
                      (double)r->n_skipped);
+    prom_write_gauge(b, "duplex_router_discovery_bad_registrations",
+                     "Registration values that did not parse in the last scan (skipped)",
+                     (double)router_disc_bad(r->disc));
     prom_write_counter(b, "duplex_router_discovery_errors_total",
                        "Scans of the registration keys that failed (Redis unreachable)",
                        (double)router_disc_errors(r->disc));

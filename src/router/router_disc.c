@@ -17,6 +17,7 @@ struct router_disc {
     uv_work_t work;
     int busy, closed, destroyed, down;
     uint64_t errors;
+    size_t bad, bad_last; /* registrations that did not parse: in the scan, and logged */
     /* the scan (pool thread while busy) */
     redisContext *c;
     node_reg_info *found;
@@ -40,6 +41,7 @@ static void scan_work(uv_work_t *w)
     uint64_t t = d->cfg.interval_ms;
     int timeout = (int)(t < 200 ? 200 : t > 2000 ? 2000 : t);
     size_t bad = 0;
+    d->bad = 0;
     int rc = d->c ? 0 : rds_connect(&d->redis, timeout, &d->c);
     if (!rc) rc = node_reg_scan(d->c, d->prefix, collect, d, &bad);
     if (rc < 0) {
@@ -49,7 +51,8 @@ static void scan_work(uv_work_t *w)
         return;
     }
     d->ok = 1;
-    if (bad) snprintf(d->err, sizeof d->err, "%zu registrations did not parse", bad);
+    d->bad = bad;
+    if (bad) snprintf(d->err, sizeof d->err, "%s", dx_errmsg()); /* the last one's reason */
 }
 
 static void maybe_free(router_disc *d)
@@ -79,6 +82,10 @@ static void scan_done(uv_work_t *w, int status)
         DX_LOGI("router: discovery: %s readable again", d->where);
         d->down = 0;
     }
+    if (ok && d->bad != d->bad_last && d->bad)
+        DX_LOGW("router: discovery: skipping %zu registrations that do not parse (%s)", d->bad,
+                d->err);
+    if (ok) d->bad_last = d->bad;
     d->cfg.on_scan(d->cfg.user, d->found, ok ? d->n_found : 0, ok);
 }
 
@@ -128,4 +135,9 @@ void router_disc_destroy(router_disc *d)
 uint64_t router_disc_errors(const router_disc *d)
 {
     return d->errors;
+}
+
+size_t router_disc_bad(const router_disc *d)
+{
+    return d->bad_last;
 }

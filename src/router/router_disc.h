@@ -36,5 +36,7 @@ int router_disc_create(uv_loop_t *loop, const router_disc_config *c, router_disc
 void router_disc_destroy(router_disc *d);
 /* Scans that failed (Redis unreachable or erroring). */
 uint64_t router_disc_errors(const router_disc *d);
+/* Registrations that did not parse in the last scan (skipped). */
+size_t router_disc_bad(const router_disc *d);
 
 #endif

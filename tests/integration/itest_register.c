@@ -339,6 +339,14 @@ static void test_kill9_and_model(void **state)
     assert_true(tc_metric_or(R.http, series_of("duplex_router_node_healthy", &X, "decode"), -1) ==
                 -1);
 
+    /* a value that is not a registration: skipped, counted */
+    redisContext *rc = redis_conn(rp);
+    assert_non_null(rc);
+    freeReplyObject(redisCommand(rc, "SET duplex:node:junk {\"url\":7} PX 600000"));
+    redisFree(rc);
+    wait_metric(&R, "duplex_router_discovery_bad_registrations", 1);
+    assert_int_equal(tc_metric(R.http, "duplex_router_discovered_nodes"), 3);
+
     conv c, r;
     conv_init(&c, 1501, 60);
     conv_init(&r, 1501, 60);
