@@ -183,8 +183,11 @@ int cli_router_main(int argc, char **argv)
     if (rc) return rc == 1 ? 0 : rc;
     enum dx_log_level lvl;
     router_config cfg = {0};
-    if (!decode && !discover)
-        return cli_required("router", "--decode URL[,URL...] (or --discover redis://...)");
+    if (!decode && !discover) {
+        fprintf(stderr, "duplex router: --decode URL[,URL...] is required (or --discover "
+                        "redis://... for registered nodes)\n");
+        return 2;
+    }
     rds_url ru;
     if (discover && rds_url_parse(discover, &ru) < 0) return cli_bad_value("router", "--discover");
     if (state_prefix && node_reg_check_prefix(state_prefix, "--state-prefix") < 0) {

@@ -62,32 +62,44 @@ void rt_count_fallback(router *r, const char *reason)
     prom_family_add(&r->fallbacks, labels, 1);
 }
 
-/* Per node (a vanished discovered node is left out). */
+enum node_series { NS_HEALTHY, NS_DRAINING, NS_OUTSTANDING, NS_PROMPT_TOKENS };
+
+static double node_value(const rt_node *n, enum node_series w)
+{
+    switch (w) {
+    case NS_HEALTHY:
+        return n->healthy;
+    case NS_DRAINING:
+        return n->draining || n->reg_draining;
+    case NS_OUTSTANDING:
+        return n->outstanding;
+    default:
+        return (double)n->outstanding_tokens;
+    }
+}
+
+/* Per node (a vanished discovered node is left out; prompt tokens: prefill
+ * nodes only). */
 static void write_node_gauges(router *r, dx_buf *b)
 {
-    prom_write_header(b, "duplex_router_node_healthy", "gauge", "1 while the node passes checks");
-    for (size_t i = 0; i < r->n_nodes; i++)
-        if (!r->nodes[i].gone)
-            prom_write_value(b, "duplex_router_node_healthy", r->nodes[i].labels,
-                             r->nodes[i].healthy);
-    prom_write_header(b, "duplex_router_node_draining", "gauge",
-                      "1 while the node drains (no new requests; its KV is still pulled)");
-    for (size_t i = 0; i < r->n_nodes; i++)
-        if (!r->nodes[i].gone)
-            prom_write_value(b, "duplex_router_node_draining", r->nodes[i].labels,
-                             r->nodes[i].draining || r->nodes[i].reg_draining);
-    prom_write_header(b, "duplex_router_node_outstanding_requests", "gauge",
-                      "Requests the router has in flight at the node");
-    for (size_t i = 0; i < r->n_nodes; i++)
-        if (!r->nodes[i].gone)
-            prom_write_value(b, "duplex_router_node_outstanding_requests", r->nodes[i].labels,
-                             r->nodes[i].outstanding);
-    prom_write_header(b, "duplex_router_node_outstanding_prompt_tokens", "gauge",
-                      "Prompt tokens the router has in flight at the node (prefill nodes)");
-    for (size_t i = 0; i < r->n_nodes; i++)
-        if (r->nodes[i].prefill && !r->nodes[i].gone)
-            prom_write_value(b, "duplex_router_node_outstanding_prompt_tokens", r->nodes[i].labels,
-                             (double)r->nodes[i].outstanding_tokens);
+    static const struct {
+        const char *name, *help;
+    } k[] = {
+        {"duplex_router_node_healthy", "1 while the node passes checks"},
+        {"duplex_router_node_draining",
+         "1 while the node drains (no new requests; its KV is still pulled)"},
+        {"duplex_router_node_outstanding_requests",
+         "Requests the router has in flight at the node"},
+        {"duplex_router_node_outstanding_prompt_tokens",
+         "Prompt tokens the router has in flight at the node (prefill nodes)"},
+    };
+    for (int w = NS_HEALTHY; w <= NS_PROMPT_TOKENS; w++) {
+        prom_write_header(b, k[w].name, "gauge", k[w].help);
+        for (size_t i = 0; i < r->n_nodes; i++)
+            if (!r->nodes[i].gone && (w != NS_PROMPT_TOKENS || r->nodes[i].prefill))
+                prom_write_value(b, k[w].name, r->nodes[i].labels,
+                                 node_value(&r->nodes[i], (enum node_series)w));
+    }
 }
 
 static void write_discovery(router *r, dx_buf *b)
@@ -438,6 +450,7 @@ static void drop_vanished(router *r)
 {
     for (size_t i = 0; i < r->n_nodes; i++) {
         rt_node *nd = &r->nodes[i];
+        if (!nd->seen) nd->reg_draining = 0; /* a static node's key went: its /health rules */
         if (nd->seen || !nd->discovered || nd->gone) continue;
         DX_LOGW("router: %s node %s vanished from the registrations: its conversations "
                 "recompute elsewhere",
