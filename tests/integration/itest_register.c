@@ -5,7 +5,9 @@
  *   register_drain: a node's key holds the documented JSON; the router finds
  *     it and routes to it; `duplex node drain` stops new conversations going
  *     there while a streamed request on it completes and its retained KV is
- *     still pulled for the next turn; then its key goes and it exits 0.
+ *     still pulled for the next turn (by a prefill node whose --kv-peers
+ *     allow it only because it is registered); then its key goes and it
+ *     exits 0.
  *   kill9_and_model: a node killed with -9 leaves the routing set when its
  *     key expires and its conversation recomputes elsewhere, identically to
  *     one node; a node with another model fingerprint is skipped.
@@ -232,7 +234,10 @@ static void test_register_drain(void **state)
     redis_start(&Rd, rp);
     /* D0 drains until its retained KV is gone (not the grace period) */
     const char *d0x[] = {"--decoder-kv-blocks-ttl", "30", "--shutdown-grace-s", "600", NULL};
-    reg_node_start(&P, "p", rp, k_pa, NULL);
+    /* P may pull only from 10.255.255.1 by its list: D0's address comes from
+     * its registration */
+    const char *px[] = {"--kv-peers", "10.255.255.1", NULL};
+    reg_node_start(&P, "p", rp, k_pa, px);
     reg_node_start(&D0, "d0", rp, k_da, d0x);
     node_start(&S, "s", k_ref);
     disc_router_start(&R, rp);
@@ -269,10 +274,15 @@ static void test_register_drain(void **state)
 
     /* the conversation's next turn: decoded elsewhere, its history pulled
      * from the draining holder */
+    char allowed[64];
+    snprintf(allowed, sizeof allowed, "KV pulls from 127.0.0.1:%d ", D0.kv);
+    for (int i = 0; i < 1200 && !count_in_log(&P, allowed); i++) tp_sleep_ms(50);
+    assert_true(count_in_log(&P, allowed) > 0);
     long pulled = metric(&P, PULLED);
     user_turn(&c, &r, 1402, 12);
     assert_same(turn_router(&c, &R, 24), turn_single(&r, &S, 24), 2);
     assert_true(metric(&P, PULLED) > pulled);
+    assert_int_equal(metric(&P, "duplex_kv_fallbacks_total{reason=\"peer_not_allowed\"}"), 0);
     /* new conversations never go to D0 */
     for (int k = 0; k < 3; k++) {
         conv n, m;
