@@ -226,23 +226,34 @@ static void check_registration(int redis_port, const tp_proc *D)
     free(v);
 }
 
+/* Redis on a free port; registered P (extra flags px), D0 (d0x) and, unless
+ * NULL, D1; the oracle S; a router over what is registered, healthy and
+ * with every node found.  Returns the Redis port. */
+static int cluster_up(tp_proc *Rd, tp_proc *P, const char *const *px, tp_proc *D0,
+                      const char *const *d0x, tp_proc *D1, tp_proc *S, tp_proc *R)
+{
+    int rp = free_port();
+    redis_start(Rd, rp);
+    reg_node_start(P, "p", rp, k_pa, px);
+    reg_node_start(D0, "d0", rp, k_da, d0x);
+    if (D1) reg_node_start(D1, "d1", rp, k_da, NULL);
+    node_start(S, "s", k_ref);
+    disc_router_start(R, rp);
+    wait_metric(R, "duplex_router_discovered_nodes", D1 ? 3 : 2);
+    wait_healthy(R);
+    return rp;
+}
+
 static void test_register_drain(void **state)
 {
     (void)state;
-    int rp = free_port();
     tp_proc Rd, P, D0, D1, S, R;
-    redis_start(&Rd, rp);
     /* D0 drains until its retained KV is gone (not the grace period) */
     const char *d0x[] = {"--decoder-kv-blocks-ttl", "30", "--shutdown-grace-s", "600", NULL};
     /* P may pull only from 10.255.255.1 by its list: D0's address comes from
      * its registration */
     const char *px[] = {"--kv-peers", "10.255.255.1", NULL};
-    reg_node_start(&P, "p", rp, k_pa, px);
-    reg_node_start(&D0, "d0", rp, k_da, d0x);
-    node_start(&S, "s", k_ref);
-    disc_router_start(&R, rp);
-    wait_metric(&R, "duplex_router_discovered_nodes", 2);
-    wait_healthy(&R);
+    int rp = cluster_up(&Rd, &P, px, &D0, d0x, NULL, &S, &R);
     check_registration(rp, &D0);
 
     conv c, r;
@@ -329,16 +340,8 @@ static void test_register_drain(void **state)
 static void test_kill9_and_model(void **state)
 {
     (void)state;
-    int rp = free_port();
     tp_proc Rd, P, D0, D1, X, S, R;
-    redis_start(&Rd, rp);
-    reg_node_start(&P, "p", rp, k_pa, NULL);
-    reg_node_start(&D0, "d0", rp, k_da, NULL);
-    reg_node_start(&D1, "d1", rp, k_da, NULL);
-    node_start(&S, "s", k_ref);
-    disc_router_start(&R, rp);
-    wait_metric(&R, "duplex_router_discovered_nodes", 3);
-    wait_healthy(&R);
+    int rp = cluster_up(&Rd, &P, NULL, &D0, NULL, &D1, &S, &R);
 
     /* another model registers: skipped (the first registered node's model rules) */
     const char *xm[] = {"--model", g_other, NULL};
