@@ -57,6 +57,7 @@ struct rt_req {
     router_key key;                  /* ID: the key; CHAT: the prefix an entry was found under */
     router_key chain;                /* CHAT: the key of all the request's messages */
     int found, entry_node, affinity; /* affinity: -1 unkeyed, 0 miss, 1 hit */
+    router_store_op *lookup_op;      /* the conversation's lookup, while it waits for Redis */
     char *entry_params;
     char *hist_params; /* entry_params without the pull: their holder is down */
     uint32_t entry_tokens, prompt_tokens;
@@ -486,7 +487,7 @@ static void store_entry(rt_req *q)
 {
     router *r = q->r;
     if (q->key_kind == KEY_NONE || (q->key_kind == KEY_CHAT && q->reply_lost)) return;
-    double now = rt_now_s(), ttl = r->cfg.conversation_ttl_s;
+    double ttl = r->cfg.conversation_ttl_s;
     dx_buf txt;
     dx_buf_init(&txt, 0);
     uint32_t ntok = 0;
@@ -503,10 +504,9 @@ static void store_entry(rt_req *q)
         router_key_chat_add(r->cfg.key_seed, &k, "assistant", q->reply.data ? q->reply.data : "",
                             q->reply.len);
     }
-    if (router_state_put(r->state, &k, q->decode, txt.data, txt.len, ntok, now + ttl, now) < 0)
-        DX_LOGW("router: conversation not stored: %s", dx_errmsg());
-    if (q->key_kind == KEY_CHAT && q->found && !router_key_eq(&k, &q->key))
-        router_state_del(r->state, &q->key);
+    /* the prefix entry it supersedes goes with it */
+    const router_key *drop = q->key_kind == KEY_CHAT && q->found ? &q->key : NULL;
+    router_store_put(r->store, &k, drop, q->decode, txt.data, txt.len, ntok, ttl);
     dx_buf_free(&txt);
 }
 
@@ -949,21 +949,22 @@ static void prep_run(work_job *j)
         q->prep_status = 500;
 }
 
-/* The conversation's entry, from the keys made off the loop. */
+static void lookup_done(void *user, int rc, const router_store_hit *e);
+
+/* Looks the conversation's entry up, from the keys made off the loop, and
+ * goes on in lookup_done (at once with the memory store; when Redis answers
+ * or its deadline passes with a shared one). */
 static void lookup(rt_req *q)
 {
-    router *r = q->r;
-    router_entry e;
-    double now = rt_now_s();
-    if (q->key_kind == KEY_ID) q->found = router_state_get(r->state, &q->key, now, &e);
-    for (size_t i = q->n_keys; i-- > 0 && !q->found;) { /* content keys: longest first */
-        q->found = router_state_get(r->state, &q->keys[i], now, &e);
-        if (q->found) q->key = q->keys[i];
+    if (q->key_kind == KEY_NONE) {
+        lookup_done(q, 0, NULL);
+        return;
     }
-    if (!q->found) return;
-    q->entry_node = e.node;
-    q->entry_tokens = e.num_tokens;
-    if (e.params && !(q->entry_params = dx_strndup(e.params, e.params_len))) q->found = 0;
+    q->busy = 1; /* the client leaving only clears q->conn: lookup_done ends q */
+    if (q->key_kind == KEY_ID)
+        router_store_get(q->r->store, &q->key, 1, lookup_done, q, &q->lookup_op);
+    else /* content keys, shortest first: the longest found wins */
+        router_store_get(q->r->store, q->keys, q->n_keys, lookup_done, q, &q->lookup_op);
 }
 
 /* The prefill node's body: the base made off the loop, and params that ask
@@ -1045,6 +1046,27 @@ static void prep_done(work_job *j)
         return;
     }
     lookup(q);
+}
+
+/* The entry is known (or the store failed: no affinity, the router
+ * recomputes); route the request. */
+static void lookup_done(void *user, int rc, const router_store_hit *e)
+{
+    rt_req *q = user;
+    router *r = q->r;
+    q->lookup_op = NULL;
+    q->busy = 0;
+    if (!q->conn) {
+        req_end(q);
+        return;
+    }
+    if (rc == 0 && e) {
+        q->found = 1;
+        if (q->key_kind == KEY_CHAT) q->key = q->keys[e->which];
+        q->entry_node = e->node;
+        q->entry_tokens = e->num_tokens;
+        if (e->params && !(q->entry_params = dx_strndup(e->params, e->params_len))) q->found = 0;
+    }
     if (dispatch(q) == 0) {
         observe(&r->added_before, q->t0);
         oai_req_free(&q->o); /* the bodies are built */
@@ -1120,6 +1142,8 @@ void rt_abort_all(router *r)
         next = q->next;
         q->busy = 1;
         up_stop(q);
+        router_store_cancel(q->lookup_op); /* its answer will not come: q ends here */
+        q->lookup_op = NULL;
         if (q->stream_begun)
             stream_finish(q, "the router is shutting down");
         else

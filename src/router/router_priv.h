@@ -16,7 +16,7 @@
 #include "router/router_disc.h"
 #include "router/router_key.h"
 #include "router/router_sse.h"
-#include "router/router_state.h"
+#include "router/router_store.h"
 #include "router/router_up.h"
 
 #define RT_URL_MAX      256
@@ -49,7 +49,7 @@ struct router {
     router_config cfg;
     http_srv *http;
     router_up *up;
-    router_state *state;
+    router_store *store; /* the conversation map: memory or Redis */
     model *tok;                           /* tokenizer and chat template only, or NULL */
     http_auth *auth;                      /* clients' API keys; the internal key nodes get */
     uint8_t ns_secret[ROUTER_KEY_SECRET]; /* keys tenants' namespaces (router_key.h) */

@@ -139,16 +139,6 @@ static void wait_metric(const tp_proc *p, const char *series, double want)
                  want);
 }
 
-static void wait_healthy(const tp_proc *r)
-{
-    dx_buf b;
-    dx_buf_init(&b, 0);
-    for (int i = 0; i < 1200 && tc_http(r->http, "GET", "/health", NULL, &b, 10) != 200; i++)
-        tp_sleep_ms(50);
-    assert_int_equal(tc_http(r->http, "GET", "/health", NULL, &b, 10), 200);
-    dx_buf_free(&b);
-}
-
 static char *series_of(const char *metric, const tp_proc *n, const char *role)
 {
     static char s[256];
@@ -176,17 +166,6 @@ static int decoded_on(const tp_proc *r, const tp_proc *n, int total)
     char key[64];
     snprintf(key, sizeof key, "decode=http://127.0.0.1:%d ", n->http);
     return count_in_log(r, key);
-}
-
-static json_t *turn_router(conv *c, const tp_proc *R, int max_tokens)
-{
-    json_t *b = chat_body(c->msgs, max_tokens);
-    json_t *resp = post(R, b, 200);
-    json_t *ans = answer_of(resp);
-    conv_add_answer(c, ans);
-    json_decref(b);
-    json_decref(resp);
-    return ans;
 }
 
 /* Exit 0 within 120 s, without a signal (it stops by itself). */
@@ -240,7 +219,7 @@ static int cluster_up(tp_proc *Rd, tp_proc *P, const char *const *px, tp_proc *D
     node_start(S, "s", k_ref);
     disc_router_start(R, rp);
     wait_metric(R, "duplex_router_discovered_nodes", D1 ? 3 : 2);
-    wait_healthy(R);
+    router_wait_healthy(R);
     return rp;
 }
 
@@ -259,7 +238,7 @@ static void test_register_drain(void **state)
     conv c, r;
     conv_init(&c, 1401, 60);
     conv_init(&r, 1401, 60);
-    assert_same(turn_router(&c, &R, 24), turn_single(&r, &S, 24), 1);
+    assert_same(turn_router(&c, &R, 24, NULL), turn_single(&r, &S, 24), 1);
     assert_int_equal(decoded_on(&R, &D0, 1), 1);
 
     reg_node_start(&D1, "d1", rp, k_da, NULL);
@@ -291,7 +270,7 @@ static void test_register_drain(void **state)
     assert_true(count_in_log(&P, allowed) > 0);
     long pulled = metric(&P, PULLED);
     user_turn(&c, &r, 1402, 12);
-    assert_same(turn_router(&c, &R, 24), turn_single(&r, &S, 24), 2);
+    assert_same(turn_router(&c, &R, 24, NULL), turn_single(&r, &S, 24), 2);
     assert_true(metric(&P, PULLED) > pulled);
     assert_int_equal(metric(&P, "duplex_kv_fallbacks_total{reason=\"peer_not_allowed\"}"), 0);
     /* new conversations never go to D0 */
@@ -299,7 +278,7 @@ static void test_register_drain(void **state)
         conv n, m;
         conv_init(&n, 1410 + (unsigned)k, 30);
         conv_init(&m, 1410 + (unsigned)k, 30);
-        assert_same(turn_router(&n, &R, 12), turn_single(&m, &S, 12), 1);
+        assert_same(turn_router(&n, &R, 12, NULL), turn_single(&m, &S, 12), 1);
         conv_free(&n);
         conv_free(&m);
     }
@@ -363,7 +342,7 @@ static void test_kill9_and_model(void **state)
     conv c, r;
     conv_init(&c, 1501, 60);
     conv_init(&r, 1501, 60);
-    assert_same(turn_router(&c, &R, 24), turn_single(&r, &S, 24), 1);
+    assert_same(turn_router(&c, &R, 24, NULL), turn_single(&r, &S, 24), 1);
     tp_proc *holder = decoded_on(&R, &D0, 1) ? &D0 : &D1;
     tp_proc *other = holder == &D0 ? &D1 : &D0;
     tp_stop(holder, SIGKILL, 30);
@@ -374,7 +353,7 @@ static void test_kill9_and_model(void **state)
         tc_metric_or(R.http, series_of("duplex_router_node_healthy", holder, "decode"), -1) == -1);
     user_turn(&c, &r, 1502, 12);
     assert_int_equal(decoded_on(&R, other, 1), 0);
-    assert_same(turn_router(&c, &R, 24), turn_single(&r, &S, 24), 2);
+    assert_same(turn_router(&c, &R, 24, NULL), turn_single(&r, &S, 24), 2);
     assert_int_equal(decoded_on(&R, other, 2), 1);
     conv_free(&c);
     conv_free(&r);
