@@ -181,9 +181,8 @@ const char *http_req_header(const http_req *r, const char *name, int *count)
 
 const char *http_allow_header(const char *path)
 {
-    int post =
-        strstr(path, "completions") || !strcmp(path, "/tokenize") || !strcmp(path, "/detokenize") ||
-        !strcmp(path, "/admin/drain");
+    int post = strstr(path, "completions") || !strcmp(path, "/tokenize") ||
+               !strcmp(path, "/detokenize") || !strcmp(path, "/admin/drain");
     return post ? "Allow: POST\r\n" : "Allow: GET, HEAD\r\n";
 }
 
@@ -225,6 +224,13 @@ void http_conn_uncharge(http_conn *c, size_t bytes)
 static size_t conn_queued(const http_conn *c)
 {
     return c->wfly.len + c->wnext.len;
+}
+
+size_t http_srv_unwritten(const http_srv *s)
+{
+    size_t n = 0;
+    for (const http_conn *c = s->conns; c; c = c->next) n += conn_queued(c);
+    return n;
 }
 
 /* Starts writing c->wnext (not empty, nothing in flight). */

@@ -122,6 +122,9 @@ int http_srv_port(const http_srv *s); /* the bound port */
 void http_srv_stop_accepting(http_srv *s);
 /* Closes connections with no request in progress (used at shutdown). */
 void http_srv_close_idle(http_srv *s);
+/* Answer bytes handed over and not yet written, all connections together
+ * (a stop waits for them: closing a connection drops what it still queues). */
+size_t http_srv_unwritten(const http_srv *s);
 size_t http_srv_n_conns(const http_srv *s);
 void http_srv_get_stats(const http_srv *s, http_srv_stats *out);
 /* The connection gauges and counters in Prometheus text, names prefixed

@@ -1159,9 +1159,22 @@ static void on_wake(uv_async_t *a)
 
 /* ---- lifecycle ---------------------------------------------------------- */
 
+static void on_flush_wait(uv_timer_t *t)
+{
+    maybe_stopped(t->data);
+}
+
 static void maybe_stopped(node_server *s)
 {
     if (!s->shutting || s->stopped || s->n_active > 0) return;
+    /* The last answers' final bytes (a stream's [DONE]) may still be queued:
+     * tearing the server down now would cut them.  Wait for the kernel to
+     * take them, at most 2 s (a client that stopped reading). */
+    if (http_srv_unwritten(s->http) && s->flush_waits < 200) {
+        s->flush_waits++;
+        uv_timer_start(&s->grace, on_flush_wait, 10, 0);
+        return;
+    }
     s->stopped = 1;
     uv_timer_stop(&s->grace);
     http_srv_close_idle(s->http);

@@ -113,7 +113,8 @@ struct node_server {
     int ready, draining, stopped, quiet;
     int shutting; /* node_server_shutdown: stop once idle (draining alone keeps serving the rest) */
     uv_async_t wake;
-    uv_timer_t grace;
+    uv_timer_t grace; /* the grace period; then the wait for the last bytes to go out */
+    int flush_waits;
     pthread_mutex_t mu;
     node_req *ready_head, *ready_tail; /* guarded by mu: requests with events to handle */
     node_req *active;
