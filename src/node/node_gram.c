@@ -32,6 +32,7 @@ struct node_gram_cache {
 
 static int fail400(oai_err *err, const char *param, const char *msg)
 {
+    if (!strncmp(msg, "grammar: ", 9)) msg += 9; /* gram's own prefix: the param says it */
     err->status = 400;
     snprintf(err->param, sizeof err->param, "%s", param);
     snprintf(err->message, sizeof err->message, "%s: %s", param, msg);

@@ -27,6 +27,7 @@
 #include "../test_client.h"
 #include "../test_proc.h"
 #include "base/dx_dtype.h"
+#include "base/dx_err.h"
 #include "model/synth.h"
 
 static struct {

@@ -28,7 +28,7 @@ const messages = [{ role: 'user', content: 'Describe a city as JSON.' }];
 const str = (n) => ({ type: 'string', maxLength: n });
 const schemas = {
   flat: { type: 'object', additionalProperties: false, required: ['name', 'age', 'ok'],
-    properties: { name: str(6), age: { type: 'integer', minimum: 0, maximum: 150 },
+    properties: { name: str(6), age: { type: 'integer' },
       ok: { type: 'boolean' } } },
   nested: { type: 'object', additionalProperties: false, required: ['city', 'where'],
     properties: { city: str(5), where: { type: 'object', additionalProperties: false,
