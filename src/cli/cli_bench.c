@@ -10,9 +10,12 @@
 #include "base/dx_dtype.h"
 #include "base/dx_err.h"
 #include "bench/bench_engine.h"
+#include "bench/bench_gram.h"
 #include "bench/bench_tok.h"
 #include "engine/engine.h"
 #include "model/bpe_train.h"
+#include "model/hf_tok.h"
+#include "model/model.h"
 
 static int bench_engine(int argc, char **argv)
 {
@@ -27,9 +30,10 @@ static int bench_engine(int argc, char **argv)
         {"reps", CLI_INT, &reps, 1, 64, "repetitions; medians reported (default 3)"},
         {"kv-dtype", CLI_STR, &kv, 0, 0, "f16 | bf16 | f32"},
     };
-    int rc = cli_parse("bench engine", "--model FILE [--prompt-tokens 512] [--gen-tokens 128] "
-                       "[--depth D] [--threads N]", argc, argv, opts, DX_ARRAY_LEN(opts), NULL, 0,
-                       NULL);
+    int rc = cli_parse("bench engine",
+                       "--model FILE [--prompt-tokens 512] [--gen-tokens 128] "
+                       "[--depth D] [--threads N]",
+                       argc, argv, opts, DX_ARRAY_LEN(opts), NULL, 0, NULL);
     if (rc) return rc == 1 ? 0 : rc;
     int kvt;
     if (!path) return cli_required("bench engine", "--model FILE");
@@ -39,8 +43,8 @@ static int bench_engine(int argc, char **argv)
         fprintf(stderr, "duplex bench engine: %s\n", dx_errmsg());
         return 1;
     }
-    bench_engine_config cfg = {(int)threads, (uint32_t)pp, (uint32_t)tg, (uint32_t)depth,
-                               (uint32_t)reps, kv};
+    bench_engine_config cfg = {(int)threads,    (uint32_t)pp,   (uint32_t)tg,
+                               (uint32_t)depth, (uint32_t)reps, kv};
     bench_engine_result r;
     if ((rc = bench_engine_run(&cfg, m, &r))) {
         fprintf(stderr, "duplex bench engine: %s\n", dx_errmsg());
@@ -154,6 +158,56 @@ static int bench_tok(int argc, char **argv)
     return 0;
 }
 
+/* The vocabulary of a GGUF model (--model) or a Hugging Face tokenizer.json. */
+static int gram_tok(const char *model_path, const char *tj, model **m, tok **t)
+{
+    if (model_path) return model_load_tokenizer(model_path, m);
+    hf_tok h;
+    int rc = hf_tok_load(tj, &h);
+    if (!rc) rc = hf_tok_build(&h, t);
+    hf_tok_free(&h);
+    return rc;
+}
+
+static int bench_gram(int argc, char **argv)
+{
+    const char *path = NULL, *tj = NULL;
+    long reps = 20;
+    const cli_opt opts[] = {
+        {"model", CLI_PATH, &path, 0, 0, "GGUF model file (only its tokenizer is read)"},
+        {"tokenizer", CLI_PATH, &tj, 0, 0, "or a Hugging Face tokenizer.json"},
+        {"reps", CLI_INT, &reps, 1, 1000, "cached passes over the document (default 20)"},
+    };
+    int rc = cli_parse("bench gram", "--model FILE | --tokenizer tokenizer.json [--reps 20]", argc,
+                       argv, opts, DX_ARRAY_LEN(opts), NULL, 0, NULL);
+    if (rc) return rc == 1 ? 0 : rc;
+    if (!path == !tj) {
+        fprintf(stderr, "duplex bench gram: give one of --model FILE and --tokenizer FILE\n");
+        return 2;
+    }
+    model *m = NULL;
+    tok *t = NULL;
+    bench_gram_result r;
+    rc = gram_tok(path, tj, &m, &t);
+    if (!rc) rc = bench_gram_run(m ? model_tokenizer(m) : t, (uint32_t)reps, &r);
+    model_free(m);
+    tok_destroy(t);
+    if (rc) {
+        fprintf(stderr, "duplex bench gram: %s\n", dx_errmsg());
+        return 1;
+    }
+    printf("vocabulary of %u tokens: byte trie built in %.1f ms\n", r.n_vocab, r.vocab_ms);
+    for (int i = 0; i < 2; i++) {
+        const bench_gram_case *c = &r.cases[i];
+        printf("%-11s: %zu tokens, grammar compiled in %.2f ms; mask per token: first pass %.1f us "
+               "mean (slowest %.0f us, up to %u tokens allowed), cached %.2f us mean (p99 %.2f "
+               "us); accept %.2f us\n",
+               c->name, c->tokens, c->compile_ms, c->cold_mean_us, c->cold_max_us, c->n_allowed_max,
+               c->cached_mean_us, c->cached_p99_us, c->accept_mean_us);
+    }
+    return 0;
+}
+
 static int bench_run_cmd(int argc, char **argv)
 {
     return cli_bench_multi_main("run", argc, argv);
@@ -179,6 +233,7 @@ int cli_bench_main(int argc, char **argv)
     static const cli_cmd cmds[] = {
         {"engine", bench_engine, "prefill and decode speed of one engine (tok/s)"},
         {"tok", bench_tok, "tokenizer load time and encode/decode speed (MB/s)"},
+        {"gram", bench_gram, "constrained decoding: mask and accept time per token"},
         {"xfer", cli_bench_xfer_main, "KV transfer speed between two processes (GB/s)"},
         {"run", bench_run_cmd, "multi-turn agentic benchmark against any OpenAI endpoint"},
         {"compare", bench_compare_cmd, "the same workload on each serving mode (duplex up)"},

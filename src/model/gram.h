@@ -55,11 +55,17 @@ int gram_match_create(const gram *g, const gram_vocab *v, gram_match **out);
 void gram_match_destroy(gram_match *m); /* NULL: no-op */
 /* Fills `mask` (ceil(n_vocab/64) words, bit i of word i/64 = token i
  * allowed) for the next token; returns the number of allowed tokens (>= 1
- * while the grammar can go on or end), or a negative error. */
+ * while the grammar can go on or end; 0 after an end-of-generation token was
+ * accepted), or a negative error (DX_ETOOBIG: a hostile grammar passed a
+ * run-time bound; the sequence cannot go on under the grammar). */
 int gram_match_mask(gram_match *m, uint64_t *mask);
 /* Advances by the token's bytes; DX_EINVAL if the grammar does not allow it
  * (the match is left unchanged). */
 int gram_match_accept(gram_match *m, int32_t tok);
+/* Back to the start of the grammar, keeping the caches (an addition to the
+ * brief's interface): a match reused for the next request with the same
+ * grammar and vocabulary starts with warm masks. */
+int gram_match_reset(gram_match *m); /* 0 or DX_ENOMEM */
 /* 1 when the input so far is a complete sentence of the grammar. */
 int gram_match_complete(const gram_match *m);
 /* 1 when it is complete and nothing more may follow (only EOG allowed). */

@@ -34,7 +34,10 @@
 #define GM_SOFT_STATES (1u << 16)
 #define GM_SOFT_TRANS  (1u << 22)
 #define GM_HARD_TRANS  (1u << 24)
-#define GM_SLOTS       32
+#define GM_CACHE_BYTES (8u << 20) /* cached masks per match */
+#define GM_MAX_ENTRIES 4096u      /* cached masks per match */
+#define GM_MAX_DENSE   4096u      /* states with a direct 256-entry transition table */
+#define GM_UNKNOWN     (INT32_MIN + 1)
 #define GM_DEAD        INT32_MIN
 
 /* ---- vocabulary ----------------------------------------------------------------- */
@@ -204,7 +207,9 @@ typedef struct {
 typedef struct {
     uint32_t off, n; /* node ids in spool, ascending; id 0 = the input may end here */
     uint32_t pu;     /* partial code point: need << 24 | len << 21 | bits, 0 = none */
-    int32_t slot;    /* mask cache slot, -1 none */
+    int32_t slot;    /* mask cache entry, -1 none */
+    int32_t dense;   /* index of its direct transition table, -1 none (hash only) */
+    uint32_t n_hash; /* transitions from it in the hash table */
 } gm_state;
 
 typedef struct {
@@ -220,6 +225,14 @@ typedef struct {
     uint32_t i, end;
     int32_t st;
 } gm_frame;
+
+typedef struct {
+    int32_t owner; /* state */
+    uint32_t count;
+    uint8_t list;  /* data holds count ids, else nw words */
+    uint64_t used; /* clock of the last use */
+    void *data;
+} gm_entry;
 
 struct gram_match {
     const gram *g;
@@ -242,14 +255,17 @@ struct gram_match {
     uint32_t n_out, cap_out;
     gm_seen *seen;
     uint32_t seen_cap, gen;
-    /* mask cache */
-    uint64_t *slots; /* [GM_SLOTS][nw] */
-    int32_t slot_owner[GM_SLOTS];
-    int32_t slot_count[GM_SLOTS];
-    uint64_t slot_used[GM_SLOTS], clock;
+    /* mask cache: allowed ids when few, else the bitmap */
+    gm_entry *ent;
+    uint32_t n_ent;
+    size_t ent_bytes;
+    uint64_t clock;
+    /* direct transition tables [GM_MAX_DENSE][256], next state or GM_UNKNOWN */
+    int32_t *dense;
+    uint32_t n_dense;
     gm_frame dfs[GM_MAX_TOKEN + 2];
-    int32_t cur;
-    int ended; /* an end-of-generation token was accepted */
+    int32_t cur, start; /* start: the state before any input (no gm_gc since) */
+    int ended;          /* an end-of-generation token was accepted */
 };
 
 static inline uint32_t mix32(uint32_t a, uint32_t b)
@@ -347,7 +363,8 @@ static int64_t intern_state(gram_match *m, uint32_t pu, const uint32_t *ids, uin
     if (!rc) rc = gm_grow((void **)&m->spool, &m->cap_spool, m->n_spool + n, sizeof *m->spool);
     if (rc) return rc;
     memcpy(m->spool + m->n_spool, ids, n * sizeof *ids);
-    m->states[m->n_states] = (gm_state){.off = m->n_spool, .n = n, .pu = pu, .slot = -1};
+    m->states[m->n_states] =
+        (gm_state){.off = m->n_spool, .n = n, .pu = pu, .slot = -1, .dense = -1};
     m->n_spool += n;
     m->state_ht[i] = m->n_states + 1;
     return m->n_states++;
@@ -552,8 +569,7 @@ static int trans_rehash(gram_match *m, uint32_t cap)
     return 0;
 }
 
-/* Memoised transition: next state id, GM_DEAD, or < 0 error (not GM_DEAD). */
-static inline int64_t trans(gram_match *m, int32_t sid, uint8_t b)
+static int64_t trans_hash(gram_match *m, int32_t sid, uint8_t b)
 {
     uint32_t key = ((uint32_t)sid << 8 | b) + 1, i = mix32(key, 0) & (m->trans_cap - 1);
     for (; m->trans[i].key; i = (i + 1) & (m->trans_cap - 1))
@@ -570,7 +586,38 @@ static inline int64_t trans(gram_match *m, int32_t sid, uint8_t b)
     }
     m->trans[i] = (gm_trans){key, (int32_t)t};
     m->n_trans++;
+    if (++m->states[sid].n_hash == 16 && m->n_dense < GM_MAX_DENSE) {
+        /* a busy state: give it a direct table */
+        int32_t d = m->states[sid].dense = (int32_t)m->n_dense++, *row = m->dense + (size_t)d * 256;
+        for (int k = 0; k < 256; k++) row[k] = GM_UNKNOWN;
+    }
     return t;
+}
+
+/* Memoised transition: next state id, GM_DEAD, or < 0 error (not GM_DEAD).
+ * A state with many transitions gets a direct table (one load per trie node
+ * in a walk); the others go through the hash table. */
+static inline int64_t trans(gram_match *m, int32_t sid, uint8_t b)
+{
+    int32_t d = m->states[sid].dense;
+    if (d >= 0) {
+        int32_t v = m->dense[(size_t)d * 256 + b];
+        if (v != GM_UNKNOWN) return v;
+        int64_t t = trans_hash(m, sid, b);
+        if (t >= 0 || t == GM_DEAD) m->dense[(size_t)d * 256 + b] = (int32_t)t;
+        return t;
+    }
+    return trans_hash(m, sid, b);
+}
+
+static void ent_drop(gram_match *m, uint32_t k)
+{
+    gm_entry *e = &m->ent[k];
+    m->states[e->owner].slot = -1;
+    m->ent_bytes -= e->list ? (size_t)e->count * 4 : (size_t)m->nw * 8;
+    dx_free(e->data);
+    m->ent[k] = m->ent[--m->n_ent];
+    if (k < m->n_ent) m->states[m->ent[k].owner].slot = (int32_t)k;
 }
 
 /* Forgets every state but the current one (re-interned from scratch). */
@@ -583,7 +630,10 @@ static int gm_reset(gram_match *m, const uint32_t *chains, uint32_t n_chains, ui
     memset(m->node_ht, 0, (size_t)m->node_ht_cap * sizeof *m->node_ht);
     memset(m->state_ht, 0, (size_t)m->state_ht_cap * sizeof *m->state_ht);
     memset(m->trans, 0, (size_t)m->trans_cap * sizeof *m->trans);
-    for (int k = 0; k < GM_SLOTS; k++) m->slot_owner[k] = -1;
+    for (uint32_t k = 0; k < m->n_ent; k++) dx_free(m->ent[k].data);
+    m->n_ent = 0;
+    m->ent_bytes = 0;
+    m->n_dense = 0;
     /* chains: for each stack, its length then positions from the bottom */
     m->n_out = 0;
     for (uint32_t c = 0, i = 0; c < n_chains; c++) {
@@ -620,6 +670,7 @@ static int gm_gc(gram_match *m)
     }
     int rc = gm_reset(m, chains, s->n, s->pu);
     dx_free(chains);
+    m->start = -1; /* forgotten: gram_match_reset computes it again */
     return rc;
 }
 
@@ -631,8 +682,9 @@ int gram_match_create(const gram *g, const gram_vocab *v, gram_match **out)
     m->g = g;
     m->v = v;
     m->nw = (v->n_vocab + 63) / 64;
-    m->slots = dx_calloc((size_t)GM_SLOTS * m->nw + 1, sizeof *m->slots);
-    int rc = m->slots ? 0 : dx_errf(DX_ENOMEM, "gram: out of memory");
+    m->ent = dx_calloc(GM_MAX_ENTRIES, sizeof *m->ent);
+    m->dense = dx_malloc((size_t)GM_MAX_DENSE * 256 * sizeof *m->dense);
+    int rc = m->ent && m->dense ? 0 : dx_errf(DX_ENOMEM, "gram: out of memory");
     if (!rc) rc = gm_grow((void **)&m->nodes, &m->cap_nodes, 256, sizeof *m->nodes);
     if (!rc) rc = node_rehash(m, 1024);
     if (!rc) rc = state_rehash(m, 256);
@@ -641,7 +693,6 @@ int gram_match_create(const gram *g, const gram_vocab *v, gram_match **out)
     if (!rc) {
         m->nodes[0] = (gm_node){0, 0, 0};
         m->n_nodes = 1;
-        for (int k = 0; k < GM_SLOTS; k++) m->slot_owner[k] = -1;
         for (uint32_t a = g->alt_off[g->root]; a < g->alt_off[g->root + 1] && !rc; a++)
             rc = push_work(m, &n, g->alts[a], 0);
     }
@@ -650,7 +701,7 @@ int gram_match_create(const gram *g, const gram_vocab *v, gram_match **out)
     if (!rc) {
         int64_t s = intern_state(m, 0, m->out, m->n_out);
         rc = s < 0 ? (int)s : 0;
-        m->cur = (int32_t)s;
+        m->cur = m->start = (int32_t)s;
     }
     if (rc) {
         gram_match_destroy(m);
@@ -672,7 +723,10 @@ void gram_match_destroy(gram_match *m)
     dx_free(m->work);
     dx_free(m->out);
     dx_free(m->seen);
-    dx_free(m->slots);
+    if (m->ent)
+        for (uint32_t k = 0; k < m->n_ent; k++) dx_free(m->ent[k].data);
+    dx_free(m->ent);
+    dx_free(m->dense);
     dx_free(m);
 }
 
@@ -727,42 +781,64 @@ static int64_t walk(gram_match *m, int32_t s, uint64_t *mask)
     return count;
 }
 
+/* Keeps the mask of state s (count tokens) in the cache, evicting the least
+ * recently used masks past the budget.  Failing to allocate only means no
+ * caching. */
+static void ent_store(gram_match *m, int32_t s, const uint64_t *mask, uint32_t count)
+{
+    int list = (size_t)count * 4 < (size_t)m->nw * 8;
+    size_t bytes = list ? (size_t)count * 4 : (size_t)m->nw * 8;
+    while (m->n_ent && (m->n_ent >= GM_MAX_ENTRIES || m->ent_bytes + bytes > GM_CACHE_BYTES)) {
+        uint32_t lru = 0;
+        for (uint32_t k = 1; k < m->n_ent; k++)
+            if (m->ent[k].used < m->ent[lru].used) lru = k;
+        ent_drop(m, lru);
+    }
+    void *data = dx_malloc(bytes ? bytes : 1);
+    if (!data) return;
+    if (list) {
+        uint32_t *ids = data, n = 0;
+        for (uint32_t w = 0; w < m->nw; w++)
+            for (uint64_t b = mask[w]; b; b &= b - 1)
+                ids[n++] = w * 64 + (uint32_t)__builtin_ctzll(b);
+    } else {
+        memcpy(data, mask, bytes);
+    }
+    m->ent[m->n_ent] = (gm_entry){s, count, (uint8_t)list, m->clock, data};
+    m->states[s].slot = (int32_t)m->n_ent++;
+    m->ent_bytes += bytes;
+}
+
 int gram_match_mask(gram_match *m, uint64_t *mask)
 {
     int rc = gm_gc(m);
     if (rc) return rc;
-    if (m->ended) {
-        memset(mask, 0, (size_t)m->nw * sizeof *mask);
-        return 0;
-    }
-    gm_state *s = &m->states[m->cur];
+    memset(mask, 0, (size_t)m->nw * sizeof *mask);
+    if (m->ended) return 0;
     m->clock++;
-    if (s->slot >= 0) {
-        memcpy(mask, m->slots + (size_t)s->slot * m->nw, (size_t)m->nw * sizeof *mask);
-        m->slot_used[s->slot] = m->clock;
-        return m->slot_count[s->slot];
+    int32_t slot = m->states[m->cur].slot;
+    if (slot >= 0) {
+        gm_entry *e = &m->ent[slot];
+        e->used = m->clock;
+        if (!e->list) {
+            memcpy(mask, e->data, (size_t)m->nw * sizeof *mask);
+        } else {
+            const uint32_t *ids = e->data;
+            for (uint32_t k = 0; k < e->count; k++) mask[ids[k] >> 6] |= 1ull << (ids[k] & 63);
+        }
+        return (int)e->count;
     }
-    int k = 0;
-    for (int j = 1; j < GM_SLOTS; j++)
-        if (m->slot_owner[j] < 0 || m->slot_used[j] < m->slot_used[k]) k = j;
-    uint64_t *w = m->slots + (size_t)k * m->nw;
-    memset(w, 0, (size_t)m->nw * sizeof *w);
-    int64_t count = walk(m, m->cur, w);
+    int64_t count = walk(m, m->cur, mask);
     if (count < 0) return (int)count;
     if (is_complete(m, m->cur))
         for (uint32_t e = 0; e < m->v->n_eog; e++) {
             uint32_t id = (uint32_t)m->v->eog[e];
-            if (id < m->v->n_vocab && !(w[id >> 6] >> (id & 63) & 1)) {
-                w[id >> 6] |= 1ull << (id & 63);
+            if (id < m->v->n_vocab && !(mask[id >> 6] >> (id & 63) & 1)) {
+                mask[id >> 6] |= 1ull << (id & 63);
                 count++;
             }
         }
-    if (m->slot_owner[k] >= 0) m->states[m->slot_owner[k]].slot = -1;
-    m->slot_owner[k] = m->cur;
-    m->slot_used[k] = m->clock;
-    m->slot_count[k] = (int32_t)count;
-    m->states[m->cur].slot = k;
-    memcpy(mask, w, (size_t)m->nw * sizeof *mask);
+    ent_store(m, m->cur, mask, (uint32_t)count);
     return (int)count;
 }
 
@@ -809,4 +885,24 @@ void gram_match_restore(gram_match *m, int32_t state, int ended)
     DX_ASSERT(state >= 0 && (uint32_t)state < m->n_states);
     m->cur = state;
     m->ended = ended;
+}
+
+int gram_match_reset(gram_match *m)
+{
+    m->ended = 0;
+    if (m->start >= 0) {
+        m->cur = m->start;
+        return 0;
+    }
+    /* after gm_gc: the start state again from the root's alternatives */
+    const gram *g = m->g;
+    uint32_t n = 0;
+    int rc = 0;
+    for (uint32_t a = g->alt_off[g->root]; a < g->alt_off[g->root + 1] && !rc; a++)
+        rc = push_work(m, &n, g->alts[a], 0);
+    if (!rc) rc = closure(m, n);
+    int64_t s = rc ? rc : intern_state(m, 0, m->out, m->n_out);
+    if (s < 0) return (int)s;
+    m->cur = m->start = (int32_t)s;
+    return 0;
 }
