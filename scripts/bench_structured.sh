@@ -12,6 +12,7 @@
 #   THREADS=2 DTYPE=bf16 TOKENS=64 ROUNDS=3
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/lib.sh
 BIN=${1:-build/release/duplex}
 THREADS=${THREADS:-2}
 DTYPE=${DTYPE:-bf16}
@@ -33,12 +34,7 @@ fi
 "$BIN" serve --model "$model" --port 0 --threads "$THREADS" --kv-cache-mb 256 \
     --log-level info 2>"$dir/serve.log" &
 pid=$!
-port=
-for _ in $(seq 1 600); do
-    port=$(grep -o 'address=http://127.0.0.1:[0-9]*' "$dir/serve.log" | grep -o '[0-9]*$' || true)
-    [ -n "$port" ] && break
-    sleep 0.05
-done
+port=$(serve_port "$dir/serve.log" 600)
 if [ -z "$port" ]; then
     echo "bench-structured: could not find the port in the log" >&2
     cat "$dir/serve.log" >&2

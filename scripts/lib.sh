@@ -1,6 +1,19 @@
-# scripts/lib.sh — sourced by test.sh and demo.sh: timed stages, the build
-# with compact progress, and test.sh's per-test runner and closing line.
+# scripts/lib.sh — sourced by test.sh, demo.sh and the benchmark scripts:
+# timed stages, the build with compact progress, test.sh's per-test runner
+# and closing line, and the port of a server started in the background.
 # Sourced, not run; needs bash.
+
+# The HTTP port `duplex serve` (started in the background, logging to LOG)
+# says it listens on, waiting up to TRIES × 50 ms; empty when it never does.
+serve_port() {
+    local log=$1 tries=${2:-200} port=
+    for _ in $(seq 1 "$tries"); do
+        port=$(grep -o 'address=http://127.0.0.1:[0-9]*' "$log" | grep -o '[0-9]*$' || true)
+        [ -n "$port" ] && break
+        sleep 0.05
+    done
+    echo "$port"
+}
 
 # "== NAME … 41 s", from START (a $SECONDS value).
 stage_done() {
