@@ -16,9 +16,10 @@ struct node_gram {
     int linked;             /* on the list (else only references keep it) */
     uint32_t refs;
     uint64_t h;
-    char *src;
+    char *key; /* what it was built from (see request_key) */
     size_t len;
     gram *g;
+    char *warn; /* keywords a non-strict schema ignored, or NULL */
 };
 
 struct node_gram_cache {
@@ -217,7 +218,8 @@ int node_gram_cache_create(uint32_t max_entries, node_gram_cache **out)
 static void entry_free(node_gram *e)
 {
     gram_destroy(e->g);
-    dx_free(e->src);
+    dx_free(e->key);
+    dx_free(e->warn);
     dx_free(e);
 }
 
@@ -266,7 +268,7 @@ void node_gram_cache_destroy(node_gram_cache *c)
 static node_gram *lookup(node_gram_cache *c, uint64_t h, const char *src, size_t len)
 {
     for (node_gram *e = c->head; e; e = e->next) {
-        if (e->h != h || e->len != len || memcmp(e->src, src, len)) continue;
+        if (e->h != h || e->len != len || memcmp(e->key, src, len)) continue;
         unlink_entry(c, e);
         push_front(c, e);
         return e;
@@ -286,12 +288,45 @@ static void insert(node_gram_cache *c, node_gram *e)
     }
 }
 
-int node_gram_get(node_gram_cache *c, const char *src, size_t len, const char *param,
-                  node_gram **out, oai_err *err)
+/* How an entry is made when the cache does not have it: the EBNF text
+ * compiled, or a request's constraint built and compiled. */
+typedef struct {
+    const char *src; /* EBNF, or NULL: build it from o */
+    size_t len;
+    const char *param;
+    const oai_req *o;
+    int tool_fmt, think_open;
+} gram_build;
+
+static int build(const gram_build *b, node_gram *n, oai_err *err)
 {
-    uint64_t h = XXH3_64bits(src, len);
+    if (b->src) {
+        int rc = gram_compile_ebnf(b->src, b->len, &n->g);
+        if (rc < 0) return rc == DX_EINVAL ? fail400(err, b->param, dx_errmsg()) : fail503(err);
+        return 0;
+    }
+    dx_buf src, warn;
+    dx_buf_init(&src, 0);
+    dx_buf_init(&warn, 0);
+    int rc = node_gram_source(b->o, b->tool_fmt, b->think_open, &src, &warn, err);
+    if (!rc) {
+        gram_build g = {.src = src.data ? src.data : "", .len = src.len, .param = b->param};
+        rc = build(&g, n, err);
+    }
+    if (!rc && warn.len) n->warn = dx_buf_take(&warn);
+    dx_buf_free(&src);
+    dx_buf_free(&warn);
+    return rc;
+}
+
+/* The entry for key, from the cache or built (outside the lock: another
+ * thread may build the same one meanwhile, and the first one in is kept). */
+static int cache_get(node_gram_cache *c, const char *key, size_t len, const gram_build *b,
+                     node_gram **out, oai_err *err)
+{
+    uint64_t h = XXH3_64bits(key, len);
     pthread_mutex_lock(&c->mu);
-    node_gram *e = lookup(c, h, src, len);
+    node_gram *e = lookup(c, h, key, len);
     if (e) {
         e->refs++;
         c->st.hits++;
@@ -301,25 +336,23 @@ int node_gram_get(node_gram_cache *c, const char *src, size_t len, const char *p
         *out = e;
         return 0;
     }
-    /* compiled outside the lock: another thread may compile the same text
-     * meanwhile, and then the first one in is kept */
     node_gram *n = dx_calloc(1, sizeof *n);
-    if (n) n->src = dx_memdup(src, len ? len : 1);
-    if (!n || !n->src) {
+    if (n) n->key = dx_memdup(key, len ? len : 1);
+    if (!n || !n->key) {
         if (n) entry_free(n);
         return fail503(err);
     }
     n->h = h;
     n->len = len;
     n->refs = 1;
-    int rc = gram_compile_ebnf(src, len, &n->g);
+    int rc = build(b, n, err);
     if (rc < 0) {
         entry_free(n);
-        return rc == DX_EINVAL ? fail400(err, param, dx_errmsg()) : fail503(err);
+        return rc;
     }
     pthread_mutex_lock(&c->mu);
     c->st.misses++;
-    if ((e = lookup(c, h, src, len))) {
+    if ((e = lookup(c, h, key, len))) {
         e->refs++;
     } else {
         insert(c, n);
@@ -330,6 +363,48 @@ int node_gram_get(node_gram_cache *c, const char *src, size_t len, const char *p
     if (n) entry_free(n);
     *out = e;
     return 0;
+}
+
+int node_gram_get(node_gram_cache *c, const char *src, size_t len, const char *param,
+                  node_gram **out, oai_err *err)
+{
+    gram_build b = {.src = src, .len = len, .param = param};
+    return cache_get(c, src, len, &b, out, err);
+}
+
+/* What a request's constraint depends on, as one string: the kind, the
+ * options, and the JSON it comes from (the schema, or the tools and the
+ * choice).  A cache hit on it skips the schema compiler as well. */
+static int request_key(const oai_req *o, int tool_fmt, int think_open, dx_buf *k)
+{
+    int rc = dx_buf_printf(k, "%s|%d|%d|%d|%d|", node_gram_param(o), tool_fmt, think_open,
+                           (int)o->format, o->schema_strict);
+    if (rc) return rc;
+    if (o->grammar) return dx_buf_append(k, o->grammar, o->grammar_len);
+    if (o->format != OAI_FORMAT_TEXT) return o->schema ? put_json(k, o->schema) : 0;
+    if (o->tool_choice == OAI_CHOICE_NAMED && (rc = dx_buf_printf(k, "%s|", o->tool_choice_name)))
+        return rc;
+    return put_json(k, o->tools);
+}
+
+int node_gram_request(node_gram_cache *c, const oai_req *o, int tool_fmt, int think_open,
+                      node_gram **out, oai_err *err)
+{
+    *out = NULL;
+    const char *param = node_gram_param(o);
+    if (!param) return 0;
+    dx_buf k;
+    dx_buf_init(&k, 0);
+    int rc = request_key(o, tool_fmt, think_open, &k) ? fail503(err) : 0;
+    gram_build b = {.param = param, .o = o, .tool_fmt = tool_fmt, .think_open = think_open};
+    if (!rc) rc = cache_get(c, k.data, k.len, &b, out, err);
+    dx_buf_free(&k);
+    return rc;
+}
+
+const char *node_gram_warnings(const node_gram *g)
+{
+    return g->warn ? g->warn : "";
 }
 
 const gram *node_gram_grammar(const node_gram *g)

@@ -46,13 +46,21 @@ void node_gram_cache_destroy(node_gram_cache *c);
  * the output first closes it.  A bad schema or a forced call the node cannot
  * format is DX_EINVAL with a 400 in *err naming the field; keywords ignored
  * (strict false) are appended to `warnings`, one "field: message" per line. */
-int node_gram_source(const oai_req *o, int tool_fmt, int think_open, dx_buf *src,
-                     dx_buf *warnings, oai_err *err);
+int node_gram_source(const oai_req *o, int tool_fmt, int think_open, dx_buf *src, dx_buf *warnings,
+                     oai_err *err);
 /* The compiled grammar for src, from the cache or compiled and added; a
  * syntax error is a 400 naming `param` with gram's line:col message. */
 int node_gram_get(node_gram_cache *c, const char *src, size_t len, const char *param,
                   node_gram **out, oai_err *err);
+/* The request's constraint compiled (NULL *out: it has none), from the cache
+ * or built with node_gram_source and compiled.  The cache key is what the
+ * constraint depends on (the schema, tools, choice, format and options), so
+ * a hit costs neither the schema compiler nor the grammar's. */
+int node_gram_request(node_gram_cache *c, const oai_req *o, int tool_fmt, int think_open,
+                      node_gram **out, oai_err *err);
 const gram *node_gram_grammar(const node_gram *g);
+/* The keywords a non-strict schema ignored, "field: message" a line; "". */
+const char *node_gram_warnings(const node_gram *g);
 void node_gram_release(node_gram_cache *c, node_gram *g); /* NULL g: no-op */
 void node_gram_get_stats(node_gram_cache *c, node_gram_stats *out);
 

@@ -607,14 +607,14 @@ static enum oai_kind tokenize_kind(const node_req *q)
 /* The warning header for keywords a non-strict schema ignored: one line,
  * printable ASCII only (the lines name the client's own property names),
  * bounded. */
-static char *warn_header(const dx_buf *w)
+static char *warn_header(const char *w)
 {
     char v[NODE_WARN_MAX];
-    size_t n = 0;
-    for (size_t i = 0; i < w->len && n + 4 < sizeof v; i++) {
-        unsigned char c = (unsigned char)w->data[i];
+    size_t n = 0, len = strlen(w);
+    for (size_t i = 0; i < len && n + 4 < sizeof v; i++) {
+        unsigned char c = (unsigned char)w[i];
         if (c == '\n') {
-            if (i + 1 < w->len) v[n++] = ';', v[n++] = ' ';
+            if (i + 1 < len) v[n++] = ';', v[n++] = ' ';
         } else {
             v[n++] = c >= 0x20 && c < 0x7f ? (char)c : '?';
         }
@@ -634,21 +634,15 @@ static char *warn_header(const dx_buf *w)
  * vocabulary prepared for it, so nothing of it runs on the loop. */
 static int prep_grammar(node_server *s, node_req *q, oai_err *err)
 {
-    const char *param = node_gram_param(&q->o);
-    if (!param) return 0;
-    dx_buf src, warn;
-    dx_buf_init(&src, 0);
-    dx_buf_init(&warn, 0);
-    int rc = node_gram_source(&q->o, s->be.tool_fmt, q->topts.think_open, &src, &warn, err);
-    if (!rc) rc = node_gram_get(s->grams, src.data, src.len, param, &q->gram, err);
-    if (!rc && s->be.gram_prepare && (rc = s->be.gram_prepare(s->be.self)) < 0) {
+    int rc = node_gram_request(s->grams, &q->o, s->be.tool_fmt, q->topts.think_open, &q->gram, err);
+    if (rc < 0 || !q->gram) return rc;
+    if (s->be.gram_prepare && (rc = s->be.gram_prepare(s->be.self)) < 0) {
         err->status = 500;
         snprintf(err->message, sizeof err->message, "%s", dx_errmsg());
+        return rc;
     }
-    if (!rc && warn.len) q->warn_hdr = warn_header(&warn);
-    dx_buf_free(&src);
-    dx_buf_free(&warn);
-    return rc;
+    if (node_gram_warnings(q->gram)[0]) q->warn_hdr = warn_header(node_gram_warnings(q->gram));
+    return 0;
 }
 
 /* Pool thread: parse, check, P/D params, the prompt's tokens.  Touches only

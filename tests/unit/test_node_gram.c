@@ -207,11 +207,34 @@ static void test_cache(void **state)
     gram_match *m;
     assert_int_equal(gram_match_create(node_gram_grammar(a), g_v, &m), 0);
     gram_match_destroy(m);
+    assert_string_equal(node_gram_warnings(d), ""); /* a grammar of its own: no warnings */
     node_gram_release(c, a);
     node_gram_release(c, a2);
     node_gram_release(c, b);
     node_gram_release(c, d);
     node_gram_release(c, NULL);
+    /* a request's constraint is keyed by what it depends on: the same
+     * schema again is a hit, with its warnings; another choice is not */
+    const char *body =
+        "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],"
+        "\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"n\","
+        "\"strict\":false,\"schema\":{\"type\":\"array\",\"uniqueItems\":true}}}}";
+    oai_req r;
+    assert_int_equal(oai_req_parse(OAI_CHAT, body, strlen(body), NULL, &r, &e), 0);
+    node_gram *r1, *r2, *r3;
+    assert_int_equal(node_gram_request(c, &r, OAI_TOOLS_QWEN, 0, &r1, &e), 0);
+    assert_int_equal(node_gram_request(c, &r, OAI_TOOLS_QWEN, 0, &r2, &e), 0);
+    assert_int_equal(node_gram_request(c, &r, OAI_TOOLS_QWEN, 1, &r3, &e), 0); /* think_open */
+    assert_ptr_equal(r1, r2);
+    assert_ptr_not_equal(r1, r3);
+    assert_non_null(strstr(node_gram_warnings(r2), "uniqueItems"));
+    node_gram_get_stats(c, &st);
+    assert_int_equal(st.hits, 2);
+    assert_int_equal(st.misses, 5);
+    node_gram_release(c, r1);
+    node_gram_release(c, r2);
+    node_gram_release(c, r3);
+    oai_req_free(&r);
     /* a syntax error names the field and where */
     assert_int_equal(node_gram_get(c, "root ::= (", 10, "grammar", &a, &e), DX_EINVAL);
     assert_int_equal(e.status, 400);
