@@ -102,7 +102,8 @@ static void test_readme_examples(void **state)
         p = close;
     }
     free(md);
-    assert_int_equal(found, 4); /* the server, with an API key, duplex up, P/D by hand */
+    assert_int_equal(
+        found, 5); /* the server, with an API key, structured outputs, duplex up, P/D by hand */
 }
 
 int main(void)
