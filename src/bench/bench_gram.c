@@ -49,7 +49,8 @@ static int run_case(const tok *t, const gram_vocab *v, const char *ebnf, const c
     c->compile_ms = compile_ms + (double)(dx_now_ns() - t0) * 1e-6;
     if (!rc) rc = tok_encode(t, doc, strlen(doc), 0, &ids);
     if (!rc) rc = gram_match_create(g, v, &m);
-    if (!rc && !(lat = dx_calloc(ids.n * reps + 1, sizeof *lat))) rc = DX_ENOMEM;
+    if (!rc && !(lat = dx_calloc(ids.n * reps + 1, sizeof *lat)))
+        rc = dx_errf(DX_ENOMEM, "bench gram: out of memory");
     c->tokens = ids.n;
     double acc = 0;
     for (uint32_t pass = 0; pass <= reps && !rc; pass++) {

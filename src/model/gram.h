@@ -57,7 +57,8 @@ void gram_match_destroy(gram_match *m); /* NULL: no-op */
  * allowed) for the next token; returns the number of allowed tokens (>= 1
  * while the grammar can go on or end; 0 after an end-of-generation token was
  * accepted), or a negative error (DX_ETOOBIG: a hostile grammar passed a
- * run-time bound; the sequence cannot go on under the grammar). */
+ * run-time bound — too ambiguous, or nesting past the stack depth — and the
+ * sequence cannot go on under the grammar). */
 int gram_match_mask(gram_match *m, uint64_t *mask);
 /* Advances by the token's bytes; DX_EINVAL if the grammar does not allow it
  * (the match is left unchanged). */

@@ -328,7 +328,7 @@ static int add_range(pst *p, uint32_t lo, uint32_t hi)
 static int finish_set(pst *p, uint32_t from, int negate, uint32_t *out)
 {
     uint32_t n = p->n_ranges - from, *r = p->ranges + 2 * from, m = 0;
-    qsort(r, n, 2 * sizeof *r, cmp_range);
+    if (n > 1) qsort(r, n, 2 * sizeof *r, cmp_range);
     for (uint32_t i = 0; i < n; i++) {
         if (m && r[2 * i] <= r[2 * (m - 1) + 1] + 1) {
             if (r[2 * i + 1] > r[2 * (m - 1) + 1]) r[2 * (m - 1) + 1] = r[2 * i + 1];
@@ -381,7 +381,7 @@ static int finish_set(pst *p, uint32_t from, int negate, uint32_t *out)
             k++;
         }
     p->n_ranges = k;
-    qsort(p->ranges + 2 * from, k - from, 2 * sizeof *p->ranges, cmp_range);
+    if (k - from > 1) qsort(p->ranges + 2 * from, k - from, 2 * sizeof *p->ranges, cmp_range);
     int rc = grow((void **)&p->set_off, &p->cap_sets, p->n_sets + 2, sizeof *p->set_off);
     if (rc) return rc;
     if (p->n_sets == 0) p->set_off[0] = 0;
@@ -431,7 +431,7 @@ static int wrap_tail(pst *p, uint32_t rule, uint32_t start, size_t pos)
     evec *w = &p->rules[g].body;
     if ((rc = grow((void **)&w->e, &w->cap, n + 1, sizeof *w->e))) return rc;
     v = &p->rules[rule].body; /* grow may not move it, but new_rule may have */
-    memcpy(w->e, v->e + start, n * sizeof *w->e);
+    if (n) memcpy(w->e, v->e + start, n * sizeof *w->e);
     w->e[n] = GE_MAKE(GE_END, 0);
     w->n = n + 1;
     p->n_elems += 1;
@@ -867,7 +867,7 @@ static int build(pst *p, gram *g)
     g->alt_off[p->n_rules] = a;
     DX_ASSERT(k == g->n_elems && a == n_alts);
     if (p->n_sets) memcpy(g->set_off, p->set_off, ((size_t)g->n_sets + 1) * sizeof *g->set_off);
-    memcpy(g->ranges, p->ranges, (size_t)p->n_ranges * 2 * sizeof *g->ranges);
+    if (p->n_ranges) memcpy(g->ranges, p->ranges, (size_t)p->n_ranges * 2 * sizeof *g->ranges);
     for (uint32_t s = 0; s < g->n_sets; s++)
         for (uint32_t i = g->set_off[s]; i < g->set_off[s + 1]; i++)
             for (uint32_t c = g->ranges[2 * i]; c <= g->ranges[2 * i + 1] && c < 128; c++)
@@ -892,7 +892,9 @@ int gram_compile_ebnf(const char *src, size_t len, gram **out)
     pst p = {.src = src, .len = len};
     gram *g = dx_calloc(1, sizeof *g);
     if (!g) return dx_errf(DX_ENOMEM, "grammar: out of memory");
-    int rc = parse_grammar(&p);
+    /* allocated up front: set arithmetic never starts from a null pointer */
+    int rc = grow((void **)&p.ranges, &p.cap_ranges, 32, 2 * sizeof(uint32_t));
+    if (!rc) rc = parse_grammar(&p);
     uint32_t root = 0;
     if (!rc) {
         rc = lookup(&p, "root", 4, 0, &root);

@@ -38,6 +38,7 @@
 #define GM_MAX_ENTRIES 4096u      /* cached masks per match */
 #define GM_MAX_DENSE   4096u      /* states with a direct 256-entry transition table */
 #define GM_UNKNOWN     (INT32_MIN + 1)
+#define GM_HOT         256u /* walk arrivals before a state's self-loops are worked out */
 #define GM_DEAD        INT32_MIN
 
 /* ---- vocabulary ----------------------------------------------------------------- */
@@ -54,13 +55,89 @@ struct gram_vocab {
     uint8_t *kind; /* [n_vocab] 0 never allowed, 1 text, 2 end of generation */
     int32_t *eog;
     uint32_t n_eog;
+    /* [n_nodes][2]: what the strings below node i (after its byte) hold:
+     * bit b for each ASCII byte b >= 0x20, SUM_CTL for a control byte,
+     * SUM_HIGH for a byte >= 0x80, SUM_BAD when one of them is not valid
+     * UTF-8 continuing from node i (see walk) */
+    uint64_t (*sum)[2];
 };
 
-static const gram_vocab *g_sort_vocab; /* qsort has no context argument */
+#define SUM_CTL  (1ull << 0)
+#define SUM_HIGH (1ull << 1)
+#define SUM_BAD  (1ull << 2)
 
-static int cmp_tok(const void *a, const void *b)
+/* UTF-8 decoding, one byte at a time: what the next byte may be. */
+enum { U8_START, U8_C1, U8_C2, U8_C3, U8_E0, U8_ED, U8_F0, U8_F4, U8_BAD };
+
+static uint8_t u8_next(uint8_t st, uint8_t b)
 {
-    const gram_vocab *v = g_sort_vocab;
+    static const uint8_t lo[8] = {0, 0x80, 0x80, 0x80, 0xa0, 0x80, 0x90, 0x80};
+    static const uint8_t hi[8] = {0, 0xbf, 0xbf, 0xbf, 0xbf, 0x9f, 0xbf, 0x8f};
+    static const uint8_t left[8] = {0, 1, 2, 3, 2, 2, 3, 3};
+    if (st == U8_BAD) return U8_BAD;
+    if (st != U8_START) {
+        if (b < lo[st] || b > hi[st]) return U8_BAD;
+        return left[st] == 1 ? U8_START : left[st] == 2 ? U8_C1 : U8_C2;
+    }
+    if (b < 0x80) return U8_START;
+    if (b >= 0xc2 && b <= 0xdf) return U8_C1;
+    if (b == 0xe0) return U8_E0;
+    if (b == 0xed) return U8_ED;
+    if (b >= 0xe1 && b <= 0xef) return U8_C2;
+    if (b == 0xf0) return U8_F0;
+    if (b == 0xf4) return U8_F4;
+    if (b >= 0xf1 && b <= 0xf3) return U8_C3;
+    return U8_BAD;
+}
+
+static void sum_byte(uint64_t *sm, uint8_t b)
+{
+    if (b >= 0x80)
+        sm[0] |= SUM_HIGH;
+    else if (b < 0x20)
+        sm[0] |= SUM_CTL;
+    else
+        sm[b >> 6] |= 1ull << (b & 63);
+}
+
+/* The subtree summaries, bottom-up (children come after their parent in
+ * preorder); each node's UTF-8 state from the root says which bytes below
+ * are well-formed. */
+static int vocab_sums(gram_vocab *v)
+{
+    uint32_t n = v->n_nodes, *parent = dx_malloc((size_t)n * sizeof *parent), sp = 0;
+    uint8_t *dec = dx_malloc(n);
+    uint32_t path[GM_MAX_TOKEN + 2];
+    v->sum = dx_calloc(n, sizeof *v->sum);
+    if (!parent || !dec || !v->sum) {
+        dx_free(parent);
+        dx_free(dec);
+        return dx_errf(DX_ENOMEM, "gram: out of memory building the vocabulary trie");
+    }
+    path[sp++] = 0;
+    dec[0] = U8_START;
+    parent[0] = 0;
+    for (uint32_t i = 1; i < n; i++) {
+        while (v->end[path[sp - 1]] <= i) sp--; /* leave finished subtrees */
+        parent[i] = path[sp - 1];
+        dec[i] = u8_next(dec[parent[i]], v->byte[i]);
+        path[sp++] = i;
+    }
+    for (uint32_t i = n; i-- > 1;) {
+        uint64_t *ps = v->sum[parent[i]];
+        ps[0] |= v->sum[i][0];
+        ps[1] |= v->sum[i][1];
+        sum_byte(ps, v->byte[i]);
+        if (dec[i] == U8_BAD) ps[0] |= SUM_BAD;
+    }
+    dx_free(parent);
+    dx_free(dec);
+    return 0;
+}
+
+static int cmp_tok(const void *a, const void *b, void *ctx)
+{
+    const gram_vocab *v = ctx;
     uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
     uint32_t lx = v->tb_off[x + 1] - v->tb_off[x], ly = v->tb_off[y + 1] - v->tb_off[y];
     int c = memcmp(v->tb + v->tb_off[x], v->tb + v->tb_off[y], lx < ly ? lx : ly);
@@ -74,7 +151,7 @@ static int vocab_bytes(gram_vocab *v, const tok *t)
     size_t n = v->n_vocab, cap = 1 << 20, len = 0;
     char buf[GM_MAX_TOKEN];
     v->tb = dx_malloc(cap);
-    if (!v->tb) return DX_ENOMEM;
+    if (!v->tb) return dx_errf(DX_ENOMEM, "gram: out of memory building the vocabulary");
     for (size_t id = 0; id < n; id++) {
         v->tb_off[id] = (uint32_t)len;
         int32_t i = (int32_t)id;
@@ -89,7 +166,7 @@ static int vocab_bytes(gram_vocab *v, const tok *t)
         if (k == 0) continue;
         if (len + (size_t)k > cap) {
             uint8_t *nb = dx_realloc(v->tb, cap * 2);
-            if (!nb) return DX_ENOMEM;
+            if (!nb) return dx_errf(DX_ENOMEM, "gram: out of memory building the vocabulary");
             v->tb = nb;
             cap *= 2;
         }
@@ -114,12 +191,11 @@ static int vocab_trie(gram_vocab *v)
     v->toks = dx_malloc(((size_t)v->n_vocab + 1) * sizeof *v->toks);
     if (!order || !v->end || !v->byte || !v->tok_off || !v->toks) {
         dx_free(order);
-        return DX_ENOMEM;
+        return dx_errf(DX_ENOMEM, "gram: out of memory building the vocabulary trie");
     }
     for (uint32_t id = 0; id < v->n_vocab; id++)
         if (v->kind[id] == 1) order[n++] = id;
-    g_sort_vocab = v;
-    qsort(order, n, sizeof *order, cmp_tok);
+    qsort_r(order, n, sizeof *order, cmp_tok, v);
     uint32_t path[GM_MAX_TOKEN + 1], depth = 0, nn = 1, nt = 0;
     path[0] = 0;
     v->byte[0] = 0;
@@ -163,17 +239,17 @@ int gram_vocab_create(const tok *t, gram_vocab **out)
     size_t n_eog = 0;
     const int32_t *eog = tok_eog_ids(t, &n_eog);
     v->eog = dx_calloc(n_eog + 1, sizeof *v->eog);
-    int rc = !v->tb_off || !v->kind || !v->eog ? DX_ENOMEM : 0;
+    int rc = !v->tb_off || !v->kind || !v->eog ? dx_errf(DX_ENOMEM, "gram: out of memory") : 0;
     if (!rc) {
-        memcpy(v->eog, eog, n_eog * sizeof *eog);
+        if (n_eog) memcpy(v->eog, eog, n_eog * sizeof *eog);
         v->n_eog = (uint32_t)n_eog;
         rc = vocab_bytes(v, t);
     }
     if (!rc) rc = vocab_trie(v);
+    if (!rc) rc = vocab_sums(v);
     if (rc) {
         gram_vocab_destroy(v);
-        return rc == DX_ENOMEM ? dx_errf(rc, "gram: out of memory building the vocabulary trie")
-                               : rc;
+        return rc;
     }
     *out = v;
     return 0;
@@ -190,6 +266,7 @@ void gram_vocab_destroy(gram_vocab *v)
     dx_free(v->tb);
     dx_free(v->kind);
     dx_free(v->eog);
+    dx_free(v->sum);
     dx_free(v);
 }
 
@@ -205,11 +282,13 @@ typedef struct {
 } gm_node;
 
 typedef struct {
-    uint32_t off, n; /* node ids in spool, ascending; id 0 = the input may end here */
-    uint32_t pu;     /* partial code point: need << 24 | len << 21 | bits, 0 = none */
-    int32_t slot;    /* mask cache entry, -1 none */
-    int32_t dense;   /* index of its direct transition table, -1 none (hash only) */
-    uint32_t n_hash; /* transitions from it in the hash table */
+    uint32_t off, n;  /* node ids in spool, ascending; id 0 = the input may end here */
+    uint32_t pu;      /* partial code point: need << 24 | len << 21 | bits, 0 = none */
+    int32_t slot;     /* mask cache entry, -1 none */
+    int32_t dense;    /* index of its direct transition table, -1 none (hash only) */
+    uint32_t n_hash;  /* transitions from it in the hash table */
+    uint32_t hits;    /* trie nodes that led to it in walks, up to GM_HOT */
+    uint64_t loop[2]; /* (see state_loops) the bytes after which it is itself again */
 } gm_state;
 
 typedef struct {
@@ -362,7 +441,7 @@ static int64_t intern_state(gram_match *m, uint32_t pu, const uint32_t *ids, uin
     int rc = gm_grow((void **)&m->states, &m->cap_states, m->n_states + 1, sizeof *m->states);
     if (!rc) rc = gm_grow((void **)&m->spool, &m->cap_spool, m->n_spool + n, sizeof *m->spool);
     if (rc) return rc;
-    memcpy(m->spool + m->n_spool, ids, n * sizeof *ids);
+    if (n) memcpy(m->spool + m->n_spool, ids, n * sizeof *ids);
     m->states[m->n_states] =
         (gm_state){.off = m->n_spool, .n = n, .pu = pu, .slot = -1, .dense = -1};
     m->n_spool += n;
@@ -430,7 +509,7 @@ static int closure(gram_match *m, uint32_t n)
     uint32_t items = 0;
     m->n_out = 0;
     if (++m->gen == 0) {
-        memset(m->seen, 0, (size_t)m->seen_cap * sizeof *m->seen);
+        if (m->seen) memset(m->seen, 0, (size_t)m->seen_cap * sizeof *m->seen);
         m->gen = 1;
     }
     while (n) {
@@ -462,7 +541,7 @@ static int closure(gram_match *m, uint32_t n)
         }
         if (rc) return rc;
     }
-    qsort(m->out, m->n_out, sizeof *m->out, cmp_u32);
+    if (m->n_out > 1) qsort(m->out, m->n_out, sizeof *m->out, cmp_u32);
     uint32_t k = 0;
     for (uint32_t i = 0; i < m->n_out; i++)
         if (!k || m->out[k - 1] != m->out[i]) m->out[k++] = m->out[i];
@@ -646,7 +725,7 @@ static int gm_reset(gram_match *m, const uint32_t *chains, uint32_t n_chains, ui
         int rc = push_out(m, parent);
         if (rc) return rc;
     }
-    qsort(m->out, m->n_out, sizeof *m->out, cmp_u32);
+    if (m->n_out > 1) qsort(m->out, m->n_out, sizeof *m->out, cmp_u32);
     int64_t s = intern_state(m, pu, m->out, m->n_out);
     if (s < 0) return (int)s;
     m->cur = (int32_t)s;
@@ -697,7 +776,9 @@ int gram_match_create(const gram *g, const gram_vocab *v, gram_match **out)
             rc = push_work(m, &n, g->alts[a], 0);
     }
     if (!rc) rc = closure(m, n);
-    if (!rc && !m->n_out) rc = dx_errf(DX_EINVAL, "gram: the grammar accepts nothing");
+    if (!rc && !m->n_out)
+        rc = dx_errf(DX_ETOOBIG, "gram: the grammar's first step nests deeper than %u",
+                     GM_MAX_DEPTH);
     if (!rc) {
         int64_t s = intern_state(m, 0, m->out, m->n_out);
         rc = s < 0 ? (int)s : 0;
@@ -746,14 +827,70 @@ int gram_match_done(const gram_match *m)
     return m->ended || (is_complete(m, m->cur) && m->states[m->cur].n == 1);
 }
 
+/* The bytes after which state s is s again, in the layout of the trie's
+ * summaries: each ASCII byte >= 0x20; SUM_CTL if every control byte does;
+ * SUM_HIGH if every character >= U+0080 does (checked on one character of
+ * each run of characters the stacks' terminals treat alike, up to 64 runs).
+ * A subtree whose summary is inside it is allowed whole: every string in it
+ * leads from s back to s, through partial characters that s can finish. */
+static int state_loops(gram_match *m, int32_t s, uint64_t *loop)
+{
+    loop[0] = loop[1] = 0;
+    if (m->states[s].pu) return 0;
+    int ctl = 1;
+    for (uint32_t b = 0; b < 0x80; b++) {
+        int64_t t = trans(m, s, (uint8_t)b);
+        if (t < 0 && t != GM_DEAD) return (int)t;
+        if (t != s) {
+            if (b < 0x20) ctl = 0;
+            continue;
+        }
+        if (b >= 0x20) loop[b >> 6] |= 1ull << (b & 63);
+    }
+    if (ctl) loop[0] |= SUM_CTL;
+    /* runs: the cut points of every terminal's set above U+007F */
+    uint32_t cuts[130], n = 0;
+    cuts[n++] = 0x80;
+    const gm_state st = m->states[s];
+    for (uint32_t i = 0; i < st.n && n < 128; i++) {
+        uint32_t id = m->spool[st.off + i];
+        if (!id) continue;
+        uint32_t e = m->g->elems[m->nodes[id].pos];
+        if (GE_TYPE(e) == GE_LIT) {
+            if (GE_VAL(e) >= 0x80) cuts[n++] = GE_VAL(e), cuts[n++] = GE_VAL(e) + 1;
+            continue;
+        }
+        const gram *g = m->g;
+        for (uint32_t r = g->set_off[GE_VAL(e)]; r < g->set_off[GE_VAL(e) + 1] && n < 128; r++) {
+            if (g->ranges[2 * r] > 0x80) cuts[n++] = g->ranges[2 * r];
+            if (g->ranges[2 * r + 1] >= 0x80) cuts[n++] = g->ranges[2 * r + 1] + 1;
+        }
+    }
+    if (n >= 128) return 0; /* too many runs: not worth it */
+    cuts[n++] = 0xd800, cuts[n++] = 0xe000, cuts[n++] = 0x110000;
+    for (uint32_t i = 0; i < n; i++) /* each cut starts a run; check its first character */
+        if (cuts[i] < 0x110000 && (cuts[i] < 0xd800 || cuts[i] >= 0xe000)) {
+            int64_t t = step_cp(m, &st, cuts[i]);
+            if (t < 0 && t != GM_DEAD) return (int)t;
+            if (t != s) return 0;
+        }
+    loop[0] |= SUM_HIGH;
+    return 0;
+}
+
 /* Walks the vocabulary trie from state s, setting the bits of every token
- * the grammar can take; a subtree whose prefix it cannot take is skipped. */
+ * the grammar can take; a subtree whose prefix it cannot take is skipped,
+ * and one that leads back to a state again and again (inside a JSON string)
+ * is taken whole from its summary. */
 static int64_t walk(gram_match *m, int32_t s, uint64_t *mask)
 {
     const gram_vocab *v = m->v;
     int64_t count = 0;
     uint32_t sp = 0, i = 1, end = v->end[0];
     int32_t st = s;
+    /* the summaries decode UTF-8 from the root: only a walk that starts
+     * between characters reads them right */
+    int whole = !m->states[s].pu;
     for (;;) {
         while (i < end) {
             int64_t t = trans(m, st, v->byte[i]);
@@ -762,10 +899,26 @@ static int64_t walk(gram_match *m, int32_t s, uint64_t *mask)
                 continue;
             }
             if (t < 0) return t;
-            for (uint32_t k = v->tok_off[i]; k < v->tok_off[i + 1]; k++) {
+            gm_state *ts = &m->states[t];
+            if (ts->hits < GM_HOT && ++ts->hits == GM_HOT) {
+                uint64_t loop[2];
+                int rc = state_loops(m, (int32_t)t, loop);
+                if (rc) return rc;
+                ts = &m->states[t];
+                ts->loop[0] = loop[0];
+                ts->loop[1] = loop[1];
+            }
+            const uint64_t *sm = v->sum[i];
+            uint32_t last =
+                !whole || (sm[0] & ~ts->loop[0]) || (sm[1] & ~ts->loop[1]) ? i + 1 : v->end[i];
+            for (uint32_t k = v->tok_off[i]; k < v->tok_off[last]; k++) {
                 uint32_t id = v->toks[k];
                 mask[id >> 6] |= 1ull << (id & 63);
                 count++;
+            }
+            if (last != i + 1) { /* the whole subtree is in */
+                i = last;
+                continue;
             }
             m->dfs[sp++] = (gm_frame){v->end[i], end, st};
             end = v->end[i];
@@ -830,6 +983,11 @@ int gram_match_mask(gram_match *m, uint64_t *mask)
     }
     int64_t count = walk(m, m->cur, mask);
     if (count < 0) return (int)count;
+    if (count == 0 && !is_complete(m, m->cur)) /* only deeper nesting could go on */
+        return dx_errf(DX_ETOOBIG,
+                       "gram: no token continues the grammar within the stack "
+                       "depth of %u",
+                       GM_MAX_DEPTH);
     if (is_complete(m, m->cur))
         for (uint32_t e = 0; e < m->v->n_eog; e++) {
             uint32_t id = (uint32_t)m->v->eog[e];

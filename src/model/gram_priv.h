@@ -43,6 +43,11 @@ struct gram {
 int gram_set_has(const gram *g, uint32_t s, uint32_t c);
 int gram_set_meets(const gram *g, uint32_t s, uint32_t lo, uint32_t hi);
 
+/* A JSON Schema `pattern` to an EBNF expression for the JSON string (quotes
+ * included) holding a matching value; uses the rule <prefix>char.  The
+ * subset and its limits: gram_regex.c. */
+int gram_regex_to_ebnf(const char *re, size_t len, const char *prefix, dx_buf *out);
+
 /* For tests: the match's current parse state (an interned id) and a way
  * back to it, so one match can try every token from the same state. */
 int32_t gram_match_state(const gram_match *m);

@@ -379,9 +379,23 @@ static int gen_string(sc *c, json_t *s, dx_buf *body)
     if (!rc) rc = get_count(c, s, "maxLength", UINT64_MAX, &max);
     if (rc) return rc;
     if (min > max) return sc_fail(c, "minLength above maxLength");
-    if (json_object_get(s, "pattern") &&
-        (rc = sc_unsupported(c, "pattern", "regular expressions are not compiled")))
+    json_t *pat = json_object_get(s, "pattern");
+    if (pat && !json_is_string(pat)) return sc_fail(c, "'pattern' must be a string");
+    if (pat && (min || max != UINT64_MAX)) {
+        rc = sc_unsupported(c, "pattern", "together with minLength or maxLength");
+        if (rc) return rc;
+    } else if (pat) {
+        size_t at = body->len;
+        rc = gram_regex_to_ebnf(json_string_value(pat), json_string_length(pat), p, body);
+        if (rc == DX_EINVAL) {
+            body->len = at;
+            if (body->data) body->data[at] = 0;
+            char why[200];
+            snprintf(why, sizeof why, "%s", dx_errmsg());
+            return sc_unsupported(c, "pattern", why) ? DX_EINVAL : sc_put(c, body, "%sstring", p);
+        }
         return rc;
+    }
     if (!min && max == UINT64_MAX) return sc_put(c, body, "%sstring", p);
     rc = sc_put(c, body, "\"\\\"\" %schar", p);
     if (!rc) rc = put_repeat(c, body, min, max);
@@ -792,7 +806,10 @@ int gram_schema_to_ebnf(const char *schema_json, size_t len, int strict, const c
                            "letters, digits, '-' and '_'",
                            prefix);
     json_error_t je;
+    size_t failed = dx_alloc_failed_count();
     json_t *root = json_loadb(schema_json, len, JSON_DECODE_ANY, &je);
+    if (!root && dx_alloc_failed_count() != failed)
+        return dx_errf(DX_ENOMEM, "json schema: out of memory parsing it");
     if (!root)
         return dx_errf(DX_EINVAL, "json schema: not JSON (line %d col %d: %s)", je.line, je.column,
                        je.text);

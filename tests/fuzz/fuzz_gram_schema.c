@@ -29,7 +29,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         dx_buf_init(&out, 0);
         if (g && gf_walk(g, data[0] >> 1, 200, &out)) {
             json_error_t je;
-            json_t *v = json_loadb(out.data ? out.data : "", out.len, JSON_DECODE_ANY | JSON_ALLOW_NUL, &je);
+            json_t *v = json_loadb(out.data ? out.data : "", out.len,
+                                   JSON_DECODE_ANY | JSON_ALLOW_NUL, &je);
             DX_ASSERT(v || strstr(je.text, "overflow") || strstr(je.text, "too big") ||
                       strstr(je.text, "Unicode"));
             json_decref(v);

@@ -20,9 +20,9 @@
 #include "model/tok.h"
 #include "model/tok_internal.h"
 
-static const char *const k_gf_pieces[] = {"{\"", "\":", "\",", "\"}", "true", "null", "[{",
-                                          "}]", "12", "0.", " \"", "\\\"", "ab", "\xe4\xb8",
-                                          "\xe4\xb8\xad", "é", "[]", "-1"};
+static const char *const k_gf_pieces[] = {"{\"", "\":",      "\",",          "\"}", "true", "null",
+                                          "[{",  "}]",       "12",           "0.",  " \"",  "\\\"",
+                                          "ab",  "\xe4\xb8", "\xe4\xb8\xad", "é",   "[]",   "-1"};
 
 static tok *g_gf_tok;
 static gram_vocab *g_gf_vocab;

@@ -255,6 +255,9 @@ static void test_specific_messages(void **state)
         {"bench engine --model /tmp/x --kv-dtype q4",
          "duplex bench engine: --kv-dtype: KV cache dtype 'q4' is not supported (f16|bf16|f32)"},
         {"bench engine", "duplex bench engine: --model FILE is required"},
+        {"bench gram", "duplex bench gram: give one of --model FILE and --tokenizer FILE"},
+        {"bench gram --model /tmp/x --tokenizer /tmp/y",
+         "duplex bench gram: give one of --model FILE and --tokenizer FILE"},
         {"model synth --preset huge -o /tmp/x",
          "duplex model synth: --preset: unknown preset 'huge' (want "
          "tiny|small|0.6b|qwen3-0.6b|llama3.2-1b)"},
@@ -302,7 +305,7 @@ static void test_groups(void **state)
         {"model", {"synth", "info"}, "synth|info"},
         {"bench",
          {"engine", "xfer", "run", "compare", "chat", "report"},
-         "engine|tok|xfer|run|compare|chat|report"},
+         "engine|tok|gram|xfer|run|compare|chat|report"},
         {"kv", {"hold", "pull", "bench"}, "hold|pull|bench"},
     };
     /* every way to ask, and the bare group (stderr only) */

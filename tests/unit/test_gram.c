@@ -15,6 +15,8 @@
 
 #include <cmocka.h>
 #include <jansson.h>
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
 
 #include "base/dx_alloc.h"
 #include "base/dx_err.h"
@@ -252,6 +254,21 @@ static json_t *ref_target(json_t *root, const char *ref)
 
 static int valid(json_t *root, json_t *s, json_t *v, int depth);
 
+/* Whether PCRE2 finds the pattern in the string (a search, as JSON Schema). */
+static int pattern_ok(const char *pat, const char *s, size_t n)
+{
+    int err;
+    PCRE2_SIZE off;
+    pcre2_code *re =
+        pcre2_compile((PCRE2_SPTR)pat, PCRE2_ZERO_TERMINATED, PCRE2_UTF, &err, &off, NULL);
+    assert_non_null(re);
+    pcre2_match_data *md = pcre2_match_data_create_from_pattern(re, NULL);
+    int rc = pcre2_match(re, (PCRE2_SPTR)s, n, 0, 0, md, NULL);
+    pcre2_match_data_free(md);
+    pcre2_code_free(re);
+    return rc >= 0;
+}
+
 static int valid_type(json_t *root, json_t *s, const char *t, json_t *v, int depth)
 {
     if (!strcmp(t, "null")) return json_is_null(v);
@@ -264,7 +281,10 @@ static int valid_type(json_t *root, json_t *s, const char *t, json_t *v, int dep
     if (!strcmp(t, "string")) {
         if (!json_is_string(v)) return 0;
         size_t n = utf8_len(json_string_value(v));
-        json_t *mn = json_object_get(s, "minLength"), *mx = json_object_get(s, "maxLength");
+        json_t *mn = json_object_get(s, "minLength"), *mx = json_object_get(s, "maxLength"),
+               *pat = json_object_get(s, "pattern");
+        if (pat && !pattern_ok(json_string_value(pat), json_string_value(v), json_string_length(v)))
+            return 0;
         return (!mn || n >= (size_t)json_integer_value(mn)) &&
                (!mx || n <= (size_t)json_integer_value(mx));
     }
@@ -554,6 +574,12 @@ static const char *const k_schemas[] = {
     "\"unit\":{\"type\":\"string\",\"enum\":[\"celsius\",\"fahrenheit\"]},\"days\":{\"type\":"
     "\"integer\"}},\"required\":[\"location\"],\"definitions\":{}}",
     "{\"type\":\"array\",\"items\":{\"type\":\"string\",\"minLength\":1},\"minItems\":1}",
+    /* patterns: anchored, searched, classes with characters JSON escapes */
+    "{\"type\":\"object\",\"properties\":{\"code\":{\"type\":\"string\",\"pattern\":"
+    "\"^[A-Z]{2}-\\\\d{3,4}$\"},\"any\":{\"type\":\"string\",\"pattern\":\"a.c|x\\\\.y\"},"
+    "\"q\":{\"type\":\"string\",\"pattern\":\"^(\\\"|\\\\\\\\|[^a-z0-9])+$\"},\"w\":{\"pattern\":"
+    "\"^\\\\w*(?:ab)?\\\\s?[^\\\"]?$\"}},\"required\":[\"code\",\"any\",\"q\",\"w\"],"
+    "\"additionalProperties\":false}",
     "true",
 };
 
@@ -618,7 +644,12 @@ static void test_schema_errors(void **state)
                "\"uniqueItems\":true}}}",
                1, "keyword 'uniqueItems' at '/properties/a' is not supported");
     schema_err("{\"type\":\"integer\",\"maximum\":5}", 1, "keyword 'maximum' at '/'");
-    schema_err("{\"type\":\"string\",\"pattern\":\"^a+$\"}", 1, "keyword 'pattern'");
+    schema_err("{\"type\":\"string\",\"pattern\":\"^a(?=b)\"}", 1,
+               "keyword 'pattern' at '/' is not supported: pattern: lookaround and named groups "
+               "are not supported at offset 3");
+    schema_err("{\"type\":\"string\",\"pattern\":\"(\\\\1)\"}", 1, "unsupported escape");
+    schema_err("{\"type\":\"string\",\"pattern\":\"a\",\"maxLength\":3}", 1,
+               "keyword 'pattern' at '/' is not supported: together with minLength");
     schema_err("{\"type\":\"strin\"}", 0, "unknown type 'strin'");
     schema_err("{\"enum\":[]}", 0, "'enum' is empty");
     schema_err("{\"$ref\":\"#/$defs/nope\"}", 0, "$ref '#/$defs/nope' does not resolve");
@@ -693,6 +724,16 @@ static void test_hostile(void **state)
     assert_true(i >= 1000 && i < 5000);
     gram_match_destroy(m);
     gram_destroy(g);
+    /* a first step nesting past the stack bound is refused */
+    dx_buf_reset(&s);
+    dx_buf_puts(&s, "root ::= r0\n");
+    for (int k = 0; k < 3000; k++) dx_buf_printf(&s, "r%d ::= r%d \"x\"\n", k, k + 1);
+    dx_buf_puts(&s, "r3000 ::= \"y\"\n");
+    g = compile_ok(s.data);
+    m = (gram_match *)1;
+    assert_int_equal(gram_match_create(g, g_sv.v, &m), DX_ETOOBIG);
+    assert_null(m);
+    gram_destroy(g);
     /* exponential ambiguity stays within bounds */
     g = compile_ok("root ::= x*\nx ::= \"a\" | \"a\" \"a\" | y\ny ::= \"a\"+");
     assert_int_equal(gram_match_create(g, g_sv.v, &m), 0);
@@ -727,8 +768,89 @@ static void test_long_run(void **state)
     dx_free(mask);
     assert_int_equal(gram_match_accept(m, 'x'), 0);
     assert_true(gram_match_done(m));
+    /* the start state was forgotten on the way: reset finds it again */
+    assert_int_equal(gram_match_reset(m), 0);
+    assert_false(gram_match_complete(m));
+    assert_int_equal(gram_match_accept(m, 'x'), 0);
+    assert_true(gram_match_done(m));
     gram_match_destroy(m);
     gram_destroy(g);
+}
+
+/* A reset match starts over with its caches: the same masks, the same
+ * acceptance, and no allocation once warm. */
+static void test_reset_warm(void **state)
+{
+    (void)state;
+    gram *g = schema_gram(k_schemas[0], 1);
+    gram_match *m;
+    assert_int_equal(gram_match_create(g, g_sv.v, &m), 0);
+    uint32_t nw = (gram_vocab_size(g_sv.v) + 63) / 64;
+    uint64_t *mask = dx_calloc(nw, sizeof *mask), *first = dx_calloc(nw * 64, sizeof *first);
+    const char *doc = "{\"name\": \"ab\", \"age\": 7, \"ok\": true}";
+    size_t allocs = 0;
+    for (int pass = 0; pass < 3; pass++) {
+        if (pass == 2) allocs = dx_alloc_total_count();
+        assert_int_equal(gram_match_reset(m), 0);
+        for (size_t i = 0; doc[i]; i++) {
+            int n = gram_match_mask(m, mask);
+            assert_true(n > 0);
+            if (pass == 0)
+                memcpy(first + i * nw, mask, nw * sizeof *mask);
+            else
+                assert_memory_equal(first + i * nw, mask, nw * sizeof *mask);
+            assert_int_equal(gram_match_accept(m, (uint8_t)doc[i]), 0);
+        }
+        assert_true(gram_match_complete(m));
+    }
+    assert_int_equal(dx_alloc_total_count(), allocs); /* warm: nothing allocated */
+    dx_free(mask);
+    dx_free(first);
+    gram_match_destroy(m);
+    gram_destroy(g);
+}
+
+/* Every allocation failing in turn: each step fails cleanly with an error,
+ * or succeeds, and nothing leaks. */
+static int oom_pipeline(void)
+{
+    const char *schema = k_schemas[6];
+    dx_buf b;
+    dx_buf_init(&b, 0);
+    int rc = dx_buf_puts(&b, "root ::= t0-root\n");
+    if (!rc) rc = gram_schema_to_ebnf(schema, strlen(schema), 1, "t0-", &b, NULL);
+    gram *g = NULL;
+    gram_match *m = NULL;
+    gram_vocab *v = NULL;
+    if (!rc) rc = gram_compile_ebnf(b.data, b.len, &g);
+    if (!rc) rc = gram_vocab_create(g_sv.t, &v);
+    if (!rc) rc = gram_match_create(g, v, &m);
+    uint64_t mask[8];
+    const char *doc = "{\"val\":1,\"kids\":[{\"val\":2}]}";
+    for (size_t i = 0; !rc && doc[i]; i++) {
+        int n = gram_match_mask(m, mask);
+        rc = n < 0 ? n : gram_match_accept(m, (uint8_t)doc[i]);
+    }
+    gram_match_destroy(m);
+    gram_vocab_destroy(v);
+    gram_destroy(g);
+    dx_buf_free(&b);
+    return rc;
+}
+
+static void test_oom(void **state)
+{
+    (void)state;
+    size_t live = dx_alloc_live_count();
+    for (long n = 1;; n++) {
+        dx_alloc_fail_after(n, 1);
+        int rc = oom_pipeline();
+        dx_alloc_fail_after(0, 0);
+        assert_int_equal(dx_alloc_live_count(), live);
+        if (!rc) break;
+        if (rc != DX_ENOMEM) fail_msg("allocation %ld failing: %d %s", n, rc, dx_errmsg());
+        assert_true(n < 100000);
+    }
 }
 
 /* ---- the real Qwen3 vocabulary ------------------------------------------------------ */
@@ -755,28 +877,33 @@ static void test_real_vocab(void **state)
     const char *schemas[] = {k_schemas[0], k_schemas[6], k_schemas[7]};
     for (size_t i = 0; i < DX_ARRAY_LEN(schemas); i++)
         walk_schema(schemas[i], t, v, 8, 0, 20000, 2);
-    /* masks against trying tokens: every allowed one and a sample of others */
+    /* masks against trying every token, on the way into a string and
+     * through a character split over tokens (E6 9D B1 is a CJK character) */
     gram *g = schema_gram(k_schemas[7], 1);
     gram_match *m;
     assert_int_equal(gram_match_create(g, v, &m), 0);
     uint32_t nw = (gram_vocab_size(v) + 63) / 64;
     uint64_t *mask = dx_calloc(nw, sizeof *mask);
-    dx_rng r;
-    dx_rng_seed(&r, 7);
-    const char *prefix = "{\"location\": \"Par";
-    for (size_t k = 0; k < strlen(prefix); k++) {
+    const char *steps[] = {"{\"", "location", "\":", " \"",  "Par", "\xe6", "\x9d", "\xb1", "is",
+                           "\"",  ",",        " \"", "days", "\":", "1",    "2",    "}"};
+    for (size_t k = 0; k < DX_ARRAY_LEN(steps); k++) {
         int n = gram_match_mask(m, mask);
         assert_true(n > 0);
         int32_t st0 = gram_match_state(m);
-        for (int j = 0; j < 3000; j++) {
-            int32_t id = (int32_t)(dx_rng_next(&r) % gram_vocab_size(v));
-            int ok = gram_match_accept(m, id) == 0;
+        int allowed = 0;
+        for (uint32_t id = 0; id < gram_vocab_size(v); id++) {
+            int ok = gram_match_accept(m, (int32_t)id) == 0;
             gram_match_restore(m, st0, 0);
-            if (ok != bit(mask, id))
-                fail_msg("token %d after '%.*s': accept %d, mask %d", id, (int)k, prefix, ok, !ok);
+            if (ok != bit(mask, (int32_t)id))
+                fail_msg("token %u after step %zu: accept %d, mask %d", id, k, ok, !ok);
+            allowed += ok;
         }
-        assert_int_equal(gram_match_accept(m, tok_of_in(t, prefix + k, 1)), 0);
+        assert_int_equal(allowed, n);
+        int32_t id = tok_of_in(t, steps[k], strlen(steps[k]));
+        if (id < 0) fail_msg("no token '%s'", steps[k]);
+        assert_int_equal(gram_match_accept(m, id), 0);
     }
+    assert_true(gram_match_complete(m));
     dx_free(mask);
     gram_match_destroy(m);
     gram_destroy(g);
@@ -793,6 +920,7 @@ int main(void)
         cmocka_unit_test(test_walk_ebnf),        cmocka_unit_test(test_schema_walks),
         cmocka_unit_test(test_json_object_mode), cmocka_unit_test(test_schema_errors),
         cmocka_unit_test(test_hostile),          cmocka_unit_test(test_long_run),
+        cmocka_unit_test(test_reset_warm),       cmocka_unit_test(test_oom),
         cmocka_unit_test(test_real_vocab),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
