@@ -71,7 +71,7 @@ static int put_lit(dx_buf *b, const char *s, size_t n)
 static int put_json(dx_buf *b, const json_t *v)
 {
     size_t n = json_dumpb(v, NULL, 0, JSON_COMPACT | JSON_ENCODE_ANY);
-    if (!n || dx_buf_reserve(b, n + 1)) return DX_ENOMEM;
+    if (!n || dx_buf_reserve(b, n + 1)) return dx_errf(DX_ENOMEM, "out of memory writing JSON");
     json_dumpb(v, b->data + b->len, n, JSON_COMPACT | JSON_ENCODE_ANY);
     b->len += n;
     b->data[b->len] = 0;
