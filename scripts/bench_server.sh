@@ -22,12 +22,7 @@ trap cleanup EXIT
 "$BIN" serve --model "$dir/tiny.gguf" --port 0 --threads "$THREADS" --kv-cache-mb 64 \
     --max-waiting 1024 --log-level info 2>"$dir/serve.log" &
 pid=$!
-port=$(serve_port "$dir/serve.log" 200)
-if [ -z "$port" ]; then
-    echo "bench-server: could not find the port in the log" >&2
-    cat "$dir/serve.log" >&2
-    exit 1
-fi
-model=$(curl -s "http://127.0.0.1:$port/v1/models" | sed 's/.*"id":"\([^"]*\)".*/\1/')
+port=$(serve_port "$dir/serve.log" 200 bench-server) || exit 1
+model=$(served_model "$port")
 echo "bench-server: $BIN, tiny qwen3 f32, threads=$THREADS, port $port"
 node scripts/bench_server.mjs "$port" "$model"

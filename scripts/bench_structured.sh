@@ -34,13 +34,8 @@ fi
 "$BIN" serve --model "$model" --port 0 --threads "$THREADS" --kv-cache-mb 256 \
     --log-level info 2>"$dir/serve.log" &
 pid=$!
-port=$(serve_port "$dir/serve.log" 600)
-if [ -z "$port" ]; then
-    echo "bench-structured: could not find the port in the log" >&2
-    cat "$dir/serve.log" >&2
-    exit 1
-fi
-name=$(curl -s "http://127.0.0.1:$port/v1/models" | sed 's/.*"id":"\([^"]*\)".*/\1/')
+port=$(serve_port "$dir/serve.log" 600 bench-structured) || exit 1
+name=$(served_model "$port")
 echo "bench-structured: $BIN, $(basename "$model"), threads=$THREADS, port $port"
 node scripts/bench_structured.mjs "$port" "$name" "${TOKENS:-64}" "${ROUNDS:-3}"
 grep -o 'grammar vocabulary: .*' "$dir/serve.log" || true

@@ -4,15 +4,23 @@
 # Sourced, not run; needs bash.
 
 # The HTTP port `duplex serve` (started in the background, logging to LOG)
-# says it listens on, waiting up to TRIES × 50 ms; empty when it never does.
+# says it listens on, waiting up to TRIES × 50 ms; when it never does, WHO
+# says so with the log on stderr and it returns 1.
 serve_port() {
-    local log=$1 tries=${2:-200} port=
+    local log=$1 tries=$2 who=$3 port=
     for _ in $(seq 1 "$tries"); do
         port=$(grep -o 'address=http://127.0.0.1:[0-9]*' "$log" | grep -o '[0-9]*$' || true)
-        [ -n "$port" ] && break
+        [ -n "$port" ] && { echo "$port"; return 0; }
         sleep 0.05
     done
-    echo "$port"
+    echo "$who: could not find the port in the log" >&2
+    cat "$log" >&2
+    return 1
+}
+
+# The model name a server on PORT lists first in /v1/models.
+served_model() {
+    curl -s "http://127.0.0.1:$1/v1/models" | sed 's/.*"id":"\([^"]*\)".*/\1/'
 }
 
 # "== NAME … 41 s", from START (a $SECONDS value).
