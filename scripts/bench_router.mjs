@@ -13,8 +13,15 @@
 //    time to the first content event, and max_tokens=1 latency, through the
 //    router and directly.
 // 3. The router's own histogram (duplex_router_added_seconds) for both.
+// 4. Conversation state in memory vs in Redis (`--state`, a redis-server this
+//    script starts on a free loopback port when one is installed): two
+//    routers over the same fake decode node, requests with conversation ids
+//    (every one a lookup before the upstream request and a write after it),
+//    interleaved direct / memory / Redis; the router-added latency of each
+//    (request start -> the whole answer, pairwise minus direct).
 import http from 'node:http';
-import { spawn } from 'node:child_process';
+import net from 'node:net';
+import { spawn, spawnSync } from 'node:child_process';
 
 const [bin, modelPath, nArg] = process.argv.slice(2);
 const N = Number(nArg || 200);
@@ -35,12 +42,12 @@ function startProc(args) {
   });
 }
 
-function request(port, path, body, onEvent) {
+function request(port, path, body, onEvent, extra = {}) {
   return new Promise((resolve, reject) => {
     const data = body ? JSON.stringify(body) : null;
     const req = http.request({ host: '127.0.0.1', port, path, method: data ? 'POST' : 'GET', agent,
       headers: data ? { 'Content-Type': 'application/json',
-                        'Content-Length': Buffer.byteLength(data) } : {} }, (res) => {
+                        'Content-Length': Buffer.byteLength(data), ...extra } : extra }, (res) => {
       let buf = '';
       res.on('data', (c) => {
         const now = performance.now();
@@ -113,6 +120,58 @@ async function fakeFull(port) {
     { model: 'm', messages: [{ role: 'user', content: 'hi' }] });
   if (r.status !== 200) throw new Error(r.body);
   return r.end - sentAt;
+}
+
+// A conversation's turn (non-streamed, with its id): request start -> the
+// whole answer.  50 conversations, so lookups find entries.
+async function convTurn(port, i) {
+  const t0 = performance.now();
+  const r = await request(port, '/v1/chat/completions',
+    { model: 'm', messages: [{ role: 'user', content: `hi ${i % 50}` }] }, null,
+    { 'X-Conversation-Id': `bench-${i % 50}` });
+  if (r.status !== 200) throw new Error(r.body);
+  return r.end - t0;
+}
+
+function freePort() {
+  return new Promise((resolve) => {
+    const s = net.createServer();
+    s.listen(0, '127.0.0.1', () => { const p = s.address().port; s.close(() => resolve(p)); });
+  });
+}
+
+// redis-server on a free loopback port, nothing saved; null when none is installed.
+async function startRedis() {
+  if (spawnSync('redis-server', ['--version']).status !== 0) return null;
+  const port = await freePort();
+  const p = spawn('redis-server', ['--port', String(port), '--bind', '127.0.0.1', '--save', '',
+    '--appendonly', 'no'], { stdio: 'ignore' });
+  children.push(p);
+  for (let i = 0; i < 200; i++) {
+    const ok = await new Promise((resolve) => {
+      const c = net.connect(port, '127.0.0.1');
+      c.on('connect', () => { c.write('PING\r\n'); });
+      c.on('data', (d) => { c.destroy(); resolve(String(d).startsWith('+PONG')); });
+      c.on('error', () => resolve(false));
+    });
+    if (ok) return port;
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  throw new Error('redis-server did not answer');
+}
+
+// direct, memory and Redis in turn, N each; p50/p99 of each and of the
+// pairwise difference to direct.
+async function interleaveState(label, fn, direct, mem, red) {
+  const d = [], m = [], r = [];
+  for (let i = 0; i < 50; i++) { await fn(direct, i); await fn(mem, i); await fn(red, i); }
+  for (let i = 0; i < N; i++) {
+    d.push(await fn(direct, i)); m.push(await fn(mem, i)); r.push(await fn(red, i));
+  }
+  const dm = m.map((x, i) => x - d[i]), dr = r.map((x, i) => x - d[i]);
+  console.log(`${label}: direct ${fmt(d)}; router, memory state ${fmt(m)}; ` +
+    `router, Redis state ${fmt(r)}`);
+  console.log(`  router-added (pairwise): memory state ${fmt(dm)}; Redis state ${fmt(dr)}`);
 }
 
 // Real node: request start → first content event (streamed), or → end.
@@ -196,6 +255,25 @@ try {
   await interleave('real node (tiny model), max_tokens=1: request -> answer',
     (p, i) => realOne(p, model, i), nodePort, r2);
   console.log(`router histogram (real node): ${await routerStages(r2)}`);
+
+  const redisPort = await startRedis();
+  if (!redisPort) {
+    console.log('state in Redis: skipped (no redis-server installed)');
+  } else {
+    const args = ['router', '--decode', `http://127.0.0.1:${fakePort}`, '--port', '0',
+      '--health-interval-ms', '200', '--log-level', 'info'];
+    const rm = await startProc(args);
+    const rr = await startProc([...args, '--state', `redis://127.0.0.1:${redisPort}`]);
+    for (const p of [rm, rr])
+      while ((await request(p, '/health')).status !== 200) await new Promise((r) => setTimeout(r, 50));
+    console.log(`state: memory router on ${rm}, Redis router on ${rr} (redis-server on ${redisPort})`);
+    await interleaveState('fake node, a conversation turn (lookup + write): request -> answer',
+      convTurn, fakePort, rm, rr);
+    console.log(`router histogram (memory state): ${await routerStages(rm)}`);
+    console.log(`router histogram (Redis state): ${await routerStages(rr)}`);
+    const errs = (await request(rr, '/metrics')).body.match(/duplex_router_state_errors_total\{op="get"\} (\S+)/);
+    console.log(`Redis state errors (get): ${errs ? errs[1] : '?'}`);
+  }
   fake.close();
 } finally {
   for (const c of children) c.kill('SIGTERM');

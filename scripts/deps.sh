@@ -7,7 +7,7 @@ PKGS=(build-essential pkg-config clang
       libpcre2-dev libxxhash-dev libjansson-dev libutf8proc-dev libcmocka-dev libexpat1-dev
       libuv1-dev libhttp-parser-dev libcurl4-openssl-dev libucx-dev libsodium-dev
       libhiredis-dev redis-server
-      iproute2 nodejs npm curl)
+      iproute2 nodejs npm curl python3 python3-yaml)
 
 missing=()
 for p in "${PKGS[@]}"; do

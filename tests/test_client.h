@@ -32,15 +32,17 @@ static inline size_t tc_on_data(char *p, size_t sz, size_t n, void *user)
     return dx_buf_append(user, p, sz * n) == 0 ? sz * n : 0;
 }
 
-/* An easy handle for one request to 127.0.0.1:port, body into *out; the
- * caller performs it (alone or in a multi handle) and frees *hdrs. */
-static inline CURL *tc_curl(int port, const char *method, const char *path, const char *body,
-                            dx_buf *out, struct curl_slist **hdrs, long timeout_s)
+/* An easy handle for one request to host:port (an IPv4 literal or a
+ * name), body into *out; the caller performs it (alone or in a multi
+ * handle) and frees *hdrs. */
+static inline CURL *tc_curl_at(const char *host, int port, const char *method, const char *path,
+                               const char *body, dx_buf *out, struct curl_slist **hdrs,
+                               long timeout_s)
 {
     CURL *c = curl_easy_init();
     char url[256];
     *hdrs = NULL;
-    snprintf(url, sizeof url, "http://127.0.0.1:%d%s", port, path);
+    snprintf(url, sizeof url, "http://%s:%d%s", host, port, path);
     curl_easy_setopt(c, CURLOPT_URL, url);
     curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
     curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, tc_on_data);
@@ -55,15 +57,23 @@ static inline CURL *tc_curl(int port, const char *method, const char *path, cons
     return c;
 }
 
+/* The same to 127.0.0.1:port. */
+static inline CURL *tc_curl(int port, const char *method, const char *path, const char *body,
+                            dx_buf *out, struct curl_slist **hdrs, long timeout_s)
+{
+    return tc_curl_at("127.0.0.1", port, method, path, body, out, hdrs, timeout_s);
+}
+
 /* One request with extra headers ("Name: value", NULL-terminated list or
  * NULL); returns the status, the body in *out (reset first).  A transport
  * failure (or no answer within timeout_s) fails the test. */
-static inline long tc_http_h(int port, const char *method, const char *path, const char *body,
-                             const char *const *headers, dx_buf *out, long timeout_s)
+static inline long tc_http_at(const char *host, int port, const char *method, const char *path,
+                              const char *body, const char *const *headers, dx_buf *out,
+                              long timeout_s)
 {
     struct curl_slist *hdrs;
     dx_buf_reset(out);
-    CURL *c = tc_curl(port, method, path, body, out, &hdrs, timeout_s);
+    CURL *c = tc_curl_at(host, port, method, path, body, out, &hdrs, timeout_s);
     for (size_t i = 0; headers && headers[i]; i++) hdrs = curl_slist_append(hdrs, headers[i]);
     if (headers) curl_easy_setopt(c, CURLOPT_HTTPHEADER, hdrs);
     CURLcode rc = curl_easy_perform(c);
@@ -74,6 +84,13 @@ static inline long tc_http_h(int port, const char *method, const char *path, con
     if (rc != CURLE_OK) fail_msg("%s %s: %s", method, path, curl_easy_strerror(rc));
     tc_terminate(out);
     return status;
+}
+
+/* tc_http_at to 127.0.0.1. */
+static inline long tc_http_h(int port, const char *method, const char *path, const char *body,
+                             const char *const *headers, dx_buf *out, long timeout_s)
+{
+    return tc_http_at("127.0.0.1", port, method, path, body, headers, out, timeout_s);
 }
 
 static inline long tc_http(int port, const char *method, const char *path, const char *body,
@@ -189,19 +206,24 @@ static inline void tc_parse_sse(const dx_buf *b, int chat, dx_buf *text, char *f
     tc_terminate(text);
 }
 
-/* A series from /metrics — a name with its labels, as printed
+/* A series from host:port's /metrics — a name with its labels, as printed
  * ("x_total{route=\"/a\"}") — or dflt when there is no such series. */
-static inline double tc_metric_or(int port, const char *series, double dflt)
+static inline double tc_metric_at(const char *host, int port, const char *series, double dflt)
 {
     dx_buf b;
     dx_buf_init(&b, 0);
-    assert_int_equal(tc_http(port, "GET", "/metrics", NULL, &b, 20), 200);
+    assert_int_equal(tc_http_at(host, port, "GET", "/metrics", NULL, NULL, &b, 20), 200);
     char key[256];
     snprintf(key, sizeof key, "\n%s ", series);
     const char *p = strstr(b.data, key);
     double v = p ? strtod(p + strlen(key), NULL) : dflt;
     dx_buf_free(&b);
     return v;
+}
+
+static inline double tc_metric_or(int port, const char *series, double dflt)
+{
+    return tc_metric_at("127.0.0.1", port, series, dflt);
 }
 
 /* A counter or gauge from /metrics (fails the test if absent). */

@@ -17,7 +17,9 @@
 #include "base/dx_err.h"
 #include "base/dx_log.h"
 #include "node/oai_req.h"
+#include "node/rds.h"
 #include "router/router.h"
+#include "router/router_store.h"
 
 #define MAX_NODES 256
 
@@ -62,6 +64,22 @@ static int split_urls(const char *flag, const char *list, char **buf, const char
     }
 }
 
+/* --state and --state-prefix: a typo here silently splits a cluster's
+ * state, so they are checked before anything starts. */
+static int check_state(const char *url, const char *prefix)
+{
+    rds_url u;
+    if (url && rds_url_parse(url, &u) < 0) {
+        fprintf(stderr, "duplex router: --state: %s\n", dx_errmsg());
+        return 2;
+    }
+    if (router_store_check_prefix(prefix) < 0) {
+        fprintf(stderr, "duplex router: %s\n", dx_errmsg());
+        return 2;
+    }
+    return 0;
+}
+
 static void on_signal(uv_signal_t *h, int signum)
 {
     router_ctx *x = h->data;
@@ -92,13 +110,16 @@ static void log_startup(const router_config *c, const router *r)
     dx_buf_init(&d, 0);
     list_str(c->prefill, c->n_prefill, &p);
     list_str(c->decode, c->n_decode, &d);
-    char auth[96];
+    char auth[96], state[RDS_HOST_MAX + 64] = "memory";
     router_describe_auth(r, auth, sizeof auth);
+    rds_url u;
+    if (c->state_url && rds_url_parse(c->state_url, &u) == 0)
+        rds_url_format(&u, state, sizeof state);
     DX_LOGI("duplex router: address=http://%s:%d mode=%s prefill=%s decode=%s tokenizer=%s "
-            "local_prefill_max_tokens=%u auth=%s",
+            "local_prefill_max_tokens=%u auth=%s state=%s",
             c->host, router_port(r), c->n_prefill ? router_mode_name(c->mode) : "colocated", p.data,
             d.data, c->tokenizer ? c->tokenizer : "none (~4 bytes per token)",
-            c->local_prefill_max_tokens, auth);
+            c->local_prefill_max_tokens, auth, state);
     dx_buf_free(&p);
     dx_buf_free(&d);
 }
@@ -137,6 +158,8 @@ int cli_router_main(int argc, char **argv)
     double ttl = 450, prefill_timeout = 300, grace = 30;
     cli_list api_keys = {.n = 0}, api_key_files = {.n = 0};
     const char *internal_key_file = NULL;
+    const char *state = NULL, *state_prefix = "duplex:";
+    long state_timeout = 50;
     int insecure = 0;
     const cli_opt opts[] = {
         {"prefill", CLI_STR, &prefill, 0, 0,
@@ -149,6 +172,12 @@ int cli_router_main(int argc, char **argv)
         {"conversation-ttl", CLI_DBL, &ttl, 1, 1e7, "seconds a conversation is remembered (450)"},
         {"max-conversations", CLI_INT, &max_conv, 1, 1e9, "conversations kept (100000)"},
         {"max-state-mb", CLI_INT, &state_mb, 1, 1 << 20, "kv_transfer_params bytes kept (1024)"},
+        {"state", CLI_STR, &state, 0, 0,
+         "redis://HOST:PORT[/DB]: the conversation map in Redis, shared by every router "
+         "(default: in this process)"},
+        {"state-prefix", CLI_STR, &state_prefix, 0, 0, "Redis key prefix (default duplex:)"},
+        {"state-timeout-ms", CLI_INT, &state_timeout, 1, ROUTER_STORE_TIMEOUT_MAX,
+         "deadline of each Redis call; past it the request routes without affinity (50)"},
         {"local-prefill-max-tokens", CLI_INT, &local_max, 0, 1 << 30,
          "uncached prompt tokens below this skip the prefill node (256)"},
         {"decode-max-outstanding", CLI_INT, &max_out, 1, 1 << 20,
@@ -172,6 +201,7 @@ int cli_router_main(int argc, char **argv)
     if (!decode) return cli_required("router", "--decode URL[,URL...]");
     if (dx_log_parse_level(level, &lvl) < 0) return cli_bad_value("router", "--log-level");
     if (router_parse_mode(mode, &cfg.mode) < 0) return cli_bad_value("router", "--mode");
+    if (check_state(state, state_prefix)) return 2;
     char *pbuf = NULL, *dbuf = NULL;
     const char *purls[MAX_NODES], *durls[MAX_NODES];
     size_t np = 0, nd = 0;
@@ -192,6 +222,9 @@ int cli_router_main(int argc, char **argv)
         cfg.conversation_ttl_s = ttl;
         cfg.max_conversations = (size_t)max_conv;
         cfg.max_state_bytes = (size_t)state_mb << 20;
+        cfg.state_url = state;
+        cfg.state_prefix = state_prefix;
+        cfg.state_timeout_ms = (int)state_timeout;
         cfg.local_prefill_max_tokens = (uint32_t)local_max;
         cfg.decode_max_outstanding = (uint32_t)max_out;
         cfg.health_interval_ms = (uint64_t)health_ms;

@@ -137,17 +137,9 @@ static void write_added(router *r, dx_buf *b)
 
 static void render_metrics(router *r, dx_buf *b)
 {
-    router_state_expire(r->state, rt_now_s(), SIZE_MAX);
     prom_write_family(b, "duplex_router_http_requests_total", "HTTP requests by route and status",
                       &r->http_requests);
-    prom_write_gauge(b, "duplex_router_conversations", "Conversations tracked",
-                     (double)router_state_count(r->state));
-    prom_write_gauge(b, "duplex_router_conversation_params_bytes",
-                     "Bytes of kv_transfer_params held for conversations",
-                     (double)router_state_bytes(r->state));
-    prom_write_counter(b, "duplex_router_conversation_evictions_total",
-                       "Conversations dropped to stay within --max-conversations / the bytes bound",
-                       (double)router_state_evictions(r->state));
+    router_store_metrics(r->store, b);
     prom_write_counter(b, "duplex_router_affinity_hits_total",
                        "Keyed requests sent to the decode node that holds the conversation",
                        (double)r->affinity_hits);
@@ -331,7 +323,7 @@ static void on_health_tick(uv_timer_t *t)
     router *r = t->data;
     for (size_t i = 0; i < r->n_nodes; i++)
         if (!r->nodes[i].check) start_check(r, (int)i);
-    router_state_expire(r->state, rt_now_s(), 4096); /* keep the map's memory honest */
+    router_store_tick(r->store);
 }
 
 /* ---- lifecycle ------------------------------------------------------------------ */
@@ -366,7 +358,9 @@ static void fill_defaults(router_config *c)
     if (!c->health_interval_ms) c->health_interval_ms = 1000;
     if (c->prefill_timeout_s <= 0) c->prefill_timeout_s = 300;
     if (c->shutdown_grace_s <= 0) c->shutdown_grace_s = 30;
-    while (!c->key_seed)
+    if (c->state_timeout_ms <= 0) c->state_timeout_ms = 50;
+    /* a shared store: the seed comes from the routers' common secret (setup_auth) */
+    while (!c->key_seed && !c->state_url)
         if (getrandom(&c->key_seed, sizeof c->key_seed, 0) != sizeof c->key_seed) c->key_seed = 1;
 }
 
@@ -394,9 +388,37 @@ static int setup_auth(router *r)
     static const char tag[] = "duplex router namespaces v1";
     if (ik)
         dx_keys_hash(tag, sizeof tag, ik, strlen(ik), NULL, 0, r->ns_secret, sizeof r->ns_secret);
+    else if (r->cfg.state_url)
+        rc = router_store_secret(r->cfg.state_url, r->cfg.state_prefix, 2000, r->ns_secret,
+                                 sizeof r->ns_secret);
     else if (getrandom(r->ns_secret, sizeof r->ns_secret, 0) != sizeof r->ns_secret)
         return dx_errf(DX_EIO, "getrandom: no randomness for the tenants' secret");
+    if (rc) return rc;
+    /* replicas sharing a store must key alike: the seed follows the secret */
+    static const char seed_tag[] = "duplex router key seed v1";
+    if (!r->cfg.key_seed) {
+        uint8_t h[16]; /* the hash's shortest output */
+        dx_keys_hash(seed_tag, sizeof seed_tag, r->ns_secret, sizeof r->ns_secret, NULL, 0, h,
+                     sizeof h);
+        memcpy(&r->cfg.key_seed, h, sizeof r->cfg.key_seed);
+    }
+    if (!r->cfg.key_seed) r->cfg.key_seed = 1;
     return 0;
+}
+
+/* The store names decode nodes by URL. */
+static const char *store_node_url(void *user, int node)
+{
+    router *r = user;
+    return node >= 0 && (size_t)node < r->n_nodes ? r->nodes[node].url : NULL;
+}
+
+static int store_node_of(void *user, const char *url, size_t len)
+{
+    router *r = user;
+    for (size_t i = r->n_prefill; i < r->n_nodes; i++)
+        if (strlen(r->nodes[i].url) == len && !memcmp(r->nodes[i].url, url, len)) return (int)i;
+    return -1;
 }
 
 void router_describe_auth(const router *r, char *out, size_t cap)
@@ -413,9 +435,16 @@ static int setup_parts(router *r)
     if (rc) return rc;
     if (r->cfg.tokenizer && (rc = model_load_tokenizer(r->cfg.tokenizer, &r->tok)))
         return dx_err_wrap(rc, "--tokenizer");
-    router_state_config sc = {.max_entries = r->cfg.max_conversations,
-                              .max_bytes = r->cfg.max_state_bytes};
-    if ((rc = router_state_create(&sc, &r->state))) return rc;
+    router_store_config sc = {.loop = r->loop,
+                              .url = r->cfg.state_url,
+                              .prefix = r->cfg.state_prefix,
+                              .timeout_ms = r->cfg.state_timeout_ms,
+                              .max_entries = r->cfg.max_conversations,
+                              .max_bytes = r->cfg.max_state_bytes,
+                              .node_url = store_node_url,
+                              .node_of = store_node_of,
+                              .user = r};
+    if ((rc = router_store_create(&sc, &r->store))) return rc;
     if ((rc = router_up_create(r->loop, &r->up))) return rc;
     if ((rc = work_pool_create(r->loop, 2, &r->prep))) return rc;
     http_srv_config hc = {.host = r->cfg.host,
@@ -444,8 +473,8 @@ static void init_metrics(router *r)
 
 static void free_parts(router *r)
 {
-    router_state_destroy(r->state);
-    r->state = NULL;
+    router_store_destroy(r->store);
+    r->store = NULL;
     model_free(r->tok);
     r->tok = NULL;
     http_auth_destroy(r->auth);

@@ -37,10 +37,16 @@ typedef struct {
     const char *const *decode; /* at least one */
     size_t n_decode;
     enum router_mode mode;
-    const char *tokenizer;             /* GGUF whose tokenizer counts prompt tokens, or NULL */
-    double conversation_ttl_s;         /* default 450 */
-    size_t max_conversations;          /* default 100000 */
-    size_t max_state_bytes;            /* stored params, default 1 GiB */
+    const char *tokenizer;     /* GGUF whose tokenizer counts prompt tokens, or NULL */
+    double conversation_ttl_s; /* default 450 */
+    size_t max_conversations;  /* default 100000 */
+    size_t max_state_bytes;    /* stored params, default 1 GiB */
+    /* The conversation map: NULL in this process, else redis://HOST:PORT[/DB]
+     * shared by every router replica (router_store.h); its keys' prefix
+     * (default "duplex:") and each Redis call's deadline (default 50 ms). */
+    const char *state_url;
+    const char *state_prefix;
+    int state_timeout_ms;
     uint32_t local_prefill_max_tokens; /* uncached tokens below this skip the prefill node */
     uint32_t decode_max_outstanding;   /* default 64: affinity yields to load beyond it */
     uint64_t health_interval_ms;       /* default 1000 */

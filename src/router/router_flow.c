@@ -57,6 +57,7 @@ struct rt_req {
     router_key key;                  /* ID: the key; CHAT: the prefix an entry was found under */
     router_key chain;                /* CHAT: the key of all the request's messages */
     int found, entry_node, affinity; /* affinity: -1 unkeyed, 0 miss, 1 hit */
+    router_store_op *lookup_op;      /* the conversation's lookup, while it waits for Redis */
     char *entry_params;
     char *hist_params; /* entry_params without the pull: their holder is down */
     uint32_t entry_tokens, prompt_tokens;
@@ -484,7 +485,7 @@ static void store_entry(rt_req *q)
 {
     router *r = q->r;
     if (q->key_kind == KEY_NONE || (q->key_kind == KEY_CHAT && q->reply_lost)) return;
-    double now = rt_now_s(), ttl = r->cfg.conversation_ttl_s;
+    double ttl = r->cfg.conversation_ttl_s;
     dx_buf txt;
     dx_buf_init(&txt, 0);
     uint32_t ntok = 0;
@@ -501,10 +502,9 @@ static void store_entry(rt_req *q)
         router_key_chat_add(r->cfg.key_seed, &k, "assistant", q->reply.data ? q->reply.data : "",
                             q->reply.len);
     }
-    if (router_state_put(r->state, &k, q->decode, txt.data, txt.len, ntok, now + ttl, now) < 0)
-        DX_LOGW("router: conversation not stored: %s", dx_errmsg());
-    if (q->key_kind == KEY_CHAT && q->found && !router_key_eq(&k, &q->key))
-        router_state_del(r->state, &q->key);
+    /* the prefix entry it supersedes goes with it */
+    const router_key *drop = q->key_kind == KEY_CHAT && q->found ? &q->key : NULL;
+    router_store_put(r->store, &k, drop, q->decode, txt.data, txt.len, ntok, ttl);
     dx_buf_free(&txt);
 }
 
@@ -635,8 +635,8 @@ static int on_event(void *user, const char *ev, size_t len)
     rt_req *q = user;
     router *r = q->r;
     int want_text = q->key_kind == KEY_CHAT || !q->t_first;
-    router_sse_info info = {.text = want_text ? &q->reply : NULL, .has_cap = has_cap(q),
-                            .cached_cap = q->p_cached};
+    router_sse_info info = {
+        .text = want_text ? &q->reply : NULL, .has_cap = has_cap(q), .cached_cap = q->p_cached};
     int rc = router_sse_event(ev, len, q->kind == OAI_CHAT, &r->scratch, &r->out, &info);
     if (rc < 0) return rc; /* never pass on an event that may hold params */
     q->reply_lost |= info.text_lost;
@@ -710,7 +710,8 @@ static void dec_finish_full(rt_req *q, long status)
         return;
     }
     router_sse_info info = {.text = q->key_kind == KEY_CHAT ? &q->reply : NULL,
-                            .has_cap = has_cap(q), .cached_cap = q->p_cached};
+                            .has_cap = has_cap(q),
+                            .cached_cap = q->p_cached};
     int rc = router_sse_answer(q->acc.data ? q->acc.data : "", q->acc.len, q->kind == OAI_CHAT,
                                &r->out, &info);
     if (rc < 0) {
@@ -946,21 +947,22 @@ static void prep_run(work_job *j)
         q->prep_status = 500;
 }
 
-/* The conversation's entry, from the keys made off the loop. */
+static void lookup_done(void *user, int rc, const router_store_hit *e);
+
+/* Looks the conversation's entry up, from the keys made off the loop, and
+ * goes on in lookup_done (at once with the memory store; when Redis answers
+ * or its deadline passes with a shared one). */
 static void lookup(rt_req *q)
 {
-    router *r = q->r;
-    router_entry e;
-    double now = rt_now_s();
-    if (q->key_kind == KEY_ID) q->found = router_state_get(r->state, &q->key, now, &e);
-    for (size_t i = q->n_keys; i-- > 0 && !q->found;) { /* content keys: longest first */
-        q->found = router_state_get(r->state, &q->keys[i], now, &e);
-        if (q->found) q->key = q->keys[i];
+    if (q->key_kind == KEY_NONE) {
+        lookup_done(q, 0, NULL);
+        return;
     }
-    if (!q->found) return;
-    q->entry_node = e.node;
-    q->entry_tokens = e.num_tokens;
-    if (e.params && !(q->entry_params = dx_strndup(e.params, e.params_len))) q->found = 0;
+    q->busy = 1; /* the client leaving only clears q->conn: lookup_done ends q */
+    if (q->key_kind == KEY_ID)
+        router_store_get(q->r->store, &q->key, 1, lookup_done, q, &q->lookup_op);
+    else /* content keys, shortest first: the longest found wins */
+        router_store_get(q->r->store, q->keys, q->n_keys, lookup_done, q, &q->lookup_op);
 }
 
 /* The prefill node's body: the base made off the loop, and params that ask
@@ -1042,6 +1044,27 @@ static void prep_done(work_job *j)
         return;
     }
     lookup(q);
+}
+
+/* The entry is known (or the store failed: no affinity, the router
+ * recomputes); route the request. */
+static void lookup_done(void *user, int rc, const router_store_hit *e)
+{
+    rt_req *q = user;
+    router *r = q->r;
+    q->lookup_op = NULL;
+    q->busy = 0;
+    if (!q->conn) {
+        req_end(q);
+        return;
+    }
+    if (rc == 0 && e) {
+        q->found = 1;
+        if (q->key_kind == KEY_CHAT) q->key = q->keys[e->which];
+        q->entry_node = e->node;
+        q->entry_tokens = e->num_tokens;
+        if (e->params && !(q->entry_params = dx_strndup(e->params, e->params_len))) q->found = 0;
+    }
     if (dispatch(q) == 0) {
         observe(&r->added_before, q->t0);
         oai_req_free(&q->o); /* the bodies are built */
@@ -1117,6 +1140,8 @@ void rt_abort_all(router *r)
         next = q->next;
         q->busy = 1;
         up_stop(q);
+        router_store_cancel(q->lookup_op); /* its answer will not come: q ends here */
+        q->lookup_op = NULL;
         if (q->stream_begun)
             stream_finish(q, "the router is shutting down");
         else

@@ -15,7 +15,7 @@
 #include "router/router.h"
 #include "router/router_key.h"
 #include "router/router_sse.h"
-#include "router/router_state.h"
+#include "router/router_store.h"
 #include "router/router_up.h"
 
 #define RT_URL_MAX 256
@@ -39,14 +39,14 @@ struct router {
     router_config cfg;
     http_srv *http;
     router_up *up;
-    router_state *state;
-    model *tok;     /* tokenizer and chat template only, or NULL */
+    router_store *store;                  /* the conversation map: memory or Redis */
+    model *tok;                           /* tokenizer and chat template only, or NULL */
     http_auth *auth;                      /* clients' API keys; the internal key nodes get */
     uint8_t ns_secret[ROUTER_KEY_SECRET]; /* keys tenants' namespaces (router_key.h) */
-    rt_node *nodes; /* prefill nodes first, then decode nodes */
+    rt_node *nodes;                       /* prefill nodes first, then decode nodes */
     size_t n_nodes, n_prefill;
     uv_timer_t health, grace;
-    int n_handles; /* uv handles not yet closed */
+    int n_handles;   /* uv handles not yet closed */
     work_pool *prep; /* requests' preparation, off the loop */
     int n_work;      /* requests being prepared there */
     int draining, stopped, destroying;

@@ -1,10 +1,11 @@
-/* itest_docs: every relative link in README.md and docs/NAME.md leads to a file
- * or folder of the repository, and a #fragment to a heading of the target
- * (GitHub's anchors: lowercase, spaces to '-', punctuation dropped, "-1",
- * "-2" for repeated headings).  A link that leaves the repository
- * (../shared/x.md) fails even when the file exists out there: readers of the
- * repository do not have it.  Links inside code (fenced or `inline`) and
- * http(s)/mailto links are not checked.  Runs from the repository root. */
+/* itest_docs: every relative link in README.md, docs/NAME.md and
+ * deploy/NAME.md leads to a file or folder of the repository, and a
+ * #fragment to a heading of the target (GitHub's anchors: lowercase, spaces
+ * to '-', punctuation dropped, "-1", "-2" for repeated headings).  A link
+ * that leaves the repository (../shared/x.md) fails even when the file
+ * exists out there: readers of the repository do not have it.  Links inside
+ * code (fenced or `inline`) and http(s)/mailto links are not checked.  Runs
+ * from the repository root. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -261,6 +262,7 @@ static void test_repo_links(void **state)
     glob_t g;
     assert_int_equal(access("README.md", R_OK), 0); /* run from the repository root */
     assert_int_equal(glob("docs/*.md", 0, NULL, &g), 0);
+    assert_int_equal(glob("deploy/*.md", GLOB_APPEND, NULL, &g), 0);
     char *out = NULL;
     size_t outn = 0;
     FILE *report = open_memstream(&out, &outn);

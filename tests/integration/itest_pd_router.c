@@ -14,24 +14,6 @@
 
 #include "pd_test.h"
 
-/* One turn through the router; the answer is appended.  The client never
- * sees kv_transfer_params; its usage is the cluster's. */
-static json_t *turn_router(conv *c, const tp_proc *R, int max_tokens, const char *const *headers)
-{
-    json_t *b = chat_body(c->msgs, max_tokens);
-    json_t *resp = post_h(R->http, b, headers, 200);
-    assert_null(json_object_get(resp, "kv_transfer_params"));
-    json_t *ans = answer_of(resp);
-    c->prompt = usage_of(resp, "prompt_tokens");
-    c->gen = usage_of(resp, "completion_tokens");
-    c->p_prompt = usage_of(resp, "cached_tokens"); /* reused here: the cluster's cached tokens */
-    conv_add_answer(c, ans);
-    json_decref(b);
-    json_decref(resp);
-    return ans;
-}
-
-
 /* ---- tests ---------------------------------------------------------------------- */
 
 /* 8 turns, no conversation id (keys derived from the messages): from turn 2

@@ -5,7 +5,8 @@
  * build/release/duplex and models/qwen3-small-bf16.gguf, as a user would
  * after `make demo`: the model is written first if it is missing, and the
  * test runs once, with the release binary (other variants report skipped).
- * The examples use fixed ports (8000, 8101, 8201): they must be free. */
+ * The examples use fixed ports (8000, 8001, 8101, 8201, and 6390 for Redis):
+ * they must be free. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -80,8 +81,10 @@ static void test_readme_examples(void **state)
         printf("# the README names build/release/duplex: run with that variant only\n");
         skip();
     }
-    for (int port = 8000; port <= 8201; port += port == 8000 ? 101 : 100)
-        if (!port_free(port)) fail_msg("port %d is busy: the README's examples need it", port);
+    static const int ports[] = {8000, 8001, 8101, 8201, 6390};
+    for (size_t i = 0; i < sizeof ports / sizeof *ports; i++)
+        if (!port_free(ports[i]))
+            fail_msg("port %d is busy: the README's examples need it", ports[i]);
     if (access(MODEL, R_OK) != 0)
         assert_int_equal(system("mkdir -p models && build/release/duplex model synth --arch qwen3 "
                                 "--preset small --dtype bf16 --seed 1 -o " MODEL " >/dev/null"),
@@ -102,8 +105,9 @@ static void test_readme_examples(void **state)
         p = close;
     }
     free(md);
-    assert_int_equal(
-        found, 5); /* the server, with an API key, structured outputs, duplex up, P/D by hand */
+    /* the server, with an API key, structured outputs, duplex up, P/D by hand, two routers
+     * sharing Redis */
+    assert_int_equal(found, 6);
 }
 
 int main(void)

@@ -38,7 +38,7 @@
 #include <cmocka.h>
 
 #include "kv_proc.h"
-#include "pd_test.h"
+#include "netns_test.h"
 
 #define NS_PREFIX  "dxkv"
 #define DEV        "dxkv0"      /* the veth end's name inside each namespace */
@@ -52,77 +52,31 @@
 
 static char g_ns[2][32]; /* holder's, reader's */
 static char g_veth[2][16];
-static char g_skip[800]; /* why the link could not be built; empty when it was */
-static char g_ip[128];   /* the ip command's path (the nodes run under `ip netns exec`) */
-
-/* Runs a shell command quietly; 0 when it exited 0. */
-static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int sh(const char *fmt, ...)
-{
-    char cmd[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    char full[600];
-    snprintf(full, sizeof full, "{ %s; } >/dev/null 2>&1", cmd);
-    return system(full) == 0 ? 0 : -1;
-}
+static char g_ip[128]; /* the ip command's path (the nodes run under `ip netns exec`) */
 
 static void link_remove(void)
 {
     for (int i = 0; i < 2; i++) {
-        if (g_ns[i][0]) sh("ip netns del %s", g_ns[i]);    /* takes its veth end along */
-        if (g_veth[i][0]) sh("ip link del %s", g_veth[i]); /* one never moved */
+        if (g_ns[i][0]) nt_sh("ip netns del %s", g_ns[i]);    /* takes its veth end along */
+        if (g_veth[i][0]) nt_sh("ip link del %s", g_veth[i]); /* one never moved */
     }
-}
-
-/* Namespaces and veths named after a pid that no longer runs are a killed
- * earlier run's: remove them (never another live run's). */
-static void remove_stale(void)
-{
-    DIR *d = opendir("/run/netns");
-    struct dirent *e;
-    while (d && (e = readdir(d))) {
-        int pid;
-        char side;
-        if (sscanf(e->d_name, NS_PREFIX "%d-%c", &pid, &side) == 2 && pid > 0 && kill(pid, 0) < 0 &&
-            errno == ESRCH) {
-            sh("ip netns del %s", e->d_name);
-            sh("ip link del " NS_PREFIX "%d%c", pid, side);
-        }
-    }
-    if (d) closedir(d);
-}
-
-/* Runs one setup step; on failure records why and returns -1. */
-static int step(const char *why, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int step(const char *why, const char *fmt, ...)
-{
-    char cmd[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    if (sh("%s", cmd) == 0) return 0;
-    snprintf(g_skip, sizeof g_skip, "%s (`%s` failed)", why, cmd);
-    return -1;
 }
 
 static int side_up(int i, const char *addr)
 {
     const char *ns = g_ns[i];
-    if (step("cannot move a veth end into a namespace", "ip link set %s netns %s", g_veth[i], ns) ||
-        step("cannot configure the veth", "ip -n %s link set %s name " DEV, ns, g_veth[i]))
+    if (nt_step("cannot move a veth end into a namespace", "ip link set %s netns %s", g_veth[i],
+                ns) ||
+        nt_step("cannot configure the veth", "ip -n %s link set %s name " DEV, ns, g_veth[i]))
         return -1;
     g_veth[i][0] = 0; /* gone with the namespace from now on */
-    return step("cannot configure the veth", "ip -n %s addr add %s/24 dev " DEV, ns, addr) ||
-           step("cannot configure the veth", "ip -n %s link set " DEV " up", ns) ||
-           step("cannot configure the veth", "ip -n %s link set lo up", ns) ||
-           step("tc cannot throttle the link (sch_tbf)",
-                "ip netns exec %s tc qdisc add dev " DEV " root tbf rate " RATE
-                " burst 16kb latency 100ms",
-                ns);
+    return nt_step("cannot configure the veth", "ip -n %s addr add %s/24 dev " DEV, ns, addr) ||
+           nt_step("cannot configure the veth", "ip -n %s link set " DEV " up", ns) ||
+           nt_step("cannot configure the veth", "ip -n %s link set lo up", ns) ||
+           nt_step("tc cannot throttle the link (sch_tbf)",
+                   "ip netns exec %s tc qdisc add dev " DEV " root tbf rate " RATE
+                   " burst 16kb latency 100ms",
+                   ns);
 }
 
 /* Group setup: builds the throttled link, or records why it cannot (the
@@ -131,37 +85,20 @@ static int side_up(int i, const char *addr)
 static int link_up(void **state)
 {
     (void)state;
-    g_skip[0] = 0;
-    if (geteuid() != 0) {
-        snprintf(g_skip, sizeof g_skip, "needs root to create network namespaces");
+    if (nt_begin(NS_PREFIX, "command -v ip && command -v tc", "iproute2 (ip, tc) is not installed",
+                 "xfer_throttle", g_ip, sizeof g_ip))
         return 0;
-    }
-    if (sh("command -v ip && command -v tc")) {
-        snprintf(g_skip, sizeof g_skip, "iproute2 (ip, tc) is not installed");
-        return 0;
-    }
-    remove_stale();
-    dx_buf path;
-    dx_buf_init(&path, 0);
-    tc_run_cmd("command -v ip", &path);
-    snprintf(g_ip, sizeof g_ip, "%.*s", (int)strcspn(path.data ? path.data : "", "\n"),
-             path.data ? path.data : "");
-    dx_buf_free(&path);
-    if (pdt_setup("xfer_throttle")) {
-        snprintf(g_skip, sizeof g_skip, "cannot write the test model and secret");
-        return 0;
-    }
     snprintf(g_secret, sizeof g_secret, "%s", G.secret);
     int pid = (int)getpid();
     snprintf(g_ns[0], sizeof g_ns[0], NS_PREFIX "%d-h", pid);
     snprintf(g_ns[1], sizeof g_ns[1], NS_PREFIX "%d-r", pid);
-    if (step("cannot create network namespaces", "ip netns add %s", g_ns[0]) ||
-        step("cannot create network namespaces", "ip netns add %s", g_ns[1]))
+    if (nt_step("cannot create network namespaces", "ip netns add %s", g_ns[0]) ||
+        nt_step("cannot create network namespaces", "ip netns add %s", g_ns[1]))
         goto fail;
     snprintf(g_veth[0], sizeof g_veth[0], NS_PREFIX "%dh", pid);
     snprintf(g_veth[1], sizeof g_veth[1], NS_PREFIX "%dr", pid);
-    if (step("cannot create a veth pair", "ip link add %s type veth peer name %s", g_veth[0],
-             g_veth[1]) ||
+    if (nt_step("cannot create a veth pair", "ip link add %s type veth peer name %s", g_veth[0],
+                g_veth[1]) ||
         side_up(0, HOLD_ADDR) || side_up(1, PULL_ADDR))
         goto fail;
     /* UCX's TCP transport uses only the veth, never the namespace's lo */
@@ -178,13 +115,6 @@ static int link_down(void **state)
     link_remove();
     if (G.dir[0]) pdt_teardown();
     return 0;
-}
-
-static void skip_unless_link(void)
-{
-    if (!g_skip[0]) return;
-    print_message("skipped: %s\n", g_skip);
-    skip();
 }
 
 static void hold(kp_holder *h)
@@ -213,7 +143,7 @@ static void expect_slow_read(json_t *j)
 
 static void test_renewed_pin_outlives_its_ttl(void **state)
 {
-    skip_unless_link();
+    nt_skip_unless_ready();
     kp_holder h;
     hold(&h);
     int rc;
@@ -228,7 +158,7 @@ static void test_renewed_pin_outlives_its_ttl(void **state)
 
 static void test_lapsed_pin_fails_the_pull(void **state)
 {
-    skip_unless_link();
+    nt_skip_unless_ready();
     kp_holder h;
     hold(&h);
     int rc;
@@ -250,12 +180,12 @@ static void test_lapsed_pin_fails_the_pull(void **state)
 static void holder_link(int up, const char *rate)
 {
     if (up)
-        assert_int_equal(sh("ip -n %s link set " DEV " up && ip netns exec %s tc qdisc change "
-                            "dev " DEV " root tbf rate %s burst 16kb latency 100ms",
-                            g_ns[0], g_ns[0], rate),
+        assert_int_equal(nt_sh("ip -n %s link set " DEV " up && ip netns exec %s tc qdisc change "
+                               "dev " DEV " root tbf rate %s burst 16kb latency 100ms",
+                               g_ns[0], g_ns[0], rate),
                          0);
     else
-        assert_int_equal(sh("ip -n %s link set " DEV " down", g_ns[0]), 0);
+        assert_int_equal(nt_sh("ip -n %s link set " DEV " down", g_ns[0]), 0);
 }
 
 static double secs_since(uint64_t t0)
@@ -266,7 +196,7 @@ static double secs_since(uint64_t t0)
 /* A dead link mid-transfer is noticed in seconds, not at the deadline. */
 static void test_dead_link_fails_fast(void **state)
 {
-    skip_unless_link();
+    nt_skip_unless_ready();
     kp_holder h;
     kp_hold_start(&h, g_ns[0], "--host", HOLD_ADDR, "--blocks", BLOCKS, "--block-bytes", BLOCK_SIZE,
                   "--lease-ttls", "600", "--tls", "tcp", NULL);
@@ -415,13 +345,13 @@ static int node_test_cleanup(void **state)
 {
     for (int i = 0; i < 4; i++)
         if (g_procs[i].pid > 0 && !tp_gone(&g_procs[i])) tp_stop(&g_procs[i], SIGKILL, 10);
-    if (!g_skip[0]) holder_link(1, RATE);
+    if (!nt_skip[0]) holder_link(1, RATE);
     return 0;
 }
 
 static void test_dead_link_node_recomputes(void **state)
 {
-    skip_unless_link();
+    nt_skip_unless_ready();
     holder_link(1, "1mbit"); /* ~10 s for the prompt's KV */
     tp_proc *P = &g_procs[0], *D = &g_procs[1], *S = &g_procs[2], *bg = &g_procs[3];
     const char *pa[] = {"--role", "prefill", "--kv-host", HOLD_ADDR, NULL};

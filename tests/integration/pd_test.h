@@ -86,6 +86,18 @@ static const char *const k_da[] PD_UNUSED = {"--role", "decode", "--bidirectiona
 static const char *const k_ref[] PD_UNUSED = {"--no-enable-prefix-caching", NULL};
 static const char *const k_via_p[] PD_UNUSED = {"--local-prefill-max-tokens", "0", NULL};
 
+/* Waits (up to 30 s) until the router's /health says 200: its nodes passed
+ * its checks. */
+static inline void router_wait_healthy(const tp_proc *r)
+{
+    dx_buf b;
+    dx_buf_init(&b, 0);
+    for (int i = 0; i < 600 && tc_http(r->http, "GET", "/health", NULL, &b, 10) != 200; i++)
+        tp_sleep_ms(50);
+    assert_int_equal(tc_http(r->http, "GET", "/health", NULL, &b, 10), 200);
+    dx_buf_free(&b);
+}
+
 /* A router over P[0..np) and D[0..nd), healthy before it returns. */
 static inline void router_start(tp_proc *r, tp_proc *const *P, int np, tp_proc *const *D, int nd,
                                 const char *const *extra)
@@ -105,12 +117,7 @@ static inline void router_start(tp_proc *r, tp_proc *const *P, int np, tp_proc *
     char log[160];
     snprintf(log, sizeof log, "%s/router-%d.log", G.dir, G.n_logs++);
     tp_start(r, G.bin, log, argv, "duplex router:");
-    dx_buf b;
-    dx_buf_init(&b, 0);
-    for (int i = 0; i < 600 && tc_http(r->http, "GET", "/health", NULL, &b, 10) != 200; i++)
-        tp_sleep_ms(50);
-    assert_int_equal(tc_http(r->http, "GET", "/health", NULL, &b, 10), 200);
-    dx_buf_free(&b);
+    router_wait_healthy(r);
 }
 
 /* One prefill node P, decode nodes D0 and (unless NULL) D1, with the flags
@@ -241,6 +248,7 @@ typedef struct {
     json_t *dparams;  /* the decode node's last params (the router's state) */
     long prompt, gen; /* the last turn's prompt and answer tokens */
     long p_prompt;    /* the prompt as the prefill node tokenised it */
+    long cached;      /* the last turn's cached prompt tokens (usage) */
 } conv;
 
 static const char *const k_words[] = {
@@ -340,17 +348,37 @@ static inline json_t *turn_pd(conv *c, const tp_proc *P, const tp_proc *D, int m
     return ans;
 }
 
-/* The same turn on one node. */
-static inline json_t *turn_single(conv *c, const tp_proc *S, int max_tokens)
+/* One turn at the server on 127.0.0.1:port (a node or a router), with
+ * extra headers ("Name: value", NULL-ended, or NULL); the answer, appended
+ * to the conversation. */
+static inline json_t *turn_h(conv *c, int port, const char *const *headers, int max_tokens)
 {
     json_t *b = chat_body(c->msgs, max_tokens);
-    json_t *r = post(S, b, 200);
+    json_t *r = post_h(port, b, headers, 200);
+    assert_null(json_object_get(r, "kv_transfer_params")); /* none asked for */
     json_t *ans = answer_of(r);
     c->prompt = usage_of(r, "prompt_tokens");
     c->gen = usage_of(r, "completion_tokens");
+    c->cached = usage_of(r, "cached_tokens");
     conv_add_answer(c, ans);
     json_decref(b);
     json_decref(r);
+    return ans;
+}
+
+/* The same turn on one node. */
+static inline json_t *turn_single(conv *c, const tp_proc *S, int max_tokens)
+{
+    return turn_h(c, S->http, NULL, max_tokens);
+}
+
+/* One turn through the router; the answer is appended.  The client never
+ * sees kv_transfer_params; its usage is the cluster's. */
+static inline json_t *turn_router(conv *c, const tp_proc *R, int max_tokens,
+                                  const char *const *headers)
+{
+    json_t *ans = turn_h(c, R->http, headers, max_tokens);
+    c->p_prompt = c->cached; /* reused here: the cluster's cached tokens */
     return ans;
 }
 
