@@ -144,7 +144,8 @@ test_summary() {
 TSAN_TESTS="test_sched test_tpool test_fwd test_kv_pool test_kern_mm test_node_server
     test_node_tools test_xfer_lease test_router_launch
     itest_server itest_xfer itest_xfer_throttle itest_node_kvport itest_pd itest_pd_router
-    itest_router itest_rstate itest_up itest_bench itest_errors itest_netns itest_struct"
+    itest_router itest_rstate itest_up itest_bench itest_errors itest_netns itest_register
+    itest_struct"
 
 tsan_wanted() {
     [[ " $(echo $TSAN_TESTS) " == *" $1 "* ]]

@@ -31,8 +31,10 @@ int dx_addr_resolve(const char *host, int port, struct sockaddr_storage *out, so
     if (rc) return rc;
     char ps[16];
     snprintf(ps, sizeof ps, "%d", port);
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
-                             .ai_flags = AI_PASSIVE | AI_NUMERICSERV}, *res = NULL;
+    struct addrinfo hints = {.ai_family = AF_UNSPEC,
+                             .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_PASSIVE | AI_NUMERICSERV},
+                    *res = NULL;
     int g = getaddrinfo(h, ps, &hints, &res);
     if (g) return dx_errf(DX_EINVAL, "host '%s' does not resolve: %s", host, gai_strerror(g));
     memcpy(out, res->ai_addr, res->ai_addrlen);
@@ -130,4 +132,54 @@ void dx_addr_keepalive(int fd, int idle_s, int intvl_s, int cnt)
     setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl_s, sizeof intvl_s);
     setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
     setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_ms, sizeof user_ms);
+}
+
+/* Host: letters, digits, '.', '-', or an [IPv6] literal; port 1..65535. */
+static int parse_host_port(const char *hp, size_t len, const char *url)
+{
+    const char *colon = NULL;
+    if (len && hp[0] == '[') {
+        const char *rb = memchr(hp, ']', len);
+        if (!rb || rb == hp + 1) return dx_errf(DX_EINVAL, "'%s': bad IPv6 literal", url);
+        colon = rb + 1 < hp + len && rb[1] == ':' ? rb + 1 : NULL;
+        if (!colon) return dx_errf(DX_EINVAL, "'%s': wants http://HOST:PORT", url);
+    } else {
+        for (size_t i = 0; i < len; i++)
+            if (hp[i] == ':') colon = hp + i;
+        if (!colon || colon == hp) return dx_errf(DX_EINVAL, "'%s': wants http://HOST:PORT", url);
+        for (const char *p = hp; p < colon; p++)
+            if (!(*p == '.' || *p == '-' || (*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'z') ||
+                  (*p >= 'A' && *p <= 'Z')))
+                return dx_errf(DX_EINVAL, "'%s': bad character in the host", url);
+    }
+    const char *port = colon + 1, *end = hp + len;
+    long v = 0;
+    if (port == end || end - port > 5) return dx_errf(DX_EINVAL, "'%s': bad port", url);
+    for (const char *p = port; p < end; p++) {
+        if (*p < '0' || *p > '9') return dx_errf(DX_EINVAL, "'%s': bad port", url);
+        v = v * 10 + (*p - '0');
+    }
+    if (v < 1 || v > 65535) return dx_errf(DX_EINVAL, "'%s': port out of range 1..65535", url);
+    return 0;
+}
+
+int dx_addr_http_url(const char *url, char *out, size_t cap)
+{
+    if (strncmp(url, "http://", 7) != 0) {
+        if (strncmp(url, "https://", 8) == 0)
+            return dx_errf(DX_EINVAL, "'%s': https is not supported (nodes speak plain HTTP)", url);
+        return dx_errf(DX_EINVAL, "'%s': wants http://HOST:PORT", url);
+    }
+    size_t len = strlen(url);
+    if (len > 7 && url[len - 1] == '/') len--;
+    const char *hp = url + 7;
+    size_t hlen = len - 7;
+    if (memchr(hp, '/', hlen) || memchr(hp, '?', hlen) || memchr(hp, '@', hlen))
+        return dx_errf(DX_EINVAL, "'%s': only http://HOST:PORT, no path, query or user", url);
+    int rc = parse_host_port(hp, hlen, url);
+    if (rc) return rc;
+    if (len + 1 > cap) return dx_errf(DX_EINVAL, "'%s': URL too long", url);
+    memcpy(out, url, len);
+    out[len] = 0;
+    return 0;
 }

@@ -48,4 +48,10 @@ void dx_addr_format(const dx_ipport *a, char *out, size_t cap);
  * skipped. */
 void dx_addr_keepalive(int fd, int idle_s, int intvl_s, int cnt);
 
+/* "http://HOST:PORT" with an optional trailing "/" (HOST a name, an IPv4
+ * literal or a bracketed IPv6 one; no path, query or user): 0 and the
+ * normalised URL (no trailing slash) in out, or DX_EINVAL saying what is
+ * wrong (also when it does not fit in cap). */
+int dx_addr_http_url(const char *url, char *out, size_t cap);
+
 #endif

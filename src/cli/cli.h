@@ -150,6 +150,7 @@ int cli_bench_multi_main(const char *what, int argc, char **argv);
 int cli_serve_main(int argc, char **argv);
 int cli_router_main(int argc, char **argv);
 int cli_up_main(int argc, char **argv);
+int cli_node_main(int argc, char **argv); /* `duplex node drain` (cli_node.c) */
 
 /* duplex up's and bench compare's model when none is named: synthesised
  * once (small preset, bf16) if missing.  0, or 1 after printing why not. */

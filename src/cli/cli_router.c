@@ -16,6 +16,7 @@
 #include "base/dx_buf.h"
 #include "base/dx_err.h"
 #include "base/dx_log.h"
+#include "node/node_reg.h"
 #include "node/oai_req.h"
 #include "node/rds.h"
 #include "router/router.h"
@@ -112,13 +113,20 @@ static void log_startup(const router_config *c, const router *r)
     list_str(c->decode, c->n_decode, &d);
     char auth[96], state[RDS_HOST_MAX + 64] = "memory";
     router_describe_auth(r, auth, sizeof auth);
+    char disc[RDS_HOST_MAX + NODE_REG_PREFIX_MAX + 64] = "off";
     rds_url u;
     if (c->state_url && rds_url_parse(c->state_url, &u) == 0)
         rds_url_format(&u, state, sizeof state);
-    DX_LOGI("duplex router: address=http://%s:%d mode=%s prefill=%s decode=%s tokenizer=%s "
-            "local_prefill_max_tokens=%u auth=%s state=%s",
-            c->host, router_port(r), c->n_prefill ? router_mode_name(c->mode) : "colocated", p.data,
-            d.data, c->tokenizer ? c->tokenizer : "none (~4 bytes per token)",
+    if (c->discover && rds_url_parse(c->discover, &u) == 0) {
+        rds_url_format(&u, disc, sizeof disc);
+        snprintf(disc + strlen(disc), sizeof disc - strlen(disc), " (%snode:*)",
+                 c->state_prefix ? c->state_prefix : "duplex:");
+    }
+    DX_LOGI("duplex router: address=http://%s:%d mode=%s prefill=%s decode=%s discover=%s "
+            "tokenizer=%s local_prefill_max_tokens=%u auth=%s state=%s",
+            c->host, router_port(r),
+            c->n_prefill || c->discover ? router_mode_name(c->mode) : "colocated", p.data, d.data,
+            disc, c->tokenizer ? c->tokenizer : "none (~4 bytes per token)",
             c->local_prefill_max_tokens, auth, state);
     dx_buf_free(&p);
     dx_buf_free(&d);
@@ -157,14 +165,17 @@ int cli_router_main(int argc, char **argv)
     cli_http_flags http = CLI_HTTP_FLAGS_INIT;
     double ttl = 450, prefill_timeout = 300, grace = 30;
     cli_list api_keys = {.n = 0}, api_key_files = {.n = 0};
-    const char *internal_key_file = NULL;
+    const char *internal_key_file = NULL, *discover = NULL;
     const char *state = NULL, *state_prefix = "duplex:";
     long state_timeout = 50;
     int insecure = 0;
     const cli_opt opts[] = {
         {"prefill", CLI_STR, &prefill, 0, 0,
          "prefill node URLs, comma-separated (none: colocated)"},
-        {"decode", CLI_STR, &decode, 0, 0, "decode node URLs, comma-separated (required)"},
+        {"decode", CLI_STR, &decode, 0, 0,
+         "decode node URLs, comma-separated (required unless --discover)"},
+        {"discover", CLI_STR, &discover, 0, 0,
+         "redis://HOST:PORT[/DB]: also take the nodes registered there (serve --register)"},
         {"host", CLI_STR, &host, 0, 0, "address to bind (default 127.0.0.1)"},
         {"port", CLI_INT, &port, 0, 65535, "port (default 8000; 0 = any free port)"},
         {"tokenizer", CLI_PATH, &tokenizer, 0, 0, "GGUF whose tokenizer counts prompt tokens"},
@@ -175,7 +186,9 @@ int cli_router_main(int argc, char **argv)
         {"state", CLI_STR, &state, 0, 0,
          "redis://HOST:PORT[/DB]: the conversation map in Redis, shared by every router "
          "(default: in this process)"},
-        {"state-prefix", CLI_STR, &state_prefix, 0, 0, "Redis key prefix (default duplex:)"},
+        {"state-prefix", CLI_STR, &state_prefix, 0, 0,
+         "Redis key prefix (default duplex:): --state's keys, and the nodes' --register-prefix "
+         "that --discover reads"},
         {"state-timeout-ms", CLI_INT, &state_timeout, 1, ROUTER_STORE_TIMEOUT_MAX,
          "deadline of each Redis call; past it the request routes without affinity (50)"},
         {"local-prefill-max-tokens", CLI_INT, &local_max, 0, 1 << 30,
@@ -198,7 +211,17 @@ int cli_router_main(int argc, char **argv)
     if (rc) return rc == 1 ? 0 : rc;
     enum dx_log_level lvl;
     router_config cfg = {0};
-    if (!decode) return cli_required("router", "--decode URL[,URL...]");
+    if (!decode && !discover) {
+        fprintf(stderr, "duplex router: --decode URL[,URL...] is required (or --discover "
+                        "redis://... for registered nodes)\n");
+        return 2;
+    }
+    rds_url ru;
+    if (discover && rds_url_parse(discover, &ru) < 0) return cli_bad_value("router", "--discover");
+    if (discover && node_reg_check_prefix(state_prefix, "--state-prefix") < 0) {
+        fprintf(stderr, "duplex router: %s\n", dx_errmsg());
+        return 2;
+    }
     if (dx_log_parse_level(level, &lvl) < 0) return cli_bad_value("router", "--log-level");
     if (router_parse_mode(mode, &cfg.mode) < 0) return cli_bad_value("router", "--mode");
     if (check_state(state, state_prefix)) return 2;
@@ -219,6 +242,7 @@ int cli_router_main(int argc, char **argv)
         cfg.decode = durls;
         cfg.n_decode = nd;
         cfg.tokenizer = tokenizer;
+        cfg.discover = discover;
         cfg.conversation_ttl_s = ttl;
         cfg.max_conversations = (size_t)max_conv;
         cfg.max_state_bytes = (size_t)state_mb << 20;

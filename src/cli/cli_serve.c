@@ -9,6 +9,8 @@
 #include "base/dx_err.h"
 #include "base/dx_log.h"
 #include "engine/engine.h"
+#include "base/dx_addr.h"
+#include "node/node_reg.h"
 #include "node/node_run.h"
 
 static int parse_role(const char *r, enum node_role *out)
@@ -35,7 +37,44 @@ typedef struct {
     int bidirectional, prefix_on, prefix_off, insecure;
     cli_list api_keys, api_key_files, trust_from;
     const char *internal_key_file;
+    const char *reg, *reg_prefix, *advertise;
+    long heartbeat;
 } serve_flags;
+
+/* --register and the flags that only make sense with it. */
+static int register_config(const serve_flags *f, node_run_config *c)
+{
+    rds_url u;
+    char url[NODE_REG_URL_MAX];
+    if (!f->reg) {
+        const char *lone = f->reg_prefix  ? "--register-prefix"
+                           : f->advertise ? "--advertise-url"
+                           : f->heartbeat ? "--heartbeat-ms"
+                                          : NULL;
+        if (lone) fprintf(stderr, "duplex serve: %s needs --register redis://...\n", lone);
+        return lone ? 2 : 0;
+    }
+    if (rds_url_parse(f->reg, &u)) return cli_bad_value("serve", "--register");
+    if (f->reg_prefix && node_reg_check_prefix(f->reg_prefix, "--register-prefix")) {
+        fprintf(stderr, "duplex serve: %s\n", dx_errmsg());
+        return 2;
+    }
+    if (f->advertise && dx_addr_http_url(f->advertise, url, sizeof url))
+        return cli_bad_value("serve", "--advertise-url");
+    if (!f->advertise &&
+        (!strcmp(f->host, "0.0.0.0") || !strcmp(f->host, "::") || !strcmp(f->host, "[::]"))) {
+        fprintf(stderr,
+                "duplex serve: --register with --host %s needs --advertise-url "
+                "http://HOST:PORT (the address routers reach this node at)\n",
+                f->host);
+        return 2;
+    }
+    c->register_url = f->reg;
+    c->register_prefix = f->reg_prefix;
+    c->advertise_url = f->advertise;
+    c->heartbeat_ms = (uint32_t)f->heartbeat;
+    return 0;
+}
 
 /* Cross-flag checks and the run configuration. */
 static int to_config(serve_flags *f, node_run_config *c)
@@ -94,6 +133,7 @@ static int to_config(serve_flags *f, node_run_config *c)
         fprintf(stderr, "duplex serve: %s\n", dx_errmsg());
         return 2;
     }
+    if ((rc = register_config(f, c))) return rc;
     c->pin_ttl_s = f->pin_ttl;
     c->lease_ttl_s = f->lease_ttl;
     c->retain_ttl_s = f->retain_ttl;
@@ -143,7 +183,8 @@ int cli_serve_main(int argc, char **argv)
         {"ctx", CLI_INT, &f.ctx, 0, 1 << 24,
          "max tokens per sequence (default: the model's, at most 32768; at most the model's)"},
         CLI_HTTP_OPTS(f.http),
-        {"shutdown-grace-s", CLI_DBL, &f.grace, 0.001, 86400, "drain time on SIGTERM (default 10)"},
+        {"shutdown-grace-s", CLI_DBL, &f.grace, 0.001, 86400,
+         "drain time on SIGTERM, SIGUSR1 and `duplex node drain` (default 10)"},
         {"log-level", CLI_STR, &f.level, 0, 0, "error|warn|info|debug (default info)"},
         {"kv-blocks", CLI_INT, &f.kv_blocks, 0, 1 << 30,
          "KV pool size in blocks (overrides --kv-cache-mb)"},
@@ -190,6 +231,14 @@ int cli_serve_main(int argc, char **argv)
          "the cluster's internal key: callers presenting it may send kv_transfer_params"},
         {"trust-kv-params-from", CLI_LIST, &f.trust_from, 0, 0,
          "CIDR whose callers may send kv_transfer_params (repeatable)"},
+        {"register", CLI_STR, &f.reg, 0, 0,
+         "redis://HOST:PORT[/DB]: announce this node to routers (--discover) in Redis"},
+        {"register-prefix", CLI_STR, &f.reg_prefix, 0, 0,
+         "the registration key's prefix (default duplex:)"},
+        {"advertise-url", CLI_STR, &f.advertise, 0, 0,
+         "http://HOST:PORT routers use for this node (default: from --host and --port)"},
+        {"heartbeat-ms", CLI_INT, &f.heartbeat, 50, 600000,
+         "registration refresh interval; the key lives 3 times this (default 1000)"},
         {"insecure-no-auth", CLI_FLAG, &f.insecure, 0, 0,
          "allow a non-loopback --host without API keys, and a KV port off loopback without "
          "--kv-secret-file (anyone reaching them is trusted)"},

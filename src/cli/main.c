@@ -15,6 +15,7 @@ static const cli_cmd k_cmds[] = {
     {"serve", cli_serve_main, "OpenAI-compatible HTTP server for one node"},
     {"router", cli_router_main, "KV-aware router in front of prefill and decode nodes"},
     {"up", cli_up_main, "router + prefill/decode nodes on this machine, one command"},
+    {"node", cli_node_main, "drain: ask a running node to finish its work and exit"},
 };
 
 static void usage(FILE *f)

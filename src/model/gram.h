@@ -9,11 +9,17 @@
  * lookup, not a vocabulary walk.  Nothing here touches logits or KV.
  *
  * EBNF syntax (docs/structured.md documents it; GBNF-compatible subset):
- *   rule-name ::= alternatives      (one rule per line or continued lines)
- *   "literal" with \n \t \" \\ \xHH \uHHHH escapes, [a-z0-9_] and [^"\\] char
- *   classes (UTF-8 code points), ( ... ) grouping, | alternatives, postfix
- *   * + ? and {m}, {m,}, {m,n} repetition, # comments.  The start rule is
- *   `root`.  Every error is DX_EINVAL with a message naming line:col. */
+ *   rule-name ::= alternatives      (a rule ends where the next `name ::=`
+ *   starts, so rules may span lines), "literal" with \n \r \t \0 \xHH
+ *   \uHHHH \UHHHHHHHH escapes, [a-z0-9_] and [^"\\] char classes (UTF-8
+ *   code points), `.` any character, ( ... ) grouping, | alternatives,
+ *   postfix * + ? and {m}, {m,}, {m,n} repetition, # comments.  The start
+ *   rule is `root`.  Every error is DX_EINVAL with a message naming
+ *   line:col; left recursion and a root deriving no finite string are
+ *   errors too.
+ *
+ * Changes from the brief's interface: gram_match_reset (added), and
+ * gram_match_mask's errors (DX_ETOOBIG) documented below. */
 #ifndef GRAM_H
 #define GRAM_H
 

@@ -65,6 +65,7 @@ struct gram_vocab {
 #define SUM_CTL  (1ull << 0)
 #define SUM_HIGH (1ull << 1)
 #define SUM_BAD  (1ull << 2)
+#define SUM_SELF (1ull << 3) /* the node's own byte is not valid UTF-8 there */
 
 /* UTF-8 decoding, one byte at a time: what the next byte may be. */
 enum { U8_START, U8_C1, U8_C2, U8_C3, U8_E0, U8_ED, U8_F0, U8_F4, U8_BAD };
@@ -128,7 +129,7 @@ static int vocab_sums(gram_vocab *v)
         ps[0] |= v->sum[i][0];
         ps[1] |= v->sum[i][1];
         sum_byte(ps, v->byte[i]);
-        if (dec[i] == U8_BAD) ps[0] |= SUM_BAD;
+        if (dec[i] == U8_BAD) ps[0] |= SUM_BAD, v->sum[i][0] |= SUM_SELF;
     }
     dx_free(parent);
     dx_free(dec);
@@ -893,6 +894,24 @@ static int64_t walk(gram_match *m, int32_t s, uint64_t *mask)
     int whole = !m->states[s].pu;
     for (;;) {
         while (i < end) {
+            /* the strings from node i's byte on all lead st back to itself:
+             * the subtree is in, without stepping into it (this is what
+             * spares the partial characters of non-ASCII tokens) */
+            const uint64_t *sm = v->sum[i], *lp = m->states[st].loop;
+            if (whole && m->states[st].hits >= GM_HOT) {
+                uint64_t self[2] = {sm[0], sm[1]};
+                sum_byte(self, v->byte[i]);
+                if (self[0] & SUM_SELF) self[0] |= SUM_BAD;
+                if (!(self[0] & ~lp[0]) && !(self[1] & ~lp[1])) {
+                    for (uint32_t k = v->tok_off[i]; k < v->tok_off[v->end[i]]; k++) {
+                        uint32_t id = v->toks[k];
+                        mask[id >> 6] |= 1ull << (id & 63);
+                        count++;
+                    }
+                    i = v->end[i];
+                    continue;
+                }
+            }
             int64_t t = trans(m, st, v->byte[i]);
             if (t == GM_DEAD) {
                 i = v->end[i];
@@ -908,7 +927,6 @@ static int64_t walk(gram_match *m, int32_t s, uint64_t *mask)
                 ts->loop[0] = loop[0];
                 ts->loop[1] = loop[1];
             }
-            const uint64_t *sm = v->sum[i];
             uint32_t last =
                 !whole || (sm[0] & ~ts->loop[0]) || (sm[1] & ~ts->loop[1]) ? i + 1 : v->end[i];
             for (uint32_t k = v->tok_off[i]; k < v->tok_off[last]; k++) {

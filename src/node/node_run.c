@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 #include <uv.h>
 
 #include "base/dx_addr.h"
@@ -16,14 +17,20 @@
 #include "base/dx_log.h"
 #include "node/node_engine.h"
 #include "node/node_kv.h"
+#include "node/node_reg.h"
 #include "node/oai_req.h"
 
 typedef struct {
     node_run_config cfg;
     uv_loop_t loop;
     uv_work_t load;
-    uv_signal_t sig_int, sig_term;
+    uv_signal_t sig_int, sig_term, sig_usr1;
+    uv_timer_t beat, drain_tick; /* registration heartbeat; the drain's end check */
     node_server *srv;
+    node_reg *reg;
+    char adv_url[NODE_REG_URL_MAX]; /* the URL routers use */
+    uint64_t started_ms, drain_deadline_ns;
+    int draining;
     http_auth *auth;
     engine_config ec;
     model *m;
@@ -120,6 +127,9 @@ static void close_signals(run_ctx *r)
 {
     uv_close((uv_handle_t *)&r->sig_int, NULL);
     uv_close((uv_handle_t *)&r->sig_term, NULL);
+    uv_close((uv_handle_t *)&r->sig_usr1, NULL);
+    uv_close((uv_handle_t *)&r->beat, NULL);
+    uv_close((uv_handle_t *)&r->drain_tick, NULL);
 }
 
 /* The server has drained (or never started serving): the engine goes first,
@@ -129,6 +139,9 @@ static void on_stopped(void *user)
     run_ctx *r = user;
     r->stopping = 1;
     if (r->loading) return; /* load_done finishes the teardown */
+    uv_timer_stop(&r->beat);
+    node_reg_destroy(r->reg); /* DEL: routers drop the node at their next scan */
+    r->reg = NULL;
     teardown_engine(r);
     node_server_destroy(r->srv);
     r->srv = NULL;
@@ -169,6 +182,76 @@ static void fail_start(run_ctx *r, const char *what, const char *msg)
     node_server_shutdown(r->srv); /* nothing running: stops at once */
 }
 
+/* ---- registration (node_reg.h) ---- */
+
+/* The KV address peers reach: the KV port's host, or the advertised URL's
+ * when the port listens on every address. */
+static void kv_addr(const run_ctx *r, char *out, size_t cap)
+{
+    const char *h = node_kv_host(r->kv);
+    char host[200];
+    if (!strcmp(h, "0.0.0.0") || !strcmp(h, "::") || !strcmp(h, "[::]")) {
+        const char *p = r->adv_url + 7, *colon = strrchr(p, ':'); /* "http://" checked */
+        snprintf(host, sizeof host, "%.*s", (int)(colon - p) & 0xff, p);
+    } else
+        dx_addr_url_host(h, host, sizeof host);
+    snprintf(out, cap, "%.199s:%d", host, node_kv_port(r->kv) & 0xffff);
+}
+
+static void on_beat(uv_timer_t *t)
+{
+    run_ctx *r = t->data;
+    if (!r->reg || !r->e) return;
+    node_reg_info ni = {.draining = r->draining,
+                        .outstanding = (uint32_t)node_server_n_active(r->srv),
+                        .heartbeat_ms = r->cfg.heartbeat_ms,
+                        .started_ms = r->started_ms};
+    snprintf(ni.url, sizeof ni.url, "%s", r->adv_url);
+    snprintf(ni.role, sizeof ni.role, "%s", node_role_name(r->cfg.role));
+    if (r->kv) kv_addr(r, ni.kv, sizeof ni.kv);
+    uint64_t fp[2];
+    xfer_token tok;
+    model_fingerprint(r->m, fp);
+    memcpy(tok.b, fp, sizeof tok.b);
+    xfer_token_hex(&tok, ni.model);
+    engine_stats es;
+    engine_get_stats(r->e, &es);
+    ni.free_kv_blocks = es.kv.n_free + es.kv.n_cached;
+    node_reg_publish(r->reg, &ni);
+}
+
+static uint64_t wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* After the bind (the default URL has the port): the key's writer. */
+static int setup_register(run_ctx *r)
+{
+    const node_run_config *c = &r->cfg;
+    rds_url u;
+    int rc = rds_url_parse(c->register_url, &u);
+    if (rc) return dx_err_wrap(rc, "--register");
+    if (c->advertise_url) {
+        if ((rc = dx_addr_http_url(c->advertise_url, r->adv_url, sizeof r->adv_url)))
+            return dx_err_wrap(rc, "--advertise-url");
+    } else {
+        char host[300];
+        dx_addr_url_host(c->host, host, sizeof host);
+        snprintf(r->adv_url, sizeof r->adv_url, "http://%.200s:%d", host,
+                 node_server_port(r->srv) & 0xffff);
+    }
+    r->started_ms = wall_ms();
+    node_reg_config rc_ = {.redis = &u,
+                           .prefix = c->register_prefix,
+                           .url = r->adv_url,
+                           .heartbeat_ms = c->heartbeat_ms,
+                           .peers = kv_wanted(r) ? r->kv_peers : NULL};
+    return node_reg_create(&rc_, &r->reg);
+}
+
 static void load_done(uv_work_t *w, int status)
 {
     run_ctx *r = w->data;
@@ -201,13 +284,57 @@ static void load_done(uv_work_t *w, int status)
                      &be.reasoning); /* the names were checked before the load */
     node_server_set_backend(r->srv, &be);
     log_startup(r);
+    if (r->reg) uv_timer_start(&r->beat, on_beat, 0, r->cfg.heartbeat_ms);
 }
 
 static void on_signal(uv_signal_t *h, int signum)
 {
     run_ctx *r = h->data;
     DX_LOGI("duplex serve: %s received", signum == SIGINT ? "SIGINT" : "SIGTERM");
+    r->draining = 1; /* the heartbeats until the stop say so */
     if (r->srv) node_server_shutdown(r->srv);
+}
+
+/* The drain is over when nothing runs and no lease (retained KV, a prefill
+ * node's hand-off) is left, or at its deadline. */
+static void on_drain_tick(uv_timer_t *t)
+{
+    run_ctx *r = t->data;
+    node_kv_stats ks = {0};
+    if (r->kv && !r->loading) node_kv_get_stats(r->kv, &ks);
+    int idle = node_server_n_active(r->srv) == 0 && ks.leases.leases == 0;
+    int late = dx_now_ns() >= r->drain_deadline_ns;
+    if (!idle && !late) return;
+    if (idle)
+        DX_LOGI("duplex serve: drained: no request running, no KV lease left");
+    else
+        DX_LOGW("duplex serve: drain: --shutdown-grace-s over with %zu requests and %u leases",
+                node_server_n_active(r->srv), ks.leases.leases);
+    uv_timer_stop(t);
+    node_server_shutdown(r->srv);
+}
+
+static void start_drain(run_ctx *r)
+{
+    if (r->draining || r->stopping || !r->srv) return;
+    r->draining = 1;
+    node_server_drain(r->srv);
+    r->drain_deadline_ns = dx_now_ns() + (uint64_t)(r->cfg.shutdown_grace_s * 1e9);
+    uv_timer_start(&r->drain_tick, on_drain_tick, 50, 50);
+    if (r->reg && !r->loading) on_beat(&r->beat); /* routers learn it at their next scan */
+}
+
+static void on_drain_request(void *user)
+{
+    DX_LOGI("duplex serve: drain requested (POST /admin/drain)");
+    start_drain(user);
+}
+
+static void on_usr1(uv_signal_t *h, int signum)
+{
+    (void)signum;
+    DX_LOGI("duplex serve: SIGUSR1 received: draining");
+    start_drain(h->data);
 }
 
 static int start_server(run_ctx *r)
@@ -226,6 +353,7 @@ static int start_server(run_ctx *r)
         .history_ttl_s = r->cfg.retain_ttl_s,
         .served_model_name = r->cfg.served_model_name,
         .auth = r->auth,
+        .on_drain = on_drain_request,
     };
     int rc = node_server_create(&r->loop, &sc, &r->srv);
     if (rc < 0) return rc;
@@ -272,6 +400,8 @@ int node_run(const node_run_config *cfg)
     memset(&r, 0, sizeof r);
     r.cfg = *cfg;
     if (!r.cfg.host) r.cfg.host = "127.0.0.1";
+    if (r.cfg.shutdown_grace_s <= 0) r.cfg.shutdown_grace_s = 10;
+    if (!r.cfg.heartbeat_ms) r.cfg.heartbeat_ms = 1000;
     r.ec = cfg->engine;
     r.ec.log_populate = 1;
     int rc = http_auth_create(&cfg->auth, &r.auth);
@@ -307,9 +437,20 @@ int node_run(const node_run_config *cfg)
     r.sig_int.data = r.sig_term.data = &r;
     uv_signal_start(&r.sig_int, on_signal, SIGINT);
     uv_signal_start(&r.sig_term, on_signal, SIGTERM);
-    r.load.data = &r;
-    r.loading = 1;
-    uv_queue_work(&r.loop, &r.load, load_work, load_done);
+    uv_signal_init(&r.loop, &r.sig_usr1);
+    uv_timer_init(&r.loop, &r.beat);
+    uv_timer_init(&r.loop, &r.drain_tick);
+    r.sig_usr1.data = r.beat.data = r.drain_tick.data = &r;
+    uv_signal_start(&r.sig_usr1, on_usr1, SIGUSR1);
+    if (r.cfg.register_url && setup_register(&r) < 0) {
+        DX_LOGE("duplex serve: %s", dx_errmsg());
+        r.exit_code = 2;
+        node_server_shutdown(r.srv); /* nothing running: on_stopped closes the handles */
+    } else {
+        r.load.data = &r;
+        r.loading = 1;
+        uv_queue_work(&r.loop, &r.load, load_work, load_done);
+    }
     uv_run(&r.loop, UV_RUN_DEFAULT);
     uv_loop_close(&r.loop);
     http_auth_destroy(r.auth);

@@ -5,7 +5,14 @@
  * the engine start, one start-up line is logged, and completions are served.
  * SIGINT/SIGTERM start a graceful shutdown: stop accepting, let running
  * requests finish for the grace period, cancel the rest, tear down in
- * dependency order (node_kv.h), exit 0. */
+ * dependency order (node_kv.h), exit 0.
+ *
+ * Drain (SIGUSR1 or POST /admin/drain): no new requests, /health 503
+ * {"status":"draining"}, but the HTTP port stays open and the KV port keeps
+ * serving what the node retains; once nothing runs and no lease is left (or
+ * --shutdown-grace-s after the drain began) the same shutdown follows.
+ * With --register the node's key says "draining":true meanwhile and is
+ * removed at the end. */
 #ifndef NODE_RUN_H
 #define NODE_RUN_H
 
@@ -51,6 +58,11 @@ typedef struct {
     /* --api-key, --api-key-file, --internal-key-file, --trust-kv-params-from
      * (node/http_auth.h) */
     http_auth_config auth;
+    /* --register redis://...: announce this node in Redis (node_reg.h);
+     * NULL: off.  advertise_url: what routers use (NULL: from host and the
+     * bound port); heartbeat_ms: 0 = 1000. */
+    const char *register_url, *register_prefix, *advertise_url;
+    uint32_t heartbeat_ms;
 } node_run_config;
 
 /* Runs until shutdown; returns the process exit code (0; 1 when the model,

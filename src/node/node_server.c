@@ -71,7 +71,7 @@ static const char *route_label(const char *path)
 {
     static const char *const known[] = {
         "/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics", "/tokenize",
-        "/detokenize"};
+        "/detokenize",          "/admin/drain"};
     for (size_t i = 0; i < DX_ARRAY_LEN(known); i++)
         if (strcmp(path, known[i]) == 0) return known[i];
     return "other";
@@ -823,6 +823,31 @@ static void route_detokenize(node_server *s, http_conn *c, const http_req *r, ui
     dx_buf_free(&b);
 }
 
+/* POST /admin/drain: with an internal key only its holders may drain the
+ * node (an API key is a client's, not an operator's); without one, the
+ * node's API keys, or (none) whoever reaches its loopback port. */
+static void route_drain(node_server *s, http_conn *c, const http_req *r,
+                        const http_auth_result *who, uint64_t t0)
+{
+    if (strcmp(r->method, "POST")) {
+        respond_error(s, c, r, 405, "method not allowed", NULL, NULL, t0);
+        return;
+    }
+    if (http_auth_internal_key(s->cfg.auth) && !who->internal) {
+        respond_401(s, c, r, "draining a node takes the cluster's internal key", t0);
+        return;
+    }
+    if (s->cfg.on_drain)
+        s->cfg.on_drain(s->cfg.user);
+    else
+        node_server_drain(s);
+    dx_buf b;
+    dx_buf_init(&b, 0);
+    dx_buf_printf(&b, "{\"status\":\"draining\",\"running\":%zu}", s->n_active);
+    respond_json(s, c, r->method, r->path, 200, NULL, &b, t0);
+    dx_buf_free(&b);
+}
+
 static void on_request(void *user, http_conn *c, const http_req *r)
 {
     node_server *s = user;
@@ -856,6 +881,8 @@ static void on_request(void *user, http_conn *c, const http_req *r)
         route_prepare(s, c, r, OAI_COMPLETION, 1, &who, t0);
     else if (!strcmp(p, "/detokenize"))
         route_detokenize(s, c, r, t0);
+    else if (!strcmp(p, "/admin/drain"))
+        route_drain(s, c, r, &who, t0);
     else
         respond_error(s, c, r, 404, "unknown route", NULL, NULL, t0);
 }
@@ -1203,7 +1230,7 @@ static void on_wake(uv_async_t *a)
 
 static void maybe_stopped(node_server *s)
 {
-    if (s->stopped || s->n_active > 0) return;
+    if (!s->shutting || s->stopped || s->n_active > 0) return;
     s->stopped = 1;
     uv_timer_stop(&s->grace);
     http_srv_close_idle(s->http);
@@ -1219,10 +1246,17 @@ static void on_grace_over(uv_timer_t *t)
         if (!q->preparing && !q->pd.pulling) s->be.cancel(s->be.self, q->engine_id);
 }
 
-void node_server_shutdown(node_server *s)
+void node_server_drain(node_server *s)
 {
     if (s->draining) return;
     s->draining = 1;
+    DX_LOGI("drain: no new requests; %zu running, the KV port keeps serving", s->n_active);
+}
+
+void node_server_shutdown(node_server *s)
+{
+    if (s->shutting) return;
+    s->shutting = s->draining = 1;
     http_srv_stop_accepting(s->http);
     http_srv_close_idle(s->http);
     /* a node that never served (its model failed to load) has nothing to say */

@@ -93,6 +93,9 @@ typedef struct {
     uint32_t grammar_cache;       /* compiled structured-output grammars kept; default 64 */
     /* Called on the loop thread when a shutdown has drained. */
     void (*on_stopped)(void *user);
+    /* POST /admin/drain (authorised): the owner drains (node_server_drain)
+     * and decides when to stop; NULL: node_server_drain alone. */
+    void (*on_drain)(void *user);
     void *user;
 } node_server_config;
 
@@ -104,6 +107,10 @@ void node_server_set_backend(node_server *s, const node_backend *b);
 /* Stop accepting, let running requests finish for the grace period, cancel
  * what remains, then call on_stopped.  Idempotent. */
 void node_server_shutdown(node_server *s);
+/* Stop taking requests (503, /health 503 {"status":"draining"}) but keep
+ * listening and serving the running ones; no stop by itself (the owner
+ * calls node_server_shutdown when it is done).  Idempotent. */
+void node_server_drain(node_server *s);
 /* Requests whose final event has not been handled yet. */
 size_t node_server_n_active(const node_server *s);
 /* Call after the backend can deliver no more events (engine destroyed);

@@ -119,6 +119,7 @@ struct node_server {
     http_srv *http;
     node_backend be;
     int ready, draining, stopped, quiet;
+    int shutting; /* node_server_shutdown: stop once idle (draining alone keeps serving the rest) */
     uv_async_t wake;
     uv_timer_t grace;
     pthread_mutex_t mu;

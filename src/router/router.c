@@ -7,6 +7,7 @@
 #include <string.h>
 #include <sys/random.h>
 
+#include "base/dx_addr.h"
 #include "base/dx_alloc.h"
 #include "base/dx_clock.h"
 #include "base/dx_err.h"
@@ -35,54 +36,9 @@ int router_parse_mode(const char *s, enum router_mode *out)
     return 0;
 }
 
-/* Host: letters, digits, '.', '-', or an [IPv6] literal; port 1..65535. */
-static int parse_host_port(const char *hp, size_t len, const char *url)
-{
-    const char *colon = NULL;
-    if (len && hp[0] == '[') {
-        const char *rb = memchr(hp, ']', len);
-        if (!rb || rb == hp + 1) return dx_errf(DX_EINVAL, "'%s': bad IPv6 literal", url);
-        colon = rb + 1 < hp + len && rb[1] == ':' ? rb + 1 : NULL;
-        if (!colon) return dx_errf(DX_EINVAL, "'%s': wants http://HOST:PORT", url);
-    } else {
-        for (size_t i = 0; i < len; i++)
-            if (hp[i] == ':') colon = hp + i;
-        if (!colon || colon == hp) return dx_errf(DX_EINVAL, "'%s': wants http://HOST:PORT", url);
-        for (const char *p = hp; p < colon; p++)
-            if (!(*p == '.' || *p == '-' || (*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'z') ||
-                  (*p >= 'A' && *p <= 'Z')))
-                return dx_errf(DX_EINVAL, "'%s': bad character in the host", url);
-    }
-    const char *port = colon + 1, *end = hp + len;
-    long v = 0;
-    if (port == end || end - port > 5) return dx_errf(DX_EINVAL, "'%s': bad port", url);
-    for (const char *p = port; p < end; p++) {
-        if (*p < '0' || *p > '9') return dx_errf(DX_EINVAL, "'%s': bad port", url);
-        v = v * 10 + (*p - '0');
-    }
-    if (v < 1 || v > 65535) return dx_errf(DX_EINVAL, "'%s': port out of range 1..65535", url);
-    return 0;
-}
-
 int router_parse_url(const char *url, char *out, size_t cap)
 {
-    if (strncmp(url, "http://", 7) != 0) {
-        if (strncmp(url, "https://", 8) == 0)
-            return dx_errf(DX_EINVAL, "'%s': https is not supported (nodes speak plain HTTP)", url);
-        return dx_errf(DX_EINVAL, "'%s': wants http://HOST:PORT", url);
-    }
-    size_t len = strlen(url);
-    if (len > 7 && url[len - 1] == '/') len--;
-    const char *hp = url + 7;
-    size_t hlen = len - 7;
-    if (memchr(hp, '/', hlen) || memchr(hp, '?', hlen) || memchr(hp, '@', hlen))
-        return dx_errf(DX_EINVAL, "'%s': only http://HOST:PORT, no path, query or user", url);
-    int rc = parse_host_port(hp, hlen, url);
-    if (rc) return rc;
-    if (len + 1 > cap || len + 1 > RT_URL_MAX) return dx_errf(DX_EINVAL, "'%s': URL too long", url);
-    memcpy(out, url, len);
-    out[len] = 0;
-    return 0;
+    return dx_addr_http_url(url, out, cap < RT_URL_MAX ? cap : RT_URL_MAX);
 }
 
 /* ---- metrics -------------------------------------------------------------- */
@@ -106,21 +62,63 @@ void rt_count_fallback(router *r, const char *reason)
     prom_family_add(&r->fallbacks, labels, 1);
 }
 
+enum node_series { NS_HEALTHY, NS_DRAINING, NS_OUTSTANDING, NS_PROMPT_TOKENS };
+
+static double node_value(const rt_node *n, enum node_series w)
+{
+    switch (w) {
+    case NS_HEALTHY:
+        return n->healthy;
+    case NS_DRAINING:
+        return n->draining || n->reg_draining;
+    case NS_OUTSTANDING:
+        return n->outstanding;
+    default:
+        return (double)n->outstanding_tokens;
+    }
+}
+
+/* Per node (a vanished discovered node is left out; prompt tokens: prefill
+ * nodes only). */
 static void write_node_gauges(router *r, dx_buf *b)
 {
-    prom_write_header(b, "duplex_router_node_healthy", "gauge", "1 while the node passes checks");
-    for (size_t i = 0; i < r->n_nodes; i++)
-        prom_write_value(b, "duplex_router_node_healthy", r->nodes[i].labels, r->nodes[i].healthy);
-    prom_write_header(b, "duplex_router_node_outstanding_requests", "gauge",
-                      "Requests the router has in flight at the node");
-    for (size_t i = 0; i < r->n_nodes; i++)
-        prom_write_value(b, "duplex_router_node_outstanding_requests", r->nodes[i].labels,
-                         r->nodes[i].outstanding);
-    prom_write_header(b, "duplex_router_node_outstanding_prompt_tokens", "gauge",
-                      "Prompt tokens the router has in flight at the node (prefill nodes)");
-    for (size_t i = 0; i < r->n_prefill; i++)
-        prom_write_value(b, "duplex_router_node_outstanding_prompt_tokens", r->nodes[i].labels,
-                         (double)r->nodes[i].outstanding_tokens);
+    static const struct {
+        const char *name, *help;
+    } k[] = {
+        {"duplex_router_node_healthy", "1 while the node passes checks"},
+        {"duplex_router_node_draining",
+         "1 while the node drains (no new requests; its KV is still pulled)"},
+        {"duplex_router_node_outstanding_requests",
+         "Requests the router has in flight at the node"},
+        {"duplex_router_node_outstanding_prompt_tokens",
+         "Prompt tokens the router has in flight at the node (prefill nodes)"},
+    };
+    for (int w = NS_HEALTHY; w <= NS_PROMPT_TOKENS; w++) {
+        prom_write_header(b, k[w].name, "gauge", k[w].help);
+        for (size_t i = 0; i < r->n_nodes; i++)
+            if (!r->nodes[i].gone && (w != NS_PROMPT_TOKENS || r->nodes[i].prefill))
+                prom_write_value(b, k[w].name, r->nodes[i].labels,
+                                 node_value(&r->nodes[i], (enum node_series)w));
+    }
+}
+
+static void write_discovery(router *r, dx_buf *b)
+{
+    if (!r->disc) return;
+    size_t live = 0;
+    for (size_t i = 0; i < r->n_nodes; i++) live += r->nodes[i].discovered && !r->nodes[i].gone;
+    prom_write_gauge(b, "duplex_router_discovered_nodes",
+                     "Nodes taken from registration keys (--discover) and still registered",
+                     (double)live);
+    prom_write_gauge(b, "duplex_router_discovery_skipped_nodes",
+                     "Registered nodes skipped in the last scan: their model fingerprint differs",
+                     (double)r->n_skipped);
+    prom_write_gauge(b, "duplex_router_discovery_bad_registrations",
+                     "Registration values that did not parse in the last scan (skipped)",
+                     (double)router_disc_bad(r->disc));
+    prom_write_counter(b, "duplex_router_discovery_errors_total",
+                       "Scans of the registration keys that failed (Redis unreachable)",
+                       (double)router_disc_errors(r->disc));
 }
 
 static void write_added(router *r, dx_buf *b)
@@ -152,6 +150,7 @@ static void render_metrics(router *r, dx_buf *b)
     prom_write_family(b, "duplex_router_fallbacks_total", "Fallbacks and retries by reason",
                       &r->fallbacks);
     write_node_gauges(r, b);
+    write_discovery(r, b);
     prom_write_hist(b, "duplex_router_ttft_seconds",
                     "Request arrival to the first content byte written to the client", &r->ttft);
     write_added(r, b);
@@ -194,12 +193,13 @@ static void respond_401(router *r, http_conn *c, const http_req *hr, const char 
     log_simple(hr->method, hr->path, 401, t0);
 }
 
-/* Healthy when a decode node is, and a prefill node too if any are set. */
+/* Healthy when a decode node takes requests, and a prefill node too if
+ * any are known. */
 static int cluster_healthy(const router *r)
 {
     int p = r->n_prefill == 0, d = 0;
     for (size_t i = 0; i < r->n_nodes; i++) {
-        if (!r->nodes[i].healthy) continue;
+        if (!rt_node_takes_new(&r->nodes[i])) continue;
         if (r->nodes[i].prefill)
             p = 1;
         else
@@ -279,14 +279,32 @@ static void set_health(router *r, int i, int healthy, const char *why)
 
 void rt_node_failed(router *r, int node, const char *why)
 {
+    r->nodes[node].draining = 0; /* unreachable: not even its KV port is there */
     set_health(r, node, 0, why);
 }
 
 int rt_node_is_decode(const router *r, int node)
 {
-    return node >= (int)r->n_prefill && node < (int)r->n_nodes;
+    return node >= 0 && node < (int)r->n_nodes && !r->nodes[node].prefill;
 }
 
+int rt_node_takes_new(const rt_node *n)
+{
+    return n->healthy && !n->draining && !n->reg_draining && !n->gone;
+}
+
+int rt_node_holds(const rt_node *n)
+{
+    return !n->gone && (n->healthy || n->draining || n->reg_draining);
+}
+
+int rt_may_prefill(const router *r)
+{
+    return r->cfg.n_prefill > 0 || r->cfg.discover != NULL;
+}
+
+/* A draining node answers 503 {"status":"draining"}: unhealthy for new
+ * requests, yet still the holder of its conversations' KV. */
 static void on_check_done(void *user, int rc, long status)
 {
     rt_node *n = user;
@@ -296,12 +314,23 @@ static void on_check_done(void *user, int rc, long status)
         snprintf(why, sizeof why, "%s", dx_errmsg());
     else
         snprintf(why, sizeof why, "GET /health answered %ld", status);
+    n->hbody[n->hlen] = 0;
+    int draining = rc == 0 && status == 503 && strstr(n->hbody, "\"draining\"") != NULL;
+    if (draining && !n->draining)
+        DX_LOGI("router: %s node %s is draining: no new requests, its KV still used",
+                n->prefill ? "prefill" : "decode", n->url);
+    n->draining = draining;
     set_health(n->r, n->index, rc == 0 && status == 200, why);
 }
 
-static int on_check_data(void *user, const char *p, size_t n)
+static int on_check_data(void *user, const char *p, size_t len)
 {
-    return 0; /* the status says it all */
+    rt_node *n = user;
+    size_t room = sizeof n->hbody - 1 - n->hlen;
+    if (len > room) len = room;
+    memcpy(n->hbody + n->hlen, p, len);
+    n->hlen += len;
+    return 0;
 }
 
 static void start_check(router *r, int i)
@@ -314,6 +343,7 @@ static void start_check(router *r, int i)
     if (timeout > 10000) timeout = 10000;
     router_up_request rq = {
         .method = "GET", .url = url, .timeout_ms = timeout, .connect_timeout_ms = timeout};
+    n->hlen = 0;
     static const router_up_cb cb = {.on_data = on_check_data, .on_done = on_check_done};
     if (router_up_start(r->up, &rq, &cb, n, &n->check) < 0) n->check = NULL;
 }
@@ -322,30 +352,147 @@ static void on_health_tick(uv_timer_t *t)
 {
     router *r = t->data;
     for (size_t i = 0; i < r->n_nodes; i++)
-        if (!r->nodes[i].check) start_check(r, (int)i);
+        if (!r->nodes[i].check && !r->nodes[i].gone) start_check(r, (int)i);
     router_store_tick(r->store);
 }
 
 /* ---- lifecycle ------------------------------------------------------------------ */
 
+static int find_node(const router *r, const char *url)
+{
+    for (size_t j = 0; j < r->n_nodes; j++)
+        if (!strcmp(r->nodes[j].url, url)) return (int)j;
+    return -1;
+}
+
+static void set_role(rt_node *nd, int prefill)
+{
+    nd->prefill = prefill;
+    snprintf(nd->labels, sizeof nd->labels, "node=\"%s\",role=\"%s\"", nd->url,
+             prefill ? "prefill" : "decode");
+}
+
+/* The next slot, for a normalised URL. */
+static rt_node *push_node(router *r, const char *url, int prefill)
+{
+    DX_ASSERT(r->n_nodes < r->cap_nodes);
+    rt_node *nd = &r->nodes[r->n_nodes];
+    snprintf(nd->url, sizeof nd->url, "%s", url);
+    nd->r = r;
+    nd->index = (int)r->n_nodes++;
+    set_role(nd, prefill);
+    r->n_prefill += prefill;
+    return nd;
+}
+
 static int add_nodes(router *r, const char *const *urls, size_t n, int prefill, const char *flag)
 {
     for (size_t i = 0; i < n; i++) {
-        rt_node *nd = &r->nodes[r->n_nodes];
-        int rc = router_parse_url(urls[i], nd->url, sizeof nd->url);
+        char url[RT_URL_MAX];
+        int rc = router_parse_url(urls[i], url, sizeof url);
         if (rc) return dx_err_wrap(rc, "%s", flag);
-        for (size_t j = 0; j < r->n_nodes; j++)
-            if (!strcmp(r->nodes[j].url, nd->url))
-                return dx_errf(DX_EINVAL, "%s: node %s is given twice%s", flag, nd->url,
-                               r->nodes[j].prefill != prefill ? " (as prefill and as decode)" : "");
-        nd->prefill = prefill;
-        nd->r = r;
-        nd->index = (int)r->n_nodes;
-        snprintf(nd->labels, sizeof nd->labels, "node=\"%s\",role=\"%s\"", nd->url,
-                 prefill ? "prefill" : "decode");
-        r->n_nodes++;
+        int j = find_node(r, url);
+        if (j >= 0)
+            return dx_errf(DX_EINVAL, "%s: node %s is given twice%s", flag, url,
+                           r->nodes[j].prefill != prefill ? " (as prefill and as decode)" : "");
+        push_node(r, url, prefill);
     }
     return 0;
+}
+
+/* ---- discovery (router_disc.h) ------------------------------------------------------ */
+
+/* The node's registration is in this scan: a new node gets a slot (healthy
+ * once its first check passes), a vanished one comes back in its own. */
+static void take_registration(router *r, const node_reg_info *v)
+{
+    int prefill = !strcmp(v->role, "prefill"); /* "both" prefills its own requests: decode */
+    int i = find_node(r, v->url);
+    rt_node *nd;
+    if (i < 0) {
+        if (r->n_nodes == r->cap_nodes) {
+            if (!r->disc_dropped++)
+                DX_LOGW("router: discovery: no slot for %s: %d discovered nodes at most", v->url,
+                        RT_DISCOVER_MAX);
+            return;
+        }
+        nd = push_node(r, v->url, prefill);
+        nd->discovered = 1;
+        DX_LOGI("router: discovered %s node %s (kv %s)", v->role, v->url, v->kv[0] ? v->kv : "-");
+    } else {
+        nd = &r->nodes[i];
+        if (nd->discovered && nd->gone) {
+            nd->gone = 0;
+            r->n_prefill += nd->prefill;
+            DX_LOGI("router: %s node %s is registered again", v->role, v->url);
+        }
+        if (nd->discovered && nd->prefill != prefill && !nd->outstanding) {
+            r->n_prefill = r->n_prefill - (size_t)nd->prefill + (size_t)prefill;
+            set_role(nd, prefill);
+        }
+    }
+    nd->seen = 1;
+    if (v->draining && !nd->reg_draining)
+        DX_LOGI("router: node %s is draining (its registration says so)", nd->url);
+    nd->reg_draining = v->draining;
+    if (!nd->healthy && !nd->check) start_check(r, nd->index);
+}
+
+static void drop_vanished(router *r)
+{
+    for (size_t i = 0; i < r->n_nodes; i++) {
+        rt_node *nd = &r->nodes[i];
+        if (!nd->seen) nd->reg_draining = 0; /* a static node's key went: its /health rules */
+        if (nd->seen || !nd->discovered || nd->gone) continue;
+        DX_LOGW("router: %s node %s vanished from the registrations: its conversations "
+                "recompute elsewhere",
+                nd->prefill ? "prefill" : "decode", nd->url);
+        nd->gone = 1;
+        nd->healthy = nd->draining = nd->reg_draining = 0;
+        router_up_cancel(nd->check);
+        nd->check = NULL;
+        r->n_prefill -= (size_t)nd->prefill;
+    }
+}
+
+static void on_scan(void *user, const node_reg_info *v, size_t n, int ok)
+{
+    router *r = user;
+    if (!ok) return; /* Redis unreadable: keep what is known; health checks still run */
+    size_t skipped = 0;
+    for (size_t i = 0; i < r->n_nodes; i++) r->nodes[i].seen = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!r->model[0]) {
+            memcpy(r->model, v[i].model, sizeof r->model);
+            DX_LOGI("router: model fingerprint %s (the first registered node's, %s)", r->model,
+                    v[i].url);
+        }
+        if (strcmp(v[i].model, r->model))
+            skipped++;
+        else
+            take_registration(r, &v[i]);
+    }
+    if (skipped != r->n_skipped && skipped)
+        DX_LOGW("router: discovery: skipping %zu registered nodes whose model fingerprint "
+                "is not %s",
+                skipped, r->model);
+    r->n_skipped = skipped;
+    drop_vanished(r);
+}
+
+static int setup_discovery(router *r)
+{
+    const char *prefix = r->cfg.state_prefix ? r->cfg.state_prefix : "duplex:";
+    rds_url u;
+    int rc = rds_url_parse(r->cfg.discover, &u);
+    if (rc) return dx_err_wrap(rc, "--discover");
+    if ((rc = node_reg_check_prefix(prefix, "--state-prefix"))) return rc;
+    router_disc_config dc = {.redis = &u,
+                             .prefix = prefix,
+                             .interval_ms = r->cfg.health_interval_ms,
+                             .on_scan = on_scan,
+                             .user = r};
+    return router_disc_create(r->loop, &dc, &r->disc);
 }
 
 static void fill_defaults(router_config *c)
@@ -367,11 +514,12 @@ static void fill_defaults(router_config *c)
 static int setup_nodes(router *r)
 {
     const router_config *c = &r->cfg;
-    if (c->n_decode == 0) return dx_errf(DX_EINVAL, "--decode: at least one decode node is needed");
-    r->nodes = dx_calloc(c->n_prefill + c->n_decode, sizeof *r->nodes);
+    if (c->n_decode == 0 && !c->discover)
+        return dx_errf(DX_EINVAL, "--decode: at least one decode node is needed (or --discover)");
+    r->cap_nodes = c->n_prefill + c->n_decode + (c->discover ? RT_DISCOVER_MAX : 0);
+    r->nodes = dx_calloc(r->cap_nodes, sizeof *r->nodes);
     if (!r->nodes) return dx_errf(DX_ENOMEM, "out of memory");
     int rc = add_nodes(r, c->prefill, c->n_prefill, 1, "--prefill");
-    r->n_prefill = r->n_nodes;
     if (rc == 0) rc = add_nodes(r, c->decode, c->n_decode, 0, "--decode");
     return rc;
 }
@@ -416,8 +564,10 @@ static const char *store_node_url(void *user, int node)
 static int store_node_of(void *user, const char *url, size_t len)
 {
     router *r = user;
-    for (size_t i = r->n_prefill; i < r->n_nodes; i++)
-        if (strlen(r->nodes[i].url) == len && !memcmp(r->nodes[i].url, url, len)) return (int)i;
+    for (size_t i = 0; i < r->n_nodes; i++) /* decode nodes, static or discovered */
+        if (!r->nodes[i].prefill && strlen(r->nodes[i].url) == len &&
+            !memcmp(r->nodes[i].url, url, len))
+            return (int)i;
     return -1;
 }
 
@@ -447,6 +597,7 @@ static int setup_parts(router *r)
     if ((rc = router_store_create(&sc, &r->store))) return rc;
     if ((rc = router_up_create(r->loop, &r->up))) return rc;
     if ((rc = work_pool_create(r->loop, 2, &r->prep))) return rc;
+    if (r->cfg.discover && (rc = setup_discovery(r))) return rc;
     http_srv_config hc = {.host = r->cfg.host,
                           .port = r->cfg.port,
                           .lim = r->cfg.http,
@@ -512,6 +663,7 @@ int router_create(uv_loop_t *loop, const router_config *cfg, router **out)
     int rc = setup_parts(r);
     if (rc) {
         router_up_destroy(r->up); /* closes on the next loop run */
+        router_disc_destroy(r->disc);
         work_pool_destroy(r->prep);
         free_parts(r);
         dx_free(r);
@@ -575,6 +727,8 @@ void router_destroy(router *r)
     rt_abort_all(r);
     work_pool_destroy(r->prep); /* what is being prepared ends now (rt_forget) */
     r->prep = NULL;
+    router_disc_destroy(r->disc); /* no scan result after this */
+    r->disc = NULL;
     for (size_t i = 0; i < r->n_nodes; i++) {
         router_up_cancel(r->nodes[i].check);
         r->nodes[i].check = NULL;

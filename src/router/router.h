@@ -34,8 +34,12 @@ typedef struct {
     int port;                   /* 0 = ephemeral */
     const char *const *prefill; /* node base URLs ("http://host:port"), may be none */
     size_t n_prefill;
-    const char *const *decode; /* at least one */
+    const char *const *decode; /* at least one, unless discover is set */
     size_t n_decode;
+    /* --discover redis://...: also take nodes from their registration keys
+     * (node/node_reg.h) under state_prefix (below; default "duplex:"), read
+     * every health_interval_ms; NULL: the static lists only. */
+    const char *discover;
     enum router_mode mode;
     const char *tokenizer;     /* GGUF whose tokenizer counts prompt tokens, or NULL */
     double conversation_ttl_s; /* default 450 */

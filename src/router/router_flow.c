@@ -297,17 +297,18 @@ static void stream_finish(rt_req *q, const char *msg)
 
 /* ---- node choice ------------------------------------------------------------------ */
 
-/* The healthy node of [lo, hi) with the least load (requests, or prompt
- * tokens for prefill nodes), never `exclude`; ties rotate.  -1 if none. */
-static int pick_least(router *r, size_t lo, size_t hi, int exclude, int by_tokens)
+/* The node of the role (prefill or decode) that takes new requests with the
+ * least load (requests, or prompt tokens for prefill nodes), never
+ * `exclude`; ties rotate.  -1 if none. */
+static int pick_least(router *r, int prefill, int exclude, int by_tokens)
 {
-    size_t n = hi - lo;
+    size_t n = r->n_nodes;
     unsigned start = r->rr[by_tokens]++; /* one rotation per pool, or picks in step skew it */
     int best = -1;
     for (size_t k = 0; k < n; k++) {
-        int i = (int)(lo + (start + k) % n);
+        int i = (int)((start + k) % n);
         const rt_node *nd = &r->nodes[i];
-        if (i == exclude || !nd->healthy) continue;
+        if (i == exclude || nd->prefill != prefill || !rt_node_takes_new(nd)) continue;
         uint64_t load = by_tokens ? nd->outstanding_tokens : nd->outstanding;
         const rt_node *b = best >= 0 ? &r->nodes[best] : NULL;
         if (!b || load < (by_tokens ? b->outstanding_tokens : b->outstanding)) best = i;
@@ -317,12 +318,12 @@ static int pick_least(router *r, size_t lo, size_t hi, int exclude, int by_token
 
 static int pick_decode(router *r, int exclude)
 {
-    return pick_least(r, r->n_prefill, r->n_nodes, exclude, 0);
+    return pick_least(r, 0, exclude, 0);
 }
 
 static int pick_prefill(router *r, int exclude)
 {
-    return pick_least(r, 0, r->n_prefill, exclude, 1);
+    return pick_least(r, 1, exclude, 1);
 }
 
 /* The conversation's node unless it is down or overloaded, else the least
@@ -332,8 +333,9 @@ static int pick_decode_for(rt_req *q)
     router *r = q->r;
     if (q->found && q->entry_node >= 0) {
         const rt_node *e = &r->nodes[q->entry_node];
-        if (!e->healthy)
-            rt_count_fallback(r, "affinity_node_down");
+        if (!rt_node_takes_new(e))
+            rt_count_fallback(r,
+                              rt_node_holds(e) ? "affinity_node_draining" : "affinity_node_down");
         else if (e->outstanding >= r->cfg.decode_max_outstanding)
             rt_count_fallback(r, "overloaded");
         else {
@@ -352,7 +354,7 @@ static int pick_decode_for(rt_req *q)
 /* The entry's params are worth sending: there are some and their holder is up. */
 static int entry_usable(const rt_req *q)
 {
-    return q->entry_params && q->entry_node >= 0 && q->r->nodes[q->entry_node].healthy;
+    return q->entry_params && q->entry_node >= 0 && rt_node_holds(&q->r->nodes[q->entry_node]);
 }
 
 /* The entry's params as a JSON object with the two flags set (NULL when
@@ -428,7 +430,7 @@ static int splice_params(const dx_buf *base, const char *params, dx_buf *out)
 static int start_decode(rt_req *q)
 {
     router *r = q->r;
-    if (!r->nodes[q->decode].healthy) { /* went down while the prefill node worked */
+    if (!rt_node_takes_new(&r->nodes[q->decode])) { /* went down while the prefill node worked */
         int d = pick_decode(r, -1);
         if (d >= 0) q->decode = d;
     }
@@ -943,7 +945,7 @@ static void prep_run(work_job *j)
     q->o.kv_transfer_params = NULL;
     q->prompt_tokens = count_tokens(q->r, &q->o); /* the tokenizer is immutable */
     if (router_json_append(&q->body, root) < 0 ||
-        (q->r->n_prefill && build_prefill_base(q, root) < 0))
+        (rt_may_prefill(q->r) && build_prefill_base(q, root) < 0))
         q->prep_status = 500;
 }
 
@@ -994,7 +996,7 @@ static int dispatch(rt_req *q)
     }
     uint32_t cached = entry_usable(q) ? q->entry_tokens : 0;
     uint32_t uncached = q->prompt_tokens > cached ? q->prompt_tokens - cached : 0;
-    int local = r->n_prefill == 0 || uncached < r->cfg.local_prefill_max_tokens;
+    int local = !q->pbase.len || uncached < r->cfg.local_prefill_max_tokens;
     if (!local && (q->prefill = pick_prefill(r, -1)) < 0) {
         rt_count_fallback(r, "no_prefill_healthy");
         local = 1;

@@ -49,12 +49,12 @@ typedef struct {
     int prefill_no_prefix_caching; /* benchmarks: prefill nodes recompute everything */
     int has_local_prefill;         /* pass local_prefill_max_tokens to the router */
     long local_prefill_max_tokens;
-    double startup_timeout_s;      /* default 600 */
-    double stop_timeout_s;         /* SIGKILL what is left after this; default 60 */
-    int debug_children;            /* --log-level debug to the nodes and the router (their
-                                    * start-up lines are INFO, which the launcher reads,
-                                    * so quieter levels stay the launcher's own) */
-    FILE *out;                     /* the summary lines (stdout) */
+    double startup_timeout_s; /* default 600 */
+    double stop_timeout_s;    /* SIGKILL what is left after this; default 60 */
+    int debug_children;       /* --log-level debug to the nodes and the router (their
+                               * start-up lines are INFO, which the launcher reads,
+                               * so quieter levels stay the launcher's own) */
+    FILE *out;                /* the summary lines (stdout) */
     /* API keys every child requires (copied into the run directory). */
     const char *const *api_keys;
     size_t n_api_keys;
@@ -63,7 +63,7 @@ typedef struct {
     /* Set by router_launch_run (the run directory's files), or by tests:
      * passed as --internal-key-file / --api-key-file when not NULL. */
     const char *internal_key_file, *api_key_file;
-    const char *kv_secret_file;    /* set by router_launch_run (the run directory's) */
+    const char *kv_secret_file; /* set by router_launch_run (the run directory's) */
 } router_launch_config;
 
 /* A child's command line: argv[0..argc) and a NULL; strings owned here. */

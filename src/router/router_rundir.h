@@ -3,11 +3,10 @@
  *
  * A fresh directory (0700) under $TMPDIR, or /tmp, holds internal.key (a
  * new random internal key, 64 hex digits, 0600) and, when API keys were
- * given, api-keys (0600), and in the P/D modes kv.secret: each --api-key value on a line of its own, then
- * the text of each --api-key-file, every one checked first so that a bad
- * key is reported against the user's own flag, file and line.  Secrets go
- * to children as files, never on their command lines (which any local user
- * can read in /proc).  router_rundir_remove deletes it all. */
+ * given, api-keys (0600), and in the P/D modes kv.secret: each --api-key value on a line of its
+ * own, then the text of each --api-key-file, every one checked first so that a bad key is reported
+ * against the user's own flag, file and line.  Secrets go to children as files, never on their
+ * command lines (which any local user can read in /proc).  router_rundir_remove deletes it all. */
 #ifndef ROUTER_RUNDIR_H
 #define ROUTER_RUNDIR_H
 

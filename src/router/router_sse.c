@@ -312,7 +312,8 @@ uint32_t router_params_tokens(const json_t *params)
 json_t *router_params_flagged(const char *text, int decode, int prefill)
 {
     json_error_t je;
-    json_t *kv = text ? json_loads(text, JSON_ALLOW_NUL, &je) : NULL; /* as serialised: \u0000 too */
+    json_t *kv =
+        text ? json_loads(text, JSON_ALLOW_NUL, &je) : NULL; /* as serialised: \u0000 too */
     if (!json_is_object(kv)) {
         json_decref(kv);
         return NULL;

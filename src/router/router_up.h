@@ -36,11 +36,11 @@ typedef struct {
 } router_up_cb;
 
 typedef struct {
-    const char *method; /* "GET" | "POST" */
-    const char *url;    /* absolute http:// URL */
-    const char *auth;   /* Authorization header value to pass on, or NULL */
+    const char *method;       /* "GET" | "POST" */
+    const char *url;          /* absolute http:// URL */
+    const char *auth;         /* Authorization header value to pass on, or NULL */
     const char *internal_key; /* sent as X-Duplex-Internal-Key, or NULL */
-    const char *body;   /* POST: borrowed, must live until on_done or cancel */
+    const char *body;         /* POST: borrowed, must live until on_done or cancel */
     size_t body_len;
     long timeout_ms;         /* whole request; 0 = none (streams) */
     long connect_timeout_ms; /* 0 = 2000 */
