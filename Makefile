@@ -81,7 +81,7 @@ FUZZ_BIN := $(FUZZ_SRC:tests/fuzz/%.c=$(BUILD)/fuzz/%)
 ITEST_SRC := $(wildcard tests/integration/itest_*.c)
 ITEST_BIN := $(ITEST_SRC:tests/integration/%.c=$(BUILD)/tests/%)
 
-.PHONY: all release debug asan tsan tests test test-tsan soak demo clean fmt fuzz bench-server bench-router
+.PHONY: all release debug asan tsan tests test test-tsan soak demo clean fmt fuzz bench-server bench-router bench-structured
 .DEFAULT_GOAL := all
 
 all: $(BIN)
@@ -163,6 +163,9 @@ bench-server: $(BIN)
 
 bench-router: $(BIN)
 	scripts/bench_router.sh $(BIN)
+
+bench-structured: $(BIN)
+	scripts/bench_structured.sh $(BIN)
 
 fmt:
 	clang-format -i $$(git ls-files '*.c' '*.h')

@@ -7,6 +7,7 @@
 #   scripts/bench_server.sh [path/to/duplex]   (default build/release/duplex)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/lib.sh
 BIN=${1:-build/release/duplex}
 THREADS=${THREADS:-2}
 dir=$(mktemp -d /tmp/duplex-bench-server.XXXXXX)
@@ -21,17 +22,7 @@ trap cleanup EXIT
 "$BIN" serve --model "$dir/tiny.gguf" --port 0 --threads "$THREADS" --kv-cache-mb 64 \
     --max-waiting 1024 --log-level info 2>"$dir/serve.log" &
 pid=$!
-port=
-for _ in $(seq 1 200); do
-    port=$(grep -o 'address=http://127.0.0.1:[0-9]*' "$dir/serve.log" | grep -o '[0-9]*$' || true)
-    [ -n "$port" ] && break
-    sleep 0.05
-done
-if [ -z "$port" ]; then
-    echo "bench-server: could not find the port in the log" >&2
-    cat "$dir/serve.log" >&2
-    exit 1
-fi
-model=$(curl -s "http://127.0.0.1:$port/v1/models" | sed 's/.*"id":"\([^"]*\)".*/\1/')
+port=$(serve_port "$dir/serve.log" 200 bench-server) || exit 1
+model=$(served_model "$port")
 echo "bench-server: $BIN, tiny qwen3 f32, threads=$THREADS, port $port"
 node scripts/bench_server.mjs "$port" "$model"

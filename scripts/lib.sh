@@ -1,6 +1,27 @@
-# scripts/lib.sh — sourced by test.sh and demo.sh: timed stages, the build
-# with compact progress, and test.sh's per-test runner and closing line.
+# scripts/lib.sh — sourced by test.sh, demo.sh and the benchmark scripts:
+# timed stages, the build with compact progress, test.sh's per-test runner
+# and closing line, and the port of a server started in the background.
 # Sourced, not run; needs bash.
+
+# The HTTP port `duplex serve` (started in the background, logging to LOG)
+# says it listens on, waiting up to TRIES × 50 ms; when it never does, WHO
+# says so with the log on stderr and it returns 1.
+serve_port() {
+    local log=$1 tries=$2 who=$3 port=
+    for _ in $(seq 1 "$tries"); do
+        port=$(grep -o 'address=http://127.0.0.1:[0-9]*' "$log" | grep -o '[0-9]*$' || true)
+        [ -n "$port" ] && { echo "$port"; return 0; }
+        sleep 0.05
+    done
+    echo "$who: could not find the port in the log" >&2
+    cat "$log" >&2
+    return 1
+}
+
+# The model name a server on PORT lists first in /v1/models.
+served_model() {
+    curl -s "http://127.0.0.1:$1/v1/models" | sed 's/.*"id":"\([^"]*\)".*/\1/'
+}
 
 # "== NAME … 41 s", from START (a $SECONDS value).
 stage_done() {
@@ -123,7 +144,8 @@ test_summary() {
 TSAN_TESTS="test_sched test_tpool test_fwd test_kv_pool test_kern_mm test_node_server
     test_node_tools test_xfer_lease test_router_launch
     itest_server itest_xfer itest_xfer_throttle itest_node_kvport itest_pd itest_pd_router
-    itest_router itest_rstate itest_up itest_bench itest_errors itest_netns itest_register"
+    itest_router itest_rstate itest_up itest_bench itest_errors itest_netns itest_register
+    itest_struct"
 
 tsan_wanted() {
     [[ " $(echo $TSAN_TESTS) " == *" $1 "* ]]

@@ -29,7 +29,7 @@ typedef struct item {
     struct item *next;
     int cancel;
     uint64_t id;
-    uint64_t t_submit; /* when engine_submit took it, for TTFT */
+    uint64_t t_submit;  /* when engine_submit took it, for TTFT */
     engine_request req; /* prompt and stop owned by the item */
 } item;
 
@@ -48,11 +48,13 @@ struct engine {
     int stop;
     int stopped; /* engine_stop has run: no scheduler any more */
     uint64_t next_id;
-    int kv_type; /* enum dx_dtype parsed from cfg.kv_dtype */
+    int kv_type;      /* enum dx_dtype parsed from cfg.kv_dtype */
     pthread_t pop_th; /* faults the pool's pages in while the engine already runs */
     int pop_started;
-    int pop_stop;       /* atomic: set by engine_stop, read by the populate thread */
-    engine_stats stats; /* snapshot after the last step */
+    int pop_stop;          /* atomic: set by engine_stop, read by the populate thread */
+    engine_stats stats;    /* snapshot after the last step */
+    pthread_mutex_t gv_mu; /* builds gv once, without holding mu */
+    gram_vocab *gv;        /* written once under gv_mu; read by the engine thread after an item */
 };
 
 static void item_free(item *it)
@@ -70,8 +72,10 @@ static void item_free(item *it)
 
 static void push_item(engine *e, item *it)
 {
-    if (e->in_tail) e->in_tail->next = it;
-    else e->in_head = it;
+    if (e->in_tail)
+        e->in_tail->next = it;
+    else
+        e->in_head = it;
     e->in_tail = it;
     if (!it->cancel) e->n_in++;
     pthread_cond_signal(&e->cv);
@@ -87,8 +91,12 @@ static void drop_prefix_blocks(engine *e, const item *it)
 
 static void fail_request(const item *it, enum engine_finish fin, int err, const char *msg)
 {
-    engine_event ev = {.type = ENGINE_EV_DONE, .req_id = it->id, .finish = fin, .error = err,
-                       .error_msg = msg, .n_prompt = (uint32_t)it->req.n_prompt};
+    engine_event ev = {.type = ENGINE_EV_DONE,
+                       .req_id = it->id,
+                       .finish = fin,
+                       .error = err,
+                       .error_msg = msg,
+                       .n_prompt = (uint32_t)it->req.n_prompt};
     it->req.on_event(it->req.user, &ev);
 }
 
@@ -99,9 +107,13 @@ static void drain(engine *e, item *list)
         list = it->next;
         if (it->cancel) {
             sched_cancel(e->s, it->id); /* ENOENT: already finished */
-        } else if (sched_submit_at(e->s, &it->req, it->id, it->t_submit)) {
-            drop_prefix_blocks(e, it);
-            fail_request(it, ENGINE_FINISH_ERROR, dx_errcode(), dx_errmsg());
+        } else {
+            /* engine_submit built it before queueing the item */
+            if (it->req.grammar) sched_set_gram_vocab(e->s, e->gv);
+            if (sched_submit_at(e->s, &it->req, it->id, it->t_submit)) {
+                drop_prefix_blocks(e, it);
+                fail_request(it, ENGINE_FINISH_ERROR, dx_errcode(), dx_errmsg());
+            }
         }
         item_free(it);
     }
@@ -203,9 +215,10 @@ int engine_create(const engine_config *cfg, const model *m, engine **out)
     e->next_id = 1;
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
-    sched_config sc = {e->cfg.max_batch_tokens, e->cfg.max_seqs, e->cfg.max_waiting,
-                       e->cfg.n_ctx, e->cfg.no_prefix_cache, e->cfg.kv_reclaim,
-                       e->cfg.kv_reclaim_user};
+    pthread_mutex_init(&e->gv_mu, NULL);
+    sched_config sc = {
+        e->cfg.max_batch_tokens, e->cfg.max_seqs,   e->cfg.max_waiting,    e->cfg.n_ctx,
+        e->cfg.no_prefix_cache,  e->cfg.kv_reclaim, e->cfg.kv_reclaim_user};
     int rc = engine_parse_kv_dtype(e->cfg.kv_dtype, &e->kv_type);
     if (!rc) rc = make_pool(e);
     if (!rc) rc = dx_tpool_create(e->cfg.n_threads, &e->tp);
@@ -268,6 +281,8 @@ void engine_destroy(engine *e)
         item_free(it);
     }
     kv_pool_destroy(e->pool);
+    gram_vocab_destroy(e->gv);
+    pthread_mutex_destroy(&e->gv_mu);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);
     dx_free(e);
@@ -280,12 +295,12 @@ static item *copy_request(const engine_request *r)
     it->req = *r;
     it->req.prompt = dx_memdup(r->prompt, r->n_prompt * sizeof(int32_t));
     it->req.stop = r->n_stop ? dx_calloc(r->n_stop, sizeof(char *)) : NULL;
-    it->req.prefix_blocks =
-        r->n_prefix_blocks ? dx_memdup(r->prefix_blocks, r->n_prefix_blocks * sizeof(int32_t))
+    it->req.prefix_blocks = r->n_prefix_blocks
+                                ? dx_memdup(r->prefix_blocks, r->n_prefix_blocks * sizeof(int32_t))
+                                : NULL;
+    it->req.sampling.bias =
+        r->sampling.n_bias ? dx_memdup(r->sampling.bias, r->sampling.n_bias * sizeof(engine_bias))
                            : NULL;
-    it->req.sampling.bias = r->sampling.n_bias ? dx_memdup(r->sampling.bias, r->sampling.n_bias *
-                                                                              sizeof(engine_bias))
-                                                : NULL;
     int oom = !it->req.prompt || (r->n_stop && !it->req.stop) ||
               (r->n_prefix_blocks && !it->req.prefix_blocks) ||
               (r->sampling.n_bias && !it->req.sampling.bias);
@@ -302,6 +317,8 @@ int engine_submit(engine *e, const engine_request *req, uint64_t *req_id)
 {
     if (e->stopped) return dx_errf(DX_ECLOSED, "the engine has stopped");
     int rc = sched_check(e->s, req);
+    const gram_vocab *gv;
+    if (!rc && req->grammar) rc = engine_gram_vocab(e, &gv);
     if (rc) return rc;
     item *it = copy_request(req);
     if (!it) return dx_errf(DX_ENOMEM, "out of memory");
@@ -336,6 +353,22 @@ int engine_cancel(engine *e, uint64_t req_id)
     push_item(e, it);
     pthread_mutex_unlock(&e->mu);
     return 0;
+}
+
+int engine_gram_vocab(engine *e, const gram_vocab **out)
+{
+    pthread_mutex_lock(&e->gv_mu);
+    int rc = 0;
+    if (!e->gv) {
+        uint64_t t0 = dx_now_ns();
+        rc = gram_vocab_create(model_tokenizer(e->m), &e->gv);
+        if (!rc)
+            DX_LOGI("grammar vocabulary: %u tokens prepared in %.0f ms", gram_vocab_size(e->gv),
+                    (double)(dx_now_ns() - t0) * 1e-6);
+    }
+    *out = e->gv;
+    pthread_mutex_unlock(&e->gv_mu);
+    return rc;
 }
 
 void engine_get_stats(engine *e, engine_stats *out)

@@ -15,6 +15,7 @@
 #include <stdint.h>
 
 #include "engine/kv_pool.h"
+#include "model/gram.h"
 #include "model/model.h"
 
 /* Tokens per KV block unless the caller sets engine_config.block_size:
@@ -166,6 +167,16 @@ typedef struct {
     /* The prefix-cache namespace (kv_pool_seed_salted): the request reuses,
      * and publishes, blocks only under it; all zero = the shared one. */
     uint8_t cache_salt[KV_SALT_BYTES];
+    /* Constrained decoding (structured outputs, docs/api.md): every
+     * generated token must keep the output a prefix of a sentence of this
+     * grammar.  Before sampling, the logits of the tokens it does not allow
+     * are set to -inf (only logits: KV and batching are unchanged);
+     * end-of-generation is allowed only once the output is complete, and
+     * the request ends (STOP) as soon as nothing more may follow.  Pregen
+     * tokens are fed to it too (one it refuses ends the request: ERROR).
+     * Borrowed: it must stay valid until the request's DONE event (the
+     * engine is done with it before that event).  NULL: unconstrained. */
+    const gram *grammar;
     engine_event_fn on_event;
     void *user;
 } engine_request;
@@ -177,6 +188,10 @@ typedef struct {
     uint64_t preemptions;
     uint64_t reclaims; /* kv_reclaim calls that dropped outside references */
     uint64_t shed;     /* requests turned away past max_waiting (DONE: ERROR, DX_EBUSY) */
+    /* Constrained decoding: token masks computed, the time spent computing
+     * them (on the mask thread, overlapped with the forward step), and the
+     * time the engine thread waited for them after the step. */
+    uint64_t gram_masks, gram_mask_ns, gram_wait_ns;
 } engine_stats;
 
 typedef struct engine engine;
@@ -200,6 +215,11 @@ void engine_destroy(engine *e); /* engine_stop, then frees the pool */
  * one with ERROR / DX_EBUSY, always before its first token. */
 int engine_submit(engine *e, const engine_request *req, uint64_t *req_id);
 int engine_cancel(engine *e, uint64_t req_id);
+/* The model's vocabulary prepared for grammars (gram_vocab), built on the
+ * first call (a walk over the vocabulary: call it off latency-critical
+ * threads, e.g. while preparing a request); engine_submit of a request with
+ * a grammar builds it too.  Thread-safe; the engine owns it. */
+int engine_gram_vocab(engine *e, const gram_vocab **out);
 void engine_get_stats(engine *e, engine_stats *out);
 const model *engine_model(const engine *e);
 kv_pool *engine_kv_pool(engine *e);

@@ -2,6 +2,7 @@
 #include "engine/sched.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -24,14 +25,14 @@ typedef struct seq {
     struct seq *next; /* waiting queue */
     engine_request req;
     stop_match *stop; /* the request's stop strings, or NULL */
-    int32_t *tokens; /* prompt, then generated */
+    int32_t *tokens;  /* prompt, then generated */
     uint32_t n_tokens, n_prompt, cap_tokens;
-    uint32_t max_total; /* prompt + max_tokens, capped by n_ctx */
+    uint32_t max_total;  /* prompt + max_tokens, capped by n_ctx */
     uint32_t n_computed; /* tokens whose KV is in blocks */
     uint32_t n_cached;   /* prompt tokens taken from the prefix cache */
     int32_t *blocks;
     uint32_t n_blocks, cap_blocks;
-    uint32_t n_hashed; /* leading blocks already hashed */
+    uint32_t n_hashed;   /* leading blocks already hashed */
     int32_t *pre_blocks; /* handed in with the request (referenced) until admitted */
     uint32_t n_pre;
     kv_hash seed; /* its hash chains' (the request's cache_salt namespace) */
@@ -41,11 +42,11 @@ typedef struct seq {
     /* Logit biases and penalties (engine_sampling); the penalty state is
      * allocated at submit, only for the penalties asked. */
     engine_bias *bias;
-    uint32_t *counts;    /* frequency/presence: occurrences in the reply, by id */
-    int32_t *uniq;       /* ... the distinct reply tokens */
+    uint32_t *counts; /* frequency/presence: occurrences in the reply, by id */
+    int32_t *uniq;    /* ... the distinct reply tokens */
     uint32_t n_uniq;
-    uint8_t *seen;       /* repetition: a bit per id in the prompt or the reply */
-    int32_t *uniq_all;   /* ... those ids */
+    uint8_t *seen;     /* repetition: a bit per id in the prompt or the reply */
+    int32_t *uniq_all; /* ... those ids */
     uint32_t n_uniq_all;
     /* The sampled token's logprobs, for its TOKENS event. */
     int has_lp;
@@ -53,13 +54,35 @@ typedef struct seq {
     int32_t lp_ids[ENGINE_MAX_TOP_LOGPROBS];
     float lp_vals[ENGINE_MAX_TOP_LOGPROBS];
     uint32_t n_lp;
-    dx_buf text;     /* generated text */
-    size_t emitted;  /* bytes of text delivered */
+    dx_buf text;    /* generated text */
+    size_t emitted; /* bytes of text delivered */
     uint64_t t_submit, t_first;
     int canceled;
-    uint64_t order; /* arrival order: the newest running sequence is preempted first */
+    uint64_t order;     /* arrival order: the newest running sequence is preempted first */
     uint32_t n_preempt; /* times this sequence was preempted */
+    /* Constrained decoding: the request's position in its grammar, and the
+     * mask of the tokens allowed next (valid while mask_ok: computed for
+     * the tokens so far, by the mask thread during the step or here). */
+    gram_match *gm;
+    uint64_t *mask; /* [mask_words] */
+    int mask_ok;
+    int n_allowed;  /* gram_match_mask's result for mask */
+    char gerr[200]; /* why the grammar ended it (ERROR), for the DONE event */
 } seq;
+
+/* The mask thread: while the forward step runs, it computes the masks of
+ * the step's constrained sequences (a mask depends only on the tokens so
+ * far, never on the logits), so sampling finds them ready.  The engine
+ * thread hands it the list and waits for it after the step; between the
+ * two it touches none of those matchers, and the mutex orders both ways. */
+typedef struct {
+    pthread_t th;
+    int started, stop, busy;
+    pthread_mutex_t mu;
+    pthread_cond_t go, done;
+    seq **jobs; /* [max_seqs] */
+    uint32_t n_jobs;
+} sched_masker;
 
 struct sched {
     sched_config cfg;
@@ -80,6 +103,9 @@ struct sched {
     dx_buf scratch; /* sanitised text of one event */
     float *raw;     /* a logits row before biases and penalties (logprobs) */
     engine_stats st;
+    const gram_vocab *gv; /* for requests with a grammar (sched_set_gram_vocab) */
+    uint32_t mask_words;
+    sched_masker mk;
 };
 
 /* ---- events ---- */
@@ -100,6 +126,9 @@ static void emit_kv(sched *s, seq *q)
 
 static void emit_done(sched *s, seq *q, enum engine_finish fin, int err, const char *msg)
 {
+    /* the grammar is borrowed until DONE: its matcher goes first */
+    gram_match_destroy(q->gm);
+    q->gm = NULL;
     engine_event ev = {.type = ENGINE_EV_DONE,
                        .req_id = q->id,
                        .finish = fin,
@@ -215,15 +244,136 @@ static void take_logprobs(seq *q, const float *row, uint32_t n_vocab, int32_t t)
     q->has_lp = 1;
 }
 
-/* Picks the sequence's next token from its logits row. */
+/* ---- constrained decoding ---- */
+
+/* q's mask for its tokens so far (timed: the figure /metrics reports). */
+static void mask_compute(sched *s, seq *q, uint64_t *ns)
+{
+    uint64_t t0 = dx_now_ns();
+    q->n_allowed = gram_match_mask(q->gm, q->mask);
+    if (q->n_allowed < 0)
+        snprintf(q->gerr, sizeof q->gerr, "grammar: %s", dx_errmsg());
+    else if (q->n_allowed == 0)
+        snprintf(q->gerr, sizeof q->gerr, "grammar: no token of the vocabulary can continue");
+    q->mask_ok = 1;
+    *ns += dx_now_ns() - t0;
+}
+
+static void *masker_main(void *arg)
+{
+    sched *s = arg;
+    sched_masker *k = &s->mk;
+    pthread_mutex_lock(&k->mu);
+    for (;;) {
+        while (!k->busy && !k->stop) pthread_cond_wait(&k->go, &k->mu);
+        if (k->stop) break;
+        uint32_t n = k->n_jobs;
+        pthread_mutex_unlock(&k->mu);
+        uint64_t ns = 0;
+        for (uint32_t i = 0; i < n; i++) mask_compute(s, k->jobs[i], &ns);
+        pthread_mutex_lock(&k->mu);
+        s->st.gram_masks += n;
+        s->st.gram_mask_ns += ns;
+        k->busy = 0;
+        pthread_cond_signal(&k->done);
+    }
+    pthread_mutex_unlock(&k->mu);
+    return NULL;
+}
+
+/* Before the forward step: hands the masks the step's samples will need to
+ * the mask thread (started on the first constrained request; if it cannot
+ * start, sampling computes them inline). */
+static void masks_start(sched *s, size_t n)
+{
+    sched_masker *k = &s->mk;
+    uint32_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        seq *q = s->batch_seq[i];
+        if (s->batch[i].logits && q->gm && !q->mask_ok) k->jobs[m++] = q;
+    }
+    if (!m) return;
+    if (!k->started) {
+        pthread_mutex_init(&k->mu, NULL);
+        pthread_cond_init(&k->go, NULL);
+        pthread_cond_init(&k->done, NULL);
+        if (pthread_create(&k->th, NULL, masker_main, s)) {
+            pthread_mutex_destroy(&k->mu);
+            pthread_cond_destroy(&k->go);
+            pthread_cond_destroy(&k->done);
+            return;
+        }
+        k->started = 1;
+    }
+    pthread_mutex_lock(&k->mu);
+    k->n_jobs = m;
+    k->busy = 1;
+    pthread_cond_signal(&k->go);
+    pthread_mutex_unlock(&k->mu);
+}
+
+/* After the forward step: the masks are ready. */
+static void masks_wait(sched *s)
+{
+    sched_masker *k = &s->mk;
+    if (!k->started) return;
+    uint64_t t0 = dx_now_ns();
+    pthread_mutex_lock(&k->mu);
+    int waited = k->busy;
+    while (k->busy) pthread_cond_wait(&k->done, &k->mu);
+    pthread_mutex_unlock(&k->mu);
+    if (waited) s->st.gram_wait_ns += dx_now_ns() - t0;
+}
+
+static void masker_stop(sched *s)
+{
+    sched_masker *k = &s->mk;
+    if (!k->started) return;
+    pthread_mutex_lock(&k->mu);
+    k->stop = 1;
+    pthread_cond_signal(&k->go);
+    pthread_mutex_unlock(&k->mu);
+    pthread_join(k->th, NULL);
+    pthread_mutex_destroy(&k->mu);
+    pthread_cond_destroy(&k->go);
+    pthread_cond_destroy(&k->done);
+    k->started = 0;
+}
+
+/* Tokens the grammar does not allow next can never be sampled: -inf is
+ * what both greedy (argmax) and random sampling (finite logits only) skip. */
+static void apply_mask(const uint64_t *mask, float *row, uint32_t n)
+{
+    for (uint32_t w = 0; (size_t)w * 64 < n; w++) {
+        uint64_t m = mask[w];
+        if (m == ~(uint64_t)0) continue;
+        uint32_t base = w * 64, end = base + 64 < n ? base + 64 : n;
+        for (uint32_t i = base; i < end; i++)
+            if (!((m >> (i - base)) & 1)) row[i] = -INFINITY;
+    }
+}
+
+/* Picks the sequence's next token from its logits row; -1 when its grammar
+ * allows none (q->gerr says why). */
 static int32_t sample_row(sched *s, seq *q, float *row)
 {
     int lp = q->req.logprobs;
     int shaped = q->bias || q->counts || q->seen;
-    if (lp && shaped) memcpy(s->raw, row, (size_t)s->n_vocab * sizeof *row);
+    if (lp && (shaped || q->gm)) memcpy(s->raw, row, (size_t)s->n_vocab * sizeof *row);
     if (shaped) shape_logits(q, row);
+    if (q->gm) {
+        if (!q->mask_ok) {
+            uint64_t ns = 0;
+            mask_compute(s, q, &ns);
+            s->st.gram_masks++;
+            s->st.gram_mask_ns += ns;
+        }
+        q->mask_ok = 0; /* the token about to be taken moves the matcher on */
+        if (q->n_allowed <= 0) return -1;
+        apply_mask(q->mask, row, s->n_vocab);
+    }
     int32_t t = sampler_sample(s->smp, row, &q->sp, &q->rng);
-    if (lp) take_logprobs(q, shaped ? s->raw : row, s->n_vocab, t);
+    if (lp) take_logprobs(q, shaped || q->gm ? s->raw : row, s->n_vocab, t);
     return t;
 }
 
@@ -233,6 +383,8 @@ static void seq_free(seq *q)
     DX_ASSERT(q->n_pre == 0); /* handed blocks are released before (drop_pre_blocks) */
     dx_free(q->pre_blocks);
     stop_match_destroy(q->stop);
+    gram_match_destroy(q->gm);
+    dx_free(q->mask);
     dx_free(q->tokens);
     dx_free(q->blocks);
     dx_free(q->bias);
@@ -306,13 +458,16 @@ int sched_check(const sched *s, const engine_request *r)
     const engine_sampling *sp = &r->sampling;
     if (!(sp->repetition_penalty >= 0) || !isfinite(sp->repetition_penalty) ||
         !isfinite(sp->presence_penalty) || !isfinite(sp->frequency_penalty))
-        return dx_errf(DX_EINVAL, "penalties out of range (repetition %g, presence %g, frequency %g)",
+        return dx_errf(DX_EINVAL,
+                       "penalties out of range (repetition %g, presence %g, frequency %g)",
                        sp->repetition_penalty, sp->presence_penalty, sp->frequency_penalty);
     if (sp->n_bias && !sp->bias) return dx_errf(DX_EINVAL, "logit bias is NULL");
     for (size_t i = 0; i < sp->n_bias; i++)
-        if (sp->bias[i].id < 0 || (uint32_t)sp->bias[i].id >= s->n_vocab || !isfinite(sp->bias[i].bias))
-            return dx_errf(DX_EINVAL, "logit bias %zu: token %d outside the vocabulary of %u or not finite",
-                           i, sp->bias[i].id, s->n_vocab);
+        if (sp->bias[i].id < 0 || (uint32_t)sp->bias[i].id >= s->n_vocab ||
+            !isfinite(sp->bias[i].bias))
+            return dx_errf(DX_EINVAL,
+                           "logit bias %zu: token %d outside the vocabulary of %u or not finite", i,
+                           sp->bias[i].id, s->n_vocab);
     if (r->top_logprobs > ENGINE_MAX_TOP_LOGPROBS)
         return dx_errf(DX_EINVAL, "top_logprobs %u: at most %d", r->top_logprobs,
                        ENGINE_MAX_TOP_LOGPROBS);
@@ -326,6 +481,25 @@ int sched_check(const sched *s, const engine_request *r)
             return dx_errf(DX_EINVAL, "pregenerated token %u (%d) is outside the vocabulary of %u",
                            i, r->pregen[i], s->n_vocab);
     return check_prefix_blocks(s, r);
+}
+
+/* The request's matcher and mask buffer. */
+static int grammar_state(sched *s, seq *q, const gram *g)
+{
+    if (!s->gv)
+        return dx_errf(DX_EINVAL, "a request with a grammar needs the grammar vocabulary "
+                                  "(sched_set_gram_vocab)");
+    int rc = gram_match_create(g, s->gv, &q->gm);
+    if (rc < 0) return rc;
+    if (!(q->mask = dx_malloc((size_t)s->mask_words * sizeof *q->mask)))
+        return dx_errf(DX_ENOMEM, "out of memory for a grammar mask");
+    return 0;
+}
+
+void sched_set_gram_vocab(sched *s, const gram_vocab *v)
+{
+    DX_ASSERT(!s->gv || s->gv == v);
+    s->gv = v;
 }
 
 int sched_submit(sched *s, const engine_request *r, uint64_t id)
@@ -366,6 +540,10 @@ int sched_submit_at(sched *s, const engine_request *r, uint64_t id, uint64_t t_s
         seq_free(q);
         return dx_errf(DX_ENOMEM, "out of memory");
     }
+    if (r->grammar && (rc = grammar_state(s, q, r->grammar)) < 0) {
+        seq_free(q);
+        return rc;
+    }
     q->n_pre = (uint32_t)r->n_prefix_blocks; /* the references are ours from here on */
     q->req.prompt = NULL;
     q->req.stop = NULL;
@@ -378,8 +556,10 @@ int sched_submit_at(sched *s, const engine_request *r, uint64_t id, uint64_t t_s
     q->last_hash = q->seed;
     q->t_submit = t_submit_ns;
     q->order = s->next_order++;
-    if (s->wait_tail) s->wait_tail->next = q;
-    else s->wait_head = q;
+    if (s->wait_tail)
+        s->wait_tail->next = q;
+    else
+        s->wait_head = q;
     s->wait_tail = q;
     s->n_waiting++;
     return 0;
@@ -532,7 +712,10 @@ static void finish(sched *s, uint32_t i, enum engine_finish fin, int err, const 
 /* Ends running[idx] as accept_token said (ERROR: its text could not be kept). */
 static void finish_token(sched *s, uint32_t idx, enum engine_finish fin)
 {
-    if (fin == ENGINE_FINISH_ERROR)
+    const seq *q = s->running[idx];
+    if (fin == ENGINE_FINISH_ERROR && q->gerr[0])
+        finish(s, idx, fin, DX_EINVAL, q->gerr);
+    else if (fin == ENGINE_FINISH_ERROR)
         finish(s, idx, fin, DX_ENOMEM, "out of memory keeping the answer's text");
     else
         finish(s, idx, fin, 0, NULL);
@@ -676,7 +859,13 @@ static enum engine_finish accept_token(sched *s, seq *q, int32_t t)
     note_token(s, q, t, 1);
     if (!q->t_first) q->t_first = dx_now_ns();
     s->st.gen_tokens++;
-    int is_end = !q->req.ignore_eos && tok_is_eog(s->tk, t);
+    /* with a grammar, end-of-generation was allowed only on a complete
+     * output: it ends the request even with ignore_eos */
+    int is_end = (!q->req.ignore_eos || q->gm) && tok_is_eog(s->tk, t);
+    if (q->gm && !is_end && gram_match_accept(q->gm, t) < 0) {
+        snprintf(q->gerr, sizeof q->gerr, "grammar: token %d: %s", t, dx_errmsg());
+        return ENGINE_FINISH_ERROR;
+    }
     size_t before = q->text.len, hold = 0;
     if (!is_end && tok_is_text(s->tk, t)) {
         char piece[256];
@@ -700,6 +889,7 @@ static enum engine_finish accept_token(sched *s, seq *q, int32_t t)
     size_t tail = dx_utf8_incomplete_tail((const uint8_t *)q->text.data, q->text.len);
     if (tail > hold) hold = tail;
     emit_tokens(s, q, &q->tokens[q->n_tokens - 1], 1, q->text.len - hold);
+    if (q->gm && gram_match_done(q->gm)) return ENGINE_FINISH_STOP; /* nothing more may follow */
     if (q->n_tokens >= q->max_total) return ENGINE_FINISH_LENGTH;
     return ENGINE_FINISH_NONE;
 }
@@ -751,7 +941,9 @@ int sched_step(sched *s)
     shed_waiting(s);
     size_t n = build_batch(s);
     if (!n) return sched_busy(s);
+    masks_start(s, n);
     int rc = fwd_step(s->fw, s->batch, n, s->logits);
+    masks_wait(s);
     if (rc) {
         DX_LOGE("forward step failed: %s", dx_errmsg());
         for (size_t i = 0; i < n; i++)
@@ -769,7 +961,7 @@ int sched_step(sched *s)
         hash_new_blocks(s, q);
         if (!s->batch[i].logits) continue;
         int32_t t = sample_row(s, q, s->logits + row++ * s->n_vocab);
-        enum engine_finish fin = accept_token(s, q, t);
+        enum engine_finish fin = t < 0 ? ENGINE_FINISH_ERROR : accept_token(s, q, t);
         if (fin != ENGINE_FINISH_NONE) finish_token(s, running_index(s, q), fin);
     }
     return sched_busy(s);
@@ -793,8 +985,7 @@ uint32_t sched_n_ctx(const sched *s)
     return s->cfg.n_ctx;
 }
 
-int sched_create(const sched_config *cfg, const model *m, kv_pool *pool, dx_tpool *tp,
-                 sched **out)
+int sched_create(const sched_config *cfg, const model *m, kv_pool *pool, dx_tpool *tp, sched **out)
 {
     *out = NULL;
     sched *s = dx_calloc(1, sizeof *s);
@@ -805,6 +996,7 @@ int sched_create(const sched_config *cfg, const model *m, kv_pool *pool, dx_tpoo
     s->pool = pool;
     s->bs = kv_pool_block_size(pool);
     s->n_vocab = model_hp(m)->n_vocab;
+    s->mask_words = (s->n_vocab + 63) / 64;
     dx_buf_init(&s->scratch, 0);
     int rc = fwd_create(m, pool, tp, cfg->max_batch_tokens, cfg->max_seqs, cfg->n_ctx, &s->fw);
     if (!rc) rc = sampler_create(s->n_vocab, &s->smp);
@@ -814,7 +1006,8 @@ int sched_create(const sched_config *cfg, const model *m, kv_pool *pool, dx_tpoo
         s->batch_seq = dx_calloc(cfg->max_seqs, sizeof *s->batch_seq);
         s->logits = dx_aligned_alloc(64, (size_t)cfg->max_seqs * s->n_vocab * sizeof(float));
         s->raw = dx_malloc((size_t)s->n_vocab * sizeof(float));
-        if (!s->running || !s->batch || !s->batch_seq || !s->logits || !s->raw)
+        s->mk.jobs = dx_calloc(cfg->max_seqs, sizeof *s->mk.jobs);
+        if (!s->running || !s->batch || !s->batch_seq || !s->logits || !s->raw || !s->mk.jobs)
             rc = dx_errf(DX_ENOMEM, "out of memory for the scheduler");
     }
     if (rc) {
@@ -835,6 +1028,8 @@ void sched_destroy(sched *s)
         emit_done(s, q, ENGINE_FINISH_CANCELED, 0, NULL);
         seq_free(q);
     }
+    masker_stop(s);
+    dx_free(s->mk.jobs);
     fwd_destroy(s->fw);
     sampler_destroy(s->smp);
     dx_free(s->running);

@@ -53,5 +53,9 @@ int sched_step(sched *s);
 int sched_busy(const sched *s); /* requests running or waiting */
 void sched_get_stats(const sched *s, engine_stats *out);
 uint32_t sched_n_ctx(const sched *s);
+/* The vocabulary requests with a grammar are matched over (engine.h
+ * engine_gram_vocab); set before the first such request, never changed
+ * afterwards (a later call with the same pointer is a no-op). */
+void sched_set_gram_vocab(sched *s, const gram_vocab *v);
 
 #endif

@@ -49,6 +49,12 @@ static int be_encode_chat(void *self, const chat_msg *msgs, size_t n, const mode
     return take_ids(rc, &v, ids, n_ids);
 }
 
+static int be_gram_prepare(void *self)
+{
+    const gram_vocab *v;
+    return engine_gram_vocab(self, &v);
+}
+
 static void end_add(node_backend *out, int32_t id)
 {
     int dup = id < 0;
@@ -86,6 +92,7 @@ void node_engine_backend(engine *e, const model *m, node_backend *out)
     out->stats = be_stats;
     out->encode_chat = be_encode_chat;
     out->encode_text = be_encode_text;
+    out->gram_prepare = be_gram_prepare;
     out->model_name = model_name(m);
     /* an id must index the embedding and decode to text */
     uint32_t n_tok = (uint32_t)tok_vocab_size(model_tokenizer(m));

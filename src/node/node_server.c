@@ -171,6 +171,21 @@ static void write_engine_metrics(node_server *s, dx_buf *b)
                        (double)st.kv.evictions);
     prom_write_counter(b, "duplex_kv_reclaims_total",
                        "Times the engine made room by revoking retained KV", (double)st.reclaims);
+    prom_write_counter(b, "duplex_grammar_masks_total",
+                       "Token masks computed for constrained (structured-output) decoding",
+                       (double)st.gram_masks);
+    prom_write_counter(b, "duplex_grammar_mask_seconds_total",
+                       "Time spent computing token masks (overlapped with the forward pass)",
+                       (double)st.gram_mask_ns * 1e-9);
+    prom_write_counter(b, "duplex_grammar_mask_wait_seconds_total",
+                       "Time the engine waited for token masks after the forward pass",
+                       (double)st.gram_wait_ns * 1e-9);
+    node_gram_stats gs;
+    node_gram_get_stats(s->grams, &gs);
+    prom_write_counter(b, "duplex_grammar_cache_hits_total",
+                       "Structured-output grammars found compiled in the cache", (double)gs.hits);
+    prom_write_counter(b, "duplex_grammar_cache_misses_total",
+                       "Structured-output grammars compiled", (double)gs.misses);
     node_pd_write_metrics(s, b);
 }
 
@@ -218,6 +233,8 @@ static void req_free(node_req *q)
     dx_buf_free(&q->lp_all);
     oai_tools_destroy(q->tp);
     dx_free(q->extra);
+    node_gram_release(q->srv->grams, q->gram);
+    dx_free(q->warn_hdr);
     dx_free(q);
 }
 
@@ -409,6 +426,7 @@ static void fill_engine_request(node_req *q, engine_request *er)
     er->n_pregen = node_pd_pregen(q, er->pregen);
     _Static_assert(sizeof er->cache_salt == sizeof q->salt, "one namespace size");
     memcpy(er->cache_salt, q->salt, sizeof q->salt);
+    er->grammar = q->gram ? node_gram_grammar(q->gram) : NULL;
     er->on_event = on_engine_event;
     er->user = q;
 }
@@ -453,8 +471,9 @@ static void start_stream(node_req *q)
     q->head_sent = 1;
     dx_buf b;
     dx_buf_init(&b, 0);
-    int rc =
-        http_conn_stream_begin(q->conn, 200, "text/event-stream", "Cache-Control: no-cache\r\n");
+    char hdr[64 + NODE_WARN_MAX];
+    snprintf(hdr, sizeof hdr, "Cache-Control: no-cache\r\n%s", q->warn_hdr ? q->warn_hdr : "");
+    int rc = http_conn_stream_begin(q->conn, 200, "text/event-stream", hdr);
     if (rc == 0 && q->meta.kind == OAI_CHAT) {
         size_t failed = dx_alloc_failed_count();
         if (oai_sse_chunk(&b, &q->meta, &(oai_choice){.text = ""}, 1, q->include_usage, NULL) ||
@@ -508,24 +527,28 @@ void node_server_fail_early(node_server *s, node_req *q, int status, const char 
 /* Chat answers go through the tool-call/reasoning parser when the request
  * has tools (and tool_choice is not "none") or reasoning is split off; the
  * prompt's end tells whether the answer starts inside <think>. */
-static int setup_parse(node_server *s, node_req *q)
+static void prep_parse_opts(node_server *s, node_req *q)
 {
     const oai_req *o = &q->o;
-    if (o->kind != OAI_CHAT) return 0;
+    if (o->kind != OAI_CHAT) return;
     q->topts = (oai_tools_opts){
         .tools = o->n_tools && o->tool_choice != OAI_CHOICE_NONE ? s->be.tool_fmt : OAI_TOOLS_NONE,
         .reasoning = s->be.reasoning};
     q->parse = q->topts.tools != OAI_TOOLS_NONE || q->topts.reasoning;
-    if (!q->parse) return 0;
-    if (q->topts.reasoning && s->be.tk) {
-        size_t n = q->n_prompt < 16 ? q->n_prompt : 16;
-        dx_buf tail;
-        dx_buf_init(&tail, 0);
-        if (tok_decode(s->be.tk, q->prompt + q->n_prompt - n, n, &tail) == 0)
-            q->topts.think_open = oai_tools_think_open(tail.data ? tail.data : "", tail.len);
-        dx_buf_free(&tail);
-    }
-    if (q->stream && !(q->tp = oai_tools_create(&q->topts)))
+    if (!q->parse || !q->topts.reasoning || !s->be.tk) return;
+    size_t n = q->n_prompt < 16 ? q->n_prompt : 16;
+    dx_buf tail;
+    dx_buf_init(&tail, 0);
+    if (tok_decode(s->be.tk, q->prompt + q->n_prompt - n, n, &tail) == 0)
+        q->topts.think_open = oai_tools_think_open(tail.data ? tail.data : "", tail.len);
+    dx_buf_free(&tail);
+}
+
+/* The streaming parser (the options were set while preparing). */
+static int setup_parse(node_server *s, node_req *q)
+{
+    (void)s;
+    if (q->parse && q->stream && !(q->tp = oai_tools_create(&q->topts)))
         return dx_errf(DX_ENOMEM, "tool-call parser");
     return 0;
 }
@@ -581,6 +604,47 @@ static enum oai_kind tokenize_kind(const node_req *q)
     return kind;
 }
 
+/* The warning header for keywords a non-strict schema ignored: one line,
+ * printable ASCII only (the lines name the client's own property names),
+ * bounded. */
+static char *warn_header(const char *w)
+{
+    char v[NODE_WARN_MAX];
+    size_t n = 0, len = strlen(w);
+    for (size_t i = 0; i < len && n + 4 < sizeof v; i++) {
+        unsigned char c = (unsigned char)w[i];
+        if (c == '\n') {
+            if (i + 1 < len) v[n++] = ';', v[n++] = ' ';
+        } else {
+            v[n++] = c >= 0x20 && c < 0x7f ? (char)c : '?';
+        }
+    }
+    v[n] = 0;
+    dx_buf b;
+    dx_buf_init(&b, 0);
+    if (dx_buf_printf(&b, "X-Duplex-Warning: %s\r\n", v)) {
+        dx_buf_free(&b);
+        return NULL; /* a warning lost to memory pressure is not worth failing for */
+    }
+    return dx_buf_take(&b);
+}
+
+/* Pool thread: the request's structured-output constraint (response_format,
+ * a forced tool call, grammar) compiled — or found in the cache — and the
+ * vocabulary prepared for it, so nothing of it runs on the loop. */
+static int prep_grammar(node_server *s, node_req *q, oai_err *err)
+{
+    int rc = node_gram_request(s->grams, &q->o, s->be.tool_fmt, q->topts.think_open, &q->gram, err);
+    if (rc < 0 || !q->gram) return rc;
+    if (s->be.gram_prepare && (rc = s->be.gram_prepare(s->be.self)) < 0) {
+        err->status = 500;
+        snprintf(err->message, sizeof err->message, "%s", dx_errmsg());
+        return rc;
+    }
+    if (node_gram_warnings(q->gram)[0]) q->warn_hdr = warn_header(node_gram_warnings(q->gram));
+    return 0;
+}
+
 /* Pool thread: parse, check, P/D params, the prompt's tokens.  Touches only
  * q (never q->conn) and what the server does not change while serving. */
 static void prep_run(work_job *j)
@@ -606,6 +670,8 @@ static void prep_run(work_job *j)
     http_auth_cache_salt(s->cfg.auth, &q->who, q->o.cache_salt, q->o.cache_salt_len, q->salt);
     q->prep_rc = node_pd_parse(s, q, err);
     if (!q->prep_rc) q->prep_rc = encode_prompt(s, q, err);
+    if (!q->prep_rc && !q->tokenize) prep_parse_opts(s, q);
+    if (!q->prep_rc && !q->tokenize) q->prep_rc = prep_grammar(s, q, err);
     if (q->prep_rc < 0 && !err->status) { /* the message is this thread's: keep it */
         err->status = 500;
         snprintf(err->message, sizeof err->message, "%s", dx_errmsg());
@@ -1034,7 +1100,10 @@ static int finish_full(node_req *q, const oai_usage *u)
                           sizeof oom - 1);
         return status;
     }
-    http_conn_respond(q->conn, status, "application/json", status == 503 ? HTTP_RETRY_AFTER : NULL,
+    http_conn_respond(q->conn, status, "application/json",
+                      status == 503   ? HTTP_RETRY_AFTER
+                      : status == 200 ? q->warn_hdr
+                                      : NULL,
                       b.data, b.len);
     dx_buf_free(&b);
     return status;
@@ -1253,6 +1322,8 @@ int node_server_create(uv_loop_t *loop, const node_server_config *cfg, node_serv
         return rc;
     }
     rc = work_pool_create(loop, cfg->prep_threads > 0 ? cfg->prep_threads : 2, &s->prep);
+    if (rc == 0 && (rc = node_gram_cache_create(cfg->grammar_cache, &s->grams)) < 0)
+        work_pool_destroy(s->prep); /* its threads have no jobs; the loop frees it */
     if (rc < 0) {
         http_srv_destroy(s->http);
         prom_family_free(&s->requests);
@@ -1307,6 +1378,7 @@ void node_server_destroy(node_server *s)
         req_unlink(q);
         req_free(q);
     }
+    node_gram_cache_destroy(s->grams); /* after the requests, which held its grammars */
     http_srv_destroy(s->http);
     prom_family_free(&s->requests);
     node_pd_stats_free(&s->pd);

@@ -63,6 +63,10 @@ typedef struct {
      * <think>…</think> is returned as reasoning_content. */
     int tool_fmt;
     int reasoning;
+    /* Prepares what constrained decoding needs once per model (the
+     * vocabulary for grammars; engine_gram_vocab), called off the loop
+     * before a request with a grammar is submitted.  NULL: nothing to do. */
+    int (*gram_prepare)(void *self);
 } node_backend;
 
 typedef struct node_server node_server;
@@ -86,6 +90,7 @@ typedef struct {
     int no_prefix_cache;          /* --no-enable-prefix-caching */
     double history_ttl_s;         /* memory of generated replies; default 480 */
     int prep_threads;             /* threads preparing requests off the loop; default 2 */
+    uint32_t grammar_cache;       /* compiled structured-output grammars kept; default 64 */
     /* Called on the loop thread when a shutdown has drained. */
     void (*on_stopped)(void *user);
     /* POST /admin/drain (authorised): the owner drains (node_server_drain)

@@ -11,6 +11,7 @@
 #include "node/hist.h"
 #include "node/http_auth.h"
 #include "node/http_conn.h"
+#include "node/node_gram.h"
 #include "node/node_pd.h"
 #include "node/node_server.h"
 #include "node/oai_req.h"
@@ -20,6 +21,8 @@
 #include "node/work_pool.h"
 
 typedef struct node_req node_req;
+
+#define NODE_WARN_MAX 1024 /* bytes of an X-Duplex-Warning value */
 
 /* A generated token's logprobs, engine thread → loop. */
 typedef struct {
@@ -93,6 +96,11 @@ struct node_req {
     http_auth_result who;         /* the caller's credentials, for the preparation */
     uint8_t salt[HTTP_AUTH_SALT]; /* its prefix-cache namespace; all zero: shared */
     int lost;                     /* loop: text was lost (out of memory); the request is canceled */
+    /* Structured outputs (node_gram.h): the compiled constraint, held until
+     * the request is freed (after its DONE: the engine is done with it), and
+     * the warning header for keywords a non-strict schema ignored. */
+    node_gram *gram;
+    char *warn_hdr; /* "X-Duplex-Warning: …\r\n", or NULL */
     /* Engine thread → loop, guarded by srv->mu. */
     dx_buf pend;        /* text not yet taken by the loop (reset, never freed, when taken) */
     dx_buf pend_cuts;   /* node_cut of each event's text (or logprobs) */
@@ -131,6 +139,7 @@ struct node_server {
     uint64_t gen_tokens, prompt_tokens, cached_tokens;
     hist_mem *mem;    /* replies this node generated (token-faithful history) */
     work_pool *prep;  /* requests' preparation, off the loop */
+    node_gram_cache *grams; /* compiled structured-output grammars (thread-safe) */
     node_pd_stats pd; /* loop thread only */
 };
 

@@ -533,6 +533,73 @@ static int parse_tools(json_t *root, oai_req *r, oai_err *err)
     return 0;
 }
 
+/* response_format: {"type": "text" | "json_object" | "json_schema",
+ * "json_schema": {"name", "schema"?, "strict"?, "description"?}}. */
+static int parse_json_schema(json_t *rf, oai_req *r, oai_err *err)
+{
+    json_t *js = json_object_get(rf, "json_schema"), *v;
+    if (!json_is_object(js))
+        return fail(err, "response_format.json_schema",
+                    "response_format.json_schema: required for type \"json_schema\", an object");
+    v = json_object_get(js, "name");
+    size_t n = json_string_length(v);
+    if (!is_cstr(v) || n == 0 || n > 64 ||
+        strspn(json_string_value(v), "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                     "0123456789_-") != n)
+        return fail(err, "response_format.json_schema.name",
+                    "response_format.json_schema.name: required, 1..64 of a-z, A-Z, 0-9, _ and -");
+    if ((v = field(js, "description")) && !json_is_string(v))
+        return fail(err, "response_format.json_schema.description",
+                    "response_format.json_schema.description: expected a string");
+    if ((v = field(js, "schema")) && !json_is_object(v))
+        return fail(err, "response_format.json_schema.schema",
+                    "response_format.json_schema.schema: expected a JSON Schema object");
+    r->schema = v;
+    if ((v = field(js, "strict")) &&
+        get_bool(v, "response_format.json_schema.strict", &r->schema_strict, err))
+        return failed(err);
+    return 0;
+}
+
+static int parse_format(json_t *root, oai_req *r, oai_err *err)
+{
+    json_t *rf = field(root, "response_format"), *v;
+    r->schema_strict = 1;
+    if (rf) {
+        json_t *type = json_object_get(rf, "type");
+        if (!json_is_object(rf) || !is_cstr(type))
+            return fail(err, "response_format",
+                        "response_format: expected {\"type\": \"text\" | \"json_object\" | "
+                        "\"json_schema\"}");
+        const char *t = json_string_value(type);
+        if (!strcmp(t, "json_object"))
+            r->format = OAI_FORMAT_JSON_OBJECT;
+        else if (!strcmp(t, "json_schema"))
+            r->format = OAI_FORMAT_JSON_SCHEMA;
+        else if (strcmp(t, "text"))
+            return fail(err, "response_format.type",
+                        "response_format.type: '%.32s' is not text, json_object or json_schema", t);
+        if (r->format == OAI_FORMAT_JSON_SCHEMA && parse_json_schema(rf, r, err))
+            return failed(err);
+    }
+    if ((v = field(root, "grammar"))) {
+        size_t n = json_string_length(v);
+        if (!is_cstr(v) || n == 0 || n > OAI_MAX_GRAMMAR)
+            return fail(err, "grammar", "grammar: expected a non-empty string of at most %u bytes",
+                        OAI_MAX_GRAMMAR);
+        if (r->format != OAI_FORMAT_TEXT)
+            return fail(err, "grammar", "grammar: cannot be combined with response_format \"%s\"",
+                        r->format == OAI_FORMAT_JSON_OBJECT ? "json_object" : "json_schema");
+        r->grammar = json_string_value(v);
+        r->grammar_len = n;
+    }
+    if (r->tool_choice >= OAI_CHOICE_REQUIRED && (r->grammar || r->format != OAI_FORMAT_TEXT))
+        return fail(err, "tool_choice",
+                    "tool_choice: a forced tool call cannot be combined with %s",
+                    r->grammar ? "grammar" : "response_format");
+    return 0;
+}
+
 static int parse_stream(json_t *root, oai_req *r, oai_err *err)
 {
     json_t *v;
@@ -593,6 +660,7 @@ static int parse_root(enum oai_kind kind, json_t *root, const oai_parse_opts *op
     if (rc == 0) rc = parse_stream(root, r, err);
     if (rc == 0) rc = parse_misc(root, r, err);
     if (rc == 0 && kind == OAI_CHAT) rc = parse_tools(root, r, err);
+    if (rc == 0) rc = parse_format(root, r, err);
     return rc;
 }
 

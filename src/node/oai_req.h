@@ -55,6 +55,10 @@ typedef struct {
 #define OAI_MAX_LOGIT_BIAS   1024
 #define OAI_MAX_TOP_LOGPROBS 20
 #define OAI_MAX_CACHE_SALT   1024
+#define OAI_MAX_GRAMMAR      (256u << 10) /* bytes of a "grammar" */
+
+/* response_format.type */
+enum oai_format { OAI_FORMAT_TEXT = 0, OAI_FORMAT_JSON_OBJECT, OAI_FORMAT_JSON_SCHEMA };
 
 typedef struct {
     enum oai_kind kind;
@@ -92,6 +96,17 @@ typedef struct {
     enum oai_tool_choice tool_choice;
     const char *tool_choice_name;
     int parallel_tool_calls; /* default 1 */
+    /* Structured outputs (docs/api.md): response_format, and for
+     * json_schema its schema (a json_t object borrowed from root; NULL: any
+     * JSON object) and whether an unsupported keyword is an error (strict,
+     * default true) or ignored with a warning (false); or a grammar (the
+     * EBNF text of docs/structured.md).  At most one of them constrains a
+     * request, and neither with tool_choice "required" or a named one. */
+    enum oai_format format;
+    void *schema;
+    int schema_strict;
+    const char *grammar;
+    size_t grammar_len;
     /* chat_template_kwargs (vLLM's): extra template variables such as
      * enable_thinking; a json_t object borrowed from root, or NULL */
     void *template_kwargs;

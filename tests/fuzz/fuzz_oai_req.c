@@ -2,7 +2,9 @@
  * answer builders.  First byte picks chat or completion; the rest is the
  * body.  Every accepted request's strings are pushed through the JSON
  * writer, whose output must parse back as JSON; accepted params are written
- * back and must parse again to the same values. */
+ * back and must parse again to the same values.  A structured-output
+ * constraint (response_format, a forced tool call) becomes EBNF that must
+ * compile; only a request's own `grammar` may fail to. */
 #include <jansson.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -10,7 +12,9 @@
 
 #include "base/dx_buf.h"
 #include "base/dx_err.h"
+#include "model/gram.h"
 #include "node/kvtp.h"
+#include "node/node_gram.h"
 #include "node/oai_req.h"
 #include "node/oai_resp.h"
 
@@ -52,6 +56,23 @@ static void check_params(const void *obj)
     dx_buf_free(&b);
 }
 
+/* The constraint's EBNF, in the format the first byte's bits pick. */
+static void check_gram(const oai_req *r, uint8_t sel)
+{
+    dx_buf src;
+    dx_buf_init(&src, 0);
+    oai_err e;
+    int rc = node_gram_source(r, (sel >> 1) % 3, (sel >> 3) & 1, &src, NULL, &e);
+    DX_ASSERT(rc == 0 || (rc == DX_EINVAL && e.status == 400 && e.param[0]) || rc == DX_ENOMEM);
+    if (rc == 0 && src.len) {
+        gram *g;
+        rc = gram_compile_ebnf(src.data, src.len, &g);
+        DX_ASSERT(rc == 0 || r->grammar || rc == DX_ENOMEM);
+        gram_destroy(g);
+    }
+    dx_buf_free(&src);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < 1) return 0;
@@ -64,13 +85,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     }
     if (r.kv_transfer_params) check_params(r.kv_transfer_params);
+    if (node_gram_param(&r)) check_gram(&r, data[0]);
     dx_buf b;
     dx_buf_init(&b, 0);
     oai_meta m = {kind, "id-1", r.model, 1};
     oai_usage u = {1, 0, 1};
     for (size_t i = 0; i < r.n_msgs; i++) {
         dx_buf_reset(&b);
-        oai_resp_full(&b, &m, &(oai_choice){.text = r.msgs[i].content, .len = r.msgs[i].content_len, .finish = "stop"}, &u, NULL);
+        oai_resp_full(&b, &m,
+                      &(oai_choice){.text = r.msgs[i].content,
+                                    .len = r.msgs[i].content_len,
+                                    .finish = "stop"},
+                      &u, NULL);
         check_json(&b);
     }
     if (r.prompt) {

@@ -105,8 +105,9 @@ static void test_readme_examples(void **state)
         p = close;
     }
     free(md);
-    /* the server, with an API key, duplex up, P/D by hand, two routers sharing Redis */
-    assert_int_equal(found, 5);
+    /* the server, with an API key, structured outputs, duplex up, P/D by hand, two routers
+     * sharing Redis */
+    assert_int_equal(found, 6);
 }
 
 int main(void)

@@ -5,7 +5,9 @@
  * with a non-zero exit that names it; bad flags exit 2.  In a P/D mode the
  * nodes' KV ports are authenticated with a fresh secret, mode 0600 in a run
  * folder of up's own that goes when up does, and a two-turn conversation
- * (whose KV moves through them) answers as a node does directly.
+ * (whose KV moves through them) answers as a node does directly; in
+ * bidirectional mode an agent's loop of constrained turns (forced tool
+ * calls, tool results, a JSON-schema answer) answers exactly as one node.
  *
  * (The prefill/decode modes run in itest_bench and `make demo`'s test,
  * itest_demo; their command lines are unit-tested in test_router_launch.) */
@@ -29,7 +31,7 @@
 
 static struct {
     const char *bin;
-    char dir[64], model[128];
+    char dir[64], model[128], name[128];
 } G;
 
 typedef struct {
@@ -194,6 +196,118 @@ static void test_pd_secret(void **state)
     if (stat(dir, &st) == 0) fail_msg("%s is still there after up exited", dir);
 }
 
+/* One agent step at port: the request (messages, tools and the step's
+ * constraint) and the answer's message; fails unless it is 200. */
+static json_t *agent_step(int port, json_t *msgs, json_t *tools, const char *constraint)
+{
+    dx_buf b;
+    dx_buf_init(&b, 0);
+    char *m = json_dumps(msgs, JSON_COMPACT), *t = json_dumps(tools, JSON_COMPACT), *body = NULL;
+    assert_true(asprintf(&body,
+                         "{\"model\":\"%s\",\"messages\":%s,\"tools\":%s,%s,\"max_tokens\":120,"
+                         "\"temperature\":1,\"seed\":9}",
+                         G.name, m, t, constraint) > 0);
+    long st = tc_http(port, "POST", "/v1/chat/completions", body, &b, 120);
+    if (st != 200) fail_msg("status %ld: %s", st, b.data);
+    json_t *v = tc_json(&b), *c = json_array_get(json_object_get(v, "choices"), 0);
+    json_t *msg = json_deep_copy(json_object_get(c, "message"));
+    json_object_set(msg, "finish_reason", json_object_get(c, "finish_reason"));
+    json_decref(v);
+    free(m);
+    free(t);
+    free(body);
+    dx_buf_free(&b);
+    return msg;
+}
+
+/* The call in an answer without its id (random per answer). */
+static json_t *call_of(json_t *msg)
+{
+    json_t *c = json_deep_copy(json_array_get(json_object_get(msg, "tool_calls"), 0));
+    json_object_del(c, "id");
+    return c;
+}
+
+/* An agent's loop — forced call, tool result, named call, tool result, a
+ * schema-constrained final answer — through `duplex up` in bidirectional
+ * P/D mode (every turn prefilled on the prefill node, whose first token,
+ * sampled under the same mask, the decode node feeds to its matcher)
+ * answers exactly as the decode node alone. */
+static void test_pd_agentic_loop(void **state)
+{
+    (void)state;
+    up_run u;
+    start_up_mode(&u, "agent", "bidirectional");
+    dx_buf b;
+    dx_buf_init(&b, 0);
+    assert_int_equal(tc_http(u.port, "GET", "/v1/models", NULL, &b, 30), 200);
+    json_t *mv = tc_json(&b);
+    snprintf(
+        G.name, sizeof G.name, "%s",
+        json_string_value(json_object_get(json_array_get(json_object_get(mv, "data"), 0), "id")));
+    json_decref(mv);
+    json_error_t je;
+    json_t *tools = json_loads(
+        "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":{\"type\":"
+        "\"object\",\"additionalProperties\":false,\"required\":[\"city\"],\"properties\":{"
+        "\"city\":"
+        "{\"type\":\"string\",\"maxLength\":8}}}}},{\"type\":\"function\",\"function\":{\"name\":"
+        "\"add\",\"parameters\":{\"type\":\"object\",\"additionalProperties\":false,\"required\":"
+        "[\"a\",\"b\"],\"properties\":{\"a\":{\"type\":\"integer\"},\"b\":{\"type\":\"integer\"}}}}"
+        "}]",
+        0, &je);
+    json_t *msgs = json_pack(
+        "[{s:s,s:s},{s:s,s:s}]", "role", "system", "content",
+        "You are an agent. The cache moves between nodes and every turn keeps its history while "
+        "agents call tools with long outputs that grow quickly so prefill work matters more than "
+        "decode for them, which is why this system prompt is long enough to fill whole blocks.",
+        "role", "user", "content", "What is the weather in Oslo, and what is 2 + 3?");
+    const char *steps[] = {
+        "\"tool_choice\":\"required\"",
+        "\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"add\"}}",
+        "\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"final\","
+        "\"schema\":{\"type\":\"object\",\"additionalProperties\":false,\"required\":[\"done\"],"
+        "\"properties\":{\"done\":{\"type\":\"boolean\"}}}}}"};
+    for (int i = 0; i < 3; i++) {
+        json_t *via = agent_step(u.port, msgs, tools, steps[i]);
+        json_t *direct = agent_step(u.url_port[1], msgs, tools, steps[i]);
+        const char *fin = json_string_value(json_object_get(via, "finish_reason"));
+        if (i < 2) {
+            json_t *cv = call_of(via), *cd = call_of(direct);
+            if (!json_is_object(cv) || !json_equal(cv, cd) || strcmp(fin, "tool_calls"))
+                fail_msg("step %d: P/D %s vs one node %s", i, json_dumps(via, 0),
+                         json_dumps(direct, 0));
+            json_decref(cv);
+            json_decref(cd);
+            json_t *call = json_array_get(json_object_get(via, "tool_calls"), 0);
+            json_object_del(via, "finish_reason");
+            json_array_append(msgs, via);
+            json_array_append_new(msgs, json_pack("{s:s,s:O,s:s}", "role", "tool", "tool_call_id",
+                                                  json_object_get(call, "id"), "content",
+                                                  i ? "5" : "{\"temp\": 21}"));
+        } else {
+            const char *tv = json_string_value(json_object_get(via, "content"));
+            json_t *ans = json_loads(tv ? tv : "", 0, &je);
+            if (!json_equal(json_object_get(via, "content"), json_object_get(direct, "content")) ||
+                !json_is_boolean(json_object_get(ans, "done")) || strcmp(fin, "stop"))
+                fail_msg("final: P/D %s vs one node %s", json_dumps(via, 0), json_dumps(direct, 0));
+            json_decref(ans);
+        }
+        json_decref(via);
+        json_decref(direct);
+    }
+    /* the prompts' KV and the first tokens came from the prefill node */
+    assert_true(tc_metric(u.url_port[1], "duplex_kv_prompt_tokens_total{source=\"pulled\"}") > 0);
+    assert_true(tc_metric(u.url_port[1], "duplex_pd_first_token_from_prefill_total") > 0);
+    assert_true(tc_metric(u.url_port[0], "duplex_grammar_masks_total") > 0);
+    json_decref(msgs);
+    json_decref(tools);
+    dx_buf_free(&b);
+    int rc = tp_stop(&u.p, SIGTERM, 60);
+    assert_true(rc >= 0 && WIFEXITED(rc) && WEXITSTATUS(rc) == 0);
+    assert_gone(&u);
+}
+
 static void expect(int want_rc, const char *phrase, const char *args)
 {
     tp_expect(G.bin, "up", want_rc, phrase, args);
@@ -237,6 +351,7 @@ int main(void)
         cmocka_unit_test(test_child_dies),
         cmocka_unit_test(test_bad_flags),
         cmocka_unit_test(test_pd_secret),
+        cmocka_unit_test(test_pd_agentic_loop),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

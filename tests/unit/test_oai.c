@@ -116,6 +116,55 @@ static void test_tools_accepted(void **state)
     assert_int_equal(dx_alloc_live_bytes(), live);
 }
 
+/* Structured outputs: response_format's shapes and the grammar field. */
+static void test_structured_accepted(void **state)
+{
+    (void)state;
+    size_t live = dx_alloc_live_bytes();
+    oai_req r;
+    oai_err e;
+    assert_int_equal(
+        parse(OAI_CHAT,
+              "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],"
+              "\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":"
+              "\"Out_1-x\",\"description\":\"d\",\"strict\":false,\"schema\":{\"type\":"
+              "\"object\"}}}}",
+              &r, &e),
+        0);
+    assert_int_equal(r.format, OAI_FORMAT_JSON_SCHEMA);
+    assert_non_null(r.schema);
+    assert_false(r.schema_strict);
+    assert_null(r.grammar);
+    oai_req_free(&r);
+    assert_int_equal(parse(OAI_COMPLETION,
+                           "{\"model\":\"m\",\"prompt\":\"a\",\"response_format\":{\"type\":"
+                           "\"json_schema\",\"json_schema\":{\"name\":\"o\"}}}",
+                           &r, &e),
+                     0);
+    assert_int_equal(r.format, OAI_FORMAT_JSON_SCHEMA);
+    assert_null(r.schema); /* any JSON object */
+    assert_true(r.schema_strict);
+    oai_req_free(&r);
+    /* text is no constraint, so it combines with a grammar and a forced call */
+    assert_int_equal(parse(OAI_COMPLETION,
+                           "{\"model\":\"m\",\"prompt\":\"a\",\"response_format\":{\"type\":"
+                           "\"text\"},\"grammar\":\"root ::= [a-z]+\"}",
+                           &r, &e),
+                     0);
+    assert_int_equal(r.format, OAI_FORMAT_TEXT);
+    assert_string_equal(r.grammar, "root ::= [a-z]+");
+    assert_int_equal(r.grammar_len, 15);
+    oai_req_free(&r);
+    assert_int_equal(parse(OAI_CHAT,
+                           "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],"
+                           "\"response_format\":{\"type\":\"json_object\"},\"grammar\":null}",
+                           &r, &e),
+                     0);
+    assert_int_equal(r.format, OAI_FORMAT_JSON_OBJECT);
+    oai_req_free(&r);
+    assert_int_equal(dx_alloc_live_bytes(), live);
+}
+
 static void test_defaults_and_prompts(void **state)
 {
     (void)state;
@@ -166,7 +215,9 @@ static void test_bad_corpus(void **state)
          "model", "model"},
         {OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\\u0000\",\"content\":\"a\"}]}",
          "messages[0]", "role"},
-        {OAI_CHAT, "{\"model\":\"m\",\"stop\":\"a\\u0000\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]}",
+        {OAI_CHAT,
+         "{\"model\":\"m\",\"stop\":\"a\\u0000\",\"messages\":[{\"role\":\"user\",\"content\":"
+         "\"a\"}]}",
          "stop", "NUL"},
         {OAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]}", "model", "model"},
         {OAI_CHAT, "{\"model\":5,\"messages\":[]}", "model", "model"},
@@ -245,14 +296,19 @@ static void test_bad_corpus(void **state)
         {OAI_COMPLETION, "{\"model\":\"m\",\"prompt\":\"x\",\"kv_transfer_params\":[]}",
          "kv_transfer_params", "kv_transfer_params"},
 #define M(x) "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"}," x "]}"
-#define T "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get\"}}]"
+#define T    "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get\"}}]"
         {OAI_CHAT, M("{\"role\":\"assistant\",\"content\":null,\"tool_calls\":{}}"),
          "messages[1].tool_calls", "expected an array"},
-        {OAI_CHAT, M("{\"role\":\"assistant\",\"tool_calls\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}}]}"),
+        {OAI_CHAT,
+         M("{\"role\":\"assistant\",\"tool_calls\":[{\"type\":\"function\",\"function\":{\"name\":"
+           "\"f\",\"arguments\":\"{}\"}}]}"),
          "messages[1].tool_calls[0]", "id: required"},
-        {OAI_CHAT, M("{\"role\":\"assistant\",\"tool_calls\":[{\"id\":\"c\",\"function\":{\"name\":\"f\",\"arguments\":3}}]}"),
+        {OAI_CHAT,
+         M("{\"role\":\"assistant\",\"tool_calls\":[{\"id\":\"c\",\"function\":{\"name\":\"f\","
+           "\"arguments\":3}}]}"),
          "messages[1].tool_calls[0].function.arguments", "JSON string"},
-        {OAI_CHAT, M("{\"role\":\"assistant\",\"tool_calls\":[{\"id\":\"c\",\"function\":{\"name\":\"\"}}]}"),
+        {OAI_CHAT,
+         M("{\"role\":\"assistant\",\"tool_calls\":[{\"id\":\"c\",\"function\":{\"name\":\"\"}}]}"),
          "messages[1].tool_calls[0].function.name", "non-empty"},
         {OAI_CHAT, M("{\"role\":\"user\",\"content\":\"a\",\"tool_calls\":[]}"),
          "messages[1].tool_calls", "only on assistant"},
@@ -260,26 +316,87 @@ static void test_bad_corpus(void **state)
          "required for a tool message"},
         {OAI_CHAT, M("{\"role\":\"assistant\",\"content\":\"a\",\"reasoning_content\":7}"),
          "messages[1].reasoning_content", "string"},
-        {OAI_CHAT, "{\"model\":\"m\",\"tools\":{},\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]}",
+        {OAI_CHAT,
+         "{\"model\":\"m\",\"tools\":{},\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]}",
          "tools", "array"},
-        {OAI_CHAT, "{\"model\":\"m\",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"g\",\"parameters\":[]}}],"
-                   "\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]}",
+        {OAI_CHAT,
+         "{\"model\":\"m\",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"g\","
+         "\"parameters\":[]}}],"
+         "\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]}",
          "tools[0].function.parameters", "JSON Schema"},
-        {OAI_CHAT, "{\"model\":\"m\",\"tools\":[{\"type\":\"code\"}],\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]}",
+        {OAI_CHAT,
+         "{\"model\":\"m\",\"tools\":[{\"type\":\"code\"}],\"messages\":[{\"role\":\"user\","
+         "\"content\":\"a\"}]}",
          "tools[0]", "function"},
-        {OAI_CHAT, "{\"model\":\"m\"," T ",\"tool_choice\":\"always\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]}",
+        {OAI_CHAT,
+         "{\"model\":\"m\"," T
+         ",\"tool_choice\":\"always\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]}",
          "tool_choice", "always"},
-        {OAI_CHAT, "{\"model\":\"m\"," T ",\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"put\"}},"
-                   "\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]}",
+        {OAI_CHAT,
+         "{\"model\":\"m\"," T
+         ",\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"put\"}},"
+         "\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]}",
          "tool_choice", "no tool named 'put'"},
-        {OAI_CHAT, "{\"model\":\"m\",\"tool_choice\":\"required\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]}",
+        {OAI_CHAT,
+         "{\"model\":\"m\",\"tool_choice\":\"required\",\"messages\":[{\"role\":\"user\","
+         "\"content\":\"a\"}]}",
          "tool_choice", "no tools"},
-        {OAI_CHAT, "{\"model\":\"m\",\"parallel_tool_calls\":1,\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]}",
+        {OAI_CHAT,
+         "{\"model\":\"m\",\"parallel_tool_calls\":1,\"messages\":[{\"role\":\"user\",\"content\":"
+         "\"a\"}]}",
          "parallel_tool_calls", "true or false"},
-        {OAI_CHAT, "{\"model\":\"m\",\"cache_salt\":7,\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]}",
+        {OAI_CHAT,
+         "{\"model\":\"m\",\"cache_salt\":7,\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]}",
          "cache_salt", "a string of 1..1024 bytes"},
         {OAI_COMPLETION, "{\"model\":\"m\",\"cache_salt\":\"\",\"prompt\":\"a\"}", "cache_salt",
          "a string of 1..1024 bytes"},
+    /* structured outputs */
+#define U "\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]"
+        {OAI_CHAT, "{\"model\":\"m\",\"response_format\":\"json\"," U "}", "response_format",
+         "expected {\"type\""},
+        {OAI_CHAT, "{\"model\":\"m\",\"response_format\":{}," U "}", "response_format", "type"},
+        {OAI_CHAT, "{\"model\":\"m\",\"response_format\":{\"type\":\"yaml\"}," U "}",
+         "response_format.type", "'yaml' is not text, json_object or json_schema"},
+        {OAI_CHAT, "{\"model\":\"m\",\"response_format\":{\"type\":\"json_schema\"}," U "}",
+         "response_format.json_schema", "required"},
+        {OAI_CHAT,
+         "{\"model\":\"m\",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":"
+         "{\"schema\":{}}}," U "}",
+         "response_format.json_schema.name", "required"},
+        {OAI_CHAT,
+         "{\"model\":\"m\",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":"
+         "{\"name\":\"a b\"}}," U "}",
+         "response_format.json_schema.name", "a-z"},
+        {OAI_CHAT,
+         "{\"model\":\"m\",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":"
+         "{\"name\":\"x\",\"schema\":[]}}," U "}",
+         "response_format.json_schema.schema", "JSON Schema object"},
+        {OAI_CHAT,
+         "{\"model\":\"m\",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":"
+         "{\"name\":\"x\",\"strict\":\"no\"}}," U "}",
+         "response_format.json_schema.strict", "true or false"},
+        {OAI_CHAT,
+         "{\"model\":\"m\",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":"
+         "{\"name\":\"x\",\"description\":1}}," U "}",
+         "response_format.json_schema.description", "string"},
+        {OAI_CHAT, "{\"model\":\"m\",\"grammar\":\"\"," U "}", "grammar", "non-empty string"},
+        {OAI_CHAT, "{\"model\":\"m\",\"grammar\":[\"root ::= \\\"a\\\"\"]," U "}", "grammar",
+         "non-empty string"},
+        {OAI_CHAT,
+         "{\"model\":\"m\",\"grammar\":\"root ::= \\\"a\\\"\",\"response_format\":"
+         "{\"type\":\"json_object\"}," U "}",
+         "grammar", "cannot be combined with response_format \"json_object\""},
+        {OAI_CHAT,
+         "{\"model\":\"m\"," T ",\"tool_choice\":\"required\",\"response_format\":"
+         "{\"type\":\"json_object\"}," U "}",
+         "tool_choice", "cannot be combined with response_format"},
+        {OAI_CHAT,
+         "{\"model\":\"m\"," T ",\"tool_choice\":\"required\",\"grammar\":\"root ::= \\\"a\\\"\"," U
+         "}",
+         "tool_choice", "cannot be combined with grammar"},
+        {OAI_COMPLETION, "{\"model\":\"m\",\"prompt\":\"a\",\"response_format\":{\"type\":7}}",
+         "response_format", "type"},
+#undef U
 #undef M
 #undef T
     };
@@ -420,7 +537,10 @@ static void test_resp_full(void **state)
     dx_buf_init(&b, 0);
     oai_meta m = {OAI_CHAT, "chatcmpl-1", "tiny", 1700000000};
     oai_usage u = {10, 4, 3};
-    assert_int_equal(oai_resp_full(&b, &m, &(oai_choice){.text = "hi \xff", .len = 4, .finish = "length"}, &u, "\"x\":1"), 0);
+    assert_int_equal(oai_resp_full(&b, &m,
+                                   &(oai_choice){.text = "hi \xff", .len = 4, .finish = "length"},
+                                   &u, "\"x\":1"),
+                     0);
     json_t *v = load(b.data, b.len);
     assert_string_equal(json_string_value(json_object_get(v, "object")), "chat.completion");
     assert_int_equal(json_integer_value(json_object_get(v, "created")), 1700000000);
@@ -438,7 +558,8 @@ static void test_resp_full(void **state)
     json_decref(v);
     dx_buf_reset(&b);
     m.kind = OAI_COMPLETION;
-    assert_int_equal(oai_resp_full(&b, &m, &(oai_choice){.text = "t", .len = 1, .finish = "stop"}, &u, NULL), 0);
+    assert_int_equal(
+        oai_resp_full(&b, &m, &(oai_choice){.text = "t", .len = 1, .finish = "stop"}, &u, NULL), 0);
     v = load(b.data, b.len);
     assert_string_equal(json_string_value(json_object_get(v, "object")), "text_completion");
     ch = json_array_get(json_object_get(v, "choices"), 0);
@@ -480,7 +601,8 @@ static void test_sse_chunks(void **state)
     assert_null(json_object_get(v, "usage"));
     json_decref(v);
     dx_buf_reset(&b);
-    oai_sse_chunk(&b, &m, &(oai_choice){.text = "", .finish = "stop"}, 0, 0, "\"kv_transfer_params\":{\"a\":1}");
+    oai_sse_chunk(&b, &m, &(oai_choice){.text = "", .finish = "stop"}, 0, 0,
+                  "\"kv_transfer_params\":{\"a\":1}");
     v = sse_json(&b);
     ch = json_array_get(json_object_get(v, "choices"), 0);
     assert_int_equal(json_object_size(json_object_get(ch, "delta")), 0);
@@ -610,7 +732,7 @@ static void test_kvtp(void **state)
                        "\"remote_request_id\":\"r\",\"remote_host\":\"127.0.0.1\","
                        "\"remote_port\":4000,\"remote_block_ids\":[3,4],\"remote_num_tokens\":32,"
                        "\"remote_lease\":\"00112233445566778899aabbccddeeff\","
-                       "\"remote_blocks_ttl_s\":480,\"remote_token_ids\":[" 
+                       "\"remote_blocks_ttl_s\":480,\"remote_token_ids\":["
                        "1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,"
                        "28,29,30,31,32,999],\"first_token_ids\":[42],"
                        "\"first_token_model\":\"ffeeddccbbaa99887766554433221100\"}";
@@ -648,22 +770,26 @@ static void test_kvtp(void **state)
         {"{\"remote_block_ids\":[1,-2]}", "kv_transfer_params.remote_block_ids"},
         {"{\"remote_block_ids\":{}}", "kv_transfer_params.remote_block_ids"},
         {"{\"remote_lease\":\"abc\"}", "kv_transfer_params.remote_lease"},
-        {"{\"remote_lease\":\"zz112233445566778899aabbccddeeff\"}", "kv_transfer_params.remote_lease"},
+        {"{\"remote_lease\":\"zz112233445566778899aabbccddeeff\"}",
+         "kv_transfer_params.remote_lease"},
         {"{\"remote_blocks_ttl_s\":-1}", "kv_transfer_params.remote_blocks_ttl_s"},
         {"{\"remote_token_ids\":[1000]}", "kv_transfer_params.remote_token_ids"},
-        {"{\"remote_block_ids\":[1],\"remote_num_tokens\":15}", "kv_transfer_params.remote_num_tokens"},
-        {"{\"remote_num_tokens\":16,\"remote_token_ids\":[1]}", "kv_transfer_params.remote_num_tokens"},
+        {"{\"remote_block_ids\":[1],\"remote_num_tokens\":15}",
+         "kv_transfer_params.remote_num_tokens"},
+        {"{\"remote_num_tokens\":16,\"remote_token_ids\":[1]}",
+         "kv_transfer_params.remote_num_tokens"},
         {"{\"remote_token_ids\":[1],\"first_token_ids\":[1000],"
-         "\"first_token_model\":\"00112233445566778899aabbccddeeff\"}", "kv_transfer_params.first_token_ids"},
-        {"{\"remote_token_ids\":[1],\"first_token_ids\":[1]}", "kv_transfer_params.first_token_ids"},
+         "\"first_token_model\":\"00112233445566778899aabbccddeeff\"}",
+         "kv_transfer_params.first_token_ids"},
+        {"{\"remote_token_ids\":[1],\"first_token_ids\":[1]}",
+         "kv_transfer_params.first_token_ids"},
         {"{\"first_token_ids\":[1],\"first_token_model\":\"00112233445566778899aabbccddeeff\"}",
          "kv_transfer_params.first_token_ids"},
         {"{\"remote_token_ids\":[1],\"first_token_ids\":[1],\"first_token_model\":\"0011\"}",
          "kv_transfer_params.first_token_model"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        if (parse_kv(bad[i].params, &p, &e) != DX_EINVAL)
-            fail_msg("accepted %s", bad[i].params);
+        if (parse_kv(bad[i].params, &p, &e) != DX_EINVAL) fail_msg("accepted %s", bad[i].params);
         assert_int_equal(e.status, 400);
         assert_string_equal(e.param, bad[i].param);
         assert_non_null(strstr(e.message, bad[i].param));
@@ -675,12 +801,19 @@ int main(void)
 {
     oai_json_use_dx_alloc();
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_chat_full),      cmocka_unit_test(test_defaults_and_prompts),
-        cmocka_unit_test(test_bad_corpus),     cmocka_unit_test(test_parse_oom),
-        cmocka_unit_test(test_json_str_utf8),  cmocka_unit_test(test_resp_full),
-        cmocka_unit_test(test_sse_chunks),     cmocka_unit_test(test_errors_models_ids),
-        cmocka_unit_test(test_prom),           cmocka_unit_test(test_kvtp),
-        cmocka_unit_test(test_tools_accepted), cmocka_unit_test(test_request_limits),
+        cmocka_unit_test(test_chat_full),
+        cmocka_unit_test(test_defaults_and_prompts),
+        cmocka_unit_test(test_bad_corpus),
+        cmocka_unit_test(test_parse_oom),
+        cmocka_unit_test(test_json_str_utf8),
+        cmocka_unit_test(test_resp_full),
+        cmocka_unit_test(test_sse_chunks),
+        cmocka_unit_test(test_errors_models_ids),
+        cmocka_unit_test(test_prom),
+        cmocka_unit_test(test_kvtp),
+        cmocka_unit_test(test_tools_accepted),
+        cmocka_unit_test(test_request_limits),
+        cmocka_unit_test(test_structured_accepted),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <jansson.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -616,6 +617,135 @@ static void test_pregen_first_token(void **state)
     srig_free(&b);
 }
 
+/* ---- constrained decoding (structured outputs) ---- */
+
+static const char k_gram_src[] =
+    "root ::= \"{\\\"ok\\\": \" (\"true\" | \"false\") \", \\\"n\\\": \" [1-9] [0-9]{0,2} \", "
+    "\\\"w\\\": \\\"\" [a-z]{1,6} \"\\\"}\"\n";
+
+/* The answer is a complete sentence of k_gram_src: a JSON object of that
+ * shape and nothing after it. */
+static void assert_gram_text(const collector *c)
+{
+    json_error_t je;
+    json_t *v = json_loadb(c->text.data, c->text.len, 0, &je);
+    if (!json_is_boolean(json_object_get(v, "ok")) || !json_is_integer(json_object_get(v, "n")) ||
+        !json_is_string(json_object_get(v, "w")) || json_object_size(v) != 3)
+        fail_msg("not the grammar's shape: '%.*s'", (int)c->text.len, c->text.data);
+    json_decref(v);
+}
+
+static engine_request constrained(const int32_t *p, size_t n, uint32_t max_tokens, uint64_t seed,
+                                  const gram *g, collector *c)
+{
+    engine_request q = greedy(p, n, max_tokens, c);
+    q.ignore_eos = 0;
+    q.sampling = (engine_sampling){.temperature = 1.0f, .seed = seed, .has_seed = 1};
+    q.grammar = g;
+    return q;
+}
+
+/* Sampled at temperature 1 from a random model, every answer follows the
+ * grammar and ends (STOP) when it is complete; masking touches only logits,
+ * so constrained and unconstrained sequences batched together give what
+ * each gives alone; max_tokens still cuts (LENGTH); a pregenerated token
+ * goes through the matcher (the rest equals a run that sampled it), and one
+ * the grammar refuses ends the request with an error. */
+static void test_grammar_constrained(void **state)
+{
+    (void)state;
+    gram_vocab *gv;
+    gram *g;
+    assert_int_equal(gram_vocab_create(model_tokenizer(g_m), &gv), 0);
+    assert_int_equal(gram_compile_ebnf(k_gram_src, strlen(k_gram_src), &g), 0);
+    enum { N = 6 };
+    collector alone[N], mixed[N], free_run;
+    for (int i = 0; i < N; i++) {
+        srig r;
+        srig_init(&r, g_m, 64, 512, 1);
+        col_init(&alone[i]);
+        engine_request q =
+            constrained(g_prompts[i], g_plen[i], 200, 10 + (uint64_t)i, g, &alone[i]);
+        assert_int_equal(sched_submit(r.s, &q, 1), DX_EINVAL); /* no vocabulary set */
+        sched_set_gram_vocab(r.s, gv);
+        assert_int_equal(sched_submit(r.s, &q, 1), 0);
+        run_all(&r);
+        assert_int_equal(alone[i].fin.finish, ENGINE_FINISH_STOP);
+        assert_gram_text(&alone[i]);
+        engine_stats st;
+        sched_get_stats(r.s, &st);
+        assert_int_equal(st.gram_masks, alone[i].n); /* one mask per sampled token */
+        srig_free(&r);
+    }
+    /* all at once, with an unconstrained greedy sequence among them */
+    srig r;
+    srig_init(&r, g_m, 128, 512, 2);
+    sched_set_gram_vocab(r.s, gv);
+    for (int i = 0; i < N; i++) {
+        col_init(&mixed[i]);
+        engine_request q =
+            constrained(g_prompts[i], g_plen[i], 200, 10 + (uint64_t)i, g, &mixed[i]);
+        assert_int_equal(sched_submit(r.s, &q, 1 + (uint64_t)i), 0);
+    }
+    col_init(&free_run);
+    engine_request u = greedy(g_prompts[7], g_plen[7], 24, &free_run);
+    assert_int_equal(sched_submit(r.s, &u, 99), 0);
+    run_all(&r);
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(mixed[i].n, alone[i].n);
+        assert_memory_equal(mixed[i].toks, alone[i].toks, alone[i].n * sizeof(int32_t));
+    }
+    assert_int_equal(free_run.n, 24);
+    assert_memory_equal(free_run.toks, g_alone[7].toks, 24 * sizeof(int32_t));
+    engine_stats st;
+    sched_get_stats(r.s, &st);
+    assert_true(st.gram_masks > 0 && st.gram_mask_ns > 0);
+
+    /* max_tokens cuts the structure */
+    collector cut;
+    col_init(&cut);
+    engine_request q = constrained(g_prompts[0], g_plen[0], 3, 10, g, &cut);
+    assert_int_equal(sched_submit(r.s, &q, 100), 0);
+    run_all(&r);
+    assert_int_equal(cut.fin.finish, ENGINE_FINISH_LENGTH);
+    assert_int_equal(cut.n, 3);
+    assert_memory_equal(cut.toks, alone[0].toks, 3 * sizeof(int32_t));
+
+    /* the first token from elsewhere (P/D): fed to the matcher */
+    collector pg, refused;
+    col_init(&pg);
+    q = constrained(g_prompts[2], g_plen[2], 200, 12, g, &pg);
+    q.pregen[0] = alone[2].toks[0];
+    q.n_pregen = 1;
+    assert_int_equal(sched_submit(r.s, &q, 101), 0);
+    run_all(&r);
+    assert_int_equal(pg.fin.finish, ENGINE_FINISH_STOP);
+    assert_int_equal(pg.n, alone[2].n);
+    assert_memory_equal(pg.toks, alone[2].toks, pg.n * sizeof(int32_t));
+    col_init(&refused);
+    q = constrained(g_prompts[2], g_plen[2], 200, 12, g, &refused);
+    q.pregen[0] = alone[2].toks[alone[2].n - 2]; /* not how the object starts */
+    q.n_pregen = 1;
+    assert_int_equal(sched_submit(r.s, &q, 102), 0);
+    run_all(&r);
+    assert_int_equal(refused.fin.finish, ENGINE_FINISH_ERROR);
+    assert_int_equal(refused.fin.error, DX_EINVAL);
+    kv_pool_stats ps;
+    kv_pool_get_stats(r.pool, &ps);
+    assert_int_equal(ps.n_used, 0);
+    srig_free(&r);
+    for (int i = 0; i < N; i++) {
+        col_free(&alone[i]);
+        col_free(&mixed[i]);
+    }
+    col_free(&free_run);
+    col_free(&cut);
+    col_free(&pg);
+    col_free(&refused);
+    gram_destroy(g);
+    gram_vocab_destroy(gv);
+}
+
 /* Logit biases, penalties and logprobs: a +100 bias makes a token every
  * answer; huge presence/frequency penalties repeat no reply token; a huge
  * repetition penalty reuses no prompt or reply token; logprobs are sorted
@@ -1090,6 +1220,7 @@ int main(void)
         cmocka_unit_test(test_kv_event_and_prefix_blocks),
         cmocka_unit_test(test_prefix_blocks_rules),
         cmocka_unit_test(test_pregen_first_token),
+        cmocka_unit_test(test_grammar_constrained),
         cmocka_unit_test(test_bias_penalties_logprobs),
         cmocka_unit_test(test_no_prefix_cache),
         cmocka_unit_test(test_reclaim_before_preempt),
