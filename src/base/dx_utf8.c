@@ -26,6 +26,16 @@ size_t dx_utf8_seq_len(const uint8_t *s, size_t n)
     return need;
 }
 
+size_t dx_utf8_decode(const uint8_t *s, size_t n, uint32_t *cp)
+{
+    size_t len = n ? dx_utf8_seq_len(s, n) : 0;
+    if (!len) return 0;
+    uint32_t v = len == 1 ? s[0] : s[0] & (0x3Fu >> (len - 1));
+    for (size_t k = 1; k < len; k++) v = v << 6 | (s[k] & 0x3Fu);
+    *cp = v;
+    return len;
+}
+
 size_t dx_utf8_valid_prefix(const uint8_t *s, size_t n)
 {
     size_t i = 0;

@@ -12,6 +12,9 @@
 /* Length (1–4) of the valid sequence at s with n bytes left, 0 if invalid or
  * truncated. */
 size_t dx_utf8_seq_len(const uint8_t *s, size_t n);
+/* The code point of the valid sequence at s (n bytes left) into *cp; its
+ * length (1–4), or 0 if invalid or truncated (then *cp is untouched). */
+size_t dx_utf8_decode(const uint8_t *s, size_t n, uint32_t *cp);
 /* Length of the longest valid prefix of s[0..n). */
 size_t dx_utf8_valid_prefix(const uint8_t *s, size_t n);
 /* Bytes at the end of p[0..n) that start a sequence still incomplete (a

@@ -23,6 +23,7 @@
 
 #include "base/dx_alloc.h"
 #include "base/dx_err.h"
+#include "base/dx_utf8.h"
 #include "model/gram_priv.h"
 
 typedef struct {
@@ -221,23 +222,8 @@ static int hexval(char c)
 /* Decodes one UTF-8 code point at p->pos (strict). */
 static int read_utf8(pst *p, uint32_t *cp)
 {
-    const unsigned char *s = (const unsigned char *)p->src + p->pos;
-    size_t left = p->len - p->pos;
-    unsigned c = s[0], n = c < 0x80                 ? 1
-                           : c >= 0xc2 && c <= 0xdf ? 2
-                           : c >= 0xe0 && c <= 0xef ? 3
-                           : c >= 0xf0 && c <= 0xf4 ? 4
-                                                    : 0;
-    if (!n || n > left) return perr(p, p->pos, "invalid UTF-8");
-    uint32_t v = n == 1 ? c : c & (0x3f >> (n - 1));
-    for (unsigned i = 1; i < n; i++) {
-        if ((s[i] & 0xc0) != 0x80) return perr(p, p->pos, "invalid UTF-8");
-        v = v << 6 | (s[i] & 0x3f);
-    }
-    static const uint32_t min[5] = {0, 0, 0x80, 0x800, 0x10000};
-    if (v < min[n] || v > 0x10ffff || (v >= 0xd800 && v <= 0xdfff))
-        return perr(p, p->pos, "invalid UTF-8");
-    *cp = v;
+    size_t n = dx_utf8_decode((const uint8_t *)p->src + p->pos, p->len - p->pos, cp);
+    if (!n) return perr(p, p->pos, "invalid UTF-8");
     p->pos += n;
     return 0;
 }

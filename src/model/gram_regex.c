@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "base/dx_err.h"
+#include "base/dx_utf8.h"
 #include "model/gram_priv.h"
 
 #define RX_MAX_DEPTH 64
@@ -50,23 +51,11 @@ static int rx_putf(rx *r, const char *fmt, unsigned a, unsigned b)
     return rx_put(r, t);
 }
 
-/* One code point of the pattern (UTF-8). */
+/* One code point of the pattern (UTF-8, strict). */
 static int rx_cp(rx *r, uint32_t *cp)
 {
-    const unsigned char *s = (const unsigned char *)r->s + r->pos;
-    size_t left = r->len - r->pos;
-    unsigned c = s[0], n = c < 0x80                 ? 1
-                           : c >= 0xc2 && c <= 0xdf ? 2
-                           : c >= 0xe0 && c <= 0xef ? 3
-                           : c >= 0xf0 && c <= 0xf4 ? 4
-                                                    : 0;
-    if (!n || n > left) return rx_err(r, "invalid UTF-8");
-    uint32_t v = n == 1 ? c : c & (0x3f >> (n - 1));
-    for (unsigned i = 1; i < n; i++) {
-        if ((s[i] & 0xc0) != 0x80) return rx_err(r, "invalid UTF-8");
-        v = v << 6 | (s[i] & 0x3f);
-    }
-    *cp = v;
+    size_t n = dx_utf8_decode((const uint8_t *)r->s + r->pos, r->len - r->pos, cp);
+    if (!n) return rx_err(r, "invalid UTF-8");
     r->pos += n;
     return 0;
 }

@@ -114,16 +114,37 @@ static void test_utf8(void **state)
     static const struct {
         const char *s;
         size_t len;
-    } valid[] = {{"a", 1}, {"\xc2\x80", 2}, {"\xdf\xbf", 2}, {"\xe0\xa0\x80", 3},
-                 {"\xed\x9f\xbf", 3}, {"\xee\x80\x80", 3}, {"\xf0\x90\x80\x80", 4},
+    } valid[] = {{"a", 1},
+                 {"\xc2\x80", 2},
+                 {"\xdf\xbf", 2},
+                 {"\xe0\xa0\x80", 3},
+                 {"\xed\x9f\xbf", 3},
+                 {"\xee\x80\x80", 3},
+                 {"\xf0\x90\x80\x80", 4},
                  {"\xf4\x8f\xbf\xbf", 4}};
     for (size_t i = 0; i < DX_ARRAY_LEN(valid); i++)
         assert_int_equal(dx_utf8_seq_len((const uint8_t *)valid[i].s, valid[i].len), valid[i].len);
-    static const char *const invalid[] = {"\x80", "\xc0\x80", "\xc1\xbf", "\xe0\x9f\xbf",
-                                          "\xed\xa0\x80", "\xf0\x8f\xbf\xbf",
-                                          "\xf4\x90\x80\x80", "\xf5\x80\x80\x80", "\xff"};
+    static const char *const invalid[] = {
+        "\x80",         "\xc0\x80",         "\xc1\xbf",         "\xe0\x9f\xbf",
+        "\xed\xa0\x80", "\xf0\x8f\xbf\xbf", "\xf4\x90\x80\x80", "\xf5\x80\x80\x80",
+        "\xff"};
     for (size_t i = 0; i < DX_ARRAY_LEN(invalid); i++)
         assert_int_equal(dx_utf8_seq_len((const uint8_t *)invalid[i], strlen(invalid[i])), 0);
+    /* decoding: the code point of each valid sequence, nothing for the rest */
+    static const uint32_t cps[] = {'a', 0x80, 0x7ff, 0x800, 0xd7ff, 0xe000, 0x10000, 0x10ffff};
+    for (size_t i = 0; i < DX_ARRAY_LEN(valid); i++) {
+        uint32_t cp = 0;
+        assert_int_equal(dx_utf8_decode((const uint8_t *)valid[i].s, valid[i].len, &cp),
+                         valid[i].len);
+        assert_int_equal(cp, cps[i]);
+    }
+    for (size_t i = 0; i < DX_ARRAY_LEN(invalid); i++) {
+        uint32_t cp = 7;
+        assert_int_equal(dx_utf8_decode((const uint8_t *)invalid[i], strlen(invalid[i]), &cp), 0);
+        assert_int_equal(cp, 7);
+    }
+    uint32_t cp0 = 7;
+    assert_int_equal(dx_utf8_decode((const uint8_t *)"", 0, &cp0), 0);
     /* truncated sequences: invalid as they stand, held back as a tail */
     const uint8_t euro[] = {'x', 0xe2, 0x82, 0xac};
     assert_int_equal(dx_utf8_seq_len(euro + 1, 2), 0);
@@ -138,7 +159,8 @@ static void test_utf8(void **state)
     dx_buf_init(&b, 0);
     const uint8_t mixed[] = {'a', 0xff, 0xc3, 0xa9, 0xe2, 0x82, 'b'};
     assert_int_equal(dx_utf8_sanitize(mixed, sizeof mixed, &b), 0);
-    assert_string_equal(b.data, "a\xef\xbf\xbd\xc3\xa9\xef\xbf\xbd\xef\xbf\xbd" "b");
+    assert_string_equal(b.data, "a\xef\xbf\xbd\xc3\xa9\xef\xbf\xbd\xef\xbf\xbd"
+                                "b");
     dx_buf_free(&b);
 }
 
@@ -160,9 +182,9 @@ static void test_rng_pinned(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_err_messages),      cmocka_unit_test(test_alloc_counts_and_faults),
-        cmocka_unit_test(test_buf_limits),        cmocka_unit_test(test_f16_bf16_roundtrip),
-        cmocka_unit_test(test_q8_0),              cmocka_unit_test(test_utf8),
+        cmocka_unit_test(test_err_messages), cmocka_unit_test(test_alloc_counts_and_faults),
+        cmocka_unit_test(test_buf_limits),   cmocka_unit_test(test_f16_bf16_roundtrip),
+        cmocka_unit_test(test_q8_0),         cmocka_unit_test(test_utf8),
         cmocka_unit_test(test_rng_pinned),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
