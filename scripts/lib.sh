@@ -158,7 +158,7 @@ tsan_wanted() {
 tsan_env() {
     tsan_dir=$PWD/$log_dir/tsan
     mkdir -p "$tsan_dir"
-    export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 log_path=$tsan_dir/report"
+    export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 log_path=$tsan_dir/report suppressions=$PWD/tests/tsan.supp"
     # UCX patches mmap/munmap/brk (its memory hooks, by default by
     # rewriting the functions' code) to keep its registration cache true.
     # Under TSAN those hooks crash every process at thread exit, and the
