@@ -66,8 +66,9 @@ AVX2_ISA := -mavx2 -mfma -mf16c
 AVX2_FLAGS := $(AVX2_ISA) -mno-avx512f
 AVX512_FLAGS := $(AVX2_ISA) -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512bf16 -mavx512vnni
 
-LAYERS := base model engine xfer node router bench
-LIB_SRC := $(foreach l,$(LAYERS),$(wildcard src/$(l)/*.c))
+# Every folder of src/ but cli/ is the library (the folders and their order:
+# scripts/check_layers.sh, docs/architecture.md).
+LIB_SRC := $(sort $(shell find src -name '*.c' -not -path 'src/cli/*'))
 CLI_SRC := $(wildcard src/cli/*.c)
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 CLI_OBJ := $(CLI_SRC:%.c=$(BUILD)/obj/%.o)

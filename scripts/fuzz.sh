@@ -40,7 +40,7 @@ obj() {
 }
 export -f obj
 export OBJ FLAGS AVX2 AVX512 newest_h
-LIBSRC=$(find src/base src/model src/engine src/xfer src/node src/router src/bench -name '*.c' | sort)
+LIBSRC=$(find src -name '*.c' -not -path 'src/cli/*' | sort)
 echo "== library ($(echo "$LIBSRC" | wc -l) files)"
 OBJS=$(echo "$LIBSRC" | xargs -P "${JOBS:-$(nproc)}" -n 1 bash -c 'obj "$0"' | sort)
 
