@@ -6,7 +6,7 @@
  * shape and type; the error names it. */
 #include "model/model.h"
 
-#include "model/jinja.h"
+#include "jinja/jinja.h"
 
 #include <pthread.h>
 #include <stdio.h>

@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "base/dx_err.h"
-#include "model/jinja.h"
+#include "jinja/jinja.h"
 
 /* A token's text as a template variable ("" when the vocabulary has none). */
 static json_t *token_text(const tok *t, int32_t id)

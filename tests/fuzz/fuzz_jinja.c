@@ -11,7 +11,7 @@
 
 #include "base/dx_alloc.h"
 #include "base/dx_buf.h"
-#include "model/jinja.h"
+#include "jinja/jinja.h"
 
 static const char k_vars[] =
     "{\"messages\": ["

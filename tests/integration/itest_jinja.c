@@ -28,7 +28,7 @@
 #include "base/dx_buf.h"
 #include "base/dx_err.h"
 #include "model/chat_tmpl.h"
-#include "model/jinja.h"
+#include "jinja/jinja.h"
 
 #define MATRIX "tests/data/jinja/matrix.json"
 

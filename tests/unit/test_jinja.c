@@ -19,7 +19,7 @@
 #include "base/dx_alloc.h"
 #include "base/dx_err.h"
 #include "model/chat_tmpl.h"
-#include "model/jinja.h"
+#include "jinja/jinja.h"
 
 typedef struct {
     const char *tmpl;

@@ -25,7 +25,7 @@
 #include <stdint.h>
 
 #include "base/dx_buf.h"
-#include "model/jinja.h"
+#include "jinja/jinja.h"
 
 /* ---- arena ---------------------------------------------------------------- */
 

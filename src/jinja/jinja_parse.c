@@ -10,7 +10,7 @@
  * Nesting is bounded (JINJA_MAX_PARSE_DEPTH) so a hostile template cannot
  * exhaust the stack; every error names the line and column of the token
  * where parsing stopped. */
-#include "model/jinja_priv.h"
+#include "jinja/jinja_priv.h"
 
 #include <stdarg.h>
 #include <stdio.h>

@@ -14,7 +14,7 @@
  * included (a `-` after an operand is binary, elsewhere it glues to the
  * digits that follow; commas are optional in lists; whitespace control
  * trims JavaScript whitespace, which includes U+00A0 and friends). */
-#include "model/jinja_priv.h"
+#include "jinja/jinja_priv.h"
 
 #include <stdarg.h>
 #include <stdio.h>

@@ -8,7 +8,7 @@
  * print as JSON with ", " and ": ", `==` is JavaScript's loose equality and
  * `in` its strict one, strings compare by UTF-16 code units.  Each rule
  * below names the piece of runtime.ts it follows. */
-#include "model/jinja_priv.h"
+#include "jinja/jinja_priv.h"
 
 #include <locale.h>
 #include <math.h>

@@ -14,7 +14,7 @@
  *
  * Every expression and statement counts a step and a level of depth
  * against the render's limits, so loops end and recursion is bounded. */
-#include "model/jinja_priv.h"
+#include "jinja/jinja_priv.h"
 
 #include <math.h>
 #include <string.h>

@@ -10,7 +10,7 @@
  * `round`, str.find); docs/templates.md lists them.  Filters dispatch on the
  * operand's type first, as in the reference, so `x|length` on none is an
  * error, not 0. */
-#include "model/jinja_priv.h"
+#include "jinja/jinja_priv.h"
 
 #include <math.h>
 #include <stdio.h>
