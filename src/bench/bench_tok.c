@@ -15,7 +15,7 @@
 #include "base/dx_clock.h"
 #include "base/dx_err.h"
 #include "model/model.h"
-#include "model/tok_norm.h"
+#include "tok/tok_norm.h"
 
 static int cmp_double(const void *a, const void *b)
 {

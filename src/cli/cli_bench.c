@@ -13,8 +13,8 @@
 #include "bench/bench_gram.h"
 #include "bench/bench_tok.h"
 #include "engine/engine.h"
-#include "model/bpe_train.h"
-#include "model/hf_tok.h"
+#include "tok/bpe_train.h"
+#include "tok/hf_tok.h"
 #include "model/model.h"
 
 static int bench_engine(int argc, char **argv)

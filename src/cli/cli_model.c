@@ -7,7 +7,7 @@
 #include "base/dx_err.h"
 #include "model/model.h"
 #include "model/synth.h"
-#include "model/tok_norm.h"
+#include "tok/tok_norm.h"
 
 static int cmd_synth(int argc, char **argv)
 {

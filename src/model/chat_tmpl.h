@@ -18,7 +18,7 @@
 #include <stddef.h>
 
 #include "base/dx_buf.h"
-#include "model/tok.h"
+#include "tok/tok.h"
 
 enum chat_tmpl_kind { CHAT_TMPL_CHATML, CHAT_TMPL_LLAMA3 };
 

@@ -27,7 +27,7 @@
 #include <stdint.h>
 
 #include "base/dx_buf.h"
-#include "model/tok.h"
+#include "tok/tok.h"
 
 typedef struct gram gram;
 typedef struct gram_vocab gram_vocab;

@@ -16,7 +16,7 @@
 #include "base/dx_alloc.h"
 #include "base/dx_dtype.h"
 #include "base/dx_err.h"
-#include "model/tok_norm.h"
+#include "tok/tok_norm.h"
 
 struct model {
     gguf_ctx *g;

@@ -22,7 +22,7 @@
 
 #include "model/chat_tmpl.h"
 #include "model/gguf.h"
-#include "model/tok.h"
+#include "tok/tok.h"
 
 enum model_arch { MODEL_LLAMA, MODEL_QWEN2, MODEL_QWEN3 };
 

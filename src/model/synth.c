@@ -20,9 +20,9 @@
 #include "base/dx_dtype.h"
 #include "base/dx_err.h"
 #include "base/dx_rng.h"
-#include "model/bpe_train.h"
-#include "model/hf_tok.h"
-#include "model/tok_norm.h"
+#include "tok/bpe_train.h"
+#include "tok/hf_tok.h"
+#include "tok/tok_norm.h"
 
 #define SHAPE(e, l, h, kv, hd, ff, ctx)                                                            \
     .n_embd = e, .n_layer = l, .n_head = h, .n_kv_head = kv, .head_dim = hd, .n_ff = ff,           \

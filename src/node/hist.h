@@ -38,7 +38,7 @@
 #include <stdint.h>
 
 #include "base/dx_buf.h"
-#include "model/tok.h"
+#include "tok/tok.h"
 
 typedef struct hist_mem hist_mem;
 

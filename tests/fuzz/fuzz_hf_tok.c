@@ -12,7 +12,7 @@
 
 #include "base/dx_buf.h"
 #include "base/dx_err.h"
-#include "model/hf_tok.h"
+#include "tok/hf_tok.h"
 
 static void check_roundtrip(const tok *t)
 {

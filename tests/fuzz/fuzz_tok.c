@@ -9,8 +9,8 @@
 
 #include "base/dx_buf.h"
 #include "base/dx_err.h"
-#include "model/bpe_train.h"
-#include "model/tok.h"
+#include "tok/bpe_train.h"
+#include "tok/tok.h"
 
 static tok *fz_tok[2];
 

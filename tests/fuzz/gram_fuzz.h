@@ -17,8 +17,8 @@
 #include "base/dx_rng.h"
 #include "model/gram.h"
 #include "model/gram_priv.h"
-#include "model/tok.h"
-#include "model/tok_internal.h"
+#include "tok/tok.h"
+#include "tok/tok_internal.h"
 
 static const char *const k_gf_pieces[] = {"{\"", "\":",      "\",",          "\"}", "true", "null",
                                           "[{",  "}]",       "12",           "0.",  " \"",  "\\\"",

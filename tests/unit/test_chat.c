@@ -11,7 +11,7 @@
 
 #include "base/dx_alloc.h"
 #include "base/dx_err.h"
-#include "model/bpe_train.h"
+#include "tok/bpe_train.h"
 #include "model/chat_tmpl.h"
 
 #define MSG(r, c) {r, c, sizeof(c) - 1}

@@ -23,9 +23,9 @@
 #include "base/dx_rng.h"
 #include "model/gram.h"
 #include "model/gram_priv.h"
-#include "model/hf_tok.h"
-#include "model/tok.h"
-#include "model/tok_internal.h"
+#include "tok/hf_tok.h"
+#include "tok/tok.h"
+#include "tok/tok_internal.h"
 
 /* ---- a small vocabulary: every byte, JSON-ish pieces, two control tokens ---------- */
 

@@ -1,4 +1,4 @@
-/* Hugging Face tokenizer import (src/model/hf_tok.c) and its use by synth:
+/* Hugging Face tokenizer import (src/tok/hf_tok.c) and its use by synth:
  * a small tokenizer.json built here in each shape the real ones take (both
  * merge forms, special and non-special added tokens, a gap in the ids, a
  * TemplateProcessing post-processor, NFC), the GGUF it becomes, and every
@@ -21,11 +21,11 @@
 #include "base/dx_alloc.h"
 #include "base/dx_dtype.h"
 #include "base/dx_err.h"
-#include "model/hf_tok.h"
+#include "tok/hf_tok.h"
 #include "model/model.h"
 #include "model/synth.h"
-#include "model/tok_internal.h"
-#include "model/tok_norm.h"
+#include "tok/tok_internal.h"
+#include "tok/tok_norm.h"
 
 #define QWEN_RE                                                                                    \
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| "                          \

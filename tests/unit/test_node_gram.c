@@ -16,7 +16,7 @@
 #include "base/dx_dtype.h"
 #include "engine_test_util.h"
 #include "model/gram.h"
-#include "model/tok.h"
+#include "tok/tok.h"
 #include "node/node_gram.h"
 #include "node/oai_req.h"
 #include "node/oai_tools.h"

@@ -1,4 +1,4 @@
-/* Unit tests for src/model/tok.c and bpe_train.c: round trips (valid and
+/* Unit tests for src/tok/tok.c and bpe_train.c: round trips (valid and
  * invalid UTF-8, both pre-tokenizers), pinned encodings, trainer determinism
  * and tie-breaking, pre-tokenizer splits, special tokens, config validation
  * with leak and out-of-memory checks.
@@ -20,10 +20,10 @@
 #include "base/dx_alloc.h"
 #include "base/dx_buf.h"
 #include "base/dx_err.h"
-#include "model/bpe_train.h"
-#include "model/tok.h"
-#include "model/tok_internal.h"
-#include "model/tok_norm.h"
+#include "tok/bpe_train.h"
+#include "tok/tok.h"
+#include "tok/tok_internal.h"
+#include "tok/tok_norm.h"
 
 static const char *const specials[] = {
     "<|endoftext|>",   "<|im_start|>",        "<|im_end|>",        "<|begin_of_text|>",

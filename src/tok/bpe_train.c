@@ -18,7 +18,7 @@
  * touches; picking the best pair is a scan of that table, which for the
  * embedded corpus (a few thousand distinct words) is far cheaper than
  * maintaining a heap with decrease-key. */
-#include "model/bpe_train.h"
+#include "tok/bpe_train.h"
 
 #include <stdint.h>
 #include <string.h>
@@ -27,7 +27,7 @@
 #include "base/dx_alloc.h"
 #include "base/dx_buf.h"
 #include "base/dx_err.h"
-#include "model/tok_internal.h"
+#include "tok/tok_internal.h"
 
 /* Open-addressing index from a key to a dense position; -1 = free. */
 typedef struct {

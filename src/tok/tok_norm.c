@@ -16,7 +16,7 @@
  * blocks, and composition gives back exactly the text.  The set is derived
  * once from utf8proc's own tables (pthread_once, ~ms), not written by
  * hand, so it follows the library's Unicode version. */
-#include "model/tok_norm.h"
+#include "tok/tok_norm.h"
 
 #include <pthread.h>
 #include <stdint.h>

@@ -9,7 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "model/tok.h"
+#include "tok/tok.h"
 
 typedef struct tok_regex tok_regex;
 

@@ -30,7 +30,7 @@
  * ones only with TOK_ALLOW_SPECIAL, as llama.cpp's parse_special and
  * Hugging Face's split_special_tokens decide it.  With a normalizer (NFC),
  * each stretch between matched tokens is normalised first (tok_norm.c). */
-#include "model/tok.h"
+#include "tok/tok.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
@@ -42,8 +42,8 @@
 #include "base/dx_alloc.h"
 #include "base/dx_utf8.h"
 #include "base/dx_err.h"
-#include "model/tok_internal.h"
-#include "model/tok_norm.h"
+#include "tok/tok_internal.h"
+#include "tok/tok_norm.h"
 
 /* ---- GPT-2 byte <-> code point map ---------------------------------------------------------- */
 

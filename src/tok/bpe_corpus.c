@@ -9,7 +9,7 @@
  *
  * Kept as one literal per line (clang-format off, so the literal mirrors the
  * text); "\t" marks the tabs in the makefile sample. */
-#include "model/bpe_train.h"
+#include "tok/bpe_train.h"
 
 /* clang-format off */
 static const char corpus[] =

@@ -7,7 +7,7 @@
  * (hf_tok_build), which checks what only the whole vocabulary can show —
  * every byte has a token, every merge joins two tokens into a third, every
  * normal token is a valid byte-level string. */
-#include "model/hf_tok.h"
+#include "tok/hf_tok.h"
 
 #include <errno.h>
 #include <jansson.h>

@@ -9,7 +9,7 @@
 
 #include <stddef.h>
 
-#include "model/tok.h"
+#include "tok/tok.h"
 
 typedef struct {
     char **tokens;   /* 256 byte tokens in GPT-2 byte order, then one per merge */

@@ -37,7 +37,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "model/tok.h"
+#include "tok/tok.h"
 
 typedef struct {
     char **tokens;   /* [n_tokens] GGUF token strings, NUL-terminated */

@@ -14,7 +14,7 @@
 #include <stdint.h>
 
 #include "base/dx_buf.h"
-#include "model/tok.h"
+#include "tok/tok.h"
 
 /* "nfc" / "NFC" or "none"; DX_EUNSUPPORTED naming the value otherwise. */
 int tok_norm_parse(const char *name, size_t len, enum tok_norm *out);
