@@ -9,7 +9,7 @@
 #include "base/dx_alloc.h"
 #include "base/dx_clock.h"
 #include "base/dx_err.h"
-#include "model/gram.h"
+#include "gram/gram.h"
 
 static const char k_tool_schema[] =
     "{\"type\":\"object\",\"properties\":{\"location\":{\"type\":\"string\",\"description\":"

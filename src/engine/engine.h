@@ -15,7 +15,7 @@
 #include <stdint.h>
 
 #include "engine/kv_pool.h"
-#include "model/gram.h"
+#include "gram/gram.h"
 #include "model/model.h"
 
 /* Tokens per KV block unless the caller sets engine_config.block_size:

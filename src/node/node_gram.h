@@ -23,7 +23,7 @@
 #include <stdint.h>
 
 #include "base/dx_buf.h"
-#include "model/gram.h"
+#include "gram/gram.h"
 #include "node/oai_req.h"
 
 #define NODE_GRAM_CACHE_DEFAULT 64 /* compiled grammars kept */

@@ -12,7 +12,7 @@
 
 #include "base/dx_buf.h"
 #include "base/dx_err.h"
-#include "model/gram.h"
+#include "gram/gram.h"
 #include "node/kvtp.h"
 #include "node/node_gram.h"
 #include "node/oai_req.h"

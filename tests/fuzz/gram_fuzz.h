@@ -15,8 +15,8 @@
 #include "base/dx_buf.h"
 #include "base/dx_err.h"
 #include "base/dx_rng.h"
-#include "model/gram.h"
-#include "model/gram_priv.h"
+#include "gram/gram.h"
+#include "gram/gram_priv.h"
 #include "tok/tok.h"
 #include "tok/tok_internal.h"
 

@@ -15,7 +15,7 @@
 #include "base/dx_alloc.h"
 #include "base/dx_dtype.h"
 #include "engine_test_util.h"
-#include "model/gram.h"
+#include "gram/gram.h"
 #include "tok/tok.h"
 #include "node/node_gram.h"
 #include "node/oai_req.h"

@@ -24,7 +24,7 @@
 #include "base/dx_alloc.h"
 #include "base/dx_err.h"
 #include "base/dx_utf8.h"
-#include "model/gram_priv.h"
+#include "gram/gram_priv.h"
 
 typedef struct {
     uint32_t *e;

@@ -19,7 +19,7 @@
 
 #include "base/dx_err.h"
 #include "base/dx_utf8.h"
-#include "model/gram_priv.h"
+#include "gram/gram_priv.h"
 
 #define RX_MAX_DEPTH 64
 

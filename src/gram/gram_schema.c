@@ -23,7 +23,7 @@
 
 #include "base/dx_alloc.h"
 #include "base/dx_err.h"
-#include "model/gram_priv.h"
+#include "gram/gram_priv.h"
 
 #define SC_MAX_DEPTH  64         /* nested subschemas */
 #define SC_MAX_ENUM   10000      /* enum entries */

@@ -11,7 +11,7 @@
 
 #include <stdint.h>
 
-#include "model/gram.h"
+#include "gram/gram.h"
 
 /* Limits (docs/structured.md lists them). */
 #define GRAM_MAX_SRC    (8u << 20) /* EBNF text bytes */

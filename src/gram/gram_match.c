@@ -24,7 +24,7 @@
 
 #include "base/dx_alloc.h"
 #include "base/dx_err.h"
-#include "model/gram_priv.h"
+#include "gram/gram_priv.h"
 
 #define GM_MAX_TOKEN   1024u /* longer tokens are never allowed */
 #define GM_MAX_DEPTH   2048u
