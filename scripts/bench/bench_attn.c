@@ -25,7 +25,7 @@
 #include "base/dx_clock.h"
 #include "base/dx_dtype.h"
 #include "engine/engine.h"
-#include "engine/kern.h"
+#include "engine/kern/kern.h"
 
 enum { N_HEAD = 16, N_KV = 8, D = 128, MAX_THR = 8 };
 static size_t BS = ENGINE_DEFAULT_BLOCK_SIZE;

@@ -17,7 +17,7 @@
 #include "base/dx_clock.h"
 #include "base/dx_dtype.h"
 #include "base/dx_tpool.h"
-#include "engine/kern.h"
+#include "engine/kern/kern.h"
 
 typedef struct {
     int wtype;

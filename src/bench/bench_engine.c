@@ -21,7 +21,7 @@
 #include "base/dx_tpool.h"
 #include "engine/engine.h"
 #include "engine/fwd.h"
-#include "engine/kern.h"
+#include "engine/kern/kern.h"
 #include "engine/kv_pool.h"
 
 #define CHUNK 512

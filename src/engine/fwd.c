@@ -19,7 +19,7 @@
 #include "base/dx_clock.h"
 #include "base/dx_dtype.h"
 #include "base/dx_err.h"
-#include "engine/kern.h"
+#include "engine/kern/kern.h"
 
 #define ATTN_Q_CHUNK 64 /* queries per attention task */
 #define TOK_CHUNK 16    /* tokens per task for per-token ops */

@@ -5,7 +5,7 @@
 #ifndef KERN_TEST_ISA_H
 #define KERN_TEST_ISA_H
 
-#include "engine/kern.h"
+#include "engine/kern/kern.h"
 
 static const enum kern_isa kti_isas[] = {KERN_SCALAR, KERN_AVX2, KERN_AVX512};
 

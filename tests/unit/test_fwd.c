@@ -14,7 +14,7 @@
 #include "base/dx_dtype.h"
 #include "base/dx_tpool.h"
 #include "engine/fwd.h"
-#include "engine/kern.h"
+#include "engine/kern/kern.h"
 #include "engine/kv_pool.h"
 #include "engine_test_util.h"
 #include "kern_test_isa.h"

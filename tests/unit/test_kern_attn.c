@@ -17,7 +17,7 @@
 #include "base/dx_alloc.h"
 #include "base/dx_dtype.h"
 #include "base/dx_err.h"
-#include "engine/kern.h"
+#include "engine/kern/kern.h"
 
 /* ------------------------------------------------------------ fixtures */
 

@@ -26,7 +26,7 @@
 #include "base/dx_dtype.h"
 #include "base/dx_err.h"
 #include "base/dx_tpool.h"
-#include "engine/kern.h"
+#include "engine/kern/kern.h"
 #include "kern_test_isa.h"
 
 #define REL_TOL 2e-5

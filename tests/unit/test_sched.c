@@ -19,7 +19,7 @@
 #include "base/dx_dtype.h"
 #include "base/dx_tpool.h"
 #include "engine/engine.h"
-#include "engine/kern.h"
+#include "engine/kern/kern.h"
 #include "engine/sched.h"
 #include "engine/sampler.h"
 #include "engine_test_util.h"

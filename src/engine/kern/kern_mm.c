@@ -12,8 +12,8 @@
 #include "base/dx_alloc.h"
 #include "base/dx_dtype.h"
 #include "base/dx_err.h"
-#include "engine/kern.h"
-#include "engine/kern_mm_priv.h"
+#include "engine/kern/kern.h"
+#include "engine/kern/kern_mm_priv.h"
 
 size_t kern__act_row_bytes(int wtype, size_t n_in)
 {

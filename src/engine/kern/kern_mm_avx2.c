@@ -12,7 +12,7 @@
 
 #include "base/dx_dtype.h"
 #include "base/dx_err.h"
-#include "engine/kern_mm_priv.h"
+#include "engine/kern/kern_mm_priv.h"
 
 #define MM2_INLINE         static inline __attribute__((always_inline))
 #define MM2_UNROLL         _Pragma("GCC unroll 16")

@@ -29,8 +29,8 @@
 
 #include "base/dx_dtype.h"
 #include "base/dx_err.h"
-#include "engine/kern.h"
-#include "engine/kern_attn_internal.h"
+#include "engine/kern/kern.h"
+#include "engine/kern/kern_attn_internal.h"
 
 /* Query tokens per tile: each converted K/V step is reused by TILE_Q × G
  * rows; the tile's q, acc and running state (~1.5 KiB per row at head_dim

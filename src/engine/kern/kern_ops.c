@@ -5,8 +5,8 @@
  * all of these are batch-invariant by construction. */
 #include <math.h>
 
-#include "engine/kern.h"
-#include "engine/kern_attn_internal.h"
+#include "engine/kern/kern.h"
+#include "engine/kern/kern_attn_internal.h"
 
 static void ops_rmsnorm_scalar(const float *x, const float *w, float eps, size_t n, float *y)
 {

@@ -3,7 +3,7 @@
  * the AVX2 path), overridable with DUPLEX_KERNELS=scalar|avx2|avx512 for
  * comparisons and with kern_set_isa() in tests.  One process should keep one
  * ISA while it computes results that must match bit for bit. */
-#include "engine/kern.h"
+#include "engine/kern/kern.h"
 
 #include <stdatomic.h>
 #include <stdlib.h>

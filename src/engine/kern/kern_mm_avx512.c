@@ -18,7 +18,7 @@
 
 #include "base/dx_dtype.h"
 #include "base/dx_err.h"
-#include "engine/kern_mm_priv.h"
+#include "engine/kern/kern_mm_priv.h"
 
 #define MM_INLINE         static inline __attribute__((always_inline))
 #define MM_L2_BLOCK_BYTES (256u * 1024u)
