@@ -17,7 +17,7 @@
 #include "base/dx_err.h"
 #include "base/dx_log.h"
 #include "node/node_reg.h"
-#include "node/oai_req.h"
+#include "oai/oai_req.h"
 #include "node/rds.h"
 #include "router/router.h"
 #include "router/router_store.h"

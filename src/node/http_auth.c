@@ -10,7 +10,7 @@
 #include "base/dx_cidr.h"
 #include "base/dx_err.h"
 #include "base/dx_keys.h"
-#include "node/oai_resp.h"
+#include "oai/oai_resp.h"
 
 struct http_auth {
     dx_keys *api;      /* the API keys (maybe none) */

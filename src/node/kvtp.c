@@ -9,7 +9,7 @@
 
 #include "base/dx_alloc.h"
 #include "base/dx_err.h"
-#include "node/oai_resp.h"
+#include "oai/oai_resp.h"
 
 static int bad(oai_err *err, const char *field, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

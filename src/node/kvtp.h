@@ -14,7 +14,7 @@
 #include <stdint.h>
 
 #include "base/dx_buf.h"
-#include "node/oai_req.h"
+#include "oai/oai_req.h"
 #include "xfer/xfer_lease.h"
 
 #define KVTP_MAX_ID    128 /* engine and request ids, bytes */

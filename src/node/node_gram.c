@@ -9,7 +9,7 @@
 
 #include "base/dx_alloc.h"
 #include "base/dx_err.h"
-#include "node/oai_tools.h"
+#include "oai/oai_tools.h"
 
 struct node_gram {
     node_gram *prev, *next; /* the LRU list, most recent first */

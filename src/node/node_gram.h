@@ -24,7 +24,7 @@
 
 #include "base/dx_buf.h"
 #include "gram/gram.h"
-#include "node/oai_req.h"
+#include "oai/oai_req.h"
 
 #define NODE_GRAM_CACHE_DEFAULT 64 /* compiled grammars kept */
 

@@ -3,7 +3,7 @@
 
 #include "model/model_chat.h"
 
-#include "node/oai_tools.h"
+#include "oai/oai_tools.h"
 
 #include <signal.h>
 #include <stdio.h>
@@ -18,7 +18,7 @@
 #include "node/node_engine.h"
 #include "node/node_kv.h"
 #include "node/node_reg.h"
-#include "node/oai_req.h"
+#include "oai/oai_req.h"
 
 typedef struct {
     node_run_config cfg;

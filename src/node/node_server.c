@@ -49,8 +49,8 @@
 #include "base/dx_log.h"
 #include "node/http_conn.h"
 #include "node/node_server_priv.h"
-#include "node/oai_req.h"
-#include "node/oai_resp.h"
+#include "oai/oai_req.h"
+#include "oai/oai_resp.h"
 #include "node/prom.h"
 
 const char *node_role_name(enum node_role r)

@@ -14,9 +14,9 @@
 #include "node/node_gram.h"
 #include "node/node_pd.h"
 #include "node/node_server.h"
-#include "node/oai_req.h"
-#include "node/oai_resp.h"
-#include "node/oai_tools.h"
+#include "oai/oai_req.h"
+#include "oai/oai_resp.h"
+#include "oai/oai_tools.h"
 #include "node/prom.h"
 #include "node/work_pool.h"
 

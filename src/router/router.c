@@ -13,7 +13,7 @@
 #include "base/dx_err.h"
 #include "base/dx_keys.h"
 #include "base/dx_log.h"
-#include "node/oai_resp.h"
+#include "oai/oai_resp.h"
 
 double rt_now_s(void)
 {

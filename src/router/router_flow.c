@@ -32,7 +32,7 @@
 #include "base/dx_keys.h"
 #include "base/dx_log.h"
 #include "model/model_chat.h"
-#include "node/oai_resp.h"
+#include "oai/oai_resp.h"
 #include "router/router_priv.h"
 
 #define ANSWER_MAX ((size_t)64 << 20) /* a node's whole (non-streamed) answer */

@@ -9,7 +9,7 @@
 #include "base/dx_buf.h"
 #include "model/model.h"
 #include "node/http_conn.h"
-#include "node/oai_req.h"
+#include "oai/oai_req.h"
 #include "node/prom.h"
 #include "node/work_pool.h"
 #include "router/router.h"

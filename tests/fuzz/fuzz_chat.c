@@ -24,7 +24,7 @@
 #include "model/model.h"
 #include "model/model_chat.h"
 #include "model/synth.h"
-#include "node/oai_req.h"
+#include "oai/oai_req.h"
 
 /* Reads what the native renderers ignore: tools, tool calls, reasoning,
  * and a kwarg — the shapes real templates (Qwen3's) use. */

@@ -26,7 +26,7 @@
 #include "model/synth.h"
 #include "node/node_engine.h"
 #include "node/node_server.h"
-#include "node/oai_req.h"
+#include "oai/oai_req.h"
 
 static int g_port;
 static engine *g_engine; /* live until the process exits */

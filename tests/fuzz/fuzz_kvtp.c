@@ -17,7 +17,7 @@
 #include "base/dx_buf.h"
 #include "base/dx_err.h"
 #include "node/kvtp.h"
-#include "node/oai_req.h"
+#include "oai/oai_req.h"
 
 static void check_limits(const kvtp *p, const kvtp_limits *lim)
 {

@@ -15,8 +15,8 @@
 #include "gram/gram.h"
 #include "node/kvtp.h"
 #include "node/node_gram.h"
-#include "node/oai_req.h"
-#include "node/oai_resp.h"
+#include "oai/oai_req.h"
+#include "oai/oai_resp.h"
 
 static void check_json(const dx_buf *b)
 {

@@ -19,8 +19,8 @@
 #include "base/dx_err.h"
 #include "base/dx_rng.h"
 #include "base/dx_utf8.h"
-#include "node/oai_jscan.h"
-#include "node/oai_tools.h"
+#include "oai/oai_jscan.h"
+#include "oai/oai_tools.h"
 
 static void check_members(const dx_buf *b)
 {

@@ -31,7 +31,7 @@
 #include "../test_client.h"
 #include "base/dx_clock.h"
 #include "base/dx_err.h"
-#include "node/oai_resp.h"
+#include "oai/oai_resp.h"
 
 static struct {
     const char *bin;

@@ -18,8 +18,8 @@
 #include "gram/gram.h"
 #include "tok/tok.h"
 #include "node/node_gram.h"
-#include "node/oai_req.h"
-#include "node/oai_tools.h"
+#include "oai/oai_req.h"
+#include "oai/oai_tools.h"
 
 static model *g_m;
 static gram_vocab *g_v;

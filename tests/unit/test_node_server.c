@@ -47,8 +47,8 @@
 #include "engine_test_util.h"
 #include "node/node_engine.h"
 #include "node/node_server.h"
-#include "node/oai_req.h"
-#include "node/oai_resp.h"
+#include "oai/oai_req.h"
+#include "oai/oai_resp.h"
 
 /* ---- harness: server loop on a thread, engine loaded like cli_serve ------ */
 

@@ -21,8 +21,8 @@
 #include "base/dx_buf.h"
 #include "base/dx_err.h"
 #include "node/node_server.h"
-#include "node/oai_req.h"
-#include "node/oai_tools.h"
+#include "oai/oai_req.h"
+#include "oai/oai_tools.h"
 
 /* ---- the scripted model --------------------------------------------------- */
 

@@ -12,8 +12,8 @@
 #include "base/dx_alloc.h"
 #include "base/dx_err.h"
 #include "node/kvtp.h"
-#include "node/oai_req.h"
-#include "node/oai_resp.h"
+#include "oai/oai_req.h"
+#include "oai/oai_resp.h"
 #include "node/prom.h"
 
 static int parse(enum oai_kind k, const char *body, oai_req *r, oai_err *e)

@@ -23,8 +23,8 @@
 #include "base/dx_err.h"
 #include "base/dx_rng.h"
 #include "base/dx_utf8.h"
-#include "node/oai_jscan.h"
-#include "node/oai_tools.h"
+#include "oai/oai_jscan.h"
+#include "oai/oai_tools.h"
 
 #define QWEN                                                                                       \
     {                                                                                              \

@@ -19,7 +19,7 @@
 #include "base/dx_alloc.h"
 #include "base/dx_err.h"
 #include "base/dx_rng.h"
-#include "node/oai_req.h"
+#include "oai/oai_req.h"
 #include "router/router_sse.h"
 
 #define FINAL                                                                                      \

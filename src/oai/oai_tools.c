@@ -12,7 +12,7 @@
  * Every tag starts with '<' and has no other '<', so a partial tag that
  * fails at byte c can only restart at c itself: the matcher never has to
  * look back into what it held. */
-#include "node/oai_tools.h"
+#include "oai/oai_tools.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -23,8 +23,8 @@
 #include "base/dx_err.h"
 #include "base/dx_rng.h"
 #include "base/dx_utf8.h"
-#include "node/oai_jscan.h"
-#include "node/oai_resp.h"
+#include "oai/oai_jscan.h"
+#include "oai/oai_resp.h"
 
 static const char k_think[] = "<think>", k_unthink[] = "</think>", k_call[] = "<tool_call>",
                   k_uncall[] = "</tool_call>", k_python[] = "<|python_tag|>";

@@ -15,7 +15,7 @@
 #include <stdint.h>
 
 #include "base/dx_buf.h"
-#include "node/oai_req.h"
+#include "oai/oai_req.h"
 
 typedef struct {
     enum oai_kind kind;

@@ -3,7 +3,7 @@
  * `null` for an optional field means "use the default", as in the OpenAI
  * API.  Integers may be written as integral reals (1e3); anything else is a
  * 400 naming the field. */
-#include "node/oai_req.h"
+#include "oai/oai_req.h"
 
 #include <jansson.h>
 #include <math.h>

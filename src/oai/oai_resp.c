@@ -1,5 +1,5 @@
 /* oai_resp: OpenAI response JSON and SSE framing (see .h). */
-#include "node/oai_resp.h"
+#include "oai/oai_resp.h"
 
 #include <stdio.h>
 #include <stdlib.h>

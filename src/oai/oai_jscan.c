@@ -1,5 +1,5 @@
 /* oai_jscan: incremental JSON object scanner and helpers (see .h). */
-#include "node/oai_jscan.h"
+#include "oai/oai_jscan.h"
 
 #include <string.h>
 
