@@ -12,7 +12,7 @@
 #include "base/dx_err.h"
 #include "bench/bench_report.h"
 #include "bench/bench_run.h"
-#include "node/http_conn.h"
+#include "http/http_conn.h"
 
 struct bench_fake {
     bench_fake_config cfg;

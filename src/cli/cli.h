@@ -12,7 +12,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "node/http_conn.h"
+#include "http/http_conn.h"
 
 /* CLI_PATH is a CLI_STR that help shows as FILE.  CLI_LIST and
  * CLI_PATH_LIST may be given several times: each value is added to a

@@ -13,7 +13,7 @@
 #include "base/dx_buf.h"
 #include "base/dx_err.h"
 #include "base/dx_keys.h"
-#include "node/http_auth.h"
+#include "http/http_auth.h"
 
 static size_t on_body(char *p, size_t size, size_t n, void *user)
 {

@@ -16,9 +16,9 @@
 #include "base/dx_buf.h"
 #include "base/dx_err.h"
 #include "base/dx_log.h"
-#include "node/node_reg.h"
+#include "http/node_reg.h"
 #include "oai/oai_req.h"
-#include "node/rds.h"
+#include "http/rds.h"
 #include "router/router.h"
 #include "router/router_store.h"
 

@@ -10,7 +10,7 @@
 #include "base/dx_log.h"
 #include "engine/engine.h"
 #include "base/dx_addr.h"
-#include "node/node_reg.h"
+#include "http/node_reg.h"
 #include "node/node_run.h"
 
 static int parse_role(const char *r, enum node_role *out)

@@ -35,7 +35,7 @@
 #include "node/kvtp.h"
 #include "node/node_kv.h"
 #include "node/node_server.h"
-#include "node/prom.h"
+#include "http/prom.h"
 
 typedef struct node_req node_req;
 

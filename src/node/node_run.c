@@ -17,7 +17,7 @@
 #include "base/dx_log.h"
 #include "node/node_engine.h"
 #include "node/node_kv.h"
-#include "node/node_reg.h"
+#include "http/node_reg.h"
 #include "oai/oai_req.h"
 
 typedef struct {

@@ -20,7 +20,7 @@
 #include <stdint.h>
 
 #include "engine/engine.h"
-#include "node/http_auth.h"
+#include "http/http_auth.h"
 #include "node/node_server.h"
 
 typedef struct {

@@ -47,11 +47,11 @@
 #include "base/dx_clock.h"
 #include "base/dx_err.h"
 #include "base/dx_log.h"
-#include "node/http_conn.h"
+#include "http/http_conn.h"
 #include "node/node_server_priv.h"
 #include "oai/oai_req.h"
 #include "oai/oai_resp.h"
-#include "node/prom.h"
+#include "http/prom.h"
 
 const char *node_role_name(enum node_role r)
 {

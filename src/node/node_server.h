@@ -28,8 +28,8 @@
 #include "engine/engine.h"
 #include "model/chat_tmpl.h"
 #include "model/model_chat.h"
-#include "node/http_auth.h"
-#include "node/http_conn.h"
+#include "http/http_auth.h"
+#include "http/http_conn.h"
 #include "node/node_kv.h"
 
 enum node_role { NODE_ROLE_BOTH, NODE_ROLE_PREFILL, NODE_ROLE_DECODE };

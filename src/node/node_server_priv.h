@@ -9,16 +9,16 @@
 
 #include "base/dx_buf.h"
 #include "node/hist.h"
-#include "node/http_auth.h"
-#include "node/http_conn.h"
+#include "http/http_auth.h"
+#include "http/http_conn.h"
 #include "node/node_gram.h"
 #include "node/node_pd.h"
 #include "node/node_server.h"
 #include "oai/oai_req.h"
 #include "oai/oai_resp.h"
 #include "oai/oai_tools.h"
-#include "node/prom.h"
-#include "node/work_pool.h"
+#include "http/prom.h"
+#include "http/work_pool.h"
 
 typedef struct node_req node_req;
 

@@ -22,8 +22,8 @@
 #include <stdint.h>
 #include <uv.h>
 
-#include "node/http_auth.h"
-#include "node/http_conn.h"
+#include "http/http_auth.h"
+#include "http/http_conn.h"
 
 enum router_mode { ROUTER_BIDIRECTIONAL, ROUTER_UNIDIRECTIONAL };
 

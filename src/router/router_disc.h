@@ -14,7 +14,7 @@
 #include <stdint.h>
 #include <uv.h>
 
-#include "node/node_reg.h"
+#include "http/node_reg.h"
 
 typedef struct router_disc router_disc;
 

@@ -8,10 +8,10 @@
 
 #include "base/dx_buf.h"
 #include "model/model.h"
-#include "node/http_conn.h"
+#include "http/http_conn.h"
 #include "oai/oai_req.h"
-#include "node/prom.h"
-#include "node/work_pool.h"
+#include "http/prom.h"
+#include "http/work_pool.h"
 #include "router/router.h"
 #include "router/router_disc.h"
 #include "router/router_key.h"

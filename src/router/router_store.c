@@ -10,8 +10,8 @@
 #include "base/dx_alloc.h"
 #include "base/dx_clock.h"
 #include "base/dx_err.h"
-#include "node/prom.h"
-#include "node/rds.h"
+#include "http/prom.h"
+#include "http/rds.h"
 #include "router/router_store_priv.h"
 
 /* Replaces an entry only with one of at least as many tokens: a later turn

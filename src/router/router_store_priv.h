@@ -6,7 +6,7 @@
 #include <hiredis.h>
 #include <async.h>
 
-#include "node/rds.h"
+#include "http/rds.h"
 #include "router/router_state.h"
 #include "router/router_store.h"
 

@@ -14,7 +14,7 @@
  * never reaches on_done. */
 #include "router/router_up.h"
 
-#include "node/http_auth.h"
+#include "http/http_auth.h"
 
 #include <curl/curl.h>
 #include <string.h>

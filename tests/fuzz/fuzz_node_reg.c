@@ -9,7 +9,7 @@
 
 #include "base/dx_buf.h"
 #include "base/dx_err.h"
-#include "node/node_reg.h"
+#include "http/node_reg.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {

@@ -23,7 +23,7 @@
 #include "base/dx_cidr.h"
 #include "base/dx_err.h"
 #include "base/dx_keys.h"
-#include "node/http_auth.h"
+#include "http/http_auth.h"
 
 static char g_dir[64];
 

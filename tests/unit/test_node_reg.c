@@ -11,7 +11,7 @@
 
 #include "base/dx_buf.h"
 #include "base/dx_err.h"
-#include "node/node_reg.h"
+#include "http/node_reg.h"
 
 static const node_reg_info k_info = {.url = "http://127.0.0.1:8101",
                                      .role = "decode",

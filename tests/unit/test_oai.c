@@ -14,7 +14,7 @@
 #include "node/kvtp.h"
 #include "oai/oai_req.h"
 #include "oai/oai_resp.h"
-#include "node/prom.h"
+#include "http/prom.h"
 
 static int parse(enum oai_kind k, const char *body, oai_req *r, oai_err *e)
 {

@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "base/dx_err.h"
-#include "node/rds.h"
+#include "http/rds.h"
 
 static void test_good(void **state)
 {

@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "base/dx_alloc.h"
-#include "node/work_pool.h"
+#include "http/work_pool.h"
 
 typedef struct {
     work_job job;

@@ -1,5 +1,5 @@
 /* rds: Redis URL and connection (see .h). */
-#include "node/rds.h"
+#include "http/rds.h"
 
 #include <stdio.h>
 #include <stdlib.h>

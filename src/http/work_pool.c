@@ -4,7 +4,7 @@
  * (run, not yet handed back).  Threads sleep on a condition variable while
  * there is nothing to do; a finished job is appended to `fin` and the loop
  * woken, which takes the whole list at once. */
-#include "node/work_pool.h"
+#include "http/work_pool.h"
 
 #include <pthread.h>
 

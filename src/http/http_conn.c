@@ -21,7 +21,7 @@
  * share; buffers grown past WBUF_KEEP by one request are released when its
  * answer is finished.  Connections are counted per peer address in a hash
  * index keyed with a per-server random seed. */
-#include "node/http_conn.h"
+#include "http/http_conn.h"
 
 #include <arpa/inet.h>
 #include <http_parser.h>
@@ -37,7 +37,7 @@
 #include "base/dx_err.h"
 #include "base/dx_hidx.h"
 #include "base/dx_log.h"
-#include "node/prom.h"
+#include "http/prom.h"
 
 enum conn_state { ST_READING, ST_BUSY, ST_STREAM, ST_CLOSING };
 

@@ -24,7 +24,7 @@
 #include <stdint.h>
 
 #include "base/dx_buf.h"
-#include "node/rds.h"
+#include "http/rds.h"
 #include "xfer/xfer_peers.h"
 
 #define NODE_REG_URL_MAX    256

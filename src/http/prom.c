@@ -1,5 +1,5 @@
 /* prom: Prometheus text format (see .h). */
-#include "node/prom.h"
+#include "http/prom.h"
 
 #include <math.h>
 #include <string.h>

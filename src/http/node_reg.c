@@ -1,6 +1,6 @@
 /* node_reg: registration keys in Redis — the value's format, the scan routers
  * and nodes share, and the node's heartbeat thread (see .h). */
-#include "node/node_reg.h"
+#include "http/node_reg.h"
 
 #include <jansson.h>
 #include <pthread.h>

@@ -1,5 +1,5 @@
 /* http_auth: callers' credentials and trust (see .h). */
-#include "node/http_auth.h"
+#include "http/http_auth.h"
 
 #include <stdio.h>
 #include <string.h>

@@ -32,7 +32,7 @@
 #include <stdint.h>
 
 #include "base/dx_buf.h"
-#include "node/http_conn.h"
+#include "http/http_conn.h"
 
 #define HTTP_AUTH_MAX_LIST        64 /* --api-key, --api-key-file, --trust-kv-params-from */
 #define HTTP_AUTH_INTERNAL_MIN    16 /* characters in an internal key at least */
