@@ -1,5 +1,5 @@
 /* cli_up: `duplex up` — a router and its prefill/decode nodes on this
- * machine in one command (src/router/router_launch.h, docs/up.md).
+ * machine in one command (src/up/router_launch.h, docs/up.md).
  *
  * Checks the flags, makes sure there is a model (without --model the
  * default demo model, synthesised once into models/ like `make demo`
@@ -18,7 +18,7 @@
 #include "base/dx_err.h"
 #include "base/dx_log.h"
 #include "model/synth.h"
-#include "router/router_launch.h"
+#include "up/router_launch.h"
 
 /* The demo model (`duplex model synth --arch qwen3 --preset small --dtype
  * bf16 --seed 1`), written under a temporary name and renamed, so an

@@ -9,7 +9,7 @@
 
 #include <string.h>
 
-#include "router/router_launch.h"
+#include "up/router_launch.h"
 
 /* The argv joined by spaces. */
 static const char *joined(const router_launch_argv *a)

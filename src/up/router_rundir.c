@@ -1,5 +1,5 @@
 /* router_rundir: `duplex up`'s run directory (see .h). */
-#include "router/router_rundir.h"
+#include "up/router_rundir.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -10,7 +10,7 @@
  * Phases: NODES (waiting for every node's start-up line) → ROUTER (its
  * start-up line) → HEALTH (polling the router's /health with router_up) →
  * RUNNING → STOPPING (router first, then nodes) → done. */
-#include "router/router_launch.h"
+#include "up/router_launch.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -26,7 +26,7 @@
 #include "base/dx_buf.h"
 #include "base/dx_err.h"
 #include "base/dx_log.h"
-#include "router/router_rundir.h"
+#include "up/router_rundir.h"
 #include "router/router_up.h"
 #include "xfer/kvport_auth.h"
 
