@@ -37,6 +37,10 @@ fi
 
 # source checks, once per run
 [[ -z "$FILTER" || "lint/errs" == *"$FILTER"* ]] && run_one "lint/errs" scripts/check_errs.sh
+# the layering, from the sources and the first variant's objects
+first=${VARIANTS%% *}
+[[ -z "$FILTER" || "lint/layers" == *"$FILTER"* ]] &&
+    BUILD=build/$first run_one "lint/layers" scripts/check_layers.sh
 
 # wanted VARIANT PATH: whether this run takes the test program PATH.
 wanted() {
