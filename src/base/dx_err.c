@@ -44,6 +44,32 @@ int dx_errf(int err, const char *fmt, ...)
     return err;
 }
 
+int dx_verrp(int err, const char *prefix, const char *fmt, va_list ap)
+{
+    if (!prefix || !prefix[0]) return dx_verrf(err, fmt, ap);
+    /* formatted aside first: an argument may be dx_errmsg() itself */
+    char msg[sizeof tl_msg];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    /* truncation is acceptable here: messages are for people */
+    size_t n = strnlen(prefix, sizeof tl_msg - 3);
+    memcpy(tl_msg, prefix, n);
+    memcpy(tl_msg + n, ": ", 2);
+    size_t room = sizeof tl_msg - n - 3, m = strnlen(msg, room);
+    memcpy(tl_msg + n + 2, msg, m);
+    tl_msg[n + 2 + m] = 0;
+    tl_code = err;
+    return err;
+}
+
+int dx_errp(int err, const char *prefix, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    dx_verrp(err, prefix, fmt, ap);
+    va_end(ap);
+    return err;
+}
+
 int dx_err_wrap(int err, const char *fmt, ...)
 {
     char prefix[512], old[sizeof tl_msg];

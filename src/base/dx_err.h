@@ -14,8 +14,10 @@
 
 #include <stdarg.h>
 
+/* No code is -1: a stray `return -1` (a sentinel, errno's convention)
+ * can never be read as one of these.  The values are on the wire (the KV
+ * port's ERROR frames): never renumber one, add new ones at the end. */
 #define DX_ERRNO_MAP(X)                                                                            \
-    X(AGAIN, -1, "try again / partial result")                                                     \
     X(NOMEM, -2, "out of memory")                                                                  \
     X(INVAL, -3, "invalid argument")                                                               \
     X(IO, -4, "input/output error")                                                                \
@@ -35,7 +37,8 @@
     X(TRANSPORT, -18, "transport error")                                                           \
     X(TOOBIG, -19, "too large")                                                                    \
     X(AUTH, -20, "authentication failed")                                                          \
-    X(DENIED, -21, "not allowed")
+    X(DENIED, -21, "not allowed")                                                                  \
+    X(AGAIN, -22, "try again / partial result")
 
 enum {
     DX_OK = 0,
@@ -53,6 +56,26 @@ int dx_err_known(int err);
  * failure site reads `return dx_errf(DX_EFORMAT, "%s: offset %zu: ...", ...)`. */
 int dx_errf(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 int dx_verrf(int err, const char *fmt, va_list ap);
+
+/* The message "PREFIX: FMT…" in one call: the shared end of every module's
+ * own failure helper, which adds where (a file and offset, a line and
+ * column, a field) to what its caller says went wrong:
+ *
+ *   static int fail(const lexer *lx, const char *fmt, ...)
+ *   {
+ *       char where[64];
+ *       snprintf(where, sizeof where, "jinja: line %u, column %u", lx->line, lx->col);
+ *       va_list ap;
+ *       va_start(ap, fmt);
+ *       int rc = dx_verrp(DX_EINVAL, where, fmt, ap);
+ *       va_end(ap);
+ *       return rc;
+ *   }
+ *
+ * A NULL or empty prefix gives FMT's text alone. */
+int dx_verrp(int err, const char *prefix, const char *fmt, va_list ap);
+int dx_errp(int err, const char *prefix, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 /* The calling thread's last message; dx_strerror(code) if none was set since
  * dx_err_clear().  Valid until the next dx_errf on this thread. */

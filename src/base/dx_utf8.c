@@ -1,6 +1,8 @@
 /* dx_utf8: strict UTF-8 validation (see .h). */
 #include "base/dx_utf8.h"
 
+#include "base/dx_err.h"
+
 size_t dx_utf8_seq_len(const uint8_t *s, size_t n)
 {
     uint8_t c = s[0];
@@ -70,6 +72,39 @@ size_t dx_utf8_incomplete_tail(const uint8_t *p, size_t n)
         return dx_utf8_seq_len(buf, need) ? back : 0;
     }
     return 0;
+}
+
+size_t dx_utf8_encode(uint32_t cp, uint8_t out[4])
+{
+    if (cp < 0x80) {
+        out[0] = (uint8_t)cp;
+        return 1;
+    }
+    if (cp < 0x800) {
+        out[0] = (uint8_t)(0xC0 | cp >> 6);
+        out[1] = (uint8_t)(0x80 | (cp & 0x3F));
+        return 2;
+    }
+    if (cp < 0x10000) {
+        out[0] = (uint8_t)(0xE0 | cp >> 12);
+        out[1] = (uint8_t)(0x80 | ((cp >> 6) & 0x3F));
+        out[2] = (uint8_t)(0x80 | (cp & 0x3F));
+        return 3;
+    }
+    if (cp > 0x10FFFF) return 0;
+    out[0] = (uint8_t)(0xF0 | cp >> 18);
+    out[1] = (uint8_t)(0x80 | ((cp >> 12) & 0x3F));
+    out[2] = (uint8_t)(0x80 | ((cp >> 6) & 0x3F));
+    out[3] = (uint8_t)(0x80 | (cp & 0x3F));
+    return 4;
+}
+
+int dx_utf8_put(dx_buf *b, uint32_t cp)
+{
+    uint8_t u[4];
+    size_t n = dx_utf8_encode(cp, u);
+    if (!n) return dx_errf(DX_EINVAL, "U+%X is past U+10FFFF: no UTF-8 for it", (unsigned)cp);
+    return dx_buf_append(b, u, n);
 }
 
 int dx_utf8_sanitize(const uint8_t *p, size_t n, dx_buf *out)

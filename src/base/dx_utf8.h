@@ -20,6 +20,14 @@ size_t dx_utf8_valid_prefix(const uint8_t *s, size_t n);
 /* Bytes at the end of p[0..n) that start a sequence still incomplete (a
  * streaming writer holds them back until the next bytes arrive), else 0. */
 size_t dx_utf8_incomplete_tail(const uint8_t *p, size_t n);
+/* Writes cp as UTF-8 into out (room for 4 bytes) and returns its length
+ * (1–4); 0 when cp is past U+10FFFF.  Surrogates (U+D800–U+DFFF) are
+ * encoded as their three bytes: a caller whose output must be strict
+ * rejects them first (dx_utf8_decode would). */
+size_t dx_utf8_encode(uint32_t cp, uint8_t out[4]);
+/* Appends cp as dx_utf8_encode writes it: 0, DX_EINVAL past U+10FFFF, or
+ * dx_buf's error. */
+int dx_utf8_put(dx_buf *b, uint32_t cp);
 /* Appends p[0..n) with each invalid byte replaced by U+FFFD. */
 int dx_utf8_sanitize(const uint8_t *p, size_t n, dx_buf *out);
 

@@ -1,4 +1,5 @@
-/* Unit tests for src/base: errors, allocator, buffers, dtype conversions. */
+/* Unit tests for src/base: errors, allocator, buffers, dtype conversions,
+ * UTF-8, the list. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -12,6 +13,7 @@
 #include "base/dx_buf.h"
 #include "base/dx_dtype.h"
 #include "base/dx_err.h"
+#include "base/dx_list.h"
 #include "base/dx_rng.h"
 #include "base/dx_utf8.h"
 
@@ -26,6 +28,105 @@ static void test_err_messages(void **state)
     dx_err_wrap(rc, "loading %s", "model");
     assert_string_equal(dx_errmsg(), "loading model: f.gguf: offset 7: bad");
     assert_int_equal(dx_errcode(), DX_EFORMAT);
+    /* one call for "where: what" */
+    assert_int_equal(dx_errp(DX_EINVAL, "jinja: line 3, column 4", "unknown filter '%s'", "zz"),
+                     DX_EINVAL);
+    assert_string_equal(dx_errmsg(), "jinja: line 3, column 4: unknown filter 'zz'");
+    assert_int_equal(dx_errcode(), DX_EINVAL);
+    dx_errp(DX_EIO, NULL, "plain %d", 1);
+    assert_string_equal(dx_errmsg(), "plain 1");
+    dx_errp(DX_EIO, "", "plain %d", 2);
+    assert_string_equal(dx_errmsg(), "plain 2");
+    /* no DX code reads as -1, the value a stray `return -1` would give */
+    assert_false(dx_err_known(-1));
+    assert_true(dx_err_known(DX_EAGAIN));
+}
+
+/* Encoding every code point and decoding it again gives it back; past
+ * U+10FFFF there is nothing to encode. */
+static void test_utf8_encode(void **state)
+{
+    (void)state;
+    uint8_t u[4];
+    for (uint32_t cp = 0; cp <= 0x10FFFF; cp++) {
+        size_t n = dx_utf8_encode(cp, u);
+        assert_int_equal(n, cp < 0x80 ? 1 : cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4);
+        uint32_t back = 0;
+        if (cp >= 0xD800 && cp <= 0xDFFF) {
+            assert_int_equal(dx_utf8_decode(u, n, &back), 0); /* encoded, but not strict */
+            continue;
+        }
+        assert_int_equal(dx_utf8_decode(u, n, &back), n);
+        assert_int_equal(back, cp);
+    }
+    assert_int_equal(dx_utf8_encode(0x110000, u), 0);
+    dx_buf b;
+    dx_buf_init(&b, 0);
+    assert_int_equal(dx_utf8_put(&b, 0x20AC), 0);
+    assert_int_equal(dx_utf8_put(&b, 'x'), 0);
+    assert_int_equal(dx_utf8_put(&b, 0x110000), DX_EINVAL);
+    assert_int_equal(b.len, 4);
+    assert_memory_equal(b.data, "\xe2\x82\xacx", 4);
+    dx_buf_free(&b);
+}
+
+typedef struct {
+    int v;
+    dx_list link;
+} item;
+
+static int list_values(const dx_list *h, int *out, int cap)
+{
+    int n = 0;
+    DX_LIST_FOR_EACH(it, h)
+    {
+        if (n < cap) out[n] = DX_LIST_ENTRY(it, item, link)->v;
+        n++;
+    }
+    return n;
+}
+
+static void test_list(void **state)
+{
+    (void)state;
+    dx_list h;
+    dx_list_init(&h);
+    assert_true(dx_list_empty(&h));
+    assert_null(dx_list_first(&h));
+    assert_null(dx_list_last(&h));
+    item it[4] = {{.v = 0}, {.v = 1}, {.v = 2}, {.v = 3}};
+    assert_false(dx_list_linked(&it[0].link)); /* zeroed: not linked */
+    dx_list_remove(&it[0].link);               /* a no-op */
+    dx_list_push_back(&h, &it[1].link);
+    dx_list_push_back(&h, &it[2].link);
+    dx_list_push_front(&h, &it[0].link);
+    dx_list_push_back(&h, &it[3].link);
+    int v[8];
+    assert_int_equal(list_values(&h, v, 8), 4);
+    for (int i = 0; i < 4; i++) assert_int_equal(v[i], i);
+    assert_true(dx_list_linked(&it[2].link));
+    dx_list_move_front(&h, &it[2].link); /* 2 0 1 3 */
+    dx_list_move_back(&h, &it[0].link);  /* 2 1 3 0 */
+    assert_int_equal(list_values(&h, v, 8), 4);
+    assert_int_equal(v[0], 2);
+    assert_int_equal(v[1], 1);
+    assert_int_equal(v[2], 3);
+    assert_int_equal(v[3], 0);
+    assert_ptr_equal(DX_LIST_ENTRY(dx_list_first(&h), item, link), &it[2]);
+    assert_ptr_equal(DX_LIST_ENTRY(dx_list_last(&h), item, link), &it[0]);
+    /* removing while iterating */
+    DX_LIST_FOR_EACH_SAFE(x, tmp, &h)
+    {
+        if (DX_LIST_ENTRY(x, item, link)->v % 2) dx_list_remove(x);
+    }
+    assert_int_equal(list_values(&h, v, 8), 2);
+    assert_int_equal(v[0], 2);
+    assert_int_equal(v[1], 0);
+    assert_false(dx_list_linked(&it[1].link));
+    dx_list_remove(&it[1].link); /* removed twice: still a no-op */
+    dx_list_remove(&it[2].link);
+    dx_list_remove(&it[0].link);
+    assert_true(dx_list_empty(&h));
 }
 
 static void test_alloc_counts_and_faults(void **state)
@@ -185,6 +286,7 @@ int main(void)
         cmocka_unit_test(test_err_messages), cmocka_unit_test(test_alloc_counts_and_faults),
         cmocka_unit_test(test_buf_limits),   cmocka_unit_test(test_f16_bf16_roundtrip),
         cmocka_unit_test(test_q8_0),         cmocka_unit_test(test_utf8),
+        cmocka_unit_test(test_utf8_encode),  cmocka_unit_test(test_list),
         cmocka_unit_test(test_rng_pinned),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
