@@ -179,13 +179,6 @@ const char *http_req_header(const http_req *r, const char *name, int *count)
     return v;
 }
 
-const char *http_allow_header(const char *path)
-{
-    int post = strstr(path, "completions") || !strcmp(path, "/tokenize") ||
-               !strcmp(path, "/detokenize") || !strcmp(path, "/admin/drain");
-    return post ? "Allow: POST\r\n" : "Allow: GET, HEAD\r\n";
-}
-
 /* ---- accounting ------------------------------------------------------ */
 
 /* Re-counts c's buffers in the server's total. */

@@ -167,8 +167,5 @@ int http_conn_stream_end(http_conn *c);
 const char *http_status_text(int status);
 /* What every 503 carries: the server is busy, loading or stopping. */
 #define HTTP_RETRY_AFTER "Retry-After: 1\r\n"
-/* The Allow header of a 405 for an API path: POST for the completion routes
- * and /tokenize, /detokenize; GET and HEAD for the rest. */
-const char *http_allow_header(const char *path);
 
 #endif

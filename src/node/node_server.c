@@ -65,61 +65,17 @@ static const char *served_name(const node_server *s)
     return s->cfg.served_model_name ? s->cfg.served_model_name : s->be.model_name;
 }
 
-/* Routes are labelled by name, never by the raw path, so a scanner cannot
- * blow up the metric's cardinality. */
-static const char *route_label(const char *path)
-{
-    static const char *const known[] = {
-        "/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics", "/tokenize",
-        "/detokenize",          "/admin/drain"};
-    for (size_t i = 0; i < DX_ARRAY_LEN(known); i++)
-        if (strcmp(path, known[i]) == 0) return known[i];
-    return "other";
-}
-
-static void count_request(node_server *s, const char *path, int status)
-{
-    char labels[128];
-    snprintf(labels, sizeof labels, "route=\"%s\",status=\"%d\"", route_label(path), status);
-    prom_family_add(&s->requests, labels, 1);
-}
-
-static void log_simple(const char *method, const char *path, int status, uint64_t t0)
-{
-    double ms = (double)(dx_now_ns() - t0) * 1e-6;
-    int quiet = !strcmp(path, "/health") || !strcmp(path, "/metrics");
-    dx_log(quiet && status < 400 ? DX_LOG_DEBUG : DX_LOG_INFO, "%s %.200s %d total_ms=%.1f", method,
-           path, status, ms);
-}
-
+/* The skeleton's answers (http_app.h): counted under their route, logged. */
 static void respond_json(node_server *s, http_conn *c, const char *method, const char *path,
                          int status, const char *extra_hdr, const dx_buf *body, uint64_t t0)
 {
-    http_conn_respond(c, status, "application/json", extra_hdr, body->data, body->len);
-    count_request(s, path, status);
-    log_simple(method, path, status, t0);
+    http_app_respond_json(s->app, c, method, path, status, extra_hdr, body, t0);
 }
 
 static void respond_error(node_server *s, http_conn *c, const http_req *r, int status,
                           const char *msg, const char *param, const char *code, uint64_t t0)
 {
-    dx_buf b;
-    dx_buf_init(&b, 0);
-    oai_error_json(&b, msg, oai_error_type(status), param, code);
-    const char *hdr = status == 503 ? HTTP_RETRY_AFTER : NULL;
-    if (status == 405) hdr = http_allow_header(r->path);
-    respond_json(s, c, r->method, r->path, status, hdr, &b, t0);
-    dx_buf_free(&b);
-}
-
-static void respond_401(node_server *s, http_conn *c, const http_req *r, const char *msg,
-                        uint64_t t0)
-{
-    dx_buf b;
-    dx_buf_init(&b, 0);
-    http_auth_error_json(&b, msg);
-    respond_json(s, c, r->method, r->path, 401, HTTP_AUTH_401_HEADERS, &b, t0);
-    dx_buf_free(&b);
+    http_app_error(s->app, c, r->method, r->path, status, msg, param, code, t0);
 }
 
 /* ---- simple routes ------------------------------------------------------ */
@@ -191,11 +147,10 @@ static void write_engine_metrics(node_server *s, dx_buf *b)
 
 static void route_metrics(node_server *s, http_conn *c, const http_req *r, uint64_t t0)
 {
-    count_request(s, r->path, 200); /* this scrape counts itself */
+    http_app_count(s->app, r->path, 200); /* this scrape counts itself */
     dx_buf b;
     dx_buf_init(&b, 0);
-    prom_write_family(&b, "duplex_http_requests_total", "HTTP requests by route and status",
-                      &s->requests);
+    http_app_write_metrics(s->app, "duplex_http_requests_total", &b);
     prom_write_hist(&b, "duplex_ttft_seconds", "Time from request to first token", &s->ttft);
     /* the difference to duplex_ttft_seconds is what HTTP, JSON and
      * tokenisation add */
@@ -215,7 +170,7 @@ static void route_metrics(node_server *s, http_conn *c, const http_req *r, uint6
     prom_write_gauge(&b, "duplex_node_ready", "1 once the model is loaded", s->ready);
     write_engine_metrics(s, &b);
     http_conn_respond(c, 200, "text/plain; version=0.0.4", NULL, b.data, b.len);
-    log_simple(r->method, r->path, 200, t0);
+    http_app_log(s->app, r->method, r->path, 200, t0);
     dx_buf_free(&b);
 }
 
@@ -503,16 +458,12 @@ static void fail_early_code(node_server *s, node_req *q, int status, const char 
 {
     req_uncharge(q);
     if (q->conn) {
-        dx_buf b;
-        dx_buf_init(&b, 0);
-        oai_error_json(&b, msg, oai_error_type(status), param, code);
         http_conn_set_abort(q->conn, NULL, NULL);
-        http_conn_respond(q->conn, status, "application/json",
-                          status == 503 ? HTTP_RETRY_AFTER : NULL, b.data, b.len);
-        dx_buf_free(&b);
+        http_app_error(s->app, q->conn, "POST", q->path, status, msg, param, code, q->t_start_ns);
+    } else {
+        http_app_count(s->app, q->path, 499);
+        http_app_log(s->app, "POST", q->path, 499, q->t_start_ns);
     }
-    count_request(s, q->path, q->conn ? status : 499);
-    log_simple("POST", q->path, q->conn ? status : 499, q->t_start_ns);
     req_unlink(q);
     req_free(q);
     if (s->draining) maybe_stopped(s);
@@ -598,7 +549,7 @@ int node_server_submit(node_server *s, node_req *q)
 static enum oai_kind tokenize_kind(const node_req *q)
 {
     json_error_t je;
-    json_t *root = json_loadb(q->body, q->body_len, JSON_ALLOW_NUL, &je);
+    json_t *root = json_loadb(q->prep.body, q->prep.len, JSON_ALLOW_NUL, &je);
     enum oai_kind kind = json_object_get(root, "messages") ? OAI_CHAT : OAI_COMPLETION;
     json_decref(root);
     return kind;
@@ -649,12 +600,12 @@ static int prep_grammar(node_server *s, node_req *q, oai_err *err)
  * q (never q->conn) and what the server does not change while serving. */
 static void prep_run(work_job *j)
 {
-    node_req *q = (node_req *)((char *)j - offsetof(node_req, job));
+    node_req *q = (node_req *)((char *)j - offsetof(node_req, prep.job));
     node_server *s = q->srv;
     oai_err *err = &q->prep_err;
     oai_parse_opts opts = {.n_vocab = s->be.n_vocab};
     if (q->tokenize) q->kind = tokenize_kind(q);
-    q->prep_rc = oai_req_parse(q->kind, q->body, q->body_len, &opts, &q->o, err);
+    q->prep_rc = oai_req_parse(q->kind, q->prep.body, q->prep.len, &opts, &q->o, err);
     if (q->prep_rc < 0) return;
     if (!q->tokenize && strcmp(q->o.model, served_name(s)) &&
         strcmp(q->o.model, s->be.model_name)) {
@@ -708,12 +659,10 @@ static void answer_tokens(node_server *s, node_req *q)
  * failure, /tokenize, or go on to the P/D plan and the engine. */
 static void prep_done(work_job *j)
 {
-    node_req *q = (node_req *)((char *)j - offsetof(node_req, job));
+    node_req *q = (node_req *)((char *)j - offsetof(node_req, prep.job));
     node_server *s = q->srv;
     q->preparing = 0;
-    http_conn_release(q->held); /* the body has been read */
-    q->held = NULL;
-    q->body = NULL;
+    http_app_prep_end(&q->prep);
     node_pd_prepared(s, q);
     if (j->canceled) { /* the server is being destroyed */
         if (q->conn) http_conn_set_abort(q->conn, NULL, NULL);
@@ -764,15 +713,10 @@ static void route_prepare(node_server *s, http_conn *c, const http_req *r, enum 
     }
     if (tokenize) q->path = "/tokenize";
     q->tokenize = tokenize;
-    q->body = r->body;
-    q->body_len = r->body_len;
-    q->held = c;
-    http_conn_hold(c);
     q->preparing = 1;
     req_link(q); /* a shutdown waits for it */
     http_conn_set_abort(c, on_client_gone, q);
-    q->job = (work_job){.run = prep_run, .done = prep_done};
-    work_pool_submit(s->prep, &q->job);
+    http_app_prep_start(&q->prep, s->prep, c, r, prep_run, prep_done);
 }
 
 static void route_detokenize(node_server *s, http_conn *c, const http_req *r, uint64_t t0)
@@ -829,12 +773,9 @@ static void route_detokenize(node_server *s, http_conn *c, const http_req *r, ui
 static void route_drain(node_server *s, http_conn *c, const http_req *r,
                         const http_auth_result *who, uint64_t t0)
 {
-    if (strcmp(r->method, "POST")) {
-        respond_error(s, c, r, 405, "method not allowed", NULL, NULL, t0);
-        return;
-    }
     if (http_auth_internal_key(s->cfg.auth) && !who->internal) {
-        respond_401(s, c, r, "draining a node takes the cluster's internal key", t0);
+        respond_error(s, c, r, 401, "draining a node takes the cluster's internal key", NULL, NULL,
+                      t0);
         return;
     }
     if (s->cfg.on_drain)
@@ -848,44 +789,52 @@ static void route_drain(node_server *s, http_conn *c, const http_req *r,
     dx_buf_free(&b);
 }
 
-static void on_request(void *user, http_conn *c, const http_req *r)
+/* The routes, as the skeleton (http_app.h) calls them. */
+static void on_health(void *u, http_conn *c, const http_req *r, const http_app_call *k)
 {
-    node_server *s = user;
-    uint64_t t0 = dx_now_ns();
-    /* HEAD is GET without the body (http_conn leaves it out) */
-    int get = !strcmp(r->method, "GET") || !strcmp(r->method, "HEAD");
-    int post = !strcmp(r->method, "POST");
-    const char *p = r->path;
-    int is_get_route = !strcmp(p, "/health") || !strcmp(p, "/v1/models") || !strcmp(p, "/metrics");
-    int is_post_route = !strcmp(p, "/v1/chat/completions") || !strcmp(p, "/v1/completions") ||
-                        !strcmp(p, "/tokenize") || !strcmp(p, "/detokenize");
-    /* /health and /metrics stay open (probes, scrapers); everything else,
-     * unknown routes too, wants the caller's key when keys are set */
-    http_auth_result who = {.key = -1};
-    if (strcmp(p, "/health") && strcmp(p, "/metrics")) http_auth_check(s->cfg.auth, r, &who);
-    if (who.status)
-        respond_401(s, c, r, who.message, t0);
-    else if ((is_get_route && !get) || (is_post_route && !post))
-        respond_error(s, c, r, 405, "method not allowed", NULL, NULL, t0);
-    else if (!strcmp(p, "/health"))
-        route_health(s, c, r, t0);
-    else if (!strcmp(p, "/v1/models"))
-        route_models(s, c, r, t0);
-    else if (!strcmp(p, "/metrics"))
-        route_metrics(s, c, r, t0);
-    else if (!strcmp(p, "/v1/chat/completions"))
-        route_prepare(s, c, r, OAI_CHAT, 0, &who, t0);
-    else if (!strcmp(p, "/v1/completions"))
-        route_prepare(s, c, r, OAI_COMPLETION, 0, &who, t0);
-    else if (!strcmp(p, "/tokenize"))
-        route_prepare(s, c, r, OAI_COMPLETION, 1, &who, t0);
-    else if (!strcmp(p, "/detokenize"))
-        route_detokenize(s, c, r, t0);
-    else if (!strcmp(p, "/admin/drain"))
-        route_drain(s, c, r, &who, t0);
-    else
-        respond_error(s, c, r, 404, "unknown route", NULL, NULL, t0);
+    route_health(u, c, r, k->t0);
 }
+
+static void on_models(void *u, http_conn *c, const http_req *r, const http_app_call *k)
+{
+    route_models(u, c, r, k->t0);
+}
+
+static void on_metrics(void *u, http_conn *c, const http_req *r, const http_app_call *k)
+{
+    route_metrics(u, c, r, k->t0);
+}
+
+enum { PREP_CHAT, PREP_COMPLETION, PREP_TOKENIZE };
+
+static void on_prepare(void *u, http_conn *c, const http_req *r, const http_app_call *k)
+{
+    route_prepare(u, c, r, k->arg == PREP_CHAT ? OAI_CHAT : OAI_COMPLETION,
+                  k->arg == PREP_TOKENIZE, k->who, k->t0);
+}
+
+static void on_detokenize(void *u, http_conn *c, const http_req *r, const http_app_call *k)
+{
+    route_detokenize(u, c, r, k->t0);
+}
+
+static void on_drain(void *u, http_conn *c, const http_req *r, const http_app_call *k)
+{
+    route_drain(u, c, r, k->who, k->t0);
+}
+
+/* /health and /metrics stay open (probes, scrapers); everything else,
+ * unknown routes too, wants the caller's key when keys are set. */
+static const http_app_route k_routes[] = {
+    {"/health", HTTP_APP_GET, 1, on_health, 0, NULL},
+    {"/metrics", HTTP_APP_GET, 1, on_metrics, 0, NULL},
+    {"/v1/models", HTTP_APP_GET, 0, on_models, 0, NULL},
+    {"/v1/chat/completions", HTTP_APP_POST, 0, on_prepare, PREP_CHAT, NULL},
+    {"/v1/completions", HTTP_APP_POST, 0, on_prepare, PREP_COMPLETION, NULL},
+    {"/tokenize", HTTP_APP_POST, 0, on_prepare, PREP_TOKENIZE, NULL},
+    {"/detokenize", HTTP_APP_POST, 0, on_detokenize, 0, NULL},
+    {"/admin/drain", HTTP_APP_POST, 0, on_drain, 0, NULL},
+};
 
 /* ---- completions: events ------------------------------------------------ */
 
@@ -1123,7 +1072,7 @@ static void record_done(node_server *s, node_req *q, int status)
     s->prompt_tokens += e->n_prompt;
     s->cached_tokens += e->n_cached;
     s->gen_tokens += e->n_gen;
-    count_request(s, q->path, status);
+    http_app_count(s->app, q->path, status);
     char ttft_s[32] = "-";
     if (ttft >= 0) snprintf(ttft_s, sizeof ttft_s, "%.1f", ttft * 1e3);
     /* where the prompt's KV came from: this node's cache, another node, computed */
@@ -1290,7 +1239,6 @@ int node_server_create(uv_loop_t *loop, const node_server_config *cfg, node_serv
     s->cfg = *cfg;
     if (s->cfg.shutdown_grace_s <= 0) s->cfg.shutdown_grace_s = 10;
     s->started = (int64_t)time(NULL);
-    prom_family_init(&s->requests);
     dx_buf_init(&s->scratch, 0);
     dx_buf_init(&s->take, 0);
     dx_buf_init(&s->take_cuts, 0);
@@ -1302,8 +1250,10 @@ int node_server_create(uv_loop_t *loop, const node_server_config *cfg, node_serv
     prom_hist_init_latency(&s->e2e);
     node_pd_stats_init(&s->pd);
     hist_mem_config hc_mem = {.ttl_s = cfg->history_ttl_s};
-    if (hist_mem_create(&hc_mem, &s->mem) < 0) {
-        prom_family_free(&s->requests);
+    http_app_config ac = {
+        .routes = k_routes, .n_routes = DX_ARRAY_LEN(k_routes), .auth = cfg->auth, .user = s};
+    if (http_app_create(&ac, &s->app) < 0 || hist_mem_create(&hc_mem, &s->mem) < 0) {
+        http_app_destroy(s->app);
         dx_free(s);
         return dx_errf(DX_ENOMEM, "node server: reply history");
     }
@@ -1311,12 +1261,12 @@ int node_server_create(uv_loop_t *loop, const node_server_config *cfg, node_serv
         .host = cfg->host,
         .port = cfg->port,
         .lim = cfg->http,
-        .on_request = on_request,
-        .user = s,
+        .on_request = http_app_on_request,
+        .user = s->app,
     };
     int rc = http_srv_create(loop, &hc, &s->http);
     if (rc < 0) {
-        prom_family_free(&s->requests);
+        http_app_destroy(s->app);
         hist_mem_destroy(s->mem);
         dx_free(s);
         return rc;
@@ -1326,7 +1276,7 @@ int node_server_create(uv_loop_t *loop, const node_server_config *cfg, node_serv
         work_pool_destroy(s->prep); /* its threads have no jobs; the loop frees it */
     if (rc < 0) {
         http_srv_destroy(s->http);
-        prom_family_free(&s->requests);
+        http_app_destroy(s->app);
         hist_mem_destroy(s->mem);
         dx_free(s);
         return rc;
@@ -1380,7 +1330,7 @@ void node_server_destroy(node_server *s)
     }
     node_gram_cache_destroy(s->grams); /* after the requests, which held its grammars */
     http_srv_destroy(s->http);
-    prom_family_free(&s->requests);
+    http_app_destroy(s->app);
     node_pd_stats_free(&s->pd);
     hist_mem_destroy(s->mem);
     dx_buf_free(&s->scratch);

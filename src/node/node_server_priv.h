@@ -9,6 +9,7 @@
 
 #include "base/dx_buf.h"
 #include "node/hist.h"
+#include "http/http_app.h"
 #include "http/http_auth.h"
 #include "http/http_conn.h"
 #include "node/node_gram.h"
@@ -59,14 +60,11 @@ struct node_req {
     /* Preparation — parsing, the P/D params, the prompt's tokens — runs on
      * the server's work pool (prep_run); until its done the loop touches
      * only conn and preparing. */
-    work_job job;
-    int preparing;  /* loop: with the pool */
+    http_app_prep prep; /* the body, held while it is read off the loop */
+    int preparing;      /* loop: with the pool */
     size_t charged; /* loop: the parsed request's bytes in conn's buffer budget */
     int tokenize;   /* POST /tokenize: the answer is the prompt's tokens */
     enum oai_kind kind;
-    http_conn *held;  /* held while its body is read off the loop */
-    const char *body; /* the request body (held's) */
-    size_t body_len;
     int prep_rc; /* pool → loop: 0, or the failure in prep_err */
     oai_err prep_err;
     const char *prep_code; /* the error's OpenAI code, or NULL */
@@ -134,7 +132,7 @@ struct node_server {
     dx_buf take_cuts;  /* and its pieces (node_cut) */
     dx_buf take_lp;    /* and their logprobs (node_lp) */
     dx_buf scratch_lp; /* a chunk's logprobs JSON (loop thread) */
-    prom_family requests;
+    http_app *app; /* routes, checks, counted answers (the requests family) */
     prom_hist ttft, engine_ttft, tpot, e2e;
     uint64_t gen_tokens, prompt_tokens, cached_tokens;
     hist_mem *mem;    /* replies this node generated (token-faithful history) */

@@ -45,14 +45,7 @@ int router_parse_url(const char *url, char *out, size_t cap)
 
 void rt_count_request(router *r, const char *path, int status)
 {
-    static const char *const known[] = {"/v1/chat/completions", "/v1/completions", "/v1/models",
-                                        "/health", "/metrics"};
-    const char *route = "other"; /* never the raw path: a scanner must not grow the family */
-    for (size_t i = 0; i < DX_ARRAY_LEN(known); i++)
-        if (!strcmp(path, known[i])) route = known[i];
-    char labels[128];
-    snprintf(labels, sizeof labels, "route=\"%s\",status=\"%d\"", route, status);
-    prom_family_add(&r->http_requests, labels, 1);
+    http_app_count(r->app, path, status);
 }
 
 void rt_count_fallback(router *r, const char *reason)
@@ -135,8 +128,7 @@ static void write_added(router *r, dx_buf *b)
 
 static void render_metrics(router *r, dx_buf *b)
 {
-    prom_write_family(b, "duplex_router_http_requests_total", "HTTP requests by route and status",
-                      &r->http_requests);
+    http_app_write_metrics(r->app, "duplex_router_http_requests_total", b);
     router_store_metrics(r->store, b);
     prom_write_counter(b, "duplex_router_affinity_hits_total",
                        "Keyed requests sent to the decode node that holds the conversation",
@@ -159,38 +151,11 @@ static void render_metrics(router *r, dx_buf *b)
 
 /* ---- simple routes ---------------------------------------------------------- */
 
-static void log_simple(const char *method, const char *path, int status, uint64_t t0)
-{
-    int quiet = !strcmp(path, "/health") || !strcmp(path, "/metrics");
-    dx_log(quiet && status < 400 ? DX_LOG_DEBUG : DX_LOG_INFO, "%s %.200s %d total_ms=%.2f", method,
-           path, status, (double)(dx_now_ns() - t0) * 1e-6);
-}
-
 void rt_respond_error(router *r, http_conn *c, const char *method, const char *path, int status,
                       const char *msg, const char *param, uint64_t t0)
 {
-    dx_buf b;
-    dx_buf_init(&b, 0);
-    oai_error_json(&b, msg, oai_error_type(status), param && *param ? param : NULL, NULL);
-    const char *hdr = status == 405   ? http_allow_header(path)
-                      : status == 503 ? HTTP_RETRY_AFTER
-                                      : NULL;
     http_conn_set_abort(c, NULL, NULL);
-    http_conn_respond(c, status, "application/json", hdr, b.data, b.len);
-    dx_buf_free(&b);
-    rt_count_request(r, path, status);
-    log_simple(method, path, status, t0);
-}
-
-static void respond_401(router *r, http_conn *c, const http_req *hr, const char *msg, uint64_t t0)
-{
-    dx_buf b;
-    dx_buf_init(&b, 0);
-    http_auth_error_json(&b, msg);
-    http_conn_respond(c, 401, "application/json", HTTP_AUTH_401_HEADERS, b.data, b.len);
-    dx_buf_free(&b);
-    rt_count_request(r, hr->path, 401);
-    log_simple(hr->method, hr->path, 401, t0);
+    http_app_error(r->app, c, method, path, status, msg, param, NULL, t0);
 }
 
 /* Healthy when a decode node takes requests, and a prefill node too if
@@ -214,9 +179,8 @@ static void route_health(router *r, http_conn *c, const http_req *hr, uint64_t t
     const char *st = r->draining ? "draining" : ok ? "ok" : "no healthy node";
     char body[64];
     int n = snprintf(body, sizeof body, "{\"status\":\"%s\"}", st);
-    http_conn_respond(c, ok ? 200 : 503, "application/json", NULL, body, (size_t)n);
-    rt_count_request(r, hr->path, ok ? 200 : 503);
-    log_simple(hr->method, hr->path, ok ? 200 : 503, t0);
+    http_app_respond(r->app, c, hr->method, hr->path, ok ? 200 : 503, "application/json", NULL,
+                     body, (size_t)n, t0);
 }
 
 static void route_metrics(router *r, http_conn *c, const http_req *hr, uint64_t t0)
@@ -227,41 +191,41 @@ static void route_metrics(router *r, http_conn *c, const http_req *hr, uint64_t 
     render_metrics(r, &b);
     http_conn_respond(c, 200, "text/plain; version=0.0.4", NULL, b.data, b.len);
     dx_buf_free(&b);
-    log_simple(hr->method, hr->path, 200, t0);
+    http_app_log(r->app, hr->method, hr->path, 200, t0);
 }
 
-static void on_request(void *user, http_conn *c, const http_req *hr)
+/* The routes, as the skeleton (http_app.h) calls them: /health and
+ * /metrics stay open; every other route wants a key when keys are set
+ * (unknown routes too: they say nothing to strangers). */
+static void on_health(void *u, http_conn *c, const http_req *hr, const http_app_call *k)
 {
-    router *r = user;
-    uint64_t t0 = dx_now_ns();
-    const char *p = hr->path;
-    /* HEAD is GET without the body (http_conn leaves it out) */
-    int get = !strcmp(hr->method, "GET") || !strcmp(hr->method, "HEAD");
-    int post = !strcmp(hr->method, "POST");
-    int is_get = !strcmp(p, "/health") || !strcmp(p, "/v1/models") || !strcmp(p, "/metrics");
-    int is_post = !strcmp(p, "/v1/chat/completions") || !strcmp(p, "/v1/completions");
-    /* /health and /metrics stay open; every other route wants a key when
-     * keys are set (unknown routes too: they say nothing to strangers) */
-    http_auth_result who = {.key = -1};
-    if (strcmp(p, "/health") && strcmp(p, "/metrics")) http_auth_check(r->auth, hr, &who);
-    if (who.status)
-        respond_401(r, c, hr, who.message, t0);
-    else if ((is_get && !get) || (is_post && !post))
-        rt_respond_error(r, c, hr->method, p, 405, "method not allowed", NULL, t0);
-    else if (!is_get && !is_post)
-        rt_respond_error(r, c, hr->method, p, 404, "unknown route", NULL, t0);
-    else if (!strcmp(p, "/health"))
-        route_health(r, c, hr, t0);
-    else if (!strcmp(p, "/metrics"))
-        route_metrics(r, c, hr, t0);
-    else if (r->draining)
-        rt_respond_error(r, c, hr->method, p, 503, "the router is shutting down", NULL, t0);
-    else if (!strcmp(p, "/v1/models"))
-        rt_route_passthrough(r, c, hr, t0);
-    else
-        rt_route_completion(
-            r, c, hr, !strcmp(p, "/v1/chat/completions") ? OAI_CHAT : OAI_COMPLETION, &who, t0);
+    route_health(u, c, hr, k->t0);
 }
+
+static void on_metrics(void *u, http_conn *c, const http_req *hr, const http_app_call *k)
+{
+    route_metrics(u, c, hr, k->t0);
+}
+
+static void on_api(void *u, http_conn *c, const http_req *hr, const http_app_call *k)
+{
+    router *r = u;
+    if (r->draining)
+        rt_respond_error(r, c, hr->method, hr->path, 503, "the router is shutting down", NULL,
+                         k->t0);
+    else if (k->arg < 0)
+        rt_route_passthrough(r, c, hr, k->t0);
+    else
+        rt_route_completion(r, c, hr, (enum oai_kind)k->arg, k->who, k->t0);
+}
+
+static const http_app_route k_routes[] = {
+    {"/health", HTTP_APP_GET, 1, on_health, 0, NULL},
+    {"/metrics", HTTP_APP_GET, 1, on_metrics, 0, NULL},
+    {"/v1/models", HTTP_APP_GET, 0, on_api, -1, NULL},
+    {"/v1/chat/completions", HTTP_APP_POST, 0, on_api, OAI_CHAT, NULL},
+    {"/v1/completions", HTTP_APP_POST, 0, on_api, OAI_COMPLETION, NULL},
+};
 
 /* ---- health ------------------------------------------------------------------- */
 
@@ -598,11 +562,14 @@ static int setup_parts(router *r)
     if ((rc = router_up_create(r->loop, &r->up))) return rc;
     if ((rc = work_pool_create(r->loop, 2, &r->prep))) return rc;
     if (r->cfg.discover && (rc = setup_discovery(r))) return rc;
+    http_app_config ac = {
+        .routes = k_routes, .n_routes = DX_ARRAY_LEN(k_routes), .auth = r->auth, .user = r};
+    if ((rc = http_app_create(&ac, &r->app))) return rc;
     http_srv_config hc = {.host = r->cfg.host,
                           .port = r->cfg.port,
                           .lim = r->cfg.http,
-                          .on_request = on_request,
-                          .user = r};
+                          .on_request = http_app_on_request,
+                          .user = r->app};
     return http_srv_create(r->loop, &hc, &r->http);
 }
 
@@ -611,7 +578,6 @@ static void init_metrics(router *r)
     /* the router's own share is microseconds: finer buckets than latency's */
     static const double fine[] = {0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001,
                                   0.0025,  0.005,    0.01,    0.025,  0.05,    0.1,    0.25};
-    prom_family_init(&r->http_requests);
     prom_family_init(&r->routed);
     prom_family_init(&r->fallbacks);
     prom_hist_init_latency(&r->ttft);
@@ -632,7 +598,6 @@ static void free_parts(router *r)
     r->auth = NULL;
     dx_free(r->nodes);
     r->nodes = NULL;
-    prom_family_free(&r->http_requests);
     prom_family_free(&r->routed);
     prom_family_free(&r->fallbacks);
     dx_buf_free(&r->scratch);
@@ -641,7 +606,9 @@ static void free_parts(router *r)
 
 void rt_maybe_free(router *r)
 {
-    if (r->destroying && r->n_handles == 0 && r->n_work == 0) dx_free(r);
+    if (!r->destroying || r->n_handles || r->n_work) return;
+    http_app_destroy(r->app); /* last: a preparation ending late still counts its answer */
+    dx_free(r);
 }
 
 static void on_handle_closed(uv_handle_t *h)
@@ -666,6 +633,7 @@ int router_create(uv_loop_t *loop, const router_config *cfg, router **out)
         router_disc_destroy(r->disc);
         work_pool_destroy(r->prep);
         free_parts(r);
+        http_app_destroy(r->app);
         dx_free(r);
         return rc;
     }

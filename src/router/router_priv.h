@@ -8,6 +8,7 @@
 
 #include "base/dx_buf.h"
 #include "model/model.h"
+#include "http/http_app.h"
 #include "http/http_conn.h"
 #include "oai/oai_req.h"
 #include "http/prom.h"
@@ -75,7 +76,7 @@ struct router {
     unsigned rr[2];      /* rotate ties between equally loaded nodes: [0] decode, [1] prefill */
     dx_buf scratch, out; /* per event work space (loop thread) */
     /* metrics */
-    prom_family http_requests; /* route, status */
+    http_app *app;             /* routes, checks, counted answers (the requests family) */
     prom_family routed;        /* via = local | prefill */
     prom_family fallbacks;     /* reason */
     uint64_t affinity_hits, affinity_misses;
