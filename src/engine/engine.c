@@ -96,6 +96,7 @@ static void fail_request(const item *it, enum engine_finish fin, int err, const 
                        .finish = fin,
                        .error = err,
                        .error_msg = msg,
+                       .stop_index = -1,
                        .n_prompt = (uint32_t)it->req.n_prompt};
     it->req.on_event(it->req.user, &ev);
 }

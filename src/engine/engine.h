@@ -124,6 +124,7 @@ typedef struct {
     const char *error_msg;
     uint32_t n_prompt, n_cached, n_gen; /* n_cached: prompt tokens not computed here */
     uint32_t n_preempted;                /* times the request was preempted (recomputed) */
+    int stop_index; /* STOP by a stop string: its index in engine_request.stop; else -1 */
     double ttft_s;        /* submit → first token */
 } engine_event;
 

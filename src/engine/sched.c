@@ -138,6 +138,8 @@ static void emit_done(sched *s, seq *q, enum engine_finish fin, int err, const c
                        .n_cached = q->n_cached,
                        .n_gen = q->n_tokens - q->n_prompt,
                        .n_preempted = q->n_preempt,
+                       .stop_index = fin == ENGINE_FINISH_STOP && q->stop ? stop_match_which(q->stop)
+                                                                          : -1,
                        .ttft_s = q->t_first ? (double)(q->t_first - q->t_submit) * 1e-9 : 0};
     (void)s;
     q->req.on_event(q->req.user, &ev);

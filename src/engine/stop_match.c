@@ -19,6 +19,7 @@ struct stop_match {
     char *bytes;    /* every string, back to back */
     uint32_t *fail; /* every table, back to back */
     uint64_t steps;
+    int which; /* the matched string's index, -1 before a match */
 };
 
 static void build_fail(const char *s, uint32_t len, uint32_t *fail)
@@ -60,6 +61,7 @@ int stop_match_create(const char *const *stops, size_t n, stop_match **out)
         build_fail(p->s, p->len, p->fail);
         off += p->len;
     }
+    m->which = -1;
     *out = m;
     return 0;
 }
@@ -101,13 +103,21 @@ long stop_match_feed(stop_match *m, const char *bytes, size_t n, size_t before, 
         long end = feed_one(p, bytes, n, &m->steps);
         if (end >= 0) {
             long start = (long)before + end + 1 - (long)p->len;
-            if (best < 0 || start < best) best = start;
+            if (best < 0 || start < best) {
+                best = start;
+                m->which = (int)i;
+            }
         } else if (p->state > h) {
             h = p->state;
         }
     }
     *hold = best < 0 ? h : 0;
     return best;
+}
+
+int stop_match_which(const stop_match *m)
+{
+    return m->which;
 }
 
 uint64_t stop_match_steps(const stop_match *m)

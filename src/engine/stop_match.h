@@ -41,6 +41,12 @@ void stop_match_destroy(stop_match *m); /* NULL: no-op */
  * After a match the matcher is spent (the request stops). */
 long stop_match_feed(stop_match *m, const char *bytes, size_t n, size_t before, size_t *hold);
 
+/* The index (in the order given to create) of the string whose match
+ * stop_match_feed reported — of those starting earliest, the first — or -1
+ * before a match.  It is what a client is told ended the answer (vLLM's
+ * stop_reason, Anthropic's stop_sequence). */
+int stop_match_which(const stop_match *m);
+
 /* Automaton steps taken so far (transitions and fallbacks). */
 uint64_t stop_match_steps(const stop_match *m);
 

@@ -1057,17 +1057,26 @@ static void test_stop_string_and_validation(void **state)
     size_t at = ref->text.len / 2;
     char stop[4] = {ref->text.data[at], ref->text.data[at + 1], 0, 0};
     const char *first = memmem(ref->text.data, ref->text.len, stop, 2);
-    const char *stops[1] = {stop};
+    /* the DONE says which string matched (the one that can occur is second) */
+    const char *stops[2] = {"\x01never\x02", stop};
     collector c;
     col_init(&c);
     engine_request q = greedy(g_prompts[2], g_plen[2], 24, &c);
     q.stop = stops;
-    q.n_stop = 1;
+    q.n_stop = 2;
     assert_int_equal(sched_submit(r.s, &q, 1), 0);
     run_all(&r);
     assert_int_equal(c.fin.finish, ENGINE_FINISH_STOP);
+    assert_int_equal(c.fin.stop_index, 1);
     assert_int_equal(c.text.len, (size_t)(first - ref->text.data));
     assert_memory_equal(c.text.data, ref->text.data, c.text.len);
+    col_free(&c);
+    /* ended by the length, or with no stop string: no index */
+    col_init(&c);
+    q = greedy(g_prompts[2], g_plen[2], 2, &c);
+    assert_int_equal(sched_submit(r.s, &q, 5), 0);
+    run_all(&r);
+    assert_int_equal(c.fin.stop_index, -1);
     col_free(&c);
     /* bad requests */
     engine_request bad = greedy(g_prompts[0], 0, 4, &c);

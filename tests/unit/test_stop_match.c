@@ -77,9 +77,23 @@ static void test_equals_plain_search(void **state)
             want = ref_find(text, len, emitted, stops, n_stop);
             if (got != want)
                 fail_msg("round %d: match at %ld, the plain search says %ld", round, got, want);
+            if (got < 0) assert_int_equal(stop_match_which(m), -1);
             if (got < 0) {
                 assert_int_equal(hold, ref_hold(text, len, stops, n_stop));
                 emitted = len - hold;
+            }
+        }
+        /* the string reported: the first of those that start at the match and
+         * end in the text sent (the earliest-starting, first in order) */
+        if (got >= 0) {
+            int w = stop_match_which(m);
+            assert_true(w >= 0 && (size_t)w < n_stop);
+            size_t l = strlen(stops[w]);
+            assert_true((size_t)got + l <= len && !memcmp(text + got, stops[w], l));
+            for (int i = 0; i < w; i++) {
+                size_t li = strlen(stops[i]);
+                assert_false((size_t)got + li <= len && !memcmp(text + got, stops[i], li) &&
+                             (size_t)got + li > len - 5 /* completed by the last piece */);
             }
         }
         stop_match_destroy(m);
