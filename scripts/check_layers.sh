@@ -71,7 +71,8 @@ while IFS=: read -r file _ inc; do
 done < <(grep -rnE '^#include "[a-z_/]+/[a-z_0-9]+\.h"' --include='*.c' --include='*.h' src)
 
 # 2 and 3 need the objects
-if ! find "$BUILD/obj/src" -name '*.o' 2>/dev/null | grep -q .; then
+# (not `find | grep -q`: grep leaving early fails the pipe under pipefail)
+if [ -z "$(find "$BUILD/obj/src" -name '*.o' -print -quit 2>/dev/null)" ]; then
     echo "no objects under $BUILD/obj/src: build first (make V=${BUILD#build/})"
     exit 1
 fi

@@ -89,6 +89,10 @@ static int put_extra(dx_buf *b, const char *extra)
 static int put_choice_end(dx_buf *b, const oai_choice *c)
 {
     int rc = dx_buf_printf(b, ",\"logprobs\":%s", c->logprobs ? c->logprobs : "null");
+    if (!rc && c->finish && c->stop_reason) { /* vLLM's: the stop string that ended it */
+        rc = dx_buf_puts(b, ",\"stop_reason\":");
+        if (!rc) rc = oai_json_str(b, c->stop_reason, strlen(c->stop_reason));
+    }
     if (!rc)
         rc = c->finish ? dx_buf_printf(b, ",\"finish_reason\":\"%s\"}", c->finish)
                        : dx_buf_puts(b, ",\"finish_reason\":null}");

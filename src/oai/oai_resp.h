@@ -44,6 +44,10 @@ typedef struct {
     const char *raw;
     const char *logprobs; /* raw JSON value of "logprobs", or NULL (null) */
     const char *finish;   /* "stop" | "length" | "tool_calls", or NULL */
+    /* with finish "stop": the stop string that ended the answer (vLLM's
+     * "stop_reason", which the other front doors report as their stop
+     * sequence), or NULL — then the member is left out */
+    const char *stop_reason;
 } oai_choice;
 
 /* Non-streaming answer. */
