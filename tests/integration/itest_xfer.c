@@ -13,6 +13,7 @@
  * timeout; hundreds of half-open connections from many addresses; peers
  * that flood frames and never read their replies.  The throttled-link and
  * dead-link tests are itest_xfer_throttle. */
+/* duplex-test: tsan */
 #include <errno.h>
 #include <jansson.h>
 #include <netinet/in.h>

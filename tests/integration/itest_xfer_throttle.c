@@ -22,6 +22,7 @@
  * namespaces (and with them the veth pair) are removed in the group
  * teardown whatever happened, and ones a killed earlier run left behind are
  * removed at start. */
+/* duplex-test: tsan */
 #include <dirent.h>
 #include <errno.h>
 #include <setjmp.h>
