@@ -66,15 +66,16 @@ build_progress() {
     if [ "$mode" = tty ]; then printf '\r\033[K'; fi
 }
 
-# build VARIANT TARGET: `make TARGET` for the variant with build_progress,
-# then "== build (VARIANT) … 41 s".  Returns make's status.
+# build VARIANT TARGET...: `make TARGET...` for the variant with
+# build_progress, then "== build (VARIANT) … 41 s".  Returns make's status.
 build() {
-    local v=$1 target=$2 start=$SECONDS rc=0 mode
+    local v=$1 start=$SECONDS rc=0 mode
+    shift
     local -
     set -o pipefail
     mode=$(progress_mode)
     if [ "$mode" = tty ]; then printf '== build (%s) …' "$v"; else echo "== build ($v) …"; fi
-    make -s -j"${JOBS:-$(nproc)}" V="$v" "$target" 2>&1 | build_progress "build ($v)" "$mode" || rc=$?
+    make -s -j"${JOBS:-$(nproc)}" V="$v" "$@" 2>&1 | build_progress "build ($v)" "$mode" || rc=$?
     if [ $rc -ne 0 ]; then
         echo "== build ($v) failed after $((SECONDS - start)) s"
         return $rc

@@ -6,10 +6,9 @@
  * per kv head and 1024-key split, then the merges), more are split by kv
  * head.  Reports GFLOP/s and the KV read rate.
  *
- * Build and run (after `make V=release`):
- *   cc -O2 -march=native -ffp-contract=off -std=c11 -D_GNU_SOURCE -pthread -Isrc \
- *      scripts/bench/bench_attn.c build/release/libduplex.a -lm -o build/bench_attn
- *   build/bench_attn [reps=5] [depth=4096] [n_q=512] [layers=28] [f16|bf16|f32]
+ * Build and run from the repository root (docs/bench.md):
+ *   make bench && build/release/bench/bench_attn [reps=5] [depth=4096] [n_q=512] [layers=28]
+ *       [f16|bf16|f32]
  * HUGE=0 leaves the arena on 4 KiB pages (the pool asks for huge pages);
  * BS=n sets the block size (default: the engine's); QSCALE=x scales the queries (wider
  * score ranges, more probabilities near zero).
