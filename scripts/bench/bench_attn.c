@@ -121,8 +121,8 @@ int main(int argc, char **argv)
                           .n_kv_head = N_KV,
                           .scale = 0.08838834764f};
     size_t arena_bytes = n_blocks * L.block_bytes;
-    uint8_t *arena = mmap(NULL, arena_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                          -1, 0);
+    uint8_t *arena =
+        mmap(NULL, arena_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (arena == MAP_FAILED) return 1;
     if (!getenv("HUGE") || atoi(getenv("HUGE"))) madvise(arena, arena_bytes, MADV_HUGEPAGE);
     for (size_t b = 0; b < n_blocks; b++)
@@ -165,5 +165,11 @@ int main(int argc, char **argv)
                    flops / s * 1e-9, kv_bytes / s * 1e-9, 28 * s * 1e3);
         }
     }
+    for (int i = 0; i < MAX_THR; i++) dx_aligned_free(j.scratch[i]);
+    dx_aligned_free(j.part);
+    dx_free(q);
+    dx_free(out);
+    dx_free(blocks);
+    munmap(arena, arena_bytes);
     return 0;
 }
