@@ -5,6 +5,7 @@
 #   make tsan       ThreadSanitizer   (build/tsan/)
 #   make test       install missing deps, build release + asan + tsan, run every test
 #   make test-tsan  build tsan, run the threaded tests under it only
+#   make bench      the kernels' micro-benchmarks (build/release/bench/; docs/bench.md)
 #   make demo       build, synthesise the default model, run the main job
 # CC=clang works too.  V selects the variant for the generic targets.
 # Each step prints one short line ("  CC  src/engine/sched.c"); VERBOSE=1
@@ -81,8 +82,12 @@ FUZZ_SRC := $(wildcard tests/fuzz/fuzz_*.c)
 FUZZ_BIN := $(FUZZ_SRC:tests/fuzz/%.c=$(BUILD)/fuzz/%)
 ITEST_SRC := $(wildcard tests/integration/itest_*.c)
 ITEST_BIN := $(ITEST_SRC:tests/integration/%.c=$(BUILD)/tests/%)
+# The kernels' micro-benchmarks, linked against the library like the tests;
+# `make test` builds them too, so that they cannot rot.
+BENCH_SRC := $(wildcard scripts/bench/bench_*.c)
+BENCH_BIN := $(BENCH_SRC:scripts/bench/%.c=$(BUILD)/bench/%)
 
-.PHONY: all release debug asan tsan tests test test-tsan soak demo clean fmt fuzz bench-server bench-router bench-structured
+.PHONY: all release debug asan tsan tests bench test test-tsan soak demo clean fmt fuzz bench-server bench-router bench-structured
 .DEFAULT_GOAL := all
 
 all: $(BIN)
@@ -97,6 +102,8 @@ tsan:
 	$(MAKE) V=tsan
 
 tests: $(BIN) $(UNIT_BIN) $(FUZZ_BIN) $(ITEST_BIN)
+
+bench: $(BENCH_BIN)
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -136,6 +143,11 @@ $(BUILD)/tests/itest_%: $(BUILD)/obj/tests/integration/itest_%.o $(LIB_A)
 	@mkdir -p $(dir $@)
 	$(call say,LD,$@)
 	$(Q)$(CC) $(LDFLAGS_ALL) -o $@ $< $(LIB_A) $(LIBS) $(TEST_LIBS)
+
+$(BUILD)/bench/%: $(BUILD)/obj/scripts/bench/%.o $(LIB_A)
+	@mkdir -p $(dir $@)
+	$(call say,LD,$@)
+	$(Q)$(CC) $(LDFLAGS_ALL) -o $@ $< $(LIB_A) $(LIBS)
 
 # Fuzz targets build two ways: with a replay main (runs the checked-in corpus,
 # part of `make test`) and, with `make fuzz` under clang, with libFuzzer.

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `make test`: install what is missing, build the release, asan and tsan
-# variants, run every unit test, fuzz-corpus replay and integration test
+# variants (the tests, and `make bench`'s micro-benchmarks so that they
+# compile), run every unit test, fuzz-corpus replay and integration test
 # (under tsan only the threaded ones), then print one
 # closing line "N passed, N failed" (", N skipped" when a test could not run
 # here and said so with cmocka's skip()).  Exits non-zero on any failure.
@@ -21,7 +22,7 @@ FILTER=${TEST_FILTER:-}
 mkdir -p "$log_dir"
 
 for v in $VARIANTS; do
-    build "$v" tests || { echo "build failed ($v)"; exit 1; }
+    build "$v" tests bench || { echo "build failed ($v)"; exit 1; }
 done
 
 # Node packages for tests that drive duplex with real clients (pinned).

@@ -6,10 +6,9 @@
  * per kv head and 1024-key split, then the merges), more are split by kv
  * head.  Reports GFLOP/s and the KV read rate.
  *
- * Build and run (after `make V=release`):
- *   cc -O2 -march=native -ffp-contract=off -std=c11 -D_GNU_SOURCE -pthread -Isrc \
- *      scripts/bench/bench_attn.c build/release/libduplex.a -lm -o build/bench_attn
- *   build/bench_attn [reps=5] [depth=4096] [n_q=512] [layers=28] [f16|bf16|f32]
+ * Build and run from the repository root (docs/bench.md):
+ *   make bench && build/release/bench/bench_attn [reps=5] [depth=4096] [n_q=512] [layers=28]
+ *       [f16|bf16|f32]
  * HUGE=0 leaves the arena on 4 KiB pages (the pool asks for huge pages);
  * BS=n sets the block size (default: the engine's); QSCALE=x scales the queries (wider
  * score ranges, more probabilities near zero).
@@ -122,8 +121,8 @@ int main(int argc, char **argv)
                           .n_kv_head = N_KV,
                           .scale = 0.08838834764f};
     size_t arena_bytes = n_blocks * L.block_bytes;
-    uint8_t *arena = mmap(NULL, arena_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                          -1, 0);
+    uint8_t *arena =
+        mmap(NULL, arena_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (arena == MAP_FAILED) return 1;
     if (!getenv("HUGE") || atoi(getenv("HUGE"))) madvise(arena, arena_bytes, MADV_HUGEPAGE);
     for (size_t b = 0; b < n_blocks; b++)
@@ -166,5 +165,11 @@ int main(int argc, char **argv)
                    flops / s * 1e-9, kv_bytes / s * 1e-9, 28 * s * 1e3);
         }
     }
+    for (int i = 0; i < MAX_THR; i++) dx_aligned_free(j.scratch[i]);
+    dx_aligned_free(j.part);
+    dx_free(q);
+    dx_free(out);
+    dx_free(blocks);
+    munmap(arena, arena_bytes);
     return 0;
 }

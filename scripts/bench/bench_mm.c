@@ -1,7 +1,6 @@
 /* bench_mm: GFLOP/s of kern_matmul per weight type, shape and thread count.
- * Build and run from the repository root:
- *   gcc -O2 -march=native -std=c11 -D_GNU_SOURCE -ffp-contract=off -pthread -Isrc
- * scripts/bench/bench_mm.c src/base/*.c src/engine/kern*.c -lm -o /tmp/bench_mm && /tmp/bench_mm
+ * Build and run from the repository root (docs/bench.md):
+ *   make bench && build/release/bench/bench_mm
  * Options: bench_mm [seconds per point (0.3)] [dtype filter] [n_tok filter].
  * DUPLEX_KERNELS=avx2|scalar selects a slower path; BENCH_CHUNK=rows sets
  * the task size (default: 64 rows for decode, ~4 tasks per thread for prefill).  Decode (n_tok = 1)

@@ -4,7 +4,9 @@
  * lease tokens) and serves until SIGTERM; `pull` prints one JSON line with
  * the outcome and byte-for-byte verification.  Both take the cluster secret
  * (--kv-secret-file) as nodes do, and `hold` listens off loopback only with
- * one (or --insecure-no-auth). */
+ * one (or --insecure-no-auth).  `pull` also takes two test hooks, flags
+ * only the tests use, which --help does not list and which are refused
+ * unless DUPLEX_TEST_HOOKS=1 (docs/testing.md, "Test hooks"). */
 #include <jansson.h>
 #include <signal.h>
 #include <stdio.h>
@@ -107,8 +109,9 @@ static int check_ttls(const char *list)
         char *end;
         double ttl = strtod(p, &end);
         if (end == p || !(ttl > 0) || (*end && *end != ',')) {
-            fprintf(stderr, "duplex kv hold: --lease-ttls: '%.*s' in '%s' is not a positive "
-                            "number of seconds (want e.g. 60,5)\n",
+            fprintf(stderr,
+                    "duplex kv hold: --lease-ttls: '%.*s' in '%s' is not a positive "
+                    "number of seconds (want e.g. 60,5)\n",
                     (int)strcspn(p, ","), p, list);
             return 2;
         }
@@ -401,6 +404,59 @@ static int pull_run(const pull_opts *o)
     return rc ? 1 : 0;
 }
 
+/* ---- test hooks ----
+ * Flags that make a pull misbehave on purpose (itest_xfer, itest_xfer_throttle).
+ * They are parsed apart from the product's options, so that --help never
+ * lists them, and only when the environment says a test is running. */
+
+#define TEST_HOOKS_ENV "DUPLEX_TEST_HOOKS"
+
+/* The option of opts that arg ("--name" or "--name=value") names, or NULL. */
+static const cli_opt *long_opt(const char *arg, const cli_opt *opts, size_t n)
+{
+    if (strncmp(arg, "--", 2) != 0) return NULL;
+    size_t len = strcspn(arg + 2, "=");
+    for (size_t i = 0; i < n; i++)
+        if (strlen(opts[i].name) == len && !strncmp(opts[i].name, arg + 2, len)) return &opts[i];
+    return NULL;
+}
+
+/* cli_parse over opts, with the hooks (and their values) taken out of argv
+ * first: the same return values.  A value given to an option of opts is
+ * never taken for a hook, as cli_parse would not take it for a flag. */
+static int parse_with_hooks(const char *cmd, const char *usage, int argc, char **argv,
+                            const cli_opt *opts, size_t n_opts, const cli_opt *hooks,
+                            size_t n_hooks)
+{
+    char **rest = dx_malloc(((size_t)argc * 2 + 1) * sizeof *rest), **hk = rest + argc;
+    if (!rest) {
+        fprintf(stderr, "duplex %s: out of memory\n", cmd);
+        return 1;
+    }
+    int n_rest = 0, n_hk = 0;
+    for (int i = 0; i < argc; i++) {
+        const cli_opt *h = long_opt(argv[i], hooks, n_hooks);
+        const cli_opt *o = h ? h : long_opt(argv[i], opts, n_opts);
+        char **to = h ? hk : rest;
+        int *n = h ? &n_hk : &n_rest;
+        to[(*n)++] = argv[i];
+        if (o && o->type != CLI_FLAG && !strchr(argv[i], '=') && i + 1 < argc)
+            to[(*n)++] = argv[++i];
+    }
+    int rc = cli_parse(cmd, usage, n_rest, rest, opts, n_opts, NULL, 0, NULL);
+    const char *env = getenv(TEST_HOOKS_ENV);
+    if (!rc && n_hk && !(env && !strcmp(env, "1"))) {
+        fprintf(stderr,
+                "duplex %s: %.*s is a test hook, accepted only with " TEST_HOOKS_ENV
+                "=1 in the environment (docs/testing.md)\n",
+                cmd, (int)strcspn(hk[0], "="), hk[0]);
+        rc = 2;
+    }
+    if (!rc) rc = cli_parse(cmd, usage, n_hk, hk, hooks, n_hooks, NULL, 0, NULL);
+    dx_free(rest);
+    return rc;
+}
+
 int cli_kv_pull(int argc, char **argv)
 {
     pull_opts o = {.host = "127.0.0.1",
@@ -429,15 +485,16 @@ int cli_kv_pull(int argc, char **argv)
         {"peer-timeout", CLI_DBL, &o.peer_timeout, 0.01, 3600,
          "seconds the holder may stay silent (default 5): a dead one fails the pull then"},
         {"kv-secret-file", CLI_PATH, &o.secret_file, 0, 0, "cluster secret to prove to the holder"},
-        {"pause-after-pin-ms", CLI_INT, &o.pause_ms, 0, 600000,
-         "test hook: sleep between PIN and READ"},
-        {"no-renew", CLI_FLAG, &o.no_renew, 0, 0,
-         "test hook: never RENEW the pin, so a read longer than its TTL must fail"},
         {"repeat", CLI_INT, &o.repeat, 1, 1000000, "pull this many times (one JSON line each)"},
         {"tls", CLI_STR, &o.tls, 0, 0, "UCX_TLS value (default: UCX's choice)"},
     };
-    int rc = cli_parse("kv pull", "--port P --token T [options]", argc, argv, opts,
-                       DX_ARRAY_LEN(opts), NULL, 0, NULL);
+    cli_opt hooks[] = {
+        {"pause-after-pin-ms", CLI_INT, &o.pause_ms, 0, 600000, "sleep between PIN and READ"},
+        {"no-renew", CLI_FLAG, &o.no_renew, 0, 0,
+         "never RENEW the pin, so a read longer than its TTL must fail"},
+    };
+    int rc = parse_with_hooks("kv pull", "--port P --token T [options]", argc, argv, opts,
+                              DX_ARRAY_LEN(opts), hooks, DX_ARRAY_LEN(hooks));
     if (rc) return rc == 1 ? 0 : rc;
     if (!o.port) return cli_required("kv pull", "--port P");
     if (!o.token) return cli_required("kv pull", "--token T");

@@ -16,10 +16,7 @@
  *   postfix * + ? and {m}, {m,}, {m,n} repetition, # comments.  The start
  *   rule is `root`.  Every error is DX_EINVAL with a message naming
  *   line:col; left recursion and a root deriving no finite string are
- *   errors too.
- *
- * Changes from the brief's interface: gram_match_reset (added), and
- * gram_match_mask's errors (DX_ETOOBIG) documented below. */
+ *   errors too. */
 #ifndef GRAM_H
 #define GRAM_H
 
@@ -69,9 +66,9 @@ int gram_match_mask(gram_match *m, uint64_t *mask);
 /* Advances by the token's bytes; DX_EINVAL if the grammar does not allow it
  * (the match is left unchanged). */
 int gram_match_accept(gram_match *m, int32_t tok);
-/* Back to the start of the grammar, keeping the caches (an addition to the
- * brief's interface): a match reused for the next request with the same
- * grammar and vocabulary starts with warm masks. */
+/* Back to the start of the grammar, keeping the caches: a match reused for
+ * the next request with the same grammar and vocabulary starts with warm
+ * masks. */
 int gram_match_reset(gram_match *m); /* 0 or DX_ENOMEM */
 /* 1 when the input so far is a complete sentence of the grammar. */
 int gram_match_complete(const gram_match *m);

@@ -1,11 +1,16 @@
 /* chat_tmpl: chat templates (ChatML for Qwen, Llama 3), rendered natively.
  *
- * The GGUF carries a Jinja template in tokenizer.chat_template; duplex does
- * not run Jinja, it recognises the family from the template text (or the
- * architecture) and renders it in C.  The rendering has the prefix property
- * KV reuse relies on: render(m[0..N]) with add_generation_prompt, followed by
- * the assistant reply as generated (its text and end-of-turn token), is a
- * prefix of render(m[0..N+1]) where m[N+1] is that reply.
+ * The GGUF carries a Jinja template in tokenizer.chat_template.  duplex's
+ * own synthetic models' templates (chat_tmpl_jinja), or none at all, are
+ * rendered here in C; any other template runs in the Jinja interpreter
+ * (jinja/jinja.h; model_chat picks, docs/templates.md) and its output is
+ * tokenised by chat_tmpl_encode_rendered below.  Either way the family is
+ * recognised from the template text (or the architecture), for the
+ * tool-call format and the end of a turn.  The native rendering has the
+ * prefix property KV reuse relies on: render(m[0..N]) with
+ * add_generation_prompt, followed by the assistant reply as generated (its
+ * text and end-of-turn token), is a prefix of render(m[0..N+1]) where
+ * m[N+1] is that reply.
  *
  * chat_tmpl_encode tokenises the markup with special tokens allowed and the
  * message contents without, so user text can never produce a control token

@@ -8,6 +8,7 @@
  * parses and their figures are positive; Ctrl-C stops a comparison and
  * everything it started.  Bad flags and files exit 2 with a message naming
  * what is wrong; an endpoint nobody serves exits 1 naming it. */
+/* duplex-test: tsan */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

@@ -3,6 +3,7 @@
  * bad file rejected with exit status 2 (usage) or 1 (failure) and a message
  * that names what was wrong, the flag spelled as the user typed it; help of
  * commands and command groups. */
+/* duplex-test: tsan */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

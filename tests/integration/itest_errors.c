@@ -6,6 +6,7 @@
  * so a message left over from the previous failure would show: every
  * answer must name its own problem and not the one before.  (Each error
  * path in src/ sets its message when it returns: scripts/check_errs.sh.) */
+/* duplex-test: tsan */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

@@ -4,6 +4,7 @@
  * a model that does not load; one SSE chunk per token whatever the load;
  * 400s that blame the right field; and a waiting queue that turns the newest
  * requests away with 503 + Retry-After instead of preempting in circles. */
+/* duplex-test: tsan */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

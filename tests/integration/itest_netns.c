@@ -26,6 +26,7 @@
  * under `ip netns exec`.  The namespaces (and with them the veths) are
  * removed in the group teardown whatever happened, and ones that a killed
  * earlier run left behind are removed at start. */
+/* duplex-test: tsan */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>

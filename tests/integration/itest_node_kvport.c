@@ -8,6 +8,7 @@
  * nothing else, counted on /metrics; the KV flags' mistakes stop serve with
  * a message naming them, and a node without a secret keeps its KV port on
  * loopback whatever --host says; SIGTERM still exits 0. */
+/* duplex-test: tsan */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

@@ -6,6 +6,7 @@
  * the recompute threshold, edited history, forged params, a decode node that
  * dies or whose retention expires, a pool too small for what is retained,
  * and streaming.  Node metrics prove where each prompt's KV came from. */
+/* duplex-test: tsan */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

@@ -6,6 +6,7 @@
  * forged params, 2 prefill + 2 decode nodes with 8 concurrent conversations,
  * a decode node killed between turns and a prefill node killed mid-request.
  * Outputs must be byte-identical every time. */
+/* duplex-test: tsan */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

@@ -15,6 +15,7 @@
  *     once and registers when Redis comes; drain needs its internal key;
  *     SIGUSR1 drains it.
  *   cli: bad values of every new flag and of `duplex node`. */
+/* duplex-test: tsan */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

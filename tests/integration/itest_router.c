@@ -14,6 +14,7 @@
  * across tenants) and that a client never sees params.
  *
  * No timing is asserted; waits are bounded and wait for an event. */
+/* duplex-test: tsan */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

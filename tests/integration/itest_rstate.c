@@ -14,6 +14,7 @@
  *   - Redis killed under a router: requests still succeed (recomputed), the
  *     errors are counted and logged once; Redis back on its port: reuse
  *     resumes. */
+/* duplex-test: tsan */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

@@ -3,8 +3,13 @@
  * test's summary lines come before its verdict line, the closing
  * "N passed, N failed[, N skipped]" line and the exit status, the build's
  * stage lines with their time, and compiler messages passing the progress
- * filter while the Makefile's step lines do not.  Runs from the repository
- * root. */
+ * filter while the Makefile's step lines do not; which tests run under
+ * ThreadSanitizer, read from the mark in their sources.  And
+ * scripts/check_layers.sh, a copy run on tiny trees in a temporary
+ * directory: a clean tree passes; an upward include or call, an unknown
+ * folder and two files of one folder calling each other each fail naming
+ * the files, and the pair passes once listed in ALLOWED.  Runs from the
+ * repository root. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -83,6 +88,28 @@ static int setup(void **state)
     /* a stand-in make: two steps, a compiler message, and $MAKE_RC */
     write_exe("make", "#!/bin/sh\necho '  CC  src/a.c'\necho 'src/a.c:1:1: error: boom'\n"
                       "echo '  LD  build/x/duplex'\nexit ${MAKE_RC:-0}\n");
+    /* the layer check's trees: tree T makes one, objs T compiles it into
+     * the BUILD layout the script reads (nm), check T runs T's copy of the
+     * script from elsewhere (it finds its tree from its own path) */
+    write_exe("layers.sh",
+              "tree() {\n"
+              "    rm -rf \"$1\" && mkdir -p \"$1/scripts\" \"$1/src/base\" \"$1/src/engine\" &&\n"
+              "    cp scripts/check_layers.sh \"$1/scripts/\" &&\n"
+              "    echo 'int a(void);' >\"$1/src/base/a.h\" &&\n"
+              "    printf '#include \"base/a.h\"\\nint a(void) { return 1; }\\n' "
+              ">\"$1/src/base/a.c\" &&\n"
+              "    echo 'int b(void);' >\"$1/src/engine/b.h\" &&\n"
+              "    printf '#include \"base/a.h\"\\n#include \"engine/b.h\"\\n"
+              "int b(void) { return a(); }\\n' >\"$1/src/engine/b.c\"\n"
+              "}\n"
+              "objs() {\n"
+              "    local c o\n"
+              "    for c in $(cd \"$1\" && find src -name '*.c'); do\n"
+              "        o=$1/build/release/obj/${c%.c}.o\n"
+              "        mkdir -p \"${o%/*}\" && cc -c -I\"$1/src\" \"$1/$c\" -o \"$o\" || return 1\n"
+              "    done\n"
+              "}\n"
+              "check() { (cd / && BUILD=build/release bash \"$1/scripts/check_layers.sh\"); }\n");
     return 0;
 }
 
@@ -122,8 +149,9 @@ static void test_test_blocks(void **state)
     if (!tail || tail[strlen("\nfailed: v/bad\n6 passed, 1 failed, 1 skipped\n")])
         fail_msg("closing lines wrong:\n%s", out);
     /* all passing: status 0, no "failed:" line, no ", N skipped" */
-    rc = bash(out, sizeof out, "run_one v/ok %1$s/ok.sh\nrun_one v/plain %1$s/plain.sh\n"
-                               "test_summary",
+    rc = bash(out, sizeof out,
+              "run_one v/ok %1$s/ok.sh\nrun_one v/plain %1$s/plain.sh\n"
+              "test_summary",
               g_dir);
     assert_int_equal(rc, 0);
     if (!matches(out, "(.|\n)*\nok   v/plain \\(1 passed, [0-9]+s\\)\n\n3 passed, 0 failed\n") ||
@@ -169,12 +197,115 @@ static void test_build_stage(void **state)
         fail_msg("failed build stage lines wrong:\n%s", out);
 }
 
+/* tsan_wanted reads the mark from the source a test program was built
+ * from: a line of its own before the first #include. */
+static void test_tsan_mark(void **state)
+{
+    (void)state;
+    char out[4096];
+    int rc = bash(out, sizeof out,
+                  "cd %s && mkdir -p tests/unit tests/integration\n"
+                  "m='/* duplex-test: tsan */'\n"
+                  "printf '/* a */\\n%%s\\n#include <a.h>\\n' \"$m\" >tests/unit/test_a.c\n"
+                  "printf '/* b */\\n#include <b.h>\\n' >tests/unit/test_b.c\n"
+                  "printf '/* c */\\n#include <c.h>\\n%%s\\n' \"$m\" >tests/unit/test_c.c\n"
+                  "printf '/* d */\\n%%s\\n#include <d.h>\\n' \"$m\" >tests/integration/itest_d.c\n"
+                  "printf '/* e */\\n%%s int e;\\n#include <e.h>\\n' \"$m\" >tests/unit/test_e.c\n"
+                  "for n in test_a test_b test_c itest_d test_e test_none other; do\n"
+                  "    tsan_wanted $n && echo \"$n yes\" || echo \"$n no\"\n"
+                  "done",
+                  g_dir);
+    assert_int_equal(rc, 0);
+    assert_string_equal(out, "test_a yes\ntest_b no\ntest_c no\nitest_d yes\ntest_e no\n"
+                             "test_none no\nother no\n");
+}
+
+/* Runs the layer check on the tiny tree g_dir/lt after the shell commands
+ * `change` (with T set to the tree) made it wrong; its output and "status
+ * N" in out. */
+static void layers(char *out, size_t cap, const char *change)
+{
+    bash(out, cap,
+         ". %1$s/layers.sh\nT=%1$s/lt\ntree \"$T\" || exit 1\n%2$s\n"
+         "objs \"$T\" && check \"$T\"\necho \"status $?\"",
+         g_dir, change);
+}
+
+static void expect_in(const char *out, const char *want)
+{
+    if (!strstr(out, want)) fail_msg("no \"%s\" in:\n%s", want, out);
+}
+
+static void test_layers_clean(void **state)
+{
+    (void)state;
+    char out[8192];
+    layers(out, sizeof out, ":");
+    expect_in(out, "layers hold: base ");
+    expect_in(out, "\nstatus 0\n");
+}
+
+static void test_layers_upward(void **state)
+{
+    (void)state;
+    char out[8192];
+    layers(out, sizeof out, "echo '#include \"engine/b.h\"' >>\"$T/src/base/a.c\"");
+    expect_in(out, "src/base/a.c: includes upward: base (0) → engine (");
+    expect_in(out, "\"engine/b.h\"");
+    expect_in(out, "layer check failed");
+    expect_in(out, "\nstatus 1\n");
+    layers(out, sizeof out,
+           "echo 'int b(void); int a2(void) { return b(); }' >>\"$T/src/base/a.c\"");
+    expect_in(out, "src/base/a.c calls upward into src/engine/b.c (base → engine)");
+    expect_in(out, "\nstatus 1\n");
+}
+
+static void test_layers_unknown_folder(void **state)
+{
+    (void)state;
+    char out[8192];
+    layers(out, sizeof out,
+           "mkdir \"$T/src/extra\" && echo 'int x(void);' >\"$T/src/extra/x.h\"\n"
+           "echo '#include \"extra/x.h\"' >\"$T/src/extra/x.c\"\n"
+           "echo '#include \"extra/x.h\"' >>\"$T/src/engine/b.c\"");
+    expect_in(out, "src/extra: a folder that is not in LAYERS");
+    expect_in(out, "src/engine/b.c: includes \"extra/…\", a folder that is not in LAYERS");
+    expect_in(out, "\nstatus 1\n");
+}
+
+/* Two files of base calling each other: p → q → p. */
+#define CIRCLE                                                                                     \
+    "echo 'int q(void); int p(int n) { return n ? q() : 0; }' >\"$T/src/base/p.c\"\n"              \
+    "echo 'int p(int); int q(void) { return p(0); }' >\"$T/src/base/q.c\""
+
+static void test_layers_circle(void **state)
+{
+    (void)state;
+    char out[8192];
+    layers(out, sizeof out, CIRCLE);
+    const char *line = strstr(out, "src/base: files that call each other in a circle: ");
+    if (!line) fail_msg("no circle reported:\n%s", out);
+    const char *end = strchr(line, '\n');
+    if (!end || !memmem(line, (size_t)(end - line), "src/base/p", 10) ||
+        !memmem(line, (size_t)(end - line), "src/base/q", 10))
+        fail_msg("the circle's line does not name both files:\n%s", out);
+    expect_in(out, "\nstatus 1\n");
+    /* the same pair listed in ALLOWED (the test's copy of the script) */
+    layers(out, sizeof out,
+           CIRCLE "\nsed -i 's|^ALLOWED=($|&\\n    \"base/p base/q listed by itest_scripts\"|' "
+                  "\"$T/scripts/check_layers.sh\"\n"
+                  "grep -q '\"base/p base/q listed' \"$T/scripts/check_layers.sh\" || exit 1");
+    expect_in(out, "layers hold: base ");
+    expect_in(out, "\nstatus 0\n");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_test_blocks),
-        cmocka_unit_test(test_build_progress),
-        cmocka_unit_test(test_build_stage),
+        cmocka_unit_test(test_test_blocks),           cmocka_unit_test(test_build_progress),
+        cmocka_unit_test(test_build_stage),           cmocka_unit_test(test_tsan_mark),
+        cmocka_unit_test(test_layers_clean),          cmocka_unit_test(test_layers_upward),
+        cmocka_unit_test(test_layers_unknown_folder), cmocka_unit_test(test_layers_circle),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -6,6 +6,7 @@
  * deterministic and the engine is batch-invariant, so outputs can be
  * compared exactly: HTTP vs `duplex generate`, streaming vs not, alone vs 16
  * at once. */
+/* duplex-test: tsan */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

@@ -10,6 +10,7 @@
  *  - a grammar field (chat and completions), stop strings still cutting a
  *    constrained answer, max_tokens cutting a structure → "length";
  *  - the grammar cache and mask figures in /metrics. */
+/* duplex-test: tsan */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

@@ -11,6 +11,7 @@
  *
  * (The prefill/decode modes run in itest_bench and `make demo`'s test,
  * itest_demo; their command lines are unit-tested in test_router_launch.) */
+/* duplex-test: tsan */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

@@ -11,8 +11,10 @@
  * oversized handshake frames) get "authentication failed" and nothing else;
  * a peer dripping bytes is closed at the handshake deadline or the idle
  * timeout; hundreds of half-open connections from many addresses; peers
- * that flood frames and never read their replies.  The throttled-link and
+ * that flood frames and never read their replies.  And the pull's test
+ * hooks, refused without DUPLEX_TEST_HOOKS=1.  The throttled-link and
  * dead-link tests are itest_xfer_throttle. */
+/* duplex-test: tsan */
 #include <errno.h>
 #include <jansson.h>
 #include <netinet/in.h>
@@ -695,6 +697,63 @@ static void test_stdout_stays_json(void **state)
         fail_msg("UCX's warning is not on stderr:\n%s", out);
 }
 
+/* Runs a shell command with stdout and stderr in out; its exit code. */
+static int run_sh(const char *cmd, char *out, size_t cap)
+{
+    FILE *f = popen(cmd, "r");
+    assert_non_null(f);
+    size_t n = fread(out, 1, cap - 1, f);
+    out[n] = 0;
+    int st = pclose(f);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* The test hooks of `duplex kv pull` (--pause-after-pin-ms, --no-renew)
+ * are no part of the product: --help lists neither, and without
+ * DUPLEX_TEST_HOOKS=1 each is refused before anything is pulled, naming the
+ * flag and the variable.  With it they are taken (main sets it for every
+ * pull here; test_holder_killed sees the pause, itest_xfer_throttle's
+ * test_lapsed_pin_fails_the_pull the missing renewals). */
+static void test_hooks_need_the_variable(void **state)
+{
+    static const char *const envs[] = {"env -u DUPLEX_TEST_HOOKS", "env DUPLEX_TEST_HOOKS=0",
+                                       "env DUPLEX_TEST_HOOKS="};
+    static const char *const hooks[][2] = {{"--no-renew", "--no-renew"},
+                                           {"--pause-after-pin-ms 5", "--pause-after-pin-ms"},
+                                           {"--pause-after-pin-ms=5", "--pause-after-pin-ms"}};
+    char cmd[512], out[8192], want[160];
+    for (size_t e = 0; e < DX_ARRAY_LEN(envs); e++)
+        for (size_t k = 0; k < DX_ARRAY_LEN(hooks); k++) {
+            snprintf(cmd, sizeof cmd,
+                     "%s %s kv pull --port 1 --token 0123456789abcdef0123456789abcdef "
+                     "--timeout 1 %s 2>&1",
+                     envs[e], g_bin, hooks[k][0]);
+            int rc = run_sh(cmd, out, sizeof out);
+            snprintf(want, sizeof want,
+                     "duplex kv pull: %s is a test hook, accepted only with "
+                     "DUPLEX_TEST_HOOKS=1 in the environment",
+                     hooks[k][1]);
+            if (rc != 2 || !strstr(out, want) || strchr(out, '{'))
+                fail_msg("%s: status %d (want 2 and no pull), output:\n%s", cmd, rc, out);
+        }
+    for (size_t e = 0; e < 2; e++) {
+        snprintf(cmd, sizeof cmd, "%s %s kv pull --help 2>&1",
+                 e ? "env DUPLEX_TEST_HOOKS=1" : "env -u DUPLEX_TEST_HOOKS", g_bin);
+        assert_int_equal(run_sh(cmd, out, sizeof out), 0);
+        if (!strstr(out, "--kv-secret-file") || strstr(out, "pause-after-pin") ||
+            strstr(out, "no-renew") || strstr(out, "hook"))
+            fail_msg("%s lists a test hook (or not the options):\n%s", cmd, out);
+    }
+    /* with the variable both are taken, and the pull is whole */
+    kp_holder h;
+    hold_start(&h, "16", "8192", "60", NULL);
+    json_t *j = pull(&h, h.tok[0], "0-3", "--pause-after-pin-ms", "1", "--no-renew", NULL);
+    kp_expect_ok(j, 4);
+    assert_int_equal(kp_jint(j, "renewals"), 0);
+    json_decref(j);
+    kp_hold_stop(&h);
+}
+
 #define T(f) cmocka_unit_test_teardown(f, kp_kill_holder)
 
 int main(void)
@@ -702,6 +761,8 @@ int main(void)
     g_bin = getenv("DUPLEX_BIN");
     if (!g_bin) g_bin = "build/release/duplex";
     signal(SIGPIPE, SIG_IGN);
+    /* for the pulls that use the test hooks (docs/testing.md, "Test hooks") */
+    setenv("DUPLEX_TEST_HOOKS", "1", 1);
     char dir[] = "/tmp/dx_itest_xfer_XXXXXX";
     if (!mkdtemp(dir)) return 1;
     kp_make_secret(dir);
@@ -718,6 +779,7 @@ int main(void)
         T(test_many_connections),
         T(test_flood_without_reading),
         T(test_stdout_stays_json),
+        T(test_hooks_need_the_variable),
     };
     int fails = 0;
     const char *user_tls = getenv("UCX_TLS");

@@ -22,6 +22,7 @@
  * namespaces (and with them the veth pair) are removed in the group
  * teardown whatever happened, and ones a killed earlier run left behind are
  * removed at start. */
+/* duplex-test: tsan */
 #include <dirent.h>
 #include <errno.h>
 #include <setjmp.h>
@@ -417,6 +418,8 @@ int main(void)
     g_bin = getenv("DUPLEX_BIN");
     if (!g_bin) g_bin = "build/release/duplex";
     signal(SIGPIPE, SIG_IGN);
+    /* --no-renew and --pause-after-pin-ms are test hooks (docs/testing.md) */
+    setenv("DUPLEX_TEST_HOOKS", "1", 1);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_renewed_pin_outlives_its_ttl, kp_kill_holder),
         cmocka_unit_test_teardown(test_lapsed_pin_fails_the_pull, kp_kill_holder),

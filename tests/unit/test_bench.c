@@ -6,6 +6,7 @@
  * answers, or cuts its stream: each error recorded by kind, the run going on.
  *
  * DUPLEX_REGEN_GOLDEN=1 rewrites the golden summary (review the diff). */
+/* duplex-test: tsan */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

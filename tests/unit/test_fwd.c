@@ -2,6 +2,7 @@
  * bit-exact batch invariance (memcmp of logits and KV blocks) across
  * chunking, batching, prefix reuse and thread counts, for every weight dtype
  * and every kernel ISA this CPU has. */
+/* duplex-test: tsan */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

@@ -4,6 +4,7 @@
  * additions the reference lacks, errors with their line and column, the
  * bounds a hostile template meets, allocation failures and leaks, and
  * concurrent renders of one parsed template. */
+/* duplex-test: tsan */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

@@ -12,6 +12,7 @@
  * rounding errors grow like sqrt(n) * 6e-8 (about 3e-6 at n = 2080), so 2e-5
  * leaves margin while a dropped or doubled term of average size (>= 1/n =
  * 5e-4 of the sum) fails.  Each is also checked against the double sum. */
+/* duplex-test: tsan */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

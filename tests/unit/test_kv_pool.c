@@ -2,6 +2,7 @@
  * refcounts, free/LRU/eviction order, exhaustion, prefix hashing, the hash
  * index, prefix matching, concurrency, config validation and leaks.  Every
  * test checks the pool's own invariant checker after each step. */
+/* duplex-test: tsan */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

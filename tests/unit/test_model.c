@@ -2,6 +2,7 @@
  * the loader reads back what synth wrote for every arch and dtype, and bad
  * model files (missing tensor, wrong shape, unknown architecture) are clear
  * errors; the fingerprint covers every tensor byte and the hyper-parameters. */
+/* duplex-test: tsan */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

@@ -18,6 +18,7 @@
  *  - long: max_seqs 2 + max_waiting 2 and room for two 4000-token requests,
  *    for 503 at capacity, disconnects and the grace period's expiry;
  *  - loading: the model is loaded after the server has started. */
+/* duplex-test: tsan */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

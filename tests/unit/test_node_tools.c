@@ -5,6 +5,7 @@
  * node's engine interface, node_backend): it "generates" a fixed answer in
  * pieces on a thread of its own, as the engine delivers tokens, so the texts
  * a real model would need luck to write are exact. */
+/* duplex-test: tsan */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

@@ -1,6 +1,7 @@
 /* test_router_launch: the command lines `duplex up` gives its children in
  * each mode, as docs/pd.md specifies them (the prefill/decode modes cannot
  * run end to end until the nodes offer those roles). */
+/* duplex-test: tsan */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

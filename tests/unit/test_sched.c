@@ -1,6 +1,7 @@
 /* Scheduler and engine: pinned greedy output, concurrency and preemption
  * never change a sequence's tokens, prefix-cache reuse, cancellation frees
  * every block, stop strings, seeded sampling, the threaded engine API. */
+/* duplex-test: tsan */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

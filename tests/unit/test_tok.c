@@ -5,6 +5,7 @@
  *
  * The tokenizers under test are built from merges learned by bpe_train on
  * the embedded corpus, plus the usual Qwen / Llama 3 control tokens. */
+/* duplex-test: tsan */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

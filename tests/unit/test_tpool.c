@@ -1,5 +1,6 @@
 /* Unit tests for dx_tpool: every task runs exactly once, on a valid thread
  * id, across task counts, consecutive runs, pool sizes and sleeping workers. */
+/* duplex-test: tsan */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

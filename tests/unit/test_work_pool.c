@@ -1,6 +1,7 @@
 /* test_work_pool: jobs run on the pool's threads and come back to the loop's
  * thread, every one exactly once; destroying the pool lets running jobs
  * finish and hands back the ones that never ran, marked canceled. */
+/* duplex-test: tsan */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

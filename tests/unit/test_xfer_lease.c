@@ -3,6 +3,7 @@
  * that pool pressure (eviction) cannot take a pinned block, and the token
  * and pin-id indexes against a plain model (many leases, forced hash
  * collisions, unknown tokens). */
+/* duplex-test: tsan */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
