@@ -712,6 +712,9 @@ typedef struct {
     int32_t rank, id, left, right, rid;
 } bpe_cand;
 
+/* The symbols of one word as a doubly linked list by position (prev/next
+ * are indexes into parallel arrays, not base/dx_list): positions are what
+ * the candidates name, and three flat arrays need no per-symbol node. */
 typedef struct {
     int32_t *sym;  /* [n] token id, -1 once merged into its left neighbour */
     int32_t *prev; /* [n] */
