@@ -42,7 +42,7 @@
 #include "base/dx_alloc.h"
 #include "base/dx_utf8.h"
 #include "base/dx_err.h"
-#include "tok/tok_internal.h"
+#include "tok/tok_priv.h"
 #include "tok/tok_norm.h"
 
 /* ---- GPT-2 byte <-> code point map ---------------------------------------------------------- */
