@@ -1273,6 +1273,9 @@ void http_srv_stop_accepting(http_srv *s)
 
 void http_srv_close_idle(http_srv *s)
 {
+    /* _SAFE suffices: closing a connection between requests calls no
+     * application code (its abort_fn was cleared when its answer finished),
+     * so nothing else leaves the list meanwhile */
     DX_LIST_FOR_EACH_SAFE(it, tmp, &s->conns)
     {
         http_conn *c = DX_LIST_ENTRY(it, http_conn, link);
