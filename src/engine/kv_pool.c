@@ -9,6 +9,9 @@
  *    last is the one most likely still in the CPU caches);
  *  - cached blocks form a doubly linked LRU list threaded through prev/next,
  *    head = least recently released = next to evict;
+ *  - both link by block id, not with base/dx_list pointers: the metadata
+ *    stays one flat array of 4-byte links, and an id is what the index,
+ *    the callers and the consistency check name a block by;
  *  - the hash index is an open-addressing table of block ids (the key, the
  *    128-bit hash, lives in the block's metadata), at least 2x n_blocks slots
  *    so the load stays <= 1/2, linear probing with backward-shift deletion so
@@ -34,7 +37,7 @@
 #define KV_DEFAULT_BLOCK_SIZE 16u
 #define KV_MAX_BLOCK_SIZE     1024u
 /* Keeps the index (2x, power of two) within 2^31 slots and ids in int32. */
-#define KV_MAX_BLOCKS   (1u << 30)
+#define KV_MAX_BLOCKS (1u << 30)
 /* Tokens hashed from a stack buffer in one shot; longer runs stream. */
 #define KV_HASH_STACK_TOKENS 256u
 

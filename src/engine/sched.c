@@ -10,6 +10,7 @@
 #include "base/dx_buf.h"
 #include "base/dx_clock.h"
 #include "base/dx_err.h"
+#include "base/dx_list.h"
 #include "base/dx_log.h"
 #include "base/dx_utf8.h"
 #include "engine/fwd.h"
@@ -22,7 +23,7 @@
 
 typedef struct seq {
     uint64_t id;
-    struct seq *next; /* waiting queue */
+    dx_list wait; /* s->waiting, while it waits */
     engine_request req;
     stop_match *stop; /* the request's stop strings, or NULL */
     int32_t *tokens;  /* prompt, then generated */
@@ -94,7 +95,7 @@ struct sched {
     uint32_t bs, n_vocab;
     seq **running;
     uint32_t n_running;
-    seq *wait_head, *wait_tail;
+    dx_list waiting; /* oldest first; a preempted sequence goes back to the front */
     uint32_t n_waiting;
     uint64_t next_order;
     fwd_seq *batch;
@@ -558,11 +559,7 @@ int sched_submit_at(sched *s, const engine_request *r, uint64_t id, uint64_t t_s
     q->last_hash = q->seed;
     q->t_submit = t_submit_ns;
     q->order = s->next_order++;
-    if (s->wait_tail)
-        s->wait_tail->next = q;
-    else
-        s->wait_head = q;
-    s->wait_tail = q;
+    dx_list_push_back(&s->waiting, &q->wait);
     s->n_waiting++;
     return 0;
 }
@@ -571,8 +568,11 @@ int sched_cancel(sched *s, uint64_t id)
 {
     for (uint32_t i = 0; i < s->n_running; i++)
         if (s->running[i]->id == id) return s->running[i]->canceled = 1, 0;
-    for (seq *q = s->wait_head; q; q = q->next)
+    DX_LIST_FOR_EACH(it, &s->waiting)
+    {
+        seq *q = DX_LIST_ENTRY(it, seq, wait);
         if (q->id == id) return q->canceled = 1, 0;
+    }
     return dx_errf(DX_ENOENT, "no request %llu", (unsigned long long)id);
 }
 
@@ -594,21 +594,28 @@ static void finish(sched *s, uint32_t i, enum engine_finish fin, int err, const 
     seq_free(q);
 }
 
-static seq *pop_waiting(sched *s)
+/* The oldest / newest waiting sequence, or NULL. */
+static seq *first_waiting(const sched *s)
 {
-    seq *q = s->wait_head;
-    s->wait_head = q->next;
-    if (!s->wait_head) s->wait_tail = NULL;
-    q->next = NULL;
+    dx_list *n = dx_list_first(&s->waiting);
+    return n ? DX_LIST_ENTRY(n, seq, wait) : NULL;
+}
+
+static seq *last_waiting(const sched *s)
+{
+    dx_list *n = dx_list_last(&s->waiting);
+    return n ? DX_LIST_ENTRY(n, seq, wait) : NULL;
+}
+
+static void unlink_waiting(sched *s, seq *q)
+{
+    dx_list_remove(&q->wait);
     s->n_waiting--;
-    return q;
 }
 
 static void push_waiting_front(sched *s, seq *q)
 {
-    q->next = s->wait_head;
-    s->wait_head = q;
-    if (!s->wait_tail) s->wait_tail = q;
+    dx_list_push_front(&s->waiting, &q->wait);
     s->n_waiting++;
 }
 
@@ -616,17 +623,11 @@ static void handle_cancels(sched *s)
 {
     for (uint32_t i = s->n_running; i-- > 0;)
         if (s->running[i]->canceled) finish(s, i, ENGINE_FINISH_CANCELED, 0, NULL);
-    seq **pp = &s->wait_head, *prev = NULL;
-    while (*pp) {
-        seq *q = *pp;
-        if (!q->canceled) {
-            prev = q;
-            pp = &q->next;
-            continue;
-        }
-        *pp = q->next;
-        if (s->wait_tail == q) s->wait_tail = prev;
-        s->n_waiting--;
+    DX_LIST_FOR_EACH_SAFE(it, tmp, &s->waiting)
+    {
+        seq *q = DX_LIST_ENTRY(it, seq, wait);
+        if (!q->canceled) continue;
+        unlink_waiting(s, q);
         drop_pre_blocks(s, q);
         emit_done(s, q, ENGINE_FINISH_CANCELED, 0, NULL);
         seq_free(q);
@@ -747,12 +748,11 @@ static void accept_pregen(sched *s, seq *q)
  * same tokens over and over.  Nothing running: it is admitted anyway. */
 static void admit(sched *s)
 {
-    while (s->wait_head && s->n_running < s->cfg.max_seqs) {
-        seq *q = s->wait_head;
+    for (seq *q; (q = first_waiting(s)) && s->n_running < s->cfg.max_seqs;) {
         uint32_t need = growth(s, q);
         for (uint32_t i = 0; i < s->n_running; i++) need += growth(s, s->running[i]);
         if (s->n_running && !pool_has_room(s, need)) break;
-        pop_waiting(s);
+        unlink_waiting(s, q);
         take_cached_prefix(s, q);
         s->running[s->n_running++] = q;
         if (q->req.n_pregen) accept_pregen(s, q);
@@ -763,13 +763,8 @@ static void admit(sched *s)
  * first): a client gets 503 now rather than a timeout later. */
 static void shed_waiting(sched *s)
 {
-    while (s->n_waiting > s->cfg.max_waiting && s->wait_tail && !s->wait_tail->n_preempt) {
-        seq *q = s->wait_tail, **pp = &s->wait_head;
-        while (*pp != q) pp = &(*pp)->next;
-        *pp = NULL;
-        s->wait_tail = NULL;
-        for (seq *w = s->wait_head; w; w = w->next) s->wait_tail = w;
-        s->n_waiting--;
+    for (seq *q; s->n_waiting > s->cfg.max_waiting && (q = last_waiting(s)) && !q->n_preempt;) {
+        unlink_waiting(s, q);
         s->st.shed++;
         drop_pre_blocks(s, q);
         char msg[160];
@@ -806,8 +801,11 @@ static uint32_t newest_running(const sched *s)
 static int drop_newest_waiting_prefix(sched *s)
 {
     seq *newest = NULL;
-    for (seq *w = s->wait_head; w; w = w->next)
+    DX_LIST_FOR_EACH(it, &s->waiting)
+    {
+        seq *w = DX_LIST_ENTRY(it, seq, wait);
         if (w->n_pre) newest = w;
+    }
     if (!newest) return 0;
     drop_pre_blocks(s, newest);
     return 1;
@@ -992,6 +990,7 @@ int sched_create(const sched_config *cfg, const model *m, kv_pool *pool, dx_tpoo
     *out = NULL;
     sched *s = dx_calloc(1, sizeof *s);
     if (!s) return dx_errf(DX_ENOMEM, "out of memory");
+    dx_list_init(&s->waiting);
     s->cfg = *cfg;
     s->m = m;
     s->tk = model_tokenizer(m);
@@ -1024,8 +1023,8 @@ void sched_destroy(sched *s)
 {
     if (!s) return;
     while (s->n_running) finish(s, s->n_running - 1, ENGINE_FINISH_CANCELED, 0, NULL);
-    while (s->wait_head) {
-        seq *q = pop_waiting(s);
+    for (seq *q; (q = first_waiting(s));) {
+        unlink_waiting(s, q);
         drop_pre_blocks(s, q);
         emit_done(s, q, ENGINE_FINISH_CANCELED, 0, NULL);
         seq_free(q);

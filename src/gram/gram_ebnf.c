@@ -73,14 +73,15 @@ static void line_col(const char *s, size_t pos, unsigned *line, unsigned *col)
 __attribute__((format(printf, 3, 4))) static int perr(const pst *p, size_t pos, const char *fmt,
                                                       ...)
 {
-    char msg[256];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
     unsigned line, col;
     line_col(p->src, pos > p->len ? p->len : pos, &line, &col);
-    return dx_errf(DX_EINVAL, "grammar: line %u col %u: %s", line, col, msg);
+    char where[64];
+    snprintf(where, sizeof where, "grammar: line %u col %u", line, col);
+    va_list ap;
+    va_start(ap, fmt);
+    int rc = dx_verrp(DX_EINVAL, where, fmt, ap);
+    va_end(ap);
+    return rc;
 }
 
 /* ---- growing arrays ---------------------------------------------------------- */

@@ -85,12 +85,13 @@ static int put_lit(sc *c, dx_buf *b, const char *s, size_t n)
 static int sc_fail(sc *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static int sc_fail(sc *c, const char *fmt, ...)
 {
-    char msg[300];
+    char where[sizeof c->path + 32];
+    snprintf(where, sizeof where, "json schema: at '%s'", c->path[0] ? c->path : "/");
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    int rc = dx_verrp(DX_EINVAL, where, fmt, ap);
     va_end(ap);
-    return dx_errf(DX_EINVAL, "json schema: at '%s': %s", c->path[0] ? c->path : "/", msg);
+    return rc;
 }
 
 /* An unsupported keyword: an error when strict, else a warning line. */

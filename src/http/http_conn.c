@@ -36,6 +36,7 @@
 #include "base/dx_buf.h"
 #include "base/dx_err.h"
 #include "base/dx_hidx.h"
+#include "base/dx_list.h"
 #include "base/dx_log.h"
 #include "http/prom.h"
 
@@ -52,7 +53,7 @@ struct http_conn {
     uv_tcp_t tcp;
     uv_timer_t timer;
     http_srv *srv;
-    http_conn *prev, *next;
+    dx_list link; /* srv->conns */
     http_parser parser;
     enum conn_state state;
     int n_open_handles;
@@ -107,7 +108,7 @@ struct http_srv {
     int destroying;
     int n_open; /* listener + connections not yet freed */
     size_t n_conns, n_health_only;
-    http_conn *conns;
+    dx_list conns; /* open connections (not CLOSING), newest first */
     /* A connection there was no memory for is taken from libuv with this
      * handle (embedded: needs no allocation) and closed at once; libuv
      * accepts nothing more until a pending connection is taken. */
@@ -222,7 +223,7 @@ static size_t conn_queued(const http_conn *c)
 size_t http_srv_unwritten(const http_srv *s)
 {
     size_t n = 0;
-    for (const http_conn *c = s->conns; c; c = c->next) n += conn_queued(c);
+    DX_LIST_FOR_EACH(it, &s->conns) n += conn_queued(DX_LIST_ENTRY(it, http_conn, link));
     return n;
 }
 
@@ -567,11 +568,7 @@ static void conn_close(http_conn *c)
     if (c->state == ST_CLOSING) return;
     c->state = ST_CLOSING;
     http_srv *s = c->srv;
-    if (c->prev)
-        c->prev->next = c->next;
-    else
-        s->conns = c->next;
-    if (c->next) c->next->prev = c->prev;
+    dx_list_remove(&c->link);
     s->n_conns--;
     if (c->health_only) s->n_health_only--;
     peer_put(s, c->peer);
@@ -1001,11 +998,14 @@ static int evict_idle(http_srv *s)
 {
     http_conn *v = NULL; /* the list is newest first: on a tie the later one is older */
     uint64_t now = uv_now(s->loop);
-    for (http_conn *c = s->conns; c; c = c->next)
+    DX_LIST_FOR_EACH(it, &s->conns)
+    {
+        http_conn *c = DX_LIST_ENTRY(it, http_conn, link);
         if (c->state == ST_READING && !conn_partial(c) && !conn_queued(c) &&
             (c->served || now - c->idle_since >= EVICT_FRESH_MS) &&
             (!v || c->idle_since <= v->idle_since))
             v = c;
+    }
     if (!v) return 0;
     s->st.evicted_idle++;
     DX_LOGD("http: closing an idle connection to make room");
@@ -1083,9 +1083,7 @@ static void on_connection(uv_stream_t *server, int status)
     s->n_open++;
     int accepted = uv_accept(server, (uv_stream_t *)&c->tcp) == 0, trusted = 0;
     int how = accepted && conn_peer(s, c, &trusted) == 0 ? admit(s, c->peer, trusted) : ADMIT_NO;
-    c->next = s->conns;
-    if (s->conns) s->conns->prev = c;
-    s->conns = c;
+    dx_list_push_front(&s->conns, &c->link);
     s->n_conns++;
     if (c->peer) c->peer->n++;
     c->trusted = trusted;
@@ -1179,6 +1177,7 @@ int http_srv_create(uv_loop_t *loop, const http_srv_config *cfg, http_srv **out)
     http_srv *s = dx_calloc(1, sizeof *s);
     if (!s) return dx_errf(DX_ENOMEM, "http: server");
     s->loop = loop;
+    dx_list_init(&s->conns);
     s->cfg = *cfg;
     s->lim = &s->cfg.lim;
     http_limits_defaults(s->lim);
@@ -1267,9 +1266,12 @@ void http_srv_stop_accepting(http_srv *s)
 
 void http_srv_close_idle(http_srv *s)
 {
-    http_conn *c = s->conns, *next;
-    for (; c; c = next) {
-        next = c->next;
+    /* _SAFE suffices: closing a connection between requests calls no
+     * application code (its abort_fn was cleared when its answer finished),
+     * so nothing else leaves the list meanwhile */
+    DX_LIST_FOR_EACH_SAFE(it, tmp, &s->conns)
+    {
+        http_conn *c = DX_LIST_ENTRY(it, http_conn, link);
         if (c->state == ST_READING && !c->in_message) conn_close(c);
     }
 }
@@ -1278,7 +1280,8 @@ void http_srv_destroy(http_srv *s)
 {
     if (!s) return;
     http_srv_stop_accepting(s);
-    while (s->conns) conn_close(s->conns);
+    while (!dx_list_empty(&s->conns))
+        conn_close(DX_LIST_ENTRY(dx_list_first(&s->conns), http_conn, link));
     s->destroying = 1;
     srv_maybe_free(s);
 }

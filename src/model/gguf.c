@@ -212,16 +212,19 @@ typedef struct {
     char where[GGUF_NAME_SHOWN + 32];
 } gguf_parser;
 
+/* "FILE: offset N: WHERE: what" (WHERE: the key or tensor being read, if
+ * any). */
 __attribute__((format(printf, 4, 5))) static int perr(const gguf_parser *p, uint64_t off, int err,
                                                       const char *fmt, ...)
 {
-    char msg[512];
+    char where[1024]; /* the file name is a path: as much as the message holds */
+    snprintf(where, sizeof where, "%s: offset %" PRIu64 "%s%s", p->ctx->name, off,
+             p->where[0] ? ": " : "", p->where);
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    int rc = dx_verrp(err, where, fmt, ap);
     va_end(ap);
-    return dx_errf(err, "%s: offset %" PRIu64 ": %s%s%s", p->ctx->name, off, p->where,
-                   p->where[0] ? ": " : "", msg);
+    return rc;
 }
 
 static int oom(const gguf_parser *p, const char *what)

@@ -14,14 +14,15 @@
 #include "base/dx_alloc.h"
 #include "base/dx_err.h"
 #include "base/dx_hidx.h"
+#include "base/dx_list.h"
 #include "base/dx_utf8.h"
 #include "xfer/xfer_lease.h"
 
 typedef struct entry entry;
 struct entry {
-    entry *prev, *next; /* use order, head = least recent */
-    uint64_t h;         /* index hash */
-    XXH128_hash_t ctx;  /* hash of the preceding tokens */
+    dx_list link;      /* m->use */
+    uint64_t h;        /* index hash */
+    XXH128_hash_t ctx; /* hash of the preceding tokens */
     uint64_t expires_ns;
     char *text;
     size_t len;
@@ -34,7 +35,7 @@ struct hist_mem {
     hist_mem_config cfg;
     uint64_t seed;
     dx_hidx *idx;
-    entry *head, *tail;
+    dx_list use; /* use order, head = least recent */
     hist_mem_stats st;
 };
 
@@ -43,34 +44,17 @@ static size_t entry_bytes(const entry *e)
     return sizeof *e + e->len + e->n_ids * sizeof(int32_t);
 }
 
-static void list_unlink(hist_mem *m, entry *e)
+/* The least recently used entry, the next to expire; NULL when empty. */
+static entry *oldest(const hist_mem *m)
 {
-    if (e->prev)
-        e->prev->next = e->next;
-    else
-        m->head = e->next;
-    if (e->next)
-        e->next->prev = e->prev;
-    else
-        m->tail = e->prev;
-    e->prev = e->next = NULL;
-}
-
-static void list_push(hist_mem *m, entry *e)
-{
-    e->prev = m->tail;
-    e->next = NULL;
-    if (m->tail)
-        m->tail->next = e;
-    else
-        m->head = e;
-    m->tail = e;
+    dx_list *n = dx_list_first(&m->use);
+    return n ? DX_LIST_ENTRY(n, entry, link) : NULL;
 }
 
 static void entry_drop(hist_mem *m, entry *e)
 {
     DX_ASSERT(dx_hidx_remove(m->idx, e->h, (uintptr_t)e) == 0);
-    list_unlink(m, e);
+    dx_list_remove(&e->link);
     m->st.entries--;
     m->st.bytes -= entry_bytes(e);
     dx_free(e->text);
@@ -84,6 +68,7 @@ int hist_mem_create(const hist_mem_config *cfg, hist_mem **out)
     hist_mem *m = dx_calloc(1, sizeof *m);
     if (!m) return dx_errf(DX_ENOMEM, "out of memory");
     m->cfg = *cfg;
+    dx_list_init(&m->use);
     if (!(m->cfg.ttl_s > 0)) m->cfg.ttl_s = 480;
     if (!m->cfg.max_entries) m->cfg.max_entries = 65536;
     if (!m->cfg.max_bytes) m->cfg.max_bytes = 256u << 20;
@@ -103,7 +88,7 @@ int hist_mem_create(const hist_mem_config *cfg, hist_mem **out)
 void hist_mem_destroy(hist_mem *m)
 {
     if (!m) return;
-    while (m->head) entry_drop(m, m->head);
+    for (entry *e; (e = oldest(m));) entry_drop(m, e);
     dx_hidx_destroy(m->idx);
     pthread_mutex_destroy(&m->mu);
     dx_free(m);
@@ -135,13 +120,13 @@ static entry *find(hist_mem *m, uint64_t h, XXH128_hash_t ctx, const char *text,
 
 static void prune(hist_mem *m, uint64_t now_ns, size_t room_bytes)
 {
-    while (m->head && m->head->expires_ns <= now_ns) {
-        entry_drop(m, m->head);
+    for (entry *e; (e = oldest(m)) && e->expires_ns <= now_ns;) {
+        entry_drop(m, e);
         m->st.expired++;
     }
-    while (m->head &&
-           (m->st.entries >= m->cfg.max_entries || m->st.bytes + room_bytes > m->cfg.max_bytes)) {
-        entry_drop(m, m->head);
+    for (entry *e; (e = oldest(m)) && (m->st.entries >= m->cfg.max_entries ||
+                                       m->st.bytes + room_bytes > m->cfg.max_bytes);) {
+        entry_drop(m, e);
         m->st.evicted++;
     }
 }
@@ -180,7 +165,7 @@ static int put_locked(hist_mem *m, uint64_t ns, const int32_t *ctx, size_t n_ctx
         return dx_errf(DX_ENOMEM, "out of memory");
     }
     e->expires_ns = now_ns + ttl_ns(m);
-    list_push(m, e);
+    dx_list_push_back(&m->use, &e->link);
     m->st.entries++;
     m->st.bytes += entry_bytes(e);
     m->st.puts++;
@@ -290,8 +275,7 @@ static int from_mem(hist_src *s, const int32_t *ctx, size_t n_ctx, const char *t
         m->st.expired++;
     } else if (e) {
         e->expires_ns = s->now_ns + ttl_ns(m); /* in use: keep it as long as a lease would */
-        list_unlink(m, e);
-        list_push(m, e);
+        dx_list_move_back(&m->use, &e->link);
         m->st.hits++;
         rc = append_ids(out, e->ids, e->n_ids);
     }

@@ -14,17 +14,18 @@
 static int bad(oai_err *err, const char *field, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* A 400 naming the field: "kv_transfer_params.FIELD: what", both in *err
+ * and as the thread's message. */
 static int bad(oai_err *err, const char *field, const char *fmt, ...)
 {
-    char what[192];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(what, sizeof what, fmt, ap);
-    va_end(ap);
     err->status = 400;
     snprintf(err->param, sizeof err->param, "kv_transfer_params.%s", field);
-    snprintf(err->message, sizeof err->message, "kv_transfer_params.%s: %s", field, what);
-    return dx_errf(DX_EINVAL, "%s", err->message);
+    va_list ap;
+    va_start(ap, fmt);
+    int rc = dx_verrp(DX_EINVAL, err->param, fmt, ap);
+    va_end(ap);
+    snprintf(err->message, sizeof err->message, "%s", dx_errmsg());
+    return rc;
 }
 
 /* The member, or NULL when absent or null. */

@@ -9,11 +9,11 @@
 
 #include "base/dx_alloc.h"
 #include "base/dx_err.h"
+#include "base/dx_list.h"
 #include "oai/oai_tools.h"
 
 struct node_gram {
-    node_gram *prev, *next; /* the LRU list, most recent first */
-    int linked;             /* on the list (else only references keep it) */
+    dx_list link; /* c->lru; not linked: only references keep it */
     uint32_t refs;
     uint64_t h;
     char *key; /* what it was built from (see request_key) */
@@ -25,7 +25,7 @@ struct node_gram {
 struct node_gram_cache {
     pthread_mutex_t mu;
     uint32_t max, n;
-    node_gram *head, *tail;
+    dx_list lru; /* most recent first */
     node_gram_stats st;
 };
 
@@ -210,6 +210,7 @@ int node_gram_cache_create(uint32_t max_entries, node_gram_cache **out)
     node_gram_cache *c = dx_calloc(1, sizeof *c);
     if (!c) return dx_errf(DX_ENOMEM, "out of memory for the grammar cache");
     pthread_mutex_init(&c->mu, NULL);
+    dx_list_init(&c->lru);
     c->max = max_entries ? max_entries : NODE_GRAM_CACHE_DEFAULT;
     *out = c;
     return 0;
@@ -225,37 +226,15 @@ static void entry_free(node_gram *e)
 
 static void unlink_entry(node_gram_cache *c, node_gram *e)
 {
-    if (e->prev)
-        e->prev->next = e->next;
-    else
-        c->head = e->next;
-    if (e->next)
-        e->next->prev = e->prev;
-    else
-        c->tail = e->prev;
-    e->prev = e->next = NULL;
-    e->linked = 0;
+    dx_list_remove(&e->link);
     c->n--;
-}
-
-static void push_front(node_gram_cache *c, node_gram *e)
-{
-    e->prev = NULL;
-    e->next = c->head;
-    if (c->head)
-        c->head->prev = e;
-    else
-        c->tail = e;
-    c->head = e;
-    e->linked = 1;
-    c->n++;
 }
 
 void node_gram_cache_destroy(node_gram_cache *c)
 {
     if (!c) return;
-    while (c->head) {
-        node_gram *e = c->head;
+    for (dx_list *n; (n = dx_list_first(&c->lru));) {
+        node_gram *e = DX_LIST_ENTRY(n, node_gram, link);
         DX_ASSERT(e->refs == 0); /* every request released its grammar */
         unlink_entry(c, e);
         entry_free(e);
@@ -267,10 +246,11 @@ void node_gram_cache_destroy(node_gram_cache *c)
 /* Locked: the entry for src, made the most recent, or NULL. */
 static node_gram *lookup(node_gram_cache *c, uint64_t h, const char *src, size_t len)
 {
-    for (node_gram *e = c->head; e; e = e->next) {
+    DX_LIST_FOR_EACH(it, &c->lru)
+    {
+        node_gram *e = DX_LIST_ENTRY(it, node_gram, link);
         if (e->h != h || e->len != len || memcmp(e->key, src, len)) continue;
-        unlink_entry(c, e);
-        push_front(c, e);
+        dx_list_move_front(&c->lru, &e->link);
         return e;
     }
     return NULL;
@@ -279,9 +259,10 @@ static node_gram *lookup(node_gram_cache *c, uint64_t h, const char *src, size_t
 /* Locked: adds e (one reference, the caller's), evicting the least recent. */
 static void insert(node_gram_cache *c, node_gram *e)
 {
-    push_front(c, e);
+    dx_list_push_front(&c->lru, &e->link);
+    c->n++;
     while (c->n > c->max) {
-        node_gram *old = c->tail;
+        node_gram *old = DX_LIST_ENTRY(dx_list_last(&c->lru), node_gram, link);
         unlink_entry(c, old);
         c->st.evictions++;
         if (!old->refs) entry_free(old);
@@ -417,7 +398,7 @@ void node_gram_release(node_gram_cache *c, node_gram *g)
     if (!g) return;
     pthread_mutex_lock(&c->mu);
     DX_ASSERT(g->refs > 0);
-    int gone = --g->refs == 0 && !g->linked;
+    int gone = --g->refs == 0 && !dx_list_linked(&g->link);
     pthread_mutex_unlock(&c->mu);
     if (gone) entry_free(g);
 }

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "base/dx_err.h"
+#include "base/dx_utf8.h"
 
 enum {
     M_LEAD,      /* before the top-level object */
@@ -312,24 +313,6 @@ static unsigned hex4(const char *p)
     return v;
 }
 
-static int put_utf8(dx_buf *out, uint32_t cp)
-{
-    char b[4];
-    size_t n;
-    if (cp < 0x80) {
-        b[0] = (char)cp, n = 1;
-    } else if (cp < 0x800) {
-        b[0] = (char)(0xc0 | cp >> 6), b[1] = (char)(0x80 | (cp & 0x3f)), n = 2;
-    } else if (cp < 0x10000) {
-        b[0] = (char)(0xe0 | cp >> 12), b[1] = (char)(0x80 | ((cp >> 6) & 0x3f));
-        b[2] = (char)(0x80 | (cp & 0x3f)), n = 3;
-    } else {
-        b[0] = (char)(0xf0 | cp >> 18), b[1] = (char)(0x80 | ((cp >> 12) & 0x3f));
-        b[2] = (char)(0x80 | ((cp >> 6) & 0x3f)), b[3] = (char)(0x80 | (cp & 0x3f)), n = 4;
-    }
-    return dx_buf_append(out, b, n);
-}
-
 /* The \u escape at p (6 bytes, and 6 more for a surrogate pair's second
  * half when it is there): code point and bytes used, or -1 for a lone
  * surrogate. */
@@ -368,7 +351,7 @@ int oai_jscan_unquote(const char *p, size_t n, dx_buf *out)
         size_t used;
         long cp = unicode_escape(p, (size_t)(e - p), &used);
         if (cp < 0) return dx_errf(DX_EFORMAT, "JSON string: lone surrogate \\u escape");
-        rc = put_utf8(out, (uint32_t)cp);
+        rc = dx_utf8_put(out, (uint32_t)cp); /* cp <= U+10FFFF: a pair tops out there */
         p += used;
     }
     return rc;

@@ -22,11 +22,12 @@ static int fail(oai_err *err, const char *param, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(err->message, sizeof err->message, fmt, ap);
+    int rc = dx_verrf(DX_EINVAL, fmt, ap);
     va_end(ap);
+    snprintf(err->message, sizeof err->message, "%s", dx_errmsg());
     snprintf(err->param, sizeof err->param, "%s", param ? param : "");
     err->status = 400;
-    return dx_errf(DX_EINVAL, "%s", err->message);
+    return rc;
 }
 
 /* A callee has filled *err (and the thread's message): its failure passes on. */

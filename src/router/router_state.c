@@ -4,8 +4,9 @@
  * form a list through `next`.  A dx_hidx maps the key's low 64 bits to the
  * index (keys are seeded hashes, so those bits are uniform), and an
  * intrusive doubly linked list through prev/next keeps LRU order, most
- * recent at the head.  Every operation is O(1) apart from the evictions it
- * triggers. */
+ * recent at the head.  The links are indexes, not base/dx_list pointers,
+ * because the array grows (realloc moves it) and the free list shares `next`.
+ * Every operation is O(1) apart from the evictions it triggers. */
 #include "router/router_state.h"
 
 #include <stdio.h>

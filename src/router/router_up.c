@@ -21,6 +21,7 @@
 
 #include "base/dx_alloc.h"
 #include "base/dx_err.h"
+#include "base/dx_list.h"
 #include "base/dx_log.h"
 
 #define IDLE_EASY_MAX 32
@@ -29,7 +30,7 @@ typedef struct up_sock up_sock;
 
 struct router_up_req {
     router_up *u;
-    router_up_req *prev, *next; /* active list */
+    dx_list link; /* u->active */
     router_up_req *doomed_next;
     CURL *easy;
     struct curl_slist *hdrs;
@@ -46,12 +47,13 @@ struct router_up {
     uv_loop_t *loop;
     CURLM *multi;
     uv_timer_t timer;
-    int in_curl; /* depth of curl_multi_socket_action calls */
-    router_up_req *active, *doomed;
+    int in_curl;           /* depth of curl_multi_socket_action calls */
+    dx_list active;        /* newest first */
+    router_up_req *doomed; /* a stack: reaped whole, in any order */
     size_t n_active;
     CURL *idle[IDLE_EASY_MAX];
     size_t n_idle;
-    up_sock *socks;
+    dx_list socks; /* newest first */
     int n_handles; /* uv handles not yet closed */
     int destroying;
 };
@@ -59,7 +61,7 @@ struct router_up {
 struct up_sock {
     uv_poll_t poll;
     router_up *u;
-    up_sock *prev, *next; /* open sockets, closed by destroy if curl has not */
+    dx_list link; /* u->socks: open sockets, closed by destroy if curl has not */
     curl_socket_t fd;
 };
 
@@ -105,13 +107,9 @@ static void on_poll_closed(uv_handle_t *h)
     maybe_free(u);
 }
 
-static void sock_close(router_up *u, up_sock *s)
+static void sock_close(up_sock *s)
 {
-    if (s->prev)
-        s->prev->next = s->next;
-    else
-        u->socks = s->next;
-    if (s->next) s->next->prev = s->prev;
+    dx_list_remove(&s->link);
     uv_close((uv_handle_t *)&s->poll, on_poll_closed);
 }
 
@@ -122,7 +120,7 @@ static int on_socket(CURL *e, curl_socket_t fd, int what, void *userp, void *soc
     if (what == CURL_POLL_REMOVE) {
         if (s) {
             curl_multi_assign(u->multi, fd, NULL);
-            sock_close(u, s);
+            sock_close(s);
         }
         return 0;
     }
@@ -136,9 +134,7 @@ static int on_socket(CURL *e, curl_socket_t fd, int what, void *userp, void *soc
         s->u = u;
         s->fd = fd;
         s->poll.data = s;
-        s->next = u->socks;
-        if (u->socks) u->socks->prev = s;
-        u->socks = s;
+        dx_list_push_front(&u->socks, &s->link);
         u->n_handles++;
         curl_multi_assign(u->multi, fd, s);
     }
@@ -192,17 +188,6 @@ static size_t on_write(char *p, size_t sz, size_t n, void *user)
     return q->canceled ? 0 : len;
 }
 
-static void unlink_req(router_up_req *q)
-{
-    router_up *u = q->u;
-    if (q->prev)
-        q->prev->next = q->next;
-    else
-        u->active = q->next;
-    if (q->next) q->next->prev = q->prev;
-    u->n_active--;
-}
-
 /* Takes q out of curl and frees it; its easy handle is kept for reuse. */
 static void detach_free(router_up_req *q)
 {
@@ -215,7 +200,8 @@ static void detach_free(router_up_req *q)
         curl_easy_cleanup(q->easy);
     }
     curl_slist_free_all(q->hdrs);
-    unlink_req(q);
+    dx_list_remove(&q->link);
+    u->n_active--;
     dx_free(q);
 }
 
@@ -334,9 +320,7 @@ int router_up_start(router_up *u, const router_up_request *r, const router_up_cb
         dx_free(q);
         return dx_errf(DX_EIO, "upstream: %s", curl_multi_strerror(mc));
     }
-    q->next = u->active;
-    if (u->active) u->active->prev = q;
-    u->active = q;
+    dx_list_push_front(&u->active, &q->link);
     u->n_active++;
     *out = q;
     return 0;
@@ -374,6 +358,8 @@ int router_up_create(uv_loop_t *loop, router_up **out)
     router_up *u = dx_calloc(1, sizeof *u);
     if (!u) return dx_errf(DX_ENOMEM, "upstream: out of memory");
     u->loop = loop;
+    dx_list_init(&u->active);
+    dx_list_init(&u->socks);
     u->multi = curl_multi_init();
     if (!u->multi) {
         dx_free(u);
@@ -404,14 +390,15 @@ void router_up_destroy(router_up *u)
     DX_ASSERT(u->in_curl == 0);
     u->destroying = 1;
     reap_doomed(u);
-    while (u->active) {
-        u->active->canceled = 1;
-        detach_free(u->active);
+    for (dx_list *n; (n = dx_list_first(&u->active));) {
+        router_up_req *q = DX_LIST_ENTRY(n, router_up_req, link);
+        q->canceled = 1;
+        detach_free(q);
     }
     while (u->n_idle) curl_easy_cleanup(u->idle[--u->n_idle]);
     curl_multi_cleanup(u->multi); /* closes cached connections */
     u->multi = NULL;
-    while (u->socks) sock_close(u, u->socks);
+    for (dx_list *n; (n = dx_list_first(&u->socks));) sock_close(DX_LIST_ENTRY(n, up_sock, link));
     uv_timer_stop(&u->timer);
     uv_close((uv_handle_t *)&u->timer, on_timer_closed);
 }

@@ -27,7 +27,7 @@
 #include "base/dx_alloc.h"
 #include "base/dx_buf.h"
 #include "base/dx_err.h"
-#include "tok/tok_internal.h"
+#include "tok/tok_priv.h"
 
 /* Open-addressing index from a key to a dense position; -1 = free. */
 typedef struct {

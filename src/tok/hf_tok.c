@@ -11,7 +11,6 @@
 
 #include <errno.h>
 #include <jansson.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -42,29 +41,6 @@ typedef struct {
     json_t *added; /* added_tokens (may be NULL) */
 } hf_ctx;
 
-static int fail(const char *file, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int fail(const char *file, const char *fmt, ...)
-{
-    char msg[400];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    return dx_errf(DX_EFORMAT, "%s: %s", file, msg);
-}
-
-static int unsupported(const char *file, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-static int unsupported(const char *file, const char *fmt, ...)
-{
-    char msg[600];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    return dx_errf(DX_EUNSUPPORTED, "%s: %s", file, msg);
-}
-
 /* flags: tokenizer_config.json is read with JSON_DECODE_INT_AS_REAL, as
  * Python writes model_max_length 1e30 there as an integer jansson cannot
  * hold, and none of its integers matter here. */
@@ -73,12 +49,12 @@ static json_t *parse(const char *text, size_t len, const char *name, size_t flag
     json_error_t je;
     json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES | flags, &je);
     if (!root) {
-        *rc = fail(name, "line %d, column %d: %s", je.line, je.column, je.text);
+        *rc = dx_errp(DX_EFORMAT, name, "line %d, column %d: %s", je.line, je.column, je.text);
         return NULL;
     }
     if (!json_is_object(root)) {
         json_decref(root);
-        *rc = fail(name, "not a JSON object");
+        *rc = dx_errp(DX_EFORMAT, name, "not a JSON object");
         return NULL;
     }
     *rc = 0;
@@ -92,7 +68,7 @@ static int opt_str(const json_t *o, const char *key, const char *file, const cha
     json_t *v = json_object_get(o, key);
     *out = NULL;
     if (!v || json_is_null(v)) return 0;
-    if (!json_is_string(v)) return fail(file, "%s%s must be a string", where, key);
+    if (!json_is_string(v)) return dx_errp(DX_EFORMAT, file, "%s%s must be a string", where, key);
     *out = json_string_value(v);
     return 0;
 }
@@ -102,7 +78,8 @@ static int opt_bool(const json_t *o, const char *key, const char *file, const ch
 {
     json_t *v = json_object_get(o, key);
     if (!v || json_is_null(v)) return 0;
-    if (!json_is_boolean(v)) return fail(file, "%s%s must be true or false", where, key);
+    if (!json_is_boolean(v))
+        return dx_errp(DX_EFORMAT, file, "%s%s must be true or false", where, key);
     *out = json_is_true(v);
     return 0;
 }
@@ -119,24 +96,28 @@ static const char *type_of(const json_t *o)
 static int check_model(hf_ctx *c, const json_t *m)
 {
     const char *jn = c->jn, *s;
-    if (!json_is_object(m)) return fail(jn, "model is missing or not an object");
+    if (!json_is_object(m)) return dx_errp(DX_EFORMAT, jn, "model is missing or not an object");
     if (strcmp(type_of(m), "BPE"))
-        return unsupported(jn, "model.type '%s' is not supported (BPE)", type_of(m));
+        return dx_errp(DX_EUNSUPPORTED, jn, "model.type '%s' is not supported (BPE)", type_of(m));
     int fb = 0, rc;
     if ((rc = opt_bool(m, "byte_fallback", jn, "model.", &fb))) return rc;
-    if (fb) return unsupported(jn, "model.byte_fallback is true: only byte-level BPE is supported");
+    if (fb)
+        return dx_errp(DX_EUNSUPPORTED, jn,
+                       "model.byte_fallback is true: only byte-level BPE is supported");
     const char *const affixes[] = {"continuing_subword_prefix", "end_of_word_suffix"};
     for (size_t i = 0; i < DX_ARRAY_LEN(affixes); i++) {
         if ((rc = opt_str(m, affixes[i], jn, "model.", &s))) return rc;
-        if (s && *s) return unsupported(jn, "model.%s '%s' is not supported", affixes[i], s);
+        if (s && *s)
+            return dx_errp(DX_EUNSUPPORTED, jn, "model.%s '%s' is not supported", affixes[i], s);
     }
     json_t *d = json_object_get(m, "dropout");
     if (d && !json_is_null(d) && !(json_is_number(d) && json_number_value(d) == 0))
-        return unsupported(jn, "model.dropout is set: BPE dropout is not supported");
+        return dx_errp(DX_EUNSUPPORTED, jn, "model.dropout is set: BPE dropout is not supported");
     c->vocab = json_object_get(m, "vocab");
-    if (!json_is_object(c->vocab)) return fail(jn, "model.vocab is missing or not an object");
+    if (!json_is_object(c->vocab))
+        return dx_errp(DX_EFORMAT, jn, "model.vocab is missing or not an object");
     if (!json_is_array(json_object_get(m, "merges")))
-        return fail(jn, "model.merges is missing or not an array");
+        return dx_errp(DX_EFORMAT, jn, "model.merges is missing or not an array");
     return 0;
 }
 
@@ -146,30 +127,32 @@ static int pre_from_split(hf_ctx *c, const json_t *split, const json_t *bl)
     const char *jn = c->jn;
     json_t *pat = json_object_get(split, "pattern");
     const char *re = json_is_object(pat) ? json_string_value(json_object_get(pat, "Regex")) : NULL;
-    if (!re) return unsupported(jn, "pre_tokenizer: the Split has no pattern.Regex");
+    if (!re) return dx_errp(DX_EUNSUPPORTED, jn, "pre_tokenizer: the Split has no pattern.Regex");
     const char *beh = json_string_value(json_object_get(split, "behavior"));
     if (!beh || strcmp(beh, "Isolated") || json_is_true(json_object_get(split, "invert")))
-        return unsupported(jn,
-                           "pre_tokenizer: Split behavior '%s' (invert %s) is not supported "
-                           "(Isolated, not inverted)",
-                           beh ? beh : "(none)",
-                           json_is_true(json_object_get(split, "invert")) ? "true" : "false");
+        return dx_errp(DX_EUNSUPPORTED, jn,
+                       "pre_tokenizer: Split behavior '%s' (invert %s) is not supported "
+                       "(Isolated, not inverted)",
+                       beh ? beh : "(none)",
+                       json_is_true(json_object_get(split, "invert")) ? "true" : "false");
     if (!strcmp(re, k_re_qwen2))
         c->h->pre = TOK_PRE_QWEN2;
     else if (!strcmp(re, k_re_llama3))
         c->h->pre = TOK_PRE_LLAMA3;
     else
-        return unsupported(jn,
-                           "pre_tokenizer: the split regex '%.300s' is not one duplex knows "
-                           "(qwen2's or llama-bpe's, as in Qwen2/Qwen3 and Llama 3)",
-                           re);
+        return dx_errp(DX_EUNSUPPORTED, jn,
+                       "pre_tokenizer: the split regex '%.300s' is not one duplex knows "
+                       "(qwen2's or llama-bpe's, as in Qwen2/Qwen3 and Llama 3)",
+                       re);
     if (strcmp(type_of(bl), "ByteLevel"))
-        return unsupported(jn, "pre_tokenizer: '%s' after the Split is not supported (ByteLevel)",
-                           type_of(bl));
+        return dx_errp(DX_EUNSUPPORTED, jn,
+                       "pre_tokenizer: '%s' after the Split is not supported (ByteLevel)",
+                       type_of(bl));
     if (json_is_true(json_object_get(bl, "add_prefix_space")) ||
         json_is_true(json_object_get(bl, "use_regex")))
-        return unsupported(jn, "pre_tokenizer: ByteLevel with add_prefix_space or use_regex is "
-                               "not supported");
+        return dx_errp(DX_EUNSUPPORTED, jn,
+                       "pre_tokenizer: ByteLevel with add_prefix_space or use_regex is "
+                       "not supported");
     return 0;
 }
 
@@ -178,16 +161,17 @@ static int check_pre(hf_ctx *c, const json_t *root)
     const char *jn = c->jn;
     json_t *p = json_object_get(root, "pre_tokenizer");
     if (!strcmp(type_of(p), "ByteLevel"))
-        return unsupported(jn, "pre_tokenizer: ByteLevel alone (GPT-2's regex "
-                               "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+|...) is not supported "
-                               "(qwen2, llama-bpe)");
+        return dx_errp(DX_EUNSUPPORTED, jn,
+                       "pre_tokenizer: ByteLevel alone (GPT-2's regex "
+                       "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+|...) is not supported "
+                       "(qwen2, llama-bpe)");
     json_t *list = json_object_get(p, "pretokenizers");
     if (strcmp(type_of(p), "Sequence") || !json_is_array(list) || json_array_size(list) != 2 ||
         strcmp(type_of(json_array_get(list, 0)), "Split"))
-        return unsupported(jn,
-                           "pre_tokenizer of type '%s' is not supported (a Sequence of a "
-                           "Split on qwen2's or llama-bpe's regex and ByteLevel)",
-                           type_of(p));
+        return dx_errp(DX_EUNSUPPORTED, jn,
+                       "pre_tokenizer of type '%s' is not supported (a Sequence of a "
+                       "Split on qwen2's or llama-bpe's regex and ByteLevel)",
+                       type_of(p));
     return pre_from_split(c, json_array_get(list, 0), json_array_get(list, 1));
 }
 
@@ -205,14 +189,16 @@ static int check_norm(hf_ctx *c, const json_t *root)
         c->h->norm = TOK_NORM_NFC;
         return 0;
     }
-    return unsupported(c->jn, "normalizer of type '%s' is not supported (NFC or none)", type_of(n));
+    return dx_errp(DX_EUNSUPPORTED, c->jn, "normalizer of type '%s' is not supported (NFC or none)",
+                   type_of(n));
 }
 
 static int check_decoder(hf_ctx *c, const json_t *root)
 {
     json_t *d = json_object_get(root, "decoder");
     if (!strcmp(type_of(d), "ByteLevel")) return 0;
-    return unsupported(c->jn, "decoder of type '%s' is not supported (ByteLevel)", type_of(d));
+    return dx_errp(DX_EUNSUPPORTED, c->jn, "decoder of type '%s' is not supported (ByteLevel)",
+                   type_of(d));
 }
 
 /* ---- vocabulary ----------------------------------------------------------------------------- */
@@ -221,8 +207,8 @@ static int bad_id(hf_ctx *c, const json_t *v, const char *where, const char *wha
 {
     if (!json_is_integer(v) || json_integer_value(v) < 0 ||
         json_integer_value(v) >= (json_int_t)HF_MAX_TOKENS)
-        return fail(c->jn, "%s: the id of '%.64s' must be an integer in [0, %u)", where, what,
-                    HF_MAX_TOKENS);
+        return dx_errp(DX_EFORMAT, c->jn, "%s: the id of '%.64s' must be an integer in [0, %u)",
+                       where, what, HF_MAX_TOKENS);
     *id = (int64_t)json_integer_value(v);
     return 0;
 }
@@ -244,11 +230,11 @@ static int count_ids(hf_ctx *c, size_t *n)
     {
         char where[48];
         snprintf(where, sizeof where, "added_tokens[%zu]", i);
-        if (!json_is_object(v)) return fail(c->jn, "%s is not an object", where);
+        if (!json_is_object(v)) return dx_errp(DX_EFORMAT, c->jn, "%s is not an object", where);
         if ((rc = bad_id(c, json_object_get(v, "id"), where, "id", &id))) return rc;
         if (id > max) max = id;
     }
-    if (max < 0) return fail(c->jn, "model.vocab is empty");
+    if (max < 0) return dx_errp(DX_EFORMAT, c->jn, "model.vocab is empty");
     *n = (size_t)max + 1;
     return 0;
 }
@@ -270,9 +256,9 @@ static int load_vocab(hf_ctx *c)
     {
         size_t id = (size_t)json_integer_value(v);
         if (c->h->tokens[id])
-            return fail(c->jn, "model.vocab: '%.64s' and '%.64s' both have id %zu",
-                        c->h->tokens[id], key, id);
-        if (!*key) return fail(c->jn, "model.vocab: an empty token (id %zu)", id);
+            return dx_errp(DX_EFORMAT, c->jn, "model.vocab: '%.64s' and '%.64s' both have id %zu",
+                           c->h->tokens[id], key, id);
+        if (!*key) return dx_errp(DX_EFORMAT, c->jn, "model.vocab: an empty token (id %zu)", id);
         int rc = set_token(c, id, key, TOK_TYPE_NORMAL);
         if (rc) return rc;
     }
@@ -292,26 +278,27 @@ static int load_added(hf_ctx *c)
         if ((rc = opt_str(v, "content", c->jn, where, &content)) ||
             (rc = opt_bool(v, "special", c->jn, where, &special)))
             return rc;
-        if (!content || !*content) return fail(c->jn, "%s.content is missing or empty", where);
+        if (!content || !*content)
+            return dx_errp(DX_EFORMAT, c->jn, "%s.content is missing or empty", where);
         const char *const flags[] = {"lstrip", "rstrip", "single_word"};
         for (size_t k = 0; k < DX_ARRAY_LEN(flags); k++)
             if (json_is_true(json_object_get(v, flags[k])))
-                return unsupported(c->jn, "%s '%.64s': %s is not supported", where, content,
-                                   flags[k]);
+                return dx_errp(DX_EUNSUPPORTED, c->jn, "%s '%.64s': %s is not supported", where,
+                               content, flags[k]);
         size_t id = (size_t)json_integer_value(json_object_get(v, "id"));
         int type = special ? TOK_TYPE_CONTROL : TOK_TYPE_USER_DEFINED;
         if (c->h->tokens[id]) {
             /* an added token may also be in model.vocab, under its own id */
             if (strcmp(c->h->tokens[id], content) || c->h->types[id] != TOK_TYPE_NORMAL)
-                return fail(c->jn, "%s '%.64s' has id %zu, which is already '%.64s'", where,
-                            content, id, c->h->tokens[id]);
+                return dx_errp(DX_EFORMAT, c->jn, "%s '%.64s' has id %zu, which is already '%.64s'",
+                               where, content, id, c->h->tokens[id]);
             c->h->types[id] = type;
             continue;
         }
         json_t *other = json_object_get(c->vocab, content);
         if (other)
-            return fail(c->jn, "%s '%.64s' (id %zu) is also model.vocab's id %lld", where, content,
-                        id, (long long)json_integer_value(other));
+            return dx_errp(DX_EFORMAT, c->jn, "%s '%.64s' (id %zu) is also model.vocab's id %lld",
+                           where, content, id, (long long)json_integer_value(other));
         if ((rc = set_token(c, id, content, type))) return rc;
     }
     return 0;
@@ -338,17 +325,18 @@ static int load_merge(hf_ctx *c, size_t i, const json_t *m)
     if (json_is_string(m)) {
         const char *t = json_string_value(m), *sp = strchr(t, ' ');
         if (!sp || sp == t || !sp[1] || strchr(sp + 1, ' '))
-            return fail(c->jn, "model.merges[%zu] '%.64s' is not 'left right'", i, t);
+            return dx_errp(DX_EFORMAT, c->jn, "model.merges[%zu] '%.64s' is not 'left right'", i,
+                           t);
         s = dx_strdup(t);
     } else if (json_is_array(m) && json_array_size(m) == 2 &&
                json_is_string(json_array_get(m, 0)) && json_is_string(json_array_get(m, 1))) {
         const char *a = json_string_value(json_array_get(m, 0)),
                    *b = json_string_value(json_array_get(m, 1));
         if (!*a || !*b || strchr(a, ' ') || strchr(b, ' '))
-            return unsupported(c->jn,
-                               "model.merges[%zu] ['%.64s', '%.64s']: a part is empty or holds "
-                               "a space, which GGUF's 'left right' merges cannot carry",
-                               i, a, b);
+            return dx_errp(DX_EUNSUPPORTED, c->jn,
+                           "model.merges[%zu] ['%.64s', '%.64s']: a part is empty or holds "
+                           "a space, which GGUF's 'left right' merges cannot carry",
+                           i, a, b);
         size_t la = strlen(a), lb = strlen(b);
         if ((s = dx_malloc(la + lb + 2))) {
             memcpy(s, a, la);
@@ -356,8 +344,8 @@ static int load_merge(hf_ctx *c, size_t i, const json_t *m)
             memcpy(s + la + 1, b, lb + 1);
         }
     } else {
-        return fail(c->jn, "model.merges[%zu] is neither \"left right\" nor [\"left\", \"right\"]",
-                    i);
+        return dx_errp(DX_EFORMAT, c->jn,
+                       "model.merges[%zu] is neither \"left right\" nor [\"left\", \"right\"]", i);
     }
     if (!s) return dx_errf(DX_ENOMEM, "out of memory reading %s", c->jn);
     c->h->merges[i] = s;
@@ -393,10 +381,12 @@ static int cfg_token(hf_ctx *c, const json_t *cfg, const char *key, int32_t *out
     json_t *v = json_object_get(cfg, key);
     if (json_is_object(v)) v = json_object_get(v, "content");
     if (!v || json_is_null(v)) return 0;
-    if (!json_is_string(v)) return fail(c->cn, "%s must be a string or {\"content\": ...}", key);
+    if (!json_is_string(v))
+        return dx_errp(DX_EFORMAT, c->cn, "%s must be a string or {\"content\": ...}", key);
     *out = find_id(c, json_string_value(v));
     if (*out < 0)
-        return fail(c->cn, "%s '%.64s' is not a token of %s", key, json_string_value(v), c->jn);
+        return dx_errp(DX_EFORMAT, c->cn, "%s '%.64s' is not a token of %s", key,
+                       json_string_value(v), c->jn);
     return 0;
 }
 
@@ -416,11 +406,15 @@ static int cfg_template(hf_ctx *c, const json_t *cfg)
             if (name && !strcmp(name, "default"))
                 t = json_string_value(json_object_get(e, "template"));
         }
-        if (!t) return fail(c->cn, "chat_template: a list without a \"default\" template");
+        if (!t)
+            return dx_errp(DX_EFORMAT, c->cn,
+                           "chat_template: a list without a \"default\" template");
     } else {
-        return fail(c->cn, "chat_template must be a string or a list of named templates");
+        return dx_errp(DX_EFORMAT, c->cn,
+                       "chat_template must be a string or a list of named templates");
     }
-    if (!t) return fail(c->cn, "chat_template: the default template is not a string");
+    if (!t)
+        return dx_errp(DX_EFORMAT, c->cn, "chat_template: the default template is not a string");
     if (!(c->h->chat_template = dx_strdup(t)))
         return dx_errf(DX_ENOMEM, "out of memory reading %s", c->cn);
     return 0;
@@ -458,9 +452,9 @@ static int post_flag(hf_ctx *c, const json_t *root, int first, int32_t *tokid, i
     if (e < 0) return 0;
     if (*tokid < 0) *tokid = e;
     if (*tokid != e)
-        return unsupported(c->jn, "post_processor adds '%.64s' %s, not the %s token '%.64s'",
-                           c->h->tokens[e], first ? "first" : "last", first ? "bos" : "eos",
-                           c->h->tokens[*tokid]);
+        return dx_errp(DX_EUNSUPPORTED, c->jn,
+                       "post_processor adds '%.64s' %s, not the %s token '%.64s'", c->h->tokens[e],
+                       first ? "first" : "last", first ? "bos" : "eos", c->h->tokens[*tokid]);
     *flag = 1;
     return 0;
 }
@@ -483,9 +477,9 @@ static int load_specials(hf_ctx *c, const json_t *root, const json_t *cfg)
     if (!has_bos && (rc = post_flag(c, root, 1, &h->bos, &h->add_bos))) return rc;
     if (!has_eos && (rc = post_flag(c, root, 0, &h->eos, &h->add_eos))) return rc;
     if (h->add_bos && h->bos < 0)
-        return fail(c->cn, "add_bos_token is true but there is no bos_token");
+        return dx_errp(DX_EFORMAT, c->cn, "add_bos_token is true but there is no bos_token");
     if (h->add_eos && h->eos < 0)
-        return fail(c->cn, "add_eos_token is true but there is no eos_token");
+        return dx_errp(DX_EFORMAT, c->cn, "add_eos_token is true but there is no eos_token");
     for (size_t i = 0; i < DX_ARRAY_LEN(k_eot_texts) && h->eot < 0; i++) {
         int32_t id = find_id(c, k_eot_texts[i]);
         if (id >= 0 && h->types[id] != TOK_TYPE_NORMAL) h->eot = id;
@@ -506,13 +500,13 @@ static int parse_all(hf_ctx *c, json_t *root, json_t *cfg)
     int ignore = 0;
     if ((rc = opt_bool(m, "ignore_merges", c->jn, "model.", &ignore))) return rc;
     if (ignore != (h->pre == TOK_PRE_LLAMA3))
-        return unsupported(c->jn,
-                           "model.ignore_merges is %s with the %s pre-tokenizer (duplex "
-                           "ties it to llama-bpe, as llama.cpp does)",
-                           ignore ? "true" : "false", tok_pre_name(h->pre));
+        return dx_errp(DX_EUNSUPPORTED, c->jn,
+                       "model.ignore_merges is %s with the %s pre-tokenizer (duplex "
+                       "ties it to llama-bpe, as llama.cpp does)",
+                       ignore ? "true" : "false", tok_pre_name(h->pre));
     c->added = json_object_get(root, "added_tokens");
     if (c->added && !json_is_null(c->added) && !json_is_array(c->added))
-        return fail(c->jn, "added_tokens is not an array");
+        return dx_errp(DX_EFORMAT, c->jn, "added_tokens is not an array");
     if (!json_is_array(c->added)) c->added = NULL;
     if ((rc = count_ids(c, &h->n_tokens))) return rc;
     h->tokens = dx_calloc(h->n_tokens, sizeof *h->tokens);

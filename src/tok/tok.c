@@ -42,7 +42,7 @@
 #include "base/dx_alloc.h"
 #include "base/dx_utf8.h"
 #include "base/dx_err.h"
-#include "tok/tok_internal.h"
+#include "tok/tok_priv.h"
 #include "tok/tok_norm.h"
 
 /* ---- GPT-2 byte <-> code point map ---------------------------------------------------------- */
@@ -76,13 +76,11 @@ size_t tok_bytes_to_bl(const uint8_t *in, size_t n, char *out)
 {
     size_t o = 0;
     for (size_t i = 0; i < n; i++) {
-        uint32_t cp = tok_byte_to_cp(in[i]);
-        if (cp < 0x80) {
-            out[o++] = (char)cp;
-        } else {
-            out[o++] = (char)(0xC0 | (cp >> 6));
-            out[o++] = (char)(0x80 | (cp & 0x3F));
-        }
+        /* through u: out has room for 2 bytes a byte (every mapped code
+         * point is below U+0144), not for the 4 the encoder may write */
+        uint8_t u[4];
+        size_t k = dx_utf8_encode(tok_byte_to_cp(in[i]), u);
+        for (size_t j = 0; j < k; j++) out[o++] = (char)u[j];
     }
     return o;
 }
@@ -93,25 +91,16 @@ static long bl_to_bytes(const char *s, size_t len, uint8_t *out)
 {
     size_t o = 0;
     for (size_t i = 0; i < len;) {
-        uint8_t c = (uint8_t)s[i];
         uint32_t cp;
-        if (c < 0x80) {
-            cp = c;
-            i++;
-        } else if ((c & 0xE0) == 0xC0 && i + 1 < len && ((uint8_t)s[i + 1] & 0xC0) == 0x80) {
-            cp = ((uint32_t)(c & 0x1F) << 6) | ((uint8_t)s[i + 1] & 0x3F);
-            if (cp < 0x80) return -1; /* overlong */
-            i += 2;
-        } else {
-            return -1; /* the map only produces 1- and 2-byte sequences */
-        }
+        size_t k = dx_utf8_decode((const uint8_t *)s + i, len - i, &cp);
+        if (!k || k > 2) return -1; /* the map only produces 1- and 2-byte sequences */
+        i += k;
         int b = cp_to_byte(cp);
         if (b < 0) return -1;
         out[o++] = (uint8_t)b;
     }
     return (long)o;
 }
-
 
 /* ---- pre-tokenizer regex ------------------------------------------------------------------- */
 
@@ -279,7 +268,7 @@ typedef struct {
     int32_t id; /* merged token */
 } tok_pair;
 
-#define PAIR_EMPTY UINT64_MAX
+#define PAIR_EMPTY  UINT64_MAX
 #define TOK_MAX_EOG 32
 
 struct tok {
@@ -712,6 +701,9 @@ typedef struct {
     int32_t rank, id, left, right, rid;
 } bpe_cand;
 
+/* The symbols of one word as a doubly linked list by position (prev/next
+ * are indexes into parallel arrays, not base/dx_list): positions are what
+ * the candidates name, and three flat arrays need no per-symbol node. */
 typedef struct {
     int32_t *sym;  /* [n] token id, -1 once merged into its left neighbour */
     int32_t *prev; /* [n] */

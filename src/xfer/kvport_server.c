@@ -20,6 +20,7 @@
 #include "base/dx_clock.h"
 #include "base/dx_err.h"
 #include "base/dx_hidx.h"
+#include "base/dx_list.h"
 #include "base/dx_log.h"
 #include "xfer/xfer_lease_priv.h"
 
@@ -47,7 +48,7 @@ struct kvport_server {
     uint64_t handshake_ms, idle_ms, sweep_ms;
     unsigned max_conns, max_per_peer, max_handshakes, max_handshakes_per_peer, n_conns;
     size_t max_queued;
-    conn *conns;
+    dx_list conns; /* newest first; a connection leaves once its handles closed */
     uint64_t auth_logged_ns, auth_unlogged;
     uint64_t pin_seed; /* keys connections' pin sets */
     int port;
@@ -60,7 +61,7 @@ struct conn {
     uv_tcp_t tcp;
     uv_timer_t timer; /* the handshake deadline, then the idle timeout */
     kvport_server *s;
-    conn *next, *prev;
+    dx_list link; /* s->conns */
     int open_handles;
     int closing;
     int paused;  /* reading stopped: too many reply bytes queued */
@@ -94,11 +95,7 @@ static void conn_on_closed(uv_handle_t *h)
     conn *c = h->data;
     if (--c->open_handles > 0) return;
     kvport_server *s = c->s;
-    if (c->prev)
-        c->prev->next = c->next;
-    else
-        s->conns = c->next;
-    if (c->next) c->next->prev = c->prev;
+    dx_list_remove(&c->link);
     s->n_conns--;
     dx_buf_free(&c->in);
     dx_hidx_destroy(c->pins);
@@ -511,7 +508,9 @@ static int over_caps(kvport_server *s, conn *c)
 {
     unsigned same = 0, same_unauthed = 0, unauthed = 0;
     conn *oldest = NULL;
-    for (conn *o = s->conns; o; o = o->next) {
+    DX_LIST_FOR_EACH(it, &s->conns)
+    {
+        conn *o = DX_LIST_ENTRY(it, conn, link);
         if (o == c || o->closing) continue;
         int mine = memcmp(o->peer.ip, c->peer.ip, sizeof o->peer.ip) == 0;
         same += mine;
@@ -556,9 +555,7 @@ static void on_connection(uv_stream_t *l, int status)
     uv_timer_init(s->loop, &c->timer);
     c->tcp.data = c->timer.data = c;
     c->open_handles = 2;
-    c->next = s->conns;
-    if (s->conns) s->conns->prev = c;
-    s->conns = c;
+    dx_list_push_front(&s->conns, &c->link);
     s->n_conns++;
     s->st.conns++;
     if (dx_hidx_create(0, &c->pins) || uv_accept(l, (uv_stream_t *)&c->tcp) < 0 ||
@@ -615,6 +612,7 @@ int kvport_server_create(uv_loop_t *loop, const kvport_server_config *cfg, kvpor
     kvport_server *s = dx_calloc(1, sizeof *s);
     if (!s) return dx_errf(DX_ENOMEM, "kvport: server");
     s->loop = loop;
+    dx_list_init(&s->conns);
     s->leases = cfg->leases;
     s->hello = *cfg->hello;
     s->hello.engine_id = s->hello.transports = s->hello.worker_addr = s->hello.rkey =
@@ -661,7 +659,7 @@ void kvport_server_destroy(kvport_server *s)
 {
     if (!s) return;
     s->destroyed = 1;
-    for (conn *c = s->conns; c; c = c->next) conn_close(c);
+    DX_LIST_FOR_EACH(it, &s->conns) conn_close(DX_LIST_ENTRY(it, conn, link));
     uv_close((uv_handle_t *)&s->listener, server_on_closed);
     uv_close((uv_handle_t *)&s->sweep, server_on_closed);
 }

@@ -24,6 +24,7 @@
 #include "base/dx_clock.h"
 #include "base/dx_err.h"
 #include "base/dx_hidx.h"
+#include "base/dx_list.h"
 
 typedef struct pin pin;
 typedef struct lease lease;
@@ -39,9 +40,9 @@ struct lease {
     double ttl_s;
     uint64_t expires_ns;
     uint32_t n_pins;
-    pin *pins; /* the live pins made through it, so it can disown them in O(own pins) */
-    lease *lru_prev, *lru_next; /* use order; head = least recently used */
-    uint64_t tag;               /* 0 = untagged */
+    dx_list pins; /* the live pins made through it, so it can disown them in O(own pins) */
+    dx_list lru;  /* L->lru */
+    uint64_t tag; /* 0 = untagged */
 };
 
 struct pin {
@@ -49,7 +50,7 @@ struct pin {
     uint64_t h;   /* id's index hash */
     size_t at;    /* position in L->pins */
     lease *owner; /* NULL once the lease is gone */
-    pin *lprev, *lnext;
+    dx_list link; /* owner->pins, newest first; not linked once ownerless */
     uint64_t expires_ns;
     uint32_t n;
     int32_t ids[]; /* [n] referenced */
@@ -66,10 +67,10 @@ struct xfer_leases {
     size_t n_leases, cap_leases;
     pin **pins; /* [n_pins] likewise; lookups use by_pin */
     size_t n_pins, cap_pins;
-    dx_hidx *by_tok; /* tok hash -> lease * */
-    dx_hidx *by_pin; /* pin id hash -> pin * */
-    dx_hidx *by_tag; /* tag hash -> lease * (tagged leases only) */
-    lease *lru_head, *lru_tail;
+    dx_hidx *by_tok;       /* tok hash -> lease * */
+    dx_hidx *by_pin;       /* pin id hash -> pin * */
+    dx_hidx *by_tag;       /* tag hash -> lease * (tagged leases only) */
+    dx_list lru;           /* use order; head = least recently used */
     uint64_t lease_blocks; /* sum of the live leases' block counts */
     uint64_t next_pin;
     uint64_t (*now)(void); /* tests: an injected clock; NULL = dx_now_ns */
@@ -193,34 +194,10 @@ static uint64_t tag_hash(const xfer_leases *L, uint64_t tag)
 
 /* ---- use order ----------------------------------------------------------- */
 
-static void lru_unlink(xfer_leases *L, lease *l)
-{
-    if (l->lru_prev)
-        l->lru_prev->lru_next = l->lru_next;
-    else
-        L->lru_head = l->lru_next;
-    if (l->lru_next)
-        l->lru_next->lru_prev = l->lru_prev;
-    else
-        L->lru_tail = l->lru_prev;
-    l->lru_prev = l->lru_next = NULL;
-}
-
-static void lru_push_recent(xfer_leases *L, lease *l)
-{
-    l->lru_prev = L->lru_tail;
-    l->lru_next = NULL;
-    if (L->lru_tail)
-        L->lru_tail->lru_next = l;
-    else
-        L->lru_head = l;
-    L->lru_tail = l;
-}
-
+/* Creating, renewing or pinning l: it becomes the most recently used. */
 static void lru_touch(xfer_leases *L, lease *l)
 {
-    lru_unlink(L, l);
-    lru_push_recent(L, l);
+    dx_list_move_back(&L->lru, &l->lru);
 }
 
 static pin *find_pin(xfer_leases *L, uint64_t id)
@@ -254,6 +231,7 @@ int xfer_leases_create(kv_pool *pool, double pin_ttl_s, xfer_leases **out)
         return rc;
     }
     pthread_mutex_init(&L->mu, NULL);
+    dx_list_init(&L->lru);
     L->pool = pool;
     L->pin_ttl_s = pin_ttl_s > 0 ? pin_ttl_s : 30;
     L->seed = low64(s.b);
@@ -280,15 +258,16 @@ static void lease_free(xfer_leases *L, lease *l)
 {
     DX_ASSERT(dx_hidx_remove(L->by_tok, l->h, (uintptr_t)l) == 0);
     if (l->tag) DX_ASSERT(dx_hidx_remove(L->by_tag, tag_hash(L, l->tag), (uintptr_t)l) == 0);
-    lru_unlink(L, l);
+    dx_list_remove(&l->lru);
     L->lease_blocks -= l->n;
     lease *last = L->leases[--L->n_leases];
     L->leases[l->at] = last;
     last->at = l->at;
-    for (pin *p = l->pins, *next; p; p = next) {
-        next = p->lnext;
+    DX_LIST_FOR_EACH_SAFE(it, tmp, &l->pins)
+    {
+        pin *p = DX_LIST_ENTRY(it, pin, link);
         p->owner = NULL;
-        p->lprev = p->lnext = NULL;
+        dx_list_init(&p->link); /* the head goes with l */
     }
     unref_all(L->pool, l->ids, l->n);
     lease_dealloc(l);
@@ -301,11 +280,7 @@ static void pin_free(xfer_leases *L, pin *p)
     L->pins[p->at] = last;
     last->at = p->at;
     if (p->owner) {
-        if (p->lprev)
-            p->lprev->lnext = p->lnext;
-        else
-            p->owner->pins = p->lnext;
-        if (p->lnext) p->lnext->lprev = p->lprev;
+        dx_list_remove(&p->link);
         p->owner->n_pins--;
     }
     unref_all(L->pool, p->ids, p->n);
@@ -354,6 +329,7 @@ static lease *lease_new(const int32_t *ids, size_t n, double ttl_s, int policy, 
     l->policy = policy;
     l->ttl_s = ttl_s;
     l->expires_ns = now + ttl_ns(ttl_s);
+    dx_list_init(&l->pins);
     return l;
 }
 
@@ -390,7 +366,7 @@ static int lease_add(xfer_leases *L, lease *l)
     for (uint32_t i = 0; i < l->n; i++) kv_pool_ref(L->pool, l->ids[i]);
     l->at = L->n_leases;
     L->leases[L->n_leases++] = l;
-    lru_push_recent(L, l);
+    dx_list_push_back(&L->lru, &l->lru);
     L->lease_blocks += l->n;
     L->st.created++;
     return 0;
@@ -430,8 +406,8 @@ int xfer_lease_create(xfer_leases *L, const int32_t *ids, size_t n, double ttl_s
     return lease_create(L, NULL, ids, n, ttl_s, policy, 0, tok);
 }
 
-int xfer_lease_create_tagged(xfer_leases *L, const int32_t *ids, size_t n, double ttl_s,
-                             int policy, uint64_t tag, xfer_token *tok)
+int xfer_lease_create_tagged(xfer_leases *L, const int32_t *ids, size_t n, double ttl_s, int policy,
+                             uint64_t tag, xfer_token *tok)
 {
     return lease_create(L, NULL, ids, n, ttl_s, policy, tag, tok);
 }
@@ -476,7 +452,8 @@ int xfer_lease_renew(xfer_leases *L, const xfer_token *tok, double ttl_s)
 int xfer_leases_revoke_lru(xfer_leases *L, uint32_t *n_blocks)
 {
     pthread_mutex_lock(&L->mu);
-    lease *l = L->lru_head;
+    dx_list *n = dx_list_first(&L->lru);
+    lease *l = n ? DX_LIST_ENTRY(n, lease, lru) : NULL;
     if (l) {
         if (n_blocks) *n_blocks = l->n;
         lease_free(L, l);
@@ -577,10 +554,7 @@ static int pin_add(xfer_leases *L, lease *l, pin *p, uint32_t k, uint64_t now)
     p->n = k;
     p->owner = l;
     lru_touch(L, l);
-    p->lprev = NULL;
-    p->lnext = l->pins;
-    if (l->pins) l->pins->lprev = p;
-    l->pins = p;
+    dx_list_push_front(&l->pins, &p->link);
     p->expires_ns = now + ttl_ns(L->pin_ttl_s);
     p->at = L->n_pins;
     L->pins[L->n_pins++] = p;
@@ -707,10 +681,14 @@ static int check_lease(xfer_leases *L, size_t i, size_t *n_owned)
     if (find_any_lease(L, &l->tok) != l)
         return dx_errf(DX_EMISMATCH, "lease %zu not found by its token", i);
     uint32_t k = 0;
-    for (pin *p = l->pins; p; p = p->lnext, k++)
-        if (p->owner != l || (p->lnext && p->lnext->lprev != p))
+    DX_LIST_FOR_EACH(it, &l->pins)
+    {
+        pin *p = DX_LIST_ENTRY(it, pin, link);
+        if (p->owner != l || it->next->prev != it)
             return dx_errf(DX_EMISMATCH, "lease %zu: pin list broken at pin %llu", i,
                            (unsigned long long)p->id);
+        k++;
+    }
     if (k != l->n_pins)
         return dx_errf(DX_EMISMATCH, "lease %zu lists %u pins, counts %u", i, k, l->n_pins);
     *n_owned += k;
@@ -724,8 +702,8 @@ int xfer_leases_check(xfer_leases *L)
     if (!rc) rc = dx_hidx_check(L->by_pin);
     if (!rc) rc = dx_hidx_check(L->by_tag);
     size_t n_lru = 0, n_tagged = 0;
-    for (lease *l = L->lru_head; !rc && l; l = l->lru_next, n_lru++)
-        if ((l->lru_next ? l->lru_next->lru_prev : L->lru_tail) != l)
+    for (dx_list *it = L->lru.next; !rc && it != &L->lru; it = it->next, n_lru++)
+        if (it->next->prev != it)
             rc = dx_errf(DX_EMISMATCH, "lease use list broken after %zu entries", n_lru);
     for (size_t i = 0; !rc && i < L->n_leases; i++) n_tagged += L->leases[i]->tag != 0;
     if (!rc && (n_lru != L->n_leases || n_tagged != dx_hidx_count(L->by_tag)))

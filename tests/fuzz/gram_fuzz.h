@@ -18,7 +18,7 @@
 #include "gram/gram.h"
 #include "gram/gram_priv.h"
 #include "tok/tok.h"
-#include "tok/tok_internal.h"
+#include "tok/tok_priv.h"
 
 static const char *const k_gf_pieces[] = {"{\"", "\":",      "\",",          "\"}", "true", "null",
                                           "[{",  "}]",       "12",           "0.",  " \"",  "\\\"",

@@ -25,7 +25,7 @@
 #include "gram/gram_priv.h"
 #include "tok/hf_tok.h"
 #include "tok/tok.h"
-#include "tok/tok_internal.h"
+#include "tok/tok_priv.h"
 
 /* ---- a small vocabulary: every byte, JSON-ish pieces, two control tokens ---------- */
 

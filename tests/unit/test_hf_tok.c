@@ -24,7 +24,7 @@
 #include "tok/hf_tok.h"
 #include "model/model.h"
 #include "model/synth.h"
-#include "tok/tok_internal.h"
+#include "tok/tok_priv.h"
 #include "tok/tok_norm.h"
 
 #define QWEN_RE                                                                                    \

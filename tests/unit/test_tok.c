@@ -23,7 +23,7 @@
 #include "base/dx_err.h"
 #include "tok/bpe_train.h"
 #include "tok/tok.h"
-#include "tok/tok_internal.h"
+#include "tok/tok_priv.h"
 #include "tok/tok_norm.h"
 
 static const char *const specials[] = {

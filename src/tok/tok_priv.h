@@ -1,10 +1,10 @@
-/* tok_internal: what the tokenizer shares with the BPE trainer (bpe_train.c)
+/* tok_priv: what the tokenizer shares with the BPE trainer (bpe_train.c)
  * and nothing else: the compiled pre-tokenizer and the splitter that applies
  * it.  The trainer must cut text exactly as the encoder does, or learned
  * merges would not match what encoding later sees, so both go through
  * tok_split(). */
-#ifndef TOK_INTERNAL_H
-#define TOK_INTERNAL_H
+#ifndef TOK_PRIV_H
+#define TOK_PRIV_H
 
 #include <stddef.h>
 #include <stdint.h>
