@@ -13,7 +13,7 @@
 #include <math.h>
 
 #include "base/dx_dtype.h"
-#include "engine/kern/kern_attn_internal.h"
+#include "engine/kern/kern_attn_priv.h"
 
 #define AI static inline __attribute__((always_inline))
 

@@ -1,4 +1,4 @@
-/* kern_attn_internal: what kern_attn.c (scalar reference, tiling driver,
+/* kern_attn_priv: what kern_attn.c (scalar reference, tiling driver,
  * dispatch) shares with the per-ISA attention and elementwise files.
  *
  * The driver owns the loop structure (kv head → query tile → history split →
@@ -12,8 +12,8 @@
  * Keys are visited in steps of KERN_ATTN_STEP positions (multiples of it by
  * absolute position), each step two halves of 16 keys; a half lies inside one
  * pool block, since block sizes are multiples of 16 on the fast paths. */
-#ifndef KERN_ATTN_INTERNAL_H
-#define KERN_ATTN_INTERNAL_H
+#ifndef KERN_ATTN_PRIV_H
+#define KERN_ATTN_PRIV_H
 
 #include <stddef.h>
 #include <stdint.h>
