@@ -24,7 +24,6 @@ LAYERS=(base jinja tok gram model engine/kern engine xfer oai http node router u
 ALLOWED=(
     "node/node_server node/node_pd to be cut (issue 19)"
     "router/router router/router_flow to be cut (issue 19)"
-    "router/router_store router/router_store_redis to be cut (issue 19)"
 )
 
 BUILD=${BUILD:-build/release}
