@@ -48,12 +48,7 @@ static void mem_get(router_store *s, const router_key *keys, size_t n, router_st
     router_entry e;
     for (size_t i = n; i-- > 0;) {
         if (!router_state_get(s->mem, &keys[i], now, &e)) continue;
-        router_store_hit h = {.which = i,
-                              .node = e.node,
-                              .params = e.params,
-                              .params_len = e.params_len,
-                              .num_tokens = e.num_tokens};
-        cb(user, 0, &h);
+        rstore_hit(cb, user, i, e.node, e.params, e.params_len, e.num_tokens);
         return;
     }
     cb(user, 0, NULL);

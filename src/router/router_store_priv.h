@@ -67,6 +67,18 @@ static inline void rstore_count_error(router_store *s, int get)
         s->err_put++;
 }
 
+/* Answers a lookup with the entry found under keys[which]. */
+static inline void rstore_hit(router_store_cb cb, void *user, size_t which, int node,
+                              const char *params, size_t params_len, uint32_t num_tokens)
+{
+    router_store_hit h = {.which = which,
+                          .node = node,
+                          .params = params,
+                          .params_len = params_len,
+                          .num_tokens = num_tokens};
+    cb(user, 0, &h);
+}
+
 /* What the front allocated; a backend frees its own parts first. */
 static inline void rstore_free(router_store *s)
 {

@@ -208,12 +208,7 @@ static void answer_get(router_store *s, const redisReply *rep, size_t n, router_
         if (e->type != REDIS_REPLY_STRING || router_store_decode(e->str, e->len, &v) < 0) continue;
         int node = s->cfg.node_of(s->cfg.user, v.url, v.url_len);
         if (node < 0) continue; /* a node this replica does not route to: no affinity */
-        router_store_hit h = {.which = i,
-                              .node = node,
-                              .params = v.params,
-                              .params_len = v.params_len,
-                              .num_tokens = v.num_tokens};
-        cb(user, 0, &h);
+        rstore_hit(cb, user, i, node, v.params, v.params_len, v.num_tokens);
         return;
     }
     cb(user, 0, NULL);
