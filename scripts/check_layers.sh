@@ -22,13 +22,8 @@ LAYERS=(base jinja tok gram model engine/kern engine xfer oai http node router u
 # "A B reason": files A and B of one folder may call each other.  Each is
 # one module split across files for a stated reason; keep the list short.
 ALLOWED=(
-    "jinja/jinja_builtin jinja/jinja_eval to be cut (issue 19)"
-    "jinja/jinja_lex jinja/jinja_val to be cut (issue 19)"
-    "engine/kern/kern_mm engine/kern/kern_mm_avx2 to be cut (issue 19)"
-    "engine/kern/kern_mm engine/kern/kern_mm_avx512 to be cut (issue 19)"
     "node/node_server node/node_pd to be cut (issue 19)"
     "router/router router/router_flow to be cut (issue 19)"
-    "router/router_store router/router_store_redis to be cut (issue 19)"
 )
 
 BUILD=${BUILD:-build/release}

@@ -1112,7 +1112,7 @@ static int bool_filter(jcx *cx, uint32_t pos, jv v, jstr f, jv *out)
     return 0;
 }
 
-static int ident_filter(jcx *cx, uint32_t pos, jv v, jstr f, jv *out)
+int jx_filter_ident(jcx *cx, uint32_t pos, jv v, jstr f, jv *out)
 {
     if (is_name(f, "safe")) {
         *out = v;
@@ -1278,8 +1278,7 @@ static int sort_filter(jcx *cx, uint32_t pos, jv v, const fargs *a, jv *out)
     return rc ? rc : sorted(cx, pos, v.a, keys, cs, rev, out);
 }
 
-static int select_filter(jcx *cx, jenv *env, uint32_t pos, jv v, const jnode *f, bool select,
-                         jv *out)
+static int select_filter(jcx *cx, uint32_t pos, jv v, const jnode *f, bool select, jv *out)
 {
     const char *name = select ? "selectattr" : "rejectattr";
     for (size_t i = 0; i < v.a->n; i++)
@@ -1367,17 +1366,23 @@ static int round_filter(jcx *cx, uint32_t pos, jv v, const fargs *a, jv *out)
     return 0;
 }
 
-static int call_filter(jcx *cx, jenv *env, jv v, const jnode *f, jv *out)
+bool jx_filter_literal_args(jstr name)
+{
+    return is_name(name, "selectattr") || is_name(name, "rejectattr");
+}
+
+int jx_filter_literal(jcx *cx, jv v, const jnode *f, jv *out)
 {
     jstr name = f->a->str;
-    uint32_t pos = f->pos;
-    fargs a;
-    if (is_name(name, "selectattr") || is_name(name, "rejectattr")) {
-        if (v.k != JV_ARR) return unknown_filter(cx, pos, name, v);
-        return select_filter(cx, env, pos, v, f, is_name(name, "selectattr"), out);
-    }
-    int rc = jx_eval_args(cx, env, &f->l1, &a.pos, &a.n, &a.kw);
-    if (rc) return rc;
+    if (v.k != JV_ARR) return unknown_filter(cx, f->pos, name, v);
+    return select_filter(cx, f->pos, v, f, is_name(name, "selectattr"), out);
+}
+
+int jx_filter_call(jcx *cx, uint32_t pos, jv v, jstr name, jv *pos_args, size_t npos, jobj *kw,
+                   jv *out)
+{
+    const fargs a = {pos_args, npos, kw};
+    int rc;
     if (is_name(name, "tojson")) return tojson_filter(cx, pos, v, &a, out);
     if (is_name(name, "join")) return join_filter(cx, pos, v, &a, out);
     if (is_name(name, "int") || is_name(name, "float"))
@@ -1403,11 +1408,4 @@ static int call_filter(jcx *cx, jenv *env, jv v, const jnode *f, jv *out)
     }
     if (v.k == JV_RAW) return jx_raw_error(cx, pos);
     return unknown_filter(cx, pos, name, v);
-}
-
-int jx_apply_filter(jcx *cx, jenv *env, jv v, const jnode *f, jv *out)
-{
-    if (f->kind == JN_IDENT) return ident_filter(cx, f->pos, v, f->str, out);
-    if (f->kind == JN_CALL && f->a->kind == JN_IDENT) return call_filter(cx, env, v, f, out);
-    return jx_fail(cx, f->pos, "a filter must be a name or a call");
 }

@@ -59,13 +59,6 @@ static int env_set(jcx *cx, uint32_t pos, jenv *env, jstr name, jv v)
     return jo_set(cx, pos, &env->vars, name, v);
 }
 
-int jx_test_truth(jcx *cx, uint32_t pos, jv v, bool *b)
-{
-    if (v.k == JV_RAW) return jx_raw_error(cx, pos);
-    *b = jx_truthy(v);
-    return 0;
-}
-
 /* One step and one level of depth; the caller leaves with cx->depth--. */
 static int enter(jcx *cx, uint32_t pos)
 {
@@ -154,6 +147,21 @@ int jx_eval_args(jcx *cx, jenv *env, const jlist *args, jv **pos_out, size_t *np
     *npos = l.n;
     *kw = kwv.o;
     return 0;
+}
+
+/* `v | f`: f is a name, or a call whose arguments are evaluated here, after
+ * the checks of a filter that reads them as written. */
+static int apply_filter(jcx *cx, jenv *env, jv v, const jnode *f, jv *out)
+{
+    if (f->kind == JN_IDENT) return jx_filter_ident(cx, f->pos, v, f->str, out);
+    if (f->kind != JN_CALL || f->a->kind != JN_IDENT)
+        return jx_fail(cx, f->pos, "a filter must be a name or a call");
+    if (jx_filter_literal_args(f->a->str)) return jx_filter_literal(cx, v, f, out);
+    jv *args;
+    size_t n;
+    jobj *kw;
+    int rc = jx_eval_args(cx, env, &f->l1, &args, &n, &kw);
+    return rc ? rc : jx_filter_call(cx, f->pos, v, f->a->str, args, n, kw, out);
 }
 
 static int bind_error(jcx *cx, uint32_t pos, const jnode *fn_node, jstr key, size_t n)
@@ -651,7 +659,7 @@ static int eval_in(jcx *cx, jenv *env, const jnode *n, jv *out)
         return eval_binary(cx, env, n, out);
     case JN_FILTER:
         rc = jx_eval(cx, env, n->a, &v);
-        return rc ? rc : jx_apply_filter(cx, env, v, n->b, out);
+        return rc ? rc : apply_filter(cx, env, v, n->b, out);
     case JN_TEST:
         return eval_test(cx, env, n, out);
     case JN_SELECT:
@@ -868,7 +876,7 @@ static int exec_filter_block(jcx *cx, jenv *env, const jnode *n)
 {
     jv text, res;
     int rc = jx_capture(cx, n->pos, env, &n->l1, &text);
-    if (!rc) rc = jx_apply_filter(cx, env, text, n->b, &res);
+    if (!rc) rc = apply_filter(cx, env, text, n->b, &res);
     return rc ? rc : output(cx, n->pos, res);
 }
 

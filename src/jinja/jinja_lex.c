@@ -22,21 +22,7 @@
 
 #include "base/dx_alloc.h"
 #include "base/dx_err.h"
-
-void jinja_linecol(const char *src, size_t len, size_t pos, unsigned *line, unsigned *col)
-{
-    unsigned l = 1, c = 1;
-    for (size_t i = 0; i < pos && i < len; i++) {
-        if (src[i] == '\n') {
-            l++;
-            c = 1;
-        } else if (((unsigned char)src[i] & 0xC0) != 0x80) {
-            c++;
-        }
-    }
-    *line = l;
-    *col = c;
-}
+#include "base/dx_utf8.h"
 
 /* ---- preprocessing -------------------------------------------------------- */
 
@@ -222,14 +208,11 @@ typedef struct {
 static int lx_fail(lexer *lx, size_t i, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static int lx_fail(lexer *lx, size_t i, const char *fmt, ...)
 {
-    char msg[512];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    int rc = jinja_verr_at(DX_EINVAL, lx->src, lx->len, lx->map[i < lx->n ? i : lx->n], fmt, ap);
     va_end(ap);
-    unsigned line, col;
-    jinja_linecol(lx->src, lx->len, lx->map[i < lx->n ? i : lx->n], &line, &col);
-    return dx_errf(DX_EINVAL, "jinja: line %u, column %u: %s", line, col, msg);
+    return rc;
 }
 
 static int lx_eof(lexer *lx)
@@ -334,9 +317,7 @@ static int lx_hex_escape(lexer *lx, size_t at, char kind, dx_buf *b)
     }
     if (cp >= 0xD800 && cp <= 0xDFFF)
         return lx_fail(lx, at, "a lone surrogate (\\u%04X) cannot be represented in UTF-8", cp);
-    if (dx_buf_reserve(b, 4)) return dx_errcode();
-    utf8_put(b, cp);
-    return 0;
+    return dx_utf8_put(b, cp);
 }
 
 static int lx_escape(lexer *lx, dx_buf *b)

@@ -38,12 +38,8 @@ typedef struct {
 
 static int p_vfail(parser *p, int code, const char *fmt, va_list ap)
 {
-    char msg[512];
-    vsnprintf(msg, sizeof msg, fmt, ap);
     size_t pos = p->i < p->n ? p->t[p->i].pos : p->len;
-    unsigned line, col;
-    jinja_linecol(p->src, p->len, pos, &line, &col);
-    return dx_errf(code, "jinja: line %u, column %u: %s", line, col, msg);
+    return jinja_verr_at(code, p->src, p->len, pos, fmt, ap);
 }
 
 static int p_fail(parser *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -1093,12 +1089,8 @@ int jinja_parse(const char *src, size_t len, jinja_tmpl **out)
         t->src = copy;
         t->len = len;
     }
-    if (!rc && valid < len) {
-        unsigned line, col;
-        jinja_linecol(src, len, valid, &line, &col);
-        rc = dx_errf(DX_EINVAL, "jinja: line %u, column %u: the template is not valid UTF-8", line,
-                     col);
-    }
+    if (!rc && valid < len)
+        rc = jinja_err_at(DX_EINVAL, src, len, valid, "the template is not valid UTF-8");
     jtoks toks = {0};
     if (!rc) rc = jl_tokenize(&t->ar, t->src, len, &toks);
     parser p = {.ar = &t->ar, .src = t->src, .len = len, .t = toks.v, .n = toks.n};

@@ -7,6 +7,17 @@
  *   jinja_eval.c     statements and expressions; jinja_render
  *   jinja_builtin.c  filters, tests, string and dict methods, globals
  *
+ * The files call each other in layers, each only those below it:
+ *
+ *   jinja_parse.c               jinja_eval.c
+ *   jinja_lex.c                 jinja_builtin.c
+ *                  jinja_val.c
+ *
+ * so a builtin never evaluates a node: jinja_eval.c evaluates a filter
+ * call's arguments before handing them over (selectattr and rejectattr get
+ * their string literals as written).  scripts/check_layers.sh holds the files
+ * of a folder to no circle of calls.
+ *
  * The reference is @huggingface/jinja 0.5.11 (lexer.ts, parser.ts,
  * runtime.ts): where a rule below looks odd, it is that implementation's
  * rule, kept so that output is byte-identical.  Its values are JavaScript
@@ -20,6 +31,7 @@
 #ifndef JINJA_PRIV_H
 #define JINJA_PRIV_H
 
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -52,8 +64,12 @@ typedef struct {
 bool jstr_eq(jstr a, jstr b);
 bool jstr_is(jstr a, const char *z);
 
-/* Line and column (1-based, columns in characters) of byte `pos` of src. */
-void jinja_linecol(const char *src, size_t len, size_t pos, unsigned *line, unsigned *col);
+/* Sets "jinja: line L, column C: <message>" (L and C 1-based, columns in
+ * characters) for byte pos of src, and returns code: the one form of every
+ * message about a place in a template. */
+int jinja_verr_at(int code, const char *src, size_t len, size_t pos, const char *fmt, va_list ap);
+int jinja_err_at(int code, const char *src, size_t len, size_t pos, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
 
 /* ---- tokens (lexer.ts) ---------------------------------------------------- */
 
@@ -357,6 +373,8 @@ int jx_put_json(jcx *cx, uint32_t pos, dx_buf *b, jv v, const jjson_opts *o, uns
 /* JavaScript truthiness of a RuntimeValue (__bool__) and of a raw value. */
 bool jx_truthy(jv v);
 bool jx_truthy_raw(jv v);
+/* A value's truth for if/and/or/not; JavaScript's raw undefined is an error. */
+int jx_test_truth(jcx *cx, uint32_t pos, jv v, bool *b);
 
 /* JavaScript's ToNumber of the raw value ("3" is 3, an array joins first). */
 int jx_to_number(jcx *cx, uint32_t pos, jv v, double *out);
@@ -380,8 +398,9 @@ size_t js_ws_len(const char *p, size_t n);        /* JS whitespace char at p: by
 size_t js_ws_len_before(const char *p, size_t n); /* ... ending at p + n */
 jstr js_trim(jstr s, bool start, bool end);
 size_t js_utf16_len(jstr s);
-size_t utf8_dec(const char *p, size_t n, uint32_t *cp); /* bytes of the char at p (valid UTF-8) */
-void utf8_put(dx_buf *b, uint32_t cp);                  /* caller reserved 4 bytes */
+/* Bytes (1..n) of the char at p and its code point; lenient on invalid input
+ * (jinja_val.c says why).  Encoding is dx_utf8_put's. */
+size_t utf8_dec(const char *p, size_t n, uint32_t *cp);
 int jx_case(jcx *cx, uint32_t pos, jstr s, bool upper, jv *out);
 uint32_t jx_lower_cp(uint32_t cp);
 uint32_t jx_upper_cp(uint32_t cp);
@@ -402,7 +421,16 @@ int jx_call(jcx *cx, uint32_t pos, jenv *env, jv fn, jv *args, size_t nargs, jv 
 
 /* ---- builtins (jinja_builtin.c) ------------------------------------------ */
 
-int jx_apply_filter(jcx *cx, jenv *env, jv operand, const jnode *filter, jv *out);
+/* Filters.  The caller (jinja_eval.c) evaluates a call's arguments: these
+ * see values only, or, for the filters that read their arguments as written
+ * (jx_filter_literal_args: selectattr and rejectattr take string literals,
+ * checked before anything is evaluated), the call's node.  `v | name`: */
+int jx_filter_ident(jcx *cx, uint32_t pos, jv v, jstr name, jv *out);
+bool jx_filter_literal_args(jstr name);
+int jx_filter_literal(jcx *cx, jv v, const jnode *call, jv *out); /* `v | name(...)` */
+/* `v | name(args)`, the arguments as jx_eval_args gives them. */
+int jx_filter_call(jcx *cx, uint32_t pos, jv v, jstr name, jv *pos_args, size_t npos, jobj *kw,
+                   jv *out);
 /* A test by name; arg is the second operand (selectattr's value) or NULL. */
 int jx_run_test(jcx *cx, uint32_t pos, jstr name, jv v, const jv *arg, bool *res);
 bool jx_test_exists(jstr name);
@@ -415,7 +443,5 @@ int jx_add_globals(jcx *cx, jenv *g);
 int jx_slice_value(jcx *cx, uint32_t pos, jv obj, jv start, jv stop, jv step, jv *out);
 /* A dict's keys as a list (what a for loop over a dict runs over). */
 int jx_builtin_keys(jcx *cx, uint32_t pos, const jobj *o, jv *out);
-/* A value's truth for if/and/or/not; JavaScript's raw undefined is an error. */
-int jx_test_truth(jcx *cx, uint32_t pos, jv v, bool *b);
 
 #endif

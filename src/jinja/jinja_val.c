@@ -22,6 +22,7 @@
 
 #include "base/dx_alloc.h"
 #include "base/dx_err.h"
+#include "base/dx_utf8.h"
 
 /* ---- arena ---------------------------------------------------------------- */
 
@@ -82,11 +83,7 @@ void ja_free_all(jarena *a)
 
 static int jx_vfail(jcx *cx, int code, uint32_t pos, const char *fmt, va_list ap)
 {
-    char msg[768];
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    unsigned line, col;
-    jinja_linecol(cx->t->src, cx->t->len, pos, &line, &col);
-    return dx_errf(code, "jinja: line %u, column %u: %s", line, col, msg);
+    return jinja_verr_at(code, cx->t->src, cx->t->len, pos, fmt, ap);
 }
 
 int jx_fail(jcx *cx, uint32_t pos, const char *fmt, ...)
@@ -301,6 +298,40 @@ bool jstr_is(jstr a, const char *z)
     return jstr_eq(a, (jstr){z, strlen(z)});
 }
 
+/* Line and column (1-based, columns in characters) of byte `pos` of src. */
+static void linecol(const char *src, size_t len, size_t pos, unsigned *line, unsigned *col)
+{
+    unsigned l = 1, c = 1;
+    for (size_t i = 0; i < pos && i < len; i++) {
+        if (src[i] == '\n') {
+            l++;
+            c = 1;
+        } else if (((unsigned char)src[i] & 0xC0) != 0x80) {
+            c++;
+        }
+    }
+    *line = l;
+    *col = c;
+}
+
+int jinja_verr_at(int code, const char *src, size_t len, size_t pos, const char *fmt, va_list ap)
+{
+    unsigned line, col;
+    linecol(src, len, pos, &line, &col);
+    char where[64];
+    snprintf(where, sizeof where, "jinja: line %u, column %u", line, col);
+    return dx_verrp(code, where, fmt, ap);
+}
+
+int jinja_err_at(int code, const char *src, size_t len, size_t pos, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int rc = jinja_verr_at(code, src, len, pos, fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
 /* ---- values from JSON ----------------------------------------------------- */
 
 /* An array index as JavaScript objects order them first: "0" or a canonical
@@ -398,6 +429,13 @@ static int obj_from_json(jcx *cx, const json_t *j, unsigned depth, jv *out)
 
 /* ---- Unicode and JavaScript string helpers ------------------------------- */
 
+/* Lenient on purpose, unlike dx_utf8_decode (which answers 0 for anything
+ * not strict UTF-8): every caller steps over what this returns, so it must
+ * always advance (1..n bytes), and it decodes by the lead byte alone, never
+ * checking the bytes that follow (a truncated 3-byte sequence is U+FFFD).
+ * Its inputs should be valid UTF-8 (the parser checks templates, jansson the
+ * JSON it reads), where the two agree; on anything else, this one's answer is
+ * what templates have always printed. */
 size_t utf8_dec(const char *p, size_t n, uint32_t *cp)
 {
     const unsigned char *s = (const unsigned char *)p;
@@ -418,31 +456,6 @@ size_t utf8_dec(const char *p, size_t n, uint32_t *cp)
     *cp = ((uint32_t)(s[0] & 0x07) << 18) | ((uint32_t)(s[1] & 0x3F) << 12) |
           ((uint32_t)(s[2] & 0x3F) << 6) | (s[3] & 0x3F);
     return 4;
-}
-
-void utf8_put(dx_buf *b, uint32_t cp)
-{
-    char *o = b->data + b->len;
-    if (cp < 0x80) {
-        o[0] = (char)cp;
-        b->len += 1;
-    } else if (cp < 0x800) {
-        o[0] = (char)(0xC0 | (cp >> 6));
-        o[1] = (char)(0x80 | (cp & 0x3F));
-        b->len += 2;
-    } else if (cp < 0x10000) {
-        o[0] = (char)(0xE0 | (cp >> 12));
-        o[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
-        o[2] = (char)(0x80 | (cp & 0x3F));
-        b->len += 3;
-    } else {
-        o[0] = (char)(0xF0 | (cp >> 18));
-        o[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
-        o[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
-        o[3] = (char)(0x80 | (cp & 0x3F));
-        b->len += 4;
-    }
-    b->data[b->len] = 0;
 }
 
 /* JavaScript's WhiteSpace and LineTerminator (\s, String.prototype.trim). */
@@ -575,10 +588,11 @@ int jx_case(jcx *cx, uint32_t pos, jstr s, bool upper, jv *out)
         }
         uint32_t m = upper ? jx_upper_cp(cp) : jx_lower_cp(cp);
         if (m > 0x10FFFF || (m >= 0xD800 && m <= 0xDFFF)) m = cp;
+        /* 4 bytes are the bound check, whatever m's length: as it always was */
         if (dx_buf_reserve(&b, 4))
             rc = jx_limit(cx, pos, "string longer than the limit of %zu bytes", b.max);
         else
-            utf8_put(&b, m);
+            rc = dx_utf8_put(&b, m); /* cannot fail: room is reserved, m <= U+10FFFF */
     }
     if (!rc) rc = jx_buf_str(cx, pos, &b, out);
     dx_buf_free(&b);
@@ -953,6 +967,13 @@ bool jx_truthy(jv v)
 bool jx_truthy_raw(jv v)
 {
     return v.k == JV_ARR || v.k == JV_OBJ ? true : jx_truthy(v);
+}
+
+int jx_test_truth(jcx *cx, uint32_t pos, jv v, bool *b)
+{
+    if (v.k == JV_RAW) return jx_raw_error(cx, pos);
+    *b = jx_truthy(v);
+    return 0;
 }
 
 /* ---- equality ------------------------------------------------------------- */

@@ -1,5 +1,7 @@
 /* router_store_redis: the conversation map in a shared Redis (see
- * router_store.h), on the router's libuv loop through hiredis' async API.
+ * router_store.h), on the router's libuv loop through hiredis' async API:
+ * the backend rstore_redis (router_store_priv.h), the entries' encoding and
+ * the routers' shared secret.
  *
  * Every call the router waits for (a lookup) or counts (a write) is an op
  * with a deadline; ops are sent in order with one timeout, so their
@@ -10,16 +12,17 @@
  * breaks, when connecting takes too long, or when it has answered nothing
  * for STALL_MS while calls wait (a stopped server). */
 #include <adapters/libuv.h>
+#include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/random.h>
 
-#include "base/dx_alloc.h"
 #include "base/dx_clock.h"
 #include "base/dx_err.h"
 #include "base/dx_keys.h"
 #include "base/dx_log.h"
+#include "http/prom.h"
 #include "router/router_store_priv.h"
 
 #define MAX_INFLIGHT 4096 /* calls hiredis may hold; beyond, fail at once */
@@ -31,8 +34,7 @@
 
 struct router_store_op {
     router_store *s;
-    router_store_op *prev, *next; /* the live list */
-    int live;                     /* waits for its answer or deadline */
+    dx_list link; /* on s->live while it waits for its answer or deadline */
     int get;
     uint64_t deadline_ns;
     router_store_cb cb; /* get; NULL once answered or canceled */
@@ -46,6 +48,56 @@ struct router_store_op {
     char *value;
     char sha[48];
 };
+
+/* ---- encoding ---------------------------------------------------------------- */
+
+/* Replaces an entry only with one of at least as many tokens: a later turn
+ * has more, and a tie is the newer write of the same turn. */
+const char router_store_cas_lua[] = "local cur = redis.call('GET', KEYS[1])\n"
+                                    "if cur then\n"
+                                    "  local t = tonumber(string.match(cur, '^(%d+) '))\n"
+                                    "  if t and t > tonumber(ARGV[2]) then return 0 end\n"
+                                    "end\n"
+                                    "redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[3])\n"
+                                    "if KEYS[2] then redis.call('DEL', KEYS[2]) end\n"
+                                    "return 1\n";
+
+void router_store_key(const char *prefix, const router_key *k, char *out, size_t cap)
+{
+    snprintf(out, cap, "%sconv:%016" PRIx64 "%016" PRIx64, prefix, k->hi, k->lo);
+}
+
+int router_store_encode(const char *url, uint32_t num_tokens, const char *params, size_t len,
+                        dx_buf *out)
+{
+    int rc = dx_buf_printf(out, "%" PRIu32 " %s\n", params ? num_tokens : 0, url);
+    if (!rc && params) rc = dx_buf_append(out, params, len);
+    return rc;
+}
+
+int router_store_decode(const char *v, size_t n, router_store_val *out)
+{
+    memset(out, 0, sizeof *out);
+    size_t i = 0;
+    uint64_t t = 0;
+    for (; i < n && v[i] >= '0' && v[i] <= '9'; i++) {
+        t = t * 10 + (uint64_t)(v[i] - '0');
+        if (t > UINT32_MAX) return dx_errf(DX_EFORMAT, "state entry: token count out of range");
+    }
+    if (i == 0 || i >= n || v[i] != ' ')
+        return dx_errf(DX_EFORMAT, "state entry: no token count before the node URL");
+    const char *url = v + i + 1, *nl = memchr(url, '\n', n - i - 1);
+    if (!nl || nl == url) return dx_errf(DX_EFORMAT, "state entry: no node URL line");
+    out->num_tokens = (uint32_t)t;
+    out->url = url;
+    out->url_len = (size_t)(nl - url);
+    size_t rest = n - (size_t)(nl + 1 - v);
+    if (rest) {
+        out->params = nl + 1;
+        out->params_len = rest;
+    }
+    return 0;
+}
 
 /* ---- outage bookkeeping ---------------------------------------------------------- */
 
@@ -77,41 +129,32 @@ static void mark_ok(router_store *s)
 
 static void on_deadline(uv_timer_t *t);
 
+/* The oldest op waiting, or NULL. */
+static router_store_op *live_first(const router_store *s)
+{
+    dx_list *l = dx_list_first(&s->live);
+    return l ? DX_LIST_ENTRY(l, router_store_op, link) : NULL;
+}
+
 static void arm(router_store *s)
 {
-    if (!s->live_head || s->destroying) return;
-    uint64_t now = dx_now_ns(), d = s->live_head->deadline_ns;
+    router_store_op *first = live_first(s);
+    if (!first || s->destroying) return;
+    uint64_t now = dx_now_ns(), d = first->deadline_ns;
     uint64_t ms = d > now ? (d - now + 999999) / 1000000 : 0;
     uv_timer_start(&s->deadline, on_deadline, ms, 0);
 }
 
 static void live_push(router_store *s, router_store_op *op)
 {
-    op->live = 1;
     op->deadline_ns = dx_now_ns() + (uint64_t)s->cfg.timeout_ms * 1000000;
-    op->prev = s->live_tail;
-    op->next = NULL;
-    if (s->live_tail)
-        s->live_tail->next = op;
-    else
-        s->live_head = op;
-    s->live_tail = op;
-    if (s->live_head == op) arm(s);
+    dx_list_push_back(&s->live, &op->link);
+    if (live_first(s) == op) arm(s);
 }
 
-static void live_unlink(router_store *s, router_store_op *op)
+static int op_live(const router_store_op *op)
 {
-    if (!op->live) return;
-    if (op->prev)
-        op->prev->next = op->next;
-    else
-        s->live_head = op->next;
-    if (op->next)
-        op->next->prev = op->prev;
-    else
-        s->live_tail = op->prev;
-    op->prev = op->next = NULL;
-    op->live = 0;
+    return dx_list_linked(&op->link);
 }
 
 static void schedule_retry(router_store *s);
@@ -133,8 +176,8 @@ static void on_deadline(uv_timer_t *t)
     router_store *s = t->data;
     uint64_t now = dx_now_ns();
     router_store_op *op;
-    while ((op = s->live_head) && op->deadline_ns <= now + 100000) {
-        live_unlink(s, op);
+    while ((op = live_first(s)) && op->deadline_ns <= now + 100000) {
+        dx_list_remove(&op->link);
         rstore_count_error(s, op->get);
         mark_error(s, "no answer within %d ms (--state-timeout-ms)", s->cfg.timeout_ms);
         router_store_cb cb = op->cb;
@@ -165,12 +208,7 @@ static void answer_get(router_store *s, const redisReply *rep, size_t n, router_
         if (e->type != REDIS_REPLY_STRING || router_store_decode(e->str, e->len, &v) < 0) continue;
         int node = s->cfg.node_of(s->cfg.user, v.url, v.url_len);
         if (node < 0) continue; /* a node this replica does not route to: no affinity */
-        router_store_hit h = {.which = i,
-                              .node = node,
-                              .params = v.params,
-                              .params_len = v.params_len,
-                              .num_tokens = v.num_tokens};
-        cb(user, 0, &h);
+        rstore_hit(cb, user, i, node, v.params, v.params_len, v.num_tokens);
         return;
     }
     cb(user, 0, NULL);
@@ -178,11 +216,11 @@ static void answer_get(router_store *s, const redisReply *rep, size_t n, router_
 
 static void on_get_reply(router_store *s, router_store_op *op, const redisReply *rep)
 {
-    int was_live = op->live;
+    int was_live = op_live(op);
     router_store_cb cb = op->cb;
     void *user = op->user;
     size_t n = op->n;
-    live_unlink(s, op);
+    dx_list_remove(&op->link);
     dx_free(op);
     if (rep && !s->destroying) s->last_answer_ns = dx_now_ns(); /* late is not stalled */
     if (s->destroying || !was_live || !cb) return; /* timed out or canceled: done with */
@@ -211,8 +249,8 @@ static void on_put_reply(router_store *s, router_store_op *op, const redisReply 
         send_put(s, op);
         return;
     }
-    int was_live = op->live;
-    live_unlink(s, op);
+    int was_live = op_live(op);
+    dx_list_remove(&op->link);
     if (!s->destroying && was_live) {
         if (!rep || rep->type == REDIS_REPLY_ERROR) {
             rstore_count_error(s, 0);
@@ -347,8 +385,9 @@ static void schedule_retry(router_store *s)
 
 /* ---- the backend ------------------------------------------------------------------------ */
 
-int rstore_redis_init(router_store *s)
+static int redis_init(router_store *s)
 {
+    dx_list_init(&s->live);
     int rc = rds_url_parse(s->cfg.url, &s->url);
     if (rc) return dx_err_wrap(rc, "--state");
     rds_url_format(&s->url, s->where, sizeof s->where);
@@ -367,12 +406,12 @@ static void on_closed(uv_handle_t *h)
     if (--s->n_handles == 0) rstore_free(s);
 }
 
-void rstore_redis_destroy(router_store *s)
+static void redis_destroy(router_store *s)
 {
     s->destroying = 1;
-    while (s->live_head) {
-        router_store_op *op = s->live_head;
-        live_unlink(s, op);
+    router_store_op *op;
+    while ((op = live_first(s))) {
+        dx_list_remove(&op->link);
         op->cb = NULL;
     }
     redisAsyncContext *ac = s->ac;
@@ -390,7 +429,7 @@ static void get_fail(router_store *s, router_store_cb cb, void *user, const char
     cb(user, DX_EIO, NULL);
 }
 
-void rstore_redis_get(router_store *s, const router_key *keys, size_t n, router_store_cb cb,
+static void redis_get(router_store *s, const router_key *keys, size_t n, router_store_cb cb,
                       void *user, router_store_op **out)
 {
     if (!s->ac || s->n_inflight >= MAX_INFLIGHT) {
@@ -426,10 +465,11 @@ void rstore_redis_get(router_store *s, const router_key *keys, size_t n, router_
     *out = op;
 }
 
+/* Here, not in router_store.c: only this backend hands out ops. */
 void router_store_cancel(router_store_op *op)
 {
     if (!op) return;
-    live_unlink(op->s, op);
+    dx_list_remove(&op->link);
     op->cb = NULL;
 }
 
@@ -439,13 +479,13 @@ static void send_put(router_store *s, router_store_op *op)
         s->n_inflight++;
         return;
     }
-    live_unlink(s, op);
+    dx_list_remove(&op->link);
     rstore_count_error(s, 0);
     dx_free(op->value);
     dx_free(op);
 }
 
-void rstore_redis_put(router_store *s, const router_key *k, const router_key *drop, int node,
+static void redis_put(router_store *s, const router_key *k, const router_key *drop, int node,
                       const char *params, size_t len, uint32_t num_tokens, double ttl_s)
 {
     const char *url = s->cfg.node_url(s->cfg.user, node);
@@ -485,6 +525,21 @@ void rstore_redis_put(router_store *s, const router_key *k, const router_key *dr
     live_push(s, op);
     send_put(s, op);
 }
+
+static int redis_metrics(router_store *s, dx_buf *b)
+{
+    return prom_write_gauge(b, "duplex_router_state_up", "1 while the shared state store answers",
+                            s->healthy && s->ac);
+}
+
+const rstore_backend rstore_redis = {
+    .init = redis_init,
+    .destroy = redis_destroy,
+    .get = redis_get,
+    .put = redis_put,
+    .metrics = redis_metrics,
+    .shared = 1,
+};
 
 int router_store_secret(const char *url, const char *prefix, int timeout_ms, uint8_t *out,
                         size_t len)

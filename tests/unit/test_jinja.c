@@ -500,6 +500,41 @@ static void test_errors(void **state)
     assert_int_equal(dx_alloc_live_count(), live);
 }
 
+/* Messages name long identifiers in full, and one too long for the error
+ * buffer keeps its place ("jinja: line L, column C: ") and loses its end. */
+static void test_long_messages(void **state)
+{
+    (void)state;
+    enum { N = 900 };
+    char name[N + 1], tmpl[2 * N + 64], want[N + 128];
+    memset(name, 'c', N);
+    name[N] = 0;
+    /* parsing */
+    snprintf(tmpl, sizeof tmpl, "{%% macro m(%s, %s) %%}{%% endmacro %%}", name, name);
+    jinja_tmpl *t;
+    assert_int_equal(jinja_parse(tmpl, strlen(tmpl), &t), DX_EINVAL);
+    snprintf(want, sizeof want, "jinja: line 1, column %d: duplicate parameter '%s'", 2 * N + 14,
+             name); /* at the ")" */
+    assert_string_equal(dx_errmsg(), want);
+    /* running */
+    char *out;
+    snprintf(tmpl, sizeof tmpl, "{{ 1 | %s }}", name);
+    assert_int_equal(render_lim(tmpl, NULL, NULL, &out), DX_EINVAL);
+    snprintf(want, sizeof want, "jinja: line 1, column 8: filter '%s' cannot be applied to integer",
+             name);
+    assert_string_equal(dx_errmsg(), want);
+    /* past what the error buffer holds */
+    char big[2 * N + 1];
+    memset(big, 'a', 2 * N);
+    big[2 * N] = 0;
+    snprintf(tmpl, sizeof tmpl, "{{ 1 | %s }}", big);
+    assert_int_equal(render_lim(tmpl, NULL, NULL, &out), DX_EINVAL);
+    const char *msg = dx_errmsg(), *lead = "jinja: line 1, column 8: filter 'aaa";
+    assert_memory_equal(msg, lead, strlen(lead));
+    assert_true(strlen(msg) > N && strlen(msg) < 2 * N);
+    assert_int_equal(strspn(msg + strlen(lead), "a"), strlen(msg) - strlen(lead));
+}
+
 /* The bounds a template from a model file meets: each one ends the render
  * with DX_ETOOBIG and a message, quickly. */
 static void expect_limit(const char *tmpl, const char *vars, const jinja_limits *lim,
@@ -734,6 +769,7 @@ int main(void)
         cmocka_unit_test(test_additions),
         cmocka_unit_test(test_synthetic_chat_templates),
         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_long_messages),
         cmocka_unit_test(test_limits),
         cmocka_unit_test(test_api),
         cmocka_unit_test(test_big_dict),

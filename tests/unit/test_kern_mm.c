@@ -4,7 +4,8 @@
  *  - bit-exact batch invariance with memcmp, per ISA and weight type: tokens
  *    all at once vs one at a time vs in chunks of 7; any split of [0, n_out)
  *    into task ranges; a token alone vs batched among random tokens;
- *  - activation preps bit-identical to the scalar conversions.
+ *  - activation preps bit-identical to the scalar conversions;
+ *  - the per-ISA tables hold what the driver in kern_mm.c relies on.
  *
  * Tolerance: |fast - scalar| <= 2e-5 * sum_k |w_k x_k| (+1e-30), with w and x
  * as the kernel consumes them (bf16-rounded / q8_0-quantised activations).
@@ -28,6 +29,7 @@
 #include "base/dx_err.h"
 #include "base/dx_tpool.h"
 #include "engine/kern/kern.h"
+#include "engine/kern/kern_mm_priv.h"
 #include "kern_test_isa.h"
 
 #define REL_TOL 2e-5
@@ -382,12 +384,44 @@ static void test_isa_select(void **state)
     assert_int_equal(kern_set_isa(best), 0);
 }
 
+/* What the driver relies on: every token count up to mr has shapes, widest
+ * first, the last one row (so no row is left out); a block of rows is masked
+ * to a multiple of block_rows, which must be a power of two.  Data only, so
+ * it is checked whatever the CPU runs. */
+static void check_isa_table(const kern_mm_isa *isa)
+{
+    assert_true(isa->mr >= 1 && isa->mr <= KERN_MM_MR_MAX);
+    assert_true(isa->block_rows >= 1 && (isa->block_rows & (isa->block_rows - 1)) == 0);
+    assert_non_null(isa->q8_prep);
+    const kern_mm_tiles *kinds[] = {isa->f32, isa->f16, isa->bf16, isa->q8};
+    for (size_t k = 0; k < sizeof kinds / sizeof *kinds; k++) {
+        assert_non_null(kinds[k]);
+        for (int m = 1; m <= isa->mr; m++) {
+            const kern_mm_tile *sh = kinds[k]->by[m];
+            int i = 0;
+            for (; i < KERN_MM_SHAPES && sh[i].fn; i++)
+                if (i > 0) assert_true(sh[i].nr < sh[i - 1].nr);
+            assert_true(i > 0);
+            assert_int_equal(sh[i - 1].nr, 1);
+        }
+    }
+}
+
+static void test_isa_tables(void **state)
+{
+    (void)state;
+    check_isa_table(&kern_mm_isa_avx2);
+    check_isa_table(&kern_mm_isa_avx512);
+    assert_null(kern_mm_isa_avx2.bf16_prep); /* BF16 takes the scalar conversion on AVX2 */
+    assert_non_null(kern_mm_isa_avx512.bf16_prep);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_isa_select), cmocka_unit_test(test_prep_layout),
-        KTI_FAST(test_prep_bits),          KTI_ALL(test_mm_invariance),
-        KTI_FAST(test_mm_matches_scalar),
+        cmocka_unit_test(test_isa_tables), KTI_FAST(test_prep_bits),
+        KTI_ALL(test_mm_invariance),       KTI_FAST(test_mm_matches_scalar),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -30,7 +30,7 @@
 #include "base/dx_dtype.h"
 #include "base/dx_err.h"
 #include "engine/kern/kern.h"
-#include "engine/kern/kern_attn_internal.h"
+#include "engine/kern/kern_attn_priv.h"
 
 /* Query tokens per tile: each converted K/V step is reused by TILE_Q × G
  * rows; the tile's q, acc and running state (~1.5 KiB per row at head_dim
@@ -228,9 +228,8 @@ static size_t attn_scratch_carve(const kern_attn_layout *L, size_t max_q, uint8_
                        R * 16 * 4,
                        step,
                        step};
-    void **dst[8] = {(void **)&sc->rows, (void **)&sc->qt,   (void **)&sc->part,
-                     (void **)&sc->run,  (void **)&sc->s,    (void **)&sc->lvec,
-                     (void **)&sc->kc,   (void **)&sc->vc};
+    void **dst[8] = {(void **)&sc->rows, (void **)&sc->qt,   (void **)&sc->part, (void **)&sc->run,
+                     (void **)&sc->s,    (void **)&sc->lvec, (void **)&sc->kc,   (void **)&sc->vc};
     for (int i = 0; i < 8; i++) {
         if (base) *dst[i] = base + off;
         off += attn_align(sizes[i]);
@@ -322,7 +321,8 @@ static void attn_step_pv(const kern_attn_isa *isa, kern_attn_row *rows, int nr,
         int j0 = rows[g].nv[i];
         isa->pv(rows + g, n, sp, i, 0, j0, D, 1);
         for (int k = 1; k < n; k++)
-            if (rows[g + k].nv[i] > j0) isa->pv(rows + g + k, 1, sp, i, j0, rows[g + k].nv[i], D, 0);
+            if (rows[g + k].nv[i] > j0)
+                isa->pv(rows + g + k, 1, sp, i, j0, rows[g + k].nv[i], D, 0);
     }
 }
 

@@ -6,7 +6,7 @@
 #include <math.h>
 
 #include "base/dx_dtype.h"
-#include "engine/kern/kern_attn_internal.h"
+#include "engine/kern/kern_attn_priv.h"
 
 #define AI static inline __attribute__((always_inline))
 
@@ -19,8 +19,7 @@ AI __m256 a256_ld(int T, const uint8_t *p, size_t i)
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
-static void a256_cvt(int type, const void *src, size_t stride, float *dst, size_t rows,
-                     size_t cols)
+static void a256_cvt(int type, const void *src, size_t stride, float *dst, size_t rows, size_t cols)
 {
     for (size_t r = 0; r < rows; r++)
         for (size_t c = 0; c < cols; c += 8)
@@ -57,8 +56,8 @@ AI void a256_qk_tile(kern_attn_row *rows, int NR, const float *qt, size_t qstrid
             _mm256_storeu_ps(rows[r].s + 16 * h0 + 8 * i, _mm256_mul_ps(acc[r][i], sc));
 }
 
-AI void a256_qk_t(kern_attn_row *rows, int nr, const float *qt, size_t qs,
-                  const kern_attn_span *sp, int T, int D, float scale)
+AI void a256_qk_t(kern_attn_row *rows, int nr, const float *qt, size_t qs, const kern_attn_span *sp,
+                  int T, int D, float scale)
 {
     for (int h0 = 0; h0 < sp->nh; h0 += 2) {
         int r = 0;
@@ -209,8 +208,8 @@ static void a256_merge(float *acc, float *m, float *l, const float *part, int D)
     for (int d = 0; d < D; d += 8)
         _mm256_storeu_ps(acc + d, _mm256_fmadd_ps(_mm256_loadu_ps(part + d), b,
                                                   _mm256_mul_ps(_mm256_loadu_ps(acc + d), a)));
-    __m256 lv = _mm256_fmadd_ps(_mm256_set1_ps(part[D + 1]), b,
-                                _mm256_mul_ps(_mm256_set1_ps(*l), a));
+    __m256 lv =
+        _mm256_fmadd_ps(_mm256_set1_ps(part[D + 1]), b, _mm256_mul_ps(_mm256_set1_ps(*l), a));
     *l = _mm256_cvtss_f32(lv);
     *m = mn;
 }

@@ -13,7 +13,7 @@
 #include <math.h>
 
 #include "base/dx_dtype.h"
-#include "engine/kern/kern_attn_internal.h"
+#include "engine/kern/kern_attn_priv.h"
 
 #define AI static inline __attribute__((always_inline))
 
@@ -26,8 +26,7 @@ AI __m512 a512_ld(int T, const uint8_t *p, size_t i)
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-static void a512_cvt(int type, const void *src, size_t stride, float *dst, size_t rows,
-                     size_t cols)
+static void a512_cvt(int type, const void *src, size_t stride, float *dst, size_t rows, size_t cols)
 {
     for (size_t r = 0; r < rows; r++)
         for (size_t c = 0; c < cols; c += 16)
@@ -53,7 +52,8 @@ AI void a512_qk_tile(kern_attn_row *rows, int NR, const float *qt, size_t qstrid
         for (int r = 0; r < NR; r++) {
             __m512 qb = _mm512_set1_ps(qt[r]);
 #pragma GCC unroll 8
-            for (int i = 0; i < NH; i++) acc[r * NH + i] = _mm512_fmadd_ps(qb, kv[i], acc[r * NH + i]);
+            for (int i = 0; i < NH; i++)
+                acc[r * NH + i] = _mm512_fmadd_ps(qb, kv[i], acc[r * NH + i]);
         }
     }
     __m512 sc = _mm512_set1_ps(scale);
@@ -71,9 +71,9 @@ static void a512_qk_step(kern_attn_row *rows, int nr, const float *qt, size_t qs
     int r = 0;
     for (; r + 12 <= nr; r += 12) a512_qk_tile(rows + r, 12, qt + r, qs, sp, 2, DX_F32, D, scale);
     switch (nr - r) {
-#define A512_QK_REM(n)                                                                          \
-    case n:                                                                                     \
-        a512_qk_tile(rows + r, n, qt + r, qs, sp, 2, DX_F32, D, scale);                        \
+#define A512_QK_REM(n)                                                                             \
+    case n:                                                                                        \
+        a512_qk_tile(rows + r, n, qt + r, qs, sp, 2, DX_F32, D, scale);                            \
         break;
         A512_QK_REM(1)
         A512_QK_REM(2)
@@ -244,8 +244,8 @@ static void a512_merge(float *acc, float *m, float *l, const float *part, int D)
     for (int d = 0; d < D; d += 16)
         _mm512_storeu_ps(acc + d, _mm512_fmadd_ps(_mm512_loadu_ps(part + d), b,
                                                   _mm512_mul_ps(_mm512_loadu_ps(acc + d), a)));
-    __m512 lv = _mm512_fmadd_ps(_mm512_set1_ps(part[D + 1]), b,
-                                _mm512_mul_ps(_mm512_set1_ps(*l), a));
+    __m512 lv =
+        _mm512_fmadd_ps(_mm512_set1_ps(part[D + 1]), b, _mm512_mul_ps(_mm512_set1_ps(*l), a));
     *l = _mm512_cvtss_f32(lv);
     *m = mn;
 }

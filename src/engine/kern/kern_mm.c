@@ -1,5 +1,6 @@
-/* kern_mm: matmul entry points — activation prep, ISA dispatch — and the
- * scalar reference kernels.
+/* kern_mm: matmul entry points — activation prep, ISA dispatch — the
+ * blocking driver every vector ISA runs its tiles under (kern_mm_priv.h),
+ * and the scalar reference kernels.
  *
  * The scalar reference is the plain definition: for each output element, a
  * sequential f32 sum over k of w*x in the consumed precision (bf16 x bf16
@@ -15,7 +16,12 @@
 #include "engine/kern/kern.h"
 #include "engine/kern/kern_mm_priv.h"
 
-size_t kern__act_row_bytes(int wtype, size_t n_in)
+/* Weight rows per block: as many as fit this in L2 (rounded down to the
+ * ISA's block_rows), swept by every token tile before the next block. */
+#define L2_BLOCK_BYTES (256u * 1024u)
+
+/* Bytes per token row of prepared activations; 0 for an unknown type. */
+static size_t act_row_bytes(int wtype, size_t n_in)
 {
     switch (wtype) {
     case DX_F32:
@@ -32,12 +38,26 @@ size_t kern__act_row_bytes(int wtype, size_t n_in)
 
 size_t kern_act_bytes(int wtype, size_t n_tok, size_t n_in)
 {
-    size_t row = kern__act_row_bytes(wtype, n_in), total;
+    size_t row = act_row_bytes(wtype, n_in), total;
     if (dx_mul_overflow(row, n_tok, &total)) return 0;
     return total;
 }
 
-void kern__q8_prep_row_scalar(const float *x, size_t n_in, uint8_t *row)
+/* The vector ISA's table, or NULL for the scalar path. */
+static const kern_mm_isa *mm_isa(void)
+{
+    switch (kern_get_isa()) {
+    case KERN_AVX512:
+        return &kern_mm_isa_avx512;
+    case KERN_AVX2:
+        return &kern_mm_isa_avx2;
+    case KERN_SCALAR:
+        break;
+    }
+    return NULL;
+}
+
+static void q8_prep_row_scalar(const float *x, size_t n_in, uint8_t *row)
 {
     memset(row, 0, kern__q8_pairs(n_in) * KERN__Q8_PAIR_BYTES);
     for (size_t b = 0; b < n_in / DX_QK8_0; b++) {
@@ -57,7 +77,7 @@ void kern__q8_prep_row_scalar(const float *x, size_t n_in, uint8_t *row)
     }
 }
 
-static void act_prep_row(int wtype, enum kern_isa isa, const float *x, size_t n_in, void *row)
+static void act_prep_row(int wtype, const kern_mm_isa *isa, const float *x, size_t n_in, void *row)
 {
     size_t k = kern__act_k(n_in);
     switch (wtype) {
@@ -67,20 +87,18 @@ static void act_prep_row(int wtype, enum kern_isa isa, const float *x, size_t n_
         memset((float *)row + n_in, 0, (k - n_in) * sizeof(float));
         break;
     case DX_BF16:
-        if (isa == KERN_AVX512) {
-            kern__bf16_prep_row_avx512(x, n_in, row);
+        if (isa && isa->bf16_prep) {
+            isa->bf16_prep(x, n_in, row);
         } else {
             dx_f32_to_bf16_row(x, row, n_in);
             memset((uint16_t *)row + n_in, 0, (k - n_in) * sizeof(uint16_t));
         }
         break;
     case DX_Q8_0:
-        if (isa == KERN_AVX512)
-            kern__q8_prep_row_avx512(x, n_in, row);
-        else if (isa == KERN_AVX2)
-            kern__q8_prep_row_avx2(x, n_in, row);
+        if (isa && isa->q8_prep)
+            isa->q8_prep(x, n_in, row);
         else
-            kern__q8_prep_row_scalar(x, n_in, row);
+            q8_prep_row_scalar(x, n_in, row);
         break;
     default:
         DX_ASSERT(!"kern_act_prep: unsupported weight type");
@@ -89,9 +107,9 @@ static void act_prep_row(int wtype, enum kern_isa isa, const float *x, size_t n_
 
 void kern_act_prep(int wtype, const float *x, size_t n_tok, size_t n_in, void *act)
 {
-    size_t rb = kern__act_row_bytes(wtype, n_in);
+    size_t rb = act_row_bytes(wtype, n_in);
     DX_ASSERT(rb != 0); /* type and n_in were validated when the model loaded */
-    enum kern_isa isa = kern_get_isa();
+    const kern_mm_isa *isa = mm_isa();
     for (size_t t = 0; t < n_tok; t++)
         act_prep_row(wtype, isa, x + t * n_in, n_in, (uint8_t *)act + t * rb);
 }
@@ -102,20 +120,61 @@ size_t kern_matmul_tile(int wtype)
     return 16;
 }
 
+/* ---- the blocking driver ---- */
+
+static const kern_mm_tiles *mm_tiles(const kern_mm_isa *isa, int wtype)
+{
+    switch (wtype) {
+    case DX_F32:
+        return isa->f32;
+    case DX_F16:
+        return isa->f16;
+    case DX_BF16:
+        return isa->bf16;
+    case DX_Q8_0:
+        return isa->q8;
+    }
+    return NULL;
+}
+
+/* Rows [o0, o1) for one tile of tokens: each shape in turn, widest first,
+ * for as long as it fits. */
+static void mm_rows(const kern_mm_tile *sh, const uint8_t *w, size_t wrow, const uint8_t *x,
+                    size_t xrow, size_t n_in, size_t o0, size_t o1, float *y, size_t ldy)
+{
+    size_t o = o0;
+    for (int i = 0; i < KERN_MM_SHAPES && sh[i].fn; i++)
+        for (size_t nr = (size_t)sh[i].nr; o + nr <= o1; o += nr)
+            sh[i].fn(w + o * wrow, wrow, x, xrow, n_in, y + o, ldy);
+}
+
+static void mm_drive(const kern_mm_isa *isa, int wtype, const void *w, size_t n_in, size_t o0,
+                     size_t o1, const void *act, size_t n_tok, float *y, size_t ldy)
+{
+    const kern_mm_tiles *T = mm_tiles(isa, wtype);
+    size_t wrow = dx_dtype_row_bytes(wtype, n_in), xrow = act_row_bytes(wtype, n_in);
+    DX_ASSERT(T && wrow && xrow);
+    size_t br = (size_t)isa->block_rows, mr = (size_t)isa->mr;
+    size_t rb = (L2_BLOCK_BYTES / wrow) & ~(br - 1);
+    if (rb < br) rb = br;
+    for (size_t ob = o0; ob < o1; ob += rb) {
+        size_t oe = o1 - ob < rb ? o1 : ob + rb;
+        for (size_t t = 0; t < n_tok; t += mr) {
+            size_t m = n_tok - t < mr ? n_tok - t : mr;
+            mm_rows(T->by[m], w, wrow, (const uint8_t *)act + t * xrow, xrow, n_in, ob, oe,
+                    y + t * ldy, ldy);
+        }
+    }
+}
+
 void kern_matmul(int wtype, const void *w, size_t n_in, size_t o0, size_t o1, const void *act,
                  size_t n_tok, float *y, size_t ldy)
 {
-    switch (kern_get_isa()) {
-    case KERN_AVX512:
-        kern__matmul_avx512(wtype, w, n_in, o0, o1, act, n_tok, y, ldy);
-        return;
-    case KERN_AVX2:
-        kern__matmul_avx2(wtype, w, n_in, o0, o1, act, n_tok, y, ldy);
-        return;
-    case KERN_SCALAR:
-        break;
-    }
-    kern_matmul_scalar(wtype, w, n_in, o0, o1, act, n_tok, y, ldy);
+    const kern_mm_isa *isa = mm_isa();
+    if (isa)
+        mm_drive(isa, wtype, w, n_in, o0, o1, act, n_tok, y, ldy);
+    else
+        kern_matmul_scalar(wtype, w, n_in, o0, o1, act, n_tok, y, ldy);
 }
 
 /* ---- scalar reference ---- */
@@ -159,7 +218,7 @@ static float dot_q8_0(const dx_block_q8_0 *w, const uint8_t *xrow, size_t n)
 void kern_matmul_scalar(int wtype, const void *w, size_t n_in, size_t o0, size_t o1,
                         const void *act, size_t n_tok, float *y, size_t ldy)
 {
-    size_t rb = kern__act_row_bytes(wtype, n_in), wrow = dx_dtype_row_bytes(wtype, n_in);
+    size_t rb = act_row_bytes(wtype, n_in), wrow = dx_dtype_row_bytes(wtype, n_in);
     DX_ASSERT(rb != 0 && wrow != 0);
     for (size_t t = 0; t < n_tok; t++) {
         const uint8_t *x = (const uint8_t *)act + t * rb;

@@ -1,5 +1,7 @@
-/* kern_mm_avx2: AVX2+FMA matmul for CPUs without AVX-512 (BF16 widened by
- * shifting into f32, F16 via vcvtph2ps, F32, Q8_0 via vpmaddubsw/vpmaddwd).
+/* kern_mm_avx2: AVX2+FMA matmul tiles for CPUs without AVX-512 (BF16 widened
+ * by shifting into f32, F16 via vcvtph2ps, F32, Q8_0 via vpmaddubsw/vpmaddwd)
+ * and the Q8_0 activation prep, for the driver in kern_mm.c
+ * (kern_mm_isa_avx2).
  *
  * Same batch-invariance construction as the AVX-512 path: one ymm
  * accumulator per output element, a fixed K order (full vectors, then the
@@ -11,12 +13,10 @@
 #include <string.h>
 
 #include "base/dx_dtype.h"
-#include "base/dx_err.h"
 #include "engine/kern/kern_mm_priv.h"
 
-#define MM2_INLINE         static inline __attribute__((always_inline))
-#define MM2_UNROLL         _Pragma("GCC unroll 16")
-#define MM2_L2_BLOCK_BYTES (256u * 1024u)
+#define MM2_INLINE static inline __attribute__((always_inline))
+#define MM2_UNROLL _Pragma("GCC unroll 16")
 
 /* Sums of 8 vectors: lane 4L+m of the result is the sum of a[2m+L]. */
 MM2_INLINE __m256 mm2_reduce8(const __m256 *a)
@@ -44,9 +44,6 @@ MM2_INLINE void mm2_store_tile(const __m256 *acc, const int MR, const int NR, fl
     for (int i = 0; i < MR * NR; i++)
         y[(size_t)(i / NR) * ldy + (size_t)(i % NR)] = r[4 * (i % 2) + i / 2];
 }
-
-#define MM2_TILE_ARGS                                                                              \
-    const uint8_t *w, size_t wrow, const uint8_t *x, size_t xrow, size_t n_in, float *y, size_t ldy
 
 /* Weight rows of the K remainder, zero-padded: w + o*wrow + wk, `bytes` each. */
 MM2_INLINE void mm2_tail_copy(uint8_t *buf, const uint8_t *w, size_t wrow, size_t wk, size_t bytes,
@@ -82,7 +79,7 @@ MM2_INLINE void mm2_bf16_step(__m256 *acc, const uint8_t *w, size_t wrow, const 
     }
 }
 
-MM2_INLINE void mm2_bf16_tile(MM2_TILE_ARGS, const int MR, const int NR)
+MM2_INLINE void mm2_bf16_tile(KERN_MM_TILE_ARGS, const int MR, const int NR)
 {
     __m256 acc[8];
     MM2_UNROLL
@@ -114,7 +111,7 @@ MM2_INLINE void mm2_f16_step(__m256 *acc, const uint8_t *w, size_t wrow, const u
     }
 }
 
-MM2_INLINE void mm2_fx_tile(MM2_TILE_ARGS, const int is_f32, const int MR, const int NR)
+MM2_INLINE void mm2_fx_tile(KERN_MM_TILE_ARGS, const int is_f32, const int MR, const int NR)
 {
     __m256 acc[8];
     MM2_UNROLL
@@ -130,11 +127,11 @@ MM2_INLINE void mm2_fx_tile(MM2_TILE_ARGS, const int is_f32, const int MR, const
     mm2_store_tile(acc, MR, NR, y, ldy);
 }
 
-MM2_INLINE void mm2_f16_tile(MM2_TILE_ARGS, const int MR, const int NR)
+MM2_INLINE void mm2_f16_tile(KERN_MM_TILE_ARGS, const int MR, const int NR)
 {
     mm2_fx_tile(w, wrow, x, xrow, n_in, y, ldy, 0, MR, NR);
 }
-MM2_INLINE void mm2_f32_tile(MM2_TILE_ARGS, const int MR, const int NR)
+MM2_INLINE void mm2_f32_tile(KERN_MM_TILE_ARGS, const int MR, const int NR)
 {
     mm2_fx_tile(w, wrow, x, xrow, n_in, y, ldy, 1, MR, NR);
 }
@@ -171,7 +168,7 @@ MM2_INLINE void mm2_q8_step(__m256 *acc, const uint8_t *w, size_t wrow, const ui
     }
 }
 
-MM2_INLINE void mm2_q8_tile(MM2_TILE_ARGS, const int MR, const int NR)
+MM2_INLINE void mm2_q8_tile(KERN_MM_TILE_ARGS, const int MR, const int NR)
 {
     __m256 acc[8];
     MM2_UNROLL
@@ -180,16 +177,10 @@ MM2_INLINE void mm2_q8_tile(MM2_TILE_ARGS, const int MR, const int NR)
     mm2_store_tile(acc, MR, NR, y, ldy);
 }
 
-typedef void (*mm2_tile_fn)(MM2_TILE_ARGS);
-
-/* By token count MR (1..2): a wide tile, and a 1-row tile for the rest. */
-typedef struct {
-    mm2_tile_fn wide[3], one[3];
-    int wide_nr[3];
-} mm2_tiles;
-
+/* The shapes, by token count MR (1..2): a wide tile, and a 1-row tile for the
+ * rest. */
 #define MM2_DEF_TILE(KIND, MR, NR)                                                                 \
-    static void mm2_##KIND##_##MR##x##NR(MM2_TILE_ARGS)                                            \
+    static void mm2_##KIND##_##MR##x##NR(KERN_MM_TILE_ARGS)                                        \
     {                                                                                              \
         mm2_##KIND##_tile(w, wrow, x, xrow, n_in, y, ldy, MR, NR);                                 \
     }
@@ -198,56 +189,15 @@ typedef struct {
     MM2_DEF_TILE(KIND, 1, 1)                                                                       \
     MM2_DEF_TILE(KIND, 2, 4)                                                                       \
     MM2_DEF_TILE(KIND, 2, 1)                                                                       \
-    static const mm2_tiles mm2_##KIND##_tiles = {                                                  \
-        .wide = {NULL, mm2_##KIND##_1x8, mm2_##KIND##_2x4},                                        \
-        .one = {NULL, mm2_##KIND##_1x1, mm2_##KIND##_2x1},                                         \
-        .wide_nr = {0, 8, 4},                                                                      \
+    static const kern_mm_tiles mm2_##KIND##_tiles = {                                              \
+        .by = {[1] = {{mm2_##KIND##_1x8, 8}, {mm2_##KIND##_1x1, 1}},                               \
+               [2] = {{mm2_##KIND##_2x4, 4}, {mm2_##KIND##_2x1, 1}}},                              \
     };
 
 MM2_DEF_KIND(bf16)
 MM2_DEF_KIND(f16)
 MM2_DEF_KIND(f32)
 MM2_DEF_KIND(q8)
-
-static void mm2_rows(const mm2_tiles *T, int mr, const uint8_t *w, size_t wrow, const uint8_t *x,
-                     size_t xrow, size_t n_in, size_t o0, size_t o1, float *y, size_t ldy)
-{
-    size_t o = o0, nw = (size_t)T->wide_nr[mr];
-    for (; o + nw <= o1; o += nw) T->wide[mr](w + o * wrow, wrow, x, xrow, n_in, y + o, ldy);
-    for (; o < o1; o++) T->one[mr](w + o * wrow, wrow, x, xrow, n_in, y + o, ldy);
-}
-
-void kern__matmul_avx2(int wtype, const void *w, size_t n_in, size_t o0, size_t o1, const void *act,
-                       size_t n_tok, float *y, size_t ldy)
-{
-    const mm2_tiles *T = NULL;
-    switch (wtype) {
-    case DX_BF16:
-        T = &mm2_bf16_tiles;
-        break;
-    case DX_F16:
-        T = &mm2_f16_tiles;
-        break;
-    case DX_F32:
-        T = &mm2_f32_tiles;
-        break;
-    case DX_Q8_0:
-        T = &mm2_q8_tiles;
-        break;
-    }
-    size_t wrow = dx_dtype_row_bytes(wtype, n_in), xrow = kern__act_row_bytes(wtype, n_in);
-    DX_ASSERT(T && wrow && xrow);
-    size_t rb = (MM2_L2_BLOCK_BYTES / wrow) & ~(size_t)7;
-    if (rb < 8) rb = 8;
-    for (size_t ob = o0; ob < o1; ob += rb) {
-        size_t oe = o1 - ob < rb ? o1 : ob + rb;
-        for (size_t t = 0; t < n_tok; t += 2) {
-            int mr = n_tok - t < 2 ? (int)(n_tok - t) : 2;
-            mm2_rows(T, mr, w, wrow, (const uint8_t *)act + t * xrow, xrow, n_in, ob, oe,
-                     y + t * ldy, ldy);
-        }
-    }
-}
 
 /* ---- Q8_0 activation prep, bit-identical to dx_f32_to_q8_0_row ---- */
 
@@ -278,7 +228,7 @@ static void mm2_q8_block(const float *x, int8_t *q, int32_t *negcorr, float *dou
     _mm256_storeu_ps(dout, _mm256_set1_ps(dx_f16_to_f32(dx_f32_to_f16(d))));
 }
 
-void kern__q8_prep_row_avx2(const float *x, size_t n_in, uint8_t *row)
+static void mm2_q8_prep_row(const float *x, size_t n_in, uint8_t *row)
 {
     for (size_t b = 0; b < n_in / DX_QK8_0; b++) {
         uint8_t *pair = row + (b / 2) * KERN__Q8_PAIR_BYTES;
@@ -288,3 +238,14 @@ void kern__q8_prep_row_avx2(const float *x, size_t n_in, uint8_t *row)
     }
     kern__q8_clear_odd(row, n_in);
 }
+
+/* No bf16_prep: BF16 activations take the scalar conversion on this path. */
+const kern_mm_isa kern_mm_isa_avx2 = {
+    .mr = 2,
+    .block_rows = 8,
+    .f32 = &mm2_f32_tiles,
+    .f16 = &mm2_f16_tiles,
+    .bf16 = &mm2_bf16_tiles,
+    .q8 = &mm2_q8_tiles,
+    .q8_prep = mm2_q8_prep_row,
+};

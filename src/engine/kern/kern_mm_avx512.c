@@ -1,5 +1,6 @@
-/* kern_mm_avx512: AVX-512 matmul (BF16 via vdpbf16ps, F16 via vcvtph2ps +
- * FMA, F32 FMA, Q8_0 via vpdpbusd) and the activation preps that feed it.
+/* kern_mm_avx512: AVX-512 matmul tiles (BF16 via vdpbf16ps, F16 via
+ * vcvtph2ps + FMA, F32 FMA, Q8_0 via vpdpbusd) and the activation preps that
+ * feed them, for the driver in kern_mm.c (kern_mm_isa_avx512).
  *
  * Batch invariance by construction: every output element (token t, row o)
  * owns one zmm accumulator that walks K in the same fixed steps (a full
@@ -9,19 +10,16 @@
  * how many such accumulators run side by side, so a token's result is the
  * same alone, batched, in a tail tile, or in any [o0, o1) split.
  *
- * Blocking: a block of weight rows sized to stay in L2 is swept by every
- * tile of (up to) 4 tokens, whose activations stay in L1 while the block's
- * rows pass over them.  Decode (1-3 tokens) uses wide row tiles (up to 16
- * rows) so that many weight streams are in flight. */
+ * The driver sweeps each L2 block of weight rows with tiles of (up to) 4
+ * tokens; decode (1-3 tokens) gets wide row tiles (up to 16 rows) so that
+ * many weight streams are in flight. */
 #include <immintrin.h>
 #include <string.h>
 
 #include "base/dx_dtype.h"
-#include "base/dx_err.h"
 #include "engine/kern/kern_mm_priv.h"
 
-#define MM_INLINE         static inline __attribute__((always_inline))
-#define MM_L2_BLOCK_BYTES (256u * 1024u)
+#define MM_INLINE static inline __attribute__((always_inline))
 /* Tile loops must unroll fully so that accumulators live in registers. */
 #define MM_UNROLL _Pragma("GCC unroll 16")
 
@@ -58,11 +56,6 @@ MM_INLINE void mm_store_tile(const __m512 *acc, const int MR, const int NR, floa
         y[(size_t)(i / NR) * ldy + (size_t)(i % NR)] = r[4 * (i % 4) + i / 4];
 }
 
-/* Every tile kernel: MR tokens from x (rows xrow bytes apart) times NR weight
- * rows from w (wrow bytes apart) into y[t*ldy + o]. */
-#define MM_TILE_ARGS                                                                               \
-    const uint8_t *w, size_t wrow, const uint8_t *x, size_t xrow, size_t n_in, float *y, size_t ldy
-
 MM_INLINE void mm_bf16_step(__m512 *acc, const uint8_t *w, size_t wrow, const uint8_t *x,
                             size_t xrow, size_t k, __mmask32 m, const int MR, const int NR)
 {
@@ -77,7 +70,7 @@ MM_INLINE void mm_bf16_step(__m512 *acc, const uint8_t *w, size_t wrow, const ui
     }
 }
 
-MM_INLINE void mm_bf16_tile(MM_TILE_ARGS, const int MR, const int NR)
+MM_INLINE void mm_bf16_tile(KERN_MM_TILE_ARGS, const int MR, const int NR)
 {
     __m512 acc[16];
     MM_UNROLL
@@ -104,7 +97,7 @@ MM_INLINE void mm_f16_step(__m512 *acc, const uint8_t *w, size_t wrow, const uin
     }
 }
 
-MM_INLINE void mm_f16_tile(MM_TILE_ARGS, const int MR, const int NR)
+MM_INLINE void mm_f16_tile(KERN_MM_TILE_ARGS, const int MR, const int NR)
 {
     __m512 acc[16];
     MM_UNROLL
@@ -130,7 +123,7 @@ MM_INLINE void mm_f32_step(__m512 *acc, const uint8_t *w, size_t wrow, const uin
     }
 }
 
-MM_INLINE void mm_f32_tile(MM_TILE_ARGS, const int MR, const int NR)
+MM_INLINE void mm_f32_tile(KERN_MM_TILE_ARGS, const int MR, const int NR)
 {
     __m512 acc[16];
     MM_UNROLL
@@ -183,7 +176,7 @@ MM_INLINE void mm_q8_step(__m512 *acc, const uint8_t *w, size_t wrow, const uint
     }
 }
 
-MM_INLINE void mm_q8_tile(MM_TILE_ARGS, const int MR, const int NR)
+MM_INLINE void mm_q8_tile(KERN_MM_TILE_ARGS, const int MR, const int NR)
 {
     __m512 acc[16];
     MM_UNROLL
@@ -194,17 +187,10 @@ MM_INLINE void mm_q8_tile(MM_TILE_ARGS, const int MR, const int NR)
     mm_store_tile(acc, MR, NR, y, ldy);
 }
 
-typedef void (*mm_tile_fn)(MM_TILE_ARGS);
-
-/* The tile shapes the driver uses, by token count MR (1..4): a wide main
- * tile, a 4-row tile and a 1-row tile for the row remainder. */
-typedef struct {
-    mm_tile_fn wide[5], four[5], one[5];
-    int wide_nr[5];
-} mm_tiles;
-
+/* The shapes, by token count MR (1..4): a wide main tile, a 4-row tile and
+ * a 1-row tile for the row remainder (at MR 3 and 4 the main tile is 4 rows). */
 #define MM_DEF_TILE(KIND, MR, NR)                                                                  \
-    static void mm_##KIND##_##MR##x##NR(MM_TILE_ARGS)                                              \
+    static void mm_##KIND##_##MR##x##NR(KERN_MM_TILE_ARGS)                                         \
     {                                                                                              \
         mm_##KIND##_tile(w, wrow, x, xrow, n_in, y, ldy, MR, NR);                                  \
     }
@@ -219,59 +205,17 @@ typedef struct {
     MM_DEF_TILE(KIND, 3, 1)                                                                        \
     MM_DEF_TILE(KIND, 4, 4)                                                                        \
     MM_DEF_TILE(KIND, 4, 1)                                                                        \
-    static const mm_tiles mm_##KIND##_tiles = {                                                    \
-        .wide = {NULL, mm_##KIND##_1x16, mm_##KIND##_2x8, mm_##KIND##_3x4, mm_##KIND##_4x4},       \
-        .four = {NULL, mm_##KIND##_1x4, mm_##KIND##_2x4, mm_##KIND##_3x4, mm_##KIND##_4x4},        \
-        .one = {NULL, mm_##KIND##_1x1, mm_##KIND##_2x1, mm_##KIND##_3x1, mm_##KIND##_4x1},         \
-        .wide_nr = {0, 16, 8, 4, 4},                                                               \
+    static const kern_mm_tiles mm_##KIND##_tiles = {                                               \
+        .by = {[1] = {{mm_##KIND##_1x16, 16}, {mm_##KIND##_1x4, 4}, {mm_##KIND##_1x1, 1}},         \
+               [2] = {{mm_##KIND##_2x8, 8}, {mm_##KIND##_2x4, 4}, {mm_##KIND##_2x1, 1}},           \
+               [3] = {{mm_##KIND##_3x4, 4}, {mm_##KIND##_3x1, 1}},                                 \
+               [4] = {{mm_##KIND##_4x4, 4}, {mm_##KIND##_4x1, 1}}},                                \
     };
 
 MM_DEF_KIND(bf16)
 MM_DEF_KIND(f16)
 MM_DEF_KIND(f32)
 MM_DEF_KIND(q8)
-
-/* Rows [o0, o1) for tokens [t, t+mr). */
-static void mm_rows(const mm_tiles *T, int mr, const uint8_t *w, size_t wrow, const uint8_t *x,
-                    size_t xrow, size_t n_in, size_t o0, size_t o1, float *y, size_t ldy)
-{
-    size_t o = o0, nw = (size_t)T->wide_nr[mr];
-    for (; o + nw <= o1; o += nw) T->wide[mr](w + o * wrow, wrow, x, xrow, n_in, y + o, ldy);
-    for (; o + 4 <= o1; o += 4) T->four[mr](w + o * wrow, wrow, x, xrow, n_in, y + o, ldy);
-    for (; o < o1; o++) T->one[mr](w + o * wrow, wrow, x, xrow, n_in, y + o, ldy);
-}
-
-void kern__matmul_avx512(int wtype, const void *w, size_t n_in, size_t o0, size_t o1,
-                         const void *act, size_t n_tok, float *y, size_t ldy)
-{
-    const mm_tiles *T = NULL;
-    switch (wtype) {
-    case DX_BF16:
-        T = &mm_bf16_tiles;
-        break;
-    case DX_F16:
-        T = &mm_f16_tiles;
-        break;
-    case DX_F32:
-        T = &mm_f32_tiles;
-        break;
-    case DX_Q8_0:
-        T = &mm_q8_tiles;
-        break;
-    }
-    size_t wrow = dx_dtype_row_bytes(wtype, n_in), xrow = kern__act_row_bytes(wtype, n_in);
-    DX_ASSERT(T && wrow && xrow);
-    size_t rb = (MM_L2_BLOCK_BYTES / wrow) & ~(size_t)15;
-    if (rb < 16) rb = 16;
-    for (size_t ob = o0; ob < o1; ob += rb) {
-        size_t oe = o1 - ob < rb ? o1 : ob + rb;
-        for (size_t t = 0; t < n_tok; t += 4) {
-            int mr = n_tok - t < 4 ? (int)(n_tok - t) : 4;
-            mm_rows(T, mr, w, wrow, (const uint8_t *)act + t * xrow, xrow, n_in, ob, oe,
-                    y + t * ldy, ldy);
-        }
-    }
-}
 
 /* ---- activation preps: bit-identical to the scalar conversions ---- */
 
@@ -288,7 +232,7 @@ static __m256i mm_f32_to_bf16_16(__m512 x)
     return _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
 }
 
-void kern__bf16_prep_row_avx512(const float *x, size_t n_in, uint16_t *row)
+static void mm_bf16_prep_row(const float *x, size_t n_in, uint16_t *row)
 {
     size_t k = 0, kp = kern__act_k(n_in);
     for (; k + 16 <= n_in; k += 16)
@@ -321,7 +265,7 @@ static void mm_q8_block(const float *x, int8_t *q, int32_t *negcorr, float *dout
     _mm256_storeu_ps(dout, _mm256_set1_ps(dx_f16_to_f32(dx_f32_to_f16(d))));
 }
 
-void kern__q8_prep_row_avx512(const float *x, size_t n_in, uint8_t *row)
+static void mm_q8_prep_row(const float *x, size_t n_in, uint8_t *row)
 {
     for (size_t b = 0; b < n_in / DX_QK8_0; b++) {
         uint8_t *pair = row + (b / 2) * KERN__Q8_PAIR_BYTES;
@@ -331,3 +275,14 @@ void kern__q8_prep_row_avx512(const float *x, size_t n_in, uint8_t *row)
     }
     kern__q8_clear_odd(row, n_in);
 }
+
+const kern_mm_isa kern_mm_isa_avx512 = {
+    .mr = 4,
+    .block_rows = 16,
+    .f32 = &mm_f32_tiles,
+    .f16 = &mm_f16_tiles,
+    .bf16 = &mm_bf16_tiles,
+    .q8 = &mm_q8_tiles,
+    .bf16_prep = mm_bf16_prep_row,
+    .q8_prep = mm_q8_prep_row,
+};

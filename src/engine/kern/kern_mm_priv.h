@@ -1,5 +1,13 @@
-/* kern_mm_priv: what kern_mm.c and its per-ISA files share: the layout of
- * prepared activations and the per-ISA entry points.
+/* kern_mm_priv: what kern_mm.c (entry points, the blocking driver, the
+ * scalar reference) shares with the per-ISA matmul files.
+ *
+ * The driver owns the loops (a block of weight rows sized for L2, swept by
+ * every tile of up to `mr` tokens, whose activations stay in L1 while the
+ * block's rows pass over them); an ISA supplies only its tile kernels and
+ * activation preps through kern_mm_isa, and calls nothing in kern_mm.c.  A
+ * tile computes each of its elements with one fixed instruction sequence
+ * whatever the tile's shape (see the ISA files), so which tiles the driver
+ * picks never changes a bit of the result (batch invariance, kern.h).
  *
  * Prepared activations (the `act` buffer), one row per token, each row a
  * multiple of 64 bytes and zero-padded so kernels may load whole vectors:
@@ -37,18 +45,38 @@ static inline void kern__q8_clear_odd(uint8_t *row, size_t n_in)
     for (int part = 0; part < 3; part++)
         for (int i = 32; i < 64; i++) pair[part * 64 + i] = 0;
 }
-/* Bytes per token row of prepared activations; 0 for an unknown type. */
-size_t kern__act_row_bytes(int wtype, size_t n_in);
+/* Every tile kernel: MR tokens from x (rows xrow bytes apart) times NR weight
+ * rows from w (wrow bytes apart) into y[t*ldy + o]; n_in elements each. */
+#define KERN_MM_TILE_ARGS                                                                          \
+    const uint8_t *w, size_t wrow, const uint8_t *x, size_t xrow, size_t n_in, float *y, size_t ldy
+typedef void (*kern_mm_tile_fn)(KERN_MM_TILE_ARGS);
 
-/* Q8_0 prep of one token row (n_in % 32 == 0) into the layout above. */
-void kern__q8_prep_row_scalar(const float *x, size_t n_in, uint8_t *row);
-void kern__q8_prep_row_avx2(const float *x, size_t n_in, uint8_t *row);
-void kern__q8_prep_row_avx512(const float *x, size_t n_in, uint8_t *row);
-void kern__bf16_prep_row_avx512(const float *x, size_t n_in, uint16_t *row);
+#define KERN_MM_MR_MAX 4 /* most tokens per tile, any ISA */
+#define KERN_MM_SHAPES 3 /* most row-tile shapes per token count */
 
-void kern__matmul_avx2(int wtype, const void *w, size_t n_in, size_t o0, size_t o1, const void *act,
-                       size_t n_tok, float *y, size_t ldy);
-void kern__matmul_avx512(int wtype, const void *w, size_t n_in, size_t o0, size_t o1,
-                         const void *act, size_t n_tok, float *y, size_t ldy);
+typedef struct {
+    kern_mm_tile_fn fn; /* NULL: the end of the list */
+    int nr;             /* weight rows per call */
+} kern_mm_tile;
+
+/* One weight type's tiles: by[mr] for a tile of mr tokens (1..isa mr), the
+ * shapes the driver runs along a block's rows, widest first, the last one a
+ * single row (so every row is covered). */
+typedef struct {
+    kern_mm_tile by[KERN_MM_MR_MAX + 1][KERN_MM_SHAPES];
+} kern_mm_tiles;
+
+typedef struct {
+    int mr;         /* tokens per tile, at most KERN_MM_MR_MAX */
+    int block_rows; /* a block of weight rows is a multiple of this (a power of two) */
+    const kern_mm_tiles *f32, *f16, *bf16, *q8;
+    /* One token row of activations into the layout above, bit-identical to
+     * the scalar conversions; NULL: the scalar one. */
+    void (*bf16_prep)(const float *x, size_t n_in, uint16_t *row);
+    void (*q8_prep)(const float *x, size_t n_in, uint8_t *row); /* n_in % 32 == 0 */
+} kern_mm_isa;
+
+extern const kern_mm_isa kern_mm_isa_avx2;
+extern const kern_mm_isa kern_mm_isa_avx512;
 
 #endif

@@ -6,7 +6,7 @@
 #include <math.h>
 
 #include "engine/kern/kern.h"
-#include "engine/kern/kern_attn_internal.h"
+#include "engine/kern/kern_attn_priv.h"
 
 static void ops_rmsnorm_scalar(const float *x, const float *w, float eps, size_t n, float *y)
 {

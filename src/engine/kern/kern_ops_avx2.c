@@ -4,7 +4,7 @@
 #include <immintrin.h>
 #include <math.h>
 
-#include "engine/kern/kern_attn_internal.h"
+#include "engine/kern/kern_attn_priv.h"
 
 void kern_rmsnorm_avx2(const float *x, const float *w, float eps, size_t n, float *y)
 {

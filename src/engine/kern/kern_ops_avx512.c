@@ -3,7 +3,7 @@
 #include <immintrin.h>
 #include <math.h>
 
-#include "engine/kern/kern_attn_internal.h"
+#include "engine/kern/kern_attn_priv.h"
 
 static __mmask16 o512_mask(size_t n)
 {

@@ -1,4 +1,4 @@
-/* kern_attn_internal: what kern_attn.c (scalar reference, tiling driver,
+/* kern_attn_priv: what kern_attn.c (scalar reference, tiling driver,
  * dispatch) shares with the per-ISA attention and elementwise files.
  *
  * The driver owns the loop structure (kv head → query tile → history split →
@@ -12,8 +12,8 @@
  * Keys are visited in steps of KERN_ATTN_STEP positions (multiples of it by
  * absolute position), each step two halves of 16 keys; a half lies inside one
  * pool block, since block sizes are multiples of 16 on the fast paths. */
-#ifndef KERN_ATTN_INTERNAL_H
-#define KERN_ATTN_INTERNAL_H
+#ifndef KERN_ATTN_PRIV_H
+#define KERN_ATTN_PRIV_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -25,11 +25,11 @@
 /* One query row (token, query head) with its online-softmax state for the
  * current split. */
 typedef struct {
-    const float *q; /* [head_dim] */
-    float *acc;    /* [head_dim] unnormalised output of the split; m, l follow it */
-    float *s;       /* [KERN_ATTN_STEP * KERN_ATTN_SPAN] scores, then probabilities */
-    float *lvec;    /* [16] per-lane partial sums of the softmax denominator */
-    float m;        /* running max score (-inf before the split's first step) */
+    const float *q;              /* [head_dim] */
+    float *acc;                  /* [head_dim] unnormalised output of the split; m, l follow it */
+    float *s;                    /* [KERN_ATTN_STEP * KERN_ATTN_SPAN] scores, then probabilities */
+    float *lvec;                 /* [16] per-lane partial sums of the softmax denominator */
+    float m;                     /* running max score (-inf before the split's first step) */
     float alpha[KERN_ATTN_SPAN]; /* exp(m_old - m_new) of each step of the span */
     int nv[KERN_ATTN_SPAN];      /* keys of each step this row sees (0..32) */
 } kern_attn_row;
@@ -59,8 +59,8 @@ typedef struct {
     void (*softmax)(kern_attn_row *row, int i);
     /* acc = acc*alpha[i] (if rescale), then acc += p[j]*V[j] for keys
      * [j0, j1) of step i, in key order.  All rows see those keys. */
-    void (*pv)(kern_attn_row *rows, int nr, const kern_attn_span *sp, int i, int j0, int j1,
-               int D, int rescale);
+    void (*pv)(kern_attn_row *rows, int nr, const kern_attn_span *sp, int i, int j0, int j1, int D,
+               int rescale);
     /* Ends a split: acc[D] = m, acc[D+1] = sum of lvec (fixed order). */
     void (*close)(kern_attn_row *row, int D);
     /* Folds the next split's part (acc[D], m, l) into the running (acc, *m, *l). */
