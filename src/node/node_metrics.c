@@ -1,11 +1,11 @@
-/* node_metrics: the node's GET /metrics (Prometheus text) and what a
+/* node_metrics: the node's GET /metrics (Prometheus text), and what a
  * finished request adds to it (node_server_priv.h).
  *
- * The figures are the loop's own (histograms and counters it alone
- * updates, in node_metrics_done) and the parts' (the engine's stats, the
- * grammar cache's, P/D's), read when a scrape comes; so a scrape costs the
- * scraper, and a request adds a few additions to its end.  Each finished
- * completion also gets its log line here: the same figures, for people. */
+ * Two kinds of figures: the loop's own histograms and counters, which only
+ * node_metrics_done changes (once per request, at its end, with the
+ * request's log line: the same figures for people), and the parts' (the
+ * engine's stats, the grammar cache's, P/D's), read only when a scrape
+ * comes, so that serving pays nothing for them. */
 #include <stdio.h>
 #include <string.h>
 

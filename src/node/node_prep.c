@@ -78,7 +78,8 @@ static int encode_prompt(node_server *s, node_req *q, oai_err *err)
     return rc;
 }
 
-/* What the answer needs from the parsed request. */
+/* What the answer needs from the parsed request, and P/D's view of it
+ * (node_hooks_view), which outlives the parsed request. */
 static void req_take_parsed(node_req *q)
 {
     q->stream = q->o.stream;
@@ -140,8 +141,8 @@ static int prep_grammar(node_server *s, node_req *q, oai_err *err)
     return 0;
 }
 
-/* Pool thread: parse, check, P/D params, the prompt's tokens (see the
- * priv header). */
+/* Pool thread: parse, check, P/D params, the prompt's tokens, the grammar
+ * (node_server_priv.h). */
 void node_prep_run(work_job *j)
 {
     node_req *q = (node_req *)((char *)j - offsetof(node_req, prep.job));

@@ -40,7 +40,7 @@ const char *node_role_name(enum node_role r)
     return r == NODE_ROLE_PREFILL ? "prefill" : r == NODE_ROLE_DECODE ? "decode" : "both";
 }
 
-/* ---- answers ----------------------------------------------------------- */
+/* ---- the skeleton's answers ---------------------------------------------- */
 
 /* The skeleton's answers (http_app.h): counted under their route, logged. */
 static void respond_json(node_server *s, http_conn *c, const char *method, const char *path,
@@ -53,31 +53,6 @@ static void respond_error(node_server *s, http_conn *c, const http_req *r, int s
                           const char *msg, const char *param, const char *code, uint64_t t0)
 {
     http_app_error(s->app, c, r->method, r->path, status, msg, param, code, t0);
-}
-
-/* ---- simple routes ------------------------------------------------------ */
-
-static void route_health(node_server *s, http_conn *c, const http_req *r, uint64_t t0)
-{
-    const char *st = s->draining ? "draining" : s->ready ? "ok" : "loading";
-    dx_buf b;
-    dx_buf_init(&b, 0);
-    dx_buf_printf(&b, "{\"status\":\"%s\"}", st);
-    respond_json(s, c, r->method, r->path, s->ready && !s->draining ? 200 : 503, NULL, &b, t0);
-    dx_buf_free(&b);
-}
-
-static void route_models(node_server *s, http_conn *c, const http_req *r, uint64_t t0)
-{
-    if (!s->ready) {
-        respond_error(s, c, r, 503, "the model is still loading", NULL, NULL, t0);
-        return;
-    }
-    dx_buf b;
-    dx_buf_init(&b, 0);
-    oai_models_json(&b, node_served_name(s), s->started);
-    respond_json(s, c, r->method, r->path, 200, NULL, &b, t0);
-    dx_buf_free(&b);
 }
 
 /* ---- a request's lifecycle ------------------------------------------------ */
@@ -98,6 +73,7 @@ static void req_free(node_req *q)
     dx_free(q->warn_hdr);
     dx_free(q);
 }
+
 /* On the active list from its arrival (a shutdown waits for it) until it
  * is freed; linking twice is a no-op. */
 static void req_link(node_req *q)
@@ -173,6 +149,7 @@ static void fill_engine_request(node_req *q, engine_request *er)
     er->on_event = node_events_on_engine;
     er->user = q;
 }
+
 /* A request before it is parsed: its route, id and the answer's meta.
  * who: the caller's credentials (whether its kv_transfer_params count, its
  * namespace), kept for the preparation. */
@@ -363,12 +340,40 @@ static void route_prepare(node_server *s, http_conn *c, const http_req *r, enum 
     http_conn_set_abort(c, on_client_gone, q);
     http_app_prep_start(&q->prep, s->prep, c, r, node_prep_run, prep_done);
 }
+
+/* ---- routes ---------------------------------------------------------------- */
+
+static void route_health(node_server *s, http_conn *c, const http_req *r, uint64_t t0)
+{
+    const char *st = s->draining ? "draining" : s->ready ? "ok" : "loading";
+    dx_buf b;
+    dx_buf_init(&b, 0);
+    dx_buf_printf(&b, "{\"status\":\"%s\"}", st);
+    respond_json(s, c, r->method, r->path, s->ready && !s->draining ? 200 : 503, NULL, &b, t0);
+    dx_buf_free(&b);
+}
+
+/* Routes that need the model answer 503 until it is loaded; 1: answered. */
+static int still_loading(node_server *s, http_conn *c, const http_req *r, uint64_t t0)
+{
+    if (s->ready) return 0;
+    respond_error(s, c, r, 503, "the model is still loading", NULL, NULL, t0);
+    return 1;
+}
+
+static void route_models(node_server *s, http_conn *c, const http_req *r, uint64_t t0)
+{
+    if (still_loading(s, c, r, t0)) return;
+    dx_buf b;
+    dx_buf_init(&b, 0);
+    oai_models_json(&b, node_served_name(s), s->started);
+    respond_json(s, c, r->method, r->path, 200, NULL, &b, t0);
+    dx_buf_free(&b);
+}
+
 static void route_detokenize(node_server *s, http_conn *c, const http_req *r, uint64_t t0)
 {
-    if (!s->ready) {
-        respond_error(s, c, r, 503, "the model is still loading", NULL, NULL, t0);
-        return;
-    }
+    if (still_loading(s, c, r, t0)) return;
     json_error_t je;
     json_t *root = json_loadb(r->body, r->body_len, 0, &je),
            *toks = json_object_get(root, "tokens");
@@ -479,6 +484,7 @@ static const http_app_route k_routes[] = {
     {"/detokenize", HTTP_APP_POST, 0, on_detokenize, 0, NULL},
     {"/admin/drain", HTTP_APP_POST, 0, on_drain, 0, NULL},
 };
+
 /* ---- completions: the end -------------------------------------------------- */
 
 /* node_events_drain's done: q's DONE has been taken, the engine is finished
