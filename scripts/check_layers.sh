@@ -27,7 +27,6 @@ ALLOWED=(
     "engine/kern/kern_mm engine/kern/kern_mm_avx2 to be cut (issue 19)"
     "engine/kern/kern_mm engine/kern/kern_mm_avx512 to be cut (issue 19)"
     "node/node_server node/node_pd to be cut (issue 19)"
-    "router/router router/router_flow to be cut (issue 19)"
     "router/router_store router/router_store_redis to be cut (issue 19)"
 )
 
