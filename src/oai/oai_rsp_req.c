@@ -25,6 +25,7 @@
 
 #include "base/dx_alloc.h"
 #include "base/dx_err.h"
+#include "base/dx_utf8.h"
 #include "oai/oai_resp.h"
 
 static int fail(oai_err *err, const char *param, const char *fmt, ...)
@@ -384,12 +385,50 @@ static int parse_input(const json_t *root, oai_rsp_req *r, oai_err *err)
 
 /* ---- tools, tool_choice, text.format ---------------------------------------- */
 
+static int check_tool(const json_t *t, size_t i, oai_err *err)
+{
+    char name[48];
+    json_t *type = json_object_get(t, "type"), *v;
+    snprintf(name, sizeof name, "tools[%zu]", i);
+    if (!json_is_object(t)) return fail(err, name, "%s: expected an object", name);
+    snprintf(name, sizeof name, "tools[%zu].type", i);
+    if (!is_cstr(type)) return fail(err, name, "%s: required, \"function\"", name);
+    if (strcmp(json_string_value(type), "function"))
+        return fail(err, name,
+                    "%s: '%.40s' tools are not supported (only \"function\": duplex runs no "
+                    "built-in tools)",
+                    name, json_string_value(type));
+    snprintf(name, sizeof name, "tools[%zu].name", i);
+    if (!is_name(json_object_get(t, "name")))
+        return fail(err, name, "%s: required, a non-empty string", name);
+    snprintf(name, sizeof name, "tools[%zu].description", i);
+    if ((v = field(t, "description")) && !json_is_string(v))
+        return fail(err, name, "%s: expected a string", name);
+    snprintf(name, sizeof name, "tools[%zu].parameters", i);
+    if ((v = field(t, "parameters")) && !json_is_object(v))
+        return fail(err, name, "%s: expected a JSON Schema object", name);
+    snprintf(name, sizeof name, "tools[%zu].strict", i);
+    if ((v = field(t, "strict")) && !json_is_boolean(v))
+        return fail(err, name, "%s: expected true or false", name);
+    return 0;
+}
+
+/* The members of src that are given, shared into dst (a container is
+ * filled before it is attached: attaching to a NULL parent frees it). */
+static void copy_given(json_t *dst, const json_t *src, const char *const *keys, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        json_t *v = field(src, keys[i]);
+        if (v) json_object_set(dst, keys[i], v);
+    }
+}
+
 /* [{type: "function", name, description?, parameters?, strict?}] →
  * [{type: "function", function: {name, description?, parameters?, strict?}}].
  * duplex runs no built-in tool, so every other type is refused. */
 static int parse_tools(const json_t *root, json_t *chat, oai_err *err)
 {
-    char name[48];
+    static const char *const keys[] = {"name", "description", "parameters", "strict"};
     json_t *tools = field(root, "tools"), *t;
     size_t i;
     if (!tools) return 0;
@@ -397,41 +436,17 @@ static int parse_tools(const json_t *root, json_t *chat, oai_err *err)
     if (json_array_size(tools) > OAI_MAX_TOOLS)
         return fail(err, "tools", "tools: %zu tools, at most %d are accepted",
                     json_array_size(tools), OAI_MAX_TOOLS);
+    json_array_foreach(tools, i, t) if (check_tool(t, i, err)) return failed(err);
     json_t *out = json_array();
-    json_object_set_new(chat, "tools", out);
     json_array_foreach(tools, i, t)
     {
-        snprintf(name, sizeof name, "tools[%zu]", i);
-        if (!json_is_object(t)) return fail(err, name, "%s: expected an object", name);
-        json_t *type = json_object_get(t, "type"), *v;
-        snprintf(name, sizeof name, "tools[%zu].type", i);
-        if (!is_cstr(type)) return fail(err, name, "%s: required, \"function\"", name);
-        if (strcmp(json_string_value(type), "function"))
-            return fail(err, name,
-                        "%s: '%.40s' tools are not supported (only \"function\": duplex runs no "
-                        "built-in tools)",
-                        name, json_string_value(type));
         json_t *fn = json_object(), *ct = json_object();
+        copy_given(fn, t, keys, DX_ARRAY_LEN(keys));
         json_object_set_new(ct, "type", json_string("function"));
         json_object_set_new(ct, "function", fn);
         json_array_append_new(out, ct);
-        snprintf(name, sizeof name, "tools[%zu].name", i);
-        if (!is_name(v = json_object_get(t, "name")))
-            return fail(err, name, "%s: required, a non-empty string", name);
-        json_object_set(fn, "name", v);
-        snprintf(name, sizeof name, "tools[%zu].description", i);
-        if ((v = field(t, "description")) && !json_is_string(v))
-            return fail(err, name, "%s: expected a string", name);
-        if (v) json_object_set(fn, "description", v);
-        snprintf(name, sizeof name, "tools[%zu].parameters", i);
-        if ((v = field(t, "parameters")) && !json_is_object(v))
-            return fail(err, name, "%s: expected a JSON Schema object", name);
-        if (v) json_object_set(fn, "parameters", v);
-        snprintf(name, sizeof name, "tools[%zu].strict", i);
-        if ((v = field(t, "strict")) && !json_is_boolean(v))
-            return fail(err, name, "%s: expected true or false", name);
-        if (v) json_object_set(fn, "strict", v);
     }
+    json_object_set_new(chat, "tools", out);
     return 0;
 }
 
@@ -488,31 +503,27 @@ static int parse_tool_choice(const json_t *root, json_t *chat, int *forced, oai_
 
 /* text.format {type: "json_schema", name, schema, description?, strict?} →
  * response_format {type: "json_schema", json_schema: {…}}. */
-static int parse_json_schema(const json_t *f, json_t *rf, oai_err *err)
+static int check_json_schema(const json_t *f, oai_err *err)
 {
-    json_t *js = json_object(), *v = json_object_get(f, "name");
-    json_object_set_new(rf, "json_schema", js);
+    json_t *v = json_object_get(f, "name");
     size_t n = json_string_length(v);
     if (!is_cstr(v) || n == 0 || n > 64 ||
         strspn(json_string_value(v), "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
                                      "0123456789_-") != n)
         return fail(err, "text.format.name",
                     "text.format.name: required, 1..64 of a-z, A-Z, 0-9, _ and -");
-    json_object_set(js, "name", v);
     if ((v = field(f, "description")) && !json_is_string(v))
         return fail(err, "text.format.description", "text.format.description: expected a string");
-    if (v) json_object_set(js, "description", v);
     if ((v = field(f, "schema")) && !json_is_object(v))
         return fail(err, "text.format.schema", "text.format.schema: expected a JSON Schema object");
-    if (v) json_object_set(js, "schema", v);
     if ((v = field(f, "strict")) && !json_is_boolean(v))
         return fail(err, "text.format.strict", "text.format.strict: expected true or false");
-    if (v) json_object_set(js, "strict", v);
     return 0;
 }
 
 static int parse_text(const json_t *root, json_t *chat, int forced, oai_err *err)
 {
+    static const char *const keys[] = {"name", "description", "schema", "strict"};
     json_t *text = field(root, "text"), *f, *v;
     if (!text) return 0;
     if (!json_is_object(text)) return fail(err, "text", "text: expected an object");
@@ -533,10 +544,17 @@ static int parse_text(const json_t *root, json_t *chat, int forced, oai_err *err
         return fail(err, "tool_choice",
                     "tool_choice: a forced tool call cannot be combined with text.format \"%s\"",
                     json_string_value(type));
+    int schema = is(type, "json_schema");
+    if (schema && check_json_schema(f, err)) return failed(err);
     json_t *rf = json_object();
-    json_object_set_new(chat, "response_format", rf);
     json_object_set(rf, "type", type);
-    return is(type, "json_schema") ? parse_json_schema(f, rf, err) : 0;
+    if (schema) {
+        json_t *js = json_object();
+        copy_given(js, f, keys, DX_ARRAY_LEN(keys));
+        json_object_set_new(rf, "json_schema", js);
+    }
+    json_object_set_new(chat, "response_format", rf);
+    return 0;
 }
 
 /* ---- the other fields ------------------------------------------------------- */
@@ -849,9 +867,7 @@ int oai_rsp_to_chat(const oai_rsp_req *r, const json_t *previous, json_t **chat,
                     "most %d are accepted",
                     n, n_prev, OAI_MAX_MESSAGES);
     size_t n_failed = dx_alloc_failed_count();
-    json_t *c = json_copy(r->chat), *msgs = c ? json_array() : NULL;
-    if (!c) return oom(err, "building the chat request");
-    json_object_set_new(c, "messages", msgs);
+    json_t *msgs = json_array();
     if (r->instructions) {
         json_t *s = json_object();
         json_object_set_new(s, "role", json_string("system"));
@@ -861,6 +877,8 @@ int oai_rsp_to_chat(const oai_rsp_req *r, const json_t *previous, json_t **chat,
     /* the store's tree may be shared: this request gets its own */
     json_array_foreach(previous, i, m) json_array_append_new(msgs, json_deep_copy(m));
     json_array_extend(msgs, r->input);
+    json_t *c = json_copy(r->chat); /* the members are shared, the object is this request's */
+    json_object_set_new(c, "messages", msgs);
     if (!c || dx_alloc_failed_count() != n_failed) {
         json_decref(c);
         return oom(err, "building the chat request");
@@ -946,6 +964,44 @@ int oai_rsp_err_previous(oai_err *err, const char *id)
 
 /* ---- the history the store keeps ---------------------------------------------------- */
 
+/* A text as a client reads it: invalid UTF-8 as U+FFFD, as oai_json_str
+ * writes it into every answer. */
+static json_t *as_sent(const char *p, size_t n, dx_buf *tmp)
+{
+    dx_buf_reset(tmp);
+    if (dx_utf8_sanitize((const uint8_t *)(p ? p : ""), n, tmp)) return NULL;
+    return json_stringn_nocheck(tmp->data ? tmp->data : "", tmp->len);
+}
+
+/* The answer as oai_tools_message_json writes it for a chat client (which
+ * sends it back as it came): content null when it is empty and there are
+ * calls or reasoning. */
+static json_t *assistant(const oai_tools_result *a, dx_buf *tmp)
+{
+    json_t *m = json_object();
+    json_object_set_new(m, "role", json_string("assistant"));
+    json_object_set_new(m, "content",
+                        a->content || !(a->n_calls || a->reasoning)
+                            ? as_sent(a->content, a->content_len, tmp)
+                            : json_null());
+    if (a->reasoning)
+        json_object_set_new(m, "reasoning_content", as_sent(a->reasoning, a->reasoning_len, tmp));
+    if (!a->n_calls) return m;
+    json_t *calls = json_array();
+    for (size_t i = 0; i < a->n_calls; i++) {
+        const oai_tool_call *c = &a->calls[i];
+        json_t *fn = json_object(), *call = json_object();
+        json_object_set_new(fn, "name", as_sent(c->name, strlen(c->name), tmp));
+        json_object_set_new(fn, "arguments", as_sent(c->arguments, c->arguments_len, tmp));
+        json_object_set_new(call, "id", as_sent(c->id, strlen(c->id), tmp));
+        json_object_set_new(call, "type", json_string("function"));
+        json_object_set_new(call, "function", fn);
+        json_array_append_new(calls, call);
+    }
+    json_object_set_new(m, "tool_calls", calls);
+    return m;
+}
+
 int oai_rsp_history(const oai_rsp_req *r, const json_t *chat, const oai_tools_result *answer,
                     json_t **messages)
 {
@@ -956,17 +1012,10 @@ int oai_rsp_history(const oai_rsp_req *r, const json_t *chat, const oai_tools_re
     json_t *out = json_array();
     json_array_foreach(msgs, i, m) if (i >= (r->instructions ? 1u : 0u))
         json_array_append_new(out, json_deep_copy(m));
-    /* the answer exactly as a chat client received it, and sends it back */
-    dx_buf b;
-    dx_buf_init(&b, 0);
-    int rc = dx_buf_puts(&b, "{\"role\":\"assistant\",");
-    if (!rc) rc = oai_tools_message_json(&b, answer);
-    if (!rc) rc = dx_buf_putc(&b, '}');
-    json_error_t je;
-    json_t *a = rc ? NULL : json_loadb(b.data, b.len, JSON_ALLOW_NUL, &je);
-    dx_buf_free(&b);
-    DX_ASSERT(a || rc || dx_alloc_failed_count() != n_failed); /* oai_tools writes valid JSON */
-    json_array_append_new(out, a);
+    dx_buf tmp;
+    dx_buf_init(&tmp, 0);
+    json_array_append_new(out, assistant(answer, &tmp));
+    dx_buf_free(&tmp);
     if (!out || dx_alloc_failed_count() != n_failed) {
         json_decref(out);
         return dx_errf(DX_ENOMEM, "responses history: out of memory");

@@ -348,7 +348,9 @@ static int ev_text_done(oai_rsp_stream *s, dx_buf *out, size_t k)
     return rc ? rc : ev_end(out);
 }
 
-static int open_item(oai_rsp_stream *s, int kind, dx_buf *out)
+/* A new item (it: its kind and, for a call, name and id) and its added
+ * events. */
+static int open_item(oai_rsp_stream *s, st_item it, dx_buf *out)
 {
     if (s->n_items == s->cap_items) {
         size_t cap = s->cap_items ? 2 * s->cap_items : 8;
@@ -356,10 +358,11 @@ static int open_item(oai_rsp_stream *s, int kind, dx_buf *out)
         if (!p) return dx_errf(DX_ENOMEM, "responses stream: %zu items", cap);
         s->items = p, s->cap_items = cap;
     }
-    s->items[s->n_items++] = (st_item){.kind = kind, .off = s->txt.len};
+    it.off = s->txt.len;
+    s->items[s->n_items++] = it;
     s->open = 1;
     int rc = ev_item(s, out, s->n_items - 1, 0);
-    return rc || kind == IT_CALL ? rc : ev_part(s, out, s->n_items - 1, 0);
+    return rc || it.kind == IT_CALL ? rc : ev_part(s, out, s->n_items - 1, 0);
 }
 
 static int close_open(oai_rsp_stream *s, dx_buf *out)
@@ -381,7 +384,7 @@ static int feed_text(oai_rsp_stream *s, int kind, const char *p, size_t n, dx_bu
     int rc = 0;
     if (!s->open || last(s)->kind != kind) {
         rc = close_open(s, out);
-        if (!rc) rc = open_item(s, kind, out);
+        if (!rc) rc = open_item(s, (st_item){.kind = kind}, out);
     }
     if (!rc) rc = dx_buf_append(&s->txt, p, n);
     if (rc) return rc;
@@ -391,17 +394,12 @@ static int feed_text(oai_rsp_stream *s, int kind, const char *p, size_t n, dx_bu
 
 static int feed_call(oai_rsp_stream *s, const oai_tools_ev *e, dx_buf *out)
 {
-    size_t name_off = s->strs.len, id_len = e->id ? strlen(e->id) : 0;
+    st_item it = {.kind = IT_CALL, .call = e->index, .name_off = s->strs.len, .name_len = e->len};
+    it.id_off = it.name_off + e->len, it.id_len = e->id ? strlen(e->id) : 0;
     int rc = dx_buf_append(&s->strs, e->text, e->len);
-    if (!rc) rc = dx_buf_append(&s->strs, e->id ? e->id : "", id_len);
+    if (!rc) rc = dx_buf_append(&s->strs, e->id ? e->id : "", it.id_len);
     if (!rc) rc = close_open(s, out);
-    if (!rc) rc = open_item(s, IT_CALL, out);
-    if (rc) return rc;
-    st_item *it = last(s);
-    it->name_off = name_off, it->name_len = e->len;
-    it->id_off = name_off + e->len, it->id_len = id_len;
-    it->call = e->index;
-    return 0;
+    return rc ? rc : open_item(s, it, out);
 }
 
 /* Each call's arguments come whole in one event (oai_tools holds a call
@@ -503,8 +501,7 @@ int oai_rsp_stream_finish(oai_rsp_stream *s, const char *finish, const oai_rsp_u
     if (s->open && inc && last(s)->kind != IT_CALL) last(s)->incomplete = 1;
     rc = close_open(s, out);
     if (!rc && !s->n_items) { /* an empty answer is an empty message */
-        rc = open_item(s, IT_MESSAGE, out);
-        if (!rc) last(s)->incomplete = inc;
+        rc = open_item(s, (st_item){.kind = IT_MESSAGE, .incomplete = inc}, out);
         if (!rc) rc = close_open(s, out);
     }
     if (!rc)
