@@ -786,8 +786,10 @@ static int parse_root(json_t *root, oai_rsp_req *r, oai_err *err)
     if (!json_is_object(root)) return fail(err, NULL, "request body must be a JSON object");
     json_object_foreach(root, key, v)
     {
+        char name[48];
+        snprintf(name, sizeof name, "%.40s", key);
         if (too_deep(v, OAI_RSP_MAX_DEPTH - 1))
-            return fail(err, key, "%.40s: nested more than %d levels deep", key, OAI_RSP_MAX_DEPTH);
+            return fail(err, name, "%s: nested more than %d levels deep", name, OAI_RSP_MAX_DEPTH);
     }
     r->chat = json_object();
     if (parse_sampling(root, r, err) || parse_input(root, r, err)) return failed(err);
