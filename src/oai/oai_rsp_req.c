@@ -191,7 +191,10 @@ static int get_text(xlat *x, const json_t *c, const char *name, int reasoning, d
     char pname[64];
     size_t i;
     json_t *part;
-    if (json_is_string(c)) return dx_buf_append(b, json_string_value(c), json_string_length(c));
+    if (json_is_string(c))
+        return dx_buf_append(b, json_string_value(c), json_string_length(c))
+                   ? oom(x->err, "reading a text")
+                   : 0;
     if (!json_is_array(c))
         return fail(x->err, name, "%s: expected a string or an array of text parts", name);
     json_array_foreach(c, i, part)

@@ -1510,7 +1510,8 @@ static void test_oom(void **state)
         "\"input_text\",\"text\":\"b\"}]},{\"type\":\"reasoning\",\"content\":[{\"type\":"
         "\"reasoning_text\",\"text\":\"r\"}]},{\"type\":\"function_call\",\"call_id\":\"c\","
         "\"name\":\"now\",\"arguments\":\"{}\"},{\"type\":\"function_call_output\",\"call_id\":"
-        "\"c\",\"output\":\"x\"}]}",
+        "\"c\",\"output\":\"x\"},{\"role\":\"assistant\",\"content\":\"an answer long "
+        "enough that copying it needs memory of its own, more than the buffers had\"}]}",
         k_tools_r);
     json_t *prev = json_pack("[{ssss}]", "role", "user", "content", "before");
     size_t live = dx_alloc_live_bytes(), before = dx_alloc_total_count();
