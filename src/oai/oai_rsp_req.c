@@ -383,6 +383,10 @@ static int parse_input(const json_t *root, oai_rsp_req *r, oai_err *err)
     dx_buf_free(&x.reasoning);
     dx_buf_free(&x.content);
     r->n_items = json_array_size(in);
+    /* items that say nothing (an assistant message without content, a
+     * reasoning item with only a summary) leave nothing to answer */
+    if (!rc && !json_array_size(r->input))
+        return fail(err, "input", "input: the items hold no message");
     return rc;
 }
 

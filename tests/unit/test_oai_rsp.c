@@ -522,6 +522,9 @@ static void test_rejections(void **state)
         {"{\"model\":\"m\",\"input\":[{\"type\":\"reasoning\",\"content\":[{\"type\":"
          "\"summary_text\",\"text\":\"x\"}]}]}",
          "input[0].content[0].type", "reasoning_text"},
+        {"{\"model\":\"m\",\"input\":[{\"role\":\"assistant\"},{\"type\":\"reasoning\","
+         "\"summary\":[]}]}",
+         "input", "no message"},
         {"{\"model\":\"m\",\"input\":\"q\",\"instructions\":5}", "instructions", NULL},
         {"{\"model\":\"m\",\"input\":\"q\",\"tools\":{}}", "tools", NULL},
         {"{\"model\":\"m\",\"input\":\"q\",\"tools\":[5]}", "tools[0]", NULL},
