@@ -530,8 +530,8 @@ int oai_rsp_stream_fail(oai_rsp_stream *s, int status, const char *message, cons
     if (!rc)
         rc = param && *param ? oai_json_str(out, param, strlen(param)) : dx_buf_puts(out, "null");
     if (!rc) rc = ev_end(out);
-    if (!rc && !s->err) { /* then the response as it stood */
-        if (s->open && last(s)->kind != IT_CALL) last(s)->incomplete = 1;
+    if (!rc && !s->err) { /* then the response as it stood, the open item cut */
+        if (s->open) last(s)->incomplete = 1;
         rc = ev_response(s, out, "response.failed", "failed", code, message, NULL);
     }
     s->state = ST_DONE;
