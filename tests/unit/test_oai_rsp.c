@@ -1279,6 +1279,19 @@ static void test_stream_utf8(void **state)
                         "\xe2\x82\xac\xef\xbf\xbdx\xf0\x9f\x98\x80\xef\xbf\xbd");
     assert_true(json_is_null(json_object_get(am, "content")));
     json_decref(hist);
+    /* exactly what a chat client received, bad bytes in a call too */
+    oai_tool_call call = {.id = "call_\xff", .name = "f\xfe", .arguments = "{\"a\":\"\xff\"}"};
+    call.arguments_len = strlen(call.arguments);
+    oai_tools_result r2 = {.content = "a\xff\0b", .content_len = 4, .calls = &call, .n_calls = 1};
+    assert_int_equal(oai_rsp_history(&q, chat, &r2, &hist), 0);
+    dx_buf_reset(&b);
+    dx_buf_puts(&b, "{\"role\":\"assistant\",");
+    oai_tools_message_json(&b, &r2);
+    dx_buf_putc(&b, '}');
+    json_t *want = load(b.data, b.len);
+    assert_true(json_equal(json_array_get(hist, 1), want));
+    json_decref(want);
+    json_decref(hist);
     json_decref(chat);
     oai_rsp_req_free(&q);
     oai_tools_result_free(&r);
