@@ -523,7 +523,10 @@ int oai_rsp_stream_fail(oai_rsp_stream *s, int status, const char *message, cons
         return dx_errf(DX_EINVAL, "responses stream: %s",
                        s->state == ST_NEW ? "not begun" : "ended");
     size_t mark = out->len;
-    int rc = ev_head(s, out, "error");
+    /* the open item's last bytes (a partial character) first, so that its
+     * deltas still add up to its text in response.failed */
+    int rc = s->open && !s->err ? ev_delta(s, out, 1) : 0;
+    if (!rc) rc = ev_head(s, out, "error");
     if (!rc) rc = dx_buf_printf(out, ",\"code\":\"%s\",\"message\":", code);
     if (!rc) rc = oai_json_str(out, message, strlen(message));
     if (!rc) rc = dx_buf_puts(out, ",\"param\":");
