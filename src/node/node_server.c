@@ -475,14 +475,14 @@ static void on_drain(void *u, http_conn *c, const http_req *r, const http_app_ca
 /* /health and /metrics stay open (probes, scrapers); everything else,
  * unknown routes too, wants the caller's key when keys are set. */
 static const http_app_route k_routes[] = {
-    {"/health", HTTP_APP_GET, 1, on_health, 0, NULL},
-    {"/metrics", HTTP_APP_GET, 1, on_metrics, 0, NULL},
-    {"/v1/models", HTTP_APP_GET, 0, on_models, 0, NULL},
-    {"/v1/chat/completions", HTTP_APP_POST, 0, on_prepare, PREP_CHAT, NULL},
-    {"/v1/completions", HTTP_APP_POST, 0, on_prepare, PREP_COMPLETION, NULL},
-    {"/tokenize", HTTP_APP_POST, 0, on_prepare, PREP_TOKENIZE, NULL},
-    {"/detokenize", HTTP_APP_POST, 0, on_detokenize, 0, NULL},
-    {"/admin/drain", HTTP_APP_POST, 0, on_drain, 0, NULL},
+    {.path = "/health", .methods = HTTP_APP_GET, .open = 1, .fn = on_health},
+    {.path = "/metrics", .methods = HTTP_APP_GET, .open = 1, .fn = on_metrics},
+    {.path = "/v1/models", .methods = HTTP_APP_GET, .fn = on_models},
+    {.path = "/v1/chat/completions", .methods = HTTP_APP_POST, .fn = on_prepare, .arg = PREP_CHAT},
+    {.path = "/v1/completions", .methods = HTTP_APP_POST, .fn = on_prepare, .arg = PREP_COMPLETION},
+    {.path = "/tokenize", .methods = HTTP_APP_POST, .fn = on_prepare, .arg = PREP_TOKENIZE},
+    {.path = "/detokenize", .methods = HTTP_APP_POST, .fn = on_detokenize},
+    {.path = "/admin/drain", .methods = HTTP_APP_POST, .fn = on_drain},
 };
 
 /* ---- completions: the end -------------------------------------------------- */

@@ -85,11 +85,11 @@ static void on_api(void *u, http_conn *c, const http_req *hr, const http_app_cal
 }
 
 static const http_app_route k_routes[] = {
-    {"/health", HTTP_APP_GET, 1, on_health, 0, NULL},
-    {"/metrics", HTTP_APP_GET, 1, on_metrics, 0, NULL},
-    {"/v1/models", HTTP_APP_GET, 0, on_api, -1, NULL},
-    {"/v1/chat/completions", HTTP_APP_POST, 0, on_api, OAI_CHAT, NULL},
-    {"/v1/completions", HTTP_APP_POST, 0, on_api, OAI_COMPLETION, NULL},
+    {.path = "/health", .methods = HTTP_APP_GET, .open = 1, .fn = on_health},
+    {.path = "/metrics", .methods = HTTP_APP_GET, .open = 1, .fn = on_metrics},
+    {.path = "/v1/models", .methods = HTTP_APP_GET, .fn = on_api, .arg = -1},
+    {.path = "/v1/chat/completions", .methods = HTTP_APP_POST, .fn = on_api, .arg = OAI_CHAT},
+    {.path = "/v1/completions", .methods = HTTP_APP_POST, .fn = on_api, .arg = OAI_COMPLETION},
 };
 
 /* ---- lifecycle ------------------------------------------------------------------ */
