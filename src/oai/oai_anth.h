@@ -106,11 +106,15 @@ void oai_anth_make_id(char *out, size_t cap);
 /* What ended the answer.  finish: the chat path's "stop" or "length" (or
  * "tool_calls"); stop_sequence: the stop string that ended it, or NULL.
  * usage: prompt (all the prompt's tokens), cached (those the cluster reused,
- * from the node's cache or pulled) and completion. */
+ * from the node's cache or pulled) and completion.  extra: raw JSON members
+ * ("\"k\":v", no braces) added at the top level of the whole message and
+ * of message_delta, as oai_resp's extra (the decode role's
+ * kv_transfer_params), or NULL. */
 typedef struct {
     const char *finish;
     const char *stop_sequence;
     oai_usage usage;
+    const char *extra;
 } oai_anth_end;
 
 /* stop_reason: "tool_use" once a call was made, "max_tokens" for length,

@@ -49,6 +49,11 @@ static int put_str(dx_buf *b, const char *s)
     return s ? oai_json_str(b, s, strlen(s)) : dx_buf_puts(b, "null");
 }
 
+static int put_extra(dx_buf *b, const char *extra)
+{
+    return extra && *extra ? dx_buf_printf(b, ",%s", extra) : 0;
+}
+
 /* "toolu_" and the call id's digits (the chat path's ids are "call_…"). */
 static int put_tool_id(dx_buf *b, const char *id)
 {
@@ -123,6 +128,7 @@ int oai_anth_message_json(dx_buf *b, const char *id, const char *model, const oa
     if (!rc) rc = put_stop(b, e, r->n_calls);
     if (!rc) rc = dx_buf_putc(b, ',');
     if (!rc) rc = put_usage(b, &e->usage, e->usage.completion);
+    if (!rc) rc = put_extra(b, e->extra);
     return rc ? rc : dx_buf_putc(b, '}');
 }
 
@@ -288,6 +294,7 @@ int oai_anth_stream_end(oai_anth_stream *s, dx_buf *b, const oai_anth_end *e)
     if (!rc) rc = put_stop(b, e, s->n_calls);
     if (!rc) rc = dx_buf_puts(b, "},");
     if (!rc) rc = put_usage(b, &e->usage, e->usage.completion);
+    if (!rc) rc = put_extra(b, e->extra);
     if (!rc) rc = end_event(b);
     if (!rc) rc = begin_event(b, "message_stop");
     return rc ? rc : end_event(b);

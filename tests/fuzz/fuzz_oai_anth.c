@@ -90,7 +90,8 @@ static void check_arguments(const uint8_t *body, size_t len, json_t *doc)
         json_array_foreach(json_object_get(m, "tool_calls"), j, call)
     {
         json_t *args = json_object_get(json_object_get(call, "function"), "arguments");
-        json_t *v = json_loadb(json_string_value(args), json_string_length(args), 0, NULL);
+        json_t *v =
+            json_loadb(json_string_value(args), json_string_length(args), JSON_ALLOW_NUL, NULL);
         DX_ASSERT(json_is_object(v) && same_value(v, json_array_get(inputs, k)));
         json_decref(v);
         k++;

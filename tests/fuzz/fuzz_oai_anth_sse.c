@@ -65,7 +65,8 @@ static void read_records(const uint8_t *p, size_t n, events *E)
             if (E->n) E->cut[E->n - 1] = 1;
         } else if (k == 'c' || k == 'r' || k == 'e') {
             if (k == 'e') tl = 0;
-            tl -= dx_utf8_incomplete_tail((const uint8_t *)text, tl);
+            /* what is left may end in a lead byte again ("\xc9\xc9") */
+            for (size_t t; (t = dx_utf8_incomplete_tail((const uint8_t *)text, tl));) tl -= t;
             *ev = (oai_tools_ev){k == 'r' ? OAI_TOOLS_EV_REASONING : OAI_TOOLS_EV_CONTENT, 0, text,
                                  tl, NULL};
             E->n++;

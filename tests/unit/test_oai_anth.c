@@ -799,6 +799,11 @@ static void test_message_json(void **state)
     assert_non_null(strstr(m, "\"input_tokens\":0,\"cache_creation_input_tokens\":0,"
                               "\"cache_read_input_tokens\":5,"));
     dx_free(m);
+    /* the decode role's members, at the top level */
+    oai_anth_end ex = {.finish = "stop", .usage = k_usage, .extra = "\"kv_transfer_params\":{}"};
+    m = message(&r, &ex);
+    assert_non_null(strstr(m, "\"output_tokens\":9},\"kv_transfer_params\":{}}"));
+    dx_free(m);
     /* arguments that are not one object (never from the parser) give {} */
     oai_tool_call bad = {.id = "call_1", .name = "f", .arguments = "{\"a\":", .arguments_len = 5};
     oai_tools_result rb = {.calls = &bad, .n_calls = 1};
@@ -936,6 +941,16 @@ static void test_stream(void **state)
         "\"cache_creation_input_tokens\":0,\"cache_read_input_tokens\":100,\"output_tokens\":9}}"
         "\n\n"
         "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n");
+    dx_buf_reset(&b);
+    oai_anth_end ex = {.finish = "length", .usage = k_usage, .extra = "\"kv_transfer_params\":{}"};
+    assert_int_equal(oai_anth_stream_start(s, &b, "msg_9", "claude-x", &k_usage), 0);
+    assert_int_equal(oai_anth_stream_end(s, &b, &ex), 0);
+    assert_non_null(strstr(b.data, "\"output_tokens\":9},\"kv_transfer_params\":{}}\n\n"
+                                   "event: message_stop"));
+    json_t *read;
+    char why[160];
+    if (anth_sse_read(b.data, b.len, &read, why)) fail_msg("%s", why);
+    json_decref(read);
     /* reused for the next message: nothing allocated once the buffer is warm */
     size_t allocs = dx_alloc_total_count();
     for (int k = 0; k < 100; k++) {
