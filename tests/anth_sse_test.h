@@ -11,7 +11,11 @@
  * anth_sse_same compares that with the whole message for the same answer:
  * each kind's text concatenated over its blocks, the tool_use blocks in
  * order, and the stop and usage fields.  Both return 0, or -1 with why[]
- * saying what was wrong (the tests print it). */
+ * saying what was wrong (the tests print it).
+ *
+ * JSON is read with ANTH_SSE_JSON: a tool's input is the model's JSON as it
+ * wrote it, whose integers may be past 64 bits (valid JSON, which clients
+ * in JavaScript or Python read as numbers, and jansson only as reals). */
 #ifndef ANTH_SSE_TEST_H
 #define ANTH_SSE_TEST_H
 
@@ -21,6 +25,8 @@
 #include <string.h>
 
 #include "base/dx_buf.h"
+
+#define ANTH_SSE_JSON JSON_DECODE_INT_AS_REAL
 
 static int anth_sse_why(char *why, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
@@ -71,14 +77,16 @@ static int anth_sse_event(const char *name, json_t *d, json_t **msg, int *open, 
     }
     if (!strcmp(name, "ping")) return 0;
     json_t *content = json_object_get(*msg, "content");
-    json_t *idx = json_object_get(d, "index");
+    json_t *jidx = json_object_get(d, "index");
+    /* numbers read as reals (ANTH_SSE_JSON); -1 when absent */
+    long long idx = json_is_number(jidx) ? (long long)json_number_value(jidx) : -1;
+    if (idx >= 0 && json_number_value(jidx) != (double)idx) idx = -1;
     size_t n = json_array_size(content);
     if (!strcmp(name, "content_block_start")) {
         json_t *blk = json_object_get(d, "content_block");
         if (*open >= 0) return anth_sse_why(why, "block %zu starts while %d is open", n, *open);
-        if (!json_is_integer(idx) || (size_t)json_integer_value(idx) != n)
-            return anth_sse_why(why, "block starts at index %lld, expected %zu",
-                                (long long)json_integer_value(idx), n);
+        if (idx != (long long)n)
+            return anth_sse_why(why, "block starts at index %lld, expected %zu", idx, n);
         const char *bt = anth_sse_type(blk);
         if (strcmp(bt, "text") && strcmp(bt, "thinking") && strcmp(bt, "tool_use"))
             return anth_sse_why(why, "block of type '%s'", bt);
@@ -92,15 +100,14 @@ static int anth_sse_event(const char *name, json_t *d, json_t **msg, int *open, 
         return 0;
     }
     if (!strcmp(name, "content_block_delta") || !strcmp(name, "content_block_stop")) {
-        if (*open < 0 || !json_is_integer(idx) || json_integer_value(idx) != *open)
-            return anth_sse_why(why, "%s for index %lld, open: %d", name,
-                                (long long)json_integer_value(idx), *open);
+        if (*open < 0 || idx != *open)
+            return anth_sse_why(why, "%s for index %lld, open: %d", name, idx, *open);
         json_t *blk = json_array_get(content, (size_t)*open);
         const char *bt = anth_sse_type(blk);
         if (!strcmp(name, "content_block_stop")) {
             if (!strcmp(bt, "tool_use") && pj->len) {
                 json_error_t je;
-                json_t *in = json_loadb(pj->data, pj->len, 0, &je);
+                json_t *in = json_loadb(pj->data, pj->len, ANTH_SSE_JSON, &je);
                 if (!json_is_object(in)) {
                     json_decref(in);
                     return anth_sse_why(why, "tool_use %d: partial_json is not an object", *open);
@@ -170,7 +177,7 @@ static int anth_sse_read(const char *s, size_t n, json_t **out, char *why)
         char name[32];
         snprintf(name, sizeof name, "%.*s", (int)(nl - ev - 7), ev + 7);
         json_error_t je;
-        json_t *d = json_loadb(nl + 7, (size_t)(end - nl - 7), 0, &je);
+        json_t *d = json_loadb(nl + 7, (size_t)(end - nl - 7), ANTH_SSE_JSON, &je);
         if (!json_is_object(d))
             rc = anth_sse_why(why, "event %s: data is not a JSON object: %s", name, je.text);
         else if (!strcmp(name, "error"))

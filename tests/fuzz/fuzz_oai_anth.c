@@ -5,7 +5,8 @@
  * accepts (oai_req_parse(OAI_CHAT) on its text), agreeing with the info the
  * translation returned (stream, max_tokens, the stop strings and where they
  * came from), and every tool_use's input must read back, from its call's
- * arguments text, as the same value (numbers by value, keys in order).
+ * arguments text, as the same value (numbers by value, keys in order; read
+ * as reals, since JSON.stringify writes 1e20 as an integer past 64 bits).
  * Every rejection is a 400 whose message starts with the field it names —
  * or, naming none, says the body is not JSON or not an object — and goes
  * out as valid JSON in Anthropic's error shape. */
@@ -90,8 +91,8 @@ static void check_arguments(const uint8_t *body, size_t len, json_t *doc)
         json_array_foreach(json_object_get(m, "tool_calls"), j, call)
     {
         json_t *args = json_object_get(json_object_get(call, "function"), "arguments");
-        json_t *v =
-            json_loadb(json_string_value(args), json_string_length(args), JSON_ALLOW_NUL, NULL);
+        json_t *v = json_loadb(json_string_value(args), json_string_length(args),
+                               JSON_ALLOW_NUL | JSON_DECODE_INT_AS_REAL, NULL);
         DX_ASSERT(json_is_object(v) && same_value(v, json_array_get(inputs, k)));
         json_decref(v);
         k++;

@@ -18,7 +18,9 @@
  * accumulated message equals oai_anth_message_json over the same events
  * collected as oai_tools collects them: each kind's text over its blocks,
  * the calls with their ids and inputs, the stop reason and the usage.  The
- * encoder is used twice over, for the reuse a node makes of it. */
+ * encoder is used twice over, for the reuse a node makes of it.  (Only an
+ * answer with a number past a double, which jansson cannot read, is not
+ * compared.) */
 #include <jansson.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -154,9 +156,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     oai_tools_result r;
     collect(&E, &r, &content, &reasoning);
     DX_ASSERT(oai_anth_message_json(&whole, "msg_f", "claude-f", &r, &end) == 0);
-    json_t *wj = json_loadb(whole.data, whole.len, 0, NULL);
-    DX_ASSERT(wj);
-    for (int round = 0; round < 2; round++) {
+    json_error_t je;
+    json_t *wj = json_loadb(whole.data, whole.len, ANTH_SSE_JSON, &je);
+    /* a number past a double (1e400) is JSON too, but not one jansson reads */
+    DX_ASSERT(wj || strstr(je.text, "overflow"));
+    for (int round = 0; wj && round < 2; round++) {
         dx_buf_reset(&b);
         stream(s, &E, &end, &b);
         DX_ASSERT(oai_anth_stream_n_calls(s) == r.n_calls);

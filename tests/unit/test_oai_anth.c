@@ -859,7 +859,7 @@ static void stream_vs_whole(const oai_tools_opts *o, const char *ans, size_t len
     oai_tools_result r;
     assert_int_equal(oai_tools_parse(o, ans, len, &r), 0);
     char *whole_text = message(&r, e);
-    json_t *whole = json_loads(whole_text, 0, NULL);
+    json_t *whole = json_loads(whole_text, ANTH_SSE_JSON, NULL);
     assert_non_null(whole);
     if (anth_sse_same(streamed, whole, why)) fail_msg("%s:\n%s\n%s", why, b.data, whole_text);
     json_decref(whole);
