@@ -39,21 +39,6 @@ typedef struct {
 static int fail(oai_err *err, const char *param, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
-/* A field's path, "messages[3].content[1].content[0].type"; one longer
- * than the error's param keeps its start. */
-#define PATH 128
-
-static const char *pathf(char *out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
-static const char *pathf(char *out, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(out, PATH, fmt, ap);
-    va_end(ap);
-    return out;
-}
-
 /* A 400 whose message starts with the field it names (param). */
 static int fail(oai_err *err, const char *param, const char *fmt, ...)
 {
@@ -81,7 +66,25 @@ static int oom(oai_err *err)
     return dx_errf(DX_ENOMEM, "out of memory translating a Messages request");
 }
 
-/* ---- small checks (the chat parser's, under Anthropic's names) ----------- */
+/* A field's path, "messages[3].content[1].content[0].type", built through
+ * vsnprintf so that the compiler does not count every path's worst case;
+ * a path longer than an error's param keeps its start there, and whole in
+ * the message. */
+#define PATH 128
+
+static const char *pathf(char *out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static const char *pathf(char *out, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(out, PATH, fmt, ap);
+    va_end(ap);
+    return out;
+}
+
+/* ---- small checks: the chat parser's own (private to oai_req.c), under
+ * Anthropic's names ------------------------------------------------------- */
 
 static json_t *field(json_t *obj, const char *name)
 {
@@ -619,7 +622,10 @@ static int conversation(tx *t, json_t *root, json_t *doc)
     }
     size_t i;
     json_t *jm;
-    json_array_foreach(msgs, i, jm) if (one_message(t, jm, i)) return failed(t->err);
+    json_array_foreach(msgs, i, jm)
+    {
+        if (one_message(t, jm, i)) return failed(t->err);
+    }
     return flush_turn(t);
 }
 
@@ -684,8 +690,10 @@ static int has_tool(json_t *tl, const char *name)
 {
     size_t i;
     json_t *tool;
-    json_array_foreach(
-        tl, i, tool) if (!strcmp(json_string_value(json_object_get(tool, "name")), name)) return 1;
+    json_array_foreach(tl, i, tool)
+    {
+        if (!strcmp(json_string_value(json_object_get(tool, "name")), name)) return 1;
+    }
     return 0;
 }
 
