@@ -168,6 +168,8 @@ int cli_router_main(int argc, char **argv)
     const char *internal_key_file = NULL, *discover = NULL;
     const char *state = NULL, *state_prefix = "duplex:";
     long state_timeout = 50;
+    double rsp_ttl = ROUTER_DEFAULT_RESPONSES_TTL_S;
+    long rsp_mb = (long)(ROUTER_DEFAULT_RESPONSES_MAX_BYTES >> 20);
     int insecure = 0;
     const cli_opt opts[] = {
         {"prefill", CLI_STR, &prefill, 0, 0,
@@ -191,6 +193,10 @@ int cli_router_main(int argc, char **argv)
          "that --discover reads"},
         {"state-timeout-ms", CLI_INT, &state_timeout, 1, ROUTER_STORE_TIMEOUT_MAX,
          "deadline of each Redis call; past it the request routes without affinity (50)"},
+        {"responses-ttl", CLI_DBL, &rsp_ttl, 1, 86400 * 7,
+         "seconds a stored response (previous_response_id) is kept from its last use (480)"},
+        {"responses-max-mb", CLI_INT, &rsp_mb, 1, 1 << 20,
+         "stored responses' memory without --state (256)"},
         {"local-prefill-max-tokens", CLI_INT, &local_max, 0, 1 << 30,
          "uncached prompt tokens below this skip the prefill node (256)"},
         {"decode-max-outstanding", CLI_INT, &max_out, 1, 1 << 20,
@@ -249,6 +255,8 @@ int cli_router_main(int argc, char **argv)
         cfg.state_url = state;
         cfg.state_prefix = state_prefix;
         cfg.state_timeout_ms = (int)state_timeout;
+        cfg.responses_ttl_s = rsp_ttl;
+        cfg.responses_max_bytes = (size_t)rsp_mb << 20;
         cfg.local_prefill_max_tokens = (uint32_t)local_max;
         cfg.decode_max_outstanding = (uint32_t)max_out;
         cfg.health_interval_ms = (uint64_t)health_ms;

@@ -33,7 +33,8 @@ typedef struct {
     const char *tool_parser, *reasoning_parser, *chat_template, *kv_secret, *kv_peers;
     long port, threads, kv_mb, batch, seqs, waiting, ctx, kv_port, kv_blocks, threshold;
     cli_http_flags http;
-    double grace, pin_ttl, lease_ttl, retain_ttl, kv_peer_timeout, kv_pull_timeout;
+    double grace, pin_ttl, lease_ttl, retain_ttl, kv_peer_timeout, kv_pull_timeout, rsp_ttl;
+    long rsp_mb;
     int bidirectional, prefix_on, prefix_off, insecure;
     cli_list api_keys, api_key_files, trust_from;
     const char *internal_key_file;
@@ -137,6 +138,8 @@ static int to_config(serve_flags *f, node_run_config *c)
     c->pin_ttl_s = f->pin_ttl;
     c->lease_ttl_s = f->lease_ttl;
     c->retain_ttl_s = f->retain_ttl;
+    c->responses_ttl_s = f->rsp_ttl;
+    c->responses_max_bytes = (size_t)f->rsp_mb << 20;
     c->bidirectional = f->bidirectional;
     c->recompute_threshold = (uint32_t)(f->threshold ? f->threshold : 1);
     c->auth = (http_auth_config){.api_keys = f->api_keys.v,
@@ -220,6 +223,11 @@ int cli_serve_main(int argc, char **argv)
          "the model's name in the API (default: the file's; both are accepted)"},
         {"bidirectional-kv-xfer", CLI_FLAG, &f.bidirectional, 0, 0,
          "decode: retain finished requests' KV; prefill: pull history from decode nodes"},
+        {"responses-ttl", CLI_DBL, &f.rsp_ttl, 1, 86400 * 7,
+         "seconds a stored response (previous_response_id) is kept from its last use "
+         "(default: --decoder-kv-blocks-ttl)"},
+        {"responses-max-mb", CLI_INT, &f.rsp_mb, 1, 1 << 20,
+         "stored responses' memory, least recently used out first (default 256)"},
         {"decoder-kv-blocks-ttl", CLI_DBL, &f.retain_ttl, 1, 86400 * 7,
          "seconds a node retains a finished request's KV (default 480)"},
         {"kv-recompute-threshold", CLI_INT, &f.threshold, 0, 1 << 24,

@@ -56,7 +56,47 @@ int node_answer_setup(node_req *q)
 {
     if (q->parse && q->stream && !(q->tp = oai_tools_create(&q->topts)))
         return dx_errf(DX_ENOMEM, "tool-call parser");
+    if (q->front == OAI_FRONT_CHAT) return 0;
+    oai_front_config c = {.api = q->front, .model = q->client_model, .prompt_hint = q->n_prompt};
+    if (q->front == OAI_FRONT_RESPONSES)
+        c.rsp = (oai_rsp_meta){.id = q->rsp_id, .created_at = q->meta.created, .echo = q->rsp.echo};
+    if (!(q->fr = oai_front_create(&c))) return dx_errf(DX_ENOMEM, "the answer's front door");
     return 0;
+}
+
+/* ---- the client's end: chat bytes as they are, or through the door ------------- */
+
+/* A stream's bytes (whole chat SSE events) to the client.  A front door's
+ * answer is written again in its shape first (oai_front.h).  0, or the
+ * write's failure (the connection is then closing: on_client_gone ran). */
+static int out_write(node_req *q, const char *p, size_t n)
+{
+    if (!q->fr) return http_conn_stream_write(q->conn, p, n);
+    dx_buf *b = &q->srv->scratch_front; /* reused: no allocation per token once grown */
+    dx_buf_reset(b);
+    if (oai_front_sse(q->fr, p, n, b) < 0) {
+        b->len = 0; /* cannot be: our own chat bytes; the stream ends short, and says so */
+        oai_front_sse_fail(q->fr, 500, "the answer could not be written", b);
+    }
+    return b->len ? http_conn_stream_write(q->conn, b->data, b->len) : 0;
+}
+
+/* A whole answer (or an error) to the client, in the door's shape. */
+static void out_full(node_req *q, int status, const char *hdr, const char *body, size_t len)
+{
+    if (!q->fr) {
+        http_conn_respond(q->conn, status, "application/json", hdr, body, len);
+        return;
+    }
+    dx_buf b;
+    dx_buf_init(&b, 0);
+    if (oai_front_full(q->fr, status, body, len, &b) < 0) { /* out of memory */
+        static const char oom[] = "{\"error\":{\"message\":\"out of memory; try again\"}}";
+        http_conn_respond(q->conn, 503, "application/json", HTTP_RETRY_AFTER, oom, sizeof oom - 1);
+    } else {
+        http_conn_respond(q->conn, status, "application/json", hdr, b.data, b.len);
+    }
+    dx_buf_free(&b);
 }
 
 static void start_stream(node_req *q)
@@ -74,10 +114,20 @@ static void start_stream(node_req *q)
             q->lost = 1;
             q->srv->be.cancel(q->srv->be.self, q->engine_id);
         } else {
-            rc = http_conn_stream_write(q->conn, b.data, b.len);
+            rc = out_write(q, b.data, b.len);
         }
     }
     dx_buf_free(&b); /* a failed write has run on_client_gone already */
+}
+
+/* The stop string that ended the answer, or NULL (vLLM's stop_reason). */
+static const char *stop_reason(const node_req *q)
+{
+    int k = q->fin.finish == ENGINE_FINISH_STOP ? q->fin.stop_index : -1;
+    if (k < 0 || (uint32_t)k >= q->n_stops) return NULL;
+    const char *p = q->stops.data;
+    for (int i = 0; i < k; i++) p += strlen(p) + 1;
+    return p;
 }
 
 /* The value of a choice's "logprobs" for records r[0..n) into out: each
@@ -134,7 +184,10 @@ static int parsed_chunks(node_req *q, dx_buf *b, const oai_tools_ev *ev, size_t 
         if (!rc) rc = oai_sse_chunk(b, &q->meta, &c, 0, q->include_usage, NULL);
     }
     if (!rc && ((!n_ev && logprobs) || finish)) {
-        oai_choice c = {.text = "", .logprobs = n_ev ? NULL : logprobs, .finish = finish};
+        oai_choice c = {.text = "",
+                        .logprobs = n_ev ? NULL : logprobs,
+                        .finish = finish,
+                        .stop_reason = finish ? stop_reason(q) : NULL};
         rc = oai_sse_chunk(b, &q->meta, &c, 0, q->include_usage, finish ? q->extra : NULL);
     }
     dx_buf_free(&raw);
@@ -197,7 +250,7 @@ void node_answer_tokens(node_req *q, const char *text, size_t len, size_t n_toke
         return;
     }
     /* A failed write has already closed the connection and run on_client_gone. */
-    http_conn_stream_write(q->conn, b->data, b->len);
+    out_write(q, b->data, b->len);
 }
 
 /* Why the answer failed, or NULL when it finished normally.  A cancel that
@@ -228,7 +281,9 @@ static int finish_stream(node_req *q, const oai_usage *u)
                           oai_tools_finish_reason(q->tp, node_answer_finish_name(q->fin.finish)));
     } else {
         oai_sse_chunk(&b, &q->meta,
-                      &(oai_choice){.text = "", .finish = node_answer_finish_name(q->fin.finish)},
+                      &(oai_choice){.text = "",
+                                    .finish = node_answer_finish_name(q->fin.finish),
+                                    .stop_reason = stop_reason(q)},
                       0, q->include_usage, q->extra);
     }
     if (q->include_usage) oai_sse_usage(&b, &q->meta, u);
@@ -237,11 +292,10 @@ static int finish_stream(node_req *q, const oai_usage *u)
         static const char oom[] = "data: {\"error\":{\"message\":\"out of memory; the answer is "
                                   "incomplete\",\"type\":\"server_error\"}}\n\ndata: [DONE]\n\n";
         dx_buf_free(&b);
-        if (http_conn_stream_write(q->conn, oom, sizeof oom - 1) == 0)
-            http_conn_stream_end(q->conn);
+        if (out_write(q, oom, sizeof oom - 1) == 0) http_conn_stream_end(q->conn);
         return 200;
     }
-    if (http_conn_stream_write(q->conn, b.data, b.len) == 0) http_conn_stream_end(q->conn);
+    if (out_write(q, b.data, b.len) == 0) http_conn_stream_end(q->conn);
     dx_buf_free(&b);
     return 200; /* the status went out with the stream's head */
 }
@@ -260,7 +314,8 @@ static int finish_full(node_req *q, const oai_usage *u)
     else {
         oai_choice c = {.text = q->text.data ? q->text.data : "",
                         .len = q->text.len,
-                        .finish = node_answer_finish_name(q->fin.finish)};
+                        .finish = node_answer_finish_name(q->fin.finish),
+                        .stop_reason = stop_reason(q)};
         dx_buf lp, msg;
         dx_buf_init(&lp, 0);
         dx_buf_init(&msg, 0);
@@ -283,15 +338,14 @@ static int finish_full(node_req *q, const oai_usage *u)
                                   "\"server_error\",\"param\":null,\"code\":null}}";
         dx_buf_free(&b);
         status = 503;
-        http_conn_respond(q->conn, status, "application/json", HTTP_RETRY_AFTER, oom,
-                          sizeof oom - 1);
+        out_full(q, status, HTTP_RETRY_AFTER, oom, sizeof oom - 1);
         return status;
     }
-    http_conn_respond(q->conn, status, "application/json",
-                      status == 503   ? HTTP_RETRY_AFTER
-                      : status == 200 ? q->warn_hdr
-                                      : NULL,
-                      b.data, b.len);
+    out_full(q, status,
+             status == 503   ? HTTP_RETRY_AFTER
+             : status == 200 ? q->warn_hdr
+                             : NULL,
+             b.data, b.len);
     dx_buf_free(&b);
     return status;
 }

@@ -39,6 +39,7 @@ static void done_store(node_done *d, const engine_event *ev)
     d->n_cached = ev->n_cached;
     d->n_gen = ev->n_gen;
     d->n_preempted = ev->n_preempted;
+    d->stop_index = ev->stop_index;
     d->ttft_s = ev->ttft_s;
     d->has_msg = ev->error_msg != NULL;
     snprintf(d->msg, sizeof d->msg, "%s", ev->error_msg ? ev->error_msg : "");

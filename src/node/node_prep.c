@@ -16,7 +16,10 @@
 #include "base/dx_alloc.h"
 #include "base/dx_buf.h"
 #include "base/dx_err.h"
+#include "base/dx_clock.h"
 #include "node/node_server_priv.h"
+#include "oai/oai_anth.h"
+#include "oai/oai_rsp.h"
 
 static int prompt_error(const oai_req *o, const char *msg, oai_err *err)
 {
@@ -80,7 +83,7 @@ static int encode_prompt(node_server *s, node_req *q, oai_err *err)
 
 /* What the answer needs from the parsed request, and P/D's view of it
  * (node_hooks_view), which outlives the parsed request. */
-static void req_take_parsed(node_req *q)
+static int req_take_parsed(node_req *q)
 {
     q->stream = q->o.stream;
     q->include_usage = q->o.stream && q->o.include_usage;
@@ -88,6 +91,51 @@ static void req_take_parsed(node_req *q)
     q->top_logprobs = q->o.top_logprobs;
     q->has_max_tokens = q->o.has_max_tokens;
     q->max_tokens = q->o.max_tokens;
+    /* the stop strings outlive the parsed request: a finish names the one
+     * that ended it (stop_reason) */
+    for (size_t i = 0; i < q->o.n_stop; i++)
+        if (dx_buf_append(&q->stops, q->o.stop[i], strlen(q->o.stop[i]) + 1))
+            return dx_errf(DX_ENOMEM, "out of memory for the stop strings");
+    q->n_stops = (uint32_t)q->o.n_stop;
+    if (q->front != OAI_FRONT_CHAT && !(q->client_model = dx_strdup(q->o.model)))
+        return dx_errf(DX_ENOMEM, "out of memory");
+    return 0;
+}
+
+/* A Responses request: parsed, continued from its previous response (the
+ * caller's own, from the store), translated into the chat request it says
+ * and parsed as that. */
+static int parse_responses(node_server *s, node_req *q, const oai_parse_opts *opts, oai_err *err)
+{
+    int rc = oai_rsp_parse(q->prep.body, q->prep.len, &q->rsp, err);
+    json_t *prev = NULL;
+    if (!rc && q->rsp.previous_response_id) {
+        rc = oai_rsp_store_messages(s->responses, q->has_tenant ? q->tenant : NULL,
+                                    q->rsp.previous_response_id, dx_now_s(), &prev);
+        if (rc == 0) { /* unknown, expired, deleted, another tenant's, or store: false */
+            rc = oai_rsp_err_previous(err, q->rsp.previous_response_id);
+            err->status = 404;
+            q->prep_code = "previous_response_not_found";
+        } else if (rc == 1) {
+            rc = 0;
+        }
+    }
+    if (!rc) rc = oai_rsp_to_chat(&q->rsp, prev, &q->chat_doc, err);
+    json_decref(prev);
+    if (!rc) rc = oai_rsp_chat_parse(q->chat_doc, opts, &q->o, err);
+    return rc;
+}
+
+/* The request's body as the chat (or completions) request it is or says. */
+static int parse_body(node_server *s, node_req *q, const oai_parse_opts *opts, oai_err *err)
+{
+    if (q->front == OAI_FRONT_RESPONSES) return parse_responses(s, q, opts, err);
+    if (q->front == OAI_FRONT_MESSAGES) {
+        oai_anth_opts ao = {.count_tokens = q->count_only};
+        oai_anth_info info;
+        return oai_anth_req_parse(q->prep.body, q->prep.len, &ao, opts, &q->o, &info, err);
+    }
+    return oai_req_parse(q->kind, q->prep.body, q->prep.len, opts, &q->o, err);
 }
 
 /* POST /tokenize takes a completion's "prompt" or a chat's "messages". */
@@ -149,9 +197,15 @@ void node_prep_run(work_job *j)
     node_server *s = q->srv;
     oai_err *err = &q->prep_err;
     oai_parse_opts opts = {.n_vocab = s->be.n_vocab};
-    if (q->tokenize) q->kind = tokenize_kind(q);
-    q->prep_rc = oai_req_parse(q->kind, q->prep.body, q->prep.len, &opts, &q->o, err);
-    if (q->prep_rc < 0) return;
+    if (q->tokenize && q->front == OAI_FRONT_CHAT) q->kind = tokenize_kind(q);
+    q->prep_rc = parse_body(s, q, &opts, err);
+    if (q->prep_rc < 0) {
+        if (!err->status) { /* out of memory inside a translation */
+            err->status = 503;
+            snprintf(err->message, sizeof err->message, "out of memory; try again");
+        }
+        return;
+    }
     if (!q->tokenize && strcmp(q->o.model, node_served_name(s)) &&
         strcmp(q->o.model, s->be.model_name)) {
         err->status = 404;
@@ -162,7 +216,11 @@ void node_prep_run(work_job *j)
         q->prep_rc = DX_ENOENT;
         return;
     }
-    req_take_parsed(q);
+    if ((q->prep_rc = req_take_parsed(q)) < 0) {
+        err->status = 503;
+        snprintf(err->message, sizeof err->message, "out of memory; try again");
+        return;
+    }
     http_auth_cache_salt(s->cfg.auth, &q->who, q->o.cache_salt, q->o.cache_salt_len, q->salt);
     node_pd_view v;
     node_hooks_view(q, &v);

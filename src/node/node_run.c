@@ -351,6 +351,8 @@ static int start_server(run_ctx *r)
         .recompute_threshold = r->cfg.recompute_threshold,
         .no_prefix_cache = r->cfg.engine.no_prefix_cache,
         .history_ttl_s = r->cfg.retain_ttl_s,
+        .responses_ttl_s = r->cfg.responses_ttl_s,
+        .responses_max_bytes = r->cfg.responses_max_bytes,
         .served_model_name = r->cfg.served_model_name,
         .auth = r->auth,
         .on_drain = on_drain_request,

@@ -53,6 +53,9 @@ typedef struct {
     const char *tool_parser, *reasoning_parser;
     const char *chat_template; /* --chat-template FILE, or NULL: the model's */
     double pin_ttl_s, lease_ttl_s, retain_ttl_s;
+    /* the Responses API's stored responses (node_server.h; 0: the defaults) */
+    double responses_ttl_s;
+    size_t responses_max_bytes;
     int bidirectional;
     uint32_t recompute_threshold;
     /* --api-key, --api-key-file, --internal-key-file, --trust-kv-params-from

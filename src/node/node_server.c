@@ -31,8 +31,11 @@
 #include "base/dx_log.h"
 #include "http/http_conn.h"
 #include "node/node_server_priv.h"
+#include "base/dx_clock.h"
+#include "oai/oai_anth.h"
 #include "oai/oai_req.h"
 #include "oai/oai_resp.h"
+#include "oai/oai_rsp.h"
 #include "http/prom.h"
 
 const char *node_role_name(enum node_role r)
@@ -71,6 +74,11 @@ static void req_free(node_req *q)
     dx_free(q->extra);
     node_gram_release(q->srv->grams, q->gram);
     dx_free(q->warn_hdr);
+    oai_front_destroy(q->fr);
+    oai_rsp_req_free(&q->rsp);
+    json_decref(q->chat_doc);
+    dx_free(q->client_model);
+    dx_buf_free(&q->stops);
     dx_free(q);
 }
 
@@ -154,7 +162,7 @@ static void fill_engine_request(node_req *q, engine_request *er)
  * who: the caller's credentials (whether its kv_transfer_params count, its
  * namespace), kept for the preparation. */
 static node_req *req_new(node_server *s, http_conn *c, enum oai_kind kind,
-                         const http_auth_result *who, uint64_t t0)
+                         enum oai_front_api front, const http_auth_result *who, uint64_t t0)
 {
     node_req *q = dx_calloc(1, sizeof *q);
     if (!q) return NULL;
@@ -165,8 +173,19 @@ static node_req *req_new(node_server *s, http_conn *c, enum oai_kind kind,
     q->who.message = NULL;
     q->trusted = who->trusted;
     q->t_start_ns = t0;
-    q->path = kind == OAI_CHAT ? "/v1/chat/completions" : "/v1/completions";
+    q->front = front;
+    q->path = front == OAI_FRONT_MESSAGES    ? "/v1/messages"
+              : front == OAI_FRONT_RESPONSES ? "/v1/responses"
+              : kind == OAI_CHAT             ? "/v1/chat/completions"
+                                             : "/v1/completions";
     oai_make_id(q->id, sizeof q->id, kind == OAI_CHAT ? "chatcmpl" : "cmpl");
+    if (front == OAI_FRONT_RESPONSES) oai_rsp_make_id(q->rsp_id, sizeof q->rsp_id);
+    int key = who->key;
+    if (key >= 0 && s->cfg.auth) { /* stored responses are the key's own */
+        memcpy(q->tenant, http_auth_key_digest(s->cfg.auth, key), sizeof q->tenant);
+        q->has_tenant = 1;
+    }
+    dx_buf_init(&q->stops, 0);
     q->meta = (oai_meta){kind, q->id, node_served_name(s), (int64_t)time(NULL)};
     dx_buf_init(&q->text, 0);
     dx_buf_init(&q->pend, 0);
@@ -190,6 +209,14 @@ static void fail_early(node_server *s, node_req *q, int status, const char *msg,
                        const char *code)
 {
     req_uncharge(q);
+    oai_err e = {.status = status};
+    if (q->front == OAI_FRONT_RESPONSES) { /* the chat path's field names in the API's */
+        snprintf(e.message, sizeof e.message, "%s", msg);
+        snprintf(e.param, sizeof e.param, "%s", param ? param : "");
+        oai_rsp_err_from_chat(&e);
+        msg = e.message;
+        param = e.param[0] ? e.param : NULL;
+    }
     if (q->conn) {
         http_conn_set_abort(q->conn, NULL, NULL);
         http_app_error(s->app, q->conn, "POST", q->path, status, msg, param, code, q->t_start_ns);
@@ -260,11 +287,16 @@ static void answer_tokens(node_server *s, node_req *q)
 {
     dx_buf b;
     dx_buf_init(&b, 0);
-    int rc = dx_buf_printf(&b, "{\"count\":%zu,\"max_model_len\":%u,\"tokens\":[", q->n_prompt,
+    int rc;
+    if (q->count_only) { /* Anthropic's count_tokens: the size only */
+        rc = oai_anth_count_json(&b, (uint32_t)q->n_prompt);
+    } else {
+        rc = dx_buf_printf(&b, "{\"count\":%zu,\"max_model_len\":%u,\"tokens\":[", q->n_prompt,
                            s->be.n_ctx);
-    for (size_t i = 0; !rc && i < q->n_prompt; i++)
-        rc = dx_buf_printf(&b, i ? ",%d" : "%d", q->prompt[i]);
-    if (!rc) rc = dx_buf_puts(&b, "]}");
+        for (size_t i = 0; !rc && i < q->n_prompt; i++)
+            rc = dx_buf_printf(&b, i ? ",%d" : "%d", q->prompt[i]);
+        if (!rc) rc = dx_buf_puts(&b, "]}");
+    }
     http_conn_set_abort(q->conn, NULL, NULL);
     if (rc)
         fail_early(s, q, 500, "out of memory", NULL, NULL);
@@ -305,7 +337,7 @@ static void prep_done(work_job *j)
     }
     /* the parsed request (several times its body for many small messages)
      * counts in the buffer budget until the engine has copied what it needs */
-    q->charged = q->o.mem_bytes;
+    q->charged = q->o.mem_bytes + q->rsp.mem_bytes;
     if (http_conn_charge(q->conn, q->charged)) {
         fail_early(s, q, 503, HTTP_BUSY_BUFFERS, NULL, NULL);
         return;
@@ -320,7 +352,8 @@ static void prep_done(work_job *j)
 /* A completion or /tokenize request is prepared on the pool, holding the
  * connection (its body) until then; the loop goes on serving meanwhile. */
 static void route_prepare(node_server *s, http_conn *c, const http_req *r, enum oai_kind kind,
-                          int tokenize, const http_auth_result *who, uint64_t t0)
+                          enum oai_front_api front, int tokenize, const http_auth_result *who,
+                          uint64_t t0)
 {
     if (!s->ready || (s->draining && !tokenize)) {
         respond_error(s, c, r, 503,
@@ -328,12 +361,13 @@ static void route_prepare(node_server *s, http_conn *c, const http_req *r, enum 
                       NULL, t0);
         return;
     }
-    node_req *q = req_new(s, c, kind, who, t0);
+    node_req *q = req_new(s, c, kind, front, who, t0);
     if (!q) {
         respond_error(s, c, r, 500, "out of memory", NULL, NULL, t0);
         return;
     }
-    if (tokenize) q->path = "/tokenize";
+    q->count_only = tokenize && front == OAI_FRONT_MESSAGES;
+    if (tokenize) q->path = q->count_only ? "/v1/messages/count_tokens" : "/tokenize";
     q->tokenize = tokenize;
     q->preparing = 1;
     req_link(q); /* a shutdown waits for it */
@@ -454,12 +488,46 @@ static void on_metrics(void *u, http_conn *c, const http_req *r, const http_app_
     node_metrics_respond(u, c, r, k->t0);
 }
 
-enum { PREP_CHAT, PREP_COMPLETION, PREP_TOKENIZE };
+enum { PREP_CHAT, PREP_COMPLETION, PREP_TOKENIZE, PREP_MESSAGES, PREP_COUNT, PREP_RESPONSES };
 
 static void on_prepare(void *u, http_conn *c, const http_req *r, const http_app_call *k)
 {
-    route_prepare(u, c, r, k->arg == PREP_CHAT ? OAI_CHAT : OAI_COMPLETION, k->arg == PREP_TOKENIZE,
-                  k->who, k->t0);
+    enum oai_front_api front = k->arg == PREP_MESSAGES || k->arg == PREP_COUNT ? OAI_FRONT_MESSAGES
+                               : k->arg == PREP_RESPONSES                      ? OAI_FRONT_RESPONSES
+                                                                               : OAI_FRONT_CHAT;
+    route_prepare(u, c, r, k->arg == PREP_COMPLETION ? OAI_COMPLETION : OAI_CHAT, front,
+                  k->arg == PREP_TOKENIZE || k->arg == PREP_COUNT, k->who, k->t0);
+}
+
+/* GET and DELETE /v1/responses/{id}: the caller's own stored responses. */
+static void on_response(void *u, http_conn *c, const http_req *r, const http_app_call *k)
+{
+    node_server *s = u;
+    const char *id = r->path + strlen("/v1/responses/");
+    const uint8_t *tenant =
+        k->who->key >= 0 && s->cfg.auth ? http_auth_key_digest(s->cfg.auth, k->who->key) : NULL;
+    dx_buf b;
+    dx_buf_init(&b, 0);
+    int found;
+    if (!strcmp(r->method, "DELETE")) {
+        found = oai_rsp_store_delete(s->responses, tenant, id);
+        if (found) oai_rsp_deleted_json(&b, id);
+    } else {
+        char *obj;
+        size_t len;
+        found = oai_rsp_store_response(s->responses, tenant, id, dx_now_s(), &obj, &len);
+        if (found > 0) dx_buf_append(&b, obj, len);
+        if (found > 0) dx_free(obj);
+    }
+    if (found > 0) {
+        respond_json(s, c, r->method, r->path, 200, NULL, &b, k->t0);
+    } else {
+        char msg[200];
+        snprintf(msg, sizeof msg, "Response with id '%.128s' not found.", id);
+        respond_error(s, c, r, found < 0 ? 500 : 404, found < 0 ? dx_errmsg() : msg, NULL,
+                      found < 0 ? NULL : "response_not_found", k->t0);
+    }
+    dx_buf_free(&b);
 }
 
 static void on_detokenize(void *u, http_conn *c, const http_req *r, const http_app_call *k)
@@ -483,16 +551,57 @@ static const http_app_route k_routes[] = {
     {.path = "/tokenize", .methods = HTTP_APP_POST, .fn = on_prepare, .arg = PREP_TOKENIZE},
     {.path = "/detokenize", .methods = HTTP_APP_POST, .fn = on_detokenize},
     {.path = "/admin/drain", .methods = HTTP_APP_POST, .fn = on_drain},
+    /* the other front doors (docs/api.md) */
+    {.path = "/v1/messages",
+     .methods = HTTP_APP_POST,
+     .fn = on_prepare,
+     .arg = PREP_MESSAGES,
+     .error = oai_anth_http_error},
+    {.path = "/v1/messages/count_tokens",
+     .methods = HTTP_APP_POST,
+     .fn = on_prepare,
+     .arg = PREP_COUNT,
+     .error = oai_anth_http_error},
+    {.path = "/v1/responses", .methods = HTTP_APP_POST, .fn = on_prepare, .arg = PREP_RESPONSES},
+    {.path = "/v1/responses/",
+     .methods = HTTP_APP_GET | HTTP_APP_DELETE,
+     .fn = on_response,
+     .prefix = 1},
 };
 
 /* ---- completions: the end -------------------------------------------------- */
 
 /* node_events_drain's done: q's DONE has been taken, the engine is finished
  * with it, so it is answered and ended. */
+/* A Responses answer that completed, kept (unless store: false) for
+ * previous_response_id and GET: the conversation as chat messages and the
+ * response object.  A store that cannot keep it only loses the
+ * continuation, never the answer. */
+static void store_response(node_server *s, node_req *q)
+{
+    if (q->front != OAI_FRONT_RESPONSES || !q->rsp.store || !q->fr || !oai_front_completed(q->fr))
+        return;
+    oai_tools_result r;
+    json_t *hist = NULL;
+    size_t len;
+    const char *obj = oai_front_response(q->fr, &len);
+    int rc = obj ? oai_front_result(q->fr, &r) : DX_EINVAL;
+    if (!rc) {
+        rc = oai_rsp_history(&q->rsp, q->chat_doc, &r, &hist);
+        oai_tools_result_free(&r);
+    }
+    if (!rc)
+        rc = oai_rsp_store_put(s->responses, q->has_tenant ? q->tenant : NULL, q->rsp_id, hist,
+                               obj, len, dx_now_s());
+    if (rc) DX_LOGW("%s: response %s not stored: %s", q->id, q->rsp_id, dx_errmsg());
+    json_decref(hist);
+}
+
 static void req_done(node_server *s, node_req *q)
 {
     node_hooks_finish(s, q); /* the answer's kv_transfer_params, the reply memory */
     int status = node_answer_done(q);
+    store_response(s, q);
     node_metrics_done(s, q, status);
     req_end(s, q);
 }
@@ -574,6 +683,7 @@ int node_server_create(uv_loop_t *loop, const node_server_config *cfg, node_serv
     dx_buf_init(&s->take_cuts, 0);
     dx_buf_init(&s->take_lp, 0);
     dx_buf_init(&s->scratch_lp, 0);
+    dx_buf_init(&s->scratch_front, 0);
     prom_hist_init_latency(&s->ttft);
     prom_hist_init_latency(&s->engine_ttft);
     prom_hist_init_latency(&s->tpot);
@@ -583,8 +693,16 @@ int node_server_create(uv_loop_t *loop, const node_server_config *cfg, node_serv
     hist_mem_config hc_mem = {.ttl_s = cfg->history_ttl_s};
     http_app_config ac = {
         .routes = k_routes, .n_routes = DX_ARRAY_LEN(k_routes), .auth = cfg->auth, .user = s};
-    if (http_app_create(&ac, &s->app) < 0 || hist_mem_create(&hc_mem, &s->mem) < 0) {
+    oai_rsp_store_config rc_store = {
+        .ttl_s = cfg->responses_ttl_s > 0 ? cfg->responses_ttl_s
+                 : cfg->history_ttl_s > 0 ? cfg->history_ttl_s
+                                          : NODE_DEFAULT_RESPONSES_TTL_S,
+        .max_bytes = cfg->responses_max_bytes ? cfg->responses_max_bytes
+                                              : NODE_DEFAULT_RESPONSES_MAX_BYTES};
+    if (http_app_create(&ac, &s->app) < 0 || hist_mem_create(&hc_mem, &s->mem) < 0 ||
+        oai_rsp_store_create(&rc_store, &s->responses) < 0) {
         http_app_destroy(s->app);
+        hist_mem_destroy(s->mem);
         dx_free(s);
         return dx_errf(DX_ENOMEM, "node server: reply history");
     }
@@ -599,6 +717,7 @@ int node_server_create(uv_loop_t *loop, const node_server_config *cfg, node_serv
     if (rc < 0) {
         http_app_destroy(s->app);
         hist_mem_destroy(s->mem);
+        oai_rsp_store_destroy(s->responses);
         dx_free(s);
         return rc;
     }
@@ -609,6 +728,7 @@ int node_server_create(uv_loop_t *loop, const node_server_config *cfg, node_serv
         http_srv_destroy(s->http);
         http_app_destroy(s->app);
         hist_mem_destroy(s->mem);
+        oai_rsp_store_destroy(s->responses);
         dx_free(s);
         return rc;
     }
@@ -668,10 +788,12 @@ void node_server_destroy(node_server *s)
     http_app_destroy(s->app);
     node_pd_free(&s->pd);
     hist_mem_destroy(s->mem);
+    oai_rsp_store_destroy(s->responses);
     dx_buf_free(&s->scratch);
     dx_buf_free(&s->take);
     dx_buf_free(&s->take_cuts);
     dx_buf_free(&s->take_lp);
     dx_buf_free(&s->scratch_lp);
+    dx_buf_free(&s->scratch_front);
     uv_close((uv_handle_t *)&s->wake, on_handle_closed);
 }

@@ -71,6 +71,9 @@ typedef struct {
 
 typedef struct node_server node_server;
 
+#define NODE_DEFAULT_RESPONSES_TTL_S     480.0          /* as the reply memory's */
+#define NODE_DEFAULT_RESPONSES_MAX_BYTES ((size_t)256 << 20)
+
 typedef struct {
     const char *host; /* default 127.0.0.1 */
     int port;         /* 0 = ephemeral */
@@ -91,6 +94,11 @@ typedef struct {
     double history_ttl_s;         /* memory of generated replies; default 480 */
     int prep_threads;             /* threads preparing requests off the loop; default 2 */
     uint32_t grammar_cache;       /* compiled structured-output grammars kept; default 64 */
+    /* The Responses API's stored responses (previous_response_id, GET
+     * /v1/responses/{id}): kept this long from their last use (default: the
+     * reply memory's TTL) and at most this many bytes (default 256 MiB). */
+    double responses_ttl_s;
+    size_t responses_max_bytes;
     /* Called on the loop thread when a shutdown has drained. */
     void (*on_stopped)(void *user);
     /* POST /admin/drain (authorised): the owner drains (node_server_drain)

@@ -32,8 +32,11 @@
 #include "node/node_gram.h"
 #include "node/node_pd.h"
 #include "node/node_server.h"
+#include "oai/oai_front.h"
 #include "oai/oai_req.h"
 #include "oai/oai_resp.h"
+#include "oai/oai_rsp.h"
+#include "oai/oai_rsp_store.h"
 #include "oai/oai_tools.h"
 #include "http/prom.h"
 #include "http/work_pool.h"
@@ -65,6 +68,7 @@ typedef struct {
     enum engine_finish finish;
     int error;
     uint32_t n_prompt, n_cached, n_gen, n_preempted;
+    int stop_index; /* the stop string that ended it (index in the request's), or -1 */
     double ttft_s; /* engine-side: submit → first token */
     int has_msg;
     char msg[256];
@@ -81,6 +85,22 @@ struct node_req {
     size_t charged;     /* loop: the parsed request's bytes in conn's buffer budget */
     int tokenize;       /* POST /tokenize: the answer is the prompt's tokens */
     enum oai_kind kind;
+    /* The front door it came through (docs/api.md): chat and completions
+     * are answered as they are; a Messages or Responses request was
+     * translated into a chat request while preparing, and its chat answer
+     * goes out through `fr` in the door's shape. */
+    enum oai_front_api front;
+    int count_only;   /* POST /v1/messages/count_tokens: the answer is the prompt's size */
+    oai_front *fr;    /* the answer's transcoder (front doors; made at submit) */
+    char *client_model; /* the model string the client sent (front doors' answers) */
+    oai_rsp_req rsp;  /* Responses: the request as parsed (store, echo, previous id) */
+    json_t *chat_doc; /* Responses: the chat request it became (its messages: the history) */
+    char rsp_id[48];  /* Responses: "resp_…" */
+    uint8_t tenant[OAI_RSP_STORE_TENANT]; /* the caller's API-key digest (stored responses) */
+    int has_tenant;
+    /* the request's stop strings (NUL-separated), to say which ended it */
+    dx_buf stops;
+    uint32_t n_stops;
     int prep_rc; /* pool → loop: 0, or the failure in prep_err */
     oai_err prep_err;
     const char *prep_code; /* the error's OpenAI code, or NULL */
@@ -153,6 +173,7 @@ struct node_server {
     dx_buf take_cuts;  /* and its pieces (node_cut) */
     dx_buf take_lp;    /* and their logprobs (node_lp) */
     dx_buf scratch_lp; /* a chunk's logprobs JSON (loop thread) */
+    dx_buf scratch_front; /* a chunk written again for its front door (loop thread) */
     http_app *app;     /* routes, checks, counted answers (the requests family) */
     /* metrics (loop thread only) */
     prom_hist ttft, engine_ttft, tpot, e2e;
@@ -160,6 +181,7 @@ struct node_server {
     hist_mem *mem;          /* replies this node generated (token-faithful history) */
     work_pool *prep;        /* requests' preparation, off the loop */
     node_gram_cache *grams; /* compiled structured-output grammars (thread-safe) */
+    oai_rsp_store *responses; /* the Responses API's stored responses (thread-safe) */
     node_pd pd;             /* P/D's configuration and counters */
 };
 

@@ -592,6 +592,10 @@ static int parse_sampling(const json_t *root, oai_rsp_req *r, oai_err *err)
     if ((v = field(root, "stream"))) {
         if (get_bool(v, "stream", &r->stream, err)) return failed(err);
         json_object_set(chat, "stream", v);
+        /* the usage arrives before [DONE], for response.completed's */
+        json_t *so = r->stream ? json_pack("{s:b}", "include_usage", 1) : NULL;
+        if (r->stream && (!so || json_object_set_new(chat, "stream_options", so)))
+            return oom(err, "the stream options");
     }
     if ((v = field(root, "user"))) {
         if (!is_cstr(v)) return fail(err, "user", "user: expected a string");

@@ -73,23 +73,48 @@ static void on_metrics(void *u, http_conn *c, const http_req *hr, const http_app
     route_metrics(u, c, hr, k->t0);
 }
 
+enum { API_MODELS, API_CHAT, API_COMPLETIONS, API_MESSAGES, API_COUNT, API_RESPONSES, API_RESPONSE };
+
 static void on_api(void *u, http_conn *c, const http_req *hr, const http_app_call *k)
 {
     router *r = u;
     if (r->draining)
         rt_req_refuse(r, c, hr->method, hr->path, 503, "the router is shutting down", NULL, k->t0);
-    else if (k->arg < 0)
+    else if (k->arg == API_MODELS)
         rt_flow_passthrough(r, c, hr, k->t0);
+    else if (k->arg == API_RESPONSE)
+        rt_flow_response(r, c, hr, k->who, k->t0);
     else
-        rt_flow_completion(r, c, hr, (enum oai_kind)k->arg, k->who, k->t0);
+        rt_flow_completion(r, c, hr, k->arg == API_COMPLETIONS ? OAI_COMPLETION : OAI_CHAT,
+                           k->arg == API_MESSAGES || k->arg == API_COUNT ? OAI_FRONT_MESSAGES
+                           : k->arg == API_RESPONSES                     ? OAI_FRONT_RESPONSES
+                                                                         : OAI_FRONT_CHAT,
+                           k->arg == API_COUNT, k->who, k->t0);
 }
 
 static const http_app_route k_routes[] = {
     {.path = "/health", .methods = HTTP_APP_GET, .open = 1, .fn = on_health},
     {.path = "/metrics", .methods = HTTP_APP_GET, .open = 1, .fn = on_metrics},
-    {.path = "/v1/models", .methods = HTTP_APP_GET, .fn = on_api, .arg = -1},
-    {.path = "/v1/chat/completions", .methods = HTTP_APP_POST, .fn = on_api, .arg = OAI_CHAT},
-    {.path = "/v1/completions", .methods = HTTP_APP_POST, .fn = on_api, .arg = OAI_COMPLETION},
+    {.path = "/v1/models", .methods = HTTP_APP_GET, .fn = on_api, .arg = API_MODELS},
+    {.path = "/v1/chat/completions", .methods = HTTP_APP_POST, .fn = on_api, .arg = API_CHAT},
+    {.path = "/v1/completions", .methods = HTTP_APP_POST, .fn = on_api, .arg = API_COMPLETIONS},
+    /* the other front doors (docs/api.md): translated here, chat to the nodes */
+    {.path = "/v1/messages",
+     .methods = HTTP_APP_POST,
+     .fn = on_api,
+     .arg = API_MESSAGES,
+     .error = oai_anth_http_error},
+    {.path = "/v1/messages/count_tokens",
+     .methods = HTTP_APP_POST,
+     .fn = on_api,
+     .arg = API_COUNT,
+     .error = oai_anth_http_error},
+    {.path = "/v1/responses", .methods = HTTP_APP_POST, .fn = on_api, .arg = API_RESPONSES},
+    {.path = "/v1/responses/",
+     .methods = HTTP_APP_GET | HTTP_APP_DELETE,
+     .fn = on_api,
+     .arg = API_RESPONSE,
+     .prefix = 1},
 };
 
 /* ---- lifecycle ------------------------------------------------------------------ */
@@ -171,6 +196,14 @@ static int setup_parts(router *r)
                               .node_of = rt_nodes_decode_of,
                               .user = r};
     if ((rc = router_store_create(&sc, &r->store))) return rc;
+    router_rsp_config rc_rsp = {
+        .ttl_s = r->cfg.responses_ttl_s > 0 ? r->cfg.responses_ttl_s : ROUTER_DEFAULT_RESPONSES_TTL_S,
+        .max_bytes = r->cfg.responses_max_bytes ? r->cfg.responses_max_bytes
+                                                : ROUTER_DEFAULT_RESPONSES_MAX_BYTES,
+        .redis = r->cfg.state_url,
+        .prefix = r->cfg.state_prefix,
+        .timeout_ms = r->cfg.state_timeout_ms};
+    if ((rc = router_rsp_create(&rc_rsp, &r->responses))) return rc;
     if ((rc = router_up_create(r->loop, &r->up))) return rc;
     if ((rc = work_pool_create(r->loop, 2, &r->prep))) return rc;
     if (r->cfg.discover && (rc = rt_nodes_discover(r))) return rc;
@@ -189,6 +222,8 @@ static void free_parts(router *r)
 {
     router_store_destroy(r->store);
     r->store = NULL;
+    router_rsp_destroy(r->responses);
+    r->responses = NULL;
     model_free(r->tok);
     r->tok = NULL;
     http_auth_destroy(r->auth);
@@ -196,6 +231,7 @@ static void free_parts(router *r)
     rt_nodes_free(r);
     rt_metrics_free(r);
     dx_buf_free(&r->scratch);
+    dx_buf_free(&r->front_out);
     dx_buf_free(&r->out);
 }
 
@@ -252,6 +288,7 @@ int router_create(uv_loop_t *loop, const router_config *cfg, router **out)
     r->on_req_gone = on_req_gone;
     rt_metrics_init(r);
     dx_buf_init(&r->scratch, 0);
+    dx_buf_init(&r->front_out, 0);
     dx_buf_init(&r->out, 0);
     int rc = setup_parts(r);
     if (rc) {

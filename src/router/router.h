@@ -29,6 +29,9 @@ enum router_mode { ROUTER_BIDIRECTIONAL, ROUTER_UNIDIRECTIONAL };
 
 typedef struct router router;
 
+#define ROUTER_DEFAULT_RESPONSES_TTL_S     480.0 /* as the decode nodes' retention */
+#define ROUTER_DEFAULT_RESPONSES_MAX_BYTES ((size_t)256 << 20)
+
 typedef struct {
     const char *host;           /* default 127.0.0.1 */
     int port;                   /* 0 = ephemeral */
@@ -51,6 +54,12 @@ typedef struct {
     const char *state_url;
     const char *state_prefix;
     int state_timeout_ms;
+    /* The Responses API's stored responses (router_rsp.h): in state_url's
+     * Redis when it is set, else here; kept this long from their last use
+     * (default 480 s, the decode retention's) and, here, at most this many
+     * bytes (default 256 MiB). */
+    double responses_ttl_s;
+    size_t responses_max_bytes;
     uint32_t local_prefill_max_tokens; /* uncached tokens below this skip the prefill node */
     uint32_t decode_max_outstanding;   /* default 64: affinity yields to load beyond it */
     uint64_t health_interval_ms;       /* default 1000 */

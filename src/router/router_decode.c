@@ -115,6 +115,7 @@ static void dec_finish_stream(rt_req *q, int rc)
         }
         rt_req_stream_finish(q, NULL);
         rt_entry_store(q);
+        rt_entry_store_response(q);
         return;
     }
     char msg[300];
@@ -146,6 +147,7 @@ static void dec_finish_full(rt_req *q, long status)
     q->t_first = dx_now_ns();
     rt_metrics_observe(&r->ttft, q->t0);
     rt_entry_store(q);
+    rt_entry_store_response(q);
 }
 
 static void dec_on_done(void *user, int rc, long status)

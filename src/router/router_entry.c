@@ -9,6 +9,7 @@
 
 #include "base/dx_alloc.h"
 #include "base/dx_err.h"
+#include "base/dx_log.h"
 #include "router/router_flow_priv.h"
 
 void rt_entry_take(rt_req *q, const router_store_hit *e)
@@ -116,4 +117,69 @@ void rt_entry_store(rt_req *q)
     const router_key *drop = q->key_kind == KEY_CHAT && q->entry.found ? &q->key : NULL;
     router_store_put(r->store, &k, drop, q->decode, txt.data, txt.len, ntok, ttl);
     dx_buf_free(&txt);
+}
+
+/* ---- the Responses API's stored responses ------------------------------------------- */
+
+/* What a store job carries: its own copies, as q ends before it runs. */
+typedef struct {
+    work_job job;
+    router *r;
+    uint8_t tenant[OAI_RSP_STORE_TENANT];
+    int has_tenant;
+    char id[48];
+    json_t *history;
+    char *response;
+    size_t len;
+} store_job;
+
+static void store_run(work_job *j)
+{
+    store_job *s = (store_job *)((char *)j - offsetof(store_job, job));
+    if (router_rsp_put(s->r->responses, s->has_tenant ? s->tenant : NULL, s->id, s->history,
+                       s->response, s->len) < 0)
+        DX_LOGW("router: response %s not stored: %s", s->id, dx_errmsg());
+}
+
+static void store_done(work_job *j)
+{
+    store_job *s = (store_job *)((char *)j - offsetof(store_job, job));
+    router *r = s->r;
+    json_decref(s->history);
+    dx_free(s->response);
+    dx_free(s);
+    r->n_work--;
+    r->on_req_gone(r); /* a destroyed router waits for its jobs */
+}
+
+void rt_entry_store_response(rt_req *q)
+{
+    router *r = q->r;
+    if (q->front != OAI_FRONT_RESPONSES || !q->rsp.store || !q->fr || !oai_front_completed(q->fr))
+        return;
+    size_t len;
+    const char *obj = oai_front_response(q->fr, &len);
+    oai_tools_result res;
+    store_job *s = obj ? dx_calloc(1, sizeof *s) : NULL;
+    int rc = s ? oai_front_result(q->fr, &res) : DX_ENOMEM;
+    if (!rc) {
+        rc = oai_rsp_history(&q->rsp, q->chat_doc, &res, &s->history);
+        oai_tools_result_free(&res);
+    }
+    if (!rc && !(s->response = dx_strndup(obj, len))) rc = DX_ENOMEM;
+    if (rc) {
+        DX_LOGW("router: response %s not stored: out of memory", q->rsp_id);
+        if (s) json_decref(s->history);
+        if (s) dx_free(s->response);
+        dx_free(s);
+        return;
+    }
+    s->r = r;
+    s->len = len;
+    memcpy(s->id, q->rsp_id, sizeof s->id);
+    memcpy(s->tenant, q->tenant, sizeof s->tenant);
+    s->has_tenant = q->has_tenant;
+    s->job = (work_job){.run = store_run, .done = store_done};
+    r->n_work++;
+    work_pool_submit(r->prep, &s->job);
 }

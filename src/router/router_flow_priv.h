@@ -28,7 +28,22 @@ struct rt_req {
     dx_list link;    /* r->active */
     http_conn *conn; /* NULL once answered or gone */
     const char *method, *path;
+    const char *up_path; /* what the nodes are asked: the chat route for the other doors */
     enum oai_kind kind;
+    /* The front door it came through (oai_front.h): a Messages or Responses
+     * request is translated into a chat request while it is prepared, the
+     * nodes answer chat, and `fr` writes their answer in the door's shape
+     * (router_req.c's answers). */
+    enum oai_front_api front;
+    int count_only;     /* Anthropic's count_tokens: the nodes' /tokenize, answered as its size */
+    oai_front *fr;      /* made once prepared */
+    char *client_model; /* the model string the client sent */
+    oai_rsp_req rsp;    /* Responses: the request as parsed */
+    json_t *chat_doc;   /* Responses: the chat request it became (the history's start) */
+    char rsp_id[48];
+    uint8_t tenant[OAI_RSP_STORE_TENANT]; /* the caller's API-key digest */
+    int has_tenant;
+    work_job store_job; /* Responses: storing the answer, off the loop */
     enum rt_phase phase;
     int stream; /* the client asked for a stream */
     int busy;   /* an upstream callback (or the shutdown) owns q and will end it */
@@ -126,6 +141,9 @@ json_t *rt_entry_prefill_params(rt_req *q);
 int rt_entry_splice(const dx_buf *base, const char *params, dx_buf *out);
 /* The turn finished normally: store which node holds it, with its params. */
 void rt_entry_store(rt_req *q);
+/* A Responses answer that completed (and may be stored): kept for
+ * previous_response_id and GET, on the work pool. */
+void rt_entry_store_response(rt_req *q);
 
 /* ---- router_decode.c: the decode leg ---- */
 /* Starts the decode request (on another node if q->decode went down). */

@@ -153,20 +153,62 @@ static int build_prefill_base(rt_req *q, json_t *root)
     return router_json_append(&q->pbase, root);
 }
 
+/* A Responses request: parsed, continued from its previous response (the
+ * caller's own, from the store: a blocking lookup, which is why it is
+ * here), and parsed as the chat request it becomes. */
+static int parse_responses(rt_req *q, const char *body, size_t len, oai_req *o, oai_err *err)
+{
+    oai_parse_opts opts = {.n_vocab = 0};
+    oai_rsp_req_free(&q->rsp);
+    json_decref(q->chat_doc);
+    q->chat_doc = NULL;
+    int rc = oai_rsp_parse(body, len, &q->rsp, err);
+    json_t *prev = NULL;
+    if (!rc && q->rsp.previous_response_id) {
+        rc = router_rsp_messages(q->r->responses, q->has_tenant ? q->tenant : NULL,
+                                 q->rsp.previous_response_id, &prev);
+        if (rc == 0) {
+            rc = oai_rsp_err_previous(err, q->rsp.previous_response_id);
+            err->status = 404;
+        } else if (rc == 1) {
+            rc = 0;
+        } else {
+            err->status = 503;
+            snprintf(err->message, sizeof err->message, "%s", dx_errmsg());
+        }
+    }
+    if (!rc) rc = oai_rsp_to_chat(&q->rsp, prev, &q->chat_doc, err);
+    json_decref(prev);
+    if (!rc) rc = oai_rsp_chat_parse(q->chat_doc, &opts, o, err);
+    return rc;
+}
+
+/* The body as the chat (or completions) request it is or says. */
+static int parse_front(rt_req *q, const char *body, size_t len, oai_req *o, oai_err *err)
+{
+    oai_parse_opts opts = {.n_vocab = 0};
+    if (q->front == OAI_FRONT_RESPONSES) return parse_responses(q, body, len, o, err);
+    if (q->front == OAI_FRONT_MESSAGES) {
+        oai_anth_opts ao = {.count_tokens = q->count_only};
+        oai_anth_info info;
+        return oai_anth_req_parse(body, len, &ao, &opts, o, &info, err);
+    }
+    return oai_req_parse(q->kind, body, len, &opts, o, err);
+}
+
 /* The node's validation, except that a client's kv_transfer_params are
  * dropped whatever they hold (only the router issues them): a body whose
  * only fault is a malformed one is parsed again without it. */
-static int parse_body(enum oai_kind kind, const char *body, size_t len, oai_req *o, oai_err *err)
+static int parse_body(rt_req *q, const char *body, size_t len, oai_req *o, oai_err *err)
 {
-    oai_parse_opts opts = {.n_vocab = 0};
-    int rc = oai_req_parse(kind, body, len, &opts, o, err);
+    int rc = parse_front(q, body, len, o, err);
     if (rc == 0 || strcmp(err->param, "kv_transfer_params") != 0) return rc;
     json_error_t je;
     json_t *root = json_loadb(body, len, 0, &je);
     dx_buf b;
     dx_buf_init(&b, 0);
     json_object_del(root, "kv_transfer_params");
-    if (router_json_append(&b, root) == 0) rc = oai_req_parse(kind, b.data, b.len, &opts, o, err);
+    if (router_json_append(&b, root) == 0) rc = parse_front(q, b.data, b.len, o, err);
     json_decref(root);
     dx_buf_free(&b);
     return rc;
@@ -178,13 +220,17 @@ void rt_prep_run(work_job *j)
 {
     rt_req *q = (rt_req *)((char *)j - offsetof(rt_req, job));
     oai_err err;
-    if (parse_body(q->kind, q->in_body, q->in_len, &q->o, &err) < 0) {
-        q->prep_status = err.status;
+    if (parse_body(q, q->in_body, q->in_len, &q->o, &err) < 0) {
+        q->prep_status = err.status ? err.status : 503;
         snprintf(q->prep_msg, sizeof q->prep_msg, "%s", err.message);
         snprintf(q->prep_param, sizeof q->prep_param, "%s", err.param);
         return;
     }
     q->stream = q->o.stream;
+    if (q->front != OAI_FRONT_CHAT && !(q->client_model = dx_strdup(q->o.model))) {
+        q->prep_status = 500;
+        return;
+    }
     int st = make_keys(q, &q->o);
     if (st) {
         q->prep_status = st;

@@ -29,13 +29,17 @@
 #include "model/model.h"
 #include "http/http_app.h"
 #include "http/http_conn.h"
+#include "oai/oai_anth.h"
+#include "oai/oai_front.h"
 #include "oai/oai_req.h"
+#include "oai/oai_rsp.h"
 #include "http/prom.h"
 #include "http/work_pool.h"
 #include "router/router.h"
 #include "router/router_disc.h"
 #include "router/router_key.h"
 #include "router/router_pick.h"
+#include "router/router_rsp.h"
 #include "router/router_sse.h"
 #include "router/router_store.h"
 #include "router/router_up.h"
@@ -59,8 +63,10 @@ typedef struct {
 
 struct router {
     uv_loop_t *loop;
+    dx_buf front_out; /* an event written again for its front door (loop) */
     router_config cfg;
     http_srv *http;
+    router_rsp *responses; /* the Responses API's stored responses (off the loop only) */
     router_up *up;
     router_store *store;                  /* the conversation map: memory or Redis */
     model *tok;                           /* tokenizer and chat template only, or NULL */
@@ -134,8 +140,13 @@ void rt_metrics_render(router *r, dx_buf *b);
 
 /* ---- the flow's entry points, for router.c ---- */
 /* router_flow.c */
+/* front: the door it came through (oai_front.h); count: Anthropic's
+ * count_tokens (the answer is the prompt's size). */
 void rt_flow_completion(router *r, http_conn *c, const http_req *hr, enum oai_kind kind,
-                        const http_auth_result *who, uint64_t t0);
+                        int front, int count, const http_auth_result *who, uint64_t t0);
+/* GET and DELETE /v1/responses/{id}, on the work pool. */
+void rt_flow_response(router *r, http_conn *c, const http_req *hr, const http_auth_result *who,
+                      uint64_t t0);
 /* GET passed through to a healthy node (/v1/models). */
 void rt_flow_passthrough(router *r, http_conn *c, const http_req *hr, uint64_t t0);
 /* router_req.c: an OpenAI-shaped error answer to a connection that has no

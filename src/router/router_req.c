@@ -34,6 +34,10 @@ static void req_free(rt_req *q)
     dx_free(q->keys);
     dx_buf_free(&q->pbase);
     oai_req_free(&q->o);
+    oai_front_destroy(q->fr);
+    dx_free(q->client_model);
+    oai_rsp_req_free(&q->rsp);
+    json_decref(q->chat_doc);
     dx_free(q);
 }
 
@@ -45,9 +49,15 @@ rt_req *rt_req_new(router *r, http_conn *c, const http_req *hr, uint64_t t0)
     if (!q) return NULL;
     q->r = r;
     q->conn = c;
-    q->path = !strcmp(hr->path, "/v1/chat/completions") ? "/v1/chat/completions"
-              : !strcmp(hr->path, "/v1/completions")    ? "/v1/completions"
-                                                        : "/v1/models";
+    /* the route's own string (the request's goes with its connection) */
+    static const char *const routes[] = {"/v1/chat/completions", "/v1/completions",
+                                         "/v1/messages/count_tokens", "/v1/messages",
+                                         "/v1/responses"};
+    q->path = "/v1/models";
+    for (size_t i = 0; i < DX_ARRAY_LEN(routes); i++)
+        if (!strcmp(hr->path, routes[i])) q->path = routes[i];
+    if (!strncmp(hr->path, "/v1/responses/", 14)) q->path = "/v1/responses/";
+    q->up_path = q->path;
     q->method = !strcmp(hr->method, "POST") ? "POST" : "GET";
     q->t0 = t0;
     q->entry.node = q->decode = q->prefill = q->up_node = -1;
@@ -125,7 +135,7 @@ int rt_req_up_send(rt_req *q, int node, const char *body, size_t len, long timeo
     router *r = q->r;
     router_pick_node *n = &r->live[node];
     char url[RT_URL_MAX + 32];
-    snprintf(url, sizeof url, "%s%s", r->nodes[node].url, q->path);
+    snprintf(url, sizeof url, "%s%s", r->nodes[node].url, q->up_path);
     router_up_request rq = {.method = q->method,
                             .url = url,
                             .auth = q->auth,
@@ -200,17 +210,33 @@ void rt_req_reply_full(rt_req *q, int status, const char *body, size_t len)
     http_conn *c = q->conn;
     q->conn = NULL;
     http_conn_set_abort(c, NULL, NULL);
+    dx_buf b;
+    dx_buf_init(&b, 0);
+    if (q->fr && oai_front_full(q->fr, status, body ? body : "", len, &b) == 0) {
+        body = b.data; /* the door's shape */
+        len = b.len;
+    } else if (q->fr) { /* out of memory: an error, in the route's shape */
+        b.len = 0;
+        http_app_error_body(q->r->app, q->path, &b, status = 503, "out of memory; try again", NULL,
+                            NULL);
+        body = b.data;
+        len = b.len;
+    }
     /* a 503 (a node's full queue passed on, no healthy node) invites a retry,
      * as the nodes' own 503s do */
     http_conn_respond(c, status, "application/json", status == 503 ? HTTP_RETRY_AFTER : NULL,
                       body ? body : "", len);
+    dx_buf_free(&b);
 }
 
 void rt_req_reply_error(rt_req *q, int status, const char *msg, const char *param)
 {
     dx_buf b;
     dx_buf_init(&b, 0);
-    oai_error_json(&b, msg, oai_error_type(status), param, NULL);
+    if (q->fr) /* a chat error, which the door writes in its shape */
+        oai_error_json(&b, msg, oai_error_type(status), param, NULL);
+    else /* not prepared yet: the route's own shape */
+        http_app_error_body(q->r->app, q->path, &b, status, msg, param, NULL);
     rt_req_reply_full(q, status, b.data, b.len);
     dx_buf_free(&b);
 }
@@ -234,6 +260,17 @@ int rt_req_stream_write(rt_req *q, const char *p, size_t n)
 {
     if (stream_begin(q) != 0) return -1;
     q->sent_any = 1;
+    if (q->fr) { /* the chat events in the door's shape */
+        dx_buf *b = &q->r->front_out; /* reused: the loop's */
+        b->len = 0;
+        if (oai_front_sse(q->fr, p, n, b) < 0) {
+            b->len = 0;
+            oai_front_sse_fail(q->fr, 502, "the node's answer could not be read", b);
+        }
+        p = b->data;
+        n = b->len;
+        if (!n) return 0;
+    }
     if (http_conn_stream_write(q->conn, p, n) < 0) return -1;
     return q->conn ? 0 : -1;
 }
