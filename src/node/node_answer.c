@@ -41,7 +41,8 @@ void node_answer_parse_opts(const node_server *s, node_req *q)
     if (o->kind != OAI_CHAT) return;
     q->topts = (oai_tools_opts){
         .tools = o->n_tools && o->tool_choice != OAI_CHOICE_NONE ? s->be.tool_fmt : OAI_TOOLS_NONE,
-        .reasoning = s->be.reasoning};
+        .reasoning = s->be.reasoning,
+        .max_calls = o->parallel_tool_calls ? 0 : 1};
     q->parse = q->topts.tools != OAI_TOOLS_NONE || q->topts.reasoning;
     if (!q->parse || !q->topts.reasoning || !s->be.tk) return;
     size_t n = q->n_prompt < 16 ? q->n_prompt : 16;
