@@ -73,7 +73,15 @@ static void on_metrics(void *u, http_conn *c, const http_req *hr, const http_app
     route_metrics(u, c, hr, k->t0);
 }
 
-enum { API_MODELS, API_CHAT, API_COMPLETIONS, API_MESSAGES, API_COUNT, API_RESPONSES, API_RESPONSE };
+enum {
+    API_MODELS,
+    API_CHAT,
+    API_COMPLETIONS,
+    API_MESSAGES,
+    API_COUNT,
+    API_RESPONSES,
+    API_RESPONSE
+};
 
 static void on_api(void *u, http_conn *c, const http_req *hr, const http_app_call *k)
 {
@@ -197,7 +205,8 @@ static int setup_parts(router *r)
                               .user = r};
     if ((rc = router_store_create(&sc, &r->store))) return rc;
     router_rsp_config rc_rsp = {
-        .ttl_s = r->cfg.responses_ttl_s > 0 ? r->cfg.responses_ttl_s : ROUTER_DEFAULT_RESPONSES_TTL_S,
+        .ttl_s =
+            r->cfg.responses_ttl_s > 0 ? r->cfg.responses_ttl_s : ROUTER_DEFAULT_RESPONSES_TTL_S,
         .max_bytes = r->cfg.responses_max_bytes ? r->cfg.responses_max_bytes
                                                 : ROUTER_DEFAULT_RESPONSES_MAX_BYTES,
         .redis = r->cfg.state_url,

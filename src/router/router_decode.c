@@ -6,7 +6,11 @@
  * once on another decode node with the same params; after the first byte
  * the stream ends with an OpenAI-style error event. */
 #include <stdio.h>
+#include <string.h>
+#include <strings.h>
 
+#include "base/dx_alloc.h"
+#include "base/dx_buf.h"
 #include "base/dx_clock.h"
 #include "base/dx_err.h"
 #include "base/dx_log.h"
@@ -39,6 +43,27 @@ static void dec_on_head(void *user, long status)
 {
     rt_req *q = user;
     q->relay_events = status == 200 && q->stream;
+}
+
+/* The node's X-Duplex-Warning (keywords a non-strict schema ignored) goes
+ * on to the client with the answer. */
+static void dec_on_header(void *user, const char *line, size_t len)
+{
+    rt_req *q = user;
+    static const char name[] = "X-Duplex-Warning:";
+    if (len <= sizeof name - 1 || strncasecmp(line, name, sizeof name - 1)) return;
+    dx_free(q->warn_hdr);
+    q->warn_hdr = NULL;
+    dx_buf b;
+    dx_buf_init(&b, 0);
+    /* one line, printable, bounded: it came from the network */
+    size_t n = len < 1024 ? len : 1024;
+    int rc = dx_buf_puts(&b, "X-Duplex-Warning:");
+    for (size_t i = sizeof name - 1; !rc && i < n; i++)
+        rc = dx_buf_putc(&b, (unsigned char)line[i] >= 0x20 && line[i] != 0x7f ? line[i] : '?');
+    if (!rc) rc = dx_buf_puts(&b, "\r\n");
+    if (!rc) q->warn_hdr = dx_buf_take(&b);
+    dx_buf_free(&b);
 }
 
 /* The most the client's usage may count as cached: what the prefill node
@@ -179,5 +204,7 @@ static void dec_on_done(void *user, int rc, long status)
     rt_req_end(q);
 }
 
-static const router_up_cb k_decode_cb = {
-    .on_head = dec_on_head, .on_data = dec_on_data, .on_done = dec_on_done};
+static const router_up_cb k_decode_cb = {.on_head = dec_on_head,
+                                         .on_header = dec_on_header,
+                                         .on_data = dec_on_data,
+                                         .on_done = dec_on_done};

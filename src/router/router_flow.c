@@ -93,7 +93,8 @@ static int make_front(rt_req *q)
         .api = q->front, .model = q->client_model, .prompt_hint = q->prompt_tokens};
     if (q->front == OAI_FRONT_RESPONSES) {
         oai_rsp_make_id(q->rsp_id, sizeof q->rsp_id);
-        c.rsp = (oai_rsp_meta){.id = q->rsp_id, .created_at = (int64_t)time(NULL), .echo = q->rsp.echo};
+        c.rsp =
+            (oai_rsp_meta){.id = q->rsp_id, .created_at = (int64_t)time(NULL), .echo = q->rsp.echo};
     }
     if (!(q->fr = oai_front_create(&c))) return dx_errf(DX_ENOMEM, "out of memory");
     return 0;
@@ -211,8 +212,8 @@ static int header_ok(const char *v)
     return 1;
 }
 
-void rt_flow_completion(router *r, http_conn *c, const http_req *hr, enum oai_kind kind,
-                        int front, int count, const http_auth_result *who, uint64_t t0)
+void rt_flow_completion(router *r, http_conn *c, const http_req *hr, enum oai_kind kind, int front,
+                        int count, const http_auth_result *who, uint64_t t0)
 {
     const char *auth = http_req_header(hr, "Authorization", NULL),
                *conv = http_req_header(hr, "X-Conversation-Id", NULL);

@@ -43,7 +43,7 @@ struct rt_req {
     char rsp_id[48];
     uint8_t tenant[OAI_RSP_STORE_TENANT]; /* the caller's API-key digest */
     int has_tenant;
-    work_job store_job; /* Responses: storing the answer, off the loop */
+    char *warn_hdr; /* the decode node's "X-Duplex-Warning: …\r\n", passed on, or NULL */
     enum rt_phase phase;
     int stream; /* the client asked for a stream */
     int busy;   /* an upstream callback (or the shutdown) owns q and will end it */

@@ -36,6 +36,7 @@ static void req_free(rt_req *q)
     oai_req_free(&q->o);
     oai_front_destroy(q->fr);
     dx_free(q->client_model);
+    dx_free(q->warn_hdr);
     oai_rsp_req_free(&q->rsp);
     json_decref(q->chat_doc);
     dx_free(q);
@@ -223,8 +224,11 @@ void rt_req_reply_full(rt_req *q, int status, const char *body, size_t len)
         len = b.len;
     }
     /* a 503 (a node's full queue passed on, no healthy node) invites a retry,
-     * as the nodes' own 503s do */
-    http_conn_respond(c, status, "application/json", status == 503 ? HTTP_RETRY_AFTER : NULL,
+     * as the nodes' own 503s do; a 200 carries the node's warning */
+    http_conn_respond(c, status, "application/json",
+                      status == 503   ? HTTP_RETRY_AFTER
+                      : status == 200 ? q->warn_hdr
+                                      : NULL,
                       body ? body : "", len);
     dx_buf_free(&b);
 }
@@ -250,9 +254,9 @@ static int stream_begin(rt_req *q)
     if (q->stream_begun) return 0;
     q->stream_begun = 1;
     q->status_out = 200;
-    if (http_conn_stream_begin(q->conn, 200, "text/event-stream", "Cache-Control: no-cache\r\n") <
-        0)
-        return -1;
+    char hdr[64 + 1100];
+    snprintf(hdr, sizeof hdr, "Cache-Control: no-cache\r\n%s", q->warn_hdr ? q->warn_hdr : "");
+    if (http_conn_stream_begin(q->conn, 200, "text/event-stream", hdr) < 0) return -1;
     return q->conn ? 0 : -1;
 }
 
@@ -260,7 +264,7 @@ int rt_req_stream_write(rt_req *q, const char *p, size_t n)
 {
     if (stream_begin(q) != 0) return -1;
     q->sent_any = 1;
-    if (q->fr) { /* the chat events in the door's shape */
+    if (q->fr) {                      /* the chat events in the door's shape */
         dx_buf *b = &q->r->front_out; /* reused: the loop's */
         b->len = 0;
         if (oai_front_sse(q->fr, p, n, b) < 0) {

@@ -97,7 +97,9 @@ static redisReply *command(router_rsp *s, int argc, const char **argv, const siz
     if (!r || r->type == REDIS_REPLY_ERROR) {
         s->errors++;
         DX_LOGW("router: responses store: %s failed: %s", argv[0],
-                r ? r->str : s->c->errstr[0] ? s->c->errstr : "no answer");
+                r                 ? r->str
+                : s->c->errstr[0] ? s->c->errstr
+                                  : "no answer");
         if (r) freeReplyObject(r);
         redisFree(s->c);
         s->c = NULL;
@@ -191,8 +193,10 @@ int router_rsp_put(router_rsp *s, const uint8_t *tenant, const char *id, const j
         size_t lens[] = {3, strlen(key), v.len, 2, strlen(px)};
         pthread_mutex_lock(&s->mu);
         redisReply *r = command(s, 5, argv, lens);
-        if (r) freeReplyObject(r);
-        else rc = dx_errf(DX_EIO, "responses store: Redis did not keep %s", id);
+        if (r)
+            freeReplyObject(r);
+        else
+            rc = dx_errf(DX_EIO, "responses store: Redis did not keep %s", id);
         pthread_mutex_unlock(&s->mu);
     }
     dx_buf_free(&v);

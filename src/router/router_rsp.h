@@ -25,11 +25,11 @@
 typedef struct router_rsp router_rsp;
 
 typedef struct {
-    double ttl_s;           /* > 0 */
-    size_t max_bytes;       /* the memory store's bound */
-    const char *redis;      /* redis://… shared by the replicas, or NULL: this process */
-    const char *prefix;     /* the keys' prefix (default "duplex:") */
-    int timeout_ms;         /* each Redis call's deadline (default 50) */
+    double ttl_s;       /* > 0 */
+    size_t max_bytes;   /* the memory store's bound */
+    const char *redis;  /* redis://… shared by the replicas, or NULL: this process */
+    const char *prefix; /* the keys' prefix (default "duplex:") */
+    int timeout_ms;     /* each Redis call's deadline (default 50) */
 } router_rsp_config;
 
 int router_rsp_create(const router_rsp_config *c, router_rsp **out);

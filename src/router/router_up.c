@@ -166,6 +166,12 @@ static size_t on_header(char *p, size_t sz, size_t n, void *user)
     size_t len = sz * n;
     if (q->canceled) return 0;
     int blank = (len == 2 && p[0] == '\r' && p[1] == '\n') || (len == 1 && p[0] == '\n');
+    if (!blank && !q->head_done && q->cb.on_header) {
+        size_t n_line = len;
+        while (n_line && (p[n_line - 1] == '\n' || p[n_line - 1] == '\r')) n_line--;
+        q->cb.on_header(q->user, p, n_line);
+        if (q->canceled) return 0;
+    }
     if (!blank || q->head_done) return len;
     long status = 0;
     curl_easy_getinfo(q->easy, CURLINFO_RESPONSE_CODE, &status);
