@@ -228,6 +228,9 @@ void node_prep_run(work_job *j)
     if (!q->prep_rc) q->prep_rc = encode_prompt(s, q, err);
     if (!q->prep_rc && !q->tokenize) node_answer_parse_opts(s, q);
     if (!q->prep_rc && !q->tokenize) q->prep_rc = prep_grammar(s, q, err);
+    if (q->prep_rc < 0 && q->front == OAI_FRONT_MESSAGES && err->param[0] &&
+        strncmp(err->param, "messages[", 9))
+        oai_anth_err_from_chat(err);      /* a schema's keyword, in the door's terms */
     if (q->prep_rc < 0 && !err->status) { /* the message is this thread's: keep it */
         err->status = 500;
         snprintf(err->message, sizeof err->message, "%s", dx_errmsg());

@@ -97,6 +97,10 @@ int oai_anth_req_parse(const char *body, size_t len, const oai_anth_opts *o,
  * ("tools[3].input_schema", "stop_sequences", "output_config.format.schema");
  * messages[i] becomes messages, whose positions the translation moves. */
 void oai_anth_param_name(const char *chat_param, char *out, size_t cap);
+/* An error the chat path made (the chat parser on a translated request, a
+ * node's later checks: a schema's keyword, the prompt's size), its param
+ * and its message's leading "param: " in Anthropic's terms. */
+void oai_anth_err_from_chat(oai_err *err);
 
 /* ---- answers ---------------------------------------------------------- */
 
@@ -169,9 +173,9 @@ int oai_anth_error_json(dx_buf *b, int status, const char *message);
 /* The same as an event of a stream that has begun: "event: error\n…". */
 int oai_anth_sse_error(dx_buf *b, int status, const char *message);
 /* http_app_error_fn (src/http/http_app.h) for the Messages routes: every
- * error of the route in Anthropic's shape.  Anthropic's error has no param:
- * a message that starts with the chat path's name of its field gets the
- * Anthropic name instead (oai_anth_param_name); code is not sent. */
+ * error of the route in Anthropic's shape.  Anthropic's error has no param
+ * and no code; the message is taken as it is (in Anthropic's terms
+ * already: oai_anth_req_parse renames what the chat parser says). */
 int oai_anth_http_error(dx_buf *b, int status, const char *message, const char *param,
                         const char *code);
 

@@ -1022,8 +1022,7 @@ void oai_anth_param_name(const char *p, char *out, size_t cap)
     snprintf(out, cap, "%s", p);
 }
 
-/* err's param, and its message's leading "param: ", in Anthropic's terms. */
-static void err_to_anth(oai_err *err)
+void oai_anth_err_from_chat(oai_err *err)
 {
     char name[sizeof err->param], msg[sizeof err->message];
     size_t n = strlen(err->param);
@@ -1061,7 +1060,7 @@ int oai_anth_req_parse(const char *body, size_t len, const oai_anth_opts *o,
     rc = oai_req_parse(OAI_CHAT, b.data, b.len, po, out, err);
     dx_buf_free(&b);
     if (rc < 0) {
-        err_to_anth(err);
+        oai_anth_err_from_chat(err);
         return rc;
     }
     info->model = out->model;

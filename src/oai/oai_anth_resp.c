@@ -346,17 +346,12 @@ int oai_anth_sse_error(dx_buf *b, int status, const char *message)
 int oai_anth_http_error(dx_buf *b, int status, const char *message, const char *param,
                         const char *code)
 {
-    (void)code; /* Anthropic's errors carry only a type and a message */
-    size_t n = param ? strlen(param) : 0;
-    if (!message) message = "";
-    if (!n || strncmp(message, param, n) || message[n] != ':')
-        return oai_anth_error_json(b, status, message);
-    char name[128];
-    oai_anth_param_name(param, name, sizeof name);
-    dx_buf m;
-    dx_buf_init(&m, 0);
-    int rc = dx_buf_printf(&m, "%s%s", name, message + n);
-    if (!rc) rc = oai_anth_error_json(b, status, m.data);
-    dx_buf_free(&m);
-    return rc;
+    /* Anthropic's errors carry only a type and a message.  The message is
+     * already in the API's terms: the translation names Anthropic's fields
+     * and renames what the chat parser says (err_to_anth), and what the
+     * node checks later ("messages" for a prompt over the context,
+     * "max_tokens") has the same name in both APIs. */
+    (void)param;
+    (void)code;
+    return oai_anth_error_json(b, status, message ? message : "");
 }

@@ -199,11 +199,14 @@ static int error_body(oai_front *f, int status, dx_buf *out)
 {
     const oai_ans_info *i = &f->info;
     const char *msg = i->error && i->error_message[0] ? i->error_message : "the request failed";
-    if (f->api == OAI_FRONT_MESSAGES)
-        return oai_anth_http_error(out, status, msg, i->error_param, NULL);
+    /* the upstream's error names chat fields: in the door's terms */
     oai_err e = {.status = status};
     snprintf(e.message, sizeof e.message, "%.*s", (int)sizeof e.message - 1, msg);
     snprintf(e.param, sizeof e.param, "%s", i->error_param);
+    if (f->api == OAI_FRONT_MESSAGES) {
+        oai_anth_err_from_chat(&e);
+        return oai_anth_error_json(out, status, e.message);
+    }
     oai_rsp_err_from_chat(&e);
     return oai_error_json(out, e.message, i->error_type[0] ? i->error_type : oai_error_type(status),
                           e.param[0] ? e.param : NULL, i->error_code[0] ? i->error_code : NULL);

@@ -201,6 +201,7 @@ static void dec_on_done(void *user, int rc, long status)
     else
         dec_finish_full(q, status);
     rt_metrics_observe(&r->added_stream, t);
+    if (q->storing) return; /* the store's job ends q once its answer's end is out */
     rt_req_end(q);
 }
 

@@ -121,10 +121,12 @@ void rt_entry_store(rt_req *q)
 
 /* ---- the Responses API's stored responses ------------------------------------------- */
 
-/* What a store job carries: its own copies, as q ends before it runs. */
+/* What a store job carries: its own copies (q may end first, when its
+ * answer did not wait), and q when its end waits for the store. */
 typedef struct {
     work_job job;
     router *r;
+    rt_req *q; /* its end held (busy and in_work set), or NULL */
     uint8_t tenant[OAI_RSP_STORE_TENANT];
     int has_tenant;
     char id[48];
@@ -145,18 +147,30 @@ static void store_done(work_job *j)
 {
     store_job *s = (store_job *)((char *)j - offsetof(store_job, job));
     router *r = s->r;
+    rt_req *q = s->q;
     json_decref(s->history);
     dx_free(s->response);
     dx_free(s);
     r->n_work--;
+    if (q) {
+        q->storing = q->in_work = q->busy = 0;
+        if (r->destroying || j->canceled) {
+            rt_req_forget(q); /* answered by rt_req_abort_all */
+        } else {
+            rt_req_release_end(q); /* stored: the answer's end may go */
+            rt_req_end(q);
+        }
+    }
     r->on_req_gone(r); /* a destroyed router waits for its jobs */
 }
 
 void rt_entry_store_response(rt_req *q)
 {
     router *r = q->r;
-    if (q->front != OAI_FRONT_RESPONSES || !q->rsp.store || !q->fr || !oai_front_completed(q->fr))
+    if (q->front != OAI_FRONT_RESPONSES || !q->rsp.store || !q->fr || !oai_front_completed(q->fr)) {
+        rt_req_release_end(q);
         return;
+    }
     size_t len;
     const char *obj = oai_front_response(q->fr, &len);
     oai_tools_result res;
@@ -172,6 +186,7 @@ void rt_entry_store_response(rt_req *q)
         if (s) json_decref(s->history);
         if (s) dx_free(s->response);
         dx_free(s);
+        rt_req_release_end(q);
         return;
     }
     s->r = r;
@@ -179,6 +194,10 @@ void rt_entry_store_response(rt_req *q)
     memcpy(s->id, q->rsp_id, sizeof s->id);
     memcpy(s->tenant, q->tenant, sizeof s->tenant);
     s->has_tenant = q->has_tenant;
+    if (q->end_held) { /* q waits for the store; the job ends it */
+        s->q = q;
+        q->storing = q->in_work = q->busy = 1;
+    }
     s->job = (work_job){.run = store_run, .done = store_done};
     r->n_work++;
     work_pool_submit(r->prep, &s->job);

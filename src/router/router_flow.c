@@ -97,6 +97,7 @@ static int make_front(rt_req *q)
             (oai_rsp_meta){.id = q->rsp_id, .created_at = (int64_t)time(NULL), .echo = q->rsp.echo};
     }
     if (!(q->fr = oai_front_create(&c))) return dx_errf(DX_ENOMEM, "out of memory");
+    q->defer_end = q->front == OAI_FRONT_RESPONSES && q->rsp.store;
     return 0;
 }
 
@@ -166,7 +167,8 @@ static void prep_done(work_job *j)
     }
     if (q->prep_status) {
         const char *msg = q->prep_status == 500 ? "out of memory" : q->prep_msg;
-        rt_req_reply_error(q, q->prep_status, msg, q->prep_param[0] ? q->prep_param : NULL);
+        rt_req_reply_error_code(q, q->prep_status, msg, q->prep_param[0] ? q->prep_param : NULL,
+                                q->prep_code);
         rt_req_end(q);
         return;
     }

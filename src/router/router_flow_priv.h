@@ -44,6 +44,14 @@ struct rt_req {
     uint8_t tenant[OAI_RSP_STORE_TENANT]; /* the caller's API-key digest */
     int has_tenant;
     char *warn_hdr; /* the decode node's "X-Duplex-Warning: …\r\n", passed on, or NULL */
+    /* Responses with store: the answer's end (response.completed, or the
+     * whole body) waits until the response is stored, so a client that
+     * continues it at once finds it (router_entry.c) */
+    int defer_end;
+    int end_held;   /* the end is in `tail`, waiting for the store */
+    int tail_whole; /* tail is a whole answer's body, not a stream's last events */
+    dx_buf tail;
+    int storing; /* the store job owns q (in_work is set too) */
     enum rt_phase phase;
     int stream; /* the client asked for a stream */
     int busy;   /* an upstream callback (or the shutdown) owns q and will end it */
@@ -90,8 +98,9 @@ struct rt_req {
     char *conv_hdr;   /* X-Conversation-Id, copied */
     router_key *keys; /* CHAT: the key of each prefix of the messages */
     size_t n_keys;
-    dx_buf pbase;    /* the prefill body without its params */
-    int prep_status; /* 0, or the HTTP status of what was wrong */
+    dx_buf pbase;          /* the prefill body without its params */
+    int prep_status;       /* 0, or the HTTP status of what was wrong */
+    const char *prep_code; /* and its error code, or NULL */
     char prep_msg[256], prep_param[64];
     http_auth_result who; /* the caller's credentials: its tenant */
 };
@@ -115,11 +124,18 @@ int rt_req_up_finished(rt_req *q);
 int rt_req_acc_on_data(void *user, const char *p, size_t n);
 void rt_req_reply_full(rt_req *q, int status, const char *body, size_t len);
 void rt_req_reply_error(rt_req *q, int status, const char *msg, const char *param);
+/* The same with an error code (OpenAI's "code": previous_response_not_found…). */
+void rt_req_reply_error_code(rt_req *q, int status, const char *msg, const char *param,
+                             const char *code);
 /* Writes to the client's stream, begun with the first write.  Non-zero:
  * the client is gone. */
 int rt_req_stream_write(rt_req *q, const char *p, size_t n);
-/* Ends the client's stream, after an error event when msg is set. */
+/* Ends the client's stream, after an error event when msg is set; with an
+ * end held for the store, waits for rt_req_release_end. */
 void rt_req_stream_finish(rt_req *q, const char *msg);
+/* The held end goes out (the stream's last events and its end, or the
+ * whole answer).  No-op when nothing is held. */
+void rt_req_release_end(rt_req *q);
 
 /* ---- router_prep.c: the work pool's part (a work_job's run) ---- */
 void rt_prep_run(work_job *j);
@@ -142,7 +158,9 @@ int rt_entry_splice(const dx_buf *base, const char *params, dx_buf *out);
 /* The turn finished normally: store which node holds it, with its params. */
 void rt_entry_store(rt_req *q);
 /* A Responses answer that completed (and may be stored): kept for
- * previous_response_id and GET, on the work pool. */
+ * previous_response_id and GET, on the work pool.  When the answer's end
+ * waits for it (q->end_held), the job sends that end and ends q
+ * (q->storing); otherwise the end goes now. */
 void rt_entry_store_response(rt_req *q);
 
 /* ---- router_decode.c: the decode leg ---- */

@@ -170,6 +170,7 @@ static int parse_responses(rt_req *q, const char *body, size_t len, oai_req *o, 
         if (rc == 0) {
             rc = oai_rsp_err_previous(err, q->rsp.previous_response_id);
             err->status = 404;
+            q->prep_code = "previous_response_not_found";
         } else if (rc == 1) {
             rc = 0;
         } else {

@@ -142,8 +142,8 @@ void rt_metrics_render(router *r, dx_buf *b);
 /* router_flow.c */
 /* front: the door it came through (oai_front.h); count: Anthropic's
  * count_tokens (the answer is the prompt's size). */
-void rt_flow_completion(router *r, http_conn *c, const http_req *hr, enum oai_kind kind,
-                        int front, int count, const http_auth_result *who, uint64_t t0);
+void rt_flow_completion(router *r, http_conn *c, const http_req *hr, enum oai_kind kind, int front,
+                        int count, const http_auth_result *who, uint64_t t0);
 /* GET and DELETE /v1/responses/{id}, on the work pool. */
 void rt_flow_response(router *r, http_conn *c, const http_req *hr, const http_auth_result *who,
                       uint64_t t0);

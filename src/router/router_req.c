@@ -37,6 +37,7 @@ static void req_free(rt_req *q)
     oai_front_destroy(q->fr);
     dx_free(q->client_model);
     dx_free(q->warn_hdr);
+    dx_buf_free(&q->tail);
     oai_rsp_req_free(&q->rsp);
     json_decref(q->chat_doc);
     dx_free(q);
@@ -70,6 +71,7 @@ rt_req *rt_req_new(router *r, http_conn *c, const http_req *hr, uint64_t t0)
     dx_buf_init(&q->pbase, 0);
     dx_buf_init(&q->acc, RT_ANSWER_MAX);
     dx_buf_init(&q->reply, RT_REPLY_MAX);
+    dx_buf_init(&q->tail, 0);
     router_sse_init(&q->sse, RT_EVENT_MAX);
     dx_list_push_front(&r->active, &q->link);
     r->n_active++;
@@ -216,6 +218,20 @@ void rt_req_reply_full(rt_req *q, int status, const char *body, size_t len)
     if (q->fr && oai_front_full(q->fr, status, body ? body : "", len, &b) == 0) {
         body = b.data; /* the door's shape */
         len = b.len;
+        if (q->defer_end && status == 200 && oai_front_completed(q->fr)) {
+            /* kept until the response is stored */
+            q->conn = c;
+            http_conn_set_abort(c, NULL, NULL);
+            q->end_held = q->tail_whole = 1;
+            q->tail.len = 0;
+            if (dx_buf_append(&q->tail, body, len) == 0) {
+                dx_buf_free(&b);
+                http_conn_set_abort(c, on_client_gone, q);
+                return;
+            }
+            q->end_held = q->tail_whole = 0; /* out of memory: no waiting, then */
+            q->conn = NULL;
+        }
     } else if (q->fr) { /* out of memory: an error, in the route's shape */
         b.len = 0;
         http_app_error_body(q->r->app, q->path, &b, status = 503, "out of memory; try again", NULL,
@@ -235,12 +251,18 @@ void rt_req_reply_full(rt_req *q, int status, const char *body, size_t len)
 
 void rt_req_reply_error(rt_req *q, int status, const char *msg, const char *param)
 {
+    rt_req_reply_error_code(q, status, msg, param, NULL);
+}
+
+void rt_req_reply_error_code(rt_req *q, int status, const char *msg, const char *param,
+                             const char *code)
+{
     dx_buf b;
     dx_buf_init(&b, 0);
     if (q->fr) /* a chat error, which the door writes in its shape */
-        oai_error_json(&b, msg, oai_error_type(status), param, NULL);
+        oai_error_json(&b, msg, oai_error_type(status), param, code);
     else /* not prepared yet: the route's own shape */
-        http_app_error_body(q->r->app, q->path, &b, status, msg, param, NULL);
+        http_app_error_body(q->r->app, q->path, &b, status, msg, param, code);
     rt_req_reply_full(q, status, b.data, b.len);
     dx_buf_free(&b);
 }
@@ -273,14 +295,37 @@ int rt_req_stream_write(rt_req *q, const char *p, size_t n)
         }
         p = b->data;
         n = b->len;
+        if (q->defer_end && oai_front_completed(q->fr)) { /* the end waits for the store */
+            q->end_held = 1;
+            return dx_buf_append(&q->tail, p, n) < 0 ? -1 : 0;
+        }
         if (!n) return 0;
     }
     if (http_conn_stream_write(q->conn, p, n) < 0) return -1;
     return q->conn ? 0 : -1;
 }
 
+void rt_req_release_end(rt_req *q)
+{
+    if (!q->end_held) return;
+    q->end_held = 0;
+    if (!q->conn) return;
+    http_conn *c = q->conn;
+    if (q->tail_whole) {
+        q->conn = NULL;
+        http_conn_set_abort(c, NULL, NULL);
+        http_conn_respond(c, 200, "application/json", q->warn_hdr, q->tail.data, q->tail.len);
+        return;
+    }
+    if (http_conn_stream_write(c, q->tail.data, q->tail.len) < 0 || !q->conn) return;
+    q->conn = NULL;
+    http_conn_set_abort(c, NULL, NULL);
+    http_conn_stream_end(c);
+}
+
 void rt_req_stream_finish(rt_req *q, const char *msg)
 {
+    if (!msg && q->end_held) return; /* after the store: rt_req_release_end */
     if (msg && q->conn) {
         dx_buf b;
         dx_buf_init(&b, 0);

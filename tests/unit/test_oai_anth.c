@@ -997,15 +997,22 @@ static void test_errors(void **state)
         assert_string_equal(oai_anth_error_type(k[i].status), k[i].type);
     dx_buf b;
     dx_buf_init(&b, 0);
-    /* the route's error writer: the chat path's field names become Anthropic's */
-    assert_int_equal(oai_anth_http_error(&b, 400,
-                                         "tools[2].function.parameters: json schema: keyword "
-                                         "'uniqueItems' at '/properties/tags' is not supported",
-                                         "tools[2].function.parameters", NULL),
-                     0);
+    /* a chat-path error's field names become Anthropic's; the route's
+     * writer then takes the message as it is */
+    oai_err ce = {.status = 400, .param = "tools[2].function.parameters"};
+    snprintf(ce.message, sizeof ce.message, "tools[2].function.parameters: json schema: keyword "
+                                            "'uniqueItems' at '/properties/tags' is not supported");
+    oai_anth_err_from_chat(&ce);
+    assert_string_equal(ce.param, "tools[2].input_schema");
+    assert_int_equal(oai_anth_http_error(&b, 400, ce.message, ce.param, NULL), 0);
     assert_string_equal(b.data, "{\"type\":\"error\",\"error\":{\"type\":\"invalid_request_error\","
                                 "\"message\":\"tools[2].input_schema: json schema: keyword "
                                 "'uniqueItems' at '/properties/tags' is not supported\"}}");
+    dx_buf_reset(&b);
+    assert_int_equal(oai_anth_http_error(&b, 400, "messages[0].content[1].type: image blocks",
+                                         "messages[0].content[1].type", NULL),
+                     0);
+    assert_non_null(strstr(b.data, "\"messages[0].content[1].type: image blocks\""));
     dx_buf_reset(&b);
     assert_int_equal(oai_anth_http_error(&b, 401, "invalid API key", NULL, "invalid_api_key"), 0);
     assert_string_equal(b.data, "{\"type\":\"error\",\"error\":{\"type\":\"authentication_error\","
