@@ -121,12 +121,13 @@ void xfer_token_hex(const xfer_token *tok, char out[33])
     out[32] = 0;
 }
 
+/* A hex digit's value; DX_NONE for another character. */
 static int hexval(char c)
 {
     if (c >= '0' && c <= '9') return c - '0';
     if (c >= 'a' && c <= 'f') return c - 'a' + 10;
     if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
+    return DX_NONE;
 }
 
 int xfer_token_parse(const char *hex, xfer_token *tok)
