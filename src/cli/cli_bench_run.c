@@ -207,7 +207,7 @@ static int bench_run_main(int argc, char **argv)
                           .stop = &g_stop};
     rc = bench_run(&c, &r);
     bench_meta m = {.url = f.url, .tokens_exact = bench_text_exact(t)};
-    m.overhead_ms = rc ? -1 : bench_fake_overhead_ms(&w, t, &g_stop);
+    m.overhead_ms = rc ? BENCH_UNKNOWN : bench_fake_overhead_ms(&w, t, &g_stop);
     if (!rc) rc = write_run(f.out, &w, &m, &r);
     if (!rc) {
         bench_series s = {.name = "run", .res = &r};

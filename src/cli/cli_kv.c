@@ -92,12 +92,13 @@ static long parse_ids(const char *spec, int32_t **out)
     return (long)n;
 }
 
+/* The lease policy --policy names; DX_NONE for another word. */
 static int parse_policy(const char *s)
 {
     if (!strcmp(s, "multi")) return XFER_LEASE_MULTI;
     if (!strcmp(s, "single")) return XFER_LEASE_SINGLE_USE;
     if (!strcmp(s, "renew")) return XFER_LEASE_RENEW_ON_READ;
-    return -1;
+    return DX_NONE;
 }
 
 /* ---- hold ---- */
@@ -252,7 +253,7 @@ int cli_kv_hold(int argc, char **argv)
     int rc = cli_parse("kv hold", "[options]", argc, argv, opts, DX_ARRAY_LEN(opts), NULL, 0, NULL);
     if (rc) return rc == 1 ? 0 : rc;
     int pol = parse_policy(policy);
-    if (pol < 0) {
+    if (pol == DX_NONE) {
         fprintf(stderr, "duplex kv hold: --policy wants multi|single|renew, got '%s'\n", policy);
         return 2;
     }
