@@ -1118,19 +1118,20 @@ static void on_connection(uv_stream_t *server, int status)
 
 void http_limits_defaults(http_limits *l)
 {
-    if (!l->max_header_bytes) l->max_header_bytes = 16 << 10;
-    if (!l->max_body_bytes) l->max_body_bytes = 4 << 20;
-    if (!l->max_write_queue_bytes) l->max_write_queue_bytes = 16 << 20;
+    if (!l->max_header_bytes) l->max_header_bytes = (size_t)HTTP_DEFAULT_MAX_HEADER_KB << 10;
+    if (!l->max_body_bytes) l->max_body_bytes = (size_t)HTTP_DEFAULT_MAX_BODY_MB << 20;
+    if (!l->max_write_queue_bytes)
+        l->max_write_queue_bytes = (size_t)HTTP_DEFAULT_MAX_WRITE_QUEUE_MB << 20;
     if (!l->max_buffered_bytes) {
-        size_t eight = 8 * l->max_body_bytes;
-        l->max_buffered_bytes = eight > ((size_t)256 << 20) ? eight : (size_t)256 << 20;
+        size_t eight = 8 * l->max_body_bytes, dflt = (size_t)HTTP_DEFAULT_MAX_BUFFER_MB << 20;
+        l->max_buffered_bytes = eight > dflt ? eight : dflt;
     }
-    if (!l->max_headers) l->max_headers = 64;
-    if (!l->max_conns) l->max_conns = 4096;
+    if (!l->max_headers) l->max_headers = HTTP_DEFAULT_MAX_HEADERS;
+    if (!l->max_conns) l->max_conns = HTTP_DEFAULT_MAX_CONNS;
     if (!l->max_conns_per_peer) l->max_conns_per_peer = l->max_conns / 4 ? l->max_conns / 4 : 1;
-    if (!l->request_timeout_ms) l->request_timeout_ms = 30000;
-    if (!l->body_ms_per_mib) l->body_ms_per_mib = 1000;
-    if (!l->idle_timeout_ms) l->idle_timeout_ms = 120000;
+    if (!l->request_timeout_ms) l->request_timeout_ms = HTTP_DEFAULT_REQUEST_TIMEOUT_MS;
+    if (!l->body_ms_per_mib) l->body_ms_per_mib = HTTP_DEFAULT_BODY_MS_PER_MIB;
+    if (!l->idle_timeout_ms) l->idle_timeout_ms = HTTP_DEFAULT_IDLE_TIMEOUT_MS;
 }
 
 uint32_t http_srv_reserve(const http_limits *l)

@@ -567,7 +567,8 @@ int node_server_create(uv_loop_t *loop, const node_server_config *cfg, node_serv
     if (!s) return dx_errf(DX_ENOMEM, "node server");
     s->loop = loop;
     s->cfg = *cfg;
-    if (s->cfg.shutdown_grace_s <= 0) s->cfg.shutdown_grace_s = 10;
+    if (s->cfg.shutdown_grace_s <= 0)
+        s->cfg.shutdown_grace_s = NODE_SERVER_DEFAULT_SHUTDOWN_GRACE_S;
     s->started = (int64_t)time(NULL);
     dx_buf_init(&s->scratch, 0);
     dx_buf_init(&s->take, 0);

@@ -620,7 +620,7 @@ int kvport_server_create(uv_loop_t *loop, const kvport_server_config *cfg, kvpor
     s->hello.engine_id = s->hello.transports = s->hello.worker_addr = s->hello.rkey =
         (kvport_bytes){NULL, 0};
     s->secret = cfg->secret;
-    s->handshake_ms = ms_or(cfg->handshake_timeout_s, 10);
+    s->handshake_ms = ms_or(cfg->handshake_timeout_s, KVPORT_DEFAULT_HANDSHAKE_TIMEOUT_S);
     s->idle_ms = ms_or(cfg->idle_timeout_s, 60);
     s->sweep_ms = ms_or(cfg->sweep_interval_s, 1);
     s->max_conns = cfg->max_conns ? cfg->max_conns : 256;

@@ -234,7 +234,7 @@ int xfer_leases_create(kv_pool *pool, double pin_ttl_s, xfer_leases **out)
     pthread_mutex_init(&L->mu, NULL);
     dx_list_init(&L->lru);
     L->pool = pool;
-    L->pin_ttl_s = pin_ttl_s > 0 ? pin_ttl_s : 30;
+    L->pin_ttl_s = pin_ttl_s > 0 ? pin_ttl_s : XFER_LEASE_DEFAULT_PIN_TTL_S;
     L->seed = low64(s.b);
     L->next_pin = 1;
     *out = L;
