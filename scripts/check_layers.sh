@@ -25,7 +25,6 @@ LAYERS=(base jinja tok gram model engine/kern engine xfer oai http node router u
 # "A B reason": files A and B of one folder may call each other.  Each is
 # one module split across files for a stated reason; keep the list short.
 ALLOWED=(
-    "router/router router/router_flow to be cut (issue 19)"
 )
 
 BUILD=${BUILD:-build/release}

@@ -108,6 +108,24 @@ static enum bearer parse_bearer(const char *v, int count, const char **tok, size
     return BEARER_OK;
 }
 
+/* "x-api-key: KEY" (Anthropic's header, which its SDK and Claude Code
+ * send instead of Authorization), blanks around: read only when there is
+ * no Authorization header. */
+static enum bearer parse_x_api_key(const char *v, int count, const char **tok, size_t *len)
+{
+    if (count == 0) return BEARER_NONE;
+    if (count > 1) return BEARER_BAD;
+    while (blank(*v)) v++;
+    size_t n = strlen(v);
+    while (n && blank(v[n - 1])) n--;
+    if (n == 0) return BEARER_BAD;
+    for (size_t i = 0; i < n; i++)
+        if (blank(v[i])) return BEARER_BAD;
+    *tok = v;
+    *len = n;
+    return BEARER_OK;
+}
+
 static int refuse(http_auth_result *out, const char *message)
 {
     out->status = 401;
@@ -151,6 +169,10 @@ void http_auth_check(const http_auth *a, const http_req *r, http_auth_result *ou
     const char *v = http_req_header(r, "Authorization", &n), *tok = NULL;
     size_t len = 0;
     enum bearer b = parse_bearer(v, n, &tok, &len);
+    if (b == BEARER_NONE) {
+        v = http_req_header(r, "x-api-key", &n);
+        b = parse_x_api_key(v, n, &tok, &len);
+    }
     int internal = internal_presented(a, r, b, tok, len);
     if (internal == INTERNAL_WRONG) {
         refuse(out, "invalid internal key (" HTTP_AUTH_INTERNAL_HEADER ")");
@@ -162,9 +184,10 @@ void http_auth_check(const http_auth *a, const http_req *r, http_auth_result *ou
     }
     if (http_auth_n_keys(a)) {
         if (b == BEARER_NONE)
-            refuse(out, "missing API key: send it as 'Authorization: Bearer KEY'");
+            refuse(out,
+                   "missing API key: send it as 'Authorization: Bearer KEY' or 'x-api-key: KEY'");
         else if (b == BEARER_BAD)
-            refuse(out, "malformed Authorization header: expected 'Bearer KEY'");
+            refuse(out, "malformed Authorization header: expected 'Bearer KEY' (or one x-api-key)");
         else if ((out->key = dx_keys_find(a->api, tok, len)) < 0)
             refuse(out, "invalid API key");
         if (out->status) return;
