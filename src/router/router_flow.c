@@ -64,7 +64,7 @@ static int dispatch(rt_req *q)
     q->decode = ch.decode;
     if (q->decode < 0) {
         rt_req_reply_error(q, 503, "no healthy decode node", NULL);
-        return -1;
+        return dx_errf(DX_EBUSY, "no healthy decode node");
     }
     q->prefill = ch.prefill;
     int rc;
@@ -80,7 +80,7 @@ static int dispatch(rt_req *q)
     prom_family_add(&r->routed, labels, 1);
     if (rc < 0) {
         rt_req_reply_error(q, 500, dx_errmsg(), NULL);
-        return -1;
+        return rc;
     }
     return 0;
 }

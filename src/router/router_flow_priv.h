@@ -100,8 +100,8 @@ int rt_req_up_finished(rt_req *q);
 int rt_req_acc_on_data(void *user, const char *p, size_t n);
 void rt_req_reply_full(rt_req *q, int status, const char *body, size_t len);
 void rt_req_reply_error(rt_req *q, int status, const char *msg, const char *param);
-/* Writes to the client's stream, begun with the first write.  Non-zero:
- * the client is gone. */
+/* Writes to the client's stream, begun with the first write.  Non-zero (a
+ * DX code): the client is gone. */
 int rt_req_stream_write(rt_req *q, const char *p, size_t n);
 /* Ends the client's stream, after an error event when msg is set. */
 void rt_req_stream_finish(rt_req *q, const char *msg);

@@ -215,27 +215,33 @@ void rt_req_reply_error(rt_req *q, int status, const char *msg, const char *para
     dx_buf_free(&b);
 }
 
+static int client_gone(void)
+{
+    return dx_errf(DX_ECLOSED, "router: the client closed its connection");
+}
+
 /* The client's stream begins with the first event, not with the upstream
  * head, so a decode failure before any event can still be retried.
- * Non-zero: the client is gone. */
+ * Non-zero (DX_ECLOSED, or the write's code): the client is gone. */
 static int stream_begin(rt_req *q)
 {
-    if (!q->conn) return -1;
+    if (!q->conn) return client_gone();
     if (q->stream_begun) return 0;
     q->stream_begun = 1;
     q->status_out = 200;
-    if (http_conn_stream_begin(q->conn, 200, "text/event-stream", "Cache-Control: no-cache\r\n") <
-        0)
-        return -1;
-    return q->conn ? 0 : -1;
+    int rc =
+        http_conn_stream_begin(q->conn, 200, "text/event-stream", "Cache-Control: no-cache\r\n");
+    if (rc < 0) return rc;
+    return q->conn ? 0 : client_gone();
 }
 
 int rt_req_stream_write(rt_req *q, const char *p, size_t n)
 {
-    if (stream_begin(q) != 0) return -1;
+    int rc = stream_begin(q);
+    if (rc) return rc;
     q->sent_any = 1;
-    if (http_conn_stream_write(q->conn, p, n) < 0) return -1;
-    return q->conn ? 0 : -1;
+    if ((rc = http_conn_stream_write(q->conn, p, n)) < 0) return rc;
+    return q->conn ? 0 : client_gone();
 }
 
 void rt_req_stream_finish(rt_req *q, const char *msg)
