@@ -171,7 +171,7 @@ int cli_router_main(int argc, char **argv)
     cli_list api_keys = {.n = 0}, api_key_files = {.n = 0};
     const char *internal_key_file = NULL, *discover = NULL;
     const char *state = NULL, *state_prefix = NODE_REG_DEFAULT_PREFIX;
-    long state_timeout = ROUTER_DEFAULT_STATE_TIMEOUT_MS;
+    long state_timeout = ROUTER_STORE_DEFAULT_TIMEOUT_MS;
     int insecure = 0;
     const cli_opt opts[] = {
         {"prefill", CLI_STR, &prefill, 0, 0,
@@ -201,7 +201,7 @@ int cli_router_main(int argc, char **argv)
          "that --discover reads"},
         {"state-timeout-ms", CLI_INT, &state_timeout, 1, ROUTER_STORE_TIMEOUT_MAX,
          "deadline of each Redis call; past it the request routes without affinity "
-         "(" CLI_DEFAULT_INT(ROUTER_DEFAULT_STATE_TIMEOUT_MS) ")"},
+         "(" CLI_DEFAULT_INT(ROUTER_STORE_DEFAULT_TIMEOUT_MS) ")"},
         {"local-prefill-max-tokens", CLI_INT, &local_max, 0, 1 << 30,
          "uncached prompt tokens below this skip the prefill node "
          "(" CLI_DEFAULT_INT(CLI_LOCAL_PREFILL_MAX_TOKENS) ")"},

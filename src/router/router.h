@@ -31,9 +31,8 @@ typedef struct router router;
 
 /* What router_create puts in a field of router_config left 0 (plain
  * literals, for help text; the conversation map's bounds are
- * router_state.h's). */
+ * router_state.h's, the Redis calls' deadline router_store.h's). */
 #define ROUTER_DEFAULT_CONVERSATION_TTL_S     450
-#define ROUTER_DEFAULT_STATE_TIMEOUT_MS       50
 #define ROUTER_DEFAULT_DECODE_MAX_OUTSTANDING 64
 #define ROUTER_DEFAULT_HEALTH_INTERVAL_MS     1000
 #define ROUTER_DEFAULT_PREFILL_TIMEOUT_S      300
@@ -47,7 +46,7 @@ typedef struct {
     const char *const *decode; /* at least one, unless discover is set */
     size_t n_decode;
     /* --discover redis://...: also take nodes from their registration keys
-     * (node/node_reg.h) under state_prefix (below; default "duplex:"), read
+     * (http/node_reg.h) under state_prefix (below; NULL: NODE_REG_DEFAULT_PREFIX), read
      * every health_interval_ms; NULL: the static lists only. */
     const char *discover;
     enum router_mode mode;
@@ -57,7 +56,7 @@ typedef struct {
     size_t max_state_bytes;    /* stored params; 0: ROUTER_STATE_DEFAULT_MAX_MB */
     /* The conversation map: NULL in this process, else redis://HOST:PORT[/DB]
      * shared by every router replica (router_store.h); its keys' prefix
-     * (default "duplex:") and each Redis call's deadline. */
+     * (NULL: NODE_REG_DEFAULT_PREFIX) and each Redis call's deadline. */
     const char *state_url;
     const char *state_prefix;
     int state_timeout_ms;
