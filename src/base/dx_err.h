@@ -47,6 +47,12 @@ enum {
 #undef DX__ERR_ENUM
 };
 
+/* A lookup's "none" (no such index, entry or token; not a number): never
+ * an error code, so a caller may tell it from a failure the same function
+ * returns.  Functions that return it say so; test it with `== DX_NONE` or,
+ * where no code can come back, `< 0`. */
+#define DX_NONE (-1)
+
 /* Static description of a code ("out of memory"); never NULL. */
 const char *dx_strerror(int err);
 /* 1 when err is one of the DX_E* codes above (e.g. one a peer sent). */

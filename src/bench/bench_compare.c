@@ -36,7 +36,7 @@ static int mode_index(const char *name, size_t len)
 {
     for (size_t i = 0; i < DX_ARRAY_LEN(k_modes); i++)
         if (strlen(k_modes[i].name) == len && !strncmp(k_modes[i].name, name, len)) return (int)i;
-    return -1;
+    return DX_NONE;
 }
 
 /* Calls fn for each mode of the list; DX_EINVAL for an unknown one. */

@@ -177,7 +177,7 @@ int bench_engine_run(const bench_engine_config *cfg_in, const model *m, bench_en
 {
     bench_engine_config cfg = *cfg_in;
     if (cfg.n_threads <= 0) cfg.n_threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
-    if (!cfg.reps) cfg.reps = 3;
+    if (!cfg.reps) cfg.reps = BENCH_ENGINE_DEFAULT_REPS;
     if (cfg.reps > 64) cfg.reps = 64;
     int kv_type;
     int rc = engine_parse_kv_dtype(cfg.kv_dtype, &kv_type);

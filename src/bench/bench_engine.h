@@ -9,12 +9,15 @@
 
 #include "model/model.h"
 
+/* Runs unless the config says (a plain literal, for help text). */
+#define BENCH_ENGINE_DEFAULT_REPS 3
+
 typedef struct {
     int n_threads;          /* default: cores */
-    uint32_t prompt_tokens; /* default 512 */
-    uint32_t gen_tokens;    /* default 128 */
+    uint32_t prompt_tokens; /* prefill tokens timed; 0: none */
+    uint32_t gen_tokens;    /* decode tokens timed; 0: none */
     uint32_t depth;         /* context already present before the timed prompt */
-    uint32_t reps;          /* runs; the median is reported (default 3) */
+    uint32_t reps;          /* runs; the median is reported (0: BENCH_ENGINE_DEFAULT_REPS) */
     const char *kv_dtype;   /* "f16" (default, NULL) | "bf16" | "f32" */
 } bench_engine_config;
 

@@ -61,7 +61,7 @@ double bench_turn_p50(const bench_results *r, uint32_t turn)
 {
     bench_stat st;
     collect(r, turn, F_TTFT, &st);
-    return st.n ? st.p50 : -1;
+    return st.n ? st.p50 : BENCH_UNKNOWN;
 }
 
 /* ---- results.json ----------------------------------------------------------------- */
@@ -124,7 +124,7 @@ static int err_of(const char *s)
 {
     for (int e = 0; e < BENCH_N_ERR; e++)
         if (!strcmp(s, bench_err_name((enum bench_err)e))) return e;
-    return -1;
+    return DX_NONE;
 }
 
 static int read_record(json_t *x, bench_record *r)
@@ -313,7 +313,7 @@ static int find(const bench_series *s, size_t n, const char *name)
 {
     for (size_t i = 0; i < n; i++)
         if (!strcmp(s[i].name, name)) return (int)i;
-    return -1;
+    return DX_NONE;
 }
 
 /* The ratios the P/D comparison is about, when both sides ran. */

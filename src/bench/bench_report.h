@@ -53,7 +53,8 @@ int bench_write_svg(FILE *f, const bench_workload *w, const bench_series *s, siz
 /* The terminal's per-turn TTFT table (p50, ms) with the headline ratios. */
 void bench_print_turns(FILE *f, const bench_workload *w, const bench_series *s, size_t n);
 
-/* Per-turn TTFT p50 of the successful requests, in seconds (-1: none). */
+/* Per-turn TTFT p50 of the successful requests, in seconds (BENCH_UNKNOWN:
+ * none). */
 double bench_turn_p50(const bench_results *r, uint32_t turn);
 
 #endif

@@ -180,7 +180,8 @@ static int start_request(runner *R, client *k)
     curl_easy_setopt(k->h, CURLOPT_WRITEDATA, k);
     curl_easy_setopt(k->h, CURLOPT_PRIVATE, k);
     curl_easy_setopt(k->h, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(k->h, CURLOPT_TIMEOUT_MS, (long)((c->timeout_s > 0 ? c->timeout_s : 600) * 1e3));
+    double timeout_s = c->timeout_s > 0 ? c->timeout_s : BENCH_RUN_DEFAULT_TIMEOUT_S;
+    curl_easy_setopt(k->h, CURLOPT_TIMEOUT_MS, (long)(timeout_s * 1e3));
     router_sse_reset(&k->sse);
     k->n_head = 0;
     dx_buf_reset(&k->text);

@@ -50,13 +50,16 @@ int bench_results_add(bench_results *r, const bench_record *rec);
 
 enum bench_progress { BENCH_PROGRESS_NONE, BENCH_PROGRESS_BAR, BENCH_PROGRESS_LINES };
 
+/* A request's limit unless the config says (a plain literal, for help). */
+#define BENCH_RUN_DEFAULT_TIMEOUT_S 600
+
 typedef struct {
     const char *url;     /* base URL: http://HOST:PORT */
     const char *model;   /* NULL: the first of GET /v1/models */
     const char *api_key; /* sent as Authorization: Bearer, or NULL */
     const bench_workload *w;
     bench_text *text;
-    double timeout_s; /* per request; default 600 */
+    double timeout_s; /* per request; 0: BENCH_RUN_DEFAULT_TIMEOUT_S */
     enum bench_progress progress;
     FILE *progress_out; /* default stderr */
     /* Called after each measured request (may be NULL); answer is the reply

@@ -17,23 +17,42 @@
 #include "tok/hf_tok.h"
 #include "model/model.h"
 
+/* bench engine's and bench tok's and bench gram's own defaults (the
+ * libraries' are in their headers) */
+#define BENCH_ENGINE_PROMPT_TOKENS 512
+#define BENCH_ENGINE_GEN_TOKENS    128
+#define BENCH_TOK_MB               1
+#define BENCH_GRAM_REPS            20
+
+/* The usage lines, unformatted: clang-format would split the calls. */
+/* clang-format off */
+#define ENGINE_USAGE                                                                               \
+    "--model FILE [--prompt-tokens " CLI_DEFAULT_INT(BENCH_ENGINE_PROMPT_TOKENS) "] "              \
+    "[--gen-tokens " CLI_DEFAULT_INT(BENCH_ENGINE_GEN_TOKENS) "] [--depth D] [--threads N]"
+#define TOK_USAGE                                                                                  \
+    "--model FILE [--file F | --jsonl F] [--mb " CLI_DEFAULT_INT(BENCH_TOK_MB) "] "                \
+    "[--reps " CLI_DEFAULT_INT(BENCH_TOK_DEFAULT_REPS) "]"
+/* clang-format on */
+
 static int bench_engine(int argc, char **argv)
 {
     const char *path = NULL, *kv = "f16";
-    long threads = 0, pp = 512, tg = 128, depth = 0, reps = 3;
+    long threads = 0, pp = BENCH_ENGINE_PROMPT_TOKENS, tg = BENCH_ENGINE_GEN_TOKENS, depth = 0;
+    long reps = BENCH_ENGINE_DEFAULT_REPS;
     const cli_opt opts[] = {
         {"model", CLI_PATH, &path, 0, 0, "GGUF model file (required)"},
-        {"prompt-tokens", CLI_INT, &pp, 0, 1 << 20, "prefill tokens timed (default 512)"},
-        {"gen-tokens", CLI_INT, &tg, 0, 1 << 20, "decode tokens timed (default 128)"},
+        {"prompt-tokens", CLI_INT, &pp, 0, 1 << 20,
+         CLI_HELP_DEFAULT("prefill tokens timed", BENCH_ENGINE_PROMPT_TOKENS)},
+        {"gen-tokens", CLI_INT, &tg, 0, 1 << 20,
+         CLI_HELP_DEFAULT("decode tokens timed", BENCH_ENGINE_GEN_TOKENS)},
         {"depth", CLI_INT, &depth, 0, 1 << 20, "context before the timed tokens (default 0)"},
         {"threads", CLI_INT, &threads, 0, 1024, "threads (default: cores)"},
-        {"reps", CLI_INT, &reps, 1, 64, "repetitions; medians reported (default 3)"},
+        {"reps", CLI_INT, &reps, 1, 64,
+         CLI_HELP_DEFAULT("repetitions; medians reported", BENCH_ENGINE_DEFAULT_REPS)},
         {"kv-dtype", CLI_STR, &kv, 0, 0, "f16 | bf16 | f32"},
     };
-    int rc = cli_parse("bench engine",
-                       "--model FILE [--prompt-tokens 512] [--gen-tokens 128] "
-                       "[--depth D] [--threads N]",
-                       argc, argv, opts, DX_ARRAY_LEN(opts), NULL, 0, NULL);
+    int rc = cli_parse("bench engine", ENGINE_USAGE, argc, argv, opts, DX_ARRAY_LEN(opts), NULL, 0,
+                       NULL);
     if (rc) return rc == 1 ? 0 : rc;
     int kvt;
     if (!path) return cli_required("bench engine", "--model FILE");
@@ -113,19 +132,20 @@ static int tok_sample(const char *file, int jsonl, dx_buf *out)
 static int bench_tok(int argc, char **argv)
 {
     const char *path = NULL, *file = NULL, *jsonl = NULL;
-    long reps = 5;
-    double mb = 1.0;
+    long reps = BENCH_TOK_DEFAULT_REPS;
+    double mb = BENCH_TOK_MB;
     int special = 0;
     const cli_opt opts[] = {
         {"model", CLI_PATH, &path, 0, 0, "GGUF model file (required; only its tokenizer is read)"},
         {"file", CLI_PATH, &file, 0, 0, "sample text (default: the embedded BPE corpus)"},
         {"jsonl", CLI_PATH, &jsonl, 0, 0, "sample text as one JSON string per line"},
-        {"mb", CLI_DBL, &mb, 0.001, 1024, "MB of text to encode: the sample repeated (default 1)"},
-        {"reps", CLI_INT, &reps, 1, 64, "runs; medians reported (default 5)"},
+        {"mb", CLI_DBL, &mb, 0.001, 1024,
+         CLI_HELP_DEFAULT("MB of text to encode: the sample repeated", BENCH_TOK_MB)},
+        {"reps", CLI_INT, &reps, 1, 64,
+         CLI_HELP_DEFAULT("runs; medians reported", BENCH_TOK_DEFAULT_REPS)},
         {"special", CLI_FLAG, &special, 0, 0, "match control tokens in the text"},
     };
-    int rc = cli_parse("bench tok", "--model FILE [--file F | --jsonl F] [--mb 1] [--reps 5]", argc,
-                       argv, opts, DX_ARRAY_LEN(opts), NULL, 0, NULL);
+    int rc = cli_parse("bench tok", TOK_USAGE, argc, argv, opts, DX_ARRAY_LEN(opts), NULL, 0, NULL);
     if (rc) return rc == 1 ? 0 : rc;
     if (!path) return cli_required("bench tok", "--model FILE");
     if (file && jsonl) {
@@ -172,14 +192,17 @@ static int gram_tok(const char *model_path, const char *tj, model **m, tok **t)
 static int bench_gram(int argc, char **argv)
 {
     const char *path = NULL, *tj = NULL;
-    long reps = 20;
+    long reps = BENCH_GRAM_REPS;
     const cli_opt opts[] = {
         {"model", CLI_PATH, &path, 0, 0, "GGUF model file (only its tokenizer is read)"},
         {"tokenizer", CLI_PATH, &tj, 0, 0, "or a Hugging Face tokenizer.json"},
-        {"reps", CLI_INT, &reps, 1, 1000, "cached passes over the document (default 20)"},
+        {"reps", CLI_INT, &reps, 1, 1000,
+         CLI_HELP_DEFAULT("cached passes over the document", BENCH_GRAM_REPS)},
     };
-    int rc = cli_parse("bench gram", "--model FILE | --tokenizer tokenizer.json [--reps 20]", argc,
-                       argv, opts, DX_ARRAY_LEN(opts), NULL, 0, NULL);
+    int rc = cli_parse(
+        "bench gram",
+        "--model FILE | --tokenizer tokenizer.json [--reps " CLI_DEFAULT_INT(BENCH_GRAM_REPS) "]",
+        argc, argv, opts, DX_ARRAY_LEN(opts), NULL, 0, NULL);
     if (rc) return rc == 1 ? 0 : rc;
     if (!path == !tj) {
         fprintf(stderr, "duplex bench gram: give one of --model FILE and --tokenizer FILE\n");

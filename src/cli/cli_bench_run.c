@@ -20,6 +20,19 @@
 #include "bench/bench_report.h"
 #include "bench/bench_run.h"
 
+/* The workload without --preset or --config (its lengths in tokens), and
+ * where the reports go. */
+#define WORK_CONVERSATIONS 8
+#define WORK_TURNS         8
+#define WORK_CLIENTS       4
+#define WORK_PREFIX        1000
+#define WORK_INPUT         150
+#define WORK_OUTPUT        128
+#define WORK_SEED          1
+#define WORK_SCALE         1
+#define WORK_OUT           "bench-out"
+#define COMPARE_ROUNDS     1
+
 static volatile int g_stop;
 
 static void on_sigint(int sig)
@@ -86,10 +99,13 @@ static int apply_config(const char *path, wflags *f, bench_workload *w)
 static int workload_defaults(int argc, char **argv, wflags *f, bench_workload *w)
 {
     memset(w, 0, sizeof *w);
-    *w = (bench_workload){.conversations = 8, .turns = 8, .clients = 4, .shared_prefix = 0,
-                          .prefix = {BENCH_CONST, 1000, 0}, .input = {BENCH_CONST, 150, 0},
-                          .output = {BENCH_CONST, 128, 0}, .seed = 1, .scale = 1};
-    f->scale = 1;
+    *w = (bench_workload){.conversations = WORK_CONVERSATIONS, .turns = WORK_TURNS,
+                          .clients = WORK_CLIENTS, .shared_prefix = 0,
+                          .prefix = {BENCH_CONST, WORK_PREFIX, 0},
+                          .input = {BENCH_CONST, WORK_INPUT, 0},
+                          .output = {BENCH_CONST, WORK_OUTPUT, 0}, .seed = WORK_SEED,
+                          .scale = WORK_SCALE};
+    f->scale = WORK_SCALE;
     for (int i = 0; i + 1 < argc; i++) { /* the values that decide the defaults */
         if (!strcmp(argv[i], "--preset")) f->preset = argv[i + 1];
         if (!strcmp(argv[i], "--scale")) f->scale = strtod(argv[i + 1], NULL);
@@ -122,19 +138,19 @@ static int workload_from(wflags *f, bench_workload *w)
 
 #define WORKLOAD_OPTS(f)                                                                            \
     {"preset", CLI_STR, &(f).preset, 0, 0, "quick | paper (lengths scaled by --scale)"},            \
-        {"scale", CLI_DBL, &(f).scale, 0.001, 1, "scale of the preset's lengths (default 1)"},      \
+        {"scale", CLI_DBL, &(f).scale, 0.001, 1, CLI_HELP_DEFAULT("scale of the preset's lengths", WORK_SCALE)},      \
         {"config", CLI_PATH, &(f).config, 0, 0, "JSON file: the workload flags as keys"},       \
-        {"conversations", CLI_INT, &(f).conversations, 1, 1 << 20, "conversations measured (default 8)"},       \
-        {"turns", CLI_INT, &(f).turns, 1, 10000, "turns per conversation (default 8)"},                         \
-        {"clients", CLI_INT, &(f).clients, 1, 4096, "conversations at once (default 4)"},                       \
+        {"conversations", CLI_INT, &(f).conversations, 1, 1 << 20, CLI_HELP_DEFAULT("conversations measured", WORK_CONVERSATIONS)},       \
+        {"turns", CLI_INT, &(f).turns, 1, 10000, CLI_HELP_DEFAULT("turns per conversation", WORK_TURNS)},                         \
+        {"clients", CLI_INT, &(f).clients, 1, 4096, CLI_HELP_DEFAULT("conversations at once", WORK_CLIENTS)},                       \
         {"shared-prefix-tokens", CLI_INT, &(f).shared, 0, 1 << 24,                                  \
          "system prompt all conversations share (tokens; default 0)"},                                         \
         {"prefix-tokens", CLI_STR, &(f).prefix, 0, 0, "each conversation's document: N | "          \
-                                                     "uniform:A:B | lognormal:MEDIAN:SIGMA (default 1000)"},       \
-        {"input-tokens", CLI_STR, &(f).input, 0, 0, "each turn's new message (same forms; default 150)"},        \
-        {"output-tokens", CLI_STR, &(f).output, 0, 0, "tokens asked per turn (same forms; default 128)"},        \
+                                                     CLI_HELP_DEFAULT("uniform:A:B | lognormal:MEDIAN:SIGMA", WORK_PREFIX)},       \
+        {"input-tokens", CLI_STR, &(f).input, 0, 0, "each turn's new message (same forms; default " CLI_DEFAULT_INT(WORK_INPUT) ")"},        \
+        {"output-tokens", CLI_STR, &(f).output, 0, 0, "tokens asked per turn (same forms; default " CLI_DEFAULT_INT(WORK_OUTPUT) ")"},        \
         {"think-time", CLI_DBL, &(f).think, 0, 86400, "seconds between a reply and the next turn (default 0)"}, \
-        {"seed", CLI_INT, &(f).seed, 0, 1L << 62, "text and lengths seed (default 1)"},                         \
+        {"seed", CLI_INT, &(f).seed, 0, 1L << 62, CLI_HELP_DEFAULT("text and lengths seed", WORK_SEED)},                         \
         {"warmup", CLI_INT, &(f).warmup, 0, 1 << 20, "conversations run first, not measured (default 0)"},      \
         {"send-conversation-id", CLI_FLAG, &(f).send_id, 0, 0, "send X-Conversation-Id"},           \
         {"tokenizer", CLI_PATH, &(f).tokenizer, 0, 0, "GGUF whose tokenizer counts the lengths"},   \
@@ -183,15 +199,16 @@ static int write_run(const char *dir, const bench_workload *w, const bench_meta 
 
 static int bench_run_main(int argc, char **argv)
 {
-    wflags f = {.url = "http://127.0.0.1:8000", .out = "bench-out", .timeout = 600};
+    wflags f = {.url = CLI_DEFAULT_URL, .out = WORK_OUT, .timeout = BENCH_RUN_DEFAULT_TIMEOUT_S};
     bench_workload w;
     if (workload_defaults(argc, argv, &f, &w)) return fail("run", 2);
     const cli_opt opts[] = {
-        {"url", CLI_STR, &f.url, 0, 0, "endpoint (default http://127.0.0.1:8000)"},
+        {"url", CLI_STR, &f.url, 0, 0, "endpoint (default " CLI_DEFAULT_URL ")"},
         {"model", CLI_STR, &f.model, 0, 0, "model name (default: the first of /v1/models)"},
         {"api-key", CLI_STR, &f.api_key, 0, 0, "sent as Authorization: Bearer"},
         {"out", CLI_PATH, &f.out, 0, 0, "directory for results.json, summary.md, ttft.svg"},
-        {"timeout-s", CLI_DBL, &f.timeout, 1, 86400, "per request (default 600)"},
+        {"timeout-s", CLI_DBL, &f.timeout, 1, 86400,
+         CLI_HELP_DEFAULT("per request", BENCH_RUN_DEFAULT_TIMEOUT_S)},
         WORKLOAD_OPTS(f),
     };
     int rc = cli_parse("bench run", "[--url URL] [--preset quick|paper] [--out DIR] [...]", argc,
@@ -207,7 +224,7 @@ static int bench_run_main(int argc, char **argv)
                           .stop = &g_stop};
     rc = bench_run(&c, &r);
     bench_meta m = {.url = f.url, .tokens_exact = bench_text_exact(t)};
-    m.overhead_ms = rc ? -1 : bench_fake_overhead_ms(&w, t, &g_stop);
+    m.overhead_ms = rc ? BENCH_UNKNOWN : bench_fake_overhead_ms(&w, t, &g_stop);
     if (!rc) rc = write_run(f.out, &w, &m, &r);
     if (!rc) {
         bench_series s = {.name = "run", .res = &r};
@@ -274,20 +291,20 @@ static int compare_sweep(wflags *f, bench_workload *w, bench_text *t, const char
 
 static int bench_compare_main(int argc, char **argv)
 {
-    wflags f = {.out = "bench-out", .timeout = 600};
+    wflags f = {.out = WORK_OUT, .timeout = BENCH_RUN_DEFAULT_TIMEOUT_S};
     const char *modes = "uni-nocache,uni,bidi,colocated", *model = NULL, *sweep = NULL;
-    long kv_mb = 0, threads = 0, rounds = 1;
+    long kv_mb = 0, threads = 0, rounds = COMPARE_ROUNDS;
     bench_workload w;
     if (workload_defaults(argc, argv, &f, &w)) return fail("compare", 2);
     const cli_opt opts[] = {
         {"model", CLI_PATH, &model, 0, 0, "GGUF model (default: " DEFAULT_MODEL ", made once)"},
         {"modes", CLI_STR, &modes, 0, 0,
          "uni-nocache,uni,bidi,bidi-rt,colocated (default: all but bidi-rt)"},
-        {"out", CLI_PATH, &f.out, 0, 0, "directory for the reports (default bench-out)"},
+        {"out", CLI_PATH, &f.out, 0, 0, "directory for the reports (default " WORK_OUT ")"},
         {"kv-cache-mb", CLI_INT, &kv_mb, 1, 1 << 22, "KV pool per node (default: serve's)"},
         {"threads-per-node", CLI_INT, &threads, 0, 1024, "engine threads per node (default: cores)"},
         {"prefix-sweep", CLI_STR, &sweep, 0, 0, "prefix lengths to run in turn, e.g. 2048,8192"},
-        {"rounds", CLI_INT, &rounds, 1, 1000, "run the modes in turn this many times (default 1)"},
+        {"rounds", CLI_INT, &rounds, 1, 1000, CLI_HELP_DEFAULT("run the modes in turn this many times", COMPARE_ROUNDS)},
         WORKLOAD_OPTS(f),
     };
     int rc = cli_parse("bench compare", "[--preset quick|paper] [--modes LIST] [--out DIR] [...]",
@@ -354,26 +371,26 @@ static void print_turn(void *user, const bench_record *r, const char *answer, si
 
 static int bench_chat_main(int argc, char **argv)
 {
-    wflags f = {.url = "http://127.0.0.1:8000", .timeout = 600};
+    wflags f = {.url = CLI_DEFAULT_URL, .timeout = BENCH_RUN_DEFAULT_TIMEOUT_S};
     chat_out o = {0};
     bench_workload w;
     if (workload_defaults(argc, argv, &f, &w)) return fail("chat", 2);
     f.conversations = 1, f.clients = 1;
     const cli_opt opts[] = {
-        {"url", CLI_STR, &f.url, 0, 0, "endpoint (default http://127.0.0.1:8000)"},
+        {"url", CLI_STR, &f.url, 0, 0, "endpoint (default " CLI_DEFAULT_URL ")"},
         {"model", CLI_STR, &f.model, 0, 0, "model name (default: the first of /v1/models)"},
         {"api-key", CLI_STR, &f.api_key, 0, 0, "sent as Authorization: Bearer"},
-        {"turns", CLI_INT, &f.turns, 1, 10000, "turns (default 8)"},
+        {"turns", CLI_INT, &f.turns, 1, 10000, CLI_HELP_DEFAULT("turns", WORK_TURNS)},
         {"prefix-tokens", CLI_STR, &f.prefix, 0, 0, "the first message's document (tokens)"},
         {"input-tokens", CLI_STR, &f.input, 0, 0, "each later turn's new message (tokens)"},
         {"output-tokens", CLI_STR, &f.output, 0, 0, "tokens generated per turn"},
-        {"seed", CLI_INT, &f.seed, 0, 1L << 62, "text seed (default 1)"},
+        {"seed", CLI_INT, &f.seed, 0, 1L << 62, CLI_HELP_DEFAULT("text seed", WORK_SEED)},
         {"send-conversation-id", CLI_FLAG, &f.send_id, 0, 0, "send X-Conversation-Id"},
         {"tokenizer", CLI_PATH, &f.tokenizer, 0, 0, "GGUF whose tokenizer counts the lengths"},
         {"json", CLI_FLAG, &o.json, 0, 0, "one JSON object per turn"},
         {"show", CLI_FLAG, &o.show, 0, 0, "print the start of each answer"},
     };
-    int rc = cli_parse("bench chat", "[--url URL] [--turns 8] [--prefix-tokens N] [...]", argc, argv,
+    int rc = cli_parse("bench chat", "[--url URL] [--turns " CLI_DEFAULT_INT(WORK_TURNS) "] [--prefix-tokens N] [...]", argc, argv,
                        opts, DX_ARRAY_LEN(opts), NULL, 0, NULL);
     if (rc) return rc == 1 ? 0 : rc;
     if (workload_from(&f, &w)) return fail("chat", 2);
@@ -415,9 +432,9 @@ static void series_name(const char *path, char *out, size_t cap)
 /* Reports again from results.json files: one series each. */
 static int bench_report_main(int argc, char **argv)
 {
-    const char *out = "bench-out";
+    const char *out = WORK_OUT;
     const cli_opt opts[] = {
-        {"out", CLI_PATH, &out, 0, 0, "directory for summary.md and ttft.svg (default bench-out)"},
+        {"out", CLI_PATH, &out, 0, 0, "directory for summary.md and ttft.svg (default " WORK_OUT ")"},
     };
     enum { MAX = 8 };
     char *files[MAX];

@@ -9,16 +9,18 @@
 #include "model/synth.h"
 #include "tok/tok_norm.h"
 
+#define SYNTH_SEED 1 /* model synth's --seed unless told */
+
 static int cmd_synth(int argc, char **argv)
 {
     const char *arch = NULL, *preset = "tiny", *dtype = "f32", *out = NULL, *tokenizer = NULL;
-    uint64_t seed = 1;
+    uint64_t seed = SYNTH_SEED;
     const cli_opt opts[] = {
         {"arch", CLI_STR, &arch, 0, 0, "qwen3 | qwen2 | llama (default: the preset's, else qwen3)"},
         {"preset", CLI_STR, &preset, 0, 0,
          "tiny | small | 0.6b | qwen3-0.6b | llama3.2-1b (default tiny)"},
         {"dtype", CLI_STR, &dtype, 0, 0, "f32 | f16 | bf16 | q8_0 (default f32)"},
-        {"seed", CLI_U64, &seed, 0, 0, "random seed (default 1)"},
+        {"seed", CLI_U64, &seed, 0, 0, CLI_HELP_DEFAULT("random seed", SYNTH_SEED)},
         {"tokenizer", CLI_PATH, &tokenizer, 0, 0,
          "a Hugging Face tokenizer.json (or its directory; tokenizer_config.json beside it is "
          "read too) to use instead of the synthetic vocabulary"},

@@ -91,10 +91,11 @@ static size_t kv_elem_size(int dtype)
     }
 }
 
+/* a*b*c: 0 and *out set, or 1 on overflow (dx_mul_overflow's yes/no). */
 static int kv_mul3(size_t a, size_t b, size_t c, size_t *out)
 {
     size_t ab;
-    return dx_mul_overflow(a, b, &ab) || dx_mul_overflow(ab, c, out) ? -1 : 0;
+    return dx_mul_overflow(a, b, &ab) || dx_mul_overflow(ab, c, out);
 }
 
 static int kv_check_dims(const kv_pool_config *c)

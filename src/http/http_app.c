@@ -148,7 +148,7 @@ void http_app_on_request(void *app, http_conn *c, const http_req *r)
     http_app *a = app;
     uint64_t t0 = dx_now_ns();
     const http_app_route *rt = http_app_route_of(a, r->path);
-    http_auth_result who = {.key = -1};
+    http_auth_result who = {.key = DX_NONE};
     if (!rt || !rt->open) http_auth_check(a->cfg.auth, r, &who);
     /* HEAD is GET without the body (http_conn leaves it out) */
     unsigned m = !strcmp(r->method, "GET") || !strcmp(r->method, "HEAD") ? HTTP_APP_GET

@@ -142,24 +142,29 @@ static int address_trusted(const http_auth *a, const struct sockaddr *peer)
     return 0;
 }
 
-/* The internal key, in its header or as the Bearer token: 1 presented,
- * 0 not, -1 presented wrong (its header only: a wrong Bearer may still be
- * an API key). */
+/* internal_presented's answers.  WRONG is for its header only: a wrong
+ * Bearer may still be an API key. */
+enum { INTERNAL_WRONG = -1, INTERNAL_ABSENT = 0, INTERNAL_OK = 1 };
+
+/* The internal key, in its header or as the Bearer token: INTERNAL_OK
+ * presented, INTERNAL_ABSENT not, INTERNAL_WRONG presented wrong. */
 static int internal_presented(const http_auth *a, const http_req *r, enum bearer b, const char *tok,
                               size_t len)
 {
     int n;
     const char *ik = http_req_header(r, HTTP_AUTH_INTERNAL_HEADER, &n);
     if (n) {
-        if (n > 1 || !a || !a->internal) return -1;
-        return dx_keys_find(a->internal, ik, strlen(ik)) == 0 ? 1 : -1;
+        if (n > 1 || !a || !a->internal) return INTERNAL_WRONG;
+        return dx_keys_find(a->internal, ik, strlen(ik)) == 0 ? INTERNAL_OK : INTERNAL_WRONG;
     }
-    return b == BEARER_OK && a && a->internal && dx_keys_find(a->internal, tok, len) == 0;
+    return b == BEARER_OK && a && a->internal && dx_keys_find(a->internal, tok, len) == 0
+               ? INTERNAL_OK
+               : INTERNAL_ABSENT;
 }
 
 void http_auth_check(const http_auth *a, const http_req *r, http_auth_result *out)
 {
-    *out = (http_auth_result){.status = 0, .key = -1};
+    *out = (http_auth_result){.status = 0, .key = DX_NONE};
     int n;
     const char *v = http_req_header(r, "Authorization", &n), *tok = NULL;
     size_t len = 0;
@@ -169,11 +174,11 @@ void http_auth_check(const http_auth *a, const http_req *r, http_auth_result *ou
         b = parse_x_api_key(v, n, &tok, &len);
     }
     int internal = internal_presented(a, r, b, tok, len);
-    if (internal < 0) {
+    if (internal == INTERNAL_WRONG) {
         refuse(out, "invalid internal key (" HTTP_AUTH_INTERNAL_HEADER ")");
         return;
     }
-    if (internal) {
+    if (internal == INTERNAL_OK) {
         out->internal = out->trusted = 1;
         return;
     }

@@ -35,12 +35,12 @@ int node_kv_create(const node_kv_config *cfg, node_kv **out)
     node_kv *k = dx_calloc(1, sizeof *k);
     if (!k) return dx_errf(DX_ENOMEM, "out of memory");
     k->cfg = *cfg;
-    k->cfg.pin_ttl_s = or_default(cfg->pin_ttl_s, 30);
-    k->cfg.idle_timeout_s = or_default(cfg->idle_timeout_s, 60);
-    k->cfg.lease_ttl_s = or_default(cfg->lease_ttl_s, 30);
-    k->cfg.retain_ttl_s = or_default(cfg->retain_ttl_s, 480);
-    k->cfg.pull_timeout_s = or_default(cfg->pull_timeout_s, 10);
-    k->cfg.peer_timeout_s = or_default(cfg->peer_timeout_s, 5);
+    k->cfg.pin_ttl_s = or_default(cfg->pin_ttl_s, XFER_LEASE_DEFAULT_PIN_TTL_S);
+    k->cfg.idle_timeout_s = or_default(cfg->idle_timeout_s, NODE_KV_DEFAULT_IDLE_TIMEOUT_S);
+    k->cfg.lease_ttl_s = or_default(cfg->lease_ttl_s, NODE_KV_DEFAULT_LEASE_TTL_S);
+    k->cfg.retain_ttl_s = or_default(cfg->retain_ttl_s, NODE_KV_DEFAULT_RETAIN_TTL_S);
+    k->cfg.pull_timeout_s = or_default(cfg->pull_timeout_s, XFER_DEFAULT_PULL_TIMEOUT_S);
+    k->cfg.peer_timeout_s = or_default(cfg->peer_timeout_s, XFER_DEFAULT_PEER_TIMEOUT_S);
     snprintf(k->host, sizeof k->host, "%s", cfg->host ? cfg->host : "127.0.0.1");
     snprintf(k->engine_id, sizeof k->engine_id, "%s", cfg->engine_id ? cfg->engine_id : "");
     k->cfg.host = k->host;

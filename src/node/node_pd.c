@@ -36,7 +36,8 @@ static uint32_t block_size(const node_pd *p)
 
 static uint32_t threshold(const node_pd *p)
 {
-    return p->cfg.recompute_threshold ? p->cfg.recompute_threshold : 64;
+    return p->cfg.recompute_threshold ? p->cfg.recompute_threshold
+                                      : NODE_PD_DEFAULT_RECOMPUTE_THRESHOLD;
 }
 
 /* ---- before tokenising ---------------------------------------------------- */

@@ -49,6 +49,11 @@ enum node_pd_hold {
     NODE_PD_HOLD_RETAIN,     /* --bidirectional-kv-xfer decode side: prompt and answer */
 };
 
+/* Fewer reusable remote tokens than this and the request recomputes
+ * instead of pulling, unless the config says (a plain literal, for help
+ * text). */
+#define NODE_PD_DEFAULT_RECOMPUTE_THRESHOLD 64
+
 /* What P/D needs of the node, given once the model is loaded
  * (node_pd_configure): before that no request reaches P/D. */
 typedef struct {
@@ -61,7 +66,7 @@ typedef struct {
     hist_mem *mem; /* the node's reply memory, or NULL */
     int prefill;   /* the node's role is prefill: it never retains */
     int bidirectional, no_prefix_cache;
-    uint32_t recompute_threshold; /* 0: 64 */
+    uint32_t recompute_threshold; /* 0: NODE_PD_DEFAULT_RECOMPUTE_THRESHOLD */
     /* Loop: the pull node_pd_plan started is over, whatever its outcome;
      * user is the one node_pd_plan was given, and the request goes to the
      * engine now. */

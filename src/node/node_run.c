@@ -402,8 +402,8 @@ int node_run(const node_run_config *cfg)
     memset(&r, 0, sizeof r);
     r.cfg = *cfg;
     if (!r.cfg.host) r.cfg.host = "127.0.0.1";
-    if (r.cfg.shutdown_grace_s <= 0) r.cfg.shutdown_grace_s = 10;
-    if (!r.cfg.heartbeat_ms) r.cfg.heartbeat_ms = 1000;
+    if (r.cfg.shutdown_grace_s <= 0) r.cfg.shutdown_grace_s = NODE_SERVER_DEFAULT_SHUTDOWN_GRACE_S;
+    if (!r.cfg.heartbeat_ms) r.cfg.heartbeat_ms = NODE_REG_DEFAULT_HEARTBEAT_MS;
     r.ec = cfg->engine;
     r.ec.log_populate = 1;
     int rc = http_auth_create(&cfg->auth, &r.auth);

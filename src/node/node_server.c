@@ -161,8 +161,8 @@ static void fill_engine_request(node_req *q, engine_request *er)
 /* A request before it is parsed: its route, id and the answer's meta.
  * who: the caller's credentials (whether its kv_transfer_params count, its
  * namespace), kept for the preparation. */
-static node_req *req_new(node_server *s, http_conn *c, enum oai_kind kind,
-                         enum oai_front_api front, const http_auth_result *who, uint64_t t0)
+static node_req *req_new(node_server *s, http_conn *c, enum oai_kind kind, enum oai_front_api front,
+                         const http_auth_result *who, uint64_t t0)
 {
     node_req *q = dx_calloc(1, sizeof *q);
     if (!q) return NULL;
@@ -591,8 +591,8 @@ static void store_response(node_server *s, node_req *q)
         oai_tools_result_free(&r);
     }
     if (!rc)
-        rc = oai_rsp_store_put(s->responses, q->has_tenant ? q->tenant : NULL, q->rsp_id, hist,
-                               obj, len, dx_now_s());
+        rc = oai_rsp_store_put(s->responses, q->has_tenant ? q->tenant : NULL, q->rsp_id, hist, obj,
+                               len, dx_now_s());
     if (rc) DX_LOGW("%s: response %s not stored: %s", q->id, q->rsp_id, dx_errmsg());
     json_decref(hist);
 }
@@ -676,7 +676,8 @@ int node_server_create(uv_loop_t *loop, const node_server_config *cfg, node_serv
     if (!s) return dx_errf(DX_ENOMEM, "node server");
     s->loop = loop;
     s->cfg = *cfg;
-    if (s->cfg.shutdown_grace_s <= 0) s->cfg.shutdown_grace_s = 10;
+    if (s->cfg.shutdown_grace_s <= 0)
+        s->cfg.shutdown_grace_s = NODE_SERVER_DEFAULT_SHUTDOWN_GRACE_S;
     s->started = (int64_t)time(NULL);
     dx_buf_init(&s->scratch, 0);
     dx_buf_init(&s->take, 0);
@@ -697,8 +698,8 @@ int node_server_create(uv_loop_t *loop, const node_server_config *cfg, node_serv
         .ttl_s = cfg->responses_ttl_s > 0 ? cfg->responses_ttl_s
                  : cfg->history_ttl_s > 0 ? cfg->history_ttl_s
                                           : NODE_DEFAULT_RESPONSES_TTL_S,
-        .max_bytes = cfg->responses_max_bytes ? cfg->responses_max_bytes
-                                              : NODE_DEFAULT_RESPONSES_MAX_BYTES};
+        .max_bytes =
+            cfg->responses_max_bytes ? cfg->responses_max_bytes : NODE_DEFAULT_RESPONSES_MAX_BYTES};
     if (http_app_create(&ac, &s->app) < 0 || hist_mem_create(&hc_mem, &s->mem) < 0 ||
         oai_rsp_store_create(&rc_store, &s->responses) < 0) {
         http_app_destroy(s->app);

@@ -69,7 +69,7 @@ typedef struct {
     int error;
     uint32_t n_prompt, n_cached, n_gen, n_preempted;
     int stop_index; /* the stop string that ended it (index in the request's), or -1 */
-    double ttft_s; /* engine-side: submit → first token */
+    double ttft_s;  /* engine-side: submit → first token */
     int has_msg;
     char msg[256];
 } node_done;
@@ -90,12 +90,12 @@ struct node_req {
      * translated into a chat request while preparing, and its chat answer
      * goes out through `fr` in the door's shape. */
     enum oai_front_api front;
-    int count_only;   /* POST /v1/messages/count_tokens: the answer is the prompt's size */
-    oai_front *fr;    /* the answer's transcoder (front doors; made at submit) */
+    int count_only;     /* POST /v1/messages/count_tokens: the answer is the prompt's size */
+    oai_front *fr;      /* the answer's transcoder (front doors; made at submit) */
     char *client_model; /* the model string the client sent (front doors' answers) */
-    oai_rsp_req rsp;  /* Responses: the request as parsed (store, echo, previous id) */
-    json_t *chat_doc; /* Responses: the chat request it became (its messages: the history) */
-    char rsp_id[48];  /* Responses: "resp_…" */
+    oai_rsp_req rsp;    /* Responses: the request as parsed (store, echo, previous id) */
+    json_t *chat_doc;   /* Responses: the chat request it became (its messages: the history) */
+    char rsp_id[48];    /* Responses: "resp_…" */
     uint8_t tenant[OAI_RSP_STORE_TENANT]; /* the caller's API-key digest (stored responses) */
     int has_tenant;
     /* the request's stop strings (NUL-separated), to say which ended it */
@@ -168,21 +168,21 @@ struct node_server {
     dx_list active; /* loop: every request not yet freed (node_req.link) */
     size_t n_active;
     int64_t started;
-    dx_buf scratch;    /* chunk being built (loop thread) */
-    dx_buf take;       /* a request's pending text, copied out (loop thread) */
-    dx_buf take_cuts;  /* and its pieces (node_cut) */
-    dx_buf take_lp;    /* and their logprobs (node_lp) */
-    dx_buf scratch_lp; /* a chunk's logprobs JSON (loop thread) */
+    dx_buf scratch;       /* chunk being built (loop thread) */
+    dx_buf take;          /* a request's pending text, copied out (loop thread) */
+    dx_buf take_cuts;     /* and its pieces (node_cut) */
+    dx_buf take_lp;       /* and their logprobs (node_lp) */
+    dx_buf scratch_lp;    /* a chunk's logprobs JSON (loop thread) */
     dx_buf scratch_front; /* a chunk written again for its front door (loop thread) */
-    http_app *app;     /* routes, checks, counted answers (the requests family) */
+    http_app *app;        /* routes, checks, counted answers (the requests family) */
     /* metrics (loop thread only) */
     prom_hist ttft, engine_ttft, tpot, e2e;
     uint64_t gen_tokens, prompt_tokens, cached_tokens;
-    hist_mem *mem;          /* replies this node generated (token-faithful history) */
-    work_pool *prep;        /* requests' preparation, off the loop */
-    node_gram_cache *grams; /* compiled structured-output grammars (thread-safe) */
+    hist_mem *mem;            /* replies this node generated (token-faithful history) */
+    work_pool *prep;          /* requests' preparation, off the loop */
+    node_gram_cache *grams;   /* compiled structured-output grammars (thread-safe) */
     oai_rsp_store *responses; /* the Responses API's stored responses (thread-safe) */
-    node_pd pd;             /* P/D's configuration and counters */
+    node_pd pd;               /* P/D's configuration and counters */
 };
 
 /* The model's name in answers and /v1/models. */

@@ -15,6 +15,7 @@
 #include "base/dx_err.h"
 #include "base/dx_keys.h"
 #include "base/dx_log.h"
+#include "router/router_state.h"
 
 const char *router_mode_name(enum router_mode m)
 {
@@ -137,14 +138,15 @@ static void on_health_tick(uv_timer_t *t)
 static void fill_defaults(router_config *c)
 {
     if (!c->host) c->host = "127.0.0.1";
-    if (c->conversation_ttl_s <= 0) c->conversation_ttl_s = 450;
-    if (!c->max_conversations) c->max_conversations = 100000;
-    if (!c->max_state_bytes) c->max_state_bytes = (size_t)1 << 30;
-    if (!c->decode_max_outstanding) c->decode_max_outstanding = 64;
-    if (!c->health_interval_ms) c->health_interval_ms = 1000;
-    if (c->prefill_timeout_s <= 0) c->prefill_timeout_s = 300;
-    if (c->shutdown_grace_s <= 0) c->shutdown_grace_s = 30;
-    if (c->state_timeout_ms <= 0) c->state_timeout_ms = 50;
+    if (c->conversation_ttl_s <= 0) c->conversation_ttl_s = ROUTER_DEFAULT_CONVERSATION_TTL_S;
+    if (!c->max_conversations) c->max_conversations = ROUTER_STATE_DEFAULT_MAX_ENTRIES;
+    if (!c->max_state_bytes) c->max_state_bytes = (size_t)ROUTER_STATE_DEFAULT_MAX_MB << 20;
+    if (!c->decode_max_outstanding)
+        c->decode_max_outstanding = ROUTER_DEFAULT_DECODE_MAX_OUTSTANDING;
+    if (!c->health_interval_ms) c->health_interval_ms = ROUTER_DEFAULT_HEALTH_INTERVAL_MS;
+    if (c->prefill_timeout_s <= 0) c->prefill_timeout_s = ROUTER_DEFAULT_PREFILL_TIMEOUT_S;
+    if (c->shutdown_grace_s <= 0) c->shutdown_grace_s = ROUTER_DEFAULT_SHUTDOWN_GRACE_S;
+    if (c->state_timeout_ms <= 0) c->state_timeout_ms = ROUTER_STORE_DEFAULT_TIMEOUT_MS;
     /* a shared store: the seed comes from the routers' common secret (setup_auth) */
     while (!c->key_seed && !c->state_url)
         if (getrandom(&c->key_seed, sizeof c->key_seed, 0) != sizeof c->key_seed) c->key_seed = 1;
@@ -208,7 +210,7 @@ static int setup_parts(router *r)
         .ttl_s =
             r->cfg.responses_ttl_s > 0 ? r->cfg.responses_ttl_s : ROUTER_DEFAULT_RESPONSES_TTL_S,
         .max_bytes = r->cfg.responses_max_bytes ? r->cfg.responses_max_bytes
-                                                : ROUTER_DEFAULT_RESPONSES_MAX_BYTES,
+                                                : (size_t)ROUTER_DEFAULT_RESPONSES_MAX_MB << 20,
         .redis = r->cfg.state_url,
         .prefix = r->cfg.state_prefix,
         .timeout_ms = r->cfg.state_timeout_ms};

@@ -180,7 +180,8 @@ void rt_entry_store_response(rt_req *q)
         rc = oai_rsp_history(&q->rsp, q->chat_doc, &res, &s->history);
         oai_tools_result_free(&res);
     }
-    if (!rc && !(s->response = dx_strndup(obj, len))) rc = DX_ENOMEM;
+    if (!rc && !(s->response = dx_strndup(obj, len)))
+        rc = dx_errf(DX_ENOMEM, "router: out of memory for a stored response");
     if (rc) {
         DX_LOGW("router: response %s not stored: out of memory", q->rsp_id);
         if (s) json_decref(s->history);

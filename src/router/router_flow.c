@@ -65,7 +65,7 @@ static int dispatch(rt_req *q)
     q->decode = ch.decode;
     if (q->decode < 0) {
         rt_req_reply_error(q, 503, "no healthy decode node", NULL);
-        return -1;
+        return dx_errf(DX_EBUSY, "no healthy decode node");
     }
     q->prefill = ch.prefill;
     int rc;
@@ -81,7 +81,7 @@ static int dispatch(rt_req *q)
     prom_family_add(&r->routed, labels, 1);
     if (rc < 0) {
         rt_req_reply_error(q, 500, dx_errmsg(), NULL);
-        return -1;
+        return rc;
     }
     return 0;
 }
@@ -269,7 +269,8 @@ static void response_run(work_job *j)
         char *obj;
         size_t len;
         found = router_rsp_response(r->responses, tenant, id, &obj, &len);
-        if (found > 0 && dx_buf_append(&q->acc, obj, len)) found = DX_ENOMEM;
+        if (found > 0 && dx_buf_append(&q->acc, obj, len))
+            found = dx_errf(DX_ENOMEM, "router: out of memory for a stored response");
         if (found > 0 || obj) dx_free(obj);
     }
     q->prep_status = found > 0 ? 200 : found < 0 ? 503 : 404;

@@ -127,8 +127,8 @@ void rt_req_reply_error(rt_req *q, int status, const char *msg, const char *para
 /* The same with an error code (OpenAI's "code": previous_response_not_found…). */
 void rt_req_reply_error_code(rt_req *q, int status, const char *msg, const char *param,
                              const char *code);
-/* Writes to the client's stream, begun with the first write.  Non-zero:
- * the client is gone. */
+/* Writes to the client's stream, begun with the first write.  Non-zero (a
+ * DX code): the client is gone. */
 int rt_req_stream_write(rt_req *q, const char *p, size_t n);
 /* Ends the client's stream, after an error event when msg is set; with an
  * end held for the store, waits for rt_req_release_end. */

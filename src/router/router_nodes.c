@@ -129,11 +129,12 @@ void rt_nodes_stop(router *r)
 
 /* ---- the table ------------------------------------------------------------------ */
 
+/* The index of the node at url; DX_NONE when there is none. */
 static int find_node(const router *r, const char *url)
 {
     for (size_t j = 0; j < r->n_nodes; j++)
         if (!strcmp(r->nodes[j].url, url)) return (int)j;
-    return -1;
+    return DX_NONE;
 }
 
 static void set_role(rt_node *nd, int prefill)
@@ -206,7 +207,7 @@ int rt_nodes_decode_of(void *user, const char *url, size_t len)
         if (!r->live[i].prefill && strlen(r->nodes[i].url) == len &&
             !memcmp(r->nodes[i].url, url, len))
             return (int)i;
-    return -1;
+    return DX_NONE;
 }
 
 /* ---- discovery (router_disc.h) ------------------------------------------------------ */
@@ -302,7 +303,7 @@ static void on_scan(void *user, const node_reg_info *v, size_t n, int ok)
 
 int rt_nodes_discover(router *r)
 {
-    const char *prefix = r->cfg.state_prefix ? r->cfg.state_prefix : "duplex:";
+    const char *prefix = r->cfg.state_prefix ? r->cfg.state_prefix : NODE_REG_DEFAULT_PREFIX;
     rds_url u;
     int rc = rds_url_parse(r->cfg.discover, &u);
     if (rc) return dx_err_wrap(rc, "--discover");

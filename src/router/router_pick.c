@@ -3,6 +3,8 @@
  * counters and its result, so the unit test drives it with plain arrays. */
 #include "router/router_pick.h"
 
+#include "base/dx_err.h"
+
 int router_pick_takes_new(const router_pick_node *n)
 {
     return n->healthy && !n->draining && !n->reg_draining && !n->gone;
@@ -95,7 +97,7 @@ int router_pick_decode_again(const router_pick_cluster *c, int chosen)
 
 int router_pick_retry(const router_pick_cluster *c, int prefill, int failed, int tries)
 {
-    if (tries >= 2) return -1;
+    if (tries >= 2) return DX_NONE;
     return prefill ? router_pick_prefill(c, failed) : router_pick_decode(c, failed);
 }
 

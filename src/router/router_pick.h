@@ -112,7 +112,7 @@ void router_pick_route(const router_pick_cluster *c, const router_pick_req *q,
 int router_pick_decode_again(const router_pick_cluster *c, int chosen);
 
 /* Another node of the role for a request whose attempt on `failed` was
- * attempt number `tries`: one retry at most; -1 for none. */
+ * attempt number `tries`: one retry at most; -1 (DX_NONE) for none. */
 int router_pick_retry(const router_pick_cluster *c, int prefill, int failed, int tries);
 
 /* A GET passed through (/v1/models): a decode node, else a prefill node;

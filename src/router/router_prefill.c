@@ -74,12 +74,14 @@ static const char *problem(rt_req *q, int rc, long status, char *why, size_t cap
     return NULL;
 }
 
-/* Starts the decode request, or answers why it cannot start. */
+/* Starts the decode request, or answers why it cannot start (and returns
+ * rt_decode_start's code). */
 static int go_decode(rt_req *q)
 {
-    if (rt_decode_start(q) == 0) return 0;
+    int rc = rt_decode_start(q);
+    if (rc == 0) return 0;
     rt_req_reply_error(q, 500, dx_errmsg(), NULL);
-    return -1;
+    return rc;
 }
 
 static void pre_on_done(void *user, int rc, long status)

@@ -267,24 +267,31 @@ void rt_req_reply_error_code(rt_req *q, int status, const char *msg, const char 
     dx_buf_free(&b);
 }
 
+static int client_gone(void)
+{
+    return dx_errf(DX_ECLOSED, "router: the client closed its connection");
+}
+
 /* The client's stream begins with the first event, not with the upstream
  * head, so a decode failure before any event can still be retried.
- * Non-zero: the client is gone. */
+ * Non-zero (DX_ECLOSED, or the write's code): the client is gone. */
 static int stream_begin(rt_req *q)
 {
-    if (!q->conn) return -1;
+    if (!q->conn) return client_gone();
     if (q->stream_begun) return 0;
     q->stream_begun = 1;
     q->status_out = 200;
     char hdr[64 + 1100];
     snprintf(hdr, sizeof hdr, "Cache-Control: no-cache\r\n%s", q->warn_hdr ? q->warn_hdr : "");
-    if (http_conn_stream_begin(q->conn, 200, "text/event-stream", hdr) < 0) return -1;
-    return q->conn ? 0 : -1;
+    int rc = http_conn_stream_begin(q->conn, 200, "text/event-stream", hdr);
+    if (rc < 0) return rc;
+    return q->conn ? 0 : client_gone();
 }
 
 int rt_req_stream_write(rt_req *q, const char *p, size_t n)
 {
-    if (stream_begin(q) != 0) return -1;
+    int rc = stream_begin(q);
+    if (rc) return rc;
     q->sent_any = 1;
     if (q->fr) {                      /* the chat events in the door's shape */
         dx_buf *b = &q->r->front_out; /* reused: the loop's */
@@ -297,12 +304,12 @@ int rt_req_stream_write(rt_req *q, const char *p, size_t n)
         n = b->len;
         if (q->defer_end && oai_front_completed(q->fr)) { /* the end waits for the store */
             q->end_held = 1;
-            return dx_buf_append(&q->tail, p, n) < 0 ? -1 : 0;
+            return dx_buf_append(&q->tail, p, n);
         }
         if (!n) return 0;
     }
-    if (http_conn_stream_write(q->conn, p, n) < 0) return -1;
-    return q->conn ? 0 : -1;
+    if ((rc = http_conn_stream_write(q->conn, p, n)) < 0) return rc;
+    return q->conn ? 0 : client_gone();
 }
 
 void rt_req_release_end(rt_req *q)

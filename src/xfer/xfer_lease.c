@@ -121,12 +121,13 @@ void xfer_token_hex(const xfer_token *tok, char out[33])
     out[32] = 0;
 }
 
+/* A hex digit's value; DX_NONE for another character. */
 static int hexval(char c)
 {
     if (c >= '0' && c <= '9') return c - '0';
     if (c >= 'a' && c <= 'f') return c - 'a' + 10;
     if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
+    return DX_NONE;
 }
 
 int xfer_token_parse(const char *hex, xfer_token *tok)
@@ -233,7 +234,7 @@ int xfer_leases_create(kv_pool *pool, double pin_ttl_s, xfer_leases **out)
     pthread_mutex_init(&L->mu, NULL);
     dx_list_init(&L->lru);
     L->pool = pool;
-    L->pin_ttl_s = pin_ttl_s > 0 ? pin_ttl_s : 30;
+    L->pin_ttl_s = pin_ttl_s > 0 ? pin_ttl_s : XFER_LEASE_DEFAULT_PIN_TTL_S;
     L->seed = low64(s.b);
     L->next_pin = 1;
     *out = L;

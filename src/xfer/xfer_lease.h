@@ -51,7 +51,12 @@ typedef struct {
 
 typedef struct xfer_leases xfer_leases;
 
-/* pin_ttl_s: how long an unreleased pin holds its blocks (default 30). */
+/* How long an unreleased pin holds its blocks unless the caller says
+ * (xfer_leases_create's pin_ttl_s <= 0); a plain literal, for help text. */
+#define XFER_LEASE_DEFAULT_PIN_TTL_S 30
+
+/* pin_ttl_s: how long an unreleased pin holds its blocks (<= 0: the
+ * default). */
 int xfer_leases_create(kv_pool *pool, double pin_ttl_s, xfer_leases **out);
 /* Drops every lease and pin and their references. */
 void xfer_leases_destroy(xfer_leases *L);

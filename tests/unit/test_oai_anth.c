@@ -1000,8 +1000,9 @@ static void test_errors(void **state)
     /* a chat-path error's field names become Anthropic's; the route's
      * writer then takes the message as it is */
     oai_err ce = {.status = 400, .param = "tools[2].function.parameters"};
-    snprintf(ce.message, sizeof ce.message, "tools[2].function.parameters: json schema: keyword "
-                                            "'uniqueItems' at '/properties/tags' is not supported");
+    snprintf(ce.message, sizeof ce.message,
+             "tools[2].function.parameters: json schema: keyword "
+             "'uniqueItems' at '/properties/tags' is not supported");
     oai_anth_err_from_chat(&ce);
     assert_string_equal(ce.param, "tools[2].input_schema");
     assert_int_equal(oai_anth_http_error(&b, 400, ce.message, ce.param, NULL), 0);
