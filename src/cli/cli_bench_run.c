@@ -43,8 +43,8 @@ static void on_sigint(int sig)
 
 /* The flags every multi-turn subcommand shares, as strings until checked. */
 typedef struct {
-    const char *preset, *config, *prefix, *input, *output, *tokenizer, *url, *model, *api_key,
-        *out;
+    const char *preset, *config, *prefix, *input, *output, *tokenizer, *url, *model, *api_key, *out,
+        *api;
     long conversations, turns, clients, shared, seed, warmup;
     double think, scale, timeout;
     int send_id, no_progress;
@@ -65,13 +65,13 @@ static int apply_config(const char *path, wflags *f, bench_workload *w)
     int rc = 0;
     json_object_foreach(root, key, v)
     {
-        long *num = !strcmp(key, "conversations")           ? &f->conversations
-                    : !strcmp(key, "turns")                 ? &f->turns
-                    : !strcmp(key, "clients")               ? &f->clients
-                    : !strcmp(key, "shared-prefix-tokens")  ? &f->shared
-                    : !strcmp(key, "seed")                  ? &f->seed
-                    : !strcmp(key, "warmup")                ? &f->warmup
-                                                            : NULL;
+        long *num = !strcmp(key, "conversations")          ? &f->conversations
+                    : !strcmp(key, "turns")                ? &f->turns
+                    : !strcmp(key, "clients")              ? &f->clients
+                    : !strcmp(key, "shared-prefix-tokens") ? &f->shared
+                    : !strcmp(key, "seed")                 ? &f->seed
+                    : !strcmp(key, "warmup")               ? &f->warmup
+                                                           : NULL;
         char *dist = !strcmp(key, "prefix-tokens")   ? f->prefix_s
                      : !strcmp(key, "input-tokens")  ? f->input_s
                      : !strcmp(key, "output-tokens") ? f->output_s
@@ -99,11 +99,14 @@ static int apply_config(const char *path, wflags *f, bench_workload *w)
 static int workload_defaults(int argc, char **argv, wflags *f, bench_workload *w)
 {
     memset(w, 0, sizeof *w);
-    *w = (bench_workload){.conversations = WORK_CONVERSATIONS, .turns = WORK_TURNS,
-                          .clients = WORK_CLIENTS, .shared_prefix = 0,
+    *w = (bench_workload){.conversations = WORK_CONVERSATIONS,
+                          .turns = WORK_TURNS,
+                          .clients = WORK_CLIENTS,
+                          .shared_prefix = 0,
                           .prefix = {BENCH_CONST, WORK_PREFIX, 0},
                           .input = {BENCH_CONST, WORK_INPUT, 0},
-                          .output = {BENCH_CONST, WORK_OUTPUT, 0}, .seed = WORK_SEED,
+                          .output = {BENCH_CONST, WORK_OUTPUT, 0},
+                          .seed = WORK_SEED,
                           .scale = WORK_SCALE};
     f->scale = WORK_SCALE;
     for (int i = 0; i + 1 < argc; i++) { /* the values that decide the defaults */
@@ -136,25 +139,58 @@ static int workload_from(wflags *f, bench_workload *w)
     return bench_workload_check(w);
 }
 
-#define WORKLOAD_OPTS(f)                                                                            \
-    {"preset", CLI_STR, &(f).preset, 0, 0, "quick | paper (lengths scaled by --scale)"},            \
-        {"scale", CLI_DBL, &(f).scale, 0.001, 1, CLI_HELP_DEFAULT("scale of the preset's lengths", WORK_SCALE)},      \
-        {"config", CLI_PATH, &(f).config, 0, 0, "JSON file: the workload flags as keys"},       \
-        {"conversations", CLI_INT, &(f).conversations, 1, 1 << 20, CLI_HELP_DEFAULT("conversations measured", WORK_CONVERSATIONS)},       \
-        {"turns", CLI_INT, &(f).turns, 1, 10000, CLI_HELP_DEFAULT("turns per conversation", WORK_TURNS)},                         \
-        {"clients", CLI_INT, &(f).clients, 1, 4096, CLI_HELP_DEFAULT("conversations at once", WORK_CLIENTS)},                       \
-        {"shared-prefix-tokens", CLI_INT, &(f).shared, 0, 1 << 24,                                  \
-         "system prompt all conversations share (tokens; default 0)"},                                         \
-        {"prefix-tokens", CLI_STR, &(f).prefix, 0, 0, "each conversation's document: N | "          \
-                                                     CLI_HELP_DEFAULT("uniform:A:B | lognormal:MEDIAN:SIGMA", WORK_PREFIX)},       \
-        {"input-tokens", CLI_STR, &(f).input, 0, 0, "each turn's new message (same forms; default " CLI_DEFAULT_INT(WORK_INPUT) ")"},        \
-        {"output-tokens", CLI_STR, &(f).output, 0, 0, "tokens asked per turn (same forms; default " CLI_DEFAULT_INT(WORK_OUTPUT) ")"},        \
-        {"think-time", CLI_DBL, &(f).think, 0, 86400, "seconds between a reply and the next turn (default 0)"}, \
-        {"seed", CLI_INT, &(f).seed, 0, 1L << 62, CLI_HELP_DEFAULT("text and lengths seed", WORK_SEED)},                         \
-        {"warmup", CLI_INT, &(f).warmup, 0, 1 << 20, "conversations run first, not measured (default 0)"},      \
-        {"send-conversation-id", CLI_FLAG, &(f).send_id, 0, 0, "send X-Conversation-Id"},           \
-        {"tokenizer", CLI_PATH, &(f).tokenizer, 0, 0, "GGUF whose tokenizer counts the lengths"},   \
-        {"no-progress", CLI_FLAG, &(f).no_progress, 0, 0, "no progress on stderr"}
+#define WORKLOAD_OPTS(f)                                                                           \
+    {"preset", CLI_STR, &(f).preset, 0, 0, "quick | paper (lengths scaled by --scale)"},           \
+        {"scale", CLI_DBL, &(f).scale,                                                             \
+         0.001,   1,       CLI_HELP_DEFAULT("scale of the preset's lengths", WORK_SCALE)},         \
+        {"config", CLI_PATH, &(f).config, 0, 0, "JSON file: the workload flags as keys"},          \
+        {"conversations",                                                                          \
+         CLI_INT,                                                                                  \
+         &(f).conversations,                                                                       \
+         1,                                                                                        \
+         1 << 20,                                                                                  \
+         CLI_HELP_DEFAULT("conversations measured", WORK_CONVERSATIONS)},                          \
+        {"turns", CLI_INT, &(f).turns,                                                             \
+         1,       10000,   CLI_HELP_DEFAULT("turns per conversation", WORK_TURNS)},                \
+        {"clients", CLI_INT, &(f).clients,                                                         \
+         1,         4096,    CLI_HELP_DEFAULT("conversations at once", WORK_CLIENTS)},             \
+        {"shared-prefix-tokens",                                                                   \
+         CLI_INT,                                                                                  \
+         &(f).shared,                                                                              \
+         0,                                                                                        \
+         1 << 24,                                                                                  \
+         "system prompt all conversations share (tokens; default 0)"},                             \
+        {"prefix-tokens",                                                                          \
+         CLI_STR,                                                                                  \
+         &(f).prefix,                                                                              \
+         0,                                                                                        \
+         0,                                                                                        \
+         "each conversation's document: N | " CLI_HELP_DEFAULT(                                    \
+             "uniform:A:B | lognormal:MEDIAN:SIGMA", WORK_PREFIX)},                                \
+        {"input-tokens",                                                                           \
+         CLI_STR,                                                                                  \
+         &(f).input,                                                                               \
+         0,                                                                                        \
+         0,                                                                                        \
+         "each turn's new message (same forms; default " CLI_DEFAULT_INT(WORK_INPUT) ")"},         \
+        {"output-tokens",                                                                          \
+         CLI_STR,                                                                                  \
+         &(f).output,                                                                              \
+         0,                                                                                        \
+         0,                                                                                        \
+         "tokens asked per turn (same forms; default " CLI_DEFAULT_INT(WORK_OUTPUT) ")"},          \
+        {"think-time", CLI_DBL,                                                                    \
+         &(f).think,   0,                                                                          \
+         86400,        "seconds between a reply and the next turn (default 0)"},                   \
+        {"seed", CLI_INT,  &(f).seed,                                                              \
+         0,      1L << 62, CLI_HELP_DEFAULT("text and lengths seed", WORK_SEED)},                  \
+        {"warmup", CLI_INT, &(f).warmup,                                                           \
+         0,        1 << 20, "conversations run first, not measured (default 0)"},                  \
+        {"send-conversation-id", CLI_FLAG, &(f).send_id, 0, 0, "send X-Conversation-Id"},          \
+        {"tokenizer", CLI_PATH, &(f).tokenizer, 0, 0, "GGUF whose tokenizer counts the lengths"},  \
+    {                                                                                              \
+        "no-progress", CLI_FLAG, &(f).no_progress, 0, 0, "no progress on stderr"                   \
+    }
 
 static enum bench_progress progress_kind(const wflags *f)
 {
@@ -180,7 +216,8 @@ static int out_file(const char *dir, const char *name, FILE **f)
 static int write_run(const char *dir, const bench_workload *w, const bench_meta *m,
                      const bench_results *r)
 {
-    if (mkdir(dir, 0755) && errno != EEXIST) return dx_errf(DX_EIO, "--out %s: %s", dir, strerror(errno));
+    if (mkdir(dir, 0755) && errno != EEXIST)
+        return dx_errf(DX_EIO, "--out %s: %s", dir, strerror(errno));
     char path[700];
     snprintf(path, sizeof path, "%s/results.json", dir);
     int rc = bench_write_json(path, w, m, r);
@@ -206,6 +243,8 @@ static int bench_run_main(int argc, char **argv)
         {"url", CLI_STR, &f.url, 0, 0, "endpoint (default " CLI_DEFAULT_URL ")"},
         {"model", CLI_STR, &f.model, 0, 0, "model name (default: the first of /v1/models)"},
         {"api-key", CLI_STR, &f.api_key, 0, 0, "sent as Authorization: Bearer"},
+        {"api", CLI_STR, &f.api, 0, 0,
+         "chat|messages|responses: the front door the workload goes through (default chat)"},
         {"out", CLI_PATH, &f.out, 0, 0, "directory for results.json, summary.md, ttft.svg"},
         {"timeout-s", CLI_DBL, &f.timeout, 1, 86400,
          CLI_HELP_DEFAULT("per request", BENCH_RUN_DEFAULT_TIMEOUT_S)},
@@ -215,12 +254,20 @@ static int bench_run_main(int argc, char **argv)
                        argv, opts, DX_ARRAY_LEN(opts), NULL, 0, NULL);
     if (rc) return rc == 1 ? 0 : rc;
     if (workload_from(&f, &w)) return fail("run", 2);
+    enum bench_api api = BENCH_API_CHAT;
+    if (f.api && bench_api_parse(f.api, &api)) return cli_bad_value("bench run", "--api");
     bench_text *t;
     if (bench_text_create(f.tokenizer, &t)) return fail("run", 1);
     signal(SIGINT, on_sigint);
     bench_results r;
-    bench_run_config c = {.url = f.url, .model = f.model, .api_key = f.api_key, .w = &w,
-                          .text = t, .timeout_s = f.timeout, .progress = progress_kind(&f),
+    bench_run_config c = {.url = f.url,
+                          .api = api,
+                          .model = f.model,
+                          .api_key = f.api_key,
+                          .w = &w,
+                          .text = t,
+                          .timeout_s = f.timeout,
+                          .progress = progress_kind(&f),
                           .stop = &g_stop};
     rc = bench_run(&c, &r);
     bench_meta m = {.url = f.url, .tokens_exact = bench_text_exact(t)};
@@ -243,11 +290,20 @@ static int compare_one(wflags *f, bench_workload *w, bench_text *t, const char *
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
     if (n <= 0) return dx_errf(DX_EIO, "cannot find this binary (/proc/self/exe)");
     self[n] = 0;
-    bench_compare_config c = {.exe = self, .model = model, .modes = modes, .kv_cache_mb = kv_mb,
-                              .threads_per_node = (int)threads, .w = w, .text = t,
-                              .tokenizer = f->tokenizer, .out_dir = dir,
-                              .progress = progress_kind(f), .stop = &g_stop, .out = stdout,
-                              .sweep = sweep, .sweep_prefix = prefix};
+    bench_compare_config c = {.exe = self,
+                              .model = model,
+                              .modes = modes,
+                              .kv_cache_mb = kv_mb,
+                              .threads_per_node = (int)threads,
+                              .w = w,
+                              .text = t,
+                              .tokenizer = f->tokenizer,
+                              .out_dir = dir,
+                              .progress = progress_kind(f),
+                              .stop = &g_stop,
+                              .out = stdout,
+                              .sweep = sweep,
+                              .sweep_prefix = prefix};
     return bench_compare_run(&c);
 }
 
@@ -261,7 +317,8 @@ static int compare_sweep(wflags *f, bench_workload *w, bench_text *t, const char
     FILE *sm;
     int rc = out_file(f->out, "sweep.md", &sm);
     if (rc) return rc;
-    fprintf(sm, "# Prefix sweep: time to first token at the last turn (p50, ms)\n\n| prefix tokens |");
+    fprintf(sm,
+            "# Prefix sweep: time to first token at the last turn (p50, ms)\n\n| prefix tokens |");
     for (const char *p = modes; *p;) {
         size_t len = strcspn(p, ",");
         fprintf(sm, " %.*s |", (int)len, p);
@@ -302,9 +359,11 @@ static int bench_compare_main(int argc, char **argv)
          "uni-nocache,uni,bidi,bidi-rt,colocated (default: all but bidi-rt)"},
         {"out", CLI_PATH, &f.out, 0, 0, "directory for the reports (default " WORK_OUT ")"},
         {"kv-cache-mb", CLI_INT, &kv_mb, 1, 1 << 22, "KV pool per node (default: serve's)"},
-        {"threads-per-node", CLI_INT, &threads, 0, 1024, "engine threads per node (default: cores)"},
+        {"threads-per-node", CLI_INT, &threads, 0, 1024,
+         "engine threads per node (default: cores)"},
         {"prefix-sweep", CLI_STR, &sweep, 0, 0, "prefix lengths to run in turn, e.g. 2048,8192"},
-        {"rounds", CLI_INT, &rounds, 1, 1000, CLI_HELP_DEFAULT("run the modes in turn this many times", COMPARE_ROUNDS)},
+        {"rounds", CLI_INT, &rounds, 1, 1000,
+         CLI_HELP_DEFAULT("run the modes in turn this many times", COMPARE_ROUNDS)},
         WORKLOAD_OPTS(f),
     };
     int rc = cli_parse("bench compare", "[--preset quick|paper] [--modes LIST] [--out DIR] [...]",
@@ -324,8 +383,8 @@ static int bench_compare_main(int argc, char **argv)
     printf("duplex bench compare: %u conversations x %u turns, %u at a time%s%s (scale %g); "
            "modes %s%s%.0ld%s\n",
            w.conversations, w.turns, w.clients, w.preset ? ", preset " : "",
-           w.preset ? w.preset : "", w.scale, modes, rounds > 1 ? ", " : "", rounds > 1 ? rounds : 0,
-           rounds > 1 ? " interleaved rounds" : "");
+           w.preset ? w.preset : "", w.scale, modes, rounds > 1 ? ", " : "",
+           rounds > 1 ? rounds : 0, rounds > 1 ? " interleaved rounds" : "");
     fflush(stdout);
     rc = sweep ? compare_sweep(&f, &w, t, modes, model, kv_mb, threads, sweep)
                : compare_one(&f, &w, t, modes, model, kv_mb, threads, f.out, NULL, 0);
@@ -362,7 +421,8 @@ static void print_turn(void *user, const bench_record *r, const char *answer, si
             while (k < len && k < 72 && answer[k] != '\n') k++;
             while (k && k < len && ((unsigned char)answer[k] & 0xC0) == 0x80) k--;
             printf("         assistant: ");
-            for (size_t i = 0; i < k; i++) putchar((unsigned char)answer[i] < 0x20 ? '.' : answer[i]);
+            for (size_t i = 0; i < k; i++)
+                putchar((unsigned char)answer[i] < 0x20 ? '.' : answer[i]);
             printf("%s\n", k < len ? " ..." : "");
         }
     }
@@ -390,8 +450,10 @@ static int bench_chat_main(int argc, char **argv)
         {"json", CLI_FLAG, &o.json, 0, 0, "one JSON object per turn"},
         {"show", CLI_FLAG, &o.show, 0, 0, "print the start of each answer"},
     };
-    int rc = cli_parse("bench chat", "[--url URL] [--turns " CLI_DEFAULT_INT(WORK_TURNS) "] [--prefix-tokens N] [...]", argc, argv,
-                       opts, DX_ARRAY_LEN(opts), NULL, 0, NULL);
+    int rc =
+        cli_parse("bench chat",
+                  "[--url URL] [--turns " CLI_DEFAULT_INT(WORK_TURNS) "] [--prefix-tokens N] [...]",
+                  argc, argv, opts, DX_ARRAY_LEN(opts), NULL, 0, NULL);
     if (rc) return rc == 1 ? 0 : rc;
     if (workload_from(&f, &w)) return fail("chat", 2);
     if (strncmp(f.url, "http://", 7)) {
@@ -401,8 +463,14 @@ static int bench_chat_main(int argc, char **argv)
     bench_text *t;
     if (bench_text_create(f.tokenizer, &t)) return fail("chat", 1);
     bench_results r;
-    bench_run_config c = {.url = f.url, .model = f.model, .api_key = f.api_key, .w = &w, .text = t,
-                          .timeout_s = f.timeout, .on_record = print_turn, .user = &o};
+    bench_run_config c = {.url = f.url,
+                          .model = f.model,
+                          .api_key = f.api_key,
+                          .w = &w,
+                          .text = t,
+                          .timeout_s = f.timeout,
+                          .on_record = print_turn,
+                          .user = &o};
     rc = bench_run(&c, &r);
     int failed = 0;
     for (size_t i = 0; i < r.n; i++) failed |= r.rec[i].err != BENCH_OK;
@@ -424,7 +492,8 @@ static void series_name(const char *path, char *out, size_t cap)
         snprintf(out, cap, "%.*s", (int)(slash - p), p);
     } else {
         size_t n = strlen(base);
-        snprintf(out, cap, "%.*s", (int)(n > 5 && !strcmp(base + n - 5, ".json") ? n - 5 : n), base);
+        snprintf(out, cap, "%.*s", (int)(n > 5 && !strcmp(base + n - 5, ".json") ? n - 5 : n),
+                 base);
     }
     if (!out[0]) snprintf(out, cap, "run");
 }
@@ -434,7 +503,8 @@ static int bench_report_main(int argc, char **argv)
 {
     const char *out = WORK_OUT;
     const cli_opt opts[] = {
-        {"out", CLI_PATH, &out, 0, 0, "directory for summary.md and ttft.svg (default " WORK_OUT ")"},
+        {"out", CLI_PATH, &out, 0, 0,
+         "directory for summary.md and ttft.svg (default " WORK_OUT ")"},
     };
     enum { MAX = 8 };
     char *files[MAX];

@@ -918,6 +918,11 @@ static int misc(tx *t, json_t *root, json_t *doc, const oai_anth_opts *o, oai_an
                         OAI_MAX_CACHE_SALT);
         put(t, doc, "cache_salt", json_incref(v));
     }
+    if ((v = field(root, "ignore_eos"))) { /* vLLM's, for benchmarks of fixed lengths */
+        if (!json_is_boolean(v))
+            return fail(t->err, "ignore_eos", "ignore_eos: expected a boolean");
+        put(t, doc, "ignore_eos", json_incref(v));
+    }
     return 0;
 }
 

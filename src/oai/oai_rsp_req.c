@@ -722,6 +722,10 @@ static int parse_passthrough(const json_t *root, json_t *chat, oai_err *err)
                         OAI_MAX_CACHE_SALT);
         json_object_set(chat, "cache_salt", v);
     }
+    if ((v = field(root, "ignore_eos"))) { /* vLLM's, for benchmarks of fixed lengths */
+        if (!json_is_boolean(v)) return fail(err, "ignore_eos", "ignore_eos: expected a boolean");
+        json_object_set(chat, "ignore_eos", v);
+    }
     if ((v = field(root, "parallel_tool_calls"))) {
         if (!json_is_boolean(v))
             return fail(err, "parallel_tool_calls", "parallel_tool_calls: expected true or false");
