@@ -89,14 +89,9 @@ static int blank(char c)
     return c == ' ' || c == '\t';
 }
 
-/* "Bearer TOKEN" (the scheme in any case, RFC 9110), blanks around. */
-static enum bearer parse_bearer(const char *v, int count, const char **tok, size_t *len)
+/* The token in v: one word, blanks around it. */
+static enum bearer one_token(const char *v, const char **tok, size_t *len)
 {
-    if (count == 0) return BEARER_NONE;
-    if (count > 1) return BEARER_BAD; /* which one would a proxy have read? */
-    while (blank(*v)) v++;
-    if (strncasecmp(v, "Bearer", 6) != 0 || !blank(v[6])) return BEARER_BAD;
-    v += 7;
     while (blank(*v)) v++;
     size_t n = strlen(v);
     while (n && blank(v[n - 1])) n--;
@@ -108,6 +103,16 @@ static enum bearer parse_bearer(const char *v, int count, const char **tok, size
     return BEARER_OK;
 }
 
+/* "Bearer TOKEN" (the scheme in any case, RFC 9110), blanks around. */
+static enum bearer parse_bearer(const char *v, int count, const char **tok, size_t *len)
+{
+    if (count == 0) return BEARER_NONE;
+    if (count > 1) return BEARER_BAD; /* which one would a proxy have read? */
+    while (blank(*v)) v++;
+    if (strncasecmp(v, "Bearer", 6) != 0 || !blank(v[6])) return BEARER_BAD;
+    return one_token(v + 7, tok, len);
+}
+
 /* "x-api-key: KEY" (Anthropic's header, which its SDK and Claude Code
  * send instead of Authorization), blanks around: read only when there is
  * no Authorization header. */
@@ -115,15 +120,7 @@ static enum bearer parse_x_api_key(const char *v, int count, const char **tok, s
 {
     if (count == 0) return BEARER_NONE;
     if (count > 1) return BEARER_BAD;
-    while (blank(*v)) v++;
-    size_t n = strlen(v);
-    while (n && blank(v[n - 1])) n--;
-    if (n == 0) return BEARER_BAD;
-    for (size_t i = 0; i < n; i++)
-        if (blank(v[i])) return BEARER_BAD;
-    *tok = v;
-    *len = n;
-    return BEARER_OK;
+    return one_token(v, tok, len);
 }
 
 static int refuse(http_auth_result *out, const char *message)

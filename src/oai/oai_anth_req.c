@@ -10,6 +10,7 @@
  * there.  Subtrees that pass unchanged (schemas, kv_transfer_params) are
  * shared with the new document, not copied. */
 #include "oai/oai_anth.h"
+#include "oai/oai_jv.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -36,36 +37,6 @@ typedef struct {
     dx_buf scratch; /* a tool result's text, a call's arguments */
 } tx;
 
-static int fail(oai_err *err, const char *param, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-/* A 400 whose message starts with the field it names (param). */
-static int fail(oai_err *err, const char *param, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err->message, sizeof err->message, fmt, ap);
-    va_end(ap);
-    snprintf(err->param, sizeof err->param, "%s", param ? param : "");
-    err->status = 400;
-    return dx_errf(DX_EINVAL, "%s", err->message);
-}
-
-/* A callee has filled *err: its failure passes on. */
-static int failed(const oai_err *err)
-{
-    DX_ASSERT(err->status && err->message[0]);
-    return dx_errf(DX_EINVAL, "%s", err->message);
-}
-
-/* The server's state, not the client's request: a 503 it may retry. */
-static int oom(oai_err *err)
-{
-    fail(err, NULL, "out of memory reading the request; try again");
-    err->status = 503;
-    return dx_errf(DX_ENOMEM, "out of memory translating a Messages request");
-}
-
 /* A field's path, "messages[3].content[1].content[0].type", built through
  * vsnprintf so that the compiler does not count every path's worst case;
  * a path longer than an error's param keeps its start there, and whole in
@@ -85,63 +56,6 @@ static const char *pathf(char *out, const char *fmt, ...)
 
 /* ---- small checks: the chat parser's own (private to oai_req.c), under
  * Anthropic's names ------------------------------------------------------- */
-
-static json_t *field(json_t *obj, const char *name)
-{
-    json_t *v = json_object_get(obj, name);
-    return json_is_null(v) ? NULL : v;
-}
-
-/* A string used as a name, id or C string: NUL only in text the model reads. */
-static int is_cstr(const json_t *v)
-{
-    return json_is_string(v) && strlen(json_string_value(v)) == json_string_length(v);
-}
-
-static int is_type(const json_t *v, const char *type)
-{
-    return is_cstr(v) && !strcmp(json_string_value(v), type);
-}
-
-/* An integral JSON number in [lo, hi] (1e3 counts, as in the chat parser). */
-static int get_int(const json_t *v, const char *name, double lo, double hi, int64_t *out,
-                   oai_err *err)
-{
-    if (json_is_integer(v)) {
-        json_int_t i = json_integer_value(v);
-        if ((double)i < lo || (double)i > hi)
-            return fail(err, name, "%s: %lld is out of range [%.0f, %.0f]", name, (long long)i, lo,
-                        hi);
-        *out = (int64_t)i;
-        return 0;
-    }
-    if (!json_is_real(v)) return fail(err, name, "%s: expected an integer", name);
-    double d = json_real_value(v);
-    if (d != floor(d) || fabs(d) >= 9.0e18)
-        return fail(err, name, "%s: expected an integer, got %g", name, d);
-    if (d < lo || d > hi)
-        return fail(err, name, "%s: %g is out of range [%.0f, %.0f]", name, d, lo, hi);
-    *out = (int64_t)d;
-    return 0;
-}
-
-static int get_num(const json_t *v, const char *name, double lo, double hi, double *out,
-                   oai_err *err)
-{
-    if (!json_is_number(v)) return fail(err, name, "%s: expected a number", name);
-    double d = json_number_value(v);
-    if (!(d >= lo && d <= hi))
-        return fail(err, name, "%s: %g is out of range [%g, %g]", name, d, lo, hi);
-    *out = d;
-    return 0;
-}
-
-static int get_bool(const json_t *v, const char *name, int *out, oai_err *err)
-{
-    if (!json_is_boolean(v)) return fail(err, name, "%s: expected true or false", name);
-    *out = json_is_true(v);
-    return 0;
-}
 
 /* 1 when v nests containers more than `left` levels deep.  The recursion is
  * bounded by left, whatever the document. */
@@ -192,10 +106,10 @@ static int emit(tx *t, json_t *m)
 {
     if (json_array_size(t->msgs) >= OAI_MAX_MESSAGES) {
         json_decref(m);
-        return fail(t->err, "messages",
-                    "messages: the conversation makes more than %d chat messages (each "
-                    "tool_result is one), at most %d are accepted",
-                    OAI_MAX_MESSAGES, OAI_MAX_MESSAGES);
+        return oai_jv_fail(t->err, "messages",
+                           "messages: the conversation makes more than %d chat messages (each "
+                           "tool_result is one), at most %d are accepted",
+                           OAI_MAX_MESSAGES, OAI_MAX_MESSAGES);
     }
     push(t, t->msgs, m);
     return 0;
@@ -332,9 +246,9 @@ static int js_val(dx_buf *b, const json_t *v)
 static int count_block(tx *t)
 {
     if (++t->n_blocks <= OAI_ANTH_MAX_BLOCKS) return 0;
-    return fail(t->err, "messages",
-                "messages: more than %d content blocks, at most %d are accepted",
-                OAI_ANTH_MAX_BLOCKS, OAI_ANTH_MAX_BLOCKS);
+    return oai_jv_fail(t->err, "messages",
+                       "messages: more than %d content blocks, at most %d are accepted",
+                       OAI_ANTH_MAX_BLOCKS, OAI_ANTH_MAX_BLOCKS);
 }
 
 /* A block that is not text-only: named, with its type. */
@@ -343,20 +257,21 @@ static int unsupported(tx *t, const char *name, const char *type)
     char param[PATH];
     pathf(param, "%s.type", name);
     if (!strcmp(type, "image") || !strcmp(type, "document"))
-        return fail(t->err, param, "%s: %s blocks are not supported (text-only model)", param,
-                    type);
-    return fail(t->err, param, "%s: '%.40s' blocks are not supported", param, type);
+        return oai_jv_fail(t->err, param, "%s: %s blocks are not supported (text-only model)",
+                           param, type);
+    return oai_jv_fail(t->err, param, "%s: '%.40s' blocks are not supported", param, type);
 }
 
 /* {type, …}: the block's type, or a 400. */
 static int block_type(tx *t, json_t *blk, const char *name, const char **type)
 {
-    if (!json_is_object(blk)) return fail(t->err, name, "%s: expected a content block", name);
+    if (!json_is_object(blk))
+        return oai_jv_fail(t->err, name, "%s: expected a content block", name);
     json_t *v = json_object_get(blk, "type");
-    if (!is_cstr(v)) {
+    if (!oai_jv_is_cstr(v)) {
         char param[PATH];
         pathf(param, "%s.type", name);
-        return fail(t->err, param, "%s: required, a string", param);
+        return oai_jv_fail(t->err, param, "%s: required, a string", param);
     }
     *type = json_string_value(v);
     return count_block(t);
@@ -369,7 +284,7 @@ static int text_of(tx *t, json_t *blk, const char *name, json_t **text)
     if (json_is_string(*text)) return 0;
     char param[PATH];
     pathf(param, "%s.text", name);
-    return fail(t->err, param, "%s: required, a string", param);
+    return oai_jv_fail(t->err, param, "%s: required, a string", param);
 }
 
 /* content: a string (one text block) or text blocks, joined with sep into
@@ -382,16 +297,16 @@ static int text_blocks(tx *t, json_t *c, const char *name, const char *sep, dx_b
         return count_block(t);
     }
     if (!json_is_array(c))
-        return fail(t->err, name, "%s: expected a string or an array of text blocks", name);
+        return oai_jv_fail(t->err, name, "%s: expected a string or an array of text blocks", name);
     size_t k;
     json_t *blk, *text;
     const char *type;
     json_array_foreach(c, k, blk)
     {
         pathf(bname, "%s[%zu]", name, k);
-        if (block_type(t, blk, bname, &type)) return failed(t->err);
+        if (block_type(t, blk, bname, &type)) return oai_jv_failed(t->err);
         if (strcmp(type, "text")) return unsupported(t, bname, type);
-        if (text_of(t, blk, bname, &text)) return failed(t->err);
+        if (text_of(t, blk, bname, &text)) return oai_jv_failed(t->err);
         add_text(t, dst, has, sep, json_string_value(text), json_string_length(text));
     }
     return 0;
@@ -401,10 +316,10 @@ static int text_blocks(tx *t, json_t *c, const char *name, const char *sep, dx_b
 static int name_of(tx *t, json_t *blk, const char *key, const char *name, json_t **v)
 {
     *v = json_object_get(blk, key);
-    if (is_cstr(*v) && json_string_length(*v)) return 0;
+    if (oai_jv_is_cstr(*v) && json_string_length(*v)) return 0;
     char param[PATH];
     pathf(param, "%s.%s", name, key);
-    return fail(t->err, param, "%s: required, a non-empty string", param);
+    return oai_jv_fail(t->err, param, "%s: required, a non-empty string", param);
 }
 
 /* tool_result {tool_use_id, content?, is_error?} → a tool message; an
@@ -414,18 +329,18 @@ static int tool_result(tx *t, json_t *blk, const char *name)
     char param[PATH];
     json_t *id, *v;
     if (t->has_text)
-        return fail(t->err, name, "%s: tool_result blocks must come before any text in a user turn",
-                    name);
-    if (name_of(t, blk, "tool_use_id", name, &id)) return failed(t->err);
+        return oai_jv_fail(t->err, name,
+                           "%s: tool_result blocks must come before any text in a user turn", name);
+    if (name_of(t, blk, "tool_use_id", name, &id)) return oai_jv_failed(t->err);
     int is_error = 0, has = 0;
     pathf(param, "%s.is_error", name);
-    if ((v = field(blk, "is_error")) && get_bool(v, param, &is_error, t->err))
-        return failed(t->err);
+    if ((v = oai_jv_field(blk, "is_error")) && oai_jv_bool(v, param, &is_error, t->err))
+        return oai_jv_failed(t->err);
     dx_buf_reset(&t->scratch);
     if (is_error && dx_buf_puts(&t->scratch, "Error: ")) t->oom = 1;
     pathf(param, "%s.content", name);
-    if ((v = field(blk, "content")) && text_blocks(t, v, param, "\n", &t->scratch, &has))
-        return failed(t->err);
+    if ((v = oai_jv_field(blk, "content")) && text_blocks(t, v, param, "\n", &t->scratch, &has))
+        return oai_jv_failed(t->err);
     if (is_error && !has && t->scratch.len) { /* "Error" */
         t->scratch.len = 5;
         t->scratch.data[5] = 0;
@@ -441,7 +356,7 @@ static int user_block(tx *t, json_t *blk, const char *name, const char *type)
 {
     json_t *text;
     if (!strcmp(type, "text")) {
-        if (text_of(t, blk, name, &text)) return failed(t->err);
+        if (text_of(t, blk, name, &text)) return oai_jv_failed(t->err);
         add_text(t, &t->text, &t->has_text, "\n", json_string_value(text),
                  json_string_length(text));
         return 0;
@@ -451,8 +366,8 @@ static int user_block(tx *t, json_t *blk, const char *name, const char *type)
         !strcmp(type, "redacted_thinking")) {
         char param[PATH];
         pathf(param, "%s.type", name);
-        return fail(t->err, param, "%s: %s blocks are only accepted in assistant messages", param,
-                    type);
+        return oai_jv_fail(t->err, param, "%s: %s blocks are only accepted in assistant messages",
+                           param, type);
     }
     return unsupported(t, name, type);
 }
@@ -463,12 +378,13 @@ static int tool_use(tx *t, json_t *blk, const char *name)
     char param[PATH];
     json_t *id, *fname;
     if (name_of(t, blk, "id", name, &id) || name_of(t, blk, "name", name, &fname))
-        return failed(t->err);
+        return oai_jv_failed(t->err);
     json_t *input = json_object_get(blk, "input");
     pathf(param, "%s.input", name);
-    if (!json_is_object(input)) return fail(t->err, param, "%s: required, an object", param);
+    if (!json_is_object(input)) return oai_jv_fail(t->err, param, "%s: required, an object", param);
     if (too_deep(input, OAI_ANTH_MAX_DEPTH))
-        return fail(t->err, param, "%s: nested deeper than %d levels", param, OAI_ANTH_MAX_DEPTH);
+        return oai_jv_fail(t->err, param, "%s: nested deeper than %d levels", param,
+                           OAI_ANTH_MAX_DEPTH);
     dx_buf_reset(&t->scratch);
     if (js_val(&t->scratch, input)) t->oom = 1;
     json_t *fn = json_object(), *call = json_object();
@@ -487,7 +403,7 @@ static int assistant_block(tx *t, json_t *blk, const char *name, const char *typ
     char param[PATH];
     json_t *v;
     if (!strcmp(type, "text")) {
-        if (text_of(t, blk, name, &v)) return failed(t->err);
+        if (text_of(t, blk, name, &v)) return oai_jv_failed(t->err);
         add_text(t, &t->text, &t->has_text, "", json_string_value(v), json_string_length(v));
         return 0;
     }
@@ -495,7 +411,7 @@ static int assistant_block(tx *t, json_t *blk, const char *name, const char *typ
     if (!strcmp(type, "thinking")) {
         v = json_object_get(blk, "thinking");
         pathf(param, "%s.thinking", name);
-        if (!json_is_string(v)) return fail(t->err, param, "%s: required, a string", param);
+        if (!json_is_string(v)) return oai_jv_fail(t->err, param, "%s: required, a string", param);
         add_text(t, &t->reasoning, &t->has_reasoning, "", json_string_value(v),
                  json_string_length(v));
         return 0;
@@ -504,13 +420,13 @@ static int assistant_block(tx *t, json_t *blk, const char *name, const char *typ
         /* Anthropic's ciphertext: nothing another model can read */
         pathf(param, "%s.data", name);
         if (!json_is_string(json_object_get(blk, "data")))
-            return fail(t->err, param, "%s: required, a string", param);
+            return oai_jv_fail(t->err, param, "%s: required, a string", param);
         return 0;
     }
     if (!strcmp(type, "tool_result")) {
         pathf(param, "%s.type", name);
-        return fail(t->err, param, "%s: tool_result blocks are only accepted in user messages",
-                    param);
+        return oai_jv_fail(t->err, param,
+                           "%s: tool_result blocks are only accepted in user messages", param);
     }
     return unsupported(t, name, type);
 }
@@ -555,7 +471,7 @@ static int system_msg(tx *t, json_t *c, const char *name)
 {
     int has = 0;
     dx_buf_reset(&t->scratch);
-    if (text_blocks(t, c, name, "\n", &t->scratch, &has)) return failed(t->err);
+    if (text_blocks(t, c, name, "\n", &t->scratch, &has)) return oai_jv_failed(t->err);
     json_t *m = chat_msg(t, "system");
     put_str(t, m, "content", &t->scratch);
     return emit(t, m);
@@ -565,32 +481,35 @@ static int one_message(tx *t, json_t *jm, size_t i)
 {
     char name[PATH], bname[PATH];
     pathf(name, "messages[%zu]", i);
-    if (!json_is_object(jm)) return fail(t->err, name, "%s: expected an object", name);
+    if (!json_is_object(jm)) return oai_jv_fail(t->err, name, "%s: expected an object", name);
     json_t *role = json_object_get(jm, "role"), *c = json_object_get(jm, "content");
     pathf(bname, "%s.role", name);
-    int turn = is_type(role, "user") ? TURN_USER : is_type(role, "assistant") ? TURN_ASSISTANT : 0;
-    if (!turn && !is_type(role, "system"))
-        return fail(t->err, bname, "%s: expected \"user\" or \"assistant\"", bname);
+    int turn = oai_jv_is(role, "user")        ? TURN_USER
+               : oai_jv_is(role, "assistant") ? TURN_ASSISTANT
+                                              : 0;
+    if (!turn && !oai_jv_is(role, "system"))
+        return oai_jv_fail(t->err, bname, "%s: expected \"user\" or \"assistant\"", bname);
     pathf(bname, "%s.content", name);
-    if (!c) return fail(t->err, bname, "%s: required", bname);
-    if (t->turn != turn && flush_turn(t)) return failed(t->err);
+    if (!c) return oai_jv_fail(t->err, bname, "%s: required", bname);
+    if (t->turn != turn && flush_turn(t)) return oai_jv_failed(t->err);
     if (!turn) return system_msg(t, c, bname);
     t->turn = turn;
     if (json_is_string(c)) {
-        if (count_block(t)) return failed(t->err);
+        if (count_block(t)) return oai_jv_failed(t->err);
         add_text(t, &t->text, &t->has_text, turn == TURN_USER ? "\n" : "", json_string_value(c),
                  json_string_length(c));
         return 0;
     }
     if (!json_is_array(c))
-        return fail(t->err, bname, "%s: expected a string or an array of content blocks", bname);
+        return oai_jv_fail(t->err, bname, "%s: expected a string or an array of content blocks",
+                           bname);
     size_t j;
     json_t *blk;
     const char *type;
     json_array_foreach(c, j, blk)
     {
         pathf(bname, "%s.content[%zu]", name, j);
-        if (block_type(t, blk, bname, &type)) return failed(t->err);
+        if (block_type(t, blk, bname, &type)) return oai_jv_failed(t->err);
         int rc = turn == TURN_USER ? user_block(t, blk, bname, type)
                                    : assistant_block(t, blk, bname, type);
         if (rc) return rc;
@@ -601,30 +520,30 @@ static int one_message(tx *t, json_t *jm, size_t i)
 /* system, then messages → the document's messages. */
 static int conversation(tx *t, json_t *root, json_t *doc)
 {
-    json_t *sys = field(root, "system"), *msgs = json_object_get(root, "messages");
-    if (!msgs) return fail(t->err, "messages", "messages: required");
+    json_t *sys = oai_jv_field(root, "system"), *msgs = json_object_get(root, "messages");
+    if (!msgs) return oai_jv_fail(t->err, "messages", "messages: required");
     if (!json_is_array(msgs) || !json_array_size(msgs))
-        return fail(t->err, "messages", "messages: expected a non-empty array");
+        return oai_jv_fail(t->err, "messages", "messages: expected a non-empty array");
     if (json_array_size(msgs) > OAI_MAX_MESSAGES)
-        return fail(t->err, "messages", "messages: %zu messages, at most %d are accepted",
-                    json_array_size(msgs), OAI_MAX_MESSAGES);
+        return oai_jv_fail(t->err, "messages", "messages: %zu messages, at most %d are accepted",
+                           json_array_size(msgs), OAI_MAX_MESSAGES);
     if (!(t->msgs = json_array())) t->oom = 1;
     put(t, doc, "messages", json_incref(t->msgs));
     if (sys) {
         int has = 0;
         dx_buf_reset(&t->scratch);
-        if (text_blocks(t, sys, "system", "\n", &t->scratch, &has)) return failed(t->err);
+        if (text_blocks(t, sys, "system", "\n", &t->scratch, &has)) return oai_jv_failed(t->err);
         if (has) { /* an empty system prompt is none */
             json_t *m = chat_msg(t, "system");
             put_str(t, m, "content", &t->scratch);
-            if (emit(t, m)) return failed(t->err);
+            if (emit(t, m)) return oai_jv_failed(t->err);
         }
     }
     size_t i;
     json_t *jm;
     json_array_foreach(msgs, i, jm)
     {
-        if (one_message(t, jm, i)) return failed(t->err);
+        if (one_message(t, jm, i)) return oai_jv_failed(t->err);
     }
     return flush_turn(t);
 }
@@ -637,26 +556,29 @@ static int one_tool(tx *t, json_t *tool, size_t i, json_t *out)
 {
     char name[PATH], param[PATH];
     pathf(name, "tools[%zu]", i);
-    if (!json_is_object(tool)) return fail(t->err, name, "%s: expected an object", name);
-    json_t *type = field(tool, "type"), *fname, *desc = field(tool, "description");
-    json_t *schema = json_object_get(tool, "input_schema"), *st = field(tool, "strict");
+    if (!json_is_object(tool)) return oai_jv_fail(t->err, name, "%s: expected an object", name);
+    json_t *type = oai_jv_field(tool, "type"), *fname, *desc = oai_jv_field(tool, "description");
+    json_t *schema = json_object_get(tool, "input_schema"), *st = oai_jv_field(tool, "strict");
     pathf(param, "%s.type", name);
-    if (type && !is_cstr(type)) return fail(t->err, param, "%s: expected a string", param);
+    if (type && !oai_jv_is_cstr(type))
+        return oai_jv_fail(t->err, param, "%s: expected a string", param);
     if (type && strcmp(json_string_value(type), "custom"))
-        return fail(t->err, param,
-                    "%s: '%.40s' tools are not supported (only tools with an input_schema)", param,
-                    json_string_value(type));
-    if (name_of(t, tool, "name", name, &fname)) return failed(t->err);
+        return oai_jv_fail(t->err, param,
+                           "%s: '%.40s' tools are not supported (only tools with an input_schema)",
+                           param, json_string_value(type));
+    if (name_of(t, tool, "name", name, &fname)) return oai_jv_failed(t->err);
     pathf(param, "%s.description", name);
-    if (desc && !json_is_string(desc)) return fail(t->err, param, "%s: expected a string", param);
+    if (desc && !json_is_string(desc))
+        return oai_jv_fail(t->err, param, "%s: expected a string", param);
     pathf(param, "%s.input_schema", name);
     if (!json_is_object(schema))
-        return fail(t->err, param, "%s: required, a JSON Schema object", param);
+        return oai_jv_fail(t->err, param, "%s: required, a JSON Schema object", param);
     if (too_deep(schema, OAI_ANTH_MAX_DEPTH))
-        return fail(t->err, param, "%s: nested deeper than %d levels", param, OAI_ANTH_MAX_DEPTH);
+        return oai_jv_fail(t->err, param, "%s: nested deeper than %d levels", param,
+                           OAI_ANTH_MAX_DEPTH);
     pathf(param, "%s.strict", name);
     int strict = 1;
-    if (st && get_bool(st, param, &strict, t->err)) return failed(t->err);
+    if (st && oai_jv_bool(st, param, &strict, t->err)) return oai_jv_failed(t->err);
     json_t *fn = json_object(), *ft = json_object();
     put(t, fn, "name", json_incref(fname));
     if (desc) put(t, fn, "description", json_incref(desc));
@@ -670,12 +592,12 @@ static int one_tool(tx *t, json_t *tool, size_t i, json_t *out)
 
 static int tools(tx *t, json_t *root, json_t *doc)
 {
-    json_t *tl = field(root, "tools"), *tool;
+    json_t *tl = oai_jv_field(root, "tools"), *tool;
     if (!tl) return 0;
-    if (!json_is_array(tl)) return fail(t->err, "tools", "tools: expected an array");
+    if (!json_is_array(tl)) return oai_jv_fail(t->err, "tools", "tools: expected an array");
     if (json_array_size(tl) > OAI_MAX_TOOLS)
-        return fail(t->err, "tools", "tools: %zu tools, at most %d are accepted",
-                    json_array_size(tl), OAI_MAX_TOOLS);
+        return oai_jv_fail(t->err, "tools", "tools: %zu tools, at most %d are accepted",
+                           json_array_size(tl), OAI_MAX_TOOLS);
     /* our reference keeps the array while it is filled, even if the put failed */
     json_t *out = json_array();
     put(t, doc, "tools", json_incref(out));
@@ -700,13 +622,14 @@ static int has_tool(json_t *tl, const char *name)
 /* tool_choice {type auto|any|tool|none, name, disable_parallel_tool_use}. */
 static int tool_choice(tx *t, json_t *root, json_t *doc, int *forced)
 {
-    json_t *tc = field(root, "tool_choice"), *tl = field(root, "tools"), *v;
+    json_t *tc = oai_jv_field(root, "tool_choice"), *tl = oai_jv_field(root, "tools"), *v;
     *forced = 0;
     if (!tc) return 0;
     json_t *type = json_object_get(tc, "type");
-    if (!json_is_object(tc) || !is_cstr(type))
-        return fail(t->err, "tool_choice",
-                    "tool_choice: expected {\"type\": \"auto\" | \"any\" | \"tool\" | \"none\"}");
+    if (!json_is_object(tc) || !oai_jv_is_cstr(type))
+        return oai_jv_fail(
+            t->err, "tool_choice",
+            "tool_choice: expected {\"type\": \"auto\" | \"any\" | \"tool\" | \"none\"}");
     const char *ty = json_string_value(type);
     if (!strcmp(ty, "auto") || !strcmp(ty, "none")) {
         put(t, doc, "tool_choice", json_string(ty));
@@ -715,11 +638,12 @@ static int tool_choice(tx *t, json_t *root, json_t *doc, int *forced)
         *forced = 1;
     } else if (!strcmp(ty, "tool")) {
         v = json_object_get(tc, "name");
-        if (!is_cstr(v))
-            return fail(t->err, "tool_choice.name", "tool_choice.name: required, a string");
+        if (!oai_jv_is_cstr(v))
+            return oai_jv_fail(t->err, "tool_choice.name", "tool_choice.name: required, a string");
         if (tl && !has_tool(tl, json_string_value(v)))
-            return fail(t->err, "tool_choice.name",
-                        "tool_choice.name: no tool named '%.64s' in tools", json_string_value(v));
+            return oai_jv_fail(t->err, "tool_choice.name",
+                               "tool_choice.name: no tool named '%.64s' in tools",
+                               json_string_value(v));
         json_t *fn = json_object(), *named = json_object();
         put(t, fn, "name", json_incref(v));
         put(t, named, "type", json_string("function"));
@@ -727,16 +651,17 @@ static int tool_choice(tx *t, json_t *root, json_t *doc, int *forced)
         put(t, doc, "tool_choice", named);
         *forced = 1;
     } else {
-        return fail(t->err, "tool_choice.type",
-                    "tool_choice.type: '%.32s' is not auto, any, tool or none", ty);
+        return oai_jv_fail(t->err, "tool_choice.type",
+                           "tool_choice.type: '%.32s' is not auto, any, tool or none", ty);
     }
     if (*forced && !json_array_size(tl))
-        return fail(t->err, "tool_choice",
-                    "tool_choice: a tool use is required (type \"%s\") but no tools are given", ty);
+        return oai_jv_fail(
+            t->err, "tool_choice",
+            "tool_choice: a tool use is required (type \"%s\") but no tools are given", ty);
     int disable = 0;
-    if ((v = field(tc, "disable_parallel_tool_use"))) {
-        if (get_bool(v, "tool_choice.disable_parallel_tool_use", &disable, t->err))
-            return failed(t->err);
+    if ((v = oai_jv_field(tc, "disable_parallel_tool_use"))) {
+        if (oai_jv_bool(v, "tool_choice.disable_parallel_tool_use", &disable, t->err))
+            return oai_jv_failed(t->err);
         put(t, doc, "parallel_tool_calls", json_boolean(!disable));
     }
     return 0;
@@ -748,11 +673,12 @@ static int max_tokens(tx *t, json_t *root, json_t *doc)
 {
     json_t *v = json_object_get(root, "max_tokens");
     int64_t n;
-    if (!v) return fail(t->err, "max_tokens", "max_tokens: required");
+    if (!v) return oai_jv_fail(t->err, "max_tokens", "max_tokens: required");
     if (json_is_integer(v) && json_integer_value(v) == 0)
-        return fail(t->err, "max_tokens",
-                    "max_tokens: must be at least 1 (0, pre-warming the cache, is not supported)");
-    if (get_int(v, "max_tokens", 1, UINT32_MAX, &n, t->err)) return failed(t->err);
+        return oai_jv_fail(
+            t->err, "max_tokens",
+            "max_tokens: must be at least 1 (0, pre-warming the cache, is not supported)");
+    if (oai_jv_int(v, "max_tokens", 1, UINT32_MAX, &n, t->err)) return oai_jv_failed(t->err);
     put(t, doc, "max_tokens", json_integer(n));
     return 0;
 }
@@ -760,14 +686,15 @@ static int max_tokens(tx *t, json_t *root, json_t *doc)
 /* stop_sequences → stop, within the chat parser's count and bytes. */
 static int stop_sequences(tx *t, json_t *root, json_t *doc, oai_anth_info *info)
 {
-    json_t *s = field(root, "stop_sequences"), *v;
+    json_t *s = oai_jv_field(root, "stop_sequences"), *v;
     if (!s) return 0;
     if (!json_is_array(s))
-        return fail(t->err, "stop_sequences", "stop_sequences: expected an array of strings");
+        return oai_jv_fail(t->err, "stop_sequences",
+                           "stop_sequences: expected an array of strings");
     if (json_array_size(s) > OAI_MAX_STOP)
-        return fail(t->err, "stop_sequences",
-                    "stop_sequences: %zu strings, at most %d are accepted", json_array_size(s),
-                    OAI_MAX_STOP);
+        return oai_jv_fail(t->err, "stop_sequences",
+                           "stop_sequences: %zu strings, at most %d are accepted",
+                           json_array_size(s), OAI_MAX_STOP);
     json_t *out = json_array();
     put(t, doc, "stop", json_incref(out));
     size_t i, bytes = 0;
@@ -776,8 +703,8 @@ static int stop_sequences(tx *t, json_t *root, json_t *doc, oai_anth_info *info)
     {
         char param[PATH];
         pathf(param, "stop_sequences[%zu]", i);
-        if (!is_cstr(v)) {
-            rc = fail(t->err, param, "%s: expected a string without NUL", param);
+        if (!oai_jv_is_cstr(v)) {
+            rc = oai_jv_fail(t->err, param, "%s: expected a string without NUL", param);
             break;
         }
         bytes += json_string_length(v);
@@ -787,9 +714,9 @@ static int stop_sequences(tx *t, json_t *root, json_t *doc, oai_anth_info *info)
     }
     json_decref(out);
     if (!rc && bytes > OAI_MAX_STOP_BYTES)
-        rc = fail(t->err, "stop_sequences",
-                  "stop_sequences: %zu bytes in all, at most %u are accepted", bytes,
-                  OAI_MAX_STOP_BYTES);
+        rc = oai_jv_fail(t->err, "stop_sequences",
+                         "stop_sequences: %zu bytes in all, at most %u are accepted", bytes,
+                         OAI_MAX_STOP_BYTES);
     return rc;
 }
 
@@ -800,17 +727,17 @@ static int sampling(tx *t, json_t *root, json_t *doc)
     json_t *v;
     double d;
     int64_t n;
-    if ((v = field(root, "temperature"))) {
-        if (get_num(v, "temperature", 0, 2, &d, t->err)) return failed(t->err);
+    if ((v = oai_jv_field(root, "temperature"))) {
+        if (oai_jv_num(v, "temperature", 0, 2, &d, t->err)) return oai_jv_failed(t->err);
         put(t, doc, "temperature", json_real(d));
     }
-    if ((v = field(root, "top_p"))) {
-        if (get_num(v, "top_p", 0, 1, &d, t->err)) return failed(t->err);
-        if (d == 0) return fail(t->err, "top_p", "top_p: must be greater than 0");
+    if ((v = oai_jv_field(root, "top_p"))) {
+        if (oai_jv_num(v, "top_p", 0, 1, &d, t->err)) return oai_jv_failed(t->err);
+        if (d == 0) return oai_jv_fail(t->err, "top_p", "top_p: must be greater than 0");
         put(t, doc, "top_p", json_real(d));
     }
-    if ((v = field(root, "top_k"))) {
-        if (get_int(v, "top_k", -1, INT32_MAX, &n, t->err)) return failed(t->err);
+    if ((v = oai_jv_field(root, "top_k"))) {
+        if (oai_jv_int(v, "top_k", -1, INT32_MAX, &n, t->err)) return oai_jv_failed(t->err);
         put(t, doc, "top_k", json_integer(n));
     }
     return 0;
@@ -820,18 +747,21 @@ static int sampling(tx *t, json_t *root, json_t *doc)
  * chat templates read); the budget is the caller's. */
 static int thinking(tx *t, json_t *root, json_t *doc, oai_anth_info *info)
 {
-    json_t *th = field(root, "thinking"), *v;
+    json_t *th = oai_jv_field(root, "thinking"), *v;
     if (!th) return 0;
     json_t *type = json_object_get(th, "type");
-    if (!json_is_object(th) || !is_cstr(type))
-        return fail(t->err, "thinking",
-                    "thinking: expected {\"type\": \"enabled\" | \"disabled\" | \"adaptive\"}");
+    if (!json_is_object(th) || !oai_jv_is_cstr(type))
+        return oai_jv_fail(
+            t->err, "thinking",
+            "thinking: expected {\"type\": \"enabled\" | \"disabled\" | \"adaptive\"}");
     const char *ty = json_string_value(type);
     if (!strcmp(ty, "enabled")) {
         int64_t n;
         if (!(v = json_object_get(th, "budget_tokens")))
-            return fail(t->err, "thinking.budget_tokens", "thinking.budget_tokens: required");
-        if (get_int(v, "thinking.budget_tokens", 1, UINT32_MAX, &n, t->err)) return failed(t->err);
+            return oai_jv_fail(t->err, "thinking.budget_tokens",
+                               "thinking.budget_tokens: required");
+        if (oai_jv_int(v, "thinking.budget_tokens", 1, UINT32_MAX, &n, t->err))
+            return oai_jv_failed(t->err);
         info->thinking_budget = (uint32_t)n;
         info->thinking = OAI_ANTH_THINK_ON;
     } else if (!strcmp(ty, "adaptive") || !strcmp(ty, "between_tools")) {
@@ -839,8 +769,8 @@ static int thinking(tx *t, json_t *root, json_t *doc, oai_anth_info *info)
     } else if (!strcmp(ty, "disabled")) {
         info->thinking = OAI_ANTH_THINK_OFF;
     } else {
-        return fail(t->err, "thinking.type",
-                    "thinking.type: '%.32s' is not enabled, disabled or adaptive", ty);
+        return oai_jv_fail(t->err, "thinking.type",
+                           "thinking.type: '%.32s' is not enabled, disabled or adaptive", ty);
     }
     json_t *kw = json_object();
     put(t, kw, "enable_thinking", json_boolean(info->thinking == OAI_ANTH_THINK_ON));
@@ -851,23 +781,24 @@ static int thinking(tx *t, json_t *root, json_t *doc, oai_anth_info *info)
 /* output_config.format {type json_schema, schema} → response_format. */
 static int output_config(tx *t, json_t *root, json_t *doc, int *has_format)
 {
-    json_t *oc = field(root, "output_config"), *f, *schema;
+    json_t *oc = oai_jv_field(root, "output_config"), *f, *schema;
     *has_format = 0;
     if (!oc) return 0;
     if (!json_is_object(oc))
-        return fail(t->err, "output_config", "output_config: expected an object");
-    if (!(f = field(oc, "format"))) return 0; /* effort: the model's own business */
-    if (!json_is_object(f) || !is_type(json_object_get(f, "type"), "json_schema"))
-        return fail(t->err, "output_config.format",
-                    "output_config.format: expected {\"type\": \"json_schema\", \"schema\": {…}}");
+        return oai_jv_fail(t->err, "output_config", "output_config: expected an object");
+    if (!(f = oai_jv_field(oc, "format"))) return 0; /* effort: the model's own business */
+    if (!json_is_object(f) || !oai_jv_is(json_object_get(f, "type"), "json_schema"))
+        return oai_jv_fail(
+            t->err, "output_config.format",
+            "output_config.format: expected {\"type\": \"json_schema\", \"schema\": {…}}");
     schema = json_object_get(f, "schema");
     if (!json_is_object(schema))
-        return fail(t->err, "output_config.format.schema",
-                    "output_config.format.schema: required, a JSON Schema object");
+        return oai_jv_fail(t->err, "output_config.format.schema",
+                           "output_config.format.schema: required, a JSON Schema object");
     if (too_deep(schema, OAI_ANTH_MAX_DEPTH))
-        return fail(t->err, "output_config.format.schema",
-                    "output_config.format.schema: nested deeper than %d levels",
-                    OAI_ANTH_MAX_DEPTH);
+        return oai_jv_fail(t->err, "output_config.format.schema",
+                           "output_config.format.schema: nested deeper than %d levels",
+                           OAI_ANTH_MAX_DEPTH);
     json_t *js = json_object(), *rf = json_object();
     put(t, js, "name", json_string("output"));
     put(t, js, "schema", json_incref(schema));
@@ -883,11 +814,11 @@ static int output_config(tx *t, json_t *root, json_t *doc, int *has_format)
 static int misc(tx *t, json_t *root, json_t *doc, const oai_anth_opts *o, oai_anth_info *info)
 {
     json_t *v = json_object_get(root, "model"), *u;
-    if (!v) return fail(t->err, "model", "model: required");
-    if (!is_cstr(v)) return fail(t->err, "model", "model: expected a string");
+    if (!v) return oai_jv_fail(t->err, "model", "model: required");
+    if (!oai_jv_is_cstr(v)) return oai_jv_fail(t->err, "model", "model: expected a string");
     put(t, doc, "model", json_incref(v));
-    if (!o->count_tokens && (v = field(root, "stream"))) {
-        if (get_bool(v, "stream", &info->stream, t->err)) return failed(t->err);
+    if (!o->count_tokens && (v = oai_jv_field(root, "stream"))) {
+        if (oai_jv_bool(v, "stream", &info->stream, t->err)) return oai_jv_failed(t->err);
         if (info->stream) { /* the caller needs the usage for message_delta */
             json_t *so = json_object();
             put(t, so, "include_usage", json_true());
@@ -895,32 +826,34 @@ static int misc(tx *t, json_t *root, json_t *doc, const oai_anth_opts *o, oai_an
             put(t, doc, "stream_options", so);
         }
     }
-    if ((v = field(root, "metadata"))) {
-        if (!json_is_object(v)) return fail(t->err, "metadata", "metadata: expected an object");
-        if ((u = field(v, "user_id")) && !is_cstr(u))
-            return fail(t->err, "metadata.user_id", "metadata.user_id: expected a string");
+    if ((v = oai_jv_field(root, "metadata"))) {
+        if (!json_is_object(v))
+            return oai_jv_fail(t->err, "metadata", "metadata: expected an object");
+        if ((u = oai_jv_field(v, "user_id")) && !oai_jv_is_cstr(u))
+            return oai_jv_fail(t->err, "metadata.user_id", "metadata.user_id: expected a string");
         if (u) put(t, doc, "user", json_incref(u));
     }
-    if ((v = field(root, "kv_transfer_params"))) {
+    if ((v = oai_jv_field(root, "kv_transfer_params"))) {
         if (!json_is_object(v))
-            return fail(t->err, "kv_transfer_params", "kv_transfer_params: expected an object");
+            return oai_jv_fail(t->err, "kv_transfer_params",
+                               "kv_transfer_params: expected an object");
         put(t, doc, "kv_transfer_params", json_incref(v));
     }
-    if ((v = field(root, "conversation_id"))) {
+    if ((v = oai_jv_field(root, "conversation_id"))) {
         if (!json_is_string(v))
-            return fail(t->err, "conversation_id", "conversation_id: expected a string");
+            return oai_jv_fail(t->err, "conversation_id", "conversation_id: expected a string");
         put(t, doc, "conversation_id", json_incref(v));
     }
-    if ((v = field(root, "cache_salt"))) {
+    if ((v = oai_jv_field(root, "cache_salt"))) {
         size_t n = json_string_length(v);
         if (!json_is_string(v) || n == 0 || n > OAI_MAX_CACHE_SALT)
-            return fail(t->err, "cache_salt", "cache_salt: expected a string of 1..%d bytes",
-                        OAI_MAX_CACHE_SALT);
+            return oai_jv_fail(t->err, "cache_salt", "cache_salt: expected a string of 1..%d bytes",
+                               OAI_MAX_CACHE_SALT);
         put(t, doc, "cache_salt", json_incref(v));
     }
-    if ((v = field(root, "ignore_eos"))) { /* vLLM's, for benchmarks of fixed lengths */
+    if ((v = oai_jv_field(root, "ignore_eos"))) { /* vLLM's, for benchmarks of fixed lengths */
         if (!json_is_boolean(v))
-            return fail(t->err, "ignore_eos", "ignore_eos: expected a boolean");
+            return oai_jv_fail(t->err, "ignore_eos", "ignore_eos: expected a boolean");
         put(t, doc, "ignore_eos", json_incref(v));
     }
     return 0;
@@ -929,17 +862,18 @@ static int misc(tx *t, json_t *root, json_t *doc, const oai_anth_opts *o, oai_an
 static int translate(tx *t, json_t *root, json_t *doc, const oai_anth_opts *o, oai_anth_info *info)
 {
     int forced, format;
-    if (!json_is_object(root)) return fail(t->err, NULL, "request body must be a JSON object");
-    if (misc(t, root, doc, o, info)) return failed(t->err);
-    if (!o->count_tokens && max_tokens(t, root, doc)) return failed(t->err);
+    if (!json_is_object(root))
+        return oai_jv_fail(t->err, NULL, "request body must be a JSON object");
+    if (misc(t, root, doc, o, info)) return oai_jv_failed(t->err);
+    if (!o->count_tokens && max_tokens(t, root, doc)) return oai_jv_failed(t->err);
     if (conversation(t, root, doc) || tools(t, root, doc) || tool_choice(t, root, doc, &forced) ||
         stop_sequences(t, root, doc, info) || sampling(t, root, doc) ||
         thinking(t, root, doc, info) || output_config(t, root, doc, &format))
-        return failed(t->err);
+        return oai_jv_failed(t->err);
     if (forced && format)
-        return fail(t->err, "tool_choice",
-                    "tool_choice: a forced tool use (type \"any\" or \"tool\") cannot be "
-                    "combined with output_config.format");
+        return oai_jv_fail(t->err, "tool_choice",
+                           "tool_choice: a forced tool use (type \"any\" or \"tool\") cannot be "
+                           "combined with output_config.format");
     return 0;
 }
 
@@ -958,11 +892,11 @@ int oai_anth_to_chat(const char *body, size_t len, const oai_anth_opts *o, struc
     json_t *root = json_loadb(body, len, JSON_ALLOW_NUL, &jerr);
     if (dx_alloc_failed_count() != failed0) { /* jansson's lexer drops bytes it has no room for */
         json_decref(root);
-        return oom(err);
+        return oai_jv_oom(err, "reading the request");
     }
     if (!root)
-        return fail(err, NULL, "invalid JSON at line %d, column %d: %s", jerr.line, jerr.column,
-                    jerr.text);
+        return oai_jv_fail(err, NULL, "invalid JSON at line %d, column %d: %s", jerr.line,
+                           jerr.column, jerr.text);
     tx t = {.err = err};
     dx_buf_init(&t.text, 0);
     dx_buf_init(&t.reasoning, 0);
@@ -970,7 +904,8 @@ int oai_anth_to_chat(const char *body, size_t len, const oai_anth_opts *o, struc
     json_t *doc = json_object();
     if (!doc) t.oom = 1;
     int rc = t.oom ? 0 : translate(&t, root, doc, o, info);
-    if (t.oom || dx_alloc_failed_count() != failed0) rc = oom(err); /* not the request's fault */
+    if (t.oom || dx_alloc_failed_count() != failed0)
+        rc = oai_jv_oom(err, "reading the request"); /* not the request's fault */
     reset_turn(&t);
     json_decref(t.msgs);
     dx_buf_free(&t.text);
@@ -1060,7 +995,7 @@ int oai_anth_req_parse(const char *body, size_t len, const oai_anth_opts *o,
     info->model = NULL;
     if (rc < 0) {
         dx_buf_free(&b);
-        return oom(err);
+        return oai_jv_oom(err, "reading the request");
     }
     rc = oai_req_parse(OAI_CHAT, b.data, b.len, po, out, err);
     dx_buf_free(&b);

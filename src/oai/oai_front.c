@@ -85,6 +85,21 @@ static int error_status(const char *type)
     return 500;
 }
 
+/* What ended the answer, in each door's terms. */
+static oai_anth_end anth_end(const oai_front *f)
+{
+    return (oai_anth_end){.finish = f->info.finish,
+                          .stop_sequence =
+                              f->info.stop_reason.len ? f->info.stop_reason.data : NULL,
+                          .usage = f->info.usage};
+}
+
+static oai_rsp_usage rsp_usage(const oai_front *f)
+{
+    const oai_usage *u = &f->info.usage;
+    return (oai_rsp_usage){.input = u->prompt, .cached = u->cached, .output = u->completion};
+}
+
 /* ---- a stream ---------------------------------------------------------------- */
 
 static int begin(oai_front *f, dx_buf *out)
@@ -117,15 +132,11 @@ static int finish(oai_front *f, dx_buf *out)
     f->ended = 1;
     f->completed = f->info.finish[0] != 0;
     if (!f->completed) return fail(f, 502, "the answer ended without its finish", out);
-    const oai_usage *u = &f->info.usage;
     if (f->api == OAI_FRONT_MESSAGES) {
-        oai_anth_end e = {.finish = f->info.finish,
-                          .stop_sequence =
-                              f->info.stop_reason.len ? f->info.stop_reason.data : NULL,
-                          .usage = *u};
+        oai_anth_end e = anth_end(f);
         return oai_anth_stream_end(f->as, out, &e);
     }
-    oai_rsp_usage ru = {.input = u->prompt, .cached = u->cached, .output = u->completion};
+    oai_rsp_usage ru = rsp_usage(f);
     return oai_rsp_stream_finish(f->rs, f->info.finish, &ru, out);
 }
 
@@ -223,15 +234,11 @@ int oai_front_full(oai_front *f, int status, const char *body, size_t n, dx_buf 
         return error_body(f, status == 200 ? 502 : status, out);
     }
     f->completed = 1;
-    const oai_usage *u = &f->info.usage;
     if (f->api == OAI_FRONT_MESSAGES) {
-        oai_anth_end e = {.finish = f->info.finish,
-                          .stop_sequence =
-                              f->info.stop_reason.len ? f->info.stop_reason.data : NULL,
-                          .usage = *u};
+        oai_anth_end e = anth_end(f);
         return oai_anth_message_json(out, f->anth_id, f->model, &f->full, &e);
     }
-    oai_rsp_usage ru = {.input = u->prompt, .cached = u->cached, .output = u->completion};
+    oai_rsp_usage ru = rsp_usage(f);
     size_t at = out->len;
     rc = oai_rsp_response_json(out, &f->rsp, &f->full, f->info.finish, &ru);
     f->full_obj.len = 0;

@@ -17,6 +17,7 @@
  * again); the text parts inside one item are joined by newlines, as the
  * chat API joins text parts. */
 #include "oai/oai_rsp.h"
+#include "oai/oai_jv.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -28,92 +29,11 @@
 #include "base/dx_utf8.h"
 #include "oai/oai_resp.h"
 
-static int fail(oai_err *err, const char *param, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static int fail(oai_err *err, const char *param, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err->message, sizeof err->message, fmt, ap);
-    va_end(ap);
-    snprintf(err->param, sizeof err->param, "%s", param ? param : "");
-    err->status = 400;
-    return dx_errf(DX_EINVAL, "%s", err->message);
-}
-
-/* A callee has filled *err: its failure passes on. */
-static int failed(const oai_err *err)
-{
-    DX_ASSERT(err->status && err->message[0]);
-    return dx_errf(DX_EINVAL, "%s", err->message);
-}
-
-/* Out of memory is the server's state, not the client's request: a 503. */
-static int oom(oai_err *err, const char *what)
-{
-    fail(err, NULL, "out of memory %s; try again", what);
-    err->status = 503;
-    return dx_errf(DX_ENOMEM, "out of memory %s", what);
-}
-
 /* ---- checks (as oai_req.c makes them) ------------------------------------ */
-
-/* A string used as a name or an id: no NUL (texts may hold one, by length). */
-static int is_cstr(const json_t *v)
-{
-    return json_is_string(v) && strlen(json_string_value(v)) == json_string_length(v);
-}
 
 static int is_name(const json_t *v)
 {
-    return is_cstr(v) && json_string_length(v) > 0;
-}
-
-/* An absent or null field is "not given", as in the OpenAI API. */
-static json_t *field(const json_t *o, const char *name)
-{
-    json_t *v = json_object_get(o, name);
-    return json_is_null(v) ? NULL : v;
-}
-
-static int is(const json_t *v, const char *s)
-{
-    return is_cstr(v) && !strcmp(json_string_value(v), s);
-}
-
-/* An integer, or an integral real, in [lo, hi]. */
-static int get_int(const json_t *v, const char *name, double lo, double hi, int64_t *out,
-                   oai_err *err)
-{
-    double d;
-    if (json_is_integer(v))
-        d = (double)json_integer_value(v);
-    else if (json_is_real(v) && fabs(json_real_value(v)) < 9.0e18 &&
-             json_real_value(v) == floor(json_real_value(v)))
-        d = json_real_value(v);
-    else
-        return fail(err, name, "%s: expected an integer", name);
-    if (d < lo || d > hi)
-        return fail(err, name, "%s: %.0f is out of range [%.0f, %.0f]", name, d, lo, hi);
-    *out = json_is_integer(v) ? (int64_t)json_integer_value(v) : (int64_t)d;
-    return 0;
-}
-
-static int get_num(const json_t *v, const char *name, double lo, double hi, oai_err *err)
-{
-    if (!json_is_number(v)) return fail(err, name, "%s: expected a number", name);
-    double d = json_number_value(v);
-    if (!(d >= lo && d <= hi))
-        return fail(err, name, "%s: %g is out of range [%g, %g]", name, d, lo, hi);
-    return 0;
-}
-
-static int get_bool(const json_t *v, const char *name, int *out, oai_err *err)
-{
-    if (!json_is_boolean(v)) return fail(err, name, "%s: expected true or false", name);
-    *out = json_is_true(v);
-    return 0;
+    return oai_jv_is_cstr(v) && json_string_length(v) > 0;
 }
 
 /* Characters (code points) of valid UTF-8. */
@@ -193,31 +113,34 @@ static int get_text(xlat *x, const json_t *c, const char *name, int reasoning, d
     json_t *part;
     if (json_is_string(c))
         return dx_buf_append(b, json_string_value(c), json_string_length(c))
-                   ? oom(x->err, "reading a text")
+                   ? oai_jv_oom(x->err, "reading a text")
                    : 0;
     if (!json_is_array(c))
-        return fail(x->err, name, "%s: expected a string or an array of text parts", name);
+        return oai_jv_fail(x->err, name, "%s: expected a string or an array of text parts", name);
     json_array_foreach(c, i, part)
     {
         snprintf(pname, sizeof pname, "%s[%zu]", name, i);
         if (++x->n_parts > OAI_RSP_MAX_PARTS)
-            return fail(x->err, "input", "input: more than %d content parts in all",
-                        OAI_RSP_MAX_PARTS);
-        if (!json_is_object(part)) return fail(x->err, pname, "%s: expected an object", pname);
+            return oai_jv_fail(x->err, "input", "input: more than %d content parts in all",
+                               OAI_RSP_MAX_PARTS);
+        if (!json_is_object(part))
+            return oai_jv_fail(x->err, pname, "%s: expected an object", pname);
         json_t *type = json_object_get(part, "type"), *text = json_object_get(part, "text");
-        int ok = reasoning ? is(type, "reasoning_text")
-                           : is(type, "input_text") || is(type, "output_text");
+        int ok = reasoning ? oai_jv_is(type, "reasoning_text")
+                           : oai_jv_is(type, "input_text") || oai_jv_is(type, "output_text");
         snprintf(pname, sizeof pname, "%s[%zu].type", name, i);
-        if (!is_cstr(type)) return fail(x->err, pname, "%s: required, a string", pname);
+        if (!oai_jv_is_cstr(type))
+            return oai_jv_fail(x->err, pname, "%s: required, a string", pname);
         if (!ok)
-            return fail(x->err, pname, "%s: '%.32s' parts are not supported (only %s)", pname,
-                        json_string_value(type),
-                        reasoning ? "reasoning_text" : "input_text and output_text: text");
+            return oai_jv_fail(x->err, pname, "%s: '%.32s' parts are not supported (only %s)",
+                               pname, json_string_value(type),
+                               reasoning ? "reasoning_text" : "input_text and output_text: text");
         snprintf(pname, sizeof pname, "%s[%zu].text", name, i);
-        if (!json_is_string(text)) return fail(x->err, pname, "%s: expected a string", pname);
+        if (!json_is_string(text))
+            return oai_jv_fail(x->err, pname, "%s: expected a string", pname);
         int rc = i ? dx_buf_putc(b, '\n') : 0;
         if (!rc) rc = dx_buf_append(b, json_string_value(text), json_string_length(text));
-        if (rc) return oom(x->err, "joining text parts");
+        if (rc) return oai_jv_oom(x->err, "joining text parts");
     }
     return 0;
 }
@@ -227,8 +150,8 @@ static int get_text(xlat *x, const json_t *c, const char *name, int reasoning, d
 static int item_message(xlat *x, const json_t *it, size_t i)
 {
     char name[48];
-    json_t *role = json_object_get(it, "role"), *c = field(it, "content");
-    const char *r = is_cstr(role) ? json_string_value(role) : "";
+    json_t *role = json_object_get(it, "role"), *c = oai_jv_field(it, "content");
+    const char *r = oai_jv_is_cstr(role) ? json_string_value(role) : "";
     snprintf(name, sizeof name, "input[%zu].role", i);
     if (!strcmp(r, "assistant")) {
         snprintf(name, sizeof name, "input[%zu].content", i);
@@ -237,12 +160,13 @@ static int item_message(xlat *x, const json_t *it, size_t i)
         return get_text(x, c, name, 0, &x->content);
     }
     if (strcmp(r, "user") && strcmp(r, "system") && strcmp(r, "developer"))
-        return fail(x->err, name, "%s: expected user, assistant, system or developer", name);
+        return oai_jv_fail(x->err, name, "%s: expected user, assistant, system or developer", name);
     flush_turn(x);
     snprintf(name, sizeof name, "input[%zu].content", i);
     dx_buf_reset(&x->text);
-    if (!c) return fail(x->err, name, "%s: required, a string or an array of text parts", name);
-    if (get_text(x, c, name, 0, &x->text)) return failed(x->err);
+    if (!c)
+        return oai_jv_fail(x->err, name, "%s: required, a string or an array of text parts", name);
+    if (get_text(x, c, name, 0, &x->text)) return oai_jv_failed(x->err);
     json_t *m = json_object();
     json_object_set_new(m, "role", json_string(r));
     json_object_set_new(m, "content", str(&x->text));
@@ -256,7 +180,7 @@ static int get_name(const json_t *it, const char *key, size_t i, json_t **out, o
     char name[48];
     snprintf(name, sizeof name, "input[%zu].%s", i, key);
     *out = json_object_get(it, key);
-    if (!is_name(*out)) return fail(err, name, "%s: required, a non-empty string", name);
+    if (!is_name(*out)) return oai_jv_fail(err, name, "%s: required, a non-empty string", name);
     return 0;
 }
 
@@ -266,9 +190,10 @@ static int item_call(xlat *x, const json_t *it, size_t i)
     char name[48];
     json_t *id, *fname, *args = json_object_get(it, "arguments");
     if (get_name(it, "call_id", i, &id, x->err) || get_name(it, "name", i, &fname, x->err))
-        return failed(x->err);
+        return oai_jv_failed(x->err);
     snprintf(name, sizeof name, "input[%zu].arguments", i);
-    if (!json_is_string(args)) return fail(x->err, name, "%s: required, a JSON string", name);
+    if (!json_is_string(args))
+        return oai_jv_fail(x->err, name, "%s: required, a JSON string", name);
     json_t *fn = json_object(), *call = json_object();
     json_object_set(fn, "name", fname);
     json_object_set(fn, "arguments", args);
@@ -285,12 +210,13 @@ static int item_output(xlat *x, const json_t *it, size_t i)
 {
     char name[48];
     json_t *id, *out = json_object_get(it, "output");
-    if (get_name(it, "call_id", i, &id, x->err)) return failed(x->err);
+    if (get_name(it, "call_id", i, &id, x->err)) return oai_jv_failed(x->err);
     flush_turn(x);
     snprintf(name, sizeof name, "input[%zu].output", i);
     dx_buf_reset(&x->text);
-    if (!out) return fail(x->err, name, "%s: required, a string or an array of text parts", name);
-    if (get_text(x, out, name, 0, &x->text)) return failed(x->err);
+    if (!out)
+        return oai_jv_fail(x->err, name, "%s: required, a string or an array of text parts", name);
+    if (get_text(x, out, name, 0, &x->text)) return oai_jv_failed(x->err);
     json_t *m = json_object();
     json_object_set_new(m, "role", json_string("tool"));
     json_object_set(m, "tool_call_id", id);
@@ -306,11 +232,11 @@ static int item_output(xlat *x, const json_t *it, size_t i)
 static int item_reasoning(xlat *x, const json_t *it, size_t i)
 {
     char name[48];
-    json_t *c = field(it, "content");
+    json_t *c = oai_jv_field(it, "content");
     snprintf(name, sizeof name, "input[%zu].content", i);
     if (!c) return 0;
     if (!json_is_array(c))
-        return fail(x->err, name, "%s: expected an array of reasoning_text parts", name);
+        return oai_jv_fail(x->err, name, "%s: expected an array of reasoning_text parts", name);
     if (!json_array_size(c)) return 0;
     x->has_reasoning = 1;
     return get_text(x, c, name, 1, &x->reasoning);
@@ -321,41 +247,43 @@ static int item(xlat *x, const json_t *it, size_t i)
     char name[48];
     snprintf(name, sizeof name, "input[%zu]", i);
     if (!json_is_object(it))
-        return fail(x->err, name, "%s: expected an object (an input item)", name);
-    json_t *type = field(it, "type");
+        return oai_jv_fail(x->err, name, "%s: expected an object (an input item)", name);
+    json_t *type = oai_jv_field(it, "type");
     const char *t = NULL;
     if (!type) /* the short forms: {role, content}; {id} (an item reference) */
         t = json_object_get(it, "role") ? "message"
             : json_object_get(it, "id") ? "item_reference"
                                         : NULL;
-    else if (is_cstr(type))
+    else if (oai_jv_is_cstr(type))
         t = json_string_value(type);
     else {
         snprintf(name, sizeof name, "input[%zu].type", i);
-        return fail(x->err, name, "%s: expected a string", name);
+        return oai_jv_fail(x->err, name, "%s: expected a string", name);
     }
     if (!t)
-        return fail(x->err, name,
-                    "%s: expected an item: {\"role\", \"content\"} or one with a \"type\"", name);
+        return oai_jv_fail(x->err, name,
+                           "%s: expected an item: {\"role\", \"content\"} or one with a \"type\"",
+                           name);
     if (!strcmp(t, "message")) return item_message(x, it, i);
     if (!strcmp(t, "function_call")) return item_call(x, it, i);
     if (!strcmp(t, "reasoning")) return item_reasoning(x, it, i);
     if (!strcmp(t, "function_call_output")) return item_output(x, it, i);
     if (!strcmp(t, "item_reference"))
-        return fail(x->err, name,
-                    "%s: item_reference is not supported: responses are stored as chat messages, "
-                    "not items; send the item itself, or continue with previous_response_id",
-                    name);
+        return oai_jv_fail(
+            x->err, name,
+            "%s: item_reference is not supported: responses are stored as chat messages, "
+            "not items; send the item itself, or continue with previous_response_id",
+            name);
     snprintf(name, sizeof name, "input[%zu].type", i);
-    return fail(x->err, name,
-                "%s: '%.40s' items are not supported (only message, function_call, "
-                "function_call_output and reasoning)",
-                name, t);
+    return oai_jv_fail(x->err, name,
+                       "%s: '%.40s' items are not supported (only message, function_call, "
+                       "function_call_output and reasoning)",
+                       name, t);
 }
 
 static int parse_input(const json_t *root, oai_rsp_req *r, oai_err *err)
 {
-    json_t *in = field(root, "input"), *it;
+    json_t *in = oai_jv_field(root, "input"), *it;
     r->input = json_array();
     if (json_is_string(in)) { /* one user message */
         json_t *m = json_object();
@@ -366,10 +294,10 @@ static int parse_input(const json_t *root, oai_rsp_req *r, oai_err *err)
         return 0;
     }
     if (!json_is_array(in) || !json_array_size(in))
-        return fail(err, "input", "input: required, a string or a non-empty array of items");
+        return oai_jv_fail(err, "input", "input: required, a string or a non-empty array of items");
     if (json_array_size(in) > OAI_RSP_MAX_ITEMS)
-        return fail(err, "input", "input: %zu items, at most %d are accepted", json_array_size(in),
-                    OAI_RSP_MAX_ITEMS);
+        return oai_jv_fail(err, "input", "input: %zu items, at most %d are accepted",
+                           json_array_size(in), OAI_RSP_MAX_ITEMS);
     xlat x = {.msgs = r->input, .err = err};
     dx_buf_init(&x.text, 0);
     dx_buf_init(&x.reasoning, 0);
@@ -386,7 +314,7 @@ static int parse_input(const json_t *root, oai_rsp_req *r, oai_err *err)
     /* items that say nothing (an assistant message without content, a
      * reasoning item with only a summary) leave nothing to answer */
     if (!rc && !json_array_size(r->input))
-        return fail(err, "input", "input: the items hold no message");
+        return oai_jv_fail(err, "input", "input: the items hold no message");
     return rc;
 }
 
@@ -397,26 +325,26 @@ static int check_tool(const json_t *t, size_t i, oai_err *err)
     char name[48];
     json_t *type = json_object_get(t, "type"), *v;
     snprintf(name, sizeof name, "tools[%zu]", i);
-    if (!json_is_object(t)) return fail(err, name, "%s: expected an object", name);
+    if (!json_is_object(t)) return oai_jv_fail(err, name, "%s: expected an object", name);
     snprintf(name, sizeof name, "tools[%zu].type", i);
-    if (!is_cstr(type)) return fail(err, name, "%s: required, \"function\"", name);
+    if (!oai_jv_is_cstr(type)) return oai_jv_fail(err, name, "%s: required, \"function\"", name);
     if (strcmp(json_string_value(type), "function"))
-        return fail(err, name,
-                    "%s: '%.40s' tools are not supported (only \"function\": duplex runs no "
-                    "built-in tools)",
-                    name, json_string_value(type));
+        return oai_jv_fail(err, name,
+                           "%s: '%.40s' tools are not supported (only \"function\": duplex runs no "
+                           "built-in tools)",
+                           name, json_string_value(type));
     snprintf(name, sizeof name, "tools[%zu].name", i);
     if (!is_name(json_object_get(t, "name")))
-        return fail(err, name, "%s: required, a non-empty string", name);
+        return oai_jv_fail(err, name, "%s: required, a non-empty string", name);
     snprintf(name, sizeof name, "tools[%zu].description", i);
-    if ((v = field(t, "description")) && !json_is_string(v))
-        return fail(err, name, "%s: expected a string", name);
+    if ((v = oai_jv_field(t, "description")) && !json_is_string(v))
+        return oai_jv_fail(err, name, "%s: expected a string", name);
     snprintf(name, sizeof name, "tools[%zu].parameters", i);
-    if ((v = field(t, "parameters")) && !json_is_object(v))
-        return fail(err, name, "%s: expected a JSON Schema object", name);
+    if ((v = oai_jv_field(t, "parameters")) && !json_is_object(v))
+        return oai_jv_fail(err, name, "%s: expected a JSON Schema object", name);
     snprintf(name, sizeof name, "tools[%zu].strict", i);
-    if ((v = field(t, "strict")) && !json_is_boolean(v))
-        return fail(err, name, "%s: expected true or false", name);
+    if ((v = oai_jv_field(t, "strict")) && !json_is_boolean(v))
+        return oai_jv_fail(err, name, "%s: expected true or false", name);
     return 0;
 }
 
@@ -425,7 +353,7 @@ static int check_tool(const json_t *t, size_t i, oai_err *err)
 static void copy_given(json_t *dst, const json_t *src, const char *const *keys, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
-        json_t *v = field(src, keys[i]);
+        json_t *v = oai_jv_field(src, keys[i]);
         if (v) json_object_set(dst, keys[i], v);
     }
 }
@@ -436,14 +364,14 @@ static void copy_given(json_t *dst, const json_t *src, const char *const *keys, 
 static int parse_tools(const json_t *root, json_t *chat, oai_err *err)
 {
     static const char *const keys[] = {"name", "description", "parameters", "strict"};
-    json_t *tools = field(root, "tools"), *t;
+    json_t *tools = oai_jv_field(root, "tools"), *t;
     size_t i;
     if (!tools) return 0;
-    if (!json_is_array(tools)) return fail(err, "tools", "tools: expected an array");
+    if (!json_is_array(tools)) return oai_jv_fail(err, "tools", "tools: expected an array");
     if (json_array_size(tools) > OAI_MAX_TOOLS)
-        return fail(err, "tools", "tools: %zu tools, at most %d are accepted",
-                    json_array_size(tools), OAI_MAX_TOOLS);
-    json_array_foreach(tools, i, t) if (check_tool(t, i, err)) return failed(err);
+        return oai_jv_fail(err, "tools", "tools: %zu tools, at most %d are accepted",
+                           json_array_size(tools), OAI_MAX_TOOLS);
+    json_array_foreach(tools, i, t) if (check_tool(t, i, err)) return oai_jv_failed(err);
     json_t *out = json_array();
     json_array_foreach(tools, i, t)
     {
@@ -473,19 +401,20 @@ static int has_tool(const json_t *chat, const char *name)
  * is required (so no JSON text.format may go with it). */
 static int parse_tool_choice(const json_t *root, json_t *chat, int *forced, oai_err *err)
 {
-    json_t *v = field(root, "tool_choice");
+    json_t *v = oai_jv_field(root, "tool_choice");
     *forced = 0;
     if (!v) return 0;
-    if (is(v, "auto") || is(v, "none") || is(v, "required")) {
-        *forced = is(v, "required");
+    if (oai_jv_is(v, "auto") || oai_jv_is(v, "none") || oai_jv_is(v, "required")) {
+        *forced = oai_jv_is(v, "required");
         json_object_set(chat, "tool_choice", v);
-    } else if (json_is_object(v) && is(json_object_get(v, "type"), "function")) {
+    } else if (json_is_object(v) && oai_jv_is(json_object_get(v, "type"), "function")) {
         json_t *name = json_object_get(v, "name");
         if (!is_name(name))
-            return fail(err, "tool_choice.name", "tool_choice.name: required, a non-empty string");
+            return oai_jv_fail(err, "tool_choice.name",
+                               "tool_choice.name: required, a non-empty string");
         if (!has_tool(chat, json_string_value(name)))
-            return fail(err, "tool_choice", "tool_choice: no tool named '%.64s' in tools",
-                        json_string_value(name));
+            return oai_jv_fail(err, "tool_choice", "tool_choice: no tool named '%.64s' in tools",
+                               json_string_value(name));
         json_t *fn = json_object(), *c = json_object();
         json_object_set(fn, "name", name);
         json_object_set_new(c, "type", json_string("function"));
@@ -497,14 +426,14 @@ static int parse_tool_choice(const json_t *root, json_t *chat, int *forced, oai_
                         : json_is_string(json_object_get(v, "type"))
                             ? json_string_value(json_object_get(v, "type"))
                             : "";
-        return fail(err, "tool_choice",
-                    "tool_choice: '%.40s' is not supported: expected \"auto\", \"none\", "
-                    "\"required\" or {\"type\": \"function\", \"name\": …}",
-                    t);
+        return oai_jv_fail(err, "tool_choice",
+                           "tool_choice: '%.40s' is not supported: expected \"auto\", \"none\", "
+                           "\"required\" or {\"type\": \"function\", \"name\": …}",
+                           t);
     }
     if (*forced && !json_array_size(json_object_get(chat, "tools")))
-        return fail(err, "tool_choice",
-                    "tool_choice: a tool call is required but no tools are given");
+        return oai_jv_fail(err, "tool_choice",
+                           "tool_choice: a tool call is required but no tools are given");
     return 0;
 }
 
@@ -514,45 +443,49 @@ static int check_json_schema(const json_t *f, oai_err *err)
 {
     json_t *v = json_object_get(f, "name");
     size_t n = json_string_length(v);
-    if (!is_cstr(v) || n == 0 || n > 64 ||
+    if (!oai_jv_is_cstr(v) || n == 0 || n > 64 ||
         strspn(json_string_value(v), "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
                                      "0123456789_-") != n)
-        return fail(err, "text.format.name",
-                    "text.format.name: required, 1..64 of a-z, A-Z, 0-9, _ and -");
-    if ((v = field(f, "description")) && !json_is_string(v))
-        return fail(err, "text.format.description", "text.format.description: expected a string");
-    if ((v = field(f, "schema")) && !json_is_object(v))
-        return fail(err, "text.format.schema", "text.format.schema: expected a JSON Schema object");
-    if ((v = field(f, "strict")) && !json_is_boolean(v))
-        return fail(err, "text.format.strict", "text.format.strict: expected true or false");
+        return oai_jv_fail(err, "text.format.name",
+                           "text.format.name: required, 1..64 of a-z, A-Z, 0-9, _ and -");
+    if ((v = oai_jv_field(f, "description")) && !json_is_string(v))
+        return oai_jv_fail(err, "text.format.description",
+                           "text.format.description: expected a string");
+    if ((v = oai_jv_field(f, "schema")) && !json_is_object(v))
+        return oai_jv_fail(err, "text.format.schema",
+                           "text.format.schema: expected a JSON Schema object");
+    if ((v = oai_jv_field(f, "strict")) && !json_is_boolean(v))
+        return oai_jv_fail(err, "text.format.strict", "text.format.strict: expected true or false");
     return 0;
 }
 
 static int parse_text(const json_t *root, json_t *chat, int forced, oai_err *err)
 {
     static const char *const keys[] = {"name", "description", "schema", "strict"};
-    json_t *text = field(root, "text"), *f, *v;
+    json_t *text = oai_jv_field(root, "text"), *f, *v;
     if (!text) return 0;
-    if (!json_is_object(text)) return fail(err, "text", "text: expected an object");
-    if ((v = field(text, "verbosity")) && !is(v, "low") && !is(v, "medium") && !is(v, "high"))
-        return fail(err, "text.verbosity", "text.verbosity: expected low, medium or high");
-    if (!(f = field(text, "format"))) return 0;
+    if (!json_is_object(text)) return oai_jv_fail(err, "text", "text: expected an object");
+    if ((v = oai_jv_field(text, "verbosity")) && !oai_jv_is(v, "low") && !oai_jv_is(v, "medium") &&
+        !oai_jv_is(v, "high"))
+        return oai_jv_fail(err, "text.verbosity", "text.verbosity: expected low, medium or high");
+    if (!(f = oai_jv_field(text, "format"))) return 0;
     json_t *type = json_object_get(f, "type");
-    if (!json_is_object(f) || !is_cstr(type))
-        return fail(
+    if (!json_is_object(f) || !oai_jv_is_cstr(type))
+        return oai_jv_fail(
             err, "text.format",
             "text.format: expected {\"type\": \"text\" | \"json_object\" | \"json_schema\", …}");
-    if (is(type, "text")) return 0; /* the default */
-    if (!is(type, "json_object") && !is(type, "json_schema"))
-        return fail(err, "text.format.type",
-                    "text.format.type: '%.32s' is not text, json_object or json_schema",
-                    json_string_value(type));
+    if (oai_jv_is(type, "text")) return 0; /* the default */
+    if (!oai_jv_is(type, "json_object") && !oai_jv_is(type, "json_schema"))
+        return oai_jv_fail(err, "text.format.type",
+                           "text.format.type: '%.32s' is not text, json_object or json_schema",
+                           json_string_value(type));
     if (forced)
-        return fail(err, "tool_choice",
-                    "tool_choice: a forced tool call cannot be combined with text.format \"%s\"",
-                    json_string_value(type));
-    int schema = is(type, "json_schema");
-    if (schema && check_json_schema(f, err)) return failed(err);
+        return oai_jv_fail(
+            err, "tool_choice",
+            "tool_choice: a forced tool call cannot be combined with text.format \"%s\"",
+            json_string_value(type));
+    int schema = oai_jv_is(type, "json_schema");
+    if (schema && check_json_schema(f, err)) return oai_jv_failed(err);
     json_t *rf = json_object();
     json_object_set(rf, "type", type);
     if (schema) {
@@ -572,33 +505,34 @@ static int parse_sampling(const json_t *root, oai_rsp_req *r, oai_err *err)
     json_t *chat = r->chat, *v;
     int64_t n = 0;
     v = json_object_get(root, "model");
-    if (!v) return fail(err, "model", "model: required");
-    if (!is_cstr(v)) return fail(err, "model", "model: expected a string");
+    if (!v) return oai_jv_fail(err, "model", "model: required");
+    if (!oai_jv_is_cstr(v)) return oai_jv_fail(err, "model", "model: expected a string");
     r->model = json_string_value(v);
     json_object_set(chat, "model", v);
-    if ((v = field(root, "max_output_tokens"))) {
-        if (get_int(v, "max_output_tokens", 1, UINT32_MAX, &n, err)) return failed(err);
+    if ((v = oai_jv_field(root, "max_output_tokens"))) {
+        if (oai_jv_int(v, "max_output_tokens", 1, UINT32_MAX, &n, err)) return oai_jv_failed(err);
         json_object_set_new(chat, "max_tokens", json_integer(n));
     }
-    if ((v = field(root, "temperature"))) {
-        if (get_num(v, "temperature", 0, 2, err)) return failed(err);
+    if ((v = oai_jv_field(root, "temperature"))) {
+        if (oai_jv_num(v, "temperature", 0, 2, NULL, err)) return oai_jv_failed(err);
         json_object_set(chat, "temperature", v);
     }
-    if ((v = field(root, "top_p"))) {
-        if (get_num(v, "top_p", 0, 1, err)) return failed(err);
-        if (json_number_value(v) == 0) return fail(err, "top_p", "top_p: must be greater than 0");
+    if ((v = oai_jv_field(root, "top_p"))) {
+        if (oai_jv_num(v, "top_p", 0, 1, NULL, err)) return oai_jv_failed(err);
+        if (json_number_value(v) == 0)
+            return oai_jv_fail(err, "top_p", "top_p: must be greater than 0");
         json_object_set(chat, "top_p", v);
     }
-    if ((v = field(root, "stream"))) {
-        if (get_bool(v, "stream", &r->stream, err)) return failed(err);
+    if ((v = oai_jv_field(root, "stream"))) {
+        if (oai_jv_bool(v, "stream", &r->stream, err)) return oai_jv_failed(err);
         json_object_set(chat, "stream", v);
         /* the usage arrives before [DONE], for response.completed's */
         json_t *so = r->stream ? json_pack("{s:b}", "include_usage", 1) : NULL;
         if (r->stream && (!so || json_object_set_new(chat, "stream_options", so)))
-            return oom(err, "the stream options");
+            return oai_jv_oom(err, "the stream options");
     }
-    if ((v = field(root, "user"))) {
-        if (!is_cstr(v)) return fail(err, "user", "user: expected a string");
+    if ((v = oai_jv_field(root, "user"))) {
+        if (!oai_jv_is_cstr(v)) return oai_jv_fail(err, "user", "user: expected a string");
         json_object_set(chat, "user", v);
     }
     return 0;
@@ -613,20 +547,22 @@ static int parse_reasoning(const json_t *root, json_t *chat, oai_err *err)
 {
     static const char *const efforts[] = {"none", "minimal", "low", "medium",
                                           "high", "xhigh",   "max"};
-    json_t *v = field(root, "reasoning"), *e, *kw = field(root, "chat_template_kwargs");
+    json_t *v = oai_jv_field(root, "reasoning"), *e,
+           *kw = oai_jv_field(root, "chat_template_kwargs");
     int off = 0;
-    if (v && !json_is_object(v)) return fail(err, "reasoning", "reasoning: expected an object");
-    if (v && (e = field(v, "effort"))) {
+    if (v && !json_is_object(v))
+        return oai_jv_fail(err, "reasoning", "reasoning: expected an object");
+    if (v && (e = oai_jv_field(v, "effort"))) {
         int ok = 0;
-        for (size_t i = 0; i < DX_ARRAY_LEN(efforts); i++) ok |= is(e, efforts[i]);
+        for (size_t i = 0; i < DX_ARRAY_LEN(efforts); i++) ok |= oai_jv_is(e, efforts[i]);
         if (!ok)
-            return fail(
+            return oai_jv_fail(
                 err, "reasoning.effort",
                 "reasoning.effort: expected none, minimal, low, medium, high, xhigh or max");
-        off = is(e, "none");
+        off = oai_jv_is(e, "none");
     }
     if (kw && !json_is_object(kw))
-        return fail(err, "chat_template_kwargs", "chat_template_kwargs: expected an object");
+        return oai_jv_fail(err, "chat_template_kwargs", "chat_template_kwargs: expected an object");
     if (!kw && !off) return 0;
     json_t *k = kw ? json_copy(kw) : json_object();
     if (off && !json_object_get(k, "enable_thinking"))
@@ -639,20 +575,22 @@ static int parse_reasoning(const json_t *root, json_t *chat, oai_err *err)
  * 512 (OpenAI's limits), kept for the response object. */
 static int parse_metadata(const json_t *root, oai_rsp_req *r, oai_err *err)
 {
-    json_t *m = field(root, "metadata"), *v;
+    json_t *m = oai_jv_field(root, "metadata"), *v;
     const char *key;
     if (!m) return 0;
-    if (!json_is_object(m)) return fail(err, "metadata", "metadata: expected an object of strings");
+    if (!json_is_object(m))
+        return oai_jv_fail(err, "metadata", "metadata: expected an object of strings");
     if (json_object_size(m) > OAI_RSP_MAX_METADATA)
-        return fail(err, "metadata", "metadata: %zu keys, at most %d are accepted",
-                    json_object_size(m), OAI_RSP_MAX_METADATA);
+        return oai_jv_fail(err, "metadata", "metadata: %zu keys, at most %d are accepted",
+                           json_object_size(m), OAI_RSP_MAX_METADATA);
     json_object_foreach(m, key, v)
     {
         if (n_chars(key, strlen(key)) > 64)
-            return fail(err, "metadata", "metadata: key '%.64s…' is over 64 characters", key);
+            return oai_jv_fail(err, "metadata", "metadata: key '%.64s…' is over 64 characters",
+                               key);
         if (!json_is_string(v) || n_chars(json_string_value(v), json_string_length(v)) > 512)
-            return fail(err, "metadata",
-                        "metadata.%.64s: expected a string of at most 512 characters", key);
+            return oai_jv_fail(err, "metadata",
+                               "metadata.%.64s: expected a string of at most 512 characters", key);
     }
     r->metadata = m;
     return 0;
@@ -665,39 +603,46 @@ static int parse_state(const json_t *root, oai_rsp_req *r, oai_err *err)
 {
     json_t *v;
     size_t i;
-    if ((v = field(root, "store")) && get_bool(v, "store", &r->store, err)) return failed(err);
-    if ((v = field(root, "previous_response_id"))) {
+    if ((v = oai_jv_field(root, "store")) && oai_jv_bool(v, "store", &r->store, err))
+        return oai_jv_failed(err);
+    if ((v = oai_jv_field(root, "previous_response_id"))) {
         size_t n = json_string_length(v);
-        if (!is_cstr(v) || n == 0 || n > OAI_RSP_MAX_ID ||
+        if (!oai_jv_is_cstr(v) || n == 0 || n > OAI_RSP_MAX_ID ||
             strspn(json_string_value(v), "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
                                          "0123456789_-") != n)
-            return fail(err, "previous_response_id",
-                        "previous_response_id: expected a response id (1..%d of a-z, A-Z, 0-9, _ "
-                        "and -)",
-                        OAI_RSP_MAX_ID);
+            return oai_jv_fail(
+                err, "previous_response_id",
+                "previous_response_id: expected a response id (1..%d of a-z, A-Z, 0-9, _ "
+                "and -)",
+                OAI_RSP_MAX_ID);
         r->previous_response_id = json_string_value(v);
     }
     /* "auto" would drop the conversation's start to fit the context: a
      * conversation that fits is unaffected, one that does not is a 400
      * naming the input, never an answer to a cut conversation */
-    if ((v = field(root, "truncation")) && !is(v, "auto") && !is(v, "disabled"))
-        return fail(err, "truncation", "truncation: expected \"auto\" or \"disabled\"");
-    if ((v = field(root, "include"))) {
+    if ((v = oai_jv_field(root, "truncation")) && !oai_jv_is(v, "auto") &&
+        !oai_jv_is(v, "disabled"))
+        return oai_jv_fail(err, "truncation", "truncation: expected \"auto\" or \"disabled\"");
+    if ((v = oai_jv_field(root, "include"))) {
         json_t *s;
-        if (!json_is_array(v)) return fail(err, "include", "include: expected an array of strings");
-        json_array_foreach(v, i, s) if (!json_is_string(s)) return fail(
+        if (!json_is_array(v))
+            return oai_jv_fail(err, "include", "include: expected an array of strings");
+        json_array_foreach(v, i, s) if (!json_is_string(s)) return oai_jv_fail(
             err, "include", "include[%zu]: expected a string", i);
     }
     int bg = 0;
-    if ((v = field(root, "background")) && get_bool(v, "background", &bg, err)) return failed(err);
-    if (bg) return fail(err, "background", "background: background responses are not supported");
-    if (field(root, "conversation"))
-        return fail(
+    if ((v = oai_jv_field(root, "background")) && oai_jv_bool(v, "background", &bg, err))
+        return oai_jv_failed(err);
+    if (bg)
+        return oai_jv_fail(err, "background", "background: background responses are not supported");
+    if (oai_jv_field(root, "conversation"))
+        return oai_jv_fail(
             err, "conversation",
             "conversation: conversations are not supported; continue with previous_response_id");
-    if (field(root, "prompt"))
-        return fail(err, "prompt",
-                    "prompt: prompt templates are not supported; send instructions and input");
+    if (oai_jv_field(root, "prompt"))
+        return oai_jv_fail(
+            err, "prompt",
+            "prompt: prompt templates are not supported; send instructions and input");
     return 0;
 }
 
@@ -705,30 +650,32 @@ static int parse_state(const json_t *root, oai_rsp_req *r, oai_err *err)
 static int parse_passthrough(const json_t *root, json_t *chat, oai_err *err)
 {
     json_t *v;
-    if ((v = field(root, "kv_transfer_params"))) {
+    if ((v = oai_jv_field(root, "kv_transfer_params"))) {
         if (!json_is_object(v))
-            return fail(err, "kv_transfer_params", "kv_transfer_params: expected an object");
+            return oai_jv_fail(err, "kv_transfer_params", "kv_transfer_params: expected an object");
         json_object_set(chat, "kv_transfer_params", v);
     }
-    if ((v = field(root, "conversation_id"))) {
+    if ((v = oai_jv_field(root, "conversation_id"))) {
         if (!json_is_string(v))
-            return fail(err, "conversation_id", "conversation_id: expected a string");
+            return oai_jv_fail(err, "conversation_id", "conversation_id: expected a string");
         json_object_set(chat, "conversation_id", v);
     }
-    if ((v = field(root, "cache_salt"))) {
+    if ((v = oai_jv_field(root, "cache_salt"))) {
         size_t n = json_string_length(v);
         if (!json_is_string(v) || n == 0 || n > OAI_MAX_CACHE_SALT)
-            return fail(err, "cache_salt", "cache_salt: expected a string of 1..%d bytes",
-                        OAI_MAX_CACHE_SALT);
+            return oai_jv_fail(err, "cache_salt", "cache_salt: expected a string of 1..%d bytes",
+                               OAI_MAX_CACHE_SALT);
         json_object_set(chat, "cache_salt", v);
     }
-    if ((v = field(root, "ignore_eos"))) { /* vLLM's, for benchmarks of fixed lengths */
-        if (!json_is_boolean(v)) return fail(err, "ignore_eos", "ignore_eos: expected a boolean");
+    if ((v = oai_jv_field(root, "ignore_eos"))) { /* vLLM's, for benchmarks of fixed lengths */
+        if (!json_is_boolean(v))
+            return oai_jv_fail(err, "ignore_eos", "ignore_eos: expected a boolean");
         json_object_set(chat, "ignore_eos", v);
     }
-    if ((v = field(root, "parallel_tool_calls"))) {
+    if ((v = oai_jv_field(root, "parallel_tool_calls"))) {
         if (!json_is_boolean(v))
-            return fail(err, "parallel_tool_calls", "parallel_tool_calls: expected true or false");
+            return oai_jv_fail(err, "parallel_tool_calls",
+                               "parallel_tool_calls: expected true or false");
         json_object_set(chat, "parallel_tool_calls", v);
     }
     return 0;
@@ -738,7 +685,7 @@ static int parse_passthrough(const json_t *root, json_t *chat, oai_err *err)
 
 static json_t *given(const json_t *root, const char *name, json_t *dflt)
 {
-    json_t *v = field(root, name);
+    json_t *v = oai_jv_field(root, name);
     if (!v) return dflt;
     json_decref(dflt);
     return json_incref(v);
@@ -751,9 +698,10 @@ static int dump_cb(const char *p, size_t n, void *b)
 
 static int build_echo(const json_t *root, oai_rsp_req *r, oai_err *err)
 {
-    json_t *e = json_object(), *v, *t = field(root, "text"), *rs = field(root, "reasoning");
+    json_t *e = json_object(), *v, *t = oai_jv_field(root, "text"),
+           *rs = oai_jv_field(root, "reasoning");
     json_object_set_new(e, "instructions", given(root, "instructions", json_null()));
-    v = field(root, "max_output_tokens");
+    v = oai_jv_field(root, "max_output_tokens");
     json_object_set_new(e, "max_output_tokens",
                         v ? json_integer((json_int_t)json_number_value(v)) : json_null());
     json_object_set_new(e, "metadata", given(root, "metadata", json_object()));
@@ -767,15 +715,15 @@ static int build_echo(const json_t *root, oai_rsp_req *r, oai_err *err)
     json_object_set_new(e, "store", json_boolean(r->store));
     json_object_set_new(e, "temperature", given(root, "temperature", json_real(1)));
     json_t *te = json_object();
-    v = field(t, "format");
+    v = oai_jv_field(t, "format");
     json_object_set_new(te, "format", v ? json_incref(v) : json_pack("{ss}", "type", "text"));
-    if ((v = field(t, "verbosity"))) json_object_set(te, "verbosity", v);
+    if ((v = oai_jv_field(t, "verbosity"))) json_object_set(te, "verbosity", v);
     json_object_set_new(e, "text", te);
     json_object_set_new(e, "tool_choice", given(root, "tool_choice", json_string("auto")));
     json_object_set_new(e, "tools", given(root, "tools", json_array()));
     json_object_set_new(e, "top_p", given(root, "top_p", json_real(1)));
     json_object_set_new(e, "truncation", given(root, "truncation", json_string("disabled")));
-    if ((v = field(root, "user"))) json_object_set(e, "user", v);
+    if ((v = oai_jv_field(root, "user"))) json_object_set(e, "user", v);
     dx_buf b;
     dx_buf_init(&b, 0);
     /* 15 digits: a temperature of 0.7 reads back as 0.7 */
@@ -783,7 +731,7 @@ static int build_echo(const json_t *root, oai_rsp_req *r, oai_err *err)
     json_decref(e);
     if (rc || b.len < 2) {
         dx_buf_free(&b);
-        return oom(err, "writing the response's fields");
+        return oai_jv_oom(err, "writing the response's fields");
     }
     b.data[b.len - 1] = 0; /* the members, without the braces */
     memmove(b.data, b.data + 1, b.len - 1);
@@ -798,18 +746,20 @@ static int parse_root(json_t *root, oai_rsp_req *r, oai_err *err)
     const char *key;
     json_t *v;
     int forced;
-    if (!json_is_object(root)) return fail(err, NULL, "request body must be a JSON object");
+    if (!json_is_object(root)) return oai_jv_fail(err, NULL, "request body must be a JSON object");
     json_object_foreach(root, key, v)
     {
         char name[48];
         snprintf(name, sizeof name, "%.40s", key);
         if (too_deep(v, OAI_RSP_MAX_DEPTH - 1))
-            return fail(err, name, "%s: nested more than %d levels deep", name, OAI_RSP_MAX_DEPTH);
+            return oai_jv_fail(err, name, "%s: nested more than %d levels deep", name,
+                               OAI_RSP_MAX_DEPTH);
     }
     r->chat = json_object();
-    if (parse_sampling(root, r, err) || parse_input(root, r, err)) return failed(err);
-    if ((v = field(root, "instructions"))) {
-        if (!json_is_string(v)) return fail(err, "instructions", "instructions: expected a string");
+    if (parse_sampling(root, r, err) || parse_input(root, r, err)) return oai_jv_failed(err);
+    if ((v = oai_jv_field(root, "instructions"))) {
+        if (!json_is_string(v))
+            return oai_jv_fail(err, "instructions", "instructions: expected a string");
         r->instructions = json_string_value(v);
         r->instructions_len = json_string_length(v);
     }
@@ -817,7 +767,7 @@ static int parse_root(json_t *root, oai_rsp_req *r, oai_err *err)
         parse_text(root, r->chat, forced, err) || parse_reasoning(root, r->chat, err) ||
         parse_metadata(root, r, err) || parse_state(root, r, err) ||
         parse_passthrough(root, r->chat, err))
-        return failed(err);
+        return oai_jv_failed(err);
     return build_echo(root, r, err);
 }
 
@@ -833,16 +783,16 @@ int oai_rsp_parse(const char *body, size_t len, oai_rsp_req *out, oai_err *err)
     json_t *root = json_loadb(body, len, JSON_ALLOW_NUL, &jerr);
     if (dx_alloc_failed_count() != n_failed) { /* jansson drops what it had no memory for */
         json_decref(root);
-        return oom(err, "reading the request");
+        return oai_jv_oom(err, "reading the request");
     }
     if (!root)
-        return fail(err, NULL, "invalid JSON at line %d, column %d: %s", jerr.line, jerr.column,
-                    jerr.text);
+        return oai_jv_fail(err, NULL, "invalid JSON at line %d, column %d: %s", jerr.line,
+                           jerr.column, jerr.text);
     out->root = root;
     int rc = parse_root(root, out, err);
     /* the jansson calls that built the documents take and give NULL: one
      * allocation that failed anywhere shows in the count */
-    if (dx_alloc_failed_count() != n_failed) rc = oom(err, "reading the request");
+    if (dx_alloc_failed_count() != n_failed) rc = oai_jv_oom(err, "reading the request");
     if (rc < 0) {
         oai_rsp_req_free(out);
         return rc;
@@ -873,16 +823,17 @@ int oai_rsp_to_chat(const oai_rsp_req *r, const json_t *previous, json_t **chat,
     if (previous && !json_is_array(previous)) n_prev = SIZE_MAX;
     json_array_foreach(previous, i, m) if (!json_is_object(m)) n_prev = SIZE_MAX;
     if (n_prev == SIZE_MAX) {
-        fail(err, NULL, "previous_response_id: the stored conversation is malformed");
+        oai_jv_fail(err, NULL, "previous_response_id: the stored conversation is malformed");
         err->status = 500;
         return dx_errf(DX_EFORMAT, "%s", err->message);
     }
     size_t n = (r->instructions ? 1 : 0) + n_prev + json_array_size(r->input);
     if (n > OAI_MAX_MESSAGES)
-        return fail(err, "input",
-                    "input: the conversation has %zu messages (%zu from previous_response_id), at "
-                    "most %d are accepted",
-                    n, n_prev, OAI_MAX_MESSAGES);
+        return oai_jv_fail(
+            err, "input",
+            "input: the conversation has %zu messages (%zu from previous_response_id), at "
+            "most %d are accepted",
+            n, n_prev, OAI_MAX_MESSAGES);
     size_t n_failed = dx_alloc_failed_count();
     json_t *msgs = json_array();
     if (r->instructions) {
@@ -898,7 +849,7 @@ int oai_rsp_to_chat(const oai_rsp_req *r, const json_t *previous, json_t **chat,
     json_object_set_new(c, "messages", msgs);
     if (!c || dx_alloc_failed_count() != n_failed) {
         json_decref(c);
-        return oom(err, "building the chat request");
+        return oai_jv_oom(err, "building the chat request");
     }
     *chat = c;
     return 0;
@@ -912,13 +863,13 @@ int oai_rsp_chat_parse(const json_t *chat, const oai_parse_opts *opts, oai_req *
     if (json_dump_callback(chat, dump_cb, &b, JSON_COMPACT)) {
         dx_buf_free(&b);
         memset(out, 0, sizeof *out);
-        return oom(err, "writing the chat request");
+        return oai_jv_oom(err, "writing the chat request");
     }
     int rc = oai_req_parse(OAI_CHAT, b.data, b.len, opts, out, err);
     dx_buf_free(&b);
     if (rc == DX_EINVAL) {
         oai_rsp_err_from_chat(err);
-        return failed(err);
+        return oai_jv_failed(err);
     }
     return rc;
 }
@@ -972,10 +923,11 @@ void oai_rsp_err_from_chat(oai_err *err)
 
 int oai_rsp_err_previous(oai_err *err, const char *id)
 {
-    fail(err, "previous_response_id",
-         "previous_response_id: no stored response has id '%.128s' (expired, deleted, or created "
-         "with store false)",
-         id);
+    oai_jv_fail(
+        err, "previous_response_id",
+        "previous_response_id: no stored response has id '%.128s' (expired, deleted, or created "
+        "with store false)",
+        id);
     return dx_errf(DX_ENOENT, "%s", err->message);
 }
 
