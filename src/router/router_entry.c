@@ -148,13 +148,14 @@ static void store_done(work_job *j)
     store_job *s = (store_job *)((char *)j - offsetof(store_job, job));
     router *r = s->r;
     rt_req *q = s->q;
+    int canceled = j->canceled; /* j lives inside s, which goes next */
     json_decref(s->history);
     dx_free(s->response);
     dx_free(s);
     r->n_work--;
     if (q) {
         q->storing = q->in_work = q->busy = 0;
-        if (r->destroying || j->canceled) {
+        if (r->destroying || canceled) {
             rt_req_forget(q); /* answered by rt_req_abort_all */
         } else {
             rt_req_release_end(q); /* stored: the answer's end may go */

@@ -199,7 +199,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     (void)state;
-    tp_rm_rf(G.dir);
+    if (!getenv("DX_KEEP_LOGS")) tp_rm_rf(G.dir);
     return 0;
 }
 
