@@ -40,6 +40,11 @@ void oai_rsp_store_destroy(oai_rsp_store *s)
     dx_free(s);
 }
 
+int oai_rsp_store_id_ok(const char *id)
+{
+    return strnlen(id, OAI_RSP_MAX_ID + 1) <= OAI_RSP_MAX_ID;
+}
+
 /* tenant ‖ id: the tenant's bytes are fixed-length, so no two (tenant, id)
  * pairs give one key. */
 static size_t make_key(const uint8_t *tenant, const char *id, uint8_t *key)
@@ -89,6 +94,8 @@ int oai_rsp_store_decode(const void *v, size_t len, const char **messages, size_
 int oai_rsp_store_put(oai_rsp_store *s, const uint8_t *tenant, const char *id,
                       const json_t *messages, const char *response, size_t response_len, double now)
 {
+    if (!oai_rsp_store_id_ok(id))
+        return dx_errf(DX_EINVAL, "responses store: an id longer than %d bytes", OAI_RSP_MAX_ID);
     uint8_t key[OAI_RSP_STORE_TENANT + OAI_RSP_MAX_ID];
     size_t klen = make_key(tenant, id, key);
     dx_buf v;
@@ -108,6 +115,7 @@ int oai_rsp_store_put(oai_rsp_store *s, const uint8_t *tenant, const char *id,
 static int get_parts(oai_rsp_store *s, const uint8_t *tenant, const char *id, double now,
                      dx_buf *copy)
 {
+    if (!oai_rsp_store_id_ok(id)) return 0;
     uint8_t key[OAI_RSP_STORE_TENANT + OAI_RSP_MAX_ID];
     size_t klen = make_key(tenant, id, key);
     const void *v;
@@ -165,6 +173,7 @@ int oai_rsp_store_response(oai_rsp_store *s, const uint8_t *tenant, const char *
 
 int oai_rsp_store_delete(oai_rsp_store *s, const uint8_t *tenant, const char *id)
 {
+    if (!oai_rsp_store_id_ok(id)) return 0;
     uint8_t key[OAI_RSP_STORE_TENANT + OAI_RSP_MAX_ID];
     size_t klen = make_key(tenant, id, key);
     pthread_mutex_lock(&s->mu);

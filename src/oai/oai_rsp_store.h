@@ -54,6 +54,11 @@ int oai_rsp_store_response(oai_rsp_store *s, const uint8_t *tenant, const char *
                            char **response, size_t *len);
 /* 1 when id was there for tenant (now gone), else 0. */
 int oai_rsp_store_delete(oai_rsp_store *s, const uint8_t *tenant, const char *id);
+
+/* Whether id can name a stored response at all: ids are at most
+ * OAI_RSP_MAX_ID bytes, so a longer one (from a URL path) is never found
+ * rather than matched by its first OAI_RSP_MAX_ID bytes. */
+int oai_rsp_store_id_ok(const char *id);
 void oai_rsp_store_get_stats(oai_rsp_store *s, oai_rsp_store_stats *out);
 
 /* The value as kept (also what a shared store, e.g. Redis, holds): a

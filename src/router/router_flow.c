@@ -303,7 +303,7 @@ void rt_flow_response(router *r, http_conn *c, const http_req *hr, const http_au
                       uint64_t t0)
 {
     rt_req *q = rt_req_new(r, c, hr, t0);
-    if (!q || !(q->conv_hdr = dx_strndup(hr->path + strlen("/v1/responses/"), OAI_RSP_MAX_ID))) {
+    if (!q || !(q->conv_hdr = dx_strdup(hr->path + strlen("/v1/responses/")))) {
         if (q) rt_req_forget(q);
         rt_req_refuse(r, c, hr->method, hr->path, 500, "out of memory", NULL, t0);
         return;

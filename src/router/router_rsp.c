@@ -112,6 +112,7 @@ static redisReply *command(router_rsp *s, int argc, const char **argv, const siz
  * found, 0 not, or not reachable. */
 static int redis_get(router_rsp *s, const uint8_t *tenant, const char *id, dx_buf *v)
 {
+    if (!oai_rsp_store_id_ok(id)) return 0;
     char key[512], px[24];
     key_of(s, tenant, id, key, sizeof key);
     snprintf(px, sizeof px, "%u", s->ttl_ms);
@@ -182,6 +183,8 @@ int router_rsp_put(router_rsp *s, const uint8_t *tenant, const char *id, const j
                    const char *response, size_t len)
 {
     if (s->mem) return oai_rsp_store_put(s->mem, tenant, id, messages, response, len, dx_now_s());
+    if (!oai_rsp_store_id_ok(id))
+        return dx_errf(DX_EINVAL, "responses store: an id longer than %d bytes", OAI_RSP_MAX_ID);
     dx_buf v;
     dx_buf_init(&v, 0);
     int rc = oai_rsp_store_encode(messages, response, len, &v);
@@ -206,6 +209,7 @@ int router_rsp_put(router_rsp *s, const uint8_t *tenant, const char *id, const j
 int router_rsp_delete(router_rsp *s, const uint8_t *tenant, const char *id)
 {
     if (s->mem) return oai_rsp_store_delete(s->mem, tenant, id);
+    if (!oai_rsp_store_id_ok(id)) return 0;
     char key[512];
     key_of(s, tenant, id, key, sizeof key);
     const char *argv[] = {"DEL", key};

@@ -191,6 +191,11 @@ static void test_shared_store(void **state)
     char *r2 = create(B.http, k1, "and again", r1, 1);
     assert_int_equal(get_status(B.http, k1, r2), 200);
     assert_int_equal(get_status(A.http, k1, r1), 200);
+    /* an id that begins with a stored one but runs past the longest id
+     * names nothing (through Redis, and a node's own store below) */
+    char longer[400];
+    snprintf(longer, sizeof longer, "%s%0*d", r1, 200, 7);
+    assert_int_equal(get_status(B.http, k1, longer), 404);
     /* another tenant: as if it were not there */
     assert_int_equal(continue_status(B.http, k2, r2), 404);
     assert_int_equal(get_status(A.http, k2, r1), 404);
@@ -216,6 +221,13 @@ static void test_shared_store(void **state)
     router_start(&X, NULL, 0, dd, 1, brief);
     char *r4 = create(X.http, NULL, "short lived", NULL, 1);
     assert_int_equal(get_status(X.http, NULL, r4), 200); /* a GET uses it: its TTL restarts */
+    snprintf(longer, sizeof longer, "%s%0*d", r4, 200, 7);
+    assert_int_equal(get_status(X.http, NULL, longer), 404); /* a router's memory store */
+    char *r5 = create(D.http, NULL, "on the node", NULL, 1);
+    snprintf(longer, sizeof longer, "%s%0*d", r5, 200, 7);
+    assert_int_equal(get_status(D.http, NULL, r5), 200);
+    assert_int_equal(get_status(D.http, NULL, longer), 404); /* the node's own */
+    free(r5);
     /* every use restarts the TTL, so there is nothing to poll: once more
      * than the TTL has passed since the GET, the id is expired whatever
      * the machine's speed (the wait is for time to pass, not a timing) */

@@ -59,6 +59,20 @@ static void test_put_get_tenants(void **state)
     assert_int_equal(oai_rsp_store_messages(s, NULL, "resp_1", 1, &got), 0);
     assert_int_equal(oai_rsp_store_response(s, t1, "resp_2", 1, &obj, &len), 0);
     assert_null(obj);
+    /* an id of OAI_RSP_MAX_ID bytes is kept whole; a longer one beginning
+     * with it is another id, never found, and cannot be stored */
+    char full[OAI_RSP_MAX_ID + 1], over[OAI_RSP_MAX_ID + 2];
+    memset(full, 'a', OAI_RSP_MAX_ID);
+    full[OAI_RSP_MAX_ID] = 0;
+    snprintf(over, sizeof over, "%sb", full);
+    assert_int_equal(oai_rsp_store_put(s, t1, full, m, k_obj, strlen(k_obj), 0), 0);
+    assert_int_equal(oai_rsp_store_response(s, t1, full, 1, &obj, &len), 1);
+    dx_free(obj);
+    assert_int_equal(oai_rsp_store_response(s, t1, over, 1, &obj, &len), 0);
+    assert_null(obj);
+    assert_int_equal(oai_rsp_store_delete(s, t1, over), 0);
+    assert_int_equal(oai_rsp_store_put(s, t1, over, m, k_obj, strlen(k_obj), 0), DX_EINVAL);
+    assert_int_equal(oai_rsp_store_delete(s, t1, full), 1);
     /* DELETE: gone, and only for its tenant */
     assert_int_equal(oai_rsp_store_delete(s, t2, "resp_1"), 0);
     assert_int_equal(oai_rsp_store_delete(s, t1, "resp_1"), 1);
