@@ -100,18 +100,26 @@ static int run(const bench_engine_config *cfg, bench_ctx *c, bench_engine_result
     return 0;
 }
 
-/* Bytes of the weights a decode step streams: every layer's matmuls and the
- * output head (the embedding is only gathered, one row per token). */
+static double tensor_bytes(const model_tensor *t)
+{
+    return t->data ? (double)dx_dtype_row_bytes(t->type, t->ne[0]) * (double)t->ne[1] : 0;
+}
+
+/* Bytes of the weights a decode step streams: every layer's matmuls — of a
+ * mixture of experts, the router and the n_expert_used experts one token
+ * runs — and the output head (the embedding is only gathered, one row per
+ * token). */
 static double weight_bytes(const model *m)
 {
     const model_hparams *hp = model_hp(m);
     double b = 0;
     for (uint32_t l = 0; l < hp->n_layer; l++) {
         const model_layer *L = model_layer_at(m, l);
-        const model_tensor *t[7] = {&L->wq, &L->wk, &L->wv, &L->wo,
-                                    &L->w_gate, &L->w_up, &L->w_down};
-        for (int i = 0; i < 7; i++)
-            b += (double)dx_dtype_row_bytes(t[i]->type, t[i]->ne[0]) * (double)t[i]->ne[1];
+        const model_tensor *t[8] = {&L->wq,     &L->wk,   &L->wv,     &L->wo,
+                                    &L->w_gate, &L->w_up, &L->w_down, &L->ffn_gate_inp};
+        for (int i = 0; i < 8; i++) b += tensor_bytes(t[i]);
+        const model_tensor *x[3] = {&L->ffn_gate_exps, &L->ffn_up_exps, &L->ffn_down_exps};
+        for (int i = 0; i < 3; i++) b += tensor_bytes(x[i]) * hp->n_expert_used;
     }
     const model_tensor *o = model_output(m);
     return b + (double)dx_dtype_row_bytes(o->type, o->ne[0]) * (double)o->ne[1];
