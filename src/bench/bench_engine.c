@@ -62,6 +62,7 @@ static void phase_stats(const fwd_stats *st, bench_engine_phase *ph)
 {
     if (!st->step_ns || !st->attn_ns) return;
     ph->attn_share = (double)st->attn_ns / (double)st->step_ns;
+    ph->moe_share = (double)st->moe_ns / (double)st->step_ns;
     ph->attn_gflop_s = st->attn_flop / (double)st->attn_ns;
     ph->attn_gb_s = st->attn_bytes / (double)st->attn_ns;
 }
@@ -79,7 +80,7 @@ static int run(const bench_engine_config *cfg, bench_ctx *c, bench_engine_result
         if (P && (rc = prefill(c, D, D + P))) return rc;
         pp[r] = P ? P / ((double)(dx_now_ns() - t0) * 1e-9) : 0;
         fwd_get_stats(c->f, &st);
-        sp.step_ns += st.step_ns, sp.attn_ns += st.attn_ns;
+        sp.step_ns += st.step_ns, sp.attn_ns += st.attn_ns, sp.moe_ns += st.moe_ns;
         sp.attn_flop += st.attn_flop, sp.attn_bytes += st.attn_bytes;
         fwd_reset_stats(c->f);
         t0 = dx_now_ns();
@@ -89,7 +90,7 @@ static int run(const bench_engine_config *cfg, bench_ctx *c, bench_engine_result
         }
         tg[r] = G ? G / ((double)(dx_now_ns() - t0) * 1e-9) : 0;
         fwd_get_stats(c->f, &st);
-        sg.step_ns += st.step_ns, sg.attn_ns += st.attn_ns;
+        sg.step_ns += st.step_ns, sg.attn_ns += st.attn_ns, sg.moe_ns += st.moe_ns;
         sg.attn_flop += st.attn_flop, sg.attn_bytes += st.attn_bytes, sg.steps += st.steps;
     }
     summarize(pp, cfg->reps, &out->pp.tok_s, &out->pp.min, &out->pp.max);

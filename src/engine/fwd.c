@@ -378,7 +378,9 @@ static void layer(fwd *f, uint32_t l, size_t T, size_t n_seqs)
     for_tokens(f, T, l, ffn_norm_tok);
     if (f->moe) {
         int32_t *route = f->route_log ? f->route_log + (size_t)l * T * f->hp->n_expert_used : NULL;
+        uint64_t t0 = dx_now_ns();
         moe_ffn(f->moe, f->tp, L, f->xb, T, f->tmp, route);
+        f->stats.moe_ns += dx_now_ns() - t0;
     } else {
         const model_tensor *wgu[2] = {&L->w_gate, &L->w_up};
         float *ygu[2] = {f->gate, f->up};

@@ -34,6 +34,7 @@ typedef struct fwd fwd;
 typedef struct {
     uint64_t steps, tokens;
     uint64_t step_ns, attn_ns; /* in fwd_step; in its attention */
+    uint64_t moe_ns;           /* in a mixture of experts' FFNs (router to weighted sums) */
     /* attention FLOPs (4*head_dim per query head per visible key: QK and PV)
      * and KV bytes (every visible key's K and V once per step and layer) */
     double attn_flop, attn_bytes;
