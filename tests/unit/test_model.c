@@ -142,6 +142,7 @@ typedef struct {
     float f32_val;
     const char *u32_key;     /* set this integer key to u32_val */
     const char *add_u32_key; /* add this integer key, = u32_val */
+    const char *add_false;   /* add this boolean key, false */
     uint32_t u32_val;
     const char *reshape;   /* give this tensor the shape reshape_ne[0 .. reshape_dims) */
     uint32_t reshape_dims; /* (same element count: the data is kept) */
@@ -208,6 +209,7 @@ static void rewrite_model(const model_edit *e, const char *out)
     gguf_writer *w = gguf_writer_create();
     for (uint64_t i = 0; i < gguf_n_kv(g); i++) copy_kv(g, i, e, w);
     if (e->add_u32_key) assert_int_equal(gguf_w_set_u32(w, e->add_u32_key, e->u32_val), 0);
+    if (e->add_false) assert_int_equal(gguf_w_set_bool(w, e->add_false, 0), 0);
     for (uint64_t i = 0; i < gguf_n_tensors(g); i++) {
         gguf_tensor_info ti;
         gguf_tensor(g, i, &ti);
@@ -487,6 +489,13 @@ static void test_fingerprint_covers_hparams(void **state)
     assert_false(fp_equal(fm, f3));
     assert_int_equal(model_load(k3, &m), 0);
     assert_int_equal(model_hp(m)->n_expert_used, 3);
+    model_free(m);
+    /* expert_weights_norm false: read, and a fingerprint of its own */
+    rewrite_model(&(model_edit){.src = moe, .add_false = "qwen3moe.expert_weights_norm"}, k3);
+    fingerprint_of(k3, f3);
+    assert_false(fp_equal(fm, f3));
+    assert_int_equal(model_load(k3, &m), 0);
+    assert_int_equal(model_hp(m)->expert_weights_norm, 0);
     model_free(m);
 }
 
