@@ -13,7 +13,7 @@ static int cmd_synth(int argc, char **argv)
 {
     const char *arch = NULL, *preset = "tiny", *dtype = "f32", *out = NULL, *tokenizer = NULL;
     uint64_t seed = 1;
-    int layers = 0;
+    long layers = 0; /* CLI_INT stores a long */
     const cli_opt opts[] = {
         {"arch", CLI_STR, &arch, 0, 0,
          "qwen3 | qwen2 | llama | qwen3moe (default: the preset's, else qwen3moe for a mixture "
@@ -50,7 +50,7 @@ static int cmd_synth(int argc, char **argv)
         return 1;
     }
     char lay[32] = "";
-    if (layers) snprintf(lay, sizeof lay, ", %d layers", layers);
+    if (layers) snprintf(lay, sizeof lay, ", %ld layers", layers);
     fprintf(stderr, "wrote %s (%s %s%s %s, seed %llu, %s vocabulary)\n", out,
             arch                         ? arch
             : cfg.arch == MODEL_QWEN3MOE ? "qwen3moe"
