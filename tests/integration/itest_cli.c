@@ -146,8 +146,15 @@ static void test_moe_user_path(void **state)
     int rc =
         run(out, sizeof out,
             "generate --model %s/moe.gguf --prompt 'The prefill node' -n 12 2>/dev/null", g_dir);
+    char ids[4096];
+    int rc_ids = run(ids, sizeof ids,
+                     "generate --model %s/moe.gguf --prompt 'The prefill node' -n 12 --ids "
+                     "2>/dev/null",
+                     g_dir);
     unsetenv("DUPLEX_KERNELS");
     assert_int_equal(rc, 0);
+    assert_int_equal(rc_ids, 0); /* the same tokens, as ids */
+    assert_string_equal(ids, "849 488 155 136 548 827 325 589 573 207 759 317 \n");
     assert_string_equal(out,
                         "odelsistant\xef\xbf\xbd\xef\xbf\xbd <appendcksonak\xef\xbf\xbd Th--\n");
     assert_int_equal(run(out, sizeof out,
