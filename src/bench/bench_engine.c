@@ -62,6 +62,7 @@ static void phase_stats(const fwd_stats *st, bench_engine_phase *ph)
 {
     if (!st->step_ns || !st->attn_ns) return;
     ph->attn_share = (double)st->attn_ns / (double)st->step_ns;
+    ph->moe_share = (double)st->moe_ns / (double)st->step_ns;
     ph->attn_gflop_s = st->attn_flop / (double)st->attn_ns;
     ph->attn_gb_s = st->attn_bytes / (double)st->attn_ns;
 }
@@ -79,7 +80,7 @@ static int run(const bench_engine_config *cfg, bench_ctx *c, bench_engine_result
         if (P && (rc = prefill(c, D, D + P))) return rc;
         pp[r] = P ? P / ((double)(dx_now_ns() - t0) * 1e-9) : 0;
         fwd_get_stats(c->f, &st);
-        sp.step_ns += st.step_ns, sp.attn_ns += st.attn_ns;
+        sp.step_ns += st.step_ns, sp.attn_ns += st.attn_ns, sp.moe_ns += st.moe_ns;
         sp.attn_flop += st.attn_flop, sp.attn_bytes += st.attn_bytes;
         fwd_reset_stats(c->f);
         t0 = dx_now_ns();
@@ -89,7 +90,7 @@ static int run(const bench_engine_config *cfg, bench_ctx *c, bench_engine_result
         }
         tg[r] = G ? G / ((double)(dx_now_ns() - t0) * 1e-9) : 0;
         fwd_get_stats(c->f, &st);
-        sg.step_ns += st.step_ns, sg.attn_ns += st.attn_ns;
+        sg.step_ns += st.step_ns, sg.attn_ns += st.attn_ns, sg.moe_ns += st.moe_ns;
         sg.attn_flop += st.attn_flop, sg.attn_bytes += st.attn_bytes, sg.steps += st.steps;
     }
     summarize(pp, cfg->reps, &out->pp.tok_s, &out->pp.min, &out->pp.max);
@@ -100,18 +101,26 @@ static int run(const bench_engine_config *cfg, bench_ctx *c, bench_engine_result
     return 0;
 }
 
-/* Bytes of the weights a decode step streams: every layer's matmuls and the
- * output head (the embedding is only gathered, one row per token). */
+static double tensor_bytes(const model_tensor *t)
+{
+    return t->data ? (double)dx_dtype_row_bytes(t->type, t->ne[0]) * (double)t->ne[1] : 0;
+}
+
+/* Bytes of the weights a decode step streams: every layer's matmuls — of a
+ * mixture of experts, the router and the n_expert_used experts one token
+ * runs — and the output head (the embedding is only gathered, one row per
+ * token). */
 static double weight_bytes(const model *m)
 {
     const model_hparams *hp = model_hp(m);
     double b = 0;
     for (uint32_t l = 0; l < hp->n_layer; l++) {
         const model_layer *L = model_layer_at(m, l);
-        const model_tensor *t[7] = {&L->wq, &L->wk, &L->wv, &L->wo,
-                                    &L->w_gate, &L->w_up, &L->w_down};
-        for (int i = 0; i < 7; i++)
-            b += (double)dx_dtype_row_bytes(t[i]->type, t[i]->ne[0]) * (double)t[i]->ne[1];
+        const model_tensor *t[8] = {&L->wq,     &L->wk,   &L->wv,     &L->wo,
+                                    &L->w_gate, &L->w_up, &L->w_down, &L->ffn_gate_inp};
+        for (int i = 0; i < 8; i++) b += tensor_bytes(t[i]);
+        const model_tensor *x[3] = {&L->ffn_gate_exps, &L->ffn_up_exps, &L->ffn_down_exps};
+        for (int i = 0; i < 3; i++) b += tensor_bytes(x[i]) * hp->n_expert_used;
     }
     const model_tensor *o = model_output(m);
     return b + (double)dx_dtype_row_bytes(o->type, o->ne[0]) * (double)o->ne[1];

@@ -25,6 +25,7 @@ typedef struct {
 typedef struct {
     double tok_s, min, max;   /* median and range over the runs */
     double attn_share;        /* of the forward pass's time */
+    double moe_share;         /* a mixture of experts' FFNs' share of it */
     double attn_gflop_s;      /* attention FLOPs / attention time */
     double attn_gb_s;         /* KV bytes (each key once per layer) / attention time */
     double bytes_per_tok;     /* weights + KV read per decode token (decode only) */

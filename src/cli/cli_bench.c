@@ -89,6 +89,10 @@ static int bench_engine(int argc, char **argv)
                r.tg.bytes_per_tok * 1e-9, r.tg.bytes_per_tok * r.tg.tok_s * 1e-9, r.mem_gb_s,
                r.n_threads, limit, limit > 0 ? 100 * r.tg.tok_s / limit : 0.0);
     }
+    if (hp->n_expert)
+        printf("experts (router to weighted sums, %u of %u per token): %.0f%% of the prefill's "
+               "time, %.0f%% of the decode's\n",
+               hp->n_expert_used, hp->n_expert, 100 * r.pp.moe_share, 100 * r.tg.moe_share);
     model_free(m);
     return 0;
 }

@@ -1,5 +1,6 @@
 /* cli_generate: `duplex generate` — run one prompt through the engine and
- * stream the text to stdout; token counts and speeds go to stderr.
+ * stream the text (or with --ids the token ids, for comparing with another
+ * engine token by token) to stdout; token counts and speeds go to stderr.
  *
  * "generated" counts every token the model produced, the end-of-generation
  * token that stopped it included, as OpenAI's completion_tokens (and the
@@ -30,6 +31,7 @@ typedef struct {
     char err[512];
     uint64_t t_first, t_end;
     int32_t last; /* the last generated token */
+    int ids;      /* print token ids, not text */
 } gen_state;
 
 static void on_event(void *user, const engine_event *ev)
@@ -38,7 +40,10 @@ static void on_event(void *user, const engine_event *ev)
     if (ev->type == ENGINE_EV_TOKENS) {
         if (!g->t_first) g->t_first = dx_now_ns();
         if (ev->n_tokens) g->last = ev->tokens[ev->n_tokens - 1];
-        fwrite(ev->text, 1, ev->text_len, stdout);
+        if (g->ids)
+            for (size_t i = 0; i < ev->n_tokens; i++) printf("%d ", ev->tokens[i]);
+        else
+            fwrite(ev->text, 1, ev->text_len, stdout);
         fflush(stdout);
         return;
     }
@@ -71,7 +76,7 @@ int cli_generate_main(int argc, char **argv)
     long top_k = 0, batch = ENGINE_DEFAULT_MAX_BATCH_TOKENS, kv_blocks = 0;
     double temp = 0.0, top_p = 1.0, min_p = 0.0;
     uint64_t seed = 0;
-    int ignore_eos = 0, has_seed = 0;
+    int ignore_eos = 0, has_seed = 0, print_ids = 0;
     const cli_opt opts[] = {
         {"model", CLI_PATH, &path, 0, 0, "GGUF model file (required)"},
         {"prompt", CLI_STR, &prompt, 0, 0, "raw prompt text"},
@@ -84,6 +89,7 @@ int cli_generate_main(int argc, char **argv)
         {"seed", CLI_U64, &seed, 0, 0, "sampling seed"},
         {"stop", CLI_STR, &stop, 0, 0, "stop string"},
         {"ignore-eos", CLI_FLAG, &ignore_eos, 0, 0, "keep generating after EOS"},
+        {"ids", CLI_FLAG, &print_ids, 0, 0, "print the generated token ids instead of the text"},
         {"threads", CLI_INT, &threads, 0, 1024, "threads (default: cores)"},
         {"kv-cache-mb", CLI_INT, &kv_mb, 1, 1 << 20, CLI_HELP_DEFAULT("KV pool size", GENERATE_DEFAULT_KV_CACHE_MB)},
         {"kv-blocks", CLI_INT, &kv_blocks, 0, 1 << 30, "KV pool size in blocks (overrides MB)"},
@@ -122,7 +128,8 @@ int cli_generate_main(int argc, char **argv)
         rc = 1;
         goto out;
     }
-    gen_state g = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    gen_state g = {
+        .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER, .ids = print_ids};
     const char *stops[1] = {stop};
     engine_request req = {.prompt = ids.ids, .n_prompt = ids.n, .max_tokens = (uint32_t)n_gen,
                           .sampling = {(float)temp, (int)top_k, (float)top_p, (float)min_p, seed,

@@ -1,4 +1,5 @@
-/* fwd: transformer forward pass (llama / qwen2 / qwen3) over paged KV.
+/* fwd: transformer forward pass (llama / qwen2 / qwen3 / qwen3moe) over
+ * paged KV.  A mixture-of-experts model's FFN is engine/moe's.
  *
  * One step processes T tokens from several sequences together: every matmul
  * sees all T tokens (weights stream from memory once per step, not once per
@@ -20,6 +21,7 @@
 #include "base/dx_dtype.h"
 #include "base/dx_err.h"
 #include "engine/kern/kern.h"
+#include "engine/moe.h"
 
 #define ATTN_Q_CHUNK 64 /* queries per attention task */
 #define TOK_CHUNK 16    /* tokens per task for per-token ops */
@@ -65,6 +67,8 @@ struct fwd {
     uint32_t *merge_seq, n_merge;
     float *part;            /* [part_floats] */
     size_t part_floats;
+    moe *moe;           /* the FFN of an MoE model, else NULL */
+    int32_t *route_log; /* fwd_set_route_log's, or NULL */
     fwd_stats stats;
 };
 
@@ -372,11 +376,18 @@ static void layer(fwd *f, uint32_t l, size_t T, size_t n_seqs)
     matmul1(f, f->att, T, &L->wo, f->tmp);
     for_tokens(f, T, l, residual_tok);
     for_tokens(f, T, l, ffn_norm_tok);
-    const model_tensor *wgu[2] = {&L->w_gate, &L->w_up};
-    float *ygu[2] = {f->gate, f->up};
-    matmul_group(f, f->xb, T, wgu, ygu, 2);
-    for_tokens(f, T, l, swiglu_tok);
-    matmul1(f, f->gate, T, &L->w_down, f->tmp);
+    if (f->moe) {
+        int32_t *route = f->route_log ? f->route_log + (size_t)l * T * f->hp->n_expert_used : NULL;
+        uint64_t t0 = dx_now_ns();
+        moe_ffn(f->moe, f->tp, L, f->xb, T, f->tmp, route);
+        f->stats.moe_ns += dx_now_ns() - t0;
+    } else {
+        const model_tensor *wgu[2] = {&L->w_gate, &L->w_up};
+        float *ygu[2] = {f->gate, f->up};
+        matmul_group(f, f->xb, T, wgu, ygu, 2);
+        for_tokens(f, T, l, swiglu_tok);
+        matmul1(f, f->gate, T, &L->w_down, f->tmp);
+    }
     for_tokens(f, T, l, residual_tok);
 }
 
@@ -452,6 +463,11 @@ uint32_t fwd_n_vocab(const fwd *f)
     return f->hp->n_vocab;
 }
 
+void fwd_set_route_log(fwd *f, int32_t *route)
+{
+    f->route_log = route;
+}
+
 static int build_rope(fwd *f)
 {
     uint32_t D = f->hp->head_dim, half = D / 2;
@@ -472,11 +488,13 @@ static int build_rope(fwd *f)
 static int alloc_buffers(fwd *f)
 {
     const model_hparams *hp = f->hp;
-    size_t T = f->max_tokens, big = hp->n_ff > hp->n_embd ? hp->n_ff : hp->n_embd;
+    /* an MoE model's FFN has buffers of its own (moe_create) */
+    size_t ff = hp->n_expert ? 1 : hp->n_ff;
+    size_t T = f->max_tokens, big = ff > hp->n_embd ? ff : hp->n_embd;
     if (f->q_dim > big) big = f->q_dim;
     float **bufs[] = {&f->x, &f->xb, &f->q, &f->k, &f->v, &f->att, &f->gate, &f->up, &f->tmp};
     size_t widths[] = {hp->n_embd, hp->n_embd, f->q_dim, f->kv_dim, f->kv_dim,
-                       f->q_dim,   hp->n_ff,   hp->n_ff, hp->n_embd};
+                       f->q_dim,   ff,         ff,       hp->n_embd};
     for (size_t i = 0; i < DX_ARRAY_LEN(bufs); i++)
         if (!(*bufs[i] = dx_aligned_alloc(64, T * widths[i] * sizeof(float))))
             return dx_errf(DX_ENOMEM, "fwd: activations for %zu tokens", (size_t)T);
@@ -518,7 +536,8 @@ static int alloc_buffers(fwd *f)
     f->seq_first = dx_calloc(f->max_seqs, sizeof *f->seq_first);
     if (!f->tok_seq || !f->tok_pos || !f->seq_first)
         return dx_errf(DX_ENOMEM, "fwd: batch tables for %zu tokens", (size_t)T);
-    return build_rope(f);
+    int rc = hp->n_expert ? moe_create(f->m, f->n_threads, f->max_tokens, &f->moe) : 0;
+    return rc ? rc : build_rope(f);
 }
 
 int fwd_create(const model *m, kv_pool *pool, dx_tpool *tp, uint32_t max_tokens, uint32_t max_seqs,
@@ -570,5 +589,6 @@ void fwd_destroy(fwd *f)
     dx_free(f->attn_first);
     dx_free(f->part_off);
     dx_free(f->merge_seq);
+    moe_destroy(f->moe);
     dx_free(f);
 }

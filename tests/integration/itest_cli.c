@@ -111,6 +111,71 @@ static void test_user_path(void **state)
     assert_non_null(strstr(out, "generated: 6 tokens"));
 }
 
+/* The tiny mixture of experts as a user runs it: synth (qwen3moe by
+ * default, llama on request), info shows the experts, and `duplex
+ * generate`'s greedy text with the scalar kernels is pinned (the same bytes
+ * on any x86 CPU); a dense preset is refused as qwen3moe, --layers gives
+ * the layers asked for. */
+static void test_moe_user_path(void **state)
+{
+    (void)state;
+    char out[65536];
+    assert_int_equal(run(out, sizeof out,
+                         "model synth --preset tiny-moe --seed 42 -o %s/moe.gguf && "
+                         "%s model info %s/moe.gguf",
+                         g_dir, g_bin, g_dir),
+                     0);
+    const char *want[] = {"architecture:    qwen3moe", "active per token",
+                          "experts:         8, 2 used per token, expert feed-forward 96",
+                          "weights normalised to sum 1", "q/k norm"};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        if (!strstr(out, want[i])) fail_msg("model info lacks '%s':\n%s", want[i], out);
+    assert_int_equal(run(out, sizeof out,
+                         "generate --model %s/moe.gguf --prompt 'The prefill node' -n 12 "
+                         "2>/dev/null",
+                         g_dir),
+                     0);
+    char pinned[4096];
+    assert_int_equal(run(pinned, sizeof pinned,
+                         "generate --model %s/moe.gguf --prompt 'The prefill node' -n 12 "
+                         "2>/dev/null",
+                         g_dir),
+                     0);
+    assert_string_equal(out, pinned); /* the same twice, whatever the ISA */
+    setenv("DUPLEX_KERNELS", "scalar", 1);
+    int rc =
+        run(out, sizeof out,
+            "generate --model %s/moe.gguf --prompt 'The prefill node' -n 12 2>/dev/null", g_dir);
+    char ids[4096];
+    int rc_ids = run(ids, sizeof ids,
+                     "generate --model %s/moe.gguf --prompt 'The prefill node' -n 12 --ids "
+                     "2>/dev/null",
+                     g_dir);
+    unsetenv("DUPLEX_KERNELS");
+    assert_int_equal(rc, 0);
+    assert_int_equal(rc_ids, 0); /* the same tokens, as ids */
+    assert_string_equal(ids, "849 488 155 136 548 827 325 589 573 207 759 317 \n");
+    assert_string_equal(out,
+                        "odelsistant\xef\xbf\xbd\xef\xbf\xbd <appendcksonak\xef\xbf\xbd Th--\n");
+    assert_int_equal(run(out, sizeof out,
+                         "model synth --arch llama --preset tiny-moe --layers 3 --dtype q8_0 -o "
+                         "%s/lmoe.gguf && %s model info %s/lmoe.gguf",
+                         g_dir, g_bin, g_dir),
+                     0);
+    if (!strstr(out, "architecture:    llama") || !strstr(out, "layers:          3") ||
+        !strstr(out, "experts:         8, 2 used"))
+        fail_msg("model info of the llama MoE:\n%s", out);
+    assert_int_equal(run(out, sizeof out, "generate --model %s/lmoe.gguf --chat hi -n 4", g_dir),
+                     0);
+    assert_non_null(strstr(out, "generated: 4 tokens"));
+    expect(1, "qwen3moe needs a mixture-of-experts preset (tiny-moe|qwen3-30b-a3b), not tiny",
+           "model synth --arch qwen3moe --preset tiny -o /tmp/x%s", "");
+    expect(1,
+           "preset tiny-moe is a mixture of experts: its architecture is qwen3moe or llama, "
+           "not qwen2",
+           "model synth --arch qwen2 --preset tiny-moe -o /tmp/x%s", "");
+}
+
 static void test_bad_flags(void **state)
 {
     (void)state;
@@ -118,7 +183,9 @@ static void test_bad_flags(void **state)
     snprintf(m, sizeof m, "%s", g_model);
     expect(2, "unknown command 'frobnicate'", "%s", "frobnicate");
     expect(2, "unknown option '--bogus'", "model synth --bogus 1 -o /tmp/x%s", "");
-    expect(2, "--preset: unknown preset '7b' (want tiny|small|0.6b|qwen3-0.6b|llama3.2-1b)",
+    expect(2,
+           "--preset: unknown preset '7b' (want "
+           "tiny|small|0.6b|qwen3-0.6b|llama3.2-1b|tiny-moe|qwen3-30b-a3b)",
            "model synth --preset 7b -o /tmp/x%s", "");
     expect(2, "unknown architecture 'gpt2'", "model synth --arch gpt2 -o /tmp/x%s", "");
     expect(2, "unknown dtype 'q4_0'", "model synth --dtype q4_0 -o /tmp/x%s", "");
@@ -261,9 +328,10 @@ static void test_specific_messages(void **state)
          "duplex bench gram: give one of --model FILE and --tokenizer FILE"},
         {"model synth --preset huge -o /tmp/x",
          "duplex model synth: --preset: unknown preset 'huge' (want "
-         "tiny|small|0.6b|qwen3-0.6b|llama3.2-1b)"},
+         "tiny|small|0.6b|qwen3-0.6b|llama3.2-1b|tiny-moe|qwen3-30b-a3b)"},
         {"model synth --arch gpt2 -o /tmp/x",
-         "duplex model synth: --arch: unknown architecture 'gpt2' (want qwen3|qwen2|llama)"},
+         "duplex model synth: --arch: unknown architecture 'gpt2' (want "
+         "qwen3|qwen2|llama|qwen3moe)"},
         {"model synth --dtype q4_0 -o /tmp/x",
          "duplex model synth: --dtype: unknown dtype 'q4_0' (want f32|f16|bf16|q8_0)"},
         {"model info", "duplex model info: a GGUF file (duplex model info FILE) is required"},
@@ -409,13 +477,10 @@ static void test_tokenize_bytes(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_user_path),
-        cmocka_unit_test(test_tokenize_bytes),
-        cmocka_unit_test(test_bad_flags),
-        cmocka_unit_test(test_flag_spelling),
-        cmocka_unit_test(test_specific_messages),
-        cmocka_unit_test(test_groups),
-        cmocka_unit_test(test_bad_files),
+        cmocka_unit_test(test_user_path),      cmocka_unit_test(test_moe_user_path),
+        cmocka_unit_test(test_tokenize_bytes), cmocka_unit_test(test_bad_flags),
+        cmocka_unit_test(test_flag_spelling),  cmocka_unit_test(test_specific_messages),
+        cmocka_unit_test(test_groups),         cmocka_unit_test(test_bad_files),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
