@@ -44,8 +44,8 @@ typedef struct {
     enum model_arch arch;
     const char
         *preset; /* tiny | small | 0.6b | qwen3-0.6b | llama3.2-1b | tiny-moe | qwen3-30b-a3b */
-    uint32_t n_layer;   /* layers instead of the preset's (0: the preset's) */
-    int dtype;          /* weight type of 2-D tensors: DX_F32 | DX_F16 | DX_BF16 | DX_Q8_0 */
+    uint32_t n_layer; /* layers instead of the preset's (0: the preset's) */
+    int dtype;        /* weight type of 2-D tensors: DX_F32 | DX_F16 | DX_BF16 | DX_Q8_0 */
     uint64_t seed;
     const char *tokenizer; /* a Hugging Face tokenizer.json (or its directory); NULL: synthetic */
     /* Llama 3 rope scaling instead of the preset's (NULL: the preset's);
