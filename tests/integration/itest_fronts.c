@@ -167,7 +167,7 @@ static long continue_status(int port, const char *key, const char *prev)
 
 static long get_status(int port, const char *key, const char *id)
 {
-    char path[256];
+    char path[512]; /* an id up to the 400 bytes test_shared_store sends */
     snprintf(path, sizeof path, "/v1/responses/%s", id);
     return req(port, path, NULL, key, NULL, NULL);
 }

@@ -18,6 +18,7 @@
 #include "base/dx_buf.h"
 #include "base/dx_err.h"
 #include "oai/oai_req.h"
+#include "oai/oai_rsp.h"
 #include "oai/oai_rsp_store.h"
 
 static const char k_conv[] = "[{\"role\":\"user\",\"content\":\"hi\"},"
