@@ -36,7 +36,7 @@
 
 static int bench_engine(int argc, char **argv)
 {
-    const char *path = NULL, *kv = "f16";
+    const char *path = NULL, *kv = ENGINE_DEFAULT_KV_DTYPE;
     long threads = 0, pp = BENCH_ENGINE_PROMPT_TOKENS, tg = BENCH_ENGINE_GEN_TOKENS, depth = 0;
     long reps = BENCH_ENGINE_DEFAULT_REPS;
     const cli_opt opts[] = {
@@ -49,7 +49,7 @@ static int bench_engine(int argc, char **argv)
         {"threads", CLI_INT, &threads, 0, 1024, "threads (default: cores)"},
         {"reps", CLI_INT, &reps, 1, 64,
          CLI_HELP_DEFAULT("repetitions; medians reported", BENCH_ENGINE_DEFAULT_REPS)},
-        {"kv-dtype", CLI_STR, &kv, 0, 0, "f16 | bf16 | f32"},
+        {"kv-dtype", CLI_STR, &kv, 0, 0, CLI_KV_DTYPE_HELP},
     };
     int rc = cli_parse("bench engine", ENGINE_USAGE, argc, argv, opts, DX_ARRAY_LEN(opts), NULL, 0,
                        NULL);
