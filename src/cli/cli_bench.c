@@ -34,11 +34,54 @@
     "[--reps " CLI_DEFAULT_INT(BENCH_TOK_DEFAULT_REPS) "]"
 /* clang-format on */
 
+/* One KV dtype's lines; `tag` names the dtype when several ran. */
+static void print_engine_kv(const bench_engine_result *r, const bench_engine_kv *k, long pp,
+                            long tg, long depth, long reps, const char *tag)
+{
+    if (pp)
+        printf("pp%ld @ d%ld: %8.1f tok/s  (min %.1f, max %.1f, %ld runs)  attention %2.0f%% of "
+               "the time: %.1f GFLOP/s, %.1f GB/s of KV%s\n",
+               pp, depth, k->pp.tok_s, k->pp.min, k->pp.max, reps, 100 * k->pp.attn_share,
+               k->pp.attn_gflop_s, k->pp.attn_gb_s, tag);
+    if (!tg) return;
+    printf("tg%ld @ d%ld: %8.1f tok/s  (min %.1f, max %.1f, %ld runs)  attention %2.0f%% of "
+           "the time: %.1f GFLOP/s, %.1f GB/s of KV%s\n",
+           tg, depth, k->tg.tok_s, k->tg.min, k->tg.max, reps, 100 * k->tg.attn_share,
+           k->tg.attn_gflop_s, k->tg.attn_gb_s, tag);
+    double limit = k->tg.bytes_per_tok > 0 ? r->mem_gb_s * 1e9 / k->tg.bytes_per_tok : 0;
+    printf("decode reads %.3f GB per token (weights + KV): %.1f GB/s; memory reads %.1f GB/s "
+           "on %d threads, a limit of %.1f tok/s (%.0f%% reached)%s\n",
+           k->tg.bytes_per_tok * 1e-9, k->tg.bytes_per_tok * k->tg.tok_s * 1e-9, r->mem_gb_s,
+           r->n_threads, limit, limit > 0 ? 100 * k->tg.tok_s / limit : 0.0, tag);
+}
+
+/* Each dtype after the first against the first: the speed-ups, and for
+ * decode the ideal one the bytes a token reads give (weights + KV). */
+static void print_engine_vs(const bench_engine_result *r, long pp, long tg)
+{
+    const bench_engine_kv *a = &r->kv[0];
+    for (int i = 1; i < r->n_kv; i++) {
+        const bench_engine_kv *b = &r->kv[i];
+        printf("%s KV vs %s KV:", dx_dtype_name(b->kv_type), dx_dtype_name(a->kv_type));
+        if (pp && a->pp.tok_s > 0) printf(" pp %.3fx", b->pp.tok_s / a->pp.tok_s);
+        if (tg && a->tg.tok_s > 0 && b->tg.bytes_per_tok > 0) {
+            double got = b->tg.tok_s / a->tg.tok_s,
+                   ideal = a->tg.bytes_per_tok / b->tg.bytes_per_tok;
+            printf("%s tg %.3fx; ideal by the bytes a token reads %.3fx: %.0f%% of it (%.0f%% of "
+                   "the gain)",
+                   pp ? "," : "", got, ideal, 100 * got / ideal,
+                   ideal > 1 ? 100 * (got - 1) / (ideal - 1) : 0.0);
+        }
+        printf("\n");
+    }
+}
+
 static int bench_engine(int argc, char **argv)
 {
     const char *path = NULL, *kv = ENGINE_DEFAULT_KV_DTYPE;
     long threads = 0, pp = BENCH_ENGINE_PROMPT_TOKENS, tg = BENCH_ENGINE_GEN_TOKENS, depth = 0;
     long reps = BENCH_ENGINE_DEFAULT_REPS;
+    int synthetic = 0;
     const cli_opt opts[] = {
         {"model", CLI_PATH, &path, 0, 0, "GGUF model file (required)"},
         {"prompt-tokens", CLI_INT, &pp, 0, 1 << 20,
@@ -46,24 +89,28 @@ static int bench_engine(int argc, char **argv)
         {"gen-tokens", CLI_INT, &tg, 0, 1 << 20,
          CLI_HELP_DEFAULT("decode tokens timed", BENCH_ENGINE_GEN_TOKENS)},
         {"depth", CLI_INT, &depth, 0, 1 << 20, "context before the timed tokens (default 0)"},
+        {"synthetic-depth", CLI_FLAG, &synthetic, 0, 0,
+         "write the depth's KV with random values instead of computing it (the timed steps "
+         "read and compute the same; a 16k depth in seconds)"},
         {"threads", CLI_INT, &threads, 0, 1024, "threads (default: cores)"},
         {"reps", CLI_INT, &reps, 1, 64,
          CLI_HELP_DEFAULT("repetitions; medians reported", BENCH_ENGINE_DEFAULT_REPS)},
-        {"kv-dtype", CLI_STR, &kv, 0, 0, CLI_KV_DTYPE_HELP},
+        {"kv-dtype", CLI_STR, &kv, 0, 0,
+         CLI_KV_DTYPE_HELP "; a comma list (f16,q8_0) runs each, interleaved, and compares"},
     };
     int rc = cli_parse("bench engine", ENGINE_USAGE, argc, argv, opts, DX_ARRAY_LEN(opts), NULL, 0,
                        NULL);
     if (rc) return rc == 1 ? 0 : rc;
-    int kvt;
     if (!path) return cli_required("bench engine", "--model FILE");
-    if (engine_parse_kv_dtype(kv, &kvt)) return cli_bad_value("bench engine", "--kv-dtype");
+    int types[BENCH_ENGINE_MAX_KV], n_kv;
+    if (bench_engine_parse_kv(kv, types, &n_kv)) return cli_bad_value("bench engine", "--kv-dtype");
     model *m;
     if (model_load(path, &m)) {
         fprintf(stderr, "duplex bench engine: %s\n", dx_errmsg());
         return 1;
     }
-    bench_engine_config cfg = {(int)threads,    (uint32_t)pp,   (uint32_t)tg,
-                               (uint32_t)depth, (uint32_t)reps, kv};
+    bench_engine_config cfg = {(int)threads,   (uint32_t)pp, (uint32_t)tg, (uint32_t)depth,
+                               (uint32_t)reps, kv,           synthetic};
     bench_engine_result r;
     if ((rc = bench_engine_run(&cfg, m, &r))) {
         fprintf(stderr, "duplex bench engine: %s\n", dx_errmsg());
@@ -71,24 +118,15 @@ static int bench_engine(int argc, char **argv)
         return 1;
     }
     const model_hparams *hp = model_hp(m);
-    printf("model %s (%s, %u layers, embd %u), kernels %s, threads %d, kv %s\n", model_name(m),
-           hp->arch_name, hp->n_layer, hp->n_embd, r.isa, r.n_threads, kv);
-    if (pp)
-        printf("pp%ld @ d%ld: %8.1f tok/s  (min %.1f, max %.1f, %ld runs)  attention %2.0f%% of "
-               "the time: %.1f GFLOP/s, %.1f GB/s of KV\n",
-               pp, depth, r.pp.tok_s, r.pp.min, r.pp.max, reps, 100 * r.pp.attn_share,
-               r.pp.attn_gflop_s, r.pp.attn_gb_s);
-    if (tg) {
-        printf("tg%ld @ d%ld: %8.1f tok/s  (min %.1f, max %.1f, %ld runs)  attention %2.0f%% of "
-               "the time: %.1f GFLOP/s, %.1f GB/s of KV\n",
-               tg, depth, r.tg.tok_s, r.tg.min, r.tg.max, reps, 100 * r.tg.attn_share,
-               r.tg.attn_gflop_s, r.tg.attn_gb_s);
-        double limit = r.tg.bytes_per_tok > 0 ? r.mem_gb_s * 1e9 / r.tg.bytes_per_tok : 0;
-        printf("decode reads %.3f GB per token (weights + KV): %.1f GB/s; memory reads %.1f GB/s "
-               "on %d threads, a limit of %.1f tok/s (%.0f%% reached)\n",
-               r.tg.bytes_per_tok * 1e-9, r.tg.bytes_per_tok * r.tg.tok_s * 1e-9, r.mem_gb_s,
-               r.n_threads, limit, limit > 0 ? 100 * r.tg.tok_s / limit : 0.0);
+    printf("model %s (%s, %u layers, embd %u), kernels %s, threads %d, kv %s%s\n", model_name(m),
+           hp->arch_name, hp->n_layer, hp->n_embd, r.isa, r.n_threads, kv,
+           synthetic ? " (depth synthetic)" : "");
+    for (int i = 0; i < r.n_kv; i++) {
+        char tag[32] = "";
+        if (r.n_kv > 1) snprintf(tag, sizeof tag, "  [kv %s]", dx_dtype_name(r.kv[i].kv_type));
+        print_engine_kv(&r, &r.kv[i], pp, tg, depth, reps, tag);
     }
+    print_engine_vs(&r, pp, tg);
     model_free(m);
     return 0;
 }
