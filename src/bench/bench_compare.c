@@ -186,6 +186,14 @@ static void scrape(const up_child *u, double sign, bench_kv *k)
                 sign * series(b.data, "duplex_kv_prompt_tokens_total{source=\"pulled\"}");
             k->tok_computed +=
                 sign * series(b.data, "duplex_kv_prompt_tokens_total{source=\"computed\"}");
+            k->pulls_p2d += sign * series(b.data, "duplex_kv_pulls_total{direction=\"p2d\"}");
+            k->pulls_d2p += sign * series(b.data, "duplex_kv_pulls_total{direction=\"d2p\"}");
+            k->blocks_p2d +=
+                sign * series(b.data, "duplex_kv_pull_blocks_total{direction=\"p2d\"}");
+            k->blocks_d2p +=
+                sign * series(b.data, "duplex_kv_pull_blocks_total{direction=\"d2p\"}");
+            k->revoked_lru +=
+                sign * series(b.data, "duplex_kv_lease_events_total{event=\"revoked_lru\"}");
         }
         curl_easy_cleanup(h);
         dx_buf_free(&b);

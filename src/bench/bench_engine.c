@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 #if defined(__AVX2__)
 #include <immintrin.h>
@@ -35,8 +36,15 @@ typedef struct {
     float *logits;
     double weight_bytes;
     fwd_stats sp, sg; /* summed over the runs */
-    double pp[64], tg[64];
+    double pp[64], tg[64], pp_cpu[64], tg_cpu[64];
 } bench_ctx;
+
+static uint64_t cpu_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
 
 static int prefill(bench_ctx *c, uint32_t from, uint32_t to)
 {
@@ -78,19 +86,21 @@ static int run_once(const bench_engine_config *cfg, bench_ctx *c, uint32_t r)
     fwd_stats st;
     int rc;
     fwd_reset_stats(c->f);
-    uint64_t t0 = dx_now_ns();
+    uint64_t t0 = dx_now_ns(), c0 = cpu_ns();
     if (P && (rc = prefill(c, D, D + P))) return rc;
     c->pp[r] = P ? P / ((double)(dx_now_ns() - t0) * 1e-9) : 0;
+    c->pp_cpu[r] = P ? P / ((double)(cpu_ns() - c0) * 1e-9) : 0;
     fwd_get_stats(c->f, &st);
     c->sp.step_ns += st.step_ns, c->sp.attn_ns += st.attn_ns;
     c->sp.attn_flop += st.attn_flop, c->sp.attn_bytes += st.attn_bytes;
     fwd_reset_stats(c->f);
-    t0 = dx_now_ns();
+    t0 = dx_now_ns(), c0 = cpu_ns();
     for (uint32_t i = 0; i < G; i++) {
         fwd_seq s = {c->blocks, D + i, 1, c->tokens + D + i, 1};
         if ((rc = fwd_step(c->f, &s, 1, c->logits))) return rc;
     }
     c->tg[r] = G ? G / ((double)(dx_now_ns() - t0) * 1e-9) : 0;
+    c->tg_cpu[r] = G ? G / ((double)(cpu_ns() - c0) * 1e-9) : 0;
     fwd_get_stats(c->f, &st);
     c->sg.step_ns += st.step_ns, c->sg.attn_ns += st.attn_ns;
     c->sg.attn_flop += st.attn_flop, c->sg.attn_bytes += st.attn_bytes, c->sg.steps += st.steps;
@@ -101,6 +111,9 @@ static void results(const bench_engine_config *cfg, bench_ctx *c, bench_engine_k
 {
     summarize(c->pp, cfg->reps, &out->pp.tok_s, &out->pp.min, &out->pp.max);
     summarize(c->tg, cfg->reps, &out->tg.tok_s, &out->tg.min, &out->tg.max);
+    double lo, hi;
+    summarize(c->pp_cpu, cfg->reps, &out->pp.cpu_tok_s, &lo, &hi);
+    summarize(c->tg_cpu, cfg->reps, &out->tg.cpu_tok_s, &lo, &hi);
     phase_stats(&c->sp, &out->pp);
     phase_stats(&c->sg, &out->tg);
     if (c->sg.steps)

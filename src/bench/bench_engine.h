@@ -35,6 +35,11 @@ typedef struct {
 /* One phase (prefill or decode) over all runs. */
 typedef struct {
     double tok_s, min, max;   /* median and range over the runs */
+    /* median tokens per second of this process's CPU time: on a shared
+     * machine, where other work takes the CPUs away for part of a run, this
+     * still says what a token costs (with one thread exactly; with more it
+     * also counts the pool's spinning while it waits for a descheduled peer) */
+    double cpu_tok_s;
     double attn_share;        /* of the forward pass's time */
     double attn_gflop_s;      /* attention FLOPs / attention time */
     double attn_gb_s;         /* KV bytes (each key once per layer) / attention time */
