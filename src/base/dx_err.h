@@ -38,7 +38,8 @@
     X(TOOBIG, -19, "too large")                                                                    \
     X(AUTH, -20, "authentication failed")                                                          \
     X(DENIED, -21, "not allowed")                                                                  \
-    X(AGAIN, -22, "try again / partial result")
+    X(AGAIN, -22, "try again / partial result")                                                    \
+    X(LAYOUT, -23, "KV layout differs (KV dtype or block size)")
 
 enum {
     DX_OK = 0,

@@ -27,6 +27,9 @@ typedef struct {
     int has; /* 0: not measured (an endpoint that is not duplex) */
     double bytes_p2d, bytes_d2p;
     double tok_local, tok_pulled, tok_computed;
+    double pulls_p2d, pulls_d2p;   /* pulls tried, by direction */
+    double blocks_p2d, blocks_d2p; /* blocks pulled */
+    double revoked_lru;            /* retained conversations revoked to make room */
 } bench_kv;
 
 typedef struct {

@@ -49,6 +49,11 @@ enum cli_opt_type {
 #define CLI_DEFAULT_PORT               8000
 #define CLI_DEFAULT_URL                "http://127.0.0.1:" CLI_DEFAULT_INT(CLI_DEFAULT_PORT)
 #define CLI_LOCAL_PREFILL_MAX_TOKENS   256
+/* --kv-dtype's help in serve, up, generate and bench engine (expanded where
+ * engine/engine.h is included: its names and default are the engine's). */
+#define CLI_KV_DTYPE_HELP                                                                          \
+    "KV cache dtype " ENGINE_KV_DTYPES " (default " ENGINE_DEFAULT_KV_DTYPE                        \
+    "; q8_0: 0.53x the bytes, every node of a cluster the same)"
 
 typedef struct {
     const char *v[CLI_LIST_MAX];

@@ -16,6 +16,7 @@
 #include "base/dx_alloc.h"
 #include "base/dx_err.h"
 #include "bench/bench_compare.h"
+#include "engine/engine.h"
 #include "bench/bench_fake.h"
 #include "bench/bench_report.h"
 #include "bench/bench_run.h"
@@ -282,19 +283,25 @@ static int bench_run_main(int argc, char **argv)
     return rc ? fail("run", g_stop ? 130 : 1) : 0;
 }
 
-static int compare_one(wflags *f, bench_workload *w, bench_text *t, const char *modes,
-                       const char *model, long kv_mb, long threads, const char *dir, FILE *sweep,
-                       uint32_t prefix)
+/* bench compare's flags of its own (the workload's are in wflags). */
+typedef struct {
+    const char *modes, *model, *kv_dtype;
+    long kv_mb, threads;
+} cflags;
+
+static int compare_one(wflags *f, bench_workload *w, bench_text *t, const cflags *cf,
+                       const char *dir, FILE *sweep, uint32_t prefix)
 {
     char self[4096];
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
     if (n <= 0) return dx_errf(DX_EIO, "cannot find this binary (/proc/self/exe)");
     self[n] = 0;
     bench_compare_config c = {.exe = self,
-                              .model = model,
-                              .modes = modes,
-                              .kv_cache_mb = kv_mb,
-                              .threads_per_node = (int)threads,
+                              .model = cf->model,
+                              .modes = cf->modes,
+                              .kv_cache_mb = cf->kv_mb,
+                              .kv_dtype = cf->kv_dtype,
+                              .threads_per_node = (int)cf->threads,
                               .w = w,
                               .text = t,
                               .tokenizer = f->tokenizer,
@@ -309,9 +316,10 @@ static int compare_one(wflags *f, bench_workload *w, bench_text *t, const char *
 
 /* --prefix-sweep A,B,...: one comparison per prefix length, under DIR/prefix-N,
  * and DIR/sweep.md with the last turn's TTFT by mode. */
-static int compare_sweep(wflags *f, bench_workload *w, bench_text *t, const char *modes,
-                         const char *model, long kv_mb, long threads, const char *sweep)
+static int compare_sweep(wflags *f, bench_workload *w, bench_text *t, const cflags *cf,
+                         const char *sweep)
 {
+    const char *modes = cf->modes;
     if (mkdir(f->out, 0755) && errno != EEXIST)
         return dx_errf(DX_EIO, "--out %s: %s", f->out, strerror(errno));
     FILE *sm;
@@ -339,7 +347,7 @@ static int compare_sweep(wflags *f, bench_workload *w, bench_text *t, const char
         char dir[700];
         snprintf(dir, sizeof dir, "%s/prefix-%u", f->out, scaled);
         printf("\n== prefix %u tokens\n", scaled);
-        rc = compare_one(f, w, t, modes, model, kv_mb, threads, dir, sm, scaled);
+        rc = compare_one(f, w, t, cf, dir, sm, scaled);
         p = *end ? end + 1 : end;
     }
     fclose(sm);
@@ -350,13 +358,18 @@ static int bench_compare_main(int argc, char **argv)
 {
     wflags f = {.out = WORK_OUT, .timeout = BENCH_RUN_DEFAULT_TIMEOUT_S};
     const char *modes = "uni-nocache,uni,bidi,colocated", *model = NULL, *sweep = NULL;
+    const char *kv_dtype = NULL;
     long kv_mb = 0, threads = 0, rounds = COMPARE_ROUNDS;
     bench_workload w;
     if (workload_defaults(argc, argv, &f, &w)) return fail("compare", 2);
     const cli_opt opts[] = {
         {"model", CLI_PATH, &model, 0, 0, "GGUF model (default: " DEFAULT_MODEL ", made once)"},
         {"modes", CLI_STR, &modes, 0, 0,
-         "uni-nocache,uni,bidi,bidi-rt,colocated (default: all but bidi-rt)"},
+         "uni-nocache,uni,bidi,bidi-rt,colocated (default: all but bidi-rt); MODE@DTYPE: that "
+         "KV dtype (bidi-rt,bidi-rt@q8_0)"},
+        {"kv-dtype", CLI_STR, &kv_dtype, 0, 0,
+         "every node's KV dtype unless a mode says (default: serve's, " ENGINE_DEFAULT_KV_DTYPE
+         ")"},
         {"out", CLI_PATH, &f.out, 0, 0, "directory for the reports (default " WORK_OUT ")"},
         {"kv-cache-mb", CLI_INT, &kv_mb, 1, 1 << 22, "KV pool per node (default: serve's)"},
         {"threads-per-node", CLI_INT, &threads, 0, 1024,
@@ -369,6 +382,9 @@ static int bench_compare_main(int argc, char **argv)
     int rc = cli_parse("bench compare", "[--preset quick|paper] [--modes LIST] [--out DIR] [...]",
                        argc, argv, opts, DX_ARRAY_LEN(opts), NULL, 0, NULL);
     if (rc) return rc == 1 ? 0 : rc;
+    int kvt;
+    if (kv_dtype && engine_parse_kv_dtype(kv_dtype, &kvt))
+        return cli_bad_value("bench compare", "--kv-dtype");
     if (workload_from(&f, &w) || bench_compare_check_modes(modes)) return fail("compare", 2);
     w.rounds = (uint32_t)rounds;
     if (!threads) threads = sysconf(_SC_NPROCESSORS_ONLN); /* one node computes at a time */
@@ -386,8 +402,8 @@ static int bench_compare_main(int argc, char **argv)
            w.preset ? w.preset : "", w.scale, modes, rounds > 1 ? ", " : "",
            rounds > 1 ? rounds : 0, rounds > 1 ? " interleaved rounds" : "");
     fflush(stdout);
-    rc = sweep ? compare_sweep(&f, &w, t, modes, model, kv_mb, threads, sweep)
-               : compare_one(&f, &w, t, modes, model, kv_mb, threads, f.out, NULL, 0);
+    cflags cf = {modes, model, kv_dtype, kv_mb, threads};
+    rc = sweep ? compare_sweep(&f, &w, t, &cf, sweep) : compare_one(&f, &w, t, &cf, f.out, NULL, 0);
     bench_text_destroy(t);
     if (rc) return fail("compare", g_stop ? 130 : 1);
     if (sweep)

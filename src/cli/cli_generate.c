@@ -70,7 +70,7 @@ static int encode_prompt(const model *m, const char *prompt, const char *chat, t
 
 int cli_generate_main(int argc, char **argv)
 {
-    const char *path = NULL, *prompt = NULL, *chat = NULL, *stop = NULL, *kv_type = "f16";
+    const char *path = NULL, *prompt = NULL, *chat = NULL, *stop = NULL, *kv_type = ENGINE_DEFAULT_KV_DTYPE;
     const char *tmpl = NULL;
     long n_gen = GENERATE_DEFAULT_TOKENS, threads = 0, kv_mb = GENERATE_DEFAULT_KV_CACHE_MB;
     long top_k = 0, batch = ENGINE_DEFAULT_MAX_BATCH_TOKENS, kv_blocks = 0;
@@ -93,7 +93,7 @@ int cli_generate_main(int argc, char **argv)
         {"threads", CLI_INT, &threads, 0, 1024, "threads (default: cores)"},
         {"kv-cache-mb", CLI_INT, &kv_mb, 1, 1 << 20, CLI_HELP_DEFAULT("KV pool size", GENERATE_DEFAULT_KV_CACHE_MB)},
         {"kv-blocks", CLI_INT, &kv_blocks, 0, 1 << 30, "KV pool size in blocks (overrides MB)"},
-        {"kv-dtype", CLI_STR, &kv_type, 0, 0, "f16 | bf16 | f32 (default f16)"},
+        {"kv-dtype", CLI_STR, &kv_type, 0, 0, CLI_KV_DTYPE_HELP},
         {"chat-template", CLI_PATH, &tmpl, 0, 0, "a Jinja chat template file for --chat"},
         {"max-batch-tokens", CLI_INT, &batch, 1, 1 << 16, CLI_HELP_DEFAULT("prefill chunk", ENGINE_DEFAULT_MAX_BATCH_TOKENS)},
     };

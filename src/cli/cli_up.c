@@ -17,6 +17,7 @@
 #include "base/dx_dtype.h"
 #include "base/dx_err.h"
 #include "base/dx_log.h"
+#include "engine/engine.h"
 #include "model/synth.h"
 #include "up/router_launch.h"
 
@@ -60,6 +61,7 @@ static int self_exe(char *out, size_t cap)
 int cli_up_main(int argc, char **argv)
 {
     const char *model = NULL, *mode = "bidirectional", *level = "info";
+    const char *kv_dtype = ENGINE_DEFAULT_KV_DTYPE;
     long n_prefill = -1, n_decode = UP_DEFAULT_NODES, port = CLI_DEFAULT_PORT, threads = 0;
     long kv_mb = 0, local_max = -1;
     int no_prefix = 0;
@@ -77,6 +79,7 @@ int cli_up_main(int argc, char **argv)
         {"threads-per-node", CLI_INT, &threads, 0, 1024,
          "engine threads per node (default: shared)"},
         {"kv-cache-mb", CLI_INT, &kv_mb, 1, 1 << 22, "KV pool per node (default: serve's)"},
+        {"kv-dtype", CLI_STR, &kv_dtype, 0, 0, CLI_KV_DTYPE_HELP},
         {"prefill-no-prefix-caching", CLI_FLAG, &no_prefix, 0, 0,
          "prefill nodes recompute everything (benchmarks)"},
         {"local-prefill-max-tokens", CLI_INT, &local_max, 0, 1 << 30,
@@ -100,6 +103,8 @@ int cli_up_main(int argc, char **argv)
     enum dx_log_level lvl;
     if (router_launch_parse_mode(mode, &c.mode) < 0) return cli_bad_value("up", "--mode");
     if (dx_log_parse_level(level, &lvl) < 0) return cli_bad_value("up", "--log-level");
+    int kvt;
+    if (engine_parse_kv_dtype(kv_dtype, &kvt)) return cli_bad_value("up", "--kv-dtype");
     if (c.mode == LAUNCH_COLOCATED && n_prefill > 0) {
         fprintf(stderr, "duplex up: --prefill %ld: colocated mode has no prefill nodes\n",
                 n_prefill);
@@ -129,6 +134,7 @@ int cli_up_main(int argc, char **argv)
     c.model = model ? model : DEFAULT_MODEL;
     c.threads_per_node = threads ? (int)threads : cores / nodes > 1 ? (int)(cores / nodes) : 1;
     c.kv_cache_mb = kv_mb;
+    c.kv_dtype = kv_dtype; /* always given: every node the same, whatever serve's default */
     c.prefill_no_prefix_caching = no_prefix;
     c.has_local_prefill = local_max >= 0;
     c.local_prefill_max_tokens = local_max;

@@ -152,8 +152,11 @@ static void *engine_main(void *arg)
 int engine_parse_kv_dtype(const char *name, int *out)
 {
     enum dx_dtype t = DX_F16;
-    if (name && (dx_dtype_parse(name, &t) || t == DX_Q8_0))
-        return dx_errf(DX_EINVAL, "KV cache dtype '%s' is not supported (f16|bf16|f32)", name);
+    if (!name) name = ENGINE_DEFAULT_KV_DTYPE;
+    /* the weight dtypes may grow; the KV cache takes these four */
+    if (dx_dtype_parse(name, &t) || (t != DX_F16 && t != DX_BF16 && t != DX_F32 && t != DX_Q8_0))
+        return dx_errf(DX_EINVAL, "KV cache dtype '%s' is not supported (" ENGINE_KV_DTYPES ")",
+                       name);
     *out = (int)t;
     return 0;
 }

@@ -31,13 +31,18 @@
 #define ENGINE_DEFAULT_MAX_SEQS         64
 #define ENGINE_DEFAULT_MAX_WAITING      256
 #define ENGINE_DEFAULT_MAX_CTX          32768 /* n_ctx: the model's, at most this */
+/* The KV cache's dtype unless engine_config.kv_dtype says, and the names it
+ * takes: q8_0 holds a token's KV in 0.53 of f16's bytes (kern.h, docs/pd.md
+ * "Sizing"); f16 stays the default, see the README's accuracy figures. */
+#define ENGINE_DEFAULT_KV_DTYPE "f16"
+#define ENGINE_KV_DTYPES        "f16|bf16|f32|q8_0"
 
 typedef struct {
     int n_threads;             /* default: number of cores */
     size_t kv_cache_mb;        /* KV pool size (0: ENGINE_DEFAULT_KV_CACHE_MB) */
     uint32_t kv_blocks;        /* overrides kv_cache_mb when non-zero */
     uint32_t block_size;       /* tokens per block, default 16 */
-    const char *kv_dtype;      /* "f16" (default, NULL) | "bf16" | "f32" */
+    const char *kv_dtype;      /* ENGINE_KV_DTYPES (NULL: ENGINE_DEFAULT_KV_DTYPE) */
     uint32_t max_batch_tokens; /* tokens per forward step (0: ENGINE_DEFAULT_MAX_BATCH_TOKENS) */
     uint32_t max_seqs;         /* running sequences (0: ENGINE_DEFAULT_MAX_SEQS) */
     /* Requests waiting to run (not running) at most; the newest past it end
@@ -206,7 +211,9 @@ typedef struct {
 
 typedef struct engine engine;
 
-/* "f16" | "bf16" | "f32" (NULL = f16) to an enum dx_dtype; DX_EINVAL otherwise. */
+/* One of ENGINE_KV_DTYPES (NULL: ENGINE_DEFAULT_KV_DTYPE) to an enum
+ * dx_dtype; DX_EINVAL otherwise.  A q8_0 cache needs head_dim % 32 == 0
+ * (engine_create says so otherwise). */
 int engine_parse_kv_dtype(const char *name, int *out);
 
 int engine_create(const engine_config *cfg, const model *m, engine **out);

@@ -196,6 +196,8 @@ static void store_k_transposed(float *src, uint8_t *dst, int dtype, size_t n, si
     for (size_t d = 0; d < n; d++) memcpy(dst + d * bs * es, row + d * es, es);
 }
 
+static kern_attn_layout attn_layout(const fwd *f, uint32_t l);
+
 /* Biases, q/k norm, RoPE, then K/V into the sequence's KV block. */
 static void qkv_post_tok(fwd *f, uint32_t l, size_t t)
 {
@@ -223,6 +225,13 @@ static void qkv_post_tok(fwd *f, uint32_t l, size_t t)
     int32_t blk = f->cur[f->tok_seq[t]].blocks[pos / bs];
     uint8_t *base = kv_pool_block_ptr(f->pool, blk);
     size_t koff = kv_pool_k_offset(f->pool, l), voff = kv_pool_v_offset(f->pool, l);
+    if (dtype == DX_Q8_0) { /* quantised once, here, from this token's rows alone */
+        kern_attn_layout L = attn_layout(f, l);
+        for (uint32_t h = 0; h < hp->n_kv_head; h++)
+            kern_attn_store_q8(&L, base + koff, base + voff, (int)h, (int)(pos % bs), k + h * D,
+                               v + h * D);
+        return;
+    }
     for (uint32_t h = 0; h < hp->n_kv_head; h++) {
         size_t krow = ((size_t)h * D * bs + pos % bs) * es, vrow = ((size_t)h * bs + pos % bs) * D * es;
         store_k_transposed(k + h * D, base + koff + krow, dtype, D, bs);
@@ -350,9 +359,10 @@ static void attn_count(fwd *f, const fwd_seq *seqs, size_t n_seqs)
         keys += n * p0 + n * (n + 1) / 2;
         ctx += p0 + n;
     }
-    double es = (double)dx_dtype_block_bytes(kv_pool_dtype(f->pool));
+    /* bytes a key's head takes (q8_0: quants and scales) */
+    double es = (double)kern_attn_head_bytes(kv_pool_dtype(f->pool), 1, hp->head_dim);
     f->stats.attn_flop += keys * 4.0 * hp->head_dim * hp->n_head * hp->n_layer;
-    f->stats.attn_bytes += ctx * 2.0 * hp->head_dim * hp->n_kv_head * es * hp->n_layer;
+    f->stats.attn_bytes += ctx * 2.0 * hp->n_kv_head * es * hp->n_layer;
 }
 
 static void attention(fwd *f, uint32_t l, size_t n_seqs)
@@ -546,8 +556,8 @@ int fwd_create(const model *m, kv_pool *pool, dx_tpool *tp, uint32_t max_tokens,
     *out = NULL;
     const model_hparams *hp = model_hp(m);
     if (kv_pool_block_bytes(pool) !=
-        (size_t)hp->n_layer * 2 * hp->n_kv_head * kv_pool_block_size(pool) * hp->head_dim *
-            dx_dtype_block_bytes(kv_pool_dtype(pool)))
+        (size_t)hp->n_layer * 2 * hp->n_kv_head *
+            kern_attn_head_bytes(kv_pool_dtype(pool), kv_pool_block_size(pool), hp->head_dim))
         return dx_errf(DX_EINVAL, "KV pool layout does not match the model");
     if (!max_tokens || !max_seqs || !n_ctx || max_seqs > 4096)
         return dx_errf(DX_EINVAL, "bad forward sizes (tokens %u, sequences %u, context %u)",

@@ -73,7 +73,10 @@ const char *node_kv_engine_id(const node_kv *k);
 const char *node_kv_host(const node_kv *k);
 int node_kv_port(const node_kv *k); /* the bound port, once started */
 kv_pool *node_kv_pool(const node_kv *k);
-/* The model's fingerprint (set by node_kv_start), as 16 bytes. */
+/* What makes this node's outputs (set by node_kv_start), as 16 bytes: the
+ * model's fingerprint mixed with the KV cache's dtype (a q8_0 cache rounds
+ * differently from an f16 one, so a first token computed with one is not
+ * the other's).  What first_token_model carries. */
 const xfer_token *node_kv_model(const node_kv *k);
 double node_kv_lease_ttl(const node_kv *k, int retain);
 
@@ -89,13 +92,14 @@ enum node_kv_fallback {
     NODE_KV_PARTIAL,     /* the holder's hashes matched only a prefix */
     NODE_KV_NO_SPACE,    /* no local blocks to pull into */
     NODE_KV_UNREACHABLE, /* connect or name lookup failed */
-    NODE_KV_REFUSED,     /* HELLO refused (other model or layout) */
+    NODE_KV_REFUSED,     /* HELLO refused (another model) */
     NODE_KV_GONE,        /* lease unknown, expired or revoked */
     NODE_KV_MISMATCH,    /* the first block's hash differs */
     NODE_KV_TIMEOUT,
     NODE_KV_TRANSFER,    /* the read failed, or the pin lapsed */
     NODE_KV_AUTH,        /* the holder and this node do not share the KV secret */
     NODE_KV_NOT_ALLOWED, /* the holder's address is not a known peer (--kv-peers) */
+    NODE_KV_LAYOUT,      /* HELLO refused: the same model with another KV dtype or block size */
     NODE_KV_ERROR,       /* anything else */
     NODE_KV_N_FALLBACKS
 };

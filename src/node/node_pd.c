@@ -8,6 +8,7 @@
 
 #include "base/dx_alloc.h"
 #include "base/dx_clock.h"
+#include "base/dx_dtype.h"
 #include "base/dx_err.h"
 #include "base/dx_log.h"
 
@@ -437,6 +438,32 @@ static void write_fallbacks(dx_buf *b, const node_pd_stats *st)
     prom_write_value(b, name, "reason=\"hold_failed\"", (double)st->hold_failed);
 }
 
+/* What retention holds (docs/pd.md, "Sizing"): one retention lease per
+ * conversation; its blocks' tokens and bytes (a block two conversations
+ * share, a common system prompt, counts for each), and the pool's layout
+ * that turns tokens into bytes. */
+static void write_retained(dx_buf *b, node_kv *k, const xfer_leases_stats *ls)
+{
+    kv_pool *pool = node_kv_pool(k);
+    double blocks = (double)ls->retained_blocks;
+    prom_write_gauge(b, "duplex_kv_retained_conversations",
+                     "Conversations whose KV this node retains (retention leases)", ls->retained);
+    prom_write_gauge(b, "duplex_kv_retained_tokens", "Tokens of KV the retention leases hold",
+                     blocks * kv_pool_block_size(pool));
+    prom_write_gauge(b, "duplex_kv_retained_bytes", "Bytes of KV the retention leases hold",
+                     blocks * (double)kv_pool_block_bytes(pool));
+    prom_write_gauge(b, "duplex_kv_block_bytes",
+                     "Bytes of one KV block (all layers' K and V of block_size tokens)",
+                     (double)kv_pool_block_bytes(pool));
+    char l[64];
+    snprintf(l, sizeof l, "dtype=\"%s\",block_size=\"%u\"", dx_dtype_name(kv_pool_dtype(pool)),
+             kv_pool_block_size(pool));
+    prom_write_header(
+        b, "duplex_kv_cache_info", "gauge",
+        "The KV cache's layout (1): what two nodes must share to pull each other's KV");
+    prom_write_value(b, "duplex_kv_cache_info", l, 1);
+}
+
 static void write_leases(dx_buf *b, node_kv *k, const node_pd_stats *st)
 {
     node_kv_stats ks;
@@ -445,6 +472,7 @@ static void write_leases(dx_buf *b, node_kv *k, const node_pd_stats *st)
     prom_write_gauge(b, "duplex_kv_leased_blocks", "Block references the live leases hold",
                      (double)ks.leases.blocks);
     prom_write_gauge(b, "duplex_kv_pins", "Live pins (reads in progress)", ks.leases.pins);
+    write_retained(b, k, &ks.leases);
     const char *name = "duplex_kv_lease_events_total";
     prom_write_header(b, name, "counter", "Lease lifecycle events");
     prom_write_value(b, name, "event=\"issued\"", (double)ks.leases.created);

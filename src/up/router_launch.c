@@ -147,6 +147,10 @@ void router_launch_node_argv(const router_launch_config *c, int prefill, router_
         arg(a, "--kv-cache-mb");
         arg_num(a, c->kv_cache_mb);
     }
+    if (c->kv_dtype) {
+        arg(a, "--kv-dtype");
+        arg(a, c->kv_dtype);
+    }
     if (c->debug_children) {
         arg(a, "--log-level");
         arg(a, "debug");

@@ -51,6 +51,7 @@ typedef struct {
     int port;                      /* the router's; 0 = a free one */
     int threads_per_node;          /* 0: the cores shared out */
     long kv_cache_mb;              /* per node; 0 = serve's default */
+    const char *kv_dtype;          /* every node's --kv-dtype (NULL: serve's): one KV layout */
     int prefill_no_prefix_caching; /* benchmarks: prefill nodes recompute everything */
     int has_local_prefill;         /* pass local_prefill_max_tokens to the router */
     long local_prefill_max_tokens;

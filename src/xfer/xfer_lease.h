@@ -47,6 +47,11 @@ typedef struct {
     uint64_t created, expired, revoked, pins_made, pins_timed_out, gone, mismatches;
     uint64_t revoked_lru; /* xfer_leases_revoke_lru: memory pressure */
     uint64_t superseded;  /* xfer_leases_supersede: a newer lease contains them */
+    /* Live XFER_LEASE_RENEW_ON_READ leases (a decode node's retention: one
+     * per conversation, each turn superseding the last) and the block
+     * references they hold. */
+    uint32_t retained;
+    uint64_t retained_blocks;
 } xfer_leases_stats;
 
 typedef struct xfer_leases xfer_leases;

@@ -200,7 +200,8 @@ static void test_bad_flags(void **state)
     expect(2, "duplex generate: --model FILE is required", "generate --prompt hi%s", "");
     expect(2, "--port needs a value", "serve --model /tmp/x --port%s", "");
     expect(2, "--port 70000 is out of range", "serve --model /tmp/x --port 70000%s", "");
-    expect(2, "KV cache dtype 'q8_0' is not supported", "serve --model /tmp/x --kv-dtype q8_0%s", "");
+    expect(2, "KV cache dtype 'q4_0' is not supported", "serve --model /tmp/x --kv-dtype q4_0%s", "");
+    expect(2, "KV cache dtype 'f8' is not supported", "up --kv-dtype f8%s", "");
     expect(2, "--role wants prefill|decode|both, got 'leader'", "serve --model /tmp/x --role leader%s",
            "");
     expect(2, "contradict", "serve --model /tmp/x --enable-prefix-caching "
@@ -318,10 +319,10 @@ static void test_specific_messages(void **state)
 {
     (void)state;
     static const msg_case cases[] = {
-        {"generate --model /tmp/x --prompt hi --kv-dtype q8_0",
-         "duplex generate: --kv-dtype: KV cache dtype 'q8_0' is not supported (f16|bf16|f32)"},
+        {"generate --model /tmp/x --prompt hi --kv-dtype q4_0",
+         "duplex generate: --kv-dtype: KV cache dtype 'q4_0' is not supported (f16|bf16|f32|q8_0)"},
         {"bench engine --model /tmp/x --kv-dtype q4",
-         "duplex bench engine: --kv-dtype: KV cache dtype 'q4' is not supported (f16|bf16|f32)"},
+         "duplex bench engine: --kv-dtype: KV cache dtype 'q4' is not supported (f16|bf16|f32|q8_0)"},
         {"bench engine", "duplex bench engine: --model FILE is required"},
         {"bench gram", "duplex bench gram: give one of --model FILE and --tokenizer FILE"},
         {"bench gram --model /tmp/x --tokenizer /tmp/y",
@@ -386,7 +387,7 @@ static void test_groups(void **state)
         {"model", {"synth", "info"}, "synth|info"},
         {"bench",
          {"engine", "xfer", "run", "compare", "chat", "report"},
-         "engine|tok|gram|xfer|run|compare|chat|report"},
+         "engine|kld|tok|gram|xfer|run|compare|chat|report"},
         {"kv", {"hold", "pull", "bench"}, "hold|pull|bench"},
     };
     /* every way to ask, and the bare group (stderr only) */

@@ -1179,7 +1179,7 @@ static void test_engine_thread(void **state)
     engine_config ec = {.n_threads = 2, .kv_blocks = 64, .max_seqs = 4, .max_waiting = 2};
     engine *e;
     engine_config bad_kv = ec;
-    bad_kv.kv_dtype = "q8_0";
+    bad_kv.kv_dtype = "q4_0";
     assert_int_equal(engine_create(&bad_kv, g_m, &e), DX_EINVAL);
     assert_int_equal(engine_create(&ec, g_m, &e), 0);
     assert_int_equal(kv_pool_dtype(engine_kv_pool(e)), DX_F16); /* the default */
