@@ -116,10 +116,37 @@ static int chol_solve(double *A, double *b, size_t n)
     return 0;
 }
 
+/* The size of a prediction at the features' scales, by the prior: the
+ * unit the pull toward a zero prior is measured in. */
+static double prior_size(const dx_rfit *f)
+{
+    double y = 0;
+    for (size_t j = 0; j < f->k; j++)
+        if (f->scale[j] > 0) y += fabs(f->prior[j]) * f->scale[j];
+    return y > 0 ? y : 1.0;
+}
+
+/* The prior's weight on coefficient j, in the solver's units (θ·unit):
+ * the coefficient's distance from its prior relative to the prior, so a
+ * prior that is too high (a slow machine assumed) weighs little against
+ * the data and one too low (a fast one) weighs more; a zero prior is
+ * measured against the prediction's size instead. */
+static double prior_weight(const dx_rfit *f, size_t j)
+{
+    if (!(f->scale[j] > 0)) return 0;
+    double u = unit_of(f, j), p = fabs(f->prior[j]) * u;
+    if (p > 0) return f->strength / (p * p);
+    double y = prior_size(f);
+    return f->strength / (y * y);
+}
+
 /* One weighted ridge fit over the features not pinned (pinned ones are 0):
- * minimises Σ w_i (y_i − x_i·θ)² + strength Σ_j ((θ_j − prior_j)·unit_j)²
- * in the features' units.  theta is left alone where the system is
- * singular (no samples and no prior weight). */
+ * minimises Σ w_i ((y_i − x_i·θ) / y_i)² + strength Σ_j ((θ_j − prior_j) /
+ * prior_j)² in the features' units (prior_weight).  Errors are
+ * relative because timing noise is: a step ten times longer varies ten
+ * times more, and the short steps are the ones that tell a fixed cost.
+ * theta is left alone where the system is singular (no samples and no
+ * prior weight). */
 static void fit_once(const dx_rfit *f, const double *w, const int *pinned, double *theta)
 {
     size_t k = f->k, idx[DX_RFIT_MAX_K], m = 0;
@@ -128,16 +155,18 @@ static void fit_once(const dx_rfit *f, const double *w, const int *pinned, doubl
     double A[DX_RFIT_MAX_K * DX_RFIT_MAX_K] = {0}, b[DX_RFIT_MAX_K] = {0};
     for (size_t i = 0; i < f->n; i++) {
         const double *s = f->ring + i * (k + 1);
+        if (!(s[k] > 0)) continue;
+        double wi = w[i] / (s[k] * s[k]);
         for (size_t a = 0; a < m; a++) {
             double xa = s[idx[a]] / unit_of(f, idx[a]);
-            b[a] += w[i] * xa * s[k];
+            b[a] += wi * xa * s[k];
             for (size_t c = 0; c <= a; c++)
-                A[a * m + c] += w[i] * xa * s[idx[c]] / unit_of(f, idx[c]);
+                A[a * m + c] += wi * xa * s[idx[c]] / unit_of(f, idx[c]);
         }
     }
     for (size_t a = 0; a < m; a++) {
         size_t j = idx[a];
-        double lam = f->scale[j] > 0 ? f->strength : 0;
+        double lam = prior_weight(f, j);
         A[a * m + a] += lam + 1e-12 * (A[a * m + a] + 1e-12);
         b[a] += lam * f->prior[j] * unit_of(f, j);
         for (size_t c = 0; c < a; c++) A[c * m + a] = A[a * m + c];
@@ -196,21 +225,19 @@ void dx_rfit_solve(const dx_rfit *f, double *theta)
     for (size_t i = 0; i < n; i++) w[i] = 1;
     fit_nonneg(f, w, theta);
     for (int it = 0; it < HUBER_ITERS + TUKEY_ITERS && n >= 3; it++) {
-        double ymag = 0, sum_w = 0;
-        for (size_t i = 0; i < n; i++) {
+        double sum_w = 0;
+        for (size_t i = 0; i < n; i++) { /* relative residuals, as the fit counts them */
             const double *s = f->ring + i * (k + 1);
-            r[i] = fabs(s[k] - dx_rfit_eval(k, theta, s));
-            ymag += fabs(s[k]);
+            r[i] = s[k] > 0 ? fabs(s[k] - dx_rfit_eval(k, theta, s)) / s[k] : 0;
         }
         if (it < HUBER_ITERS) { /* the bisquare keeps the last Huber scale */
             memcpy(res, r, n * sizeof *r);
-            /* a floor of 1% of the figures: timings are never more exact
-             * than that, and samples the fit meets exactly must not make
-             * every other one an outlier */
+            /* a floor of 1%: timings are never more exact than that, and
+             * samples the fit meets exactly must not make every other one
+             * an outlier */
             sigma = 1.4826 * median(res, n);
-            if (sigma < 0.01 * ymag / (double)n) sigma = 0.01 * ymag / (double)n;
+            if (sigma < 0.01) sigma = 0.01;
         }
-        if (!(sigma > 0)) break;
         for (size_t i = 0; i < n; i++) {
             double u = r[i] / (TUKEY_C * sigma);
             if (it < HUBER_ITERS)

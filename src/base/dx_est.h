@@ -9,11 +9,15 @@
  *             before it moves the mean.
  *   dx_rfit   a robust linear fit y ≈ x·θ of k ≤ DX_RFIT_MAX_K features over
  *             the last `cap` samples (a ring the caller owns), pulled toward
- *             prior coefficients (ridge), Huber-weighted (a sample far from
- *             the rest counts less), every coefficient ≥ 0 (costs are not
- *             negative).  With no samples the fit is the prior; each sample
- *             moves it toward the data, and after a few dozen the prior is
- *             noise.
+ *             prior coefficients (ridge), errors counted relative to y
+ *             (timing noise is proportional: the short samples are the ones
+ *             that tell a fixed cost), Huber- then bisquare-weighted (a
+ *             sample far from the rest counts less, then not at all), every
+ *             coefficient ≥ 0 (costs are not negative).  y > 0.  Keep
+ *             the prior weak (strength ≤ 1e-3): a prior that bends the fit
+ *             makes residuals that the robust weights then discount, which
+ *             lets the prior bend it more.  With no samples the fit is the
+ * prior; each sample moves it toward the data, and after a few dozen the prior is noise.
  *
  * Both are plain structs with no allocation: adding a sample is O(k) and a
  * fit O(cap·k² + k³), so they may sit on hot paths (an engine step, a
@@ -49,7 +53,10 @@ typedef struct {
     double *ring;                /* [cap][k + 1]: x then y; the caller's */
     double prior[DX_RFIT_MAX_K]; /* θ with no samples */
     /* How much the prior weighs: as much as `strength` samples whose
-     * feature j is scale[j] (0 for a feature: no pull toward its prior). */
+     * relative error is the coefficient's relative distance from its prior
+     * (a zero prior: its distance times scale[j] against the prior's
+     * prediction at the scales).  scale[j] is also the size feature j
+     * usually has (the solver's unit); 0: no pull toward its prior. */
     double scale[DX_RFIT_MAX_K];
     double strength;
     size_t next, n; /* ring position, samples held (≤ cap) */

@@ -45,7 +45,7 @@ static void test_fit_exact_and_prior(void **state)
     double ring[32 * 4], th[3];
     const double prior[] = {1, 1, 1}, scale[] = {1, 3, 25};
     dx_rfit f;
-    assert_int_equal(dx_rfit_init(&f, 3, 32, ring, prior, scale, 0.1), 0);
+    assert_int_equal(dx_rfit_init(&f, 3, 32, ring, prior, scale, 0.001), 0);
     dx_rfit_solve(&f, th); /* nothing yet: the prior */
     for (int j = 0; j < 3; j++) assert_near(th[j], 1, 0);
     for (int i = 0; i < 40; i++) {
@@ -71,7 +71,7 @@ static void test_fit_outliers(void **state)
     double ring[64 * 3], th[2];
     const double prior[] = {0, 0}, scale[] = {1, 100};
     dx_rfit f;
-    dx_rfit_init(&f, 2, 64, ring, prior, scale, 0.01);
+    dx_rfit_init(&f, 2, 64, ring, prior, scale, 0.001);
     for (int i = 0; i < 64; i++) {
         double x[] = {1, (double)(10 + (i * 37) % 200)};
         double y = 1.0 + 0.2 * x[1];
@@ -91,7 +91,7 @@ static void test_fit_unexcited_and_nonneg(void **state)
     double ring[16 * 4], th[3];
     const double prior[] = {0.5, 1, 7}, scale[] = {1, 10, 10};
     dx_rfit f;
-    dx_rfit_init(&f, 3, 16, ring, prior, scale, 0.01);
+    dx_rfit_init(&f, 3, 16, ring, prior, scale, 0.001);
     for (int i = 0; i < 16; i++) {
         double x[] = {1, (double)(1 + i), 0};
         dx_rfit_add(&f, x, 3.0 * x[1]); /* intercept 0, below its prior */
@@ -101,7 +101,7 @@ static void test_fit_unexcited_and_nonneg(void **state)
     assert_near(th[1], 3, 0.05);
     assert_true(th[0] >= 0 && th[0] < 0.5);
     /* data that wants a negative intercept gets 0 */
-    dx_rfit_init(&f, 3, 16, ring, prior, scale, 0.01);
+    dx_rfit_init(&f, 3, 16, ring, prior, scale, 0.001);
     for (int i = 0; i < 16; i++) {
         double x[] = {1, (double)(1 + i), 0};
         dx_rfit_add(&f, x, 3.0 * x[1] - 2);
@@ -119,7 +119,7 @@ static void test_fit_ring_forgets(void **state)
     double ring[8 * 3], th[2];
     const double prior[] = {0, 1}, scale[] = {1, 1};
     dx_rfit f;
-    dx_rfit_init(&f, 2, 8, ring, prior, scale, 0.5);
+    dx_rfit_init(&f, 2, 8, ring, prior, scale, 0.001);
     for (int i = 0; i < 20; i++) {
         double x[] = {1, (double)(i % 4 + 1)};
         dx_rfit_add(&f, x, (i < 12 ? 1.0 : 5.0) * x[1]);
