@@ -44,11 +44,9 @@ enum cli_opt_type {
 #define CLI_HELP_DEFAULT(TEXT, X) TEXT " (default " CLI_DEFAULT_INT(X) ")"
 
 /* Defaults the CLI itself applies in more than one command: the HTTP port
- * of serve, router and up (and the URL bench run and chat send to), and the
- * router's --local-prefill-max-tokens (up passes it on when given). */
+ * of serve, router and up (and the URL bench run and chat send to). */
 #define CLI_DEFAULT_PORT               8000
 #define CLI_DEFAULT_URL                "http://127.0.0.1:" CLI_DEFAULT_INT(CLI_DEFAULT_PORT)
-#define CLI_LOCAL_PREFILL_MAX_TOKENS   256
 
 typedef struct {
     const char *v[CLI_LIST_MAX];

@@ -59,7 +59,7 @@ static int self_exe(char *out, size_t cap)
 
 int cli_up_main(int argc, char **argv)
 {
-    const char *model = NULL, *mode = "bidirectional", *level = "info";
+    const char *model = NULL, *mode = "bidirectional", *level = "info", *threshold = NULL;
     long n_prefill = -1, n_decode = UP_DEFAULT_NODES, port = CLI_DEFAULT_PORT, threads = 0;
     long kv_mb = 0, local_max = -1;
     int no_prefix = 0;
@@ -80,8 +80,11 @@ int cli_up_main(int argc, char **argv)
         {"prefill-no-prefix-caching", CLI_FLAG, &no_prefix, 0, 0,
          "prefill nodes recompute everything (benchmarks)"},
         {"local-prefill-max-tokens", CLI_INT, &local_max, 0, 1 << 30,
-         "the router's: below this many uncached tokens, the decode node prefills "
-         "(" CLI_DEFAULT_INT(CLI_LOCAL_PREFILL_MAX_TOKENS) ")"},
+         "the router's fixed rule: below this many uncached tokens, the decode node prefills "
+         "(default: by the nodes' costs)"},
+        {"kv-recompute-threshold", CLI_STR, &threshold, 0, 0,
+         "the nodes' auto|N: pull a remote prefix by the measured costs, or recompute fewer than "
+         "N reusable tokens (default auto)"},
         {"startup-timeout-s", CLI_DBL, &startup, 1, 86400,
          "limit for everything to be ready "
          "(" CLI_DEFAULT_INT(ROUTER_LAUNCH_DEFAULT_STARTUP_TIMEOUT_S) ")"},
@@ -100,6 +103,13 @@ int cli_up_main(int argc, char **argv)
     enum dx_log_level lvl;
     if (router_launch_parse_mode(mode, &c.mode) < 0) return cli_bad_value("up", "--mode");
     if (dx_log_parse_level(level, &lvl) < 0) return cli_bad_value("up", "--log-level");
+    if (threshold && strcmp(threshold, "auto") &&
+        (!*threshold || strspn(threshold, "0123456789") != strlen(threshold) ||
+         strlen(threshold) > 8)) {
+        fprintf(stderr, "duplex up: --kv-recompute-threshold wants auto or an integer, got '%s'\n",
+                threshold);
+        return 2;
+    }
     if (c.mode == LAUNCH_COLOCATED && n_prefill > 0) {
         fprintf(stderr, "duplex up: --prefill %ld: colocated mode has no prefill nodes\n",
                 n_prefill);
@@ -130,6 +140,7 @@ int cli_up_main(int argc, char **argv)
     c.threads_per_node = threads ? (int)threads : cores / nodes > 1 ? (int)(cores / nodes) : 1;
     c.kv_cache_mb = kv_mb;
     c.prefill_no_prefix_caching = no_prefix;
+    c.recompute_threshold = threshold;
     c.has_local_prefill = local_max >= 0;
     c.local_prefill_max_tokens = local_max;
     c.startup_timeout_s = startup;

@@ -156,6 +156,11 @@ double node_kv_lease_ttl(const node_kv *k, int retain)
     return retain ? k->cfg.retain_ttl_s : k->cfg.lease_ttl_s;
 }
 
+const char *node_kv_transport(const node_kv *k)
+{
+    return xfer_agent_tls(k->agent);
+}
+
 /* A lease's tag: its last block's hash, folded to non-zero 64 bits. */
 static uint64_t block_tag(kv_pool *pool, int32_t id)
 {

@@ -76,6 +76,8 @@ kv_pool *node_kv_pool(const node_kv *k);
 /* The model's fingerprint (set by node_kv_start), as 16 bytes. */
 const xfer_token *node_kv_model(const node_kv *k);
 double node_kv_lease_ttl(const node_kv *k, int retain);
+/* The UCX transport list pulls use ("default": UCX's choice). */
+const char *node_kv_transport(const node_kv *k);
 
 /* Holds ids[0..n) (hashed full blocks) for readers: a prefill node's
  * single-use lease for its decode node (retain = 0), or a decode node's

@@ -147,6 +147,8 @@ static void fill_defaults(router_config *c)
     if (c->prefill_timeout_s <= 0) c->prefill_timeout_s = ROUTER_DEFAULT_PREFILL_TIMEOUT_S;
     if (c->shutdown_grace_s <= 0) c->shutdown_grace_s = ROUTER_DEFAULT_SHUTDOWN_GRACE_S;
     if (c->state_timeout_ms <= 0) c->state_timeout_ms = ROUTER_STORE_DEFAULT_TIMEOUT_MS;
+    if (!c->local_prefill_fixed && !c->local_prefill_max_tokens)
+        c->local_prefill_max_tokens = ROUTER_DEFAULT_LOCAL_PREFILL_MAX_TOKENS;
     /* a shared store: the seed comes from the routers' common secret (setup_auth) */
     while (!c->key_seed && !c->state_url)
         if (getrandom(&c->key_seed, sizeof c->key_seed, 0) != sizeof c->key_seed) c->key_seed = 1;

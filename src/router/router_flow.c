@@ -68,6 +68,12 @@ static int dispatch(rt_req *q)
         return dx_errf(DX_EBUSY, "no healthy decode node");
     }
     q->prefill = ch.prefill;
+    q->rule = ch.rule;
+    q->est = ch.est;
+    char dl[64];
+    snprintf(dl, sizeof dl, "path=\"%s\",rule=\"%s\"", q->prefill < 0 ? "local" : "prefill",
+             ch.rule ? ch.rule : "none");
+    prom_family_add(&r->decisions, dl, 1);
     int rc;
     if (q->prefill < 0) {
         q->dparams = rt_entry_local_params(q);

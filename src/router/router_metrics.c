@@ -15,8 +15,12 @@ void rt_metrics_init(router *r)
     /* the router's own share is microseconds: finer buckets than latency's */
     static const double fine[] = {0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001,
                                   0.0025,  0.005,    0.01,    0.025,  0.05,    0.1,    0.25};
+    static const double ratio[] = {0.25, 0.5, 0.67, 0.8, 0.9, 1.1, 1.25, 1.5, 2, 4};
     prom_family_init(&r->routed);
+    prom_family_init(&r->decisions);
     prom_family_init(&r->fallbacks);
+    prom_hist_init(&r->est_local, ratio, DX_ARRAY_LEN(ratio));
+    prom_hist_init(&r->est_prefill, ratio, DX_ARRAY_LEN(ratio));
     prom_hist_init_latency(&r->ttft);
     prom_hist_init(&r->added_before, fine, DX_ARRAY_LEN(fine));
     prom_hist_init(&r->added_between, fine, DX_ARRAY_LEN(fine));
@@ -26,6 +30,7 @@ void rt_metrics_init(router *r)
 void rt_metrics_free(router *r)
 {
     prom_family_free(&r->routed);
+    prom_family_free(&r->decisions);
     prom_family_free(&r->fallbacks);
 }
 
@@ -71,6 +76,18 @@ void rt_metrics_render(router *r, dx_buf *b)
     prom_write_family(
         b, "duplex_router_routed_total",
         "Completions by path: local prefill on the decode node, or via a prefill node", &r->routed);
+    prom_write_family(b, "duplex_router_prefill_decisions_total",
+                      "Where turns were prefilled (path local: the decode node; prefill: a "
+                      "prefill node) and by which rule: cost (the nodes' published costs), count "
+                      "(--local-prefill-max-tokens), no_costs (a node published none: the count), "
+                      "no_prefill (no prefill node to go to)",
+                      &r->decisions);
+    const char *er = "duplex_router_estimate_ratio";
+    prom_write_header(b, er, "histogram",
+                      "A turn's measured time to first token over the cost rule's estimate for the "
+                      "path it took (turns decided by cost)");
+    prom_write_hist_series(b, er, "path=\"local\"", &r->est_local);
+    prom_write_hist_series(b, er, "path=\"prefill\"", &r->est_prefill);
     prom_write_family(b, "duplex_router_fallbacks_total", "Fallbacks and retries by reason",
                       &r->fallbacks);
     rt_nodes_write_metrics(r, b);

@@ -56,7 +56,7 @@ typedef struct {
     char labels[RT_URL_MAX + 32]; /* node="...",role="..." */
     int discovered;               /* from a registration (--discover), not a static list */
     int seen;                     /* in the current scan */
-    char hbody[48];               /* the start of the health check's answer */
+    char hbody[4096];             /* the health check's answer (its start, past this) */
     size_t hlen;
     router_up_req *check; /* health check in flight */
 } rt_node;
@@ -101,7 +101,9 @@ struct router {
     /* metrics */
     http_app *app;         /* routes, checks, counted answers (the requests family) */
     prom_family routed;    /* via = local | prefill */
-    prom_family fallbacks; /* reason */
+    prom_family decisions; /* path, rule: how local prefill or a prefill node was chosen */
+    prom_hist est_local, est_prefill; /* measured TTFT / estimated, by the path taken */
+    prom_family fallbacks;            /* reason */
     uint64_t affinity_hits, affinity_misses;
     prom_hist ttft, added_before, added_between, added_stream;
 };

@@ -139,6 +139,10 @@ void router_launch_node_argv(const router_launch_config *c, int prefill, router_
     }
     if (c->mode == LAUNCH_BIDIRECTIONAL) arg(a, "--bidirectional-kv-xfer");
     if (prefill && c->prefill_no_prefix_caching) arg(a, "--no-enable-prefix-caching");
+    if (c->recompute_threshold && c->mode != LAUNCH_COLOCATED) { /* NULL: the nodes' auto */
+        arg(a, "--kv-recompute-threshold");
+        arg(a, c->recompute_threshold);
+    }
     if (c->threads_per_node > 0) {
         arg(a, "--threads");
         arg_num(a, c->threads_per_node);
