@@ -380,8 +380,9 @@ static void route_prepare(node_server *s, http_conn *c, const http_req *r, enum 
 
 /* ---- routes ---------------------------------------------------------------- */
 
-/* {"status": ..., "load": {...}}: routers read the load (node_load.h) to
- * decide where a turn is prefilled. */
+/* {"status": ...}, and with ?load=1 also "load": {...} — the costs and
+ * queue routers read (node_load.h) to decide where a turn is prefilled;
+ * probes get the short answer they always had. */
 static void route_health(node_server *s, http_conn *c, const http_req *r, uint64_t t0)
 {
     const char *st = s->draining ? "draining" : s->ready ? "ok" : "loading";
@@ -389,7 +390,8 @@ static void route_health(node_server *s, http_conn *c, const http_req *r, uint64
     dx_buf_init(&b, 0);
     dx_buf_printf(&b, "{\"status\":\"%s\"", st);
     node_load l;
-    node_server_load(s, &l);
+    memset(&l, 0, sizeof l);
+    if (!strcmp(r->query, "load=1")) node_server_load(s, &l);
     if (l.has) {
         dx_buf_puts(&b, ",\"load\":");
         node_load_write(&l, &b);

@@ -121,7 +121,7 @@ static void start_check(router *r, int i)
 {
     rt_node *n = &r->nodes[i];
     char url[RT_URL_MAX + 16];
-    snprintf(url, sizeof url, "%s/health", n->url);
+    snprintf(url, sizeof url, "%s/health?load=1", n->url); /* with the node's costs */
     long timeout = (long)(r->cfg.health_interval_ms * 2);
     if (timeout < 1000) timeout = 1000;
     if (timeout > 10000) timeout = 10000;

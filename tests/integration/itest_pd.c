@@ -118,13 +118,14 @@ static void test_unidirectional(void **state)
     }
 }
 
-/* Fewer than 64 reusable tokens at the decode node: the prefill node
- * recomputes (and counts it); 64 or more: it pulls. */
+/* The fixed rule (--kv-recompute-threshold 64, vLLM's): fewer than 64
+ * reusable tokens at the decode node, the prefill node recomputes (and
+ * counts it); 64 or more: it pulls. */
 static void test_threshold(void **state)
 {
     (void)state;
     const char *pa[] = {"--role", "prefill", "--bidirectional-kv-xfer", "--no-enable-prefix-caching",
-                        NULL};
+                        "--kv-recompute-threshold", "64", NULL};
     const char *da[] = {"--role", "decode", "--bidirectional-kv-xfer", NULL};
     tp_proc P, D;
     node_start(&P, "p", pa);

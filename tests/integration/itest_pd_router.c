@@ -48,9 +48,9 @@ static void test_bidirectional_through_router(void **state)
     stop_ok(&S);
 }
 
-/* Small new parts go straight to the decode node that holds the history
- * (--local-prefill-max-tokens, default 256): the prefill node sees turn 1
- * only, and the decode node computes just the new tokens. */
+/* The count rule (--local-prefill-max-tokens 256): small new parts go
+ * straight to the decode node that holds the history, the prefill node
+ * sees turn 1 only, and the decode node computes just the new tokens. */
 static void test_local_prefill(void **state)
 {
     (void)state;
@@ -59,7 +59,8 @@ static void test_local_prefill(void **state)
     node_start(&D, "d", k_da);
     node_start(&S, "s", k_ref);
     tp_proc *pp[] = {&P}, *dd[] = {&D};
-    router_start(&R, pp, 1, dd, 1, NULL);
+    const char *ra[] = {"--local-prefill-max-tokens", "256", NULL};
+    router_start(&R, pp, 1, dd, 1, ra);
     conv c, r;
     conv_init(&c, 301, 200); /* turn 1: over 256 tokens, via the prefill node */
     conv_init(&r, 301, 200);
