@@ -80,6 +80,9 @@ static void take_load(rt_node *n, router_pick_node *s)
         memset(&s->load, 0, sizeof s->load);
     }
     json_decref(o);
+    /* what is not ours: ours are counted live (router_pick.h) */
+    s->other_running = s->load.running > s->outstanding ? s->load.running - s->outstanding : 0;
+    s->other_pending = s->outstanding ? 0 : s->load.prefill_pending;
 }
 
 /* A draining node answers 503 {"status":"draining"}: unhealthy for new
@@ -102,8 +105,11 @@ static void on_check_done(void *user, int rc, long status)
     s->draining = draining;
     if (rc == 0 && status == 200)
         take_load(n, s);
-    else
+    else {
         memset(&s->load, 0, sizeof s->load); /* no costs from a node that is not serving */
+        s->other_running = 0;
+        s->other_pending = 0;
+    }
     set_health(n->r, n->index, rc == 0 && status == 200, why);
 }
 

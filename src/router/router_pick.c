@@ -85,12 +85,11 @@ static double pull_s(const node_load *reader, const node_load *from, uint64_t n)
     return n ? setup + per * (double)(n * tb) : 0;
 }
 
-/* The prompt work queued at a node, in seconds: what it publishes, or
- * what this router has in flight there, whichever is more. */
+/* The prompt work queued at a node, in seconds: other routers' (as last
+ * published) and this router's in flight there. */
 static double queue_s(const router_pick_node *n, uint64_t router_tokens)
 {
-    uint64_t t = n->load.prefill_pending > router_tokens ? n->load.prefill_pending : router_tokens;
-    return (double)t * n->load.prefill_tok_s;
+    return (double)(n->other_pending + router_tokens) * n->load.prefill_tok_s;
 }
 
 void router_pick_estimate(const router_pick_cluster *c, int d, int p, int holder, uint32_t cached,
@@ -100,8 +99,8 @@ void router_pick_estimate(const router_pick_cluster *c, int d, int p, int holder
     const router_pick_node *Hn = holder >= 0 ? &c->nodes[holder] : NULL;
     double w = c->stall_weight > 0 ? c->stall_weight : ROUTER_PICK_STALL_WEIGHT;
     double hop = c->prefill_hop_s > 0 ? c->prefill_hop_s : ROUTER_PICK_PREFILL_HOP_MS * 1e-3;
-    /* the streams D runs: what it says, or what this router has there */
-    uint32_t streams = D->load.running > D->outstanding ? D->load.running : D->outstanding;
+    /* the streams D runs: this router's now, and others' as last published */
+    uint32_t streams = D->outstanding + D->other_running;
     uint64_t b = D->load.batch_tokens ? D->load.batch_tokens : (uint64_t)uncached + 1;
     double steps = (double)(((uint64_t)uncached + b - 1) / b);
     double compute_d = prefill_s(&D->load, uncached, cached);

@@ -62,6 +62,13 @@ typedef struct {
     uint32_t outstanding;        /* requests in flight */
     uint64_t outstanding_tokens; /* prompt tokens in flight (prefill nodes) */
     node_load load;              /* what its last /health published (load.has 0: nothing) */
+    /* Of that, what is not this router's: the requests it ran beyond this
+     * router's in flight there at the check, and its queued prompt tokens
+     * when this router had none there (the rest is this router's own, which
+     * outstanding counts as it changes — a check a second old would still
+     * show the turn that just ended). */
+    uint32_t other_running;
+    uint64_t other_pending;
 } router_pick_node;
 
 /* The cluster and the knobs (router_config's). */

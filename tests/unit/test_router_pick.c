@@ -449,23 +449,24 @@ static void test_estimate(void **state)
     assert_close(e.prefill_s, 0.102 + 0.100 + 0.101 + 0.002);
     /* D runs 3 streams: they wait the prefill's 100 ms each, and the steps
      * that prefill also decode them */
-    f.n[1].load.running = 3;
+    f.n[1].other_running = 3; /* another router's */
     f.n[1].load.step_s = 0.5e-3;
     router_pick_estimate(&f.c, 1, 0, 1, 1000, 100, &e);
     assert_int_equal(e.streams, 3);
     assert_close(e.local_s, 0.0005 + 0.100 + 0.0015);
     assert_close(e.stall_s, 3 * (0.0005 + 0.100));
-    /* the router's own count of requests in flight when it is higher */
-    f.n[1].load.running = 0;
-    f.n[1].outstanding = 5;
+    /* and this router's own in flight there, counted live */
+    f.n[1].outstanding = 2;
     router_pick_estimate(&f.c, 1, 0, 1, 1000, 100, &e);
     assert_int_equal(e.streams, 5);
+    f.n[1].other_running = 0;
     /* another decode node than the holder pulls the history itself */
     f.n[1].outstanding = 0;
     router_pick_estimate(&f.c, 2, 0, 1, 1000, 100, &e);
     assert_close(e.local_s, 0.100 + 1.001);
-    /* queued prompt work: the node's, or this router's in flight at P */
-    f.n[2].load.prefill_pending = 50;
+    /* queued prompt work: others' as published, and this router's in
+     * flight at P */
+    f.n[2].other_pending = 50;
     f.n[0].outstanding_tokens = 200;
     router_pick_estimate(&f.c, 2, 0, -1, 0, 100, &e);
     assert_close(e.local_s, 0.050 + 0.100);
@@ -491,13 +492,13 @@ static void test_cost_rule(void **state)
     assert_string_equal(ch.rule, "cost");
     assert_true(ch.est.local_s < ch.est.prefill_s);
     assert_int_equal(f.rr[1], 0);
-    f.n[1].load.running = 4; /* four streams would wait 100 ms each */
+    f.n[1].outstanding = 4; /* four streams would wait 100 ms each */
     route(&f, 1, &e, 1100, 1, &ch);
     assert_int_equal(ch.prefill, 0);
     assert_string_equal(ch.rule, "cost");
     assert_true(ch.est.local_s + ch.est.stall_s > ch.est.prefill_s);
     assert_int_equal(f.rr[1], 1);
-    f.n[1].load.running = 0;
+    f.n[1].outstanding = 0;
     route(&f, 1, &e, 1100, 1, &ch);
     assert_int_equal(ch.prefill, -1);
     /* a long first turn on an idle decode node: still local, it is fastest */
@@ -529,7 +530,7 @@ static void test_cost_rule_fallbacks(void **state)
     assert_int_equal(ch.prefill, 0);
     make_costed(&f);
     f.c.local_prefill_auto = 0;
-    f.n[1].load.running = 100; /* the costs would say: not here */
+    f.n[1].other_running = 100; /* the costs would say: not here */
     route(&f, 0, NULL, 100, 1, &ch);
     assert_string_equal(ch.rule, "count");
     assert_int_equal(ch.prefill, -1);
