@@ -10,13 +10,19 @@
 #include "base/dx_est.h"
 #include "http/prom.h"
 
-#define PULL_PRIOR_STRENGTH 0.001 /* dx_rfit's: the first pull replaces the prior */
-#define PROBE_MAX_RATIO     4.0   /* a probe only where pulling looked at most this much dearer */
+#define PROBE_MAX_RATIO 4.0 /* a probe only where pulling looked at most this much dearer */
+
+/* One pull's parts (seconds): outside its reads, the pin's round trip, the
+ * reads beyond a round trip per byte; and its bytes (the weight). */
+typedef struct {
+    double setup, rtt, per_byte, bytes;
+} pull_sample;
 
 typedef struct {
     char addr[NODE_LOAD_ADDR_MAX]; /* "host:port"; "" = free slot */
-    dx_rfit fit;                   /* seconds ≈ setup_s + byte_s × bytes */
-    double ring[NODE_COST_PULL_RING * 3];
+    pull_sample ring[NODE_COST_PULL_RING];
+    size_t next, n;
+    uint64_t total;    /* pulls measured */
     int last;          /* the last decision: -1 none, 0 recompute, 1 pull */
     uint32_t declined; /* recompute decisions since its last pull */
     uint64_t used;     /* the table's clock when last decided about or pulled from */
@@ -85,11 +91,6 @@ static void peer_init(peer *p, const char *addr)
 {
     memset(p, 0, sizeof *p);
     snprintf(p->addr, sizeof p->addr, "%s", addr);
-    const double prior[2] = {NODE_COST_PRIOR_SETUP_MS * 1e-3, 1e-9 / NODE_COST_PRIOR_GBPS};
-    const double scale[2] = {1, 1 << 20}; /* a pull of a MiB */
-    int rc =
-        dx_rfit_init(&p->fit, 2, NODE_COST_PULL_RING, p->ring, prior, scale, PULL_PRIOR_STRENGTH);
-    (void)rc; /* constant sizes */
     p->last = -1;
 }
 
@@ -112,6 +113,29 @@ static peer *peer_of(node_cost *c, const char *host, int port)
     return old;
 }
 
+/* The median of v[0..n) weighted by w (n ≤ NODE_COST_PULL_RING; v is
+ * reordered along with w). */
+static double weighted_median(double *v, double *w, size_t n)
+{
+    double total = 0;
+    for (size_t i = 1; i < n; i++) /* insertion sort: n is small */
+        for (size_t j = i; j > 0 && v[j - 1] > v[j]; j--) {
+            double t = v[j];
+            v[j] = v[j - 1];
+            v[j - 1] = t;
+            t = w[j];
+            w[j] = w[j - 1];
+            w[j - 1] = t;
+        }
+    for (size_t i = 0; i < n; i++) total += w[i];
+    double acc = 0;
+    for (size_t i = 0; i < n; i++)
+        if ((acc += w[i]) >= total / 2) return v[i];
+    return n ? v[n - 1] : 0;
+}
+
+/* The peer's pull law: th[0] seconds whatever the size (set-up and the
+ * reads' round trip), th[1] seconds per byte. */
 static void peer_coef(const node_cost *c, const peer *p, double *th)
 {
     if (c->fixed_pull) {
@@ -119,7 +143,27 @@ static void peer_coef(const node_cost *c, const peer *p, double *th)
         th[1] = c->fixed.pull_byte_s;
         return;
     }
-    dx_rfit_solve(&p->fit, th);
+    if (!p->n) {
+        th[0] = NODE_COST_PRIOR_SETUP_MS * 1e-3;
+        th[1] = 1e-9 / NODE_COST_PRIOR_GBPS;
+        return;
+    }
+    double a[NODE_COST_PULL_RING], b[NODE_COST_PULL_RING], one[NODE_COST_PULL_RING],
+        w[NODE_COST_PULL_RING];
+    for (size_t i = 0; i < p->n; i++) {
+        a[i] = p->ring[i].setup;
+        b[i] = p->ring[i].rtt;
+        one[i] = 1;
+    }
+    double setup = weighted_median(a, one, p->n);
+    for (size_t i = 0; i < p->n; i++) one[i] = 1;
+    double rtt = weighted_median(b, one, p->n);
+    for (size_t i = 0; i < p->n; i++) {
+        a[i] = p->ring[i].per_byte;
+        w[i] = p->ring[i].bytes;
+    }
+    th[0] = setup + rtt;
+    th[1] = weighted_median(a, w, p->n);
 }
 
 double node_cost_pull_s(node_cost *c, const char *host, int port, uint64_t bytes)
@@ -162,14 +206,20 @@ void node_cost_decide(node_cost *c, node_cost_ask *a)
     c->decisions[a->dir & 1][rule][a->pull]++;
 }
 
-void node_cost_pulled(node_cost *c, const char *host, int port, uint64_t bytes, double seconds,
-                      double est_s)
+void node_cost_pulled(node_cost *c, const char *host, int port, const node_cost_pull *pl)
 {
-    if (!bytes || !(seconds > 0)) return; /* a failed pull says nothing of the link's speed */
+    if (!pl->bytes || !(pl->seconds > 0)) return; /* a failed pull says nothing of the link */
     peer *p = peer_of(c, host, port);
-    const double x[2] = {1, (double)bytes};
-    dx_rfit_add(&p->fit, x, seconds);
-    if (est_s > 0) prom_hist_observe(&c->err_pull, seconds / est_s);
+    double rtt = pl->rtt_s > 0 ? pl->rtt_s : 0, read = pl->read_s > 0 ? pl->read_s : 0;
+    double setup = pl->seconds - read, beyond = read - rtt;
+    p->ring[p->next] = (pull_sample){.setup = setup > 0 ? setup : 0,
+                                     .rtt = rtt,
+                                     .per_byte = beyond > 0 ? beyond / (double)pl->bytes : 0,
+                                     .bytes = (double)pl->bytes};
+    p->next = (p->next + 1) % NODE_COST_PULL_RING;
+    if (p->n < NODE_COST_PULL_RING) p->n++;
+    p->total++;
+    if (pl->est_s > 0) prom_hist_observe(&c->err_pull, pl->seconds / pl->est_s);
 }
 
 void node_cost_prefilled(node_cost *c, double est_s, double seconds)
@@ -230,7 +280,7 @@ void node_cost_publish(node_cost *c, const engine_stats *es, const char *kv, nod
         peer_coef(c, recent[i], th);
         snprintf(q->kv, sizeof q->kv, "%s", recent[i]->addr);
         snprintf(q->transport, sizeof q->transport, "%s", c->transport);
-        q->samples = (uint32_t)recent[i]->fit.total;
+        q->samples = (uint32_t)recent[i]->total;
         q->setup_s = th[0];
         q->byte_s = th[1];
     }
@@ -283,8 +333,9 @@ static void write_peers(node_cost *c, dx_buf *b)
                                         "duplex_kv_peer_pull_byte_seconds",
                                         "duplex_kv_peer_pull_samples"};
     static const char *const help[] = {
-        "A pull's set-up time from this peer (connect, authenticate, pin, release), as measured",
-        "Seconds per byte a pull from this peer takes beyond its set-up, as measured",
+        "A pull's time from this peer whatever its size (connect, authenticate, pin, release, and "
+        "the reads' round trip), as measured",
+        "Seconds per byte a pull from this peer's reads take beyond their round trip, as measured",
         "Pulls from this peer the estimate is fitted to"};
     for (int w = 0; w < 3; w++) {
         prom_write_header(b, names[w], "gauge", help[w]);
@@ -295,7 +346,7 @@ static void write_peers(node_cost *c, dx_buf *b)
             peer_coef(c, p, th);
             char l[NODE_LOAD_ADDR_MAX + 64];
             snprintf(l, sizeof l, "peer=\"%s\",transport=\"%s\"", p->addr, c->transport);
-            prom_write_value(b, names[w], l, w == 2 ? (double)p->fit.total : th[w]);
+            prom_write_value(b, names[w], l, w == 2 ? (double)p->total : th[w]);
         }
     }
 }

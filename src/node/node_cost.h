@@ -3,15 +3,19 @@
  *
  *  - Its own steps: the engine's fitted step model (engine/step_cost.h),
  *    or the one `--fixed-costs` gives.
- *  - Each peer's pulls: a pull from a peer takes setup_s + byte_s × bytes
- *    (connect, authenticate, pin and release; then the reads), a robust
- *    fit (dx_rfit) of the last NODE_COST_PULL_RING successful pulls from
- *    that peer, one per KV address (UCX keeps one endpoint, hence one
- *    transport, per peer; the transport the agent was configured with is
- *    its label).  A peer not pulled from yet costs the prior:
- *    NODE_COST_PRIOR_SETUP_MS + 1 GB/s — pessimistic for shared memory
- *    (20 GB/s here), optimistic for a 1 Gbit/s link, and in either case
- *    replaced by the first measurement.
+ *  - Each peer's pulls: a pull from a peer takes setup + rtt + byte_s ×
+ *    bytes, each part measured on its own from the last NODE_COST_PULL_RING
+ *    successful pulls from that peer: setup is the pull's time outside its
+ *    reads (connect, authenticate, pin, release), rtt the pin's round trip
+ *    (the reads wait one too), byte_s the reads' time beyond that round
+ *    trip per byte — medians (byte_s weighted by each pull's bytes), so one
+ *    stalled pull moves nothing and a pull's size never has to be guessed
+ *    from pulls of another size.  One estimate per KV address (UCX keeps
+ *    one endpoint, hence one transport, per peer; the transport the agent
+ *    was configured with is its label).  A peer not pulled from yet costs
+ *    the prior: NODE_COST_PRIOR_SETUP_MS + 1 GB/s — pessimistic for shared
+ *    memory (20 GB/s here), optimistic for a 1 Gbit/s link, and in either
+ *    case replaced by the first measurement.
  *  - The decision (node_cost_decide): pull the k reusable tokens at
  *    positions [pos, pos + k) when the estimated pull is cheaper than
  *    recomputing them there — their per-token and per-key terms, plus the
@@ -85,10 +89,13 @@ void node_cost_model(node_cost *c, step_cost_model *out);
 double node_cost_pull_s(node_cost *c, const char *host, int port, uint64_t bytes);
 /* Fills a's estimates and decision, and counts it. */
 void node_cost_decide(node_cost *c, node_cost_ask *a);
-/* A pull ended: when it moved bytes, its time is a sample of the peer's
- * cost (est_s: what it was expected to take, for the error histogram). */
-void node_cost_pulled(node_cost *c, const char *host, int port, uint64_t bytes, double seconds,
-                      double est_s);
+/* What a pull that moved bytes took: in all, in its reads, the pin's round
+ * trip; and what it was expected to take (the error histogram). */
+typedef struct {
+    uint64_t bytes;
+    double seconds, read_s, rtt_s, est_s;
+} node_cost_pull;
+void node_cost_pulled(node_cost *c, const char *host, int port, const node_cost_pull *pl);
 /* A prefill on an idle engine took `seconds` where est_s was expected. */
 void node_cost_prefilled(node_cost *c, double est_s, double seconds);
 /* What this node publishes (node_load.h): its model, the engine's queue,

@@ -118,6 +118,7 @@ typedef struct {
     enum node_kv_fallback why;
     uint64_t bytes;
     double seconds;
+    double read_s, rtt_s; /* of which the reads, and the pin's round trip (the link's cost) */
     char reason[256];
 } node_kv_pull;
 

@@ -156,8 +156,12 @@ static void pull_done(uv_work_t *w, int status)
     pd->n_pulled = status == 0 ? pd->pull.n_pulled : 0;
     count_pull(p, pd);
     if (p->cfg.cost && pd->n_pulled) /* the link's measured speed, and the estimate's error */
-        node_cost_pulled(p->cfg.cost, pd->pull.host, pd->pull.port, pd->pull.bytes,
-                         pd->pull.seconds, pd->est_pull_s);
+        node_cost_pulled(p->cfg.cost, pd->pull.host, pd->pull.port,
+                         &(node_cost_pull){.bytes = pd->pull.bytes,
+                                           .seconds = pd->pull.seconds,
+                                           .read_s = pd->pull.read_s,
+                                           .rtt_s = pd->pull.rtt_s,
+                                           .est_s = pd->est_pull_s});
     if (pd->pull.why != NODE_KV_OK)
         DX_LOGI("%s: pulled %u of %zu blocks from %s:%d (%s: %s); computing the rest", pd->id,
                 pd->pull.n_pulled, pd->pull.n, pd->pull.host, pd->pull.port,
