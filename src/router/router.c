@@ -208,6 +208,7 @@ static int setup_parts(router *r)
                               .node_of = rt_nodes_decode_of,
                               .user = r};
     if ((rc = router_store_create(&sc, &r->store))) return rc;
+    if ((rc = router_gaps_create(ROUTER_GAPS_SLOTS, &r->gaps))) return rc;
     router_rsp_config rc_rsp = {
         .ttl_s =
             r->cfg.responses_ttl_s > 0 ? r->cfg.responses_ttl_s : ROUTER_DEFAULT_RESPONSES_TTL_S,
@@ -235,6 +236,8 @@ static void free_parts(router *r)
 {
     router_store_destroy(r->store);
     r->store = NULL;
+    router_gaps_destroy(r->gaps);
+    r->gaps = NULL;
     router_rsp_destroy(r->responses);
     r->responses = NULL;
     model_free(r->tok);

@@ -19,6 +19,9 @@ void rt_metrics_init(router *r)
     prom_family_init(&r->routed);
     prom_family_init(&r->decisions);
     prom_family_init(&r->fallbacks);
+    /* the time between turns: an agent's tool call to a person's coffee break */
+    static const double gap[] = {1, 5, 10, 30, 60, 120, 240, 480, 960, 1800, 3600, 7200};
+    prom_hist_init(&r->turn_gap, gap, DX_ARRAY_LEN(gap));
     prom_hist_init(&r->est_local, ratio, DX_ARRAY_LEN(ratio));
     prom_hist_init(&r->est_prefill, ratio, DX_ARRAY_LEN(ratio));
     prom_hist_init_latency(&r->ttft);
@@ -49,6 +52,28 @@ void rt_metrics_fallback(router *r, const char *reason)
 void rt_metrics_observe(prom_hist *h, uint64_t since_ns)
 {
     prom_hist_observe(h, (double)(dx_now_ns() - since_ns) * 1e-9);
+}
+
+void rt_metrics_gap(router *r, double gap_s, enum router_gap_kind kind)
+{
+    prom_hist_observe(&r->turn_gap, gap_s);
+    r->gap_turns[kind]++;
+}
+
+/* The retention TTL's guide: the gaps, and the turns that came too late. */
+static void write_gaps(router *r, dx_buf *b)
+{
+    prom_write_hist(b, "duplex_router_turn_gap_seconds",
+                    "Time from a conversation's turn ending to its next turn arriving",
+                    &r->turn_gap);
+    const char *name = "duplex_router_turns_after_gap_total";
+    prom_write_header(b, name, "counter",
+                      "Turns whose conversation's previous turn this router saw, by whether the "
+                      "decode node's retention (remote_blocks_ttl_s) still held its KV: live, "
+                      "expired (the history was recomputed), none (nothing was retained)");
+    prom_write_value(b, name, "retention=\"live\"", (double)r->gap_turns[ROUTER_GAP_LIVE]);
+    prom_write_value(b, name, "retention=\"expired\"", (double)r->gap_turns[ROUTER_GAP_EXPIRED]);
+    prom_write_value(b, name, "retention=\"none\"", (double)r->gap_turns[ROUTER_GAP_NONE]);
 }
 
 static void write_added(router *r, dx_buf *b)
@@ -94,5 +119,6 @@ void rt_metrics_render(router *r, dx_buf *b)
     prom_write_hist(b, "duplex_router_ttft_seconds",
                     "Request arrival to the first content byte written to the client", &r->ttft);
     write_added(r, b);
+    write_gaps(r, b);
     http_srv_write_metrics(r->http, "duplex_router", b);
 }

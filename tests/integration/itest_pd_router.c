@@ -465,6 +465,43 @@ static void test_cost_routing_busy_decode(void **state)
     stop_ok(&S);
 }
 
+/* The router's retention guide: a turn that comes while the decode node
+ * still retains the conversation's KV counts as live, one that comes after
+ * its retention (--decoder-kv-blocks-ttl 1) ran out as expired — and
+ * recomputes, still equal to the single node, whose reply memory forgets
+ * as soon — and the gaps go to a histogram. */
+static void test_turn_gaps(void **state)
+{
+    (void)state;
+    const char *da[] = {"--role", "decode", "--bidirectional-kv-xfer", "--decoder-kv-blocks-ttl",
+                        "1",      NULL};
+    const char *sa[] = {"--no-enable-prefix-caching", "--decoder-kv-blocks-ttl", "1", NULL};
+    tp_proc P, D, S, R;
+    node_start(&P, "p", k_pa);
+    node_start(&D, "d", da);
+    node_start(&S, "s", sa);
+    tp_proc *pp[] = {&P}, *dd[] = {&D};
+    router_start(&R, pp, 1, dd, 1, k_via_p);
+    const char *h[] = {"X-Conversation-Id: gaps", NULL};
+    conv c, r;
+    conv_init(&c, 971, 40);
+    conv_init(&r, 971, 40);
+    for (int t = 1; t <= 3; t++) {
+        if (t == 3) tp_sleep_ms(1500); /* past the decode node's retention */
+        assert_same(turn_router(&c, &R, 16, h), turn_single(&r, &S, 16), t);
+        user_turn(&c, &r, 980 + (unsigned)t, 10);
+    }
+    assert_int_equal(metric(&R, "duplex_router_turns_after_gap_total{retention=\"live\"}"), 1);
+    assert_int_equal(metric(&R, "duplex_router_turns_after_gap_total{retention=\"expired\"}"), 1);
+    assert_int_equal(metric(&R, "duplex_router_turn_gap_seconds_count"), 2);
+    conv_free(&c);
+    conv_free(&r);
+    stop_ok(&R);
+    stop_ok(&P);
+    stop_ok(&D);
+    stop_ok(&S);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -483,6 +520,7 @@ int main(void)
         cmocka_unit_test(test_bidirectional_through_router),
         cmocka_unit_test(test_local_prefill),
         cmocka_unit_test(test_cost_routing_busy_decode),
+        cmocka_unit_test(test_turn_gaps),
         cmocka_unit_test(test_unidirectional_through_router),
         cmocka_unit_test(test_ids_tenants_forgery),
         cmocka_unit_test(test_xpyd_concurrent),
