@@ -28,7 +28,23 @@ static const struct {
     {"bidi",
      {"--mode", "bidirectional", "--prefill-no-prefix-caching", "--local-prefill-max-tokens",
       "0"}},
-    {"bidi-rt", {"--mode", "bidirectional"}},
+    /* the rules before measured costs: the router's 256-token cut-off,
+     * vLLM's 64-token threshold */
+    {"bidi-rt",
+     {"--mode", "bidirectional", "--local-prefill-max-tokens", "256", "--kv-recompute-threshold",
+      "64"}},
+    /* the defaults: every decision by the nodes' measured costs */
+    {"bidi-auto", {"--mode", "bidirectional"}},
+    /* every turn through the prefill node (its prefix cache on), which
+     * pulls the decode node's blocks or recomputes them: by its costs, by
+     * vLLM's threshold, never */
+    {"bidi-p-auto", {"--mode", "bidirectional", "--local-prefill-max-tokens", "0"}},
+    {"bidi-64",
+     {"--mode", "bidirectional", "--local-prefill-max-tokens", "0", "--kv-recompute-threshold",
+      "64"}},
+    {"bidi-recompute",
+     {"--mode", "bidirectional", "--local-prefill-max-tokens", "0",
+      "--prefill-kv-recompute-threshold", "16777216"}},
     {"colocated", {"--mode", "colocated", "--decode", "1"}},
 };
 
@@ -47,7 +63,9 @@ static int each_mode(const char *modes, int (*fn)(void *u, int mode), void *u)
         int m = mode_index(p, len);
         if (m < 0)
             return dx_errf(DX_EINVAL,
-                           "unknown mode '%.*s' (uni-nocache|uni|bidi|bidi-rt|colocated)",
+                           "unknown mode '%.*s' "
+                           "(uni-nocache|uni|bidi|bidi-rt|bidi-auto|bidi-p-auto|bidi-64|"
+                           "bidi-recompute|colocated)",
                            (int)len, p);
         if (fn) {
             int rc = fn(u, m);

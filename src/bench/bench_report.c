@@ -8,6 +8,7 @@
 
 #include "base/dx_alloc.h"
 #include "base/dx_err.h"
+#include "node/node_kv.h"
 
 /* ---- statistics ------------------------------------------------------------- */
 
@@ -316,24 +317,55 @@ static int find(const bench_series *s, size_t n, const char *name)
     return DX_NONE;
 }
 
-/* The ratios the P/D comparison is about, when both sides ran. */
-static void ratio_pairs(const bench_series *s, size_t n, int pairs[2][2])
+/* The ratios the P/D comparison is about, each shown when its modes ran:
+ * a mode over another, or over the better (per turn) of two — the cost
+ * rule against the fixed rules it replaces. */
+typedef struct {
+    const char *a, *b, *b2; /* b2: NULL, or the other side's alternative */
+    const char *label;
+} ratio_def;
+
+static const ratio_def k_ratios[] = {
+    {"uni-nocache", "bidi", NULL, "uni-nocache / bidi"},
+    {"bidi", "colocated", NULL, "bidi / colocated"},
+    {"bidi-auto", "colocated", NULL, "bidi-auto / colocated"},
+    {"bidi-p-auto", "bidi-64", "bidi-recompute", "bidi-p-auto / best fixed"},
+    {"bidi-auto", "bidi-64", "bidi-recompute", "bidi-auto / best fixed"},
+};
+#define N_RATIOS (sizeof k_ratios / sizeof k_ratios[0])
+
+/* Which ratios apply: pr[k] = {a, b, b2} indices (b2 may be -1). */
+static void ratio_pairs(const bench_series *s, size_t n, int pr[][3])
 {
-    pairs[0][0] = find(s, n, "uni-nocache"), pairs[0][1] = find(s, n, "bidi");
-    pairs[1][0] = find(s, n, "bidi"), pairs[1][1] = find(s, n, "colocated");
+    for (size_t k = 0; k < N_RATIOS; k++) {
+        pr[k][0] = find(s, n, k_ratios[k].a);
+        pr[k][1] = find(s, n, k_ratios[k].b);
+        pr[k][2] = k_ratios[k].b2 ? find(s, n, k_ratios[k].b2) : DX_NONE;
+        if (pr[k][1] < 0) pr[k][1] = pr[k][2], pr[k][2] = DX_NONE;
+    }
+}
+
+/* Ratio k at turn t (a over the better of its other side), or -1. */
+static double ratio_at(const bench_series *s, const int *pr, uint32_t t)
+{
+    if (pr[0] < 0 || pr[1] < 0) return -1;
+    double a = bench_turn_p50(s[pr[0]].res, t), b = bench_turn_p50(s[pr[1]].res, t);
+    double b2 = pr[2] >= 0 ? bench_turn_p50(s[pr[2]].res, t) : -1;
+    if (b2 > 0 && (b <= 0 || b2 < b)) b = b2;
+    return a > 0 && b > 0 ? a / b : -1;
 }
 
 static void write_turns(FILE *f, const bench_workload *w, const bench_series *s, size_t n)
 {
-    int pr[2][2];
+    int pr[N_RATIOS][3];
     ratio_pairs(s, n, pr);
     fprintf(f, "## TTFT by turn (p50, ms)\n\n| turn |");
     for (size_t i = 0; i < n; i++) fprintf(f, " %s |", s[i].name);
-    for (int k = 0; k < 2; k++)
-        if (pr[k][0] >= 0 && pr[k][1] >= 0) fprintf(f, " %s / %s |", s[pr[k][0]].name, s[pr[k][1]].name);
+    for (size_t k = 0; k < N_RATIOS; k++)
+        if (pr[k][0] >= 0 && pr[k][1] >= 0) fprintf(f, " %s |", k_ratios[k].label);
     fprintf(f, "\n|---|");
     for (size_t i = 0; i < n; i++) fprintf(f, "---|");
-    for (int k = 0; k < 2; k++)
+    for (size_t k = 0; k < N_RATIOS; k++)
         if (pr[k][0] >= 0 && pr[k][1] >= 0) fprintf(f, "---|");
     fputc('\n', f);
     for (uint32_t t = 1; t <= w->turns; t++) {
@@ -345,15 +377,48 @@ static void write_turns(FILE *f, const bench_workload *w, const bench_series *s,
             else
                 fprintf(f, " %.1f |", p * 1e3);
         }
-        for (int k = 0; k < 2; k++) {
+        for (size_t k = 0; k < N_RATIOS; k++) {
             if (pr[k][0] < 0 || pr[k][1] < 0) continue;
-            double a = bench_turn_p50(s[pr[k][0]].res, t), b = bench_turn_p50(s[pr[k][1]].res, t);
-            if (a > 0 && b > 0)
-                fprintf(f, " %.2f |", a / b);
+            double r = ratio_at(s, pr[k], t);
+            if (r > 0)
+                fprintf(f, " %.2f |", r);
             else
                 fprintf(f, " - |");
         }
         fputc('\n', f);
+    }
+    fputc('\n', f);
+}
+
+/* The time from each turn's answer to its conversation's next turn, held
+ * against the decode nodes' retention: the turns that come later
+ * recompute their history (the router's duplex_router_turn_gap_seconds
+ * shows the same from its side). */
+static void write_gaps(FILE *f, const bench_meta *m, const bench_series *s, size_t n)
+{
+    double ttl = m->retention_s > 0 ? m->retention_s : NODE_KV_DEFAULT_RETAIN_TTL_S;
+    fprintf(f, "## Time between turns\n\n| mode | gaps | p50 s | p90 s | p99 s | max s | after "
+               "the retention (%g s) |\n|---|---|---|---|---|---|---|\n",
+            ttl);
+    for (size_t i = 0; i < n; i++) {
+        const bench_results *r = s[i].res;
+        double *g = dx_malloc((r->n ? r->n : 1) * sizeof *g);
+        size_t k = 0, late = 0;
+        for (size_t a = 0; g && a < r->n; a++) /* each turn's successor in its conversation */
+            for (size_t b = 0; b < r->n; b++) {
+                const bench_record *x = &r->rec[a], *y = &r->rec[b];
+                if (y->conversation != x->conversation || y->turn != x->turn + 1 || x->err) continue;
+                double gap = y->t_start_s - (x->t_start_s + x->e2e_s);
+                g[k++] = gap > 0 ? gap : 0;
+                late += gap > ttl;
+            }
+        bench_stat st = {0};
+        double max = 0;
+        for (size_t j = 0; j < k; j++) max = g[j] > max ? g[j] : max;
+        if (k) bench_stat_of(g, k, &st);
+        fprintf(f, "| %s | %zu | %.2f | %.2f | %.2f | %.2f | %zu (%.1f%%) |\n", s[i].name, k,
+                st.p50, st.p90, st.p99, max, late, k ? 100.0 * (double)late / (double)k : 0);
+        dx_free(g);
     }
     fputc('\n', f);
 }
@@ -384,6 +449,7 @@ int bench_write_summary(FILE *f, const bench_workload *w, const bench_meta *m,
 {
     write_workload(f, w, m, n ? s[0].res : NULL);
     write_turns(f, w, s, n);
+    write_gaps(f, m, s, n);
     fprintf(f, "## Overall\n\n");
     for (size_t i = 0; i < n; i++) write_overall(f, &s[i]);
     write_kv(f, s, n);
@@ -393,15 +459,19 @@ int bench_write_summary(FILE *f, const bench_workload *w, const bench_meta *m,
 void bench_print_turns(FILE *f, const bench_workload *w, const bench_series *s, size_t n)
 {
     write_turns(f, w, s, n);
-    int pr[2][2];
+    int pr[N_RATIOS][3];
     ratio_pairs(s, n, pr);
     uint32_t last = w->turns;
-    for (int k = 0; k < 2; k++) {
-        if (pr[k][0] < 0 || pr[k][1] < 0) continue;
-        double a = bench_turn_p50(s[pr[k][0]].res, last), b = bench_turn_p50(s[pr[k][1]].res, last);
-        if (a > 0 && b > 0)
+    for (size_t k = 0; k < N_RATIOS; k++) {
+        double r = ratio_at(s, pr[k], last);
+        if (r <= 0) continue;
+        if (pr[k][2] >= 0)
+            fprintf(f, "At the last turn, %s takes %.2fx the time to first token of the better of "
+                       "%s and %s.\n",
+                    s[pr[k][0]].name, r, s[pr[k][1]].name, s[pr[k][2]].name);
+        else
             fprintf(f, "At the last turn, %s takes %.2fx the time to first token of %s.\n",
-                    s[pr[k][0]].name, a / b, s[pr[k][1]].name);
+                    s[pr[k][0]].name, r, s[pr[k][1]].name);
     }
 }
 
@@ -434,7 +504,11 @@ static const char *mode_label(const char *name)
 {
     static const char *const k[][2] = {
         {"uni-nocache", "P/D one-way, P recomputes"}, {"uni", "P/D one-way, P prefix cache"},
-        {"bidi", "P/D bidirectional"},                 {"bidi-rt", "bidirectional + local prefill"},
+        {"bidi", "P/D bidirectional"},                 {"bidi-rt", "bidirectional, count rules"},
+        {"bidi-auto", "bidirectional, by measured costs"},
+        {"bidi-p-auto", "bidirectional via P, P decides by costs"},
+        {"bidi-64", "bidirectional via P, threshold 64"},
+        {"bidi-recompute", "bidirectional via P, P never pulls"},
         {"colocated", "one node, prefill and decode"},
     };
     for (size_t i = 0; i < DX_ARRAY_LEN(k); i++)

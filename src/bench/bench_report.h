@@ -40,6 +40,9 @@ typedef struct {
     double overhead_ms; /* the client's own TTFT against an instant endpoint; < 0: unknown */
     int tokens_exact;   /* lengths counted by the model's tokenizer */
     bench_kv kv;        /* bench compare: the mode's node counters (kept in results.json) */
+    /* The decode nodes' retention (--decoder-kv-blocks-ttl) the time between
+     * turns is held against in the report; 0: the nodes' default. */
+    double retention_s;
 } bench_meta;
 
 int bench_write_json(const char *path, const bench_workload *w, const bench_meta *m,

@@ -57,9 +57,16 @@ static int self_exe(char *out, size_t cap)
     return 0;
 }
 
+/* 1 when s is neither NULL, "auto" nor a count (serve checks its range). */
+static int bad_threshold(const char *s)
+{
+    return s && strcmp(s, "auto") && (!*s || strspn(s, "0123456789") != strlen(s) || strlen(s) > 8);
+}
+
 int cli_up_main(int argc, char **argv)
 {
-    const char *model = NULL, *mode = "bidirectional", *level = "info", *threshold = NULL;
+    const char *model = NULL, *mode = "bidirectional", *level = "info", *threshold = NULL,
+               *p_threshold = NULL;
     long n_prefill = -1, n_decode = UP_DEFAULT_NODES, port = CLI_DEFAULT_PORT, threads = 0;
     long kv_mb = 0, local_max = -1;
     int no_prefix = 0;
@@ -85,6 +92,8 @@ int cli_up_main(int argc, char **argv)
         {"kv-recompute-threshold", CLI_STR, &threshold, 0, 0,
          "the nodes' auto|N: pull a remote prefix by the measured costs, or recompute fewer than "
          "N reusable tokens (default auto)"},
+        {"prefill-kv-recompute-threshold", CLI_STR, &p_threshold, 0, 0,
+         "the same for the prefill nodes alone (benchmarks: one that never pulls)"},
         {"startup-timeout-s", CLI_DBL, &startup, 1, 86400,
          "limit for everything to be ready "
          "(" CLI_DEFAULT_INT(ROUTER_LAUNCH_DEFAULT_STARTUP_TIMEOUT_S) ")"},
@@ -103,11 +112,12 @@ int cli_up_main(int argc, char **argv)
     enum dx_log_level lvl;
     if (router_launch_parse_mode(mode, &c.mode) < 0) return cli_bad_value("up", "--mode");
     if (dx_log_parse_level(level, &lvl) < 0) return cli_bad_value("up", "--log-level");
-    if (threshold && strcmp(threshold, "auto") &&
-        (!*threshold || strspn(threshold, "0123456789") != strlen(threshold) ||
-         strlen(threshold) > 8)) {
-        fprintf(stderr, "duplex up: --kv-recompute-threshold wants auto or an integer, got '%s'\n",
-                threshold);
+    const char *bad = bad_threshold(threshold)     ? "--kv-recompute-threshold"
+                      : bad_threshold(p_threshold) ? "--prefill-kv-recompute-threshold"
+                                                   : NULL;
+    if (bad) {
+        fprintf(stderr, "duplex up: %s wants auto or an integer, got '%s'\n", bad,
+                bad[2] == 'k' ? threshold : p_threshold);
         return 2;
     }
     if (c.mode == LAUNCH_COLOCATED && n_prefill > 0) {
@@ -141,6 +151,7 @@ int cli_up_main(int argc, char **argv)
     c.kv_cache_mb = kv_mb;
     c.prefill_no_prefix_caching = no_prefix;
     c.recompute_threshold = threshold;
+    c.prefill_recompute_threshold = p_threshold;
     c.has_local_prefill = local_max >= 0;
     c.local_prefill_max_tokens = local_max;
     c.startup_timeout_s = startup;

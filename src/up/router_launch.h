@@ -53,7 +53,8 @@ typedef struct {
     long kv_cache_mb;                /* per node; 0 = serve's default */
     int prefill_no_prefix_caching;   /* benchmarks: prefill nodes recompute everything */
     const char *recompute_threshold; /* the P/D nodes' --kv-recompute-threshold; NULL: theirs */
-    int has_local_prefill;           /* pass local_prefill_max_tokens to the router */
+    const char *prefill_recompute_threshold; /* the prefill nodes', when it differs */
+    int has_local_prefill;                   /* pass local_prefill_max_tokens to the router */
     long local_prefill_max_tokens;
     double startup_timeout_s; /* 0: ROUTER_LAUNCH_DEFAULT_STARTUP_TIMEOUT_S */
     double stop_timeout_s;    /* SIGKILL what is left after this; 0: the default */
