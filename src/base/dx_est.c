@@ -96,7 +96,7 @@ static int chol_solve(double *A, double *b, size_t n)
             double s = A[i * n + j];
             for (size_t p = 0; p < j; p++) s -= A[i * n + p] * A[j * n + p];
             if (i == j) {
-                if (!(s > 0)) return DX_ERANGE;
+                if (!(s > 0)) return dx_errf(DX_ERANGE, "dx_rfit: singular normal equations");
                 A[i * n + i] = sqrt(s);
             } else {
                 A[i * n + j] = s / A[j * n + j];

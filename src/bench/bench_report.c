@@ -348,11 +348,11 @@ static void ratio_pairs(const bench_series *s, size_t n, int pr[][3])
 /* Ratio k at turn t (a over the better of its other side), or -1. */
 static double ratio_at(const bench_series *s, const int *pr, uint32_t t)
 {
-    if (pr[0] < 0 || pr[1] < 0) return -1;
+    if (pr[0] < 0 || pr[1] < 0) return BENCH_UNKNOWN;
     double a = bench_turn_p50(s[pr[0]].res, t), b = bench_turn_p50(s[pr[1]].res, t);
     double b2 = pr[2] >= 0 ? bench_turn_p50(s[pr[2]].res, t) : -1;
     if (b2 > 0 && (b <= 0 || b2 < b)) b = b2;
-    return a > 0 && b > 0 ? a / b : -1;
+    return a > 0 && b > 0 ? a / b : BENCH_UNKNOWN;
 }
 
 static void write_turns(FILE *f, const bench_workload *w, const bench_series *s, size_t n)
