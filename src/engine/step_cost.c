@@ -56,16 +56,18 @@ void step_cost_init(step_cost *c, const step_cost_model *prior)
     memset(c, 0, sizeof *c);
     double th[STEP_COST_K];
     coef_of(prior, th);
-    int rc =
-        dx_rfit_init(&c->fit, STEP_COST_K, STEP_COST_RING, c->ring, th, k_scale, PRIOR_STRENGTH);
-    (void)rc; /* constant sizes: cannot fail */
+    for (int i = 0; i < 2; i++) {
+        int rc = dx_rfit_init(&c->fit[i], STEP_COST_K, STEP_COST_RING, c->ring[i], th, k_scale,
+                              PRIOR_STRENGTH);
+        (void)rc; /* constant sizes: cannot fail */
+    }
     for (int i = 0; i < 2; i++) dx_rewma_init(&c->itl[i], prior->step_s, prior->step_s);
 }
 
 void step_cost_copy(step_cost *dst, const step_cost *src)
 {
     memcpy(dst, src, sizeof *dst);
-    dst->fit.ring = dst->ring;
+    for (int i = 0; i < 2; i++) dst->fit[i].ring = dst->ring[i];
 }
 
 void step_cost_add(step_cost *c, const step_cost_sample *s)
@@ -73,7 +75,7 @@ void step_cost_add(step_cost *c, const step_cost_sample *s)
     if (!s->n_pre && !s->n_dec) return;
     double x[STEP_COST_K];
     features(s, x);
-    dx_rfit_add(&c->fit, x, s->seconds);
+    dx_rfit_add(&c->fit[s->n_pre > 0], x, s->seconds);
     if (!s->n_dec) return;
     int w = s->n_pre > 0;
     dx_rewma_add(&c->itl[w], s->seconds, ITL_ALPHA);
@@ -87,14 +89,24 @@ void step_cost_add(step_cost *c, const step_cost_sample *s)
 void step_cost_get(const step_cost *c, step_cost_model *out)
 {
     memset(out, 0, sizeof *out);
-    double th[STEP_COST_K];
-    dx_rfit_solve(&c->fit, th);
+    /* one fit over both kinds of step, in a ring of their union */
+    double ring[2 * STEP_COST_RING * (STEP_COST_K + 1)], th[STEP_COST_K];
+    dx_rfit all;
+    int rc = dx_rfit_init(&all, STEP_COST_K, 2 * STEP_COST_RING, ring, c->fit[0].prior, k_scale,
+                          PRIOR_STRENGTH);
+    (void)rc;
+    for (int i = 0; i < 2; i++)
+        for (size_t j = 0; j < c->fit[i].n; j++) {
+            const double *sm = c->fit[i].ring + j * (STEP_COST_K + 1);
+            dx_rfit_add(&all, sm, sm[STEP_COST_K]);
+        }
+    dx_rfit_solve(&all, th);
     out->step_s = th[0];
     out->pre_tok_s = th[1];
     out->pre_key_s = th[2];
     out->dec_tok_s = th[3];
     out->dec_key_s = th[4];
-    out->samples = c->fit.total;
+    out->samples = c->fit[0].total + c->fit[1].total;
     for (int i = 0; i < 2; i++) {
         out->itl_s[i] = c->itl[i].mean;
         out->itl_n[i] = c->itl[i].n;

@@ -13,8 +13,10 @@
  * moving its KV costs the same), step_s what every step pays (reading the
  * weights, the thread pool's wake-ups).  The coefficients are a robust fit
  * (dx_rfit: ridge toward a prior, outliers down-weighted, none negative)
- * of the last STEP_COST_RING steps, so the model follows the machine as its
- * load changes and forgets what is older.
+ * of the last STEP_COST_RING steps that prefilled and the last
+ * STEP_COST_RING that only decoded, so the model follows the machine as its
+ * load changes and forgets what is older — and a decode node's rare
+ * prefills are not pushed out by its thousands of decode steps.
  *
  * Until steps are seen the prior decides: FLOPs counted from the model's
  * shape at STEP_COST_PRIOR_GFLOPS per thread, and the weights read at
@@ -39,7 +41,7 @@
 #include "model/model.h"
 
 #define STEP_COST_K    5  /* the model's coefficients */
-#define STEP_COST_RING 64 /* steps the fit keeps */
+#define STEP_COST_RING 32 /* steps the fit keeps of each kind (prefilling, decoding only) */
 /* The prior's speeds: FLOP/s per engine thread, and bytes/s of weights
  * read per step (plain literals, for docs and help). */
 #define STEP_COST_PRIOR_GFLOPS 25
@@ -76,8 +78,8 @@ typedef struct {
 } step_cost_model;
 
 typedef struct {
-    dx_rfit fit;
-    double ring[STEP_COST_RING * (STEP_COST_K + 1)];
+    dx_rfit fit[2]; /* [0] steps that only decoded, [1] steps that prefilled */
+    double ring[2][STEP_COST_RING * (STEP_COST_K + 1)];
     dx_rewma itl[2];
     uint64_t itl_hist[2][STEP_COST_ITL_N + 1];
     double itl_sum[2];

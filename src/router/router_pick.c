@@ -131,7 +131,9 @@ static int cost_says_local(const router_pick_cluster *c, const router_pick_req *
     int holder = router_pick_entry_usable(c, e) ? e->node : -1;
     uint32_t cached = q->prompt_tokens - out->uncached;
     router_pick_estimate(c, out->decode, p, holder, cached, out->uncached, &out->est);
-    return out->est.local_s + out->est.stall_s <= out->est.prefill_s;
+    int pct = c->prefill_margin_pct ? c->prefill_margin_pct : ROUTER_PICK_PREFILL_MARGIN_PCT;
+    double margin = pct > 0 ? 1 + pct / 100.0 : 1;
+    return out->est.local_s + out->est.stall_s <= out->est.prefill_s * margin;
 }
 
 /* The entry's node unless it is down, draining or overloaded (saying

@@ -32,10 +32,13 @@
  *                + prefill_P(new tokens at the history's depth)
  *                + pull_D←P(new tokens) + prefill_hop_s
  *
- *    is smaller (router_pick_estimate) — the stall term is what P/D
- *    disaggregation is for: each of D's running streams waits as long as a
- *    local prefill computes, so a decode node with streams gets the long
- *    prefills off it while an idle one takes the small ones;
+ *    is smaller (router_pick_estimate), the prefill path by a margin
+ *    (prefill_margin_pct: the two nodes' models are fitted apart, each with
+ *    its own error, and on equal machines the local path is the one without
+ *    a transfer) — the stall term is what P/D disaggregation is for: each
+ *    of D's running streams waits as long as a local prefill computes, so a
+ *    decode node with streams gets the long prefills off it while an idle
+ *    one takes the small ones;
  *  - by the count otherwise (local_prefill_auto 0, or a node without
  *    costs): local prefill when uncached is below local_prefill_max_tokens;
  *  - one retry, on another node of the role.
@@ -85,14 +88,18 @@ typedef struct {
     double stall_weight;               /* a running stream's delay against this turn's (0:
                                           ROUTER_PICK_STALL_WEIGHT) */
     double prefill_hop_s; /* the prefill path's own overhead (0: ROUTER_PICK_PREFILL_HOP_MS) */
+    /* How much cheaper the prefill path must be estimated, in percent (0:
+     * ROUTER_PICK_PREFILL_MARGIN_PCT; < 0: none). */
+    int prefill_margin_pct;
 } router_pick_cluster;
 
-/* The cost rule's defaults: a stream's wait weighs as much as this turn's,
- * and going through a prefill node costs an HTTP round trip more and the
+/* The cost rule's defaults: a stream's wait weighs as much as this turn's;
+ * going through a prefill node costs an HTTP round trip more and the
  * decode node's admission (~2 ms measured on loopback, README
- * "Performance"). */
-#define ROUTER_PICK_STALL_WEIGHT   1
-#define ROUTER_PICK_PREFILL_HOP_MS 2
+ * "Performance"), and is taken only when estimated 25% cheaper. */
+#define ROUTER_PICK_STALL_WEIGHT       1
+#define ROUTER_PICK_PREFILL_HOP_MS     2
+#define ROUTER_PICK_PREFILL_MARGIN_PCT 25
 
 /* The conversation's entry, as far as the choice needs it. */
 typedef struct {

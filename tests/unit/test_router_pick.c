@@ -510,6 +510,18 @@ static void test_cost_rule(void **state)
     f.n[1].load.pull_byte_s = f.n[2].load.pull_byte_s = 1e-9;
     route(&f, 0, NULL, 3000, 1, &ch);
     assert_int_equal(ch.prefill, 0);
+    /* estimated 10% cheaper is within the margin (two models, two errors):
+     * local; 30% cheaper goes */
+    f.n[0].load.prefill_tok_s = (2.7 - 0.006) / 3000;
+    route(&f, 0, NULL, 3000, 1, &ch);
+    assert_int_equal(ch.prefill, -1);
+    f.n[0].load.prefill_tok_s = (2.1 - 0.006) / 3000;
+    route(&f, 0, NULL, 3000, 1, &ch);
+    assert_int_equal(ch.prefill, 0);
+    f.c.prefill_margin_pct = -1; /* none: by the estimates alone */
+    f.n[0].load.prefill_tok_s = (2.7 - 0.006) / 3000;
+    route(&f, 0, NULL, 3000, 1, &ch);
+    assert_int_equal(ch.prefill, 0);
 }
 
 /* Auto, but a node publishes no costs (an older node, or one not checked

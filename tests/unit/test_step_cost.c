@@ -80,7 +80,8 @@ static void test_fit(void **state)
     /* a copy is a learner of its own */
     step_cost d;
     step_cost_copy(&d, &c);
-    assert_ptr_equal(d.fit.ring, d.ring);
+    assert_ptr_equal(d.fit[0].ring, d.ring[0]);
+    assert_ptr_equal(d.fit[1].ring, d.ring[1]);
 }
 
 static void test_arithmetic(void **state)
