@@ -204,6 +204,14 @@ static void scrape(const up_child *u, double sign, bench_kv *k)
                 sign * series(b.data, "duplex_kv_prompt_tokens_total{source=\"pulled\"}");
             k->tok_computed +=
                 sign * series(b.data, "duplex_kv_prompt_tokens_total{source=\"computed\"}");
+            static const char *const w[2] = {"no", "yes"};
+            for (int i = 0; i < 2; i++) {
+                char name[96];
+                snprintf(name, sizeof name, "duplex_decode_step_seconds_sum{prefill=\"%s\"}", w[i]);
+                k->itl_sum[i] += sign * series(b.data, name);
+                snprintf(name, sizeof name, "duplex_decode_step_seconds_count{prefill=\"%s\"}", w[i]);
+                k->itl_n[i] += sign * series(b.data, name);
+            }
         }
         curl_easy_cleanup(h);
         dx_buf_free(&b);

@@ -429,19 +429,28 @@ static void write_kv(FILE *f, const bench_series *s, size_t n)
     for (size_t i = 0; i < n; i++) any |= s[i].kv.has;
     if (!any) return;
     fprintf(f, "## Where the prompts' KV came from (node metrics)\n\n"
-               "| mode | reused locally | pulled | recomputed | MB pulled P->D | MB pulled D->P |\n"
-               "|---|---|---|---|---|---|\n");
+               "| mode | reused locally | pulled | recomputed | MB pulled P->D | MB pulled D->P | "
+               "decode step, ms (steps) | with a prefill in it, ms (steps) |\n"
+               "|---|---|---|---|---|---|---|---|\n");
     for (size_t i = 0; i < n; i++) {
         const bench_kv *k = &s[i].kv;
         if (!k->has) continue;
         double tot = k->tok_local + k->tok_pulled + k->tok_computed;
         if (tot <= 0) tot = 1;
-        fprintf(f, "| %s | %.1f%% | %.1f%% | %.1f%% | %.1f | %.1f |\n", s[i].name,
+        fprintf(f, "| %s | %.1f%% | %.1f%% | %.1f%% | %.1f | %.1f |", s[i].name,
                 100 * k->tok_local / tot, 100 * k->tok_pulled / tot, 100 * k->tok_computed / tot,
                 k->bytes_p2d / 1e6, k->bytes_d2p / 1e6);
+        for (int w = 0; w < 2; w++)
+            if (k->itl_n[w] > 0)
+                fprintf(f, " %.2f (%.0f) |", 1e3 * k->itl_sum[w] / k->itl_n[w], k->itl_n[w]);
+            else
+                fprintf(f, " - |");
+        fputc('\n', f);
     }
     fprintf(f, "\nShares are of the prompt tokens all nodes saw (a turn through a prefill node "
-               "counts on both nodes).\n\n");
+               "counts on both nodes).  The decode steps are the running streams' inter-token "
+               "latency, apart for the steps that also prefilled (a local prefill stalls the "
+               "streams beside it).\n\n");
 }
 
 int bench_write_summary(FILE *f, const bench_workload *w, const bench_meta *m,

@@ -27,6 +27,10 @@ typedef struct {
     int has; /* 0: not measured (an endpoint that is not duplex) */
     double bytes_p2d, bytes_d2p;
     double tok_local, tok_pulled, tok_computed;
+    /* The decode steps' time (the streams' inter-token latency), summed
+     * over the nodes: [0] steps that only decoded, [1] steps that also
+     * prefilled (duplex_decode_step_seconds); seconds and steps. */
+    double itl_sum[2], itl_n[2];
 } bench_kv;
 
 typedef struct {
