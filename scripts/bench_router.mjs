@@ -74,7 +74,7 @@ const PARAMS = { do_remote_prefill: true, do_remote_decode: false, remote_engine
 let sentAt = 0; // when the fake wrote the request's content event (or its answer)
 
 function fakeNode(req, res) {
-  if (req.url === '/health') return res.end('{"status":"ok"}');
+  if (req.url.split('?')[0] === '/health') return res.end('{"status":"ok"}');
   let body = '';
   req.on('data', (c) => (body += c));
   req.on('end', () => {

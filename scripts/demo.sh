@@ -91,13 +91,15 @@ wait $UP
 echo "duplex up: stopped"
 
 # The comparison (docs/bench.md): the same multi-turn workload through
-# `duplex up` in three modes, one after the other — P/D one-way with the
+# `duplex up` in four modes, one after the other — P/D one-way with the
 # prefill node recomputing the history (the baseline of vLLM's and AWS's
-# measurements), P/D bidirectional, and one colocated node.
+# measurements), P/D bidirectional with every turn through the prefill
+# node, P/D bidirectional with the defaults (every decision by the nodes'
+# measured costs), and one colocated node.
 OUT=${DEMO_OUT:-demo-out}
 echo
-echo "== duplex bench compare ${DEMO_BENCH_ARGS:---preset quick}: TTFT by turn, three modes"
+echo "== duplex bench compare ${DEMO_BENCH_ARGS:---preset quick}: TTFT by turn, four modes"
 # shellcheck disable=SC2086 # DEMO_BENCH_ARGS is a list of flags
-"$BIN" bench compare ${DEMO_BENCH_ARGS:---preset quick} --modes uni-nocache,bidi,colocated \
+"$BIN" bench compare ${DEMO_BENCH_ARGS:---preset quick} --modes uni-nocache,bidi,bidi-auto,colocated \
     --model "$MODEL" --out "$OUT"
 echo "open $OUT/ttft.svg in a browser for the plot; $OUT/summary.md has every table"

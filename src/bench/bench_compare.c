@@ -27,9 +27,24 @@ static const struct {
       "0"}},
     {"uni", {"--mode", "unidirectional", "--local-prefill-max-tokens", "0"}},
     {"bidi",
-     {"--mode", "bidirectional", "--prefill-no-prefix-caching", "--local-prefill-max-tokens",
-      "0"}},
-    {"bidi-rt", {"--mode", "bidirectional"}},
+     {"--mode", "bidirectional", "--prefill-no-prefix-caching", "--local-prefill-max-tokens", "0"}},
+    /* the rules before measured costs: the router's 256-token cut-off,
+     * vLLM's 64-token threshold */
+    {"bidi-rt",
+     {"--mode", "bidirectional", "--local-prefill-max-tokens", "256", "--kv-recompute-threshold",
+      "64"}},
+    /* the defaults: every decision by the nodes' measured costs */
+    {"bidi-auto", {"--mode", "bidirectional"}},
+    /* every turn through the prefill node (its prefix cache on), which
+     * pulls the decode node's blocks or recomputes them: by its costs, by
+     * vLLM's threshold, never */
+    {"bidi-p-auto", {"--mode", "bidirectional", "--local-prefill-max-tokens", "0"}},
+    {"bidi-64",
+     {"--mode", "bidirectional", "--local-prefill-max-tokens", "0", "--kv-recompute-threshold",
+      "64"}},
+    {"bidi-recompute",
+     {"--mode", "bidirectional", "--local-prefill-max-tokens", "0",
+      "--prefill-kv-recompute-threshold", "16777216"}},
     {"colocated", {"--mode", "colocated", "--decode", "1"}},
 };
 
@@ -54,10 +69,12 @@ static int parse_entry(const char *p, size_t len, mode_entry *e)
     size_t ml = at ? (size_t)(at - p) : len;
     e->mode = mode_index(p, ml);
     if (e->mode < 0)
-        return dx_errf(DX_EINVAL,
-                       "unknown mode '%.*s' (uni-nocache|uni|bidi|bidi-rt|colocated, each "
-                       "optionally @" ENGINE_KV_DTYPES ")",
-                       (int)ml, p);
+        return dx_errf(
+            DX_EINVAL,
+            "unknown mode '%.*s' (uni-nocache|uni|bidi|bidi-rt|bidi-auto|bidi-p-auto|bidi-64|"
+            "bidi-recompute|colocated, each "
+            "optionally @" ENGINE_KV_DTYPES ")",
+            (int)ml, p);
     if (len >= sizeof e->name) return dx_errf(DX_EINVAL, "mode '%.*s' is too long", (int)len, p);
     snprintf(e->name, sizeof e->name, "%.*s", (int)len, p);
     e->kv[0] = 0;
@@ -143,8 +160,7 @@ static int up_start(const bench_compare_config *c, const mode_entry *e, const ch
             return 0;
         }
         if (h && u->n_nodes < 16 && (strstr(line, "prefill") || strstr(line, "decode")))
-            snprintf(u->nodes[u->n_nodes++], sizeof u->nodes[0], "%.*s", (int)strcspn(h, " \n"),
-                     h);
+            snprintf(u->nodes[u->n_nodes++], sizeof u->nodes[0], "%.*s", (int)strcspn(h, " \n"), h);
     }
     return dx_errf(DX_EIO, "duplex up (%s) did not start; its log: %s", e->name, log);
 }
@@ -211,7 +227,8 @@ static void scrape(const up_child *u, double sign, bench_kv *k)
             k->has = 1;
             k->bytes_p2d += sign * series(b.data, "duplex_kv_pull_bytes_total{direction=\"p2d\"}");
             k->bytes_d2p += sign * series(b.data, "duplex_kv_pull_bytes_total{direction=\"d2p\"}");
-            k->tok_local += sign * series(b.data, "duplex_kv_prompt_tokens_total{source=\"local\"}");
+            k->tok_local +=
+                sign * series(b.data, "duplex_kv_prompt_tokens_total{source=\"local\"}");
             k->tok_pulled +=
                 sign * series(b.data, "duplex_kv_prompt_tokens_total{source=\"pulled\"}");
             k->tok_computed +=
@@ -224,6 +241,15 @@ static void scrape(const up_child *u, double sign, bench_kv *k)
                 sign * series(b.data, "duplex_kv_pull_blocks_total{direction=\"d2p\"}");
             k->revoked_lru +=
                 sign * series(b.data, "duplex_kv_lease_events_total{event=\"revoked_lru\"}");
+            static const char *const w[2] = {"no", "yes"};
+            for (int i = 0; i < 2; i++) {
+                char name[96];
+                snprintf(name, sizeof name, "duplex_decode_step_seconds_sum{prefill=\"%s\"}", w[i]);
+                k->itl_sum[i] += sign * series(b.data, name);
+                snprintf(name, sizeof name, "duplex_decode_step_seconds_count{prefill=\"%s\"}",
+                         w[i]);
+                k->itl_n[i] += sign * series(b.data, name);
+            }
         }
         curl_easy_cleanup(h);
         dx_buf_free(&b);
@@ -279,8 +305,8 @@ static int run_mode(void *user, const mode_entry *e)
     if (!rc) {
         wait_populated(path, u.n_nodes, c->stop);
         scrape(&u, -1, &s->kv);
-        bench_run_config rc_ = {.url = u.url, .w = c->w, .text = c->text,
-                                .progress = c->progress, .stop = c->stop};
+        bench_run_config rc_ = {
+            .url = u.url, .w = c->w, .text = c->text, .progress = c->progress, .stop = c->stop};
         rc = bench_run(&rc_, &r);
         scrape(&u, +1, &s->kv);
     }

@@ -8,6 +8,7 @@
 
 #include "base/dx_alloc.h"
 #include "base/dx_err.h"
+#include "node/node_kv.h"
 
 /* ---- statistics ------------------------------------------------------------- */
 
@@ -80,13 +81,13 @@ int bench_write_json(const char *path, const bench_workload *w, const bench_meta
     for (size_t i = 0; i < r->n; i++) {
         const bench_record *x = &r->rec[i];
         json_array_append_new(
-            recs, json_pack("{s:i,s:i,s:f,s:f,s:f,s:f,s:I,s:I,s:I,s:i,s:s,s:s}", "conversation",
-                            (int)x->conversation, "turn", (int)x->turn, "t_start_s", x->t_start_s,
-                            "ttft_s", x->ttft_s, "tpot_s", x->tpot_s, "e2e_s", x->e2e_s,
-                            "prompt_tokens", (json_int_t)x->prompt_tokens, "cached_tokens",
-                            (json_int_t)x->cached_tokens, "completion_tokens",
-                            (json_int_t)x->completion_tokens, "status", x->status, "error",
-                            bench_err_name(x->err), "detail", x->detail));
+            recs,
+            json_pack("{s:i,s:i,s:f,s:f,s:f,s:f,s:I,s:I,s:I,s:i,s:s,s:s}", "conversation",
+                      (int)x->conversation, "turn", (int)x->turn, "t_start_s", x->t_start_s,
+                      "ttft_s", x->ttft_s, "tpot_s", x->tpot_s, "e2e_s", x->e2e_s, "prompt_tokens",
+                      (json_int_t)x->prompt_tokens, "cached_tokens", (json_int_t)x->cached_tokens,
+                      "completion_tokens", (json_int_t)x->completion_tokens, "status", x->status,
+                      "error", bench_err_name(x->err), "detail", x->detail));
     }
     json_t *root = json_pack(
         "{s:{s:s,s:s,s:s?,s:f,s:i,s:i,s:i,s:i,s:o,s:o,s:o,s:f,s:I,s:i,s:b,s:f,s:b},s:f,s:o}",
@@ -101,16 +102,18 @@ int bench_write_json(const char *path, const bench_workload *w, const bench_meta
         json_object_set_new(json_object_get(root, "meta"), "rounds", json_integer(w->rounds));
     if (root && m->kv.has)
         json_object_set_new(json_object_get(root, "meta"), "kv",
-                            json_pack("{s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f}", "bytes_p2d",
-                                      m->kv.bytes_p2d, "bytes_d2p", m->kv.bytes_d2p,
+                            json_pack("{s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:[ff],s:[ff]}",
+                                      "bytes_p2d", m->kv.bytes_p2d, "bytes_d2p", m->kv.bytes_d2p,
                                       "tokens_local", m->kv.tok_local, "tokens_pulled",
                                       m->kv.tok_pulled, "tokens_computed", m->kv.tok_computed,
                                       "pulls_p2d", m->kv.pulls_p2d, "pulls_d2p", m->kv.pulls_d2p,
                                       "blocks_p2d", m->kv.blocks_p2d, "blocks_d2p",
-                                      m->kv.blocks_d2p, "revoked_lru", m->kv.revoked_lru));
+                                      m->kv.blocks_d2p, "revoked_lru", m->kv.revoked_lru,
+                                      "decode_step_s", m->kv.itl_sum[0], m->kv.itl_sum[1],
+                                      "decode_steps", m->kv.itl_n[0], m->kv.itl_n[1]));
     if (!root) return dx_errf(DX_ENOMEM, "out of memory");
-    int rc = json_dump_file(root, path, JSON_INDENT(1)) ? dx_errf(DX_EIO, "%s: cannot write", path)
-                                                        : 0;
+    int rc =
+        json_dump_file(root, path, JSON_INDENT(1)) ? dx_errf(DX_EIO, "%s: cannot write", path) : 0;
     json_decref(root);
     return rc;
 }
@@ -190,16 +193,22 @@ int bench_read_json(const char *path, bench_workload *w, bench_meta *m, bench_re
         json_t *kv = json_object_get(meta, "kv");
         m->kv = (bench_kv){0};
         if (json_is_object(kv))
-            m->kv = (bench_kv){1, json_number_value(json_object_get(kv, "bytes_p2d")),
-                               json_number_value(json_object_get(kv, "bytes_d2p")),
-                               json_number_value(json_object_get(kv, "tokens_local")),
-                               json_number_value(json_object_get(kv, "tokens_pulled")),
-                               json_number_value(json_object_get(kv, "tokens_computed")),
-                               json_number_value(json_object_get(kv, "pulls_p2d")),
-                               json_number_value(json_object_get(kv, "pulls_d2p")),
-                               json_number_value(json_object_get(kv, "blocks_p2d")),
-                               json_number_value(json_object_get(kv, "blocks_d2p")),
-                               json_number_value(json_object_get(kv, "revoked_lru"))};
+            m->kv = (bench_kv){
+                1,
+                json_number_value(json_object_get(kv, "bytes_p2d")),
+                json_number_value(json_object_get(kv, "bytes_d2p")),
+                json_number_value(json_object_get(kv, "tokens_local")),
+                json_number_value(json_object_get(kv, "tokens_pulled")),
+                json_number_value(json_object_get(kv, "tokens_computed")),
+                json_number_value(json_object_get(kv, "pulls_p2d")),
+                json_number_value(json_object_get(kv, "pulls_d2p")),
+                json_number_value(json_object_get(kv, "blocks_p2d")),
+                json_number_value(json_object_get(kv, "blocks_d2p")),
+                json_number_value(json_object_get(kv, "revoked_lru")),
+                {json_number_value(json_array_get(json_object_get(kv, "decode_step_s"), 0)),
+                 json_number_value(json_array_get(json_object_get(kv, "decode_step_s"), 1))},
+                {json_number_value(json_array_get(json_object_get(kv, "decode_steps"), 0)),
+                 json_number_value(json_array_get(json_object_get(kv, "decode_steps"), 1))}};
         w->clients = (uint32_t)json_integer_value(json_object_get(meta, "clients"));
         w->shared_prefix =
             (uint32_t)json_integer_value(json_object_get(meta, "shared_prefix_tokens"));
@@ -256,12 +265,14 @@ static void write_workload(FILE *f, const bench_workload *w, const bench_meta *m
             m->tokens_exact ? "counted by the model's tokenizer" : "estimated from words",
             w->think_s, (unsigned long long)w->seed, r ? r->model : "");
     if (w->rounds > 1)
-        fprintf(f, "Each mode ran %u times, the modes in turn (A B C A B C ...), each time "
-                   "started afresh; the figures are over all %u rounds.\n",
+        fprintf(f,
+                "Each mode ran %u times, the modes in turn (A B C A B C ...), each time "
+                "started afresh; the figures are over all %u rounds.\n",
                 w->rounds, w->rounds);
     if (m->overhead_ms >= 0)
-        fprintf(f, "The client's own time to first token against an instant endpoint: %.2f ms "
-                   "(p50).\n",
+        fprintf(f,
+                "The client's own time to first token against an instant endpoint: %.2f ms "
+                "(p50).\n",
                 m->overhead_ms);
     fputc('\n', f);
 }
@@ -288,8 +299,8 @@ static void write_overall(FILE *f, const bench_series *s)
             r->wall_s > 0 ? (double)out_tokens / r->wall_s : 0);
     int any = 0;
     for (int e = 1; e < BENCH_N_ERR; e++)
-        if (errs[e]) fprintf(f, "%s%s %zu", any++ ? ", " : "", bench_err_name((enum bench_err)e),
-                             errs[e]);
+        if (errs[e])
+            fprintf(f, "%s%s %zu", any++ ? ", " : "", bench_err_name((enum bench_err)e), errs[e]);
     fprintf(f, "%s.\n\n", any ? "" : "none");
     /* per turn: the spread, and how much of each prompt the server said it had cached */
     fprintf(f, "| turn | requests | TTFT mean | p50 | p90 | p99 | prompt tokens | cached |\n"
@@ -324,24 +335,55 @@ static int find(const bench_series *s, size_t n, const char *name)
     return DX_NONE;
 }
 
-/* The ratios the P/D comparison is about, when both sides ran. */
-static void ratio_pairs(const bench_series *s, size_t n, int pairs[2][2])
+/* The ratios the P/D comparison is about, each shown when its modes ran:
+ * a mode over another, or over the better (per turn) of two — the cost
+ * rule against the fixed rules it replaces. */
+typedef struct {
+    const char *a, *b, *b2; /* b2: NULL, or the other side's alternative */
+    const char *label;
+} ratio_def;
+
+static const ratio_def k_ratios[] = {
+    {"uni-nocache", "bidi", NULL, "uni-nocache / bidi"},
+    {"bidi", "colocated", NULL, "bidi / colocated"},
+    {"bidi-auto", "colocated", NULL, "bidi-auto / colocated"},
+    {"bidi-p-auto", "bidi-64", "bidi-recompute", "bidi-p-auto / best fixed"},
+    {"bidi-auto", "bidi-64", "bidi-recompute", "bidi-auto / best fixed"},
+};
+#define N_RATIOS (sizeof k_ratios / sizeof k_ratios[0])
+
+/* Which ratios apply: pr[k] = {a, b, b2} indices (b2 may be -1). */
+static void ratio_pairs(const bench_series *s, size_t n, int pr[][3])
 {
-    pairs[0][0] = find(s, n, "uni-nocache"), pairs[0][1] = find(s, n, "bidi");
-    pairs[1][0] = find(s, n, "bidi"), pairs[1][1] = find(s, n, "colocated");
+    for (size_t k = 0; k < N_RATIOS; k++) {
+        pr[k][0] = find(s, n, k_ratios[k].a);
+        pr[k][1] = find(s, n, k_ratios[k].b);
+        pr[k][2] = k_ratios[k].b2 ? find(s, n, k_ratios[k].b2) : DX_NONE;
+        if (pr[k][1] < 0) pr[k][1] = pr[k][2], pr[k][2] = DX_NONE;
+    }
+}
+
+/* Ratio k at turn t (a over the better of its other side), or -1. */
+static double ratio_at(const bench_series *s, const int *pr, uint32_t t)
+{
+    if (pr[0] < 0 || pr[1] < 0) return BENCH_UNKNOWN;
+    double a = bench_turn_p50(s[pr[0]].res, t), b = bench_turn_p50(s[pr[1]].res, t);
+    double b2 = pr[2] >= 0 ? bench_turn_p50(s[pr[2]].res, t) : -1;
+    if (b2 > 0 && (b <= 0 || b2 < b)) b = b2;
+    return a > 0 && b > 0 ? a / b : BENCH_UNKNOWN;
 }
 
 static void write_turns(FILE *f, const bench_workload *w, const bench_series *s, size_t n)
 {
-    int pr[2][2];
+    int pr[N_RATIOS][3];
     ratio_pairs(s, n, pr);
     fprintf(f, "## TTFT by turn (p50, ms)\n\n| turn |");
     for (size_t i = 0; i < n; i++) fprintf(f, " %s |", s[i].name);
-    for (int k = 0; k < 2; k++)
-        if (pr[k][0] >= 0 && pr[k][1] >= 0) fprintf(f, " %s / %s |", s[pr[k][0]].name, s[pr[k][1]].name);
+    for (size_t k = 0; k < N_RATIOS; k++)
+        if (pr[k][0] >= 0 && pr[k][1] >= 0) fprintf(f, " %s |", k_ratios[k].label);
     fprintf(f, "\n|---|");
     for (size_t i = 0; i < n; i++) fprintf(f, "---|");
-    for (int k = 0; k < 2; k++)
+    for (size_t k = 0; k < N_RATIOS; k++)
         if (pr[k][0] >= 0 && pr[k][1] >= 0) fprintf(f, "---|");
     fputc('\n', f);
     for (uint32_t t = 1; t <= w->turns; t++) {
@@ -353,15 +395,50 @@ static void write_turns(FILE *f, const bench_workload *w, const bench_series *s,
             else
                 fprintf(f, " %.1f |", p * 1e3);
         }
-        for (int k = 0; k < 2; k++) {
+        for (size_t k = 0; k < N_RATIOS; k++) {
             if (pr[k][0] < 0 || pr[k][1] < 0) continue;
-            double a = bench_turn_p50(s[pr[k][0]].res, t), b = bench_turn_p50(s[pr[k][1]].res, t);
-            if (a > 0 && b > 0)
-                fprintf(f, " %.2f |", a / b);
+            double r = ratio_at(s, pr[k], t);
+            if (r > 0)
+                fprintf(f, " %.2f |", r);
             else
                 fprintf(f, " - |");
         }
         fputc('\n', f);
+    }
+    fputc('\n', f);
+}
+
+/* The time from each turn's answer to its conversation's next turn, held
+ * against the decode nodes' retention: the turns that come later
+ * recompute their history (the router's duplex_router_turn_gap_seconds
+ * shows the same from its side). */
+static void write_gaps(FILE *f, const bench_meta *m, const bench_series *s, size_t n)
+{
+    double ttl = m->retention_s > 0 ? m->retention_s : NODE_KV_DEFAULT_RETAIN_TTL_S;
+    fprintf(f,
+            "## Time between turns\n\n| mode | gaps | p50 s | p90 s | p99 s | max s | after "
+            "the retention (%g s) |\n|---|---|---|---|---|---|---|\n",
+            ttl);
+    for (size_t i = 0; i < n; i++) {
+        const bench_results *r = s[i].res;
+        double *g = dx_malloc((r->n ? r->n : 1) * sizeof *g);
+        size_t k = 0, late = 0;
+        for (size_t a = 0; g && a < r->n; a++) /* each turn's successor in its conversation */
+            for (size_t b = 0; b < r->n; b++) {
+                const bench_record *x = &r->rec[a], *y = &r->rec[b];
+                if (y->conversation != x->conversation || y->turn != x->turn + 1 || x->err)
+                    continue;
+                double gap = y->t_start_s - (x->t_start_s + x->e2e_s);
+                g[k++] = gap > 0 ? gap : 0;
+                late += gap > ttl;
+            }
+        bench_stat st = {0};
+        double max = 0;
+        for (size_t j = 0; j < k; j++) max = g[j] > max ? g[j] : max;
+        if (k) bench_stat_of(g, k, &st);
+        fprintf(f, "| %s | %zu | %.2f | %.2f | %.2f | %.2f | %zu (%.1f%%) |\n", s[i].name, k,
+                st.p50, st.p90, st.p99, max, late, k ? 100.0 * (double)late / (double)k : 0);
+        dx_free(g);
     }
     fputc('\n', f);
 }
@@ -373,14 +450,15 @@ static void write_kv(FILE *f, const bench_series *s, size_t n)
     if (!any) return;
     fprintf(f, "## Where the prompts' KV came from (node metrics)\n\n"
                "| mode | reused locally | pulled | recomputed | MB pulled P->D | MB pulled D->P "
-               "| KB per pull D->P | KB per block | retained revoked |\n"
-               "|---|---|---|---|---|---|---|---|---|\n");
+               "| KB per pull D->P | KB per block | retained revoked | decode step, ms (steps) "
+               "| with a prefill in it, ms (steps) |\n"
+               "|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (size_t i = 0; i < n; i++) {
         const bench_kv *k = &s[i].kv;
         if (!k->has) continue;
         double tot = k->tok_local + k->tok_pulled + k->tok_computed;
         if (tot <= 0) tot = 1;
-        fprintf(f, "| %s | %.1f%% | %.1f%% | %.1f%% | %.1f | %.1f | %.1f | %.1f | %.0f |\n",
+        fprintf(f, "| %s | %.1f%% | %.1f%% | %.1f%% | %.1f | %.1f | %.1f | %.1f | %.0f |",
                 s[i].name, 100 * k->tok_local / tot, 100 * k->tok_pulled / tot,
                 100 * k->tok_computed / tot, k->bytes_p2d / 1e6, k->bytes_d2p / 1e6,
                 k->pulls_d2p > 0 ? k->bytes_d2p / k->pulls_d2p / 1e3 : 0,
@@ -388,11 +466,19 @@ static void write_kv(FILE *f, const bench_series *s, size_t n)
                     ? (k->bytes_p2d + k->bytes_d2p) / (k->blocks_p2d + k->blocks_d2p) / 1e3
                     : 0,
                 k->revoked_lru);
+        for (int w = 0; w < 2; w++)
+            if (k->itl_n[w] > 0)
+                fprintf(f, " %.2f (%.0f) |", 1e3 * k->itl_sum[w] / k->itl_n[w], k->itl_n[w]);
+            else
+                fprintf(f, " - |");
+        fputc('\n', f);
     }
     fprintf(f, "\nShares are of the prompt tokens all nodes saw (a turn through a prefill node "
                "counts on both nodes).  A pull moves whole KV blocks as the pool stores them (a "
                "q8_0 block is 17/32 of an f16 one); per pull counts every pull tried, \"retained "
-               "revoked\" the conversations the decode nodes gave up under memory pressure.\n\n");
+               "revoked\" the conversations the decode nodes gave up under memory pressure.  The "
+               "decode steps are the running streams' inter-token latency, apart for the steps "
+               "that also prefilled (a local prefill stalls the streams beside it).\n\n");
 }
 
 int bench_write_summary(FILE *f, const bench_workload *w, const bench_meta *m,
@@ -400,6 +486,7 @@ int bench_write_summary(FILE *f, const bench_workload *w, const bench_meta *m,
 {
     write_workload(f, w, m, n ? s[0].res : NULL);
     write_turns(f, w, s, n);
+    write_gaps(f, m, s, n);
     fprintf(f, "## Overall\n\n");
     for (size_t i = 0; i < n; i++) write_overall(f, &s[i]);
     write_kv(f, s, n);
@@ -409,15 +496,20 @@ int bench_write_summary(FILE *f, const bench_workload *w, const bench_meta *m,
 void bench_print_turns(FILE *f, const bench_workload *w, const bench_series *s, size_t n)
 {
     write_turns(f, w, s, n);
-    int pr[2][2];
+    int pr[N_RATIOS][3];
     ratio_pairs(s, n, pr);
     uint32_t last = w->turns;
-    for (int k = 0; k < 2; k++) {
-        if (pr[k][0] < 0 || pr[k][1] < 0) continue;
-        double a = bench_turn_p50(s[pr[k][0]].res, last), b = bench_turn_p50(s[pr[k][1]].res, last);
-        if (a > 0 && b > 0)
+    for (size_t k = 0; k < N_RATIOS; k++) {
+        double r = ratio_at(s, pr[k], last);
+        if (r <= 0) continue;
+        if (pr[k][2] >= 0)
+            fprintf(f,
+                    "At the last turn, %s takes %.2fx the time to first token of the better of "
+                    "%s and %s.\n",
+                    s[pr[k][0]].name, r, s[pr[k][1]].name, s[pr[k][2]].name);
+        else
             fprintf(f, "At the last turn, %s takes %.2fx the time to first token of %s.\n",
-                    s[pr[k][0]].name, a / b, s[pr[k][1]].name);
+                    s[pr[k][0]].name, r, s[pr[k][1]].name);
     }
 }
 
@@ -436,9 +528,15 @@ static void xml_text(FILE *f, const char *t)
 {
     for (; *t; t++) {
         switch (*t) {
-        case '&': fputs("&amp;", f); break;
-        case '<': fputs("&lt;", f); break;
-        case '>': fputs("&gt;", f); break;
+        case '&':
+            fputs("&amp;", f);
+            break;
+        case '<':
+            fputs("&lt;", f);
+            break;
+        case '>':
+            fputs("&gt;", f);
+            break;
         default:
             if ((unsigned char)*t >= 0x20 || *t == '\t') fputc(*t, f);
         }
@@ -449,8 +547,14 @@ static void xml_text(FILE *f, const char *t)
 static const char *mode_label(const char *name)
 {
     static const char *const k[][2] = {
-        {"uni-nocache", "P/D one-way, P recomputes"}, {"uni", "P/D one-way, P prefix cache"},
-        {"bidi", "P/D bidirectional"},                 {"bidi-rt", "bidirectional + local prefill"},
+        {"uni-nocache", "P/D one-way, P recomputes"},
+        {"uni", "P/D one-way, P prefix cache"},
+        {"bidi", "P/D bidirectional"},
+        {"bidi-rt", "bidirectional, count rules"},
+        {"bidi-auto", "bidirectional, by measured costs"},
+        {"bidi-p-auto", "bidirectional via P, P decides by costs"},
+        {"bidi-64", "bidirectional via P, threshold 64"},
+        {"bidi-recompute", "bidirectional via P, P never pulls"},
         {"colocated", "one node, prefill and decode"},
     };
     for (size_t i = 0; i < DX_ARRAY_LEN(k); i++)
@@ -469,8 +573,8 @@ typedef struct {
 
 static double y_of(const yaxis *a, double v)
 {
-    double f = a->log ? (log10(fmax(v, a->lo)) - log10(a->lo)) / (log10(a->hi) - log10(a->lo))
-                      : v / a->hi;
+    double f =
+        a->log ? (log10(fmax(v, a->lo)) - log10(a->lo)) / (log10(a->hi) - log10(a->lo)) : v / a->hi;
     return a->bottom - f * (a->bottom - a->top);
 }
 
@@ -478,8 +582,8 @@ static void y_ticks(FILE *f, const yaxis *a, double x0, double x1)
 {
     double dec = a->log ? pow(10, floor(log10(a->lo) + 1e-9)) : 0;
     for (double v = a->log ? a->lo : 0; v <= a->hi * 1.0001;) {
-        fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>\n",
-                x0, y_of(a, v), x1, y_of(a, v));
+        fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>\n", x0,
+                y_of(a, v), x1, y_of(a, v));
         fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%g</text>\n", x0 - 6,
                 y_of(a, v) + 4, v);
         if (!a->log) {
@@ -516,23 +620,25 @@ static yaxis y_axis(const bench_workload *w, const bench_series *s, size_t n, do
 
 int bench_write_svg(FILE *f, const bench_workload *w, const bench_series *s, size_t n)
 {
-    static const char *const colors[] = {"#d62728", "#ff7f0e", "#1f77b4", "#2ca02c", "#9467bd",
-                                         "#8c564b"};
+    static const char *const colors[] = {"#d62728", "#ff7f0e", "#1f77b4",
+                                         "#2ca02c", "#9467bd", "#8c564b"};
     const double W = 860, H = 460, L = 70, R = 250, T = 56, B = 50;
     yaxis ya = y_axis(w, s, n, T, H - B);
     uint32_t turns = w->turns > 1 ? w->turns : 2;
-#define X(t) (L + ((double)(t) - 1) * (W - L - R) / (turns - 1))
-    fprintf(f, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
-               "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
-               "viewBox=\"0 0 %.0f %.0f\" font-family=\"sans-serif\" font-size=\"12\">\n"
-               "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n",
+#define X(t) (L + ((double)(t)-1) * (W - L - R) / (turns - 1))
+    fprintf(f,
+            "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
+            "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
+            "viewBox=\"0 0 %.0f %.0f\" font-family=\"sans-serif\" font-size=\"12\">\n"
+            "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n",
             W, H, W, H);
-    fprintf(f, "<text x=\"%.0f\" y=\"22\" font-size=\"15\">Time to first token by turn (p50 of %u "
-               "conversations)</text>\n",
+    fprintf(f,
+            "<text x=\"%.0f\" y=\"22\" font-size=\"15\">Time to first token by turn (p50 of %u "
+            "conversations)</text>\n",
             L, w->conversations * (w->rounds > 1 ? w->rounds : 1));
-    fprintf(f, "<text x=\"%.0f\" y=\"40\" fill=\"#555\">%s%s%sscale %g; %u at a time; model ",
-            L, w->preset ? "preset " : "", w->preset ? w->preset : "", w->preset ? ", " : "",
-            w->scale, w->clients);
+    fprintf(f, "<text x=\"%.0f\" y=\"40\" fill=\"#555\">%s%s%sscale %g; %u at a time; model ", L,
+            w->preset ? "preset " : "", w->preset ? w->preset : "", w->preset ? ", " : "", w->scale,
+            w->clients);
     xml_text(f, n && s[0].res->model[0] ? s[0].res->model : "?");
     fputs("</text>\n", f);
     y_ticks(f, &ya, L, W - R);
@@ -543,10 +649,11 @@ int bench_write_svg(FILE *f, const bench_workload *w, const bench_series *s, siz
             H - B, W - R, H - B);
     fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"black\"/>\n", L, T,
             L, H - B);
-    fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">turn</text>\n",
-            (L + W - R) / 2, H - 12);
-    fprintf(f, "<text transform=\"translate(18 %.1f) rotate(-90)\" text-anchor=\"middle\">"
-               "TTFT (ms%s)</text>\n",
+    fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">turn</text>\n", (L + W - R) / 2,
+            H - 12);
+    fprintf(f,
+            "<text transform=\"translate(18 %.1f) rotate(-90)\" text-anchor=\"middle\">"
+            "TTFT (ms%s)</text>\n",
             (T + H - B) / 2, ya.log ? ", log scale" : "");
     for (size_t i = 0; i < n; i++) {
         const char *col = colors[i % DX_ARRAY_LEN(colors)];
@@ -567,8 +674,9 @@ int bench_write_svg(FILE *f, const bench_workload *w, const bench_series *s, siz
         /* the legend: the mode's name, and under it what it is */
         double ly = T + 10 + 34.0 * (double)i;
         const char *label = mode_label(s[i].name);
-        fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" "
-                   "stroke-width=\"2\"/>\n",
+        fprintf(f,
+                "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" "
+                "stroke-width=\"2\"/>\n",
                 W - R + 15, ly, W - R + 40, ly, col);
         fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-weight=\"bold\">", W - R + 46, ly + 4);
         xml_text(f, s[i].name);

@@ -30,6 +30,10 @@ typedef struct {
     double pulls_p2d, pulls_d2p;   /* pulls tried, by direction */
     double blocks_p2d, blocks_d2p; /* blocks pulled */
     double revoked_lru;            /* retained conversations revoked to make room */
+    /* The decode steps' time (the streams' inter-token latency), summed
+     * over the nodes: [0] steps that only decoded, [1] steps that also
+     * prefilled (duplex_decode_step_seconds); seconds and steps. */
+    double itl_sum[2], itl_n[2];
 } bench_kv;
 
 typedef struct {
@@ -43,6 +47,9 @@ typedef struct {
     double overhead_ms; /* the client's own TTFT against an instant endpoint; < 0: unknown */
     int tokens_exact;   /* lengths counted by the model's tokenizer */
     bench_kv kv;        /* bench compare: the mode's node counters (kept in results.json) */
+    /* The decode nodes' retention (--decoder-kv-blocks-ttl) the time between
+     * turns is held against in the report; 0: the nodes' default. */
+    double retention_s;
 } bench_meta;
 
 int bench_write_json(const char *path, const bench_workload *w, const bench_meta *m,

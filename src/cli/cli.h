@@ -44,11 +44,9 @@ enum cli_opt_type {
 #define CLI_HELP_DEFAULT(TEXT, X) TEXT " (default " CLI_DEFAULT_INT(X) ")"
 
 /* Defaults the CLI itself applies in more than one command: the HTTP port
- * of serve, router and up (and the URL bench run and chat send to), and the
- * router's --local-prefill-max-tokens (up passes it on when given). */
-#define CLI_DEFAULT_PORT               8000
-#define CLI_DEFAULT_URL                "http://127.0.0.1:" CLI_DEFAULT_INT(CLI_DEFAULT_PORT)
-#define CLI_LOCAL_PREFILL_MAX_TOKENS   256
+ * of serve, router and up (and the URL bench run and chat send to). */
+#define CLI_DEFAULT_PORT 8000
+#define CLI_DEFAULT_URL  "http://127.0.0.1:" CLI_DEFAULT_INT(CLI_DEFAULT_PORT)
 /* --kv-dtype's help in serve, up, generate and bench engine (expanded where
  * engine/engine.h is included: its names and default are the engine's). */
 #define CLI_KV_DTYPE_HELP                                                                          \
@@ -63,16 +61,18 @@ typedef struct {
 /* The API-key flags of serve, router and up (SECURITY.md): two cli_opt
  * entries filling two cli_lists. */
 #define CLI_API_KEY_OPTS(keys, files)                                                              \
-    {"api-key", CLI_LIST, (keys), 0, 0,                                                           \
-     "a key clients must send as Authorization: Bearer (repeatable)"},                           \
-        {"api-key-file", CLI_PATH_LIST, (files), 0, 0,                                             \
-         "API keys, one per line, '#' comments (repeatable)"}
+    {"api-key", CLI_LIST, (keys),                                                                  \
+     0,         0,        "a key clients must send as Authorization: Bearer (repeatable)"},        \
+    {                                                                                              \
+        "api-key-file", CLI_PATH_LIST, (files), 0, 0,                                              \
+            "API keys, one per line, '#' comments (repeatable)"                                    \
+    }
 
 typedef struct {
     const char *name; /* without dashes: "n" is -n, "kv-dtype" is --kv-dtype */
     enum cli_opt_type type;
-    void *dst;        /* const char **, long *, uint64_t *, double *, int *, cli_list * */
-    double min, max;  /* for numbers; both 0 = unchecked */
+    void *dst;       /* const char **, long *, uint64_t *, double *, int *, cli_list * */
+    double min, max; /* for numbers; both 0 = unchecked */
     const char *help;
 } cli_opt;
 
@@ -110,7 +110,11 @@ typedef struct {
         .request_timeout_ms = HTTP_DEFAULT_REQUEST_TIMEOUT_MS, .max_conns = HTTP_DEFAULT_MAX_CONNS \
     }
 #define CLI_HTTP_OPTS(f)                                                                           \
-    {"max-body-mb", CLI_INT, &(f).max_body_mb, 1, 1024,                                            \
+    {"max-body-mb",                                                                                \
+     CLI_INT,                                                                                      \
+     &(f).max_body_mb,                                                                             \
+     1,                                                                                            \
+     1024,                                                                                         \
      "request body limit (default " CLI_DEFAULT_INT(HTTP_DEFAULT_MAX_BODY_MB) ")"},                \
         {"request-timeout-ms",                                                                     \
          CLI_INT,                                                                                  \

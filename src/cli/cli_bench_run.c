@@ -20,6 +20,7 @@
 #include "bench/bench_fake.h"
 #include "bench/bench_report.h"
 #include "bench/bench_run.h"
+#include "node/node_kv.h"
 
 /* The workload without --preset or --config (its lengths in tokens), and
  * where the reports go. */
@@ -47,7 +48,7 @@ typedef struct {
     const char *preset, *config, *prefix, *input, *output, *tokenizer, *url, *model, *api_key, *out,
         *api;
     long conversations, turns, clients, shared, seed, warmup;
-    double think, scale, timeout;
+    double think, scale, timeout, retention;
     int send_id, no_progress;
     char prefix_s[64], input_s[64], output_s[64];
 } wflags;
@@ -249,6 +250,10 @@ static int bench_run_main(int argc, char **argv)
         {"out", CLI_PATH, &f.out, 0, 0, "directory for results.json, summary.md, ttft.svg"},
         {"timeout-s", CLI_DBL, &f.timeout, 1, 86400,
          CLI_HELP_DEFAULT("per request", BENCH_RUN_DEFAULT_TIMEOUT_S)},
+        {"retention-ttl-s", CLI_DBL, &f.retention, 1, 86400 * 7,
+         CLI_HELP_DEFAULT("the decode nodes' --decoder-kv-blocks-ttl the report holds the time "
+                          "between turns against",
+                          NODE_KV_DEFAULT_RETAIN_TTL_S)},
         WORKLOAD_OPTS(f),
     };
     int rc = cli_parse("bench run", "[--url URL] [--preset quick|paper] [--out DIR] [...]", argc,
@@ -271,7 +276,7 @@ static int bench_run_main(int argc, char **argv)
                           .progress = progress_kind(&f),
                           .stop = &g_stop};
     rc = bench_run(&c, &r);
-    bench_meta m = {.url = f.url, .tokens_exact = bench_text_exact(t)};
+    bench_meta m = {.url = f.url, .tokens_exact = bench_text_exact(t), .retention_s = f.retention};
     m.overhead_ms = rc ? BENCH_UNKNOWN : bench_fake_overhead_ms(&w, t, &g_stop);
     if (!rc) rc = write_run(f.out, &w, &m, &r);
     if (!rc) {
@@ -365,8 +370,9 @@ static int bench_compare_main(int argc, char **argv)
     const cli_opt opts[] = {
         {"model", CLI_PATH, &model, 0, 0, "GGUF model (default: " DEFAULT_MODEL ", made once)"},
         {"modes", CLI_STR, &modes, 0, 0,
-         "uni-nocache,uni,bidi,bidi-rt,colocated (default: all but bidi-rt); MODE@DTYPE: that "
-         "KV dtype (bidi-rt,bidi-rt@q8_0)"},
+         "uni-nocache,uni,bidi,bidi-rt,bidi-auto,bidi-p-auto,bidi-64,bidi-recompute,colocated "
+         "(default: uni-nocache,uni,bidi,colocated); MODE@DTYPE: that KV dtype "
+         "(bidi-auto,bidi-auto@q8_0)"},
         {"kv-dtype", CLI_STR, &kv_dtype, 0, 0,
          "every node's KV dtype unless a mode says (default: serve's, " ENGINE_DEFAULT_KV_DTYPE
          ")"},

@@ -123,12 +123,14 @@ static void log_startup(const router_config *c, const router *r)
         snprintf(disc + strlen(disc), sizeof disc - strlen(disc), " (%snode:*)",
                  c->state_prefix ? c->state_prefix : NODE_REG_DEFAULT_PREFIX);
     }
+    char local[48] = "auto";
+    if (c->local_prefill_fixed)
+        snprintf(local, sizeof local, "below_%u_tokens", c->local_prefill_max_tokens);
     DX_LOGI("duplex router: address=http://%s:%d mode=%s prefill=%s decode=%s discover=%s "
-            "tokenizer=%s local_prefill_max_tokens=%u auth=%s state=%s",
+            "tokenizer=%s local_prefill=%s auth=%s state=%s",
             c->host, router_port(r),
             c->n_prefill || c->discover ? router_mode_name(c->mode) : "colocated", p.data, d.data,
-            disc, c->tokenizer ? c->tokenizer : "none (~4 bytes per token)",
-            c->local_prefill_max_tokens, auth, state);
+            disc, c->tokenizer ? c->tokenizer : "none (~4 bytes per token)", local, auth, state);
     dx_buf_free(&p);
     dx_buf_free(&d);
 }
@@ -162,7 +164,7 @@ int cli_router_main(int argc, char **argv)
     const char *prefill = NULL, *decode = NULL, *host = "127.0.0.1", *tokenizer = NULL;
     const char *mode = "bidirectional", *level = "info";
     long port = CLI_DEFAULT_PORT, max_conv = ROUTER_STATE_DEFAULT_MAX_ENTRIES;
-    long local_max = CLI_LOCAL_PREFILL_MAX_TOKENS, health_ms = ROUTER_DEFAULT_HEALTH_INTERVAL_MS;
+    long local_max = -1, health_ms = ROUTER_DEFAULT_HEALTH_INTERVAL_MS;
     long max_out = ROUTER_DEFAULT_DECODE_MAX_OUTSTANDING, state_mb = ROUTER_STATE_DEFAULT_MAX_MB;
     cli_http_flags http = CLI_HTTP_FLAGS_INIT;
     double ttl = ROUTER_DEFAULT_CONVERSATION_TTL_S,
@@ -211,8 +213,9 @@ int cli_router_main(int argc, char **argv)
          "stored responses' memory without --state (" CLI_DEFAULT_INT(
              ROUTER_DEFAULT_RESPONSES_MAX_MB) ")"},
         {"local-prefill-max-tokens", CLI_INT, &local_max, 0, 1 << 30,
-         "uncached prompt tokens below this skip the prefill node "
-         "(" CLI_DEFAULT_INT(CLI_LOCAL_PREFILL_MAX_TOKENS) ")"},
+         "a fixed rule instead of the nodes' costs: uncached prompt tokens below this skip the "
+         "prefill node (0: none does; without it, " CLI_DEFAULT_INT(
+             ROUTER_DEFAULT_LOCAL_PREFILL_MAX_TOKENS) " for nodes that publish no costs)"},
         {"decode-max-outstanding", CLI_INT, &max_out, 1, 1 << 20,
          "requests at a decode node beyond which affinity yields "
          "(" CLI_DEFAULT_INT(ROUTER_DEFAULT_DECODE_MAX_OUTSTANDING) ")"},
@@ -275,7 +278,8 @@ int cli_router_main(int argc, char **argv)
         cfg.state_timeout_ms = (int)state_timeout;
         cfg.responses_ttl_s = rsp_ttl;
         cfg.responses_max_bytes = (size_t)rsp_mb << 20;
-        cfg.local_prefill_max_tokens = (uint32_t)local_max;
+        cfg.local_prefill_fixed = local_max >= 0;
+        cfg.local_prefill_max_tokens = local_max >= 0 ? (uint32_t)local_max : 0;
         cfg.decode_max_outstanding = (uint32_t)max_out;
         cfg.health_interval_ms = (uint64_t)health_ms;
         cfg.prefill_timeout_s = prefill_timeout;

@@ -4,6 +4,7 @@
 #include "cli.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "base/dx_err.h"
@@ -33,7 +34,8 @@ static int parse_role(const char *r, enum node_role *out)
 typedef struct {
     const char *path, *role, *host, *level, *kv_host, *kv_tls, *engine_id, *kv_dtype, *served;
     const char *tool_parser, *reasoning_parser, *chat_template, *kv_secret, *kv_peers;
-    long port, threads, kv_mb, batch, seqs, waiting, ctx, kv_port, kv_blocks, threshold;
+    long port, threads, kv_mb, batch, seqs, waiting, ctx, kv_port, kv_blocks;
+    const char *threshold, *fixed_costs;
     cli_http_flags http;
     double grace, pin_ttl, lease_ttl, retain_ttl, kv_peer_timeout, kv_pull_timeout, rsp_ttl;
     long rsp_mb;
@@ -76,6 +78,30 @@ static int register_config(const serve_flags *f, node_run_config *c)
     c->register_prefix = f->reg_prefix;
     c->advertise_url = f->advertise;
     c->heartbeat_ms = (uint32_t)f->heartbeat;
+    return 0;
+}
+
+/* --kv-recompute-threshold auto|N (0 is 1: pull anything) and
+ * --fixed-costs JSON (http/node_load.h's object). */
+static int reuse_config(const serve_flags *f, node_run_config *c)
+{
+    if (strcmp(f->threshold, "auto")) {
+        char *end;
+        long n = strtol(f->threshold, &end, 10);
+        if (!*f->threshold || *end || n < 0 || n > 1 << 24) {
+            fprintf(stderr,
+                    "duplex serve: --kv-recompute-threshold wants auto or an integer 0..16777216, "
+                    "got '%s'\n",
+                    f->threshold);
+            return 2;
+        }
+        c->recompute_threshold = (uint32_t)(n ? n : 1);
+    }
+    if (f->fixed_costs &&
+        node_load_parse(f->fixed_costs, strlen(f->fixed_costs), &c->fixed_costs)) {
+        fprintf(stderr, "duplex serve: --fixed-costs: %s\n", dx_errmsg());
+        return 2;
+    }
     return 0;
 }
 
@@ -143,7 +169,7 @@ static int to_config(serve_flags *f, node_run_config *c)
     c->responses_ttl_s = f->rsp_ttl;
     c->responses_max_bytes = (size_t)f->rsp_mb << 20;
     c->bidirectional = f->bidirectional;
-    c->recompute_threshold = (uint32_t)(f->threshold ? f->threshold : 1);
+    if ((rc = reuse_config(f, c))) return rc;
     c->auth = (http_auth_config){.api_keys = f->api_keys.v,
                                  .n_api_keys = f->api_keys.n,
                                  .api_key_files = f->api_key_files.v,
@@ -167,7 +193,7 @@ int cli_serve_main(int argc, char **argv)
                      .waiting = ENGINE_DEFAULT_MAX_WAITING,
                      .http = CLI_HTTP_FLAGS_INIT,
                      .kv_port = -1,
-                     .threshold = NODE_PD_DEFAULT_RECOMPUTE_THRESHOLD,
+                     .threshold = "auto",
                      .grace = NODE_SERVER_DEFAULT_SHUTDOWN_GRACE_S,
                      .pin_ttl = XFER_LEASE_DEFAULT_PIN_TTL_S,
                      .lease_ttl = NODE_KV_DEFAULT_LEASE_TTL_S,
@@ -241,9 +267,13 @@ int cli_serve_main(int argc, char **argv)
         {"decoder-kv-blocks-ttl", CLI_DBL, &f.retain_ttl, 1, 86400 * 7,
          CLI_HELP_DEFAULT("seconds a node retains a finished request's KV",
                           NODE_KV_DEFAULT_RETAIN_TTL_S)},
-        {"kv-recompute-threshold", CLI_INT, &f.threshold, 0, 1 << 24,
-         CLI_HELP_DEFAULT("fewer reusable remote tokens than this: recompute",
-                          NODE_PD_DEFAULT_RECOMPUTE_THRESHOLD)},
+        {"kv-recompute-threshold", CLI_STR, &f.threshold, 0, 0,
+         "auto: pull a remote prefix when the measured costs say pulling is cheaper than "
+         "recomputing it (default); N: recompute fewer than N reusable tokens (vLLM's rule)"},
+        {"fixed-costs", CLI_STR, &f.fixed_costs, 0, 0,
+         "JSON costs to decide with and publish instead of measuring them, e.g. "
+         "'{\"prefill_tok_s\":0.001,\"pull\":{\"setup_s\":0.002,\"byte_s\":1e-8}}' "
+         "(docs/pd.md)"},
         {"kv-lease-ttl", CLI_DBL, &f.lease_ttl, 0.1, 86400,
          CLI_HELP_DEFAULT("seconds a prefill node holds a prompt's KV for its decode node",
                           NODE_KV_DEFAULT_LEASE_TTL_S)},

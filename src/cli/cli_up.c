@@ -58,9 +58,16 @@ static int self_exe(char *out, size_t cap)
     return 0;
 }
 
+/* 1 when s is neither NULL, "auto" nor a count (serve checks its range). */
+static int bad_threshold(const char *s)
+{
+    return s && strcmp(s, "auto") && (!*s || strspn(s, "0123456789") != strlen(s) || strlen(s) > 8);
+}
+
 int cli_up_main(int argc, char **argv)
 {
-    const char *model = NULL, *mode = "bidirectional", *level = "info";
+    const char *model = NULL, *mode = "bidirectional", *level = "info", *threshold = NULL,
+               *p_threshold = NULL;
     const char *kv_dtype = ENGINE_DEFAULT_KV_DTYPE;
     long n_prefill = -1, n_decode = UP_DEFAULT_NODES, port = CLI_DEFAULT_PORT, threads = 0;
     long kv_mb = 0, local_max = -1;
@@ -83,8 +90,13 @@ int cli_up_main(int argc, char **argv)
         {"prefill-no-prefix-caching", CLI_FLAG, &no_prefix, 0, 0,
          "prefill nodes recompute everything (benchmarks)"},
         {"local-prefill-max-tokens", CLI_INT, &local_max, 0, 1 << 30,
-         "the router's: below this many uncached tokens, the decode node prefills "
-         "(" CLI_DEFAULT_INT(CLI_LOCAL_PREFILL_MAX_TOKENS) ")"},
+         "the router's fixed rule: below this many uncached tokens, the decode node prefills "
+         "(default: by the nodes' costs)"},
+        {"kv-recompute-threshold", CLI_STR, &threshold, 0, 0,
+         "the nodes' auto|N: pull a remote prefix by the measured costs, or recompute fewer than "
+         "N reusable tokens (default auto)"},
+        {"prefill-kv-recompute-threshold", CLI_STR, &p_threshold, 0, 0,
+         "the same for the prefill nodes alone (benchmarks: one that never pulls)"},
         {"startup-timeout-s", CLI_DBL, &startup, 1, 86400,
          "limit for everything to be ready "
          "(" CLI_DEFAULT_INT(ROUTER_LAUNCH_DEFAULT_STARTUP_TIMEOUT_S) ")"},
@@ -105,6 +117,14 @@ int cli_up_main(int argc, char **argv)
     if (dx_log_parse_level(level, &lvl) < 0) return cli_bad_value("up", "--log-level");
     int kvt;
     if (engine_parse_kv_dtype(kv_dtype, &kvt)) return cli_bad_value("up", "--kv-dtype");
+    const char *bad = bad_threshold(threshold)     ? "--kv-recompute-threshold"
+                      : bad_threshold(p_threshold) ? "--prefill-kv-recompute-threshold"
+                                                   : NULL;
+    if (bad) {
+        fprintf(stderr, "duplex up: %s wants auto or an integer, got '%s'\n", bad,
+                bad[2] == 'k' ? threshold : p_threshold);
+        return 2;
+    }
     if (c.mode == LAUNCH_COLOCATED && n_prefill > 0) {
         fprintf(stderr, "duplex up: --prefill %ld: colocated mode has no prefill nodes\n",
                 n_prefill);
@@ -136,6 +156,8 @@ int cli_up_main(int argc, char **argv)
     c.kv_cache_mb = kv_mb;
     c.kv_dtype = kv_dtype; /* always given: every node the same, whatever serve's default */
     c.prefill_no_prefix_caching = no_prefix;
+    c.recompute_threshold = threshold;
+    c.prefill_recompute_threshold = p_threshold;
     c.has_local_prefill = local_max >= 0;
     c.local_prefill_max_tokens = local_max;
     c.startup_timeout_s = startup;

@@ -53,6 +53,7 @@ struct engine {
     int pop_started;
     int pop_stop;          /* atomic: set by engine_stop, read by the populate thread */
     engine_stats stats;    /* snapshot after the last step */
+    step_cost cost;        /* the steps' cost model, learnt under mu (engine_get_cost) */
     pthread_mutex_t gv_mu; /* builds gv once, without holding mu */
     gram_vocab *gv;        /* written once under gv_mu; read by the engine thread after an item */
 };
@@ -140,10 +141,15 @@ static void *engine_main(void *arg)
         e->stats = st;
         e->n_in -= taken;
         pthread_mutex_unlock(&e->mu);
+        uint64_t t0 = dx_now_ns();
         sched_step(e->s);
+        step_cost_sample work;
+        sched_last_step(e->s, &work);
+        work.seconds = (double)(dx_now_ns() - t0) * 1e-9;
         sched_get_stats(e->s, &st);
         pthread_mutex_lock(&e->mu);
         e->stats = st;
+        step_cost_add(&e->cost, &work); /* O(k): the fit runs at the reader's */
     }
     pthread_mutex_unlock(&e->mu);
     return NULL;
@@ -220,6 +226,9 @@ int engine_create(const engine_config *cfg, const model *m, engine **out)
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
     pthread_mutex_init(&e->gv_mu, NULL);
+    step_cost_model prior;
+    step_cost_prior(model_hp(m), e->cfg.n_threads, &prior);
+    step_cost_init(&e->cost, &prior);
     sched_config sc = {
         e->cfg.max_batch_tokens, e->cfg.max_seqs,   e->cfg.max_waiting,    e->cfg.n_ctx,
         e->cfg.no_prefix_cache,  e->cfg.kv_reclaim, e->cfg.kv_reclaim_user};
@@ -383,6 +392,20 @@ void engine_get_stats(engine *e, engine_stats *out)
     /* the pool is thread-safe: read it live, so blocks freed by a request
      * whose DONE event was just delivered are already counted as free */
     kv_pool_get_stats(e->pool, &out->kv);
+}
+
+void engine_get_cost(engine *e, step_cost_model *out)
+{
+    step_cost c; /* copied under the lock, fitted outside it: the engine never waits on a fit */
+    pthread_mutex_lock(&e->mu);
+    step_cost_copy(&c, &e->cost);
+    pthread_mutex_unlock(&e->mu);
+    step_cost_get(&c, out);
+}
+
+uint32_t engine_max_batch_tokens(const engine *e)
+{
+    return e->cfg.max_batch_tokens;
 }
 
 const model *engine_model(const engine *e)

@@ -15,6 +15,7 @@
 #include <stdint.h>
 
 #include "engine/kv_pool.h"
+#include "engine/step_cost.h"
 #include "gram/gram.h"
 #include "model/model.h"
 
@@ -198,6 +199,10 @@ typedef struct {
 
 typedef struct {
     uint32_t running, waiting;
+    /* Prompt tokens not computed yet: running prefills' and waiting
+     * requests' (less their handed-in blocks) — the queue a new prefill
+     * waits behind. */
+    uint64_t prefill_pending;
     kv_pool_stats kv;
     uint64_t prompt_tokens_computed, prompt_tokens_cached, gen_tokens;
     uint64_t preemptions;
@@ -238,6 +243,10 @@ int engine_cancel(engine *e, uint64_t req_id);
  * a grammar builds it too.  Thread-safe; the engine owns it. */
 int engine_gram_vocab(engine *e, const gram_vocab **out);
 void engine_get_stats(engine *e, engine_stats *out);
+/* What a step costs, fitted to the engine's recent steps (step_cost.h):
+ * any thread; a few microseconds. */
+void engine_get_cost(engine *e, step_cost_model *out);
+uint32_t engine_max_batch_tokens(const engine *e);
 const model *engine_model(const engine *e);
 kv_pool *engine_kv_pool(engine *e);
 uint32_t engine_n_ctx(const engine *e);

@@ -107,6 +107,7 @@ struct sched {
     const gram_vocab *gv; /* for requests with a grammar (sched_set_gram_vocab) */
     uint32_t mask_words;
     sched_masker mk;
+    step_cost_sample last; /* the work of the last step (sched_last_step) */
 };
 
 /* ---- events ---- */
@@ -938,12 +939,32 @@ static uint32_t running_index(const sched *s, const seq *q)
     return 0;
 }
 
+/* What the step about to run computes, for its cost (step_cost.h): a
+ * one-token entry is a decode (or a prompt's last token: the same work). */
+static void note_work(sched *s, size_t n)
+{
+    step_cost_sample *w = &s->last;
+    memset(w, 0, sizeof *w);
+    for (size_t i = 0; i < n; i++) {
+        const fwd_seq *b = &s->batch[i];
+        double keys = step_cost_keys(b->n_tokens, b->pos0);
+        if (b->n_tokens == 1) {
+            w->n_dec++;
+            w->dec_keys += keys;
+        } else {
+            w->n_pre += b->n_tokens;
+            w->pre_keys += keys;
+        }
+    }
+}
+
 int sched_step(sched *s)
 {
     handle_cancels(s);
     admit(s);
     shed_waiting(s);
     size_t n = build_batch(s);
+    note_work(s, n);
     if (!n) return sched_busy(s);
     masks_start(s, n);
     int rc = fwd_step(s->fw, s->batch, n, s->logits);
@@ -976,11 +997,27 @@ int sched_busy(const sched *s)
     return (int)(s->n_running + s->n_waiting);
 }
 
+void sched_last_step(const sched *s, step_cost_sample *out)
+{
+    *out = s->last;
+}
+
 void sched_get_stats(const sched *s, engine_stats *out)
 {
     *out = s->st;
     out->running = s->n_running;
     out->waiting = s->n_waiting;
+    out->prefill_pending = 0; /* the queue a new prefill waits behind */
+    for (uint32_t i = 0; i < s->n_running; i++) {
+        const seq *q = s->running[i];
+        if (q->n_computed < q->n_prompt) out->prefill_pending += q->n_prompt - q->n_computed;
+    }
+    DX_LIST_FOR_EACH(it, &s->waiting)
+    {
+        const seq *q = DX_LIST_ENTRY(it, seq, wait);
+        uint64_t have = (uint64_t)q->n_pre * s->bs;
+        if (have < q->n_prompt) out->prefill_pending += q->n_prompt - have;
+    }
     kv_pool_get_stats(s->pool, &out->kv);
 }
 

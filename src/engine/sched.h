@@ -18,6 +18,7 @@
 #include "base/dx_tpool.h"
 #include "engine/engine.h"
 #include "engine/kv_pool.h"
+#include "engine/step_cost.h"
 #include "model/model.h"
 
 typedef struct {
@@ -52,6 +53,9 @@ int sched_cancel(sched *s, uint64_t id);
 int sched_step(sched *s);
 int sched_busy(const sched *s); /* requests running or waiting */
 void sched_get_stats(const sched *s, engine_stats *out);
+/* The work of the last sched_step's forward pass (no time: the caller
+ * times the step); all zero when it ran none. */
+void sched_last_step(const sched *s, step_cost_sample *out);
 uint32_t sched_n_ctx(const sched *s);
 /* The vocabulary requests with a grammar are matched over (engine.h
  * engine_gram_vocab); set before the first such request, never changed

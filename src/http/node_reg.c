@@ -21,6 +21,11 @@ int node_reg_format(const node_reg_info *ni, dx_buf *out)
                           ni->model, "outstanding", (json_int_t)ni->outstanding, "free_kv_blocks",
                           (json_int_t)ni->free_kv_blocks, "draining", ni->draining, "heartbeat_ms",
                           (json_int_t)ni->heartbeat_ms, "started_ms", (json_int_t)ni->started_ms);
+    json_t *load = v && ni->load.has ? node_load_json(&ni->load) : NULL;
+    if (v && ni->load.has && (!load || json_object_set_new(v, "load", load) < 0)) {
+        json_decref(v);
+        v = NULL;
+    }
     char s[NODE_REG_VALUE_MAX];
     size_t n = v ? json_dumpb(v, s, sizeof s, JSON_COMPACT) : 0;
     json_decref(v);
@@ -91,6 +96,11 @@ int node_reg_parse(const char *json, size_t len, node_reg_info *out)
     if (!rc && !json_is_boolean(dr))
         rc = dx_errf(DX_EFORMAT, "registration: \"draining\": expected true or false");
     if (!rc) rc = check_fields(out);
+    json_t *load = json_object_get(o, "load");
+    if (!rc && load && !json_is_null(load)) { /* optional: older nodes publish none */
+        rc = node_load_from_json(load, &out->load);
+        if (rc) rc = dx_err_wrap(rc, "registration");
+    }
     out->outstanding = (uint32_t)out_n;
     out->free_kv_blocks = (uint32_t)free_n;
     out->heartbeat_ms = (uint32_t)hb;

@@ -24,12 +24,13 @@
 #include <stdint.h>
 
 #include "base/dx_buf.h"
+#include "http/node_load.h"
 #include "http/rds.h"
 #include "xfer/xfer_peers.h"
 
 #define NODE_REG_URL_MAX    256
 #define NODE_REG_PREFIX_MAX 64
-#define NODE_REG_VALUE_MAX  2048 /* a registration's JSON; longer values are skipped */
+#define NODE_REG_VALUE_MAX  8192 /* a registration's JSON; longer values are skipped */
 #define NODE_REG_SCAN_MAX   1024 /* registrations one scan reads at most */
 
 typedef struct {
@@ -42,6 +43,7 @@ typedef struct {
     int draining;
     uint32_t heartbeat_ms;
     uint64_t started_ms; /* Unix time, ms */
+    node_load load;      /* its costs and queue (node_load.h); load.has 0: none published */
 } node_reg_info;
 
 /* The JSON value (registry contract); appended to out. */

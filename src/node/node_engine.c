@@ -27,6 +27,11 @@ static void be_stats(void *self, engine_stats *out)
     engine_get_stats(self, out);
 }
 
+static void be_cost(void *self, step_cost_model *out)
+{
+    engine_get_cost(self, out);
+}
+
 /* Hands the ids over as one dx_malloc'd array (the caller frees it). */
 static int take_ids(int rc, tok_ids *v, int32_t **ids, size_t *n)
 {
@@ -93,6 +98,8 @@ void node_engine_backend(engine *e, const model *m, node_backend *out)
     out->encode_chat = be_encode_chat;
     out->encode_text = be_encode_text;
     out->gram_prepare = be_gram_prepare;
+    out->cost = be_cost;
+    out->batch_tokens = engine_max_batch_tokens(e);
     out->model_name = model_name(m);
     /* an id must index the embedding and decode to text */
     uint32_t n_tok = (uint32_t)tok_vocab_size(model_tokenizer(m));

@@ -40,6 +40,7 @@ void node_hooks_config(const node_server *s, void (*on_pulled)(void *user), node
         .bidirectional = s->cfg.bidirectional,
         .no_prefix_cache = s->cfg.no_prefix_cache,
         .recompute_threshold = s->cfg.recompute_threshold,
+        .cost = s->cost,
         .on_pulled = on_pulled,
     };
 }

@@ -170,6 +170,11 @@ double node_kv_lease_ttl(const node_kv *k, int retain)
     return retain ? k->cfg.retain_ttl_s : k->cfg.lease_ttl_s;
 }
 
+const char *node_kv_transport(const node_kv *k)
+{
+    return xfer_agent_tls(k->agent);
+}
+
 /* A lease's tag: its last block's hash, folded to non-zero 64 bits. */
 static uint64_t block_tag(kv_pool *pool, int32_t id)
 {
@@ -273,6 +278,8 @@ void node_kv_pull_run(node_kv *k, node_kv_pull *p)
     p->why = rc ? classify(&res) : got < p->n ? NODE_KV_PARTIAL : NODE_KV_OK;
     snprintf(p->reason, sizeof p->reason, "%s", res.reason);
     p->seconds = (double)(dx_now_ns() - t0) * 1e-9;
+    p->read_s = res.t_read_ms * 1e-3;
+    p->rtt_s = res.t_pin_ms * 1e-3;
     if (rc) DX_LOGD("kv pull from %s:%d failed: %s", p->host, p->port, res.reason);
     DX_LOGD("kv pull from %s:%d: %u of %zu blocks in %u reads, %.2f MB; connect %.2f ms, hello "
             "%.2f%s, pin %.2f, read %.2f, release %.2f",

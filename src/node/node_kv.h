@@ -79,6 +79,8 @@ kv_pool *node_kv_pool(const node_kv *k);
  * the other's).  What first_token_model carries. */
 const xfer_token *node_kv_model(const node_kv *k);
 double node_kv_lease_ttl(const node_kv *k, int retain);
+/* The UCX transport list pulls use ("default": UCX's choice). */
+const char *node_kv_transport(const node_kv *k);
 
 /* Holds ids[0..n) (hashed full blocks) for readers: a prefill node's
  * single-use lease for its decode node (retain = 0), or a decode node's
@@ -120,6 +122,7 @@ typedef struct {
     enum node_kv_fallback why;
     uint64_t bytes;
     double seconds;
+    double read_s, rtt_s; /* of which the reads, and the pin's round trip (the link's cost) */
     char reason[256];
 } node_kv_pull;
 

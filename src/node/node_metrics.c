@@ -88,6 +88,22 @@ void node_metrics_respond(node_server *s, http_conn *c, const http_req *r, uint6
     dx_buf_free(&b);
 }
 
+/* A prefill on an idle engine: its time to first token against what the
+ * step model said it would take (the estimate's error, /metrics).  Not a
+ * request whose first token came from the prefill node (nothing was
+ * timed), nor one that computed nothing. */
+static void check_estimate(node_server *s, const node_req *q)
+{
+    const node_done *e = &q->fin;
+    if (!s->cost || !q->idle_at_submit || !e->n_gen || e->n_cached >= e->n_prompt ||
+        (q->pd.hold != NODE_PD_HOLD_FOR_DECODE && q->pd.n_first))
+        return;
+    step_cost_model m;
+    node_cost_model(s->cost, &m);
+    double est = step_cost_prefill(&m, e->n_prompt - e->n_cached, e->n_cached, s->be.batch_tokens);
+    node_cost_prefilled(s->cost, est, e->ttft_s);
+}
+
 void node_metrics_done(node_server *s, node_req *q, int status)
 {
     const node_done *e = &q->fin;
@@ -102,6 +118,7 @@ void node_metrics_done(node_server *s, node_req *q, int status)
     s->prompt_tokens += e->n_prompt;
     s->cached_tokens += e->n_cached;
     s->gen_tokens += e->n_gen;
+    check_estimate(s, q);
     http_app_count(s->app, q->path, status);
     char ttft_s[32] = "-";
     if (ttft >= 0) snprintf(ttft_s, sizeof ttft_s, "%.1f", ttft * 1e3);

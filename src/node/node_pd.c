@@ -37,8 +37,8 @@ static uint32_t block_size(const node_pd *p)
 
 static uint32_t threshold(const node_pd *p)
 {
-    return p->cfg.recompute_threshold ? p->cfg.recompute_threshold
-                                      : NODE_PD_DEFAULT_RECOMPUTE_THRESHOLD;
+    if (p->cfg.recompute_threshold) return p->cfg.recompute_threshold;
+    return p->cfg.cost ? NODE_PD_RECOMPUTE_AUTO : NODE_PD_FALLBACK_THRESHOLD;
 }
 
 /* ---- before tokenising ---------------------------------------------------- */
@@ -156,6 +156,13 @@ static void pull_done(uv_work_t *w, int status)
     pd->pulling = 0;
     pd->n_pulled = status == 0 ? pd->pull.n_pulled : 0;
     count_pull(p, pd);
+    if (p->cfg.cost && pd->n_pulled) /* the link's measured speed, and the estimate's error */
+        node_cost_pulled(p->cfg.cost, pd->pull.host, pd->pull.port,
+                         &(node_cost_pull){.bytes = pd->pull.bytes,
+                                           .seconds = pd->pull.seconds,
+                                           .read_s = pd->pull.read_s,
+                                           .rtt_s = pd->pull.rtt_s,
+                                           .est_s = pd->est_pull_s});
     if (pd->pull.why != NODE_KV_OK)
         DX_LOGI("%s: pulled %u of %zu blocks from %s:%d (%s: %s); computing the rest", pd->id,
                 pd->pull.n_pulled, pd->pull.n, pd->pull.host, pd->pull.port,
@@ -200,6 +207,31 @@ static void take_first(const node_pd *p, node_pd_req *pd, const node_pd_view *v)
     pd->n_first = in->n_first;
 }
 
+/* Pull the `want` blocks the holder has beyond this node's cache, or
+ * compute them: by the estimates (node_cost.h), or by count with a fixed
+ * threshold (vLLM's rule; the estimates are still made for the log). */
+static int decide_pull(node_pd *p, node_pd_req *pd, const node_pd_view *v, size_t want)
+{
+    const kvtp *in = &pd->in;
+    uint32_t bs = block_size(p), th = threshold(p);
+    if (!p->cfg.cost) return want * bs >= th;
+    uint64_t upto = (uint64_t)(pd->n_local + want) * bs;
+    node_cost_ask a = {.host = in->host,
+                       .port = in->port,
+                       .dir = in->do_remote_decode ? NODE_COST_D2P : NODE_COST_P2D,
+                       .n_tokens = (uint64_t)want * bs,
+                       .pos = (uint64_t)pd->n_local * bs,
+                       .rest = v->n_prompt > upto ? v->n_prompt - upto : 1,
+                       .threshold = th};
+    node_cost_decide(p->cfg.cost, &a);
+    pd->decided = 1;
+    pd->rule_auto = th == NODE_PD_RECOMPUTE_AUTO;
+    pd->probe = a.probe;
+    pd->est_pull_s = a.pull_s;
+    pd->est_recompute_s = a.recompute_s;
+    return a.pull;
+}
+
 int node_pd_plan(node_pd *p, node_pd_req *pd, const node_pd_view *v, void *user)
 {
     const kvtp *in = &pd->in;
@@ -219,7 +251,7 @@ int node_pd_plan(node_pd *p, node_pd_req *pd, const node_pd_view *v, void *user)
     if (!avail || match_local(p, pd, v, n_full)) return 0;
     if (pd->n_local >= avail) return 0;
     size_t want = avail - pd->n_local;
-    if (want * bs < threshold(p)) {
+    if (!decide_pull(p, pd, v, want)) {
         pd->below_threshold = 1;
         p->st.below_threshold++;
         return 0;
@@ -374,15 +406,31 @@ uint32_t node_pd_pulled_tokens(const node_pd *p, const node_pd_req *pd)
     return (uint32_t)pd->n_pulled * (pd->n_pulled ? block_size(p) : 0);
 }
 
+/* " est_pull_ms=… [pull_ms=…] est_recompute_ms=…": the two estimates the
+ * decision compared, and what the pull took. */
+static void log_estimates(node_pd_req *pd, char *out, size_t cap)
+{
+    out[0] = 0;
+    if (!pd->decided) return;
+    char took[32] = "";
+    if (pd->pull.n && pd->n_pulled)
+        snprintf(took, sizeof took, " pull_ms=%.3f", pd->pull.seconds * 1e3);
+    snprintf(out, cap, " est_pull_ms=%.3f%s est_recompute_ms=%.3f", pd->est_pull_s * 1e3, took,
+             pd->est_recompute_s * 1e3);
+}
+
 const char *node_pd_log_suffix(node_pd_req *pd)
 {
+    char est[96];
+    log_estimates(pd, est, sizeof est);
     pd->log[0] = 0;
     if (pd->pull.n)
-        snprintf(pd->log, sizeof pd->log, " pull=%s:%u/%zu(%s)%s", k_dir[pd->d2p],
+        snprintf(pd->log, sizeof pd->log, " pull=%s:%u/%zu(%s)%s%s%s", k_dir[pd->d2p],
                  pd->pull.n_pulled, pd->pull.n, node_kv_fallback_name(pd->pull.why),
-                 pd->held ? " held" : "");
-    else if (pd->below_threshold)
-        snprintf(pd->log, sizeof pd->log, " pull=below_threshold%s", pd->held ? " held" : "");
+                 pd->probe ? " probe" : "", est, pd->held ? " held" : "");
+    else if (pd->below_threshold) /* the fixed rule keeps vLLM's name for it */
+        snprintf(pd->log, sizeof pd->log, " pull=%s%s%s",
+                 pd->rule_auto ? "recompute" : "below_threshold", est, pd->held ? " held" : "");
     else if (pd->held)
         snprintf(pd->log, sizeof pd->log, " held");
     if (pd->hold != NODE_PD_HOLD_FOR_DECODE && pd->n_first)
@@ -518,6 +566,7 @@ void node_pd_write_metrics(const node_pd *p, dx_buf *b)
                    "Requests whose kv_transfer_params were ignored: the node has no KV port, or "
                    "the caller presented neither the internal key nor a trusted address",
                    "reason", why, ignored, 2);
+    if (p->cfg.cost) node_cost_write_metrics(p->cfg.cost, b);
     if (!p->cfg.kv) return;
     write_pulls(b, st);
     write_fallbacks(b, st);

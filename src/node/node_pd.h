@@ -12,8 +12,9 @@
  *                       the request's node_pd_req)
  *   node_pd_prepared    (loop) those counts into the metrics
  *   node_pd_plan        this node's cached prefix, and — when the params name
- *                       a holder that can supply at least the threshold more
- *                       tokens — a pull on a worker thread; when it ends,
+ *                       a holder whose tokens are cheaper to pull than to
+ *                       recompute (node_cost.h; or, with a fixed threshold,
+ *                       at least that many) — a pull on a worker thread; when it ends,
  *                       whatever its outcome, cfg.on_pulled hands the request
  *                       back to the server, which submits it
  *   node_pd_on_kv       (engine thread) the finished request's blocks go
@@ -39,6 +40,7 @@
 #include "engine/engine.h"
 #include "node/hist.h"
 #include "node/kvtp.h"
+#include "node/node_cost.h"
 #include "node/node_kv.h"
 #include "http/prom.h"
 #include "oai/oai_req.h"
@@ -49,10 +51,11 @@ enum node_pd_hold {
     NODE_PD_HOLD_RETAIN,     /* --bidirectional-kv-xfer decode side: prompt and answer */
 };
 
-/* Fewer reusable remote tokens than this and the request recomputes
- * instead of pulling, unless the config says (a plain literal, for help
- * text). */
-#define NODE_PD_DEFAULT_RECOMPUTE_THRESHOLD 64
+/* --kv-recompute-threshold's value that decides by the measured costs
+ * (the default); without a cost model (a backend that reports no steps)
+ * the fixed rule takes NODE_PD_FALLBACK_THRESHOLD, vLLM's. */
+#define NODE_PD_RECOMPUTE_AUTO     0
+#define NODE_PD_FALLBACK_THRESHOLD 64
 
 /* What P/D needs of the node, given once the model is loaded
  * (node_pd_configure): before that no request reaches P/D. */
@@ -66,7 +69,10 @@ typedef struct {
     hist_mem *mem; /* the node's reply memory, or NULL */
     int prefill;   /* the node's role is prefill: it never retains */
     int bidirectional, no_prefix_cache;
-    uint32_t recompute_threshold; /* 0: NODE_PD_DEFAULT_RECOMPUTE_THRESHOLD */
+    /* NODE_PD_RECOMPUTE_AUTO: pull when the estimates say it is cheaper
+     * (cost); N: when at least N tokens are reusable (vLLM's rule) */
+    uint32_t recompute_threshold;
+    node_cost *cost; /* the estimates and the decision; NULL: the fixed rule */
     /* Loop: the pull node_pd_plan started is over, whatever its outcome;
      * user is the one node_pd_plan was given, and the request goes to the
      * engine now. */
@@ -132,7 +138,11 @@ typedef struct {
     node_kv_pull pull;
     uv_work_t work;
     int pulling;
-    int below_threshold;
+    int below_threshold; /* a remote prefix was there, and recomputing it was chosen */
+    /* The decision's estimates (decided: they were made), for the log
+     * line and the estimate's error. */
+    int decided, rule_auto, probe;
+    double est_pull_s, est_recompute_s;
     /* The pull's, from node_pd_plan: its node, the view's id (its log
      * line) and the user handed back to cfg.on_pulled. */
     node_pd *owner;
@@ -153,7 +163,7 @@ typedef struct {
      * node's: n_first of the params' first_token_ids apply to our prompt. */
     int32_t first[KVTP_MAX_FIRST];
     size_t n_first;
-    char log[192]; /* node_pd_log_suffix */
+    char log[256]; /* node_pd_log_suffix */
 } node_pd_req;
 
 void node_pd_init(node_pd *p); /* the counters; no configuration yet */

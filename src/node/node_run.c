@@ -218,6 +218,7 @@ static void on_beat(uv_timer_t *t)
     engine_stats es;
     engine_get_stats(r->e, &es);
     ni.free_kv_blocks = es.kv.n_free + es.kv.n_cached;
+    node_server_load(r->srv, &ni.load); /* its costs, as /health has them */
     node_reg_publish(r->reg, &ni);
 }
 
@@ -350,6 +351,7 @@ static int start_server(run_ctx *r)
         .user = r,
         .bidirectional = r->cfg.bidirectional,
         .recompute_threshold = r->cfg.recompute_threshold,
+        .fixed_costs = &r->cfg.fixed_costs,
         .no_prefix_cache = r->cfg.engine.no_prefix_cache,
         .history_ttl_s = r->cfg.retain_ttl_s,
         .responses_ttl_s = r->cfg.responses_ttl_s,

@@ -57,7 +57,8 @@ typedef struct {
     double responses_ttl_s;
     size_t responses_max_bytes;
     int bidirectional;
-    uint32_t recompute_threshold;
+    uint32_t recompute_threshold; /* NODE_PD_RECOMPUTE_AUTO (0) or N */
+    node_load fixed_costs;        /* --fixed-costs (has 0: measured) */
     /* --api-key, --api-key-file, --internal-key-file, --trust-kv-params-from
      * (node/http_auth.h) */
     http_auth_config auth;

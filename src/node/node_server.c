@@ -246,6 +246,9 @@ static int submit(node_server *s, node_req *q)
     }
     engine_request er;
     fill_engine_request(q, &er);
+    engine_stats es;
+    s->be.stats(s->be.self, &es);
+    q->idle_at_submit = !es.running && !es.waiting;
     int rc = s->be.submit(s->be.self, &er, &q->engine_id);
     if (rc < 0) {
         int st = rc == DX_EBUSY ? 503 : rc == DX_EINVAL ? 400 : 500;
@@ -377,12 +380,23 @@ static void route_prepare(node_server *s, http_conn *c, const http_req *r, enum 
 
 /* ---- routes ---------------------------------------------------------------- */
 
+/* {"status": ...}, and with ?load=1 also "load": {...} — the costs and
+ * queue routers read (node_load.h) to decide where a turn is prefilled;
+ * probes get the short answer they always had. */
 static void route_health(node_server *s, http_conn *c, const http_req *r, uint64_t t0)
 {
     const char *st = s->draining ? "draining" : s->ready ? "ok" : "loading";
     dx_buf b;
     dx_buf_init(&b, 0);
-    dx_buf_printf(&b, "{\"status\":\"%s\"}", st);
+    dx_buf_printf(&b, "{\"status\":\"%s\"", st);
+    node_load l;
+    memset(&l, 0, sizeof l);
+    if (!strcmp(r->query, "load=1")) node_server_load(s, &l);
+    if (l.has) {
+        dx_buf_puts(&b, ",\"load\":");
+        node_load_write(&l, &b);
+    }
+    dx_buf_putc(&b, '}');
     respond_json(s, c, r->method, r->path, s->ready && !s->draining ? 200 : 503, NULL, &b, t0);
     dx_buf_free(&b);
 }
@@ -752,9 +766,42 @@ size_t node_server_n_active(const node_server *s)
     return s->n_active;
 }
 
+/* The cost model and reuse decision, once the backend can report its
+ * steps; NULL when it cannot (the fixed rules then decide). */
+static void make_cost(node_server *s)
+{
+    const node_backend *b = &s->be;
+    if (!b->cost) return;
+    kv_pool *pool = b->kv ? node_kv_pool(b->kv) : NULL;
+    node_cost_config cc = {
+        .transport = b->kv ? node_kv_transport(b->kv) : NULL,
+        .kv_token_bytes =
+            pool ? (uint32_t)(kv_pool_block_bytes(pool) / kv_pool_block_size(pool)) : 0,
+        .block_size = pool ? kv_pool_block_size(pool) : 0,
+        .batch_tokens = b->batch_tokens,
+        .fixed = s->cfg.fixed_costs && s->cfg.fixed_costs->has ? s->cfg.fixed_costs : NULL,
+        .get_model = b->cost,
+        .user = b->self,
+    };
+    if (node_cost_create(&cc, &s->cost) < 0)
+        DX_LOGW("duplex serve: no cost model (%s): the fixed rules decide", dx_errmsg());
+}
+
+void node_server_load(node_server *s, node_load *out)
+{
+    memset(out, 0, sizeof *out);
+    if (!s->ready || !s->cost) return;
+    engine_stats es;
+    s->be.stats(s->be.self, &es);
+    char kv[NODE_LOAD_ADDR_MAX] = "";
+    if (s->be.kv) snprintf(kv, sizeof kv, "%s:%d", node_kv_host(s->be.kv), node_kv_port(s->be.kv));
+    node_cost_publish(s->cost, &es, kv[0] ? kv : NULL, out);
+}
+
 void node_server_set_backend(node_server *s, const node_backend *b)
 {
     s->be = *b;
+    make_cost(s);
     node_pd_config pc;
     node_hooks_config(s, on_pulled, &pc);
     node_pd_configure(&s->pd, &pc); /* before it, no request reaches P/D */
@@ -788,6 +835,7 @@ void node_server_destroy(node_server *s)
     http_srv_destroy(s->http);
     http_app_destroy(s->app);
     node_pd_free(&s->pd);
+    node_cost_destroy(s->cost);
     hist_mem_destroy(s->mem);
     oai_rsp_store_destroy(s->responses);
     dx_buf_free(&s->scratch);

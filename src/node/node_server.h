@@ -30,6 +30,7 @@
 #include "model/model_chat.h"
 #include "http/http_auth.h"
 #include "http/http_conn.h"
+#include "http/node_load.h"
 #include "node/node_kv.h"
 
 enum node_role { NODE_ROLE_BOTH, NODE_ROLE_PREFILL, NODE_ROLE_DECODE };
@@ -67,6 +68,11 @@ typedef struct {
      * vocabulary for grammars; engine_gram_vocab), called off the loop
      * before a request with a grammar is submitted.  NULL: nothing to do. */
     int (*gram_prepare)(void *self);
+    /* What an engine step costs, fitted to the engine's recent steps
+     * (engine_get_cost; any thread), and the most tokens one step
+     * computes.  NULL: no cost model (the fixed rules decide). */
+    void (*cost)(void *self, step_cost_model *out);
+    uint32_t batch_tokens;
 } node_backend;
 
 typedef struct node_server node_server;
@@ -93,12 +99,18 @@ typedef struct {
      * Borrowed: it must outlive the server. */
     const http_auth *auth;
     /* P/D (docs/pd.md) */
-    int bidirectional;            /* --bidirectional-kv-xfer */
-    uint32_t recompute_threshold; /* 0: node_pd's default; 1 pulls anything */
-    int no_prefix_cache;          /* --no-enable-prefix-caching */
-    double history_ttl_s;         /* memory of generated replies; 0: HIST_DEFAULT_TTL_S */
-    int prep_threads;             /* threads preparing requests off the loop; default 2 */
-    uint32_t grammar_cache;       /* compiled structured-output grammars kept; default 64 */
+    int bidirectional; /* --bidirectional-kv-xfer */
+    /* --kv-recompute-threshold: 0 (auto) decides by the measured costs
+     * (node_cost.h); N recomputes fewer than N reusable tokens (vLLM's
+     * rule; 1 pulls anything) */
+    uint32_t recompute_threshold;
+    /* --fixed-costs: costs the node decides with and publishes instead of
+     * measuring them (copied); NULL: measured */
+    const node_load *fixed_costs;
+    int no_prefix_cache;    /* --no-enable-prefix-caching */
+    double history_ttl_s;   /* memory of generated replies; 0: HIST_DEFAULT_TTL_S */
+    int prep_threads;       /* threads preparing requests off the loop; default 2 */
+    uint32_t grammar_cache; /* compiled structured-output grammars kept; default 64 */
     /* The Responses API's stored responses (previous_response_id, GET
      * /v1/responses/{id}): kept this long from their last use (default: the
      * reply memory's TTL) and at most this many bytes (default 256 MiB). */
@@ -126,6 +138,9 @@ void node_server_shutdown(node_server *s);
 void node_server_drain(node_server *s);
 /* Requests whose final event has not been handled yet. */
 size_t node_server_n_active(const node_server *s);
+/* What the node publishes of its costs and queue (node_load.h; /health
+ * and the registration); load.has 0 before the model is loaded. */
+void node_server_load(node_server *s, node_load *out);
 /* Call after the backend can deliver no more events (engine destroyed);
  * run the loop afterwards so libuv can close the handles.  NULL: no-op. */
 void node_server_destroy(node_server *s);

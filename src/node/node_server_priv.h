@@ -30,6 +30,7 @@
 #include "http/http_auth.h"
 #include "http/http_conn.h"
 #include "node/node_gram.h"
+#include "node/node_cost.h"
 #include "node/node_pd.h"
 #include "node/node_server.h"
 #include "oai/oai_front.h"
@@ -128,8 +129,9 @@ struct node_req {
     int32_t *prompt; /* the tokens submitted (P/D and the reply memory need them) */
     size_t n_prompt;
     node_pd_req pd;
-    int trusted;                  /* the caller may give kv_transfer_params (http_auth.h) */
-    http_auth_result who;         /* the caller's credentials, for the preparation */
+    int idle_at_submit;   /* nothing ran or waited in the engine: its TTFT is its prefill's */
+    int trusted;          /* the caller may give kv_transfer_params (http_auth.h) */
+    http_auth_result who; /* the caller's credentials, for the preparation */
     uint8_t salt[HTTP_AUTH_SALT]; /* its prefix-cache namespace; all zero: shared */
     int lost;                     /* loop: text was lost (out of memory); the request is canceled */
     /* Structured outputs (node_gram.h): the compiled constraint, held until
@@ -183,6 +185,7 @@ struct node_server {
     node_gram_cache *grams;   /* compiled structured-output grammars (thread-safe) */
     oai_rsp_store *responses; /* the Responses API's stored responses (thread-safe) */
     node_pd pd;               /* P/D's configuration and counters */
+    node_cost *cost;          /* costs and the reuse decision (NULL: the backend has no model) */
 };
 
 /* The model's name in answers and /v1/models. */

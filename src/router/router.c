@@ -147,6 +147,8 @@ static void fill_defaults(router_config *c)
     if (c->prefill_timeout_s <= 0) c->prefill_timeout_s = ROUTER_DEFAULT_PREFILL_TIMEOUT_S;
     if (c->shutdown_grace_s <= 0) c->shutdown_grace_s = ROUTER_DEFAULT_SHUTDOWN_GRACE_S;
     if (c->state_timeout_ms <= 0) c->state_timeout_ms = ROUTER_STORE_DEFAULT_TIMEOUT_MS;
+    if (!c->local_prefill_fixed && !c->local_prefill_max_tokens)
+        c->local_prefill_max_tokens = ROUTER_DEFAULT_LOCAL_PREFILL_MAX_TOKENS;
     /* a shared store: the seed comes from the routers' common secret (setup_auth) */
     while (!c->key_seed && !c->state_url)
         if (getrandom(&c->key_seed, sizeof c->key_seed, 0) != sizeof c->key_seed) c->key_seed = 1;
@@ -206,6 +208,7 @@ static int setup_parts(router *r)
                               .node_of = rt_nodes_decode_of,
                               .user = r};
     if ((rc = router_store_create(&sc, &r->store))) return rc;
+    if ((rc = router_gaps_create(ROUTER_GAPS_SLOTS, &r->gaps))) return rc;
     router_rsp_config rc_rsp = {
         .ttl_s =
             r->cfg.responses_ttl_s > 0 ? r->cfg.responses_ttl_s : ROUTER_DEFAULT_RESPONSES_TTL_S,
@@ -233,6 +236,8 @@ static void free_parts(router *r)
 {
     router_store_destroy(r->store);
     r->store = NULL;
+    router_gaps_destroy(r->gaps);
+    r->gaps = NULL;
     router_rsp_destroy(r->responses);
     r->responses = NULL;
     model_free(r->tok);

@@ -39,6 +39,9 @@ typedef struct router router;
 #define ROUTER_DEFAULT_SHUTDOWN_GRACE_S       30
 #define ROUTER_DEFAULT_RESPONSES_TTL_S        480 /* as the decode nodes' retention */
 #define ROUTER_DEFAULT_RESPONSES_MAX_MB       256
+/* The count rule's cut-off: when --local-prefill-max-tokens is not given
+ * it decides only for nodes that publish no costs (router_pick.h). */
+#define ROUTER_DEFAULT_LOCAL_PREFILL_MAX_TOKENS 256
 
 typedef struct {
     const char *host;           /* default 127.0.0.1 */
@@ -68,13 +71,19 @@ typedef struct {
      * bytes (default 256 MiB). */
     double responses_ttl_s;
     size_t responses_max_bytes;
-    uint32_t local_prefill_max_tokens; /* uncached tokens below this skip the prefill node */
-    uint32_t decode_max_outstanding;   /* affinity yields to load beyond it */
-    uint64_t health_interval_ms;       /* node health checks */
-    double prefill_timeout_s;          /* one prefill request's limit */
-    http_limits http;                  /* what clients may use (node/http_conn.h; 0 = defaults) */
-    double shutdown_grace_s;           /* drain time on a graceful stop */
-    uint64_t key_seed;                 /* 0: random (tests fix it) */
+    /* Where a turn is prefilled (router_pick.h): by the nodes' published
+     * costs, unless local_prefill_fixed — then uncached tokens below
+     * local_prefill_max_tokens skip the prefill node (0: none does).  0
+     * with auto: ROUTER_DEFAULT_LOCAL_PREFILL_MAX_TOKENS, for nodes without
+     * costs. */
+    uint32_t local_prefill_max_tokens;
+    int local_prefill_fixed;
+    uint32_t decode_max_outstanding; /* affinity yields to load beyond it */
+    uint64_t health_interval_ms;     /* node health checks */
+    double prefill_timeout_s;        /* one prefill request's limit */
+    http_limits http;                /* what clients may use (node/http_conn.h; 0 = defaults) */
+    double shutdown_grace_s;         /* drain time on a graceful stop */
+    uint64_t key_seed;               /* 0: random (tests fix it) */
     /* --api-key, --api-key-file, --internal-key-file (node/http_auth.h; the
      * router sends the internal key to its nodes), and --insecure-no-auth:
      * listen beyond loopback without API keys. */

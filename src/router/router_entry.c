@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "base/dx_alloc.h"
+#include "base/dx_clock.h"
 #include "base/dx_err.h"
 #include "base/dx_log.h"
 #include "router/router_flow_priv.h"
@@ -117,6 +118,9 @@ void rt_entry_store(rt_req *q)
     const router_key *drop = q->key_kind == KEY_CHAT && q->entry.found ? &q->key : NULL;
     router_store_put(r->store, &k, drop, q->decode, txt.data, txt.len, ntok, ttl);
     dx_buf_free(&txt);
+    /* when it ended and how long the node keeps its KV: the next turn's gap */
+    json_t *bt = json_object_get(p, "remote_blocks_ttl_s");
+    router_gaps_end(r->gaps, &k, dx_now_s(), json_is_number(bt) ? json_number_value(bt) : 0);
 }
 
 /* ---- the Responses API's stored responses ------------------------------------------- */

@@ -17,6 +17,7 @@
 #include <time.h>
 
 #include "base/dx_alloc.h"
+#include "base/dx_clock.h"
 #include "base/dx_err.h"
 #include "router/router_flow_priv.h"
 
@@ -68,6 +69,12 @@ static int dispatch(rt_req *q)
         return dx_errf(DX_EBUSY, "no healthy decode node");
     }
     q->prefill = ch.prefill;
+    q->rule = ch.rule;
+    q->est = ch.est;
+    char dl[64];
+    snprintf(dl, sizeof dl, "path=\"%s\",rule=\"%s\"", q->prefill < 0 ? "local" : "prefill",
+             ch.rule ? ch.rule : "none");
+    prom_family_add(&r->decisions, dl, 1);
     int rc;
     if (q->prefill < 0) {
         q->dparams = rt_entry_local_params(q);
@@ -184,6 +191,20 @@ static void prep_done(work_job *j)
     lookup(q);
 }
 
+/* The time since the conversation's last turn ended, whether or not its
+ * entry is still there (retention guidance: router_gaps.h). */
+static void note_gap(rt_req *q)
+{
+    double gap;
+    enum router_gap_kind kind;
+    int known = q->key_kind == KEY_ID
+                    ? router_gaps_begin(q->r->gaps, &q->key, 1, dx_now_s(), &gap, &kind)
+                : q->key_kind == KEY_CHAT
+                    ? router_gaps_begin(q->r->gaps, q->keys, q->n_keys, dx_now_s(), &gap, &kind)
+                    : 0;
+    if (known) rt_metrics_gap(q->r, gap, kind);
+}
+
 /* The entry is known (or the store failed: no affinity, the router
  * recomputes); route the request. */
 static void lookup_done(void *user, int rc, const router_store_hit *e)
@@ -197,6 +218,7 @@ static void lookup_done(void *user, int rc, const router_store_hit *e)
         return;
     }
     if (rc == 0 && e) rt_entry_take(q, e);
+    note_gap(q);
     if (dispatch(q) == 0) {
         rt_metrics_observe(&r->added_before, q->t0);
         oai_req_free(&q->o); /* the bodies are built */

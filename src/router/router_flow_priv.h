@@ -74,6 +74,8 @@ struct rt_req {
     char *pparams;       /* the prefill node's params (JSON text) */
     const char *dparams; /* what the decode request carries: pparams, entry_params or NULL */
     const char *via;     /* "local" | "prefill" */
+    const char *rule;    /* how via was chosen (router_pick_choice.rule) */
+    router_pick_est est; /* the cost rule's estimates (rule "cost") */
     /* upstream */
     router_up_req *up;
     int up_node; /* the node whose load counters hold q, or -1 */

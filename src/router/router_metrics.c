@@ -15,8 +15,15 @@ void rt_metrics_init(router *r)
     /* the router's own share is microseconds: finer buckets than latency's */
     static const double fine[] = {0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001,
                                   0.0025,  0.005,    0.01,    0.025,  0.05,    0.1,    0.25};
+    static const double ratio[] = {0.25, 0.5, 0.67, 0.8, 0.9, 1.1, 1.25, 1.5, 2, 4};
     prom_family_init(&r->routed);
+    prom_family_init(&r->decisions);
     prom_family_init(&r->fallbacks);
+    /* the time between turns: an agent's tool call to a person's coffee break */
+    static const double gap[] = {1, 5, 10, 30, 60, 120, 240, 480, 960, 1800, 3600, 7200};
+    prom_hist_init(&r->turn_gap, gap, DX_ARRAY_LEN(gap));
+    prom_hist_init(&r->est_local, ratio, DX_ARRAY_LEN(ratio));
+    prom_hist_init(&r->est_prefill, ratio, DX_ARRAY_LEN(ratio));
     prom_hist_init_latency(&r->ttft);
     prom_hist_init(&r->added_before, fine, DX_ARRAY_LEN(fine));
     prom_hist_init(&r->added_between, fine, DX_ARRAY_LEN(fine));
@@ -26,6 +33,7 @@ void rt_metrics_init(router *r)
 void rt_metrics_free(router *r)
 {
     prom_family_free(&r->routed);
+    prom_family_free(&r->decisions);
     prom_family_free(&r->fallbacks);
 }
 
@@ -44,6 +52,28 @@ void rt_metrics_fallback(router *r, const char *reason)
 void rt_metrics_observe(prom_hist *h, uint64_t since_ns)
 {
     prom_hist_observe(h, (double)(dx_now_ns() - since_ns) * 1e-9);
+}
+
+void rt_metrics_gap(router *r, double gap_s, enum router_gap_kind kind)
+{
+    prom_hist_observe(&r->turn_gap, gap_s);
+    r->gap_turns[kind]++;
+}
+
+/* The retention TTL's guide: the gaps, and the turns that came too late. */
+static void write_gaps(router *r, dx_buf *b)
+{
+    prom_write_hist(b, "duplex_router_turn_gap_seconds",
+                    "Time from a conversation's turn ending to its next turn arriving",
+                    &r->turn_gap);
+    const char *name = "duplex_router_turns_after_gap_total";
+    prom_write_header(b, name, "counter",
+                      "Turns whose conversation's previous turn this router saw, by whether the "
+                      "decode node's retention (remote_blocks_ttl_s) still held its KV: live, "
+                      "expired (the history was recomputed), none (nothing was retained)");
+    prom_write_value(b, name, "retention=\"live\"", (double)r->gap_turns[ROUTER_GAP_LIVE]);
+    prom_write_value(b, name, "retention=\"expired\"", (double)r->gap_turns[ROUTER_GAP_EXPIRED]);
+    prom_write_value(b, name, "retention=\"none\"", (double)r->gap_turns[ROUTER_GAP_NONE]);
 }
 
 static void write_added(router *r, dx_buf *b)
@@ -71,11 +101,24 @@ void rt_metrics_render(router *r, dx_buf *b)
     prom_write_family(
         b, "duplex_router_routed_total",
         "Completions by path: local prefill on the decode node, or via a prefill node", &r->routed);
+    prom_write_family(b, "duplex_router_prefill_decisions_total",
+                      "Where turns were prefilled (path local: the decode node; prefill: a "
+                      "prefill node) and by which rule: cost (the nodes' published costs), count "
+                      "(--local-prefill-max-tokens), no_costs (a node published none: the count), "
+                      "no_prefill (no prefill node to go to)",
+                      &r->decisions);
+    const char *er = "duplex_router_estimate_ratio";
+    prom_write_header(b, er, "histogram",
+                      "A turn's measured time to first token over the cost rule's estimate for the "
+                      "path it took (turns decided by cost)");
+    prom_write_hist_series(b, er, "path=\"local\"", &r->est_local);
+    prom_write_hist_series(b, er, "path=\"prefill\"", &r->est_prefill);
     prom_write_family(b, "duplex_router_fallbacks_total", "Fallbacks and retries by reason",
                       &r->fallbacks);
     rt_nodes_write_metrics(r, b);
     prom_write_hist(b, "duplex_router_ttft_seconds",
                     "Request arrival to the first content byte written to the client", &r->ttft);
     write_added(r, b);
+    write_gaps(r, b);
     http_srv_write_metrics(r->http, "duplex_router", b);
 }

@@ -32,7 +32,8 @@ router_pick_cluster rt_nodes_cluster(router *r)
                                  .n_nodes = r->n_nodes,
                                  .rr = r->rr,
                                  .decode_max_outstanding = r->cfg.decode_max_outstanding,
-                                 .local_prefill_max_tokens = r->cfg.local_prefill_max_tokens};
+                                 .local_prefill_max_tokens = r->cfg.local_prefill_max_tokens,
+                                 .local_prefill_auto = !r->cfg.local_prefill_fixed};
 }
 
 int rt_nodes_healthy(const router *r)
@@ -67,6 +68,23 @@ void rt_nodes_failed(router *r, int node, const char *why)
     set_health(r, node, 0, why);
 }
 
+/* The costs and queue a node's /health published (node_load.h); none when
+ * the answer has no "load" (an older node) or it does not parse. */
+static void take_load(rt_node *n, router_pick_node *s)
+{
+    json_error_t je;
+    json_t *o = json_loadb(n->hbody, n->hlen, 0, &je), *l = json_object_get(o, "load");
+    int had = s->load.has;
+    if (!l || node_load_from_json(l, &s->load) < 0) {
+        if (l && had) DX_LOGW("router: node %s: its /health load: %s", n->url, dx_errmsg());
+        memset(&s->load, 0, sizeof s->load);
+    }
+    json_decref(o);
+    /* what is not ours: ours are counted live (router_pick.h) */
+    s->other_running = s->load.running > s->outstanding ? s->load.running - s->outstanding : 0;
+    s->other_pending = s->outstanding ? 0 : s->load.prefill_pending;
+}
+
 /* A draining node answers 503 {"status":"draining"}: unhealthy for new
  * requests, yet still the holder of its conversations' KV. */
 static void on_check_done(void *user, int rc, long status)
@@ -85,6 +103,13 @@ static void on_check_done(void *user, int rc, long status)
         DX_LOGI("router: %s node %s is draining: no new requests, its KV still used", role_name(s),
                 n->url);
     s->draining = draining;
+    if (rc == 0 && status == 200)
+        take_load(n, s);
+    else {
+        memset(&s->load, 0, sizeof s->load); /* no costs from a node that is not serving */
+        s->other_running = 0;
+        s->other_pending = 0;
+    }
     set_health(n->r, n->index, rc == 0 && status == 200, why);
 }
 
@@ -102,7 +127,7 @@ static void start_check(router *r, int i)
 {
     rt_node *n = &r->nodes[i];
     char url[RT_URL_MAX + 16];
-    snprintf(url, sizeof url, "%s/health", n->url);
+    snprintf(url, sizeof url, "%s/health?load=1", n->url); /* with the node's costs */
     long timeout = (long)(r->cfg.health_interval_ms * 2);
     if (timeout < 1000) timeout = 1000;
     if (timeout > 10000) timeout = 10000;
@@ -318,7 +343,17 @@ int rt_nodes_discover(router *r)
 
 /* ---- gauges ------------------------------------------------------------------------ */
 
-enum node_series { NS_HEALTHY, NS_DRAINING, NS_OUTSTANDING, NS_PROMPT_TOKENS };
+enum node_series {
+    NS_HEALTHY,
+    NS_DRAINING,
+    NS_OUTSTANDING,
+    NS_PROMPT_TOKENS,
+    NS_RUNNING,
+    NS_PREFILL_TOK,
+    NS_ITL,
+    NS_ITL_PREFILL,
+    NS_N
+};
 
 static double node_value(const router_pick_node *s, enum node_series w)
 {
@@ -329,8 +364,16 @@ static double node_value(const router_pick_node *s, enum node_series w)
         return s->draining || s->reg_draining;
     case NS_OUTSTANDING:
         return s->outstanding;
-    default:
+    case NS_PROMPT_TOKENS:
         return (double)s->outstanding_tokens;
+    case NS_RUNNING:
+        return s->load.running;
+    case NS_PREFILL_TOK:
+        return s->load.prefill_tok_s;
+    case NS_ITL:
+        return s->load.itl_s;
+    default:
+        return s->load.itl_prefill_s;
     }
 }
 
@@ -348,11 +391,19 @@ static void write_node_gauges(const router *r, dx_buf *b)
          "Requests the router has in flight at the node"},
         {"duplex_router_node_outstanding_prompt_tokens",
          "Prompt tokens the router has in flight at the node (prefill nodes)"},
+        {"duplex_router_node_running", "Requests the node says it runs (its /health's load)"},
+        {"duplex_router_node_prefill_token_seconds",
+         "The node's published cost of a prefill token (its /health's load)"},
+        {"duplex_router_node_itl_seconds",
+         "The node's published decode-step time (its running streams' inter-token latency)"},
+        {"duplex_router_node_itl_prefill_seconds",
+         "The same for steps that also prefill (what a local prefill does to its streams)"},
     };
-    for (int w = NS_HEALTHY; w <= NS_PROMPT_TOKENS; w++) {
+    for (int w = NS_HEALTHY; w < NS_N; w++) {
         prom_write_header(b, k[w].name, "gauge", k[w].help);
         for (size_t i = 0; i < r->n_nodes; i++)
-            if (!r->live[i].gone && (w != NS_PROMPT_TOKENS || r->live[i].prefill))
+            if (!r->live[i].gone && (w != NS_PROMPT_TOKENS || r->live[i].prefill) &&
+                (w < NS_RUNNING || r->live[i].load.has))
                 prom_write_value(b, k[w].name, r->nodes[i].labels,
                                  node_value(&r->live[i], (enum node_series)w));
     }

@@ -18,19 +18,40 @@
  *  - uncached = prompt tokens - the entry's tokens when its params are
  *    usable (there are some and their holder holds), else all of them;
  *    local prefill on the decode node when no prefill body is ready (no
- *    prefill node configured or discoverable), when uncached is below
- *    local_prefill_max_tokens, or when no prefill node takes new requests
- *    (no_prefill_healthy);
+ *    prefill node configured or discoverable), or when no prefill node
+ *    takes new requests (no_prefill_healthy); otherwise
+ *  - by the costs (local_prefill_auto, the default), when the decode node
+ *    and the least loaded prefill node both publish theirs (node_load.h,
+ *    read from their /health): the turn is prefilled where
+ *
+ *      local   = queue_D + prefill_D(new tokens at the history's depth)
+ *                + the running streams' decode work in those steps
+ *                + pull_D←holder(history), when D is not the holder
+ *                + stall_weight × streams_D × prefill_D(...)
+ *      prefill = queue_P + min(pull_P←holder(history), prefill_P(history))
+ *                + prefill_P(new tokens at the history's depth)
+ *                + pull_D←P(new tokens) + prefill_hop_s
+ *
+ *    is smaller (router_pick_estimate), the prefill path by a margin
+ *    (prefill_margin_pct: the two nodes' models are fitted apart, each with
+ *    its own error, and on equal machines the local path is the one without
+ *    a transfer) — the stall term is what P/D disaggregation is for: each
+ *    of D's running streams waits as long as a local prefill computes, so a
+ *    decode node with streams gets the long prefills off it while an idle
+ *    one takes the small ones;
+ *  - by the count otherwise (local_prefill_auto 0, or a node without
+ *    costs): local prefill when uncached is below local_prefill_max_tokens;
  *  - one retry, on another node of the role.
  *
- * The inputs are structs, not argument lists, so that a cost-based policy
- * can add what it weighs (a node's free KV blocks, a transfer's size, ...)
- * without changing the callers' shape. */
+ * The inputs are structs, not argument lists, so that a policy can add
+ * what it weighs without changing the callers' shape. */
 #ifndef ROUTER_PICK_H
 #define ROUTER_PICK_H
 
 #include <stddef.h>
 #include <stdint.h>
+
+#include "http/node_load.h"
 
 /* One node as the policy sees it; the router keeps its node table's states
  * in an array of these (one per node index), so the policy reads them in
@@ -43,6 +64,14 @@ typedef struct {
     int gone;                    /* its registration vanished: never picked */
     uint32_t outstanding;        /* requests in flight */
     uint64_t outstanding_tokens; /* prompt tokens in flight (prefill nodes) */
+    node_load load;              /* what its last /health published (load.has 0: nothing) */
+    /* Of that, what is not this router's: the requests it ran beyond this
+     * router's in flight there at the check, and its queued prompt tokens
+     * when this router had none there (the rest is this router's own, which
+     * outstanding counts as it changes — a check a second old would still
+     * show the turn that just ended). */
+    uint32_t other_running;
+    uint64_t other_pending;
 } router_pick_node;
 
 /* The cluster and the knobs (router_config's). */
@@ -54,8 +83,23 @@ typedef struct {
      * pool, or picks made in step skew each other). */
     unsigned *rr;
     uint32_t decode_max_outstanding;   /* affinity yields to load from this many */
-    uint32_t local_prefill_max_tokens; /* fewer uncached tokens: local prefill */
+    uint32_t local_prefill_max_tokens; /* the count rule: fewer uncached tokens, local prefill */
+    int local_prefill_auto;            /* decide by the nodes' costs (the rule above) */
+    double stall_weight;               /* a running stream's delay against this turn's (0:
+                                          ROUTER_PICK_STALL_WEIGHT) */
+    double prefill_hop_s; /* the prefill path's own overhead (0: ROUTER_PICK_PREFILL_HOP_MS) */
+    /* How much cheaper the prefill path must be estimated, in percent (0:
+     * ROUTER_PICK_PREFILL_MARGIN_PCT; < 0: none). */
+    int prefill_margin_pct;
 } router_pick_cluster;
+
+/* The cost rule's defaults: a stream's wait weighs as much as this turn's;
+ * going through a prefill node costs an HTTP round trip more and the
+ * decode node's admission (~2 ms measured on loopback, README
+ * "Performance"), and is taken only when estimated 25% cheaper. */
+#define ROUTER_PICK_STALL_WEIGHT       1
+#define ROUTER_PICK_PREFILL_HOP_MS     2
+#define ROUTER_PICK_PREFILL_MARGIN_PCT 25
 
 /* The conversation's entry, as far as the choice needs it. */
 typedef struct {
@@ -78,6 +122,14 @@ enum router_pick_affinity {
     ROUTER_PICK_HIT = 1,
 };
 
+/* The two paths' estimates (seconds; router_pick_estimate). */
+typedef struct {
+    double local_s;   /* this turn's time to first token prefilled on the decode node */
+    double stall_s;   /* what that prefill delays the decode node's running streams, in all */
+    double prefill_s; /* ... and through the prefill node */
+    uint32_t streams; /* the decode node's running streams counted */
+} router_pick_est;
+
 typedef struct {
     int decode; /* -1: no decode node takes new requests (the rest unset) */
     enum router_pick_affinity affinity;
@@ -85,6 +137,12 @@ typedef struct {
     int prefill;                   /* the prefill node first; -1: local prefill */
     const char *prefill_fallback;  /* "no_prefill_healthy", or NULL */
     uint32_t uncached;             /* prompt tokens the entry's holder does not have */
+    /* How local prefill or a prefill node was chosen: "cost" (the
+     * estimates, in est), "count" (local_prefill_max_tokens), "no_costs"
+     * (auto, but a node published none: the count), "no_prefill" (none
+     * configured or healthy). */
+    const char *rule;
+    router_pick_est est;
 } router_pick_choice;
 
 /* The node may get new requests: healthy, not draining, not gone. */
@@ -100,9 +158,15 @@ int router_pick_entry_usable(const router_pick_cluster *c, const router_pick_ent
 int router_pick_decode(const router_pick_cluster *c, int exclude);
 int router_pick_prefill(const router_pick_cluster *c, int exclude);
 
+/* The estimates of prefilling `uncached` tokens after `cached` ones on
+ * decode node d (local) or prefill node p (then pulled back by d), the
+ * history held by node `holder` (-1: none); both must publish costs. */
+void router_pick_estimate(const router_pick_cluster *c, int d, int p, int holder, uint32_t cached,
+                          uint32_t uncached, router_pick_est *out);
+
 /* A completion's route: the decode node (with its affinity), then local
- * prefill or the prefill node first.  The prefill pool is not consulted
- * (nor rotated) when there is no decode node or the prefill is local. */
+ * prefill or the prefill node first.  The prefill pool is not rotated
+ * when there is no decode node or the prefill is local. */
 void router_pick_route(const router_pick_cluster *c, const router_pick_req *q,
                        router_pick_choice *out);
 

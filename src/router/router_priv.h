@@ -37,6 +37,7 @@
 #include "http/work_pool.h"
 #include "router/router.h"
 #include "router/router_disc.h"
+#include "router/router_gaps.h"
 #include "router/router_key.h"
 #include "router/router_pick.h"
 #include "router/router_rsp.h"
@@ -56,7 +57,7 @@ typedef struct {
     char labels[RT_URL_MAX + 32]; /* node="...",role="..." */
     int discovered;               /* from a registration (--discover), not a static list */
     int seen;                     /* in the current scan */
-    char hbody[48];               /* the start of the health check's answer */
+    char hbody[4096];             /* the health check's answer (its start, past this) */
     size_t hlen;
     router_up_req *check; /* health check in flight */
 } rt_node;
@@ -69,6 +70,7 @@ struct router {
     router_rsp *responses; /* the Responses API's stored responses (off the loop only) */
     router_up *up;
     router_store *store;                  /* the conversation map: memory or Redis */
+    router_gaps *gaps;                    /* when each conversation's last turn ended */
     model *tok;                           /* tokenizer and chat template only, or NULL */
     http_auth *auth;                      /* clients' API keys; the internal key nodes get */
     uint8_t ns_secret[ROUTER_KEY_SECRET]; /* keys tenants' namespaces (router_key.h) */
@@ -101,7 +103,11 @@ struct router {
     /* metrics */
     http_app *app;         /* routes, checks, counted answers (the requests family) */
     prom_family routed;    /* via = local | prefill */
-    prom_family fallbacks; /* reason */
+    prom_family decisions; /* path, rule: how local prefill or a prefill node was chosen */
+    prom_hist est_local, est_prefill; /* measured TTFT / estimated, by the path taken */
+    prom_hist turn_gap;               /* seconds between a conversation's turns */
+    uint64_t gap_turns[3];            /* by enum router_gap_kind */
+    prom_family fallbacks;            /* reason */
     uint64_t affinity_hits, affinity_misses;
     prom_hist ttft, added_before, added_between, added_stream;
 };
@@ -136,6 +142,8 @@ void rt_metrics_request(router *r, const char *path, int status);
 void rt_metrics_fallback(router *r, const char *reason);
 /* Observes the seconds since since_ns (dx_now_ns) in h. */
 void rt_metrics_observe(prom_hist *h, uint64_t since_ns);
+/* A turn arrived gap_s after its conversation's last one ended. */
+void rt_metrics_gap(router *r, double gap_s, enum router_gap_kind kind);
 void rt_metrics_render(router *r, dx_buf *b);
 
 /* ---- the flow's entry points, for router.c ---- */

@@ -84,20 +84,41 @@ static const char *node_url(const rt_req *q, int node)
     return node >= 0 ? q->r->nodes[node].url : "-";
 }
 
+/* " rule=R [est_local_ms=… est_stall_ms=… est_prefill_ms=… streams=N]":
+ * how the path was chosen and, by the costs, the estimates compared; the
+ * TTFT against the chosen path's estimate goes to /metrics. */
+static void log_rule(rt_req *q, char *out, size_t cap)
+{
+    out[0] = 0;
+    if (!q->rule) return;
+    if (strcmp(q->rule, "cost")) {
+        snprintf(out, cap, " rule=%s", q->rule);
+        return;
+    }
+    snprintf(out, cap,
+             " rule=cost est_local_ms=%.3f est_stall_ms=%.3f est_prefill_ms=%.3f streams=%u",
+             q->est.local_s * 1e3, q->est.stall_s * 1e3, q->est.prefill_s * 1e3, q->est.streams);
+    double est = q->prefill < 0 ? q->est.local_s : q->est.prefill_s;
+    if (q->t_first && est > 0)
+        prom_hist_observe(q->prefill < 0 ? &q->r->est_local : &q->r->est_prefill,
+                          (double)(q->t_first - q->t0) * 1e-9 / est);
+}
+
 static void log_end(rt_req *q)
 {
     static const char *const keys[] = {"none", "id", "content"};
-    char ttft[32] = "-";
+    char ttft[32] = "-", rule[160];
     if (q->t_first) snprintf(ttft, sizeof ttft, "%.2f", (double)(q->t_first - q->t0) * 1e-6);
+    log_rule(q, rule, sizeof rule);
     DX_LOGI("%s %s %d via=%s decode=%s prefill=%s key=%s affinity=%s prompt_tokens~%u "
-            "tries=%d/%d ttft_ms=%s total_ms=%.2f",
+            "tries=%d/%d ttft_ms=%s total_ms=%.2f%s",
             q->method, q->path, q->status_out, q->via, node_url(q, q->decode),
             node_url(q, q->prefill), keys[q->key_kind],
             q->affinity < 0 ? "-"
             : q->affinity   ? "hit"
                             : "miss",
             q->prompt_tokens, q->prefill_tries, q->decode_tries, ttft,
-            (double)(dx_now_ns() - q->t0) * 1e-6);
+            (double)(dx_now_ns() - q->t0) * 1e-6, rule);
 }
 
 static void req_unlink_free(rt_req *q)

@@ -139,6 +139,13 @@ void router_launch_node_argv(const router_launch_config *c, int prefill, router_
     }
     if (c->mode == LAUNCH_BIDIRECTIONAL) arg(a, "--bidirectional-kv-xfer");
     if (prefill && c->prefill_no_prefix_caching) arg(a, "--no-enable-prefix-caching");
+    /* NULL: the nodes' auto; the prefill nodes may have their own */
+    const char *th = prefill && c->prefill_recompute_threshold ? c->prefill_recompute_threshold
+                                                               : c->recompute_threshold;
+    if (th && c->mode != LAUNCH_COLOCATED) {
+        arg(a, "--kv-recompute-threshold");
+        arg(a, th);
+    }
     if (c->threads_per_node > 0) {
         arg(a, "--threads");
         arg_num(a, c->threads_per_node);

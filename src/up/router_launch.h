@@ -48,12 +48,14 @@ typedef struct {
     const char *model; /* GGUF file */
     int n_prefill, n_decode;
     enum router_launch_mode mode;
-    int port;                      /* the router's; 0 = a free one */
-    int threads_per_node;          /* 0: the cores shared out */
-    long kv_cache_mb;              /* per node; 0 = serve's default */
-    const char *kv_dtype;          /* every node's --kv-dtype (NULL: serve's): one KV layout */
-    int prefill_no_prefix_caching; /* benchmarks: prefill nodes recompute everything */
-    int has_local_prefill;         /* pass local_prefill_max_tokens to the router */
+    int port;                        /* the router's; 0 = a free one */
+    int threads_per_node;            /* 0: the cores shared out */
+    long kv_cache_mb;                /* per node; 0 = serve's default */
+    const char *kv_dtype;            /* every node's --kv-dtype (NULL: serve's): one KV layout */
+    int prefill_no_prefix_caching;   /* benchmarks: prefill nodes recompute everything */
+    const char *recompute_threshold; /* the P/D nodes' --kv-recompute-threshold; NULL: theirs */
+    const char *prefill_recompute_threshold; /* the prefill nodes', when it differs */
+    int has_local_prefill;                   /* pass local_prefill_max_tokens to the router */
     long local_prefill_max_tokens;
     double startup_timeout_s; /* 0: ROUTER_LAUNCH_DEFAULT_STARTUP_TIMEOUT_S */
     double stop_timeout_s;    /* SIGKILL what is left after this; 0: the default */

@@ -78,20 +78,23 @@ static void up_start(tp_proc *p, int w, int *prefill_port)
 {
     char log[160];
     snprintf(log, sizeof log, "%s/up-%s.log", G.dir, k_fam[w]);
-    char *argv[] = {(char *)G.bin,
-                    "up",
-                    "--model",
-                    G.model[w],
-                    "--port",
-                    "0",
-                    "--threads-per-node",
-                    "1",
-                    "--kv-cache-mb",
-                    "64",
-                    "--local-prefill-max-tokens",
-                    "0",
-                    "--prefill-no-prefix-caching",
-                    NULL};
+    char *argv[] = {
+        (char *)G.bin,
+        "up",
+        "--model",
+        G.model[w],
+        "--port",
+        "0",
+        "--threads-per-node",
+        "1",
+        "--kv-cache-mb",
+        "64",
+        "--local-prefill-max-tokens",
+        "0",
+        "--kv-recompute-threshold", /* every reusable block pulled, whatever the speed */
+        "1",
+        "--prefill-no-prefix-caching",
+        NULL};
     assert_int_equal(tp_spawn(p, log, argv), 0);
     p->http = (int)tp_wait_int(p, "ready: http://127.0.0.1:", 120);
     if (p->http <= 0) {

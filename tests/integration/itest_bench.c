@@ -48,7 +48,8 @@ static int up_start(tp_proc *p, int *prefill_port)
     snprintf(log, sizeof log, "%.60s/up.log", G.dir);
     char *argv[] = {(char *)G.bin, "up", "--mode", "bidirectional", "--port", "0", "--model",
                     G.model, "--kv-cache-mb", "16", "--threads-per-node", "1",
-                    "--local-prefill-max-tokens", "0", "--prefill-no-prefix-caching", NULL};
+                    "--local-prefill-max-tokens", "0", "--prefill-no-prefix-caching",
+                    "--kv-recompute-threshold", "1", NULL};
     assert_int_equal(tp_spawn(p, log, argv), 0);
     int port = (int)tp_wait_int(p, "ready: http://127.0.0.1:", 120);
     if (port <= 0) {

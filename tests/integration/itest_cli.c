@@ -210,7 +210,7 @@ static void test_bad_flags(void **state)
            "serve --model /tmp/x --bidirectional-kv-xfer=yes%s", "");
     expect(2, "--decoder-kv-blocks-ttl 0 is out of range",
            "serve --model /tmp/x --decoder-kv-blocks-ttl 0%s", "");
-    expect(2, "--kv-recompute-threshold wants an integer, got 'many'",
+    expect(2, "--kv-recompute-threshold wants auto or an integer 0..16777216, got 'many'",
            "serve --model /tmp/x --kv-recompute-threshold many%s", "");
     expect(2, "--kv-lease-ttl -1 is out of range", "serve --model /tmp/x --kv-lease-ttl -1%s", "");
     expect(2, "--engine-id must be 1..128 bytes", "serve --model /tmp/x --engine-id ''%s", "");

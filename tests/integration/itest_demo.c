@@ -57,9 +57,11 @@ static void test_demo(void **state)
                                        "superseded by the next turn",
                                        "duplex up: stopped",
                                        "== duplex bench compare",
-                                       "| turn | uni-nocache | bidi | colocated | uni-nocache / bidi |",
+                                       "| turn | uni-nocache | bidi | bidi-auto | colocated | "
+                                       "uni-nocache / bidi |",
                                        "At the last turn, uni-nocache takes",
-                                       "At the last turn, bidi takes"};
+                                       "At the last turn, bidi takes",
+                                       "At the last turn, bidi-auto takes"};
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
         if (!strstr(out.data, want[i])) fail_msg("demo output lacks '%s':\n%s", want[i], out.data);
     /* the history really came from the decode node, and turns 2+ reused it */

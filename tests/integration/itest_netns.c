@@ -19,6 +19,17 @@
  * pulls back the delta, and the veth's own byte counters show that the KV
  * crossed the link.
  *
+ * Then the reuse decision over the KV link shaped with tc (1 Gbit/s and
+ * 100 Mbit/s; 2 ms of delay each way where the kernel has netem, else a
+ * token bucket at the rate alone): the prefill host decides by its
+ * (fixed) cost of a token and its measured cost of a pull from the decode
+ * host, every decision agrees with the estimates its request line shows,
+ * a large delta is pulled over 1 Gbit/s and — without delay — recomputed
+ * over 100 Mbit/s (a token's KV takes longer to cross than to compute),
+ * with delay a small delta is recomputed (the round trips cost more than
+ * its tokens), and the learnt estimates are within a factor of what the
+ * pulls took.
+ *
  * Needs root and `ip netns` (iproute2) with veth: without them the test
  * reports itself skipped, saying why.  The test process itself enters the
  * router's namespace (setns) so that its HTTP client and the processes it
@@ -179,22 +190,50 @@ static int hosts_down(void **state)
 }
 
 /* `duplex serve` on host ns, HTTP on http_addr, KV on kv_addr, pulling only
- * from peer_kv; ready. */
-static void host_node(tp_proc *n, int ns, const char *role, const char *http_addr,
-                      const char *kv_addr, const char *peer_kv)
+ * from peer_kv, with the costs given (--fixed-costs); ready. */
+static void host_node_costs(tp_proc *n, int ns, const char *role, const char *http_addr,
+                            const char *kv_addr, const char *peer_kv, int prefix_cache,
+                            const char *costs)
 {
     char log[160], want[64];
-    snprintf(log, sizeof log, "%s/%s.log", G.dir, role);
-    const char *argv[] = {g_ip, "netns", "exec", g_ns[ns], G.bin, "serve", "--model", G.model,
-                          "--role", role, "--bidirectional-kv-xfer", "--host", http_addr, "--port",
-                          "0", "--kv-host", kv_addr, "--kv-port", "0", "--kv-peers", peer_kv,
-                          "--kv-secret-file", G.secret, "--kv-transport-tls",
+    snprintf(log, sizeof log, "%s/%s-%d.log", G.dir, role, G.n_logs++);
+    const char *argv[] = {g_ip,
+                          "netns",
+                          "exec",
+                          g_ns[ns],
+                          G.bin,
+                          "serve",
+                          "--model",
+                          G.model,
+                          "--fixed-costs",
+                          costs,
+                          "--role",
+                          role,
+                          "--bidirectional-kv-xfer",
+                          "--host",
+                          http_addr,
+                          "--port",
+                          "0",
+                          "--kv-host",
+                          kv_addr,
+                          "--kv-port",
+                          "0",
+                          "--kv-peers",
+                          peer_kv,
+                          "--kv-secret-file",
+                          G.secret,
+                          "--kv-transport-tls",
                           "tcp", /* else the namespaces share memory, and UCX uses that */
-                          "--api-key-file", g_keys, "--internal-key-file", g_internal, "--threads",
-                          "1", "--kv-cache-mb", "16",
-                          /* the prefill node has no cache of its own: history it
-                           * reuses can only have come from the decode host */
-                          !strcmp(role, "prefill") ? "--no-enable-prefix-caching" : NULL, NULL};
+                          "--api-key-file",
+                          g_keys,
+                          "--internal-key-file",
+                          g_internal,
+                          "--threads",
+                          "1",
+                          "--kv-cache-mb",
+                          "16",
+                          !prefix_cache ? "--no-enable-prefix-caching" : NULL,
+                          NULL};
     assert_int_equal(tp_spawn(n, log, (char *const *)argv), 0);
     snprintf(want, sizeof want, "address=http://%s:", http_addr);
     n->http = (int)tp_wait_int(n, want, 60);
@@ -202,6 +241,16 @@ static void host_node(tp_proc *n, int ns, const char *role, const char *http_add
         tp_log_tail(n, 20);
         fail_msg("the %s node did not start in namespace %s", role, g_ns[ns]);
     }
+}
+
+/* The same with the P/D tests' costs (every reusable block pulled); the
+ * prefill node has no cache of its own: history it reuses can only have
+ * come from the decode host. */
+static void host_node(tp_proc *n, int ns, const char *role, const char *http_addr,
+                      const char *kv_addr, const char *peer_kv)
+{
+    host_node_costs(n, ns, role, http_addr, kv_addr, peer_kv, !!strcmp(role, "prefill"),
+                    PD_TEST_COSTS);
 }
 
 static double node_metric(const char *host, const tp_proc *n, const char *series)
@@ -318,11 +367,221 @@ static void test_conversation_across_hosts(void **state)
     stop_ok(S);
 }
 
+/* ---- the reuse decision over a shaped link ------------------------------------- */
+
+/* Shapes the KV link's two ends (tc): `rate` and, where the kernel has
+ * netem, 2 ms of delay each way; else a token bucket (tbf) at the rate
+ * alone.  1 when the delay is there. */
+static int shape_link(const char *rate, const char *burst)
+{
+    int delayed = 1;
+    for (int ns = NS_P; ns <= NS_D; ns++)
+        if (nt_sh("ip netns exec %s tc qdisc replace dev " KV_DEV " root netem delay 2ms rate %s",
+                  g_ns[ns], rate))
+            delayed = 0;
+    for (int ns = NS_P; ns <= NS_D && !delayed; ns++)
+        assert_int_equal(nt_sh("ip netns exec %s tc qdisc replace dev " KV_DEV
+                               " root tbf rate %s burst %s latency 200ms",
+                               g_ns[ns], rate, burst),
+                         0);
+    return delayed;
+}
+
+static void unshape_link(void)
+{
+    for (int ns = NS_P; ns <= NS_D; ns++)
+        nt_sh("ip netns exec %s tc qdisc del dev " KV_DEV " root", g_ns[ns]);
+}
+
+/* The number after key in a request line (-1 when it is not there). */
+static double line_num(const char *line, const char *key)
+{
+    const char *k = strstr(line, key);
+    return k ? strtod(k + strlen(key), NULL) : -1;
+}
+
+typedef struct {
+    int pulls, recomputes;             /* decisions about a large delta (≥ 256 tokens) */
+    int small_pulls, small_recomputes; /* about a small one (≤ 32 tokens) */
+    int checked;                       /* pulls whose estimate was compared with their time ... */
+    double ratio[32];                  /* ... time / estimate, each */
+} link_tally;
+
+/* The median learnt pull estimate is within this factor of the pull's time
+ * (the median: one pull that another process stalled must not decide). */
+#define EST_FACTOR 3.0
+
+static double median_ratio(link_tally *k)
+{
+    for (int i = 1; i < k->checked; i++)
+        for (int j = i; j > 0 && k->ratio[j - 1] > k->ratio[j]; j--) {
+            double t = k->ratio[j];
+            k->ratio[j] = k->ratio[j - 1];
+            k->ratio[j - 1] = t;
+        }
+    return k->checked ? k->ratio[k->checked / 2] : 0;
+}
+
+/* One turn through the router; when it went through the prefill node and
+ * that node decided about the decode host's blocks, the decision is
+ * tallied by the delta's size (its recompute estimate / the fixed cost of
+ * a token), and a pull's estimate — once the peer was measured — compared
+ * with what the pull took. */
+static void link_turn(conv *c, conv *s, tp_proc *P, tp_proc *R, tp_proc *S, double tok_ms,
+                      int words, int t, link_tally *k)
+{
+    static const char *const h[] = {"Authorization: Bearer " API_KEY, "X-Conversation-Id: shaped",
+                                    NULL};
+    double d2p = node_metric(P_HTTP, P,
+                             "duplex_kv_reuse_decisions_total{direction=\"d2p\","
+                             "rule=\"auto\",path=\"pull\"}") +
+                 node_metric(P_HTTP, P,
+                             "duplex_kv_reuse_decisions_total{direction=\"d2p\","
+                             "rule=\"auto\",path=\"recompute\"}");
+    user_turn(c, s, 400 + (unsigned)t, words);
+    assert_same(turn_h(c, R->http, h, 24), turn_single(s, S, 24), t);
+    double now = node_metric(P_HTTP, P,
+                             "duplex_kv_reuse_decisions_total{direction=\"d2p\","
+                             "rule=\"auto\",path=\"pull\"}") +
+                 node_metric(P_HTTP, P,
+                             "duplex_kv_reuse_decisions_total{direction=\"d2p\","
+                             "rule=\"auto\",path=\"recompute\"}");
+    if (now == d2p) return; /* local prefill, or nothing to reuse */
+    char line[1024];
+    last_post(P, line, sizeof line);
+    double est_pull = line_num(line, " est_pull_ms="),
+           est_rec = line_num(line, " est_recompute_ms=");
+    double took = line_num(line, " pull_ms="), tokens = est_rec / tok_ms;
+    int pulled = strstr(line, " pull=d2p:") != NULL;
+    char took_s[48] = "";
+    if (took >= 0) snprintf(took_s, sizeof took_s, "; the pull took %.2f ms", took);
+    print_message("turn %2d: %4.0f reusable tokens: %s (estimates: pull %.2f ms, recompute %.2f "
+                  "ms%s)\n",
+                  t, tokens, pulled ? "pulled" : "recomputed", est_pull, est_rec, took_s);
+    /* the decision follows the estimates (beyond the hysteresis band) */
+    if ((est_pull < 0.8 * est_rec && !pulled) || (est_pull > 1.2 * est_rec && pulled))
+        fail_msg("turn %d: decided against the estimates: %s", t, line);
+    if (tokens >= 256) {
+        k->pulls += pulled;
+        k->recomputes += !pulled;
+    } else if (tokens <= 32) {
+        k->small_pulls += pulled;
+        k->small_recomputes += !pulled;
+    }
+    /* the first pull from the decode host is the prior's; later ones are
+     * estimated from what was measured */
+    if (pulled && took > 0 && k->pulls + k->small_pulls > 1 && k->checked < 32)
+        k->ratio[k->checked++] = took / est_pull;
+}
+
+/* A conversation whose turns alternate between runs of short user
+ * messages, prefilled on the decode host (the router's count rule: under
+ * 200 tokens), and long ones, prefilled on the prefill host: the prefill
+ * host then finds everything the decode host added since its last turn
+ * there — a large delta after a run of local turns, a small one (the last
+ * answer) when its turns follow each other. */
+static void shaped_conversation(const char *rate, const char *burst, int delayed, link_tally *k)
+{
+    tp_proc *P = &g_procs[0], *D = &g_procs[1], *R = &g_procs[2], *S = &g_procs[3];
+    /* without delay the link's set-up is short, so tokens must be cheap for
+     * a small delta to be worth recomputing; with it, dearer, so that a
+     * large delta is still worth pulling */
+    double tok_ms = delayed ? 0.1 : 0.015;
+    char costs[96];
+    snprintf(costs, sizeof costs, "{\"prefill_tok_s\":%g}", tok_ms * 1e-3);
+    host_node_costs(P, NS_P, "prefill", P_HTTP, P_KV, D_KV, 1, costs);
+    host_node_costs(D, NS_D, "decode", D_HTTP, D_KV, P_KV, 1, costs);
+    node_start(S, "single", k_ref);
+    char purl[64], durl[64], rlog[160];
+    snprintf(purl, sizeof purl, "http://" P_HTTP ":%d", P->http);
+    snprintf(durl, sizeof durl, "http://" D_HTTP ":%d", D->http);
+    snprintf(rlog, sizeof rlog, "%s/router-%d.log", G.dir, G.n_logs++);
+    const char *ra[] = {"router",   "--prefill",
+                        purl,       "--decode",
+                        durl,       "--port",
+                        "0",        "--health-interval-ms",
+                        "100",      "--tokenizer",
+                        G.model,    "--local-prefill-max-tokens",
+                        "200",      "--api-key-file",
+                        g_keys,     "--internal-key-file",
+                        g_internal, NULL};
+    tp_start(R, G.bin, rlog, ra, "duplex router:");
+    router_wait_healthy(R);
+    print_message("KV link: %s%s\n", rate,
+                  delayed ? " + 2 ms each way (netem)" : " (tbf; no netem here: no delay)");
+    conv c, s;
+    conv_init(&c, 77, 150);
+    conv_init(&s, 77, 150);
+    /* the first turn's answer, then runs: locals (short) and prefill turns (long) */
+    static const int plan[] = {0, 40, 40, 40, 40, 40, 150, 150, 40, 40, 40, 40, 40, 150, 150};
+    assert_same(turn_h(&c, R->http,
+                       (const char *const[]){"Authorization: Bearer " API_KEY,
+                                             "X-Conversation-Id: shaped", NULL},
+                       24),
+                turn_single(&s, S, 24), 1);
+    for (size_t i = 1; i < DX_ARRAY_LEN(plan); i++)
+        link_turn(&c, &s, P, R, S, tok_ms, plan[i], (int)i + 1, k);
+    conv_free(&c);
+    conv_free(&s);
+    stop_ok(R);
+    stop_ok(P);
+    stop_ok(D);
+    stop_ok(S);
+}
+
+/* 1 Gbit/s: a large delta is pulled, and the estimates of the pulls after
+ * the first are within EST_FACTOR of their time; with netem's delay a
+ * small delta is recomputed (the pull's round trips cost more than its
+ * tokens). */
+static void test_reuse_decision_1gbit(void **state)
+{
+    (void)state;
+    nt_skip_unless_ready();
+    int delayed = shape_link("1gbit", "1mb");
+    link_tally k = {0};
+    shaped_conversation("1gbit", "1mb", delayed, &k);
+    unshape_link();
+    print_message("large deltas: %d pulled, %d recomputed; small: %d pulled, %d recomputed; %d "
+                  "estimates checked\n",
+                  k.pulls, k.recomputes, k.small_pulls, k.small_recomputes, k.checked);
+    assert_true(k.pulls >= 2 && k.recomputes == 0);
+    double m = median_ratio(&k);
+    print_message("a pull's time over its estimate: median %.2f of %d\n", m, k.checked);
+    assert_true(k.checked >= 1 && m <= EST_FACTOR && m >= 1 / EST_FACTOR);
+    if (delayed) assert_true(k.small_recomputes >= 1 && k.small_pulls == 0);
+}
+
+/* 100 Mbit/s: a token's KV takes 41 µs to cross, dearer than the 15 µs
+ * its recompute costs without netem's delay: once measured, even a large
+ * delta is recomputed; with the delay (tokens at 0.1 ms) a large delta is
+ * still pulled and a small one recomputed. */
+static void test_reuse_decision_100mbit(void **state)
+{
+    (void)state;
+    nt_skip_unless_ready();
+    int delayed = shape_link("100mbit", "128kb");
+    link_tally k = {0};
+    shaped_conversation("100mbit", "128kb", delayed, &k);
+    unshape_link();
+    print_message("large deltas: %d pulled, %d recomputed; small: %d pulled, %d recomputed\n",
+                  k.pulls, k.recomputes, k.small_pulls, k.small_recomputes);
+    if (delayed) {
+        assert_true(k.pulls >= 1 && k.small_recomputes >= 1 && k.small_pulls == 0);
+    } else {
+        /* the first decision is the prior's (a pull); every later one about
+         * a large delta recomputes */
+        assert_true(k.recomputes >= 1);
+        assert_true(k.pulls <= 1);
+    }
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_conversation_across_hosts),
+        cmocka_unit_test(test_reuse_decision_1gbit),
+        cmocka_unit_test(test_reuse_decision_100mbit),
     };
     return cmocka_run_group_tests_name("P/D across network namespaces (UCX_TLS=tcp)", tests,
                                        hosts_up, hosts_down);

@@ -3,7 +3,9 @@
  * its own tests).  Every output is compared byte for byte with one `--role
  * both` node without prefix caching that sees the same conversation: the
  * bidirectional flow, the one-way flow (duplex-aware and vLLM-proxy shaped),
- * the recompute threshold, edited history, forged params, a decode node that
+ * the recompute threshold, the decision by costs (pull a long answer's KV,
+ * recompute a short one's; a decode node that finds pulling dear),
+ * edited history, forged params, a decode node that
  * dies or whose retention expires, a pool too small for what is retained,
  * and streaming.  Node metrics prove where each prompt's KV came from. */
 /* duplex-test: tsan */
@@ -171,13 +173,14 @@ static void test_unidirectional(void **state)
     }
 }
 
-/* Fewer than 64 reusable tokens at the decode node: the prefill node
- * recomputes (and counts it); 64 or more: it pulls. */
+/* The fixed rule (--kv-recompute-threshold 64, vLLM's): fewer than 64
+ * reusable tokens at the decode node, the prefill node recomputes (and
+ * counts it); 64 or more: it pulls. */
 static void test_threshold(void **state)
 {
     (void)state;
     const char *pa[] = {"--role", "prefill", "--bidirectional-kv-xfer", "--no-enable-prefix-caching",
-                        NULL};
+                        "--kv-recompute-threshold", "64", NULL};
     const char *da[] = {"--role", "decode", "--bidirectional-kv-xfer", NULL};
     tp_proc P, D;
     node_start(&P, "p", pa);
@@ -205,6 +208,98 @@ static void test_threshold(void **state)
     stop_ok(&D);
 }
 
+
+#define DECIDED(dir, path)                                                                         \
+    "duplex_kv_reuse_decisions_total{direction=\"" dir "\",rule=\"auto\",path=\"" path "\"}"
+
+/* The number after `key` in a request line (0 when it is not there). */
+static double line_num(const char *line, const char *key)
+{
+    const char *k = strstr(line, key);
+    return k ? strtod(k + strlen(key), NULL) : 0;
+}
+
+/* --kv-recompute-threshold auto (the default) with the prefill node's
+ * costs fixed (--fixed-costs): a token costs 0.1 ms to compute, a pull
+ * 5 ms whatever its size.  Its prefix cache holds each previous prompt, so
+ * what the decode node adds is the previous answer: a long one (≥ 64
+ * tokens: ≥ 6.4 ms to recompute) is pulled, a short one (≤ 40 tokens: ≤ 4
+ * ms) recomputed — outside the 20% hysteresis either way — and the request
+ * line says which with both estimates.  A decode node whose pulls cost 1 s
+ * recomputes the prompts it is handed (P→D) instead.  Every answer equals
+ * the single node's. */
+static void test_reuse_by_cost(void **state)
+{
+    (void)state;
+    const char *pa[] = {"--role", "prefill", "--bidirectional-kv-xfer", "--fixed-costs",
+                        "{\"prefill_tok_s\":1e-4,\"pull\":{\"setup_s\":0.005,\"byte_s\":0}}", NULL};
+    tp_proc P, D, S;
+    node_start(&P, "p", pa);
+    node_start(&D, "d", k_da);
+    node_start(&S, "s", k_ref);
+    conv c, r;
+    conv_init(&c, 41, 30);
+    conv_init(&r, 41, 30);
+    char line[1024];
+    static const int gens[] = {200, 12, 200, 8, 200, 16};
+    int pulled_once = 0, recomputed_once = 0;
+    for (int t = 1; t <= 7; t++) {
+        long pulls = metric(&P, DECIDED("d2p", "pull"));
+        long recs = metric(&P, DECIDED("d2p", "recompute")), pulled = metric(&P, PULLED);
+        assert_same(turn_pd(&c, &P, &D, t <= 6 ? gens[t - 1] : 16, 1, 0),
+                    turn_single(&r, &S, t <= 6 ? gens[t - 1] : 16), t);
+        user_turn(&c, &r, 60 + (unsigned)t, 12);
+        if (t == 1) continue;
+        last_post(&P, line, sizeof line);
+        long dp = metric(&P, DECIDED("d2p", "pull")) - pulls;
+        long dr = metric(&P, DECIDED("d2p", "recompute")) - recs;
+        double est_rec = line_num(line, " est_recompute_ms="); /* 0.1 ms a token */
+        if (dp + dr == 0 && !strstr(line, "est_")) continue; /* the answer filled no block */
+        if (dp + dr != 1 || line_num(line, " est_pull_ms=") != 5.0)
+            fail_msg("turn %d: %ld pulls and %ld recomputes decided: %s", t, dp, dr, line);
+        if ((est_rec >= 6.4 && !dp) || (est_rec <= 4.0 && !dr))
+            fail_msg("turn %d: recomputing costs %.1f ms, pulling 5 ms: %s", t, est_rec, line);
+        if (dp) {
+            assert_true(metric(&P, PULLED) > pulled);
+            assert_non_null(strstr(line, " pull=d2p:"));
+            pulled_once = 1;
+        } else {
+            assert_int_equal(metric(&P, PULLED), pulled);
+            assert_non_null(strstr(line, " pull=recompute"));
+            recomputed_once = 1;
+        }
+    }
+    assert_true(pulled_once && recomputed_once);
+    /* the recomputes were counted as such, under vLLM's name too */
+    assert_int_equal(metric(&P, "duplex_kv_fallbacks_total{reason=\"below_threshold\"}"),
+                     metric(&P, DECIDED("d2p", "recompute")));
+    stop_ok(&D);
+    /* a decode node that finds pulling dear recomputes what the prefill
+     * node computed for it */
+    const char *da[] = {"--role", "decode", "--bidirectional-kv-xfer", "--fixed-costs",
+                        "{\"prefill_tok_s\":1e-4,\"pull\":{\"setup_s\":1}}", NULL};
+    node_start(&D, "d", da);
+    conv d, q;
+    conv_init(&d, 42, 60);
+    conv_init(&q, 42, 60);
+    for (int t = 1; t <= 2; t++) {
+        long pulled = metric(&D, PULLED);
+        assert_same(turn_pd(&d, &P, &D, 24, 1, 0), turn_single(&q, &S, 24), t);
+        assert_int_equal(metric(&D, PULLED), pulled);
+        user_turn(&d, &q, 70 + (unsigned)t, 30);
+    }
+    assert_int_equal(metric(&D, DECIDED("p2d", "recompute")), 2);
+    assert_int_equal(metric(&D, DECIDED("p2d", "pull")), 0);
+    last_post(&D, line, sizeof line);
+    assert_non_null(strstr(line, " pull=recompute est_pull_ms=1000.000"));
+    conv_free(&c);
+    conv_free(&r);
+    conv_free(&d);
+    conv_free(&q);
+    stop_ok(&P);
+    stop_ok(&D);
+    stop_ok(&S);
+}
 
 /* A past answer edited (its second half stripped, as clients strip
  * reasoning): outputs still equal the single node's; reuse stops at the
@@ -628,6 +723,7 @@ int main(void)
         cmocka_unit_test(test_bidirectional_moe),
         cmocka_unit_test(test_unidirectional),
         cmocka_unit_test(test_threshold),
+        cmocka_unit_test(test_reuse_by_cost),
         cmocka_unit_test(test_edited_history),
         cmocka_unit_test(test_forged_params),
         cmocka_unit_test(test_decode_dies_and_ttl),

@@ -2,7 +2,9 @@
  * decode nodes, all real processes on loopback — against one `--role both`
  * node without prefix caching that sees the same conversations: the
  * bidirectional flow (content-derived keys) with the cluster's usage, local
- * prefill on the decode node, the one-way flow, conversation ids and tenants,
+ * prefill on the decode node (by count, and by the nodes' costs: a decode
+ * node busy with streams gets no local prefills until it is idle), the
+ * one-way flow, conversation ids and tenants,
  * forged params, 2 prefill + 2 decode nodes with 8 concurrent conversations,
  * a decode node killed between turns and a prefill node killed mid-request.
  * Outputs must be byte-identical every time. */
@@ -48,9 +50,9 @@ static void test_bidirectional_through_router(void **state)
     stop_ok(&S);
 }
 
-/* Small new parts go straight to the decode node that holds the history
- * (--local-prefill-max-tokens, default 256): the prefill node sees turn 1
- * only, and the decode node computes just the new tokens. */
+/* The count rule (--local-prefill-max-tokens 256): small new parts go
+ * straight to the decode node that holds the history, the prefill node
+ * sees turn 1 only, and the decode node computes just the new tokens. */
 static void test_local_prefill(void **state)
 {
     (void)state;
@@ -59,7 +61,8 @@ static void test_local_prefill(void **state)
     node_start(&D, "d", k_da);
     node_start(&S, "s", k_ref);
     tp_proc *pp[] = {&P}, *dd[] = {&D};
-    router_start(&R, pp, 1, dd, 1, NULL);
+    const char *ra[] = {"--local-prefill-max-tokens", "256", NULL};
+    router_start(&R, pp, 1, dd, 1, ra);
     conv c, r;
     conv_init(&c, 301, 200); /* turn 1: over 256 tokens, via the prefill node */
     conv_init(&r, 301, 200);
@@ -322,6 +325,183 @@ static void test_nodes_killed(void **state)
     stop_ok(&S);
 }
 
+/* ---- where a turn is prefilled, by the nodes' costs ------------------------------- */
+
+#define ROUTED_BY(path) "duplex_router_prefill_decisions_total{path=\"" path "\",rule=\"cost\"}"
+
+/* Costs both nodes publish instead of measuring them: a prompt token 1 ms
+ * to compute, a decode step 2 ms, pulls cheap — so the router's choice
+ * depends on the decode node's streams alone, not on this machine. */
+#define FIXED_COSTS                                                                                \
+    "{\"prefill_tok_s\":0.001,\"itl_s\":0.002,\"pull\":{\"setup_s\":0.0005,\"byte_s\":1e-10}}"
+
+/* The router's gauge for a node, waited on until it reads `want` (30 s). */
+static void wait_gauge(const tp_proc *R, const char *name, const tp_proc *node, const char *role,
+                       double want)
+{
+    char series[256];
+    snprintf(series, sizeof series, "%s{node=\"http://127.0.0.1:%d\",role=\"%s\"}", name,
+             node->http, role);
+    for (int i = 0; i < 1500 && tc_metric_or(R->http, series, -1) != want; i++) tp_sleep_ms(20);
+    if (tc_metric_or(R->http, series, -1) != want)
+        fail_msg("%s is %.0f, waited for %.0f", series, tc_metric_or(R->http, series, -1), want);
+}
+
+/* A turn through the router: where its prefill went (1: the prefill node)
+ * by the cost rule's counters, its answer checked against the single node. */
+static int routed_turn(conv *c, conv *r, tp_proc *R, tp_proc *S, const char *const *h, int t)
+{
+    /* (a family's series appears with its first count) */
+    double local = tc_metric_or(R->http, ROUTED_BY("local"), 0);
+    double via_p = tc_metric_or(R->http, ROUTED_BY("prefill"), 0);
+    assert_same(turn_router(c, R, 24, h), turn_single(r, S, 24), t);
+    long dl = (long)(tc_metric_or(R->http, ROUTED_BY("local"), 0) - local);
+    long dp = (long)(tc_metric_or(R->http, ROUTED_BY("prefill"), 0) - via_p);
+    if (dl + dp != 1) fail_msg("turn %d: %ld local and %ld prefill decisions by cost", t, dl, dp);
+    return (int)dp;
+}
+
+/* No --local-prefill-max-tokens: the router decides by the costs the
+ * nodes publish.  An idle decode node prefills a conversation's turns
+ * itself (no hop, no transfer); while it decodes four long streams — each
+ * of which would wait as long as the prefill computes — the turn goes
+ * through the prefill node; idle again, it is the decode node's once more.
+ * The router's request line carries both estimates.  Every answer equals
+ * the single node's. */
+static void test_cost_routing_busy_decode(void **state)
+{
+    (void)state;
+    const char *pa[] = {"--role",        "prefill",   "--bidirectional-kv-xfer",
+                        "--fixed-costs", FIXED_COSTS, NULL};
+    const char *da[] = {"--role",        "decode",    "--bidirectional-kv-xfer",
+                        "--fixed-costs", FIXED_COSTS, NULL};
+    tp_proc P, D, S, R;
+    node_start(&P, "p", pa);
+    node_start(&D, "d", da);
+    node_start(&S, "s", k_ref);
+    tp_proc *pp[] = {&P}, *dd[] = {&D};
+    router_start(&R, pp, 1, dd, 1, NULL);
+    /* the router has read both nodes' costs */
+    wait_gauge(&R, "duplex_router_node_prefill_token_seconds", &D, "decode", 0.001);
+    wait_gauge(&R, "duplex_router_node_prefill_token_seconds", &P, "prefill", 0.001);
+    const char *h[] = {"X-Conversation-Id: busy", NULL};
+    conv c, r;
+    conv_init(&c, 901, 40);
+    conv_init(&r, 901, 40);
+    for (int t = 1; t <= 2; t++) { /* idle (as last published, too): local */
+        wait_gauge(&R, "duplex_router_node_running", &D, "decode", 0);
+        if (routed_turn(&c, &r, &R, &S, h, t) != 0)
+            fail_msg("turn %d: not local on an idle node", t);
+        user_turn(&c, &r, 910 + (unsigned)t, 20);
+    }
+    char line[1024];
+    last_post(&R, line, sizeof line);
+    assert_non_null(strstr(line, " rule=cost est_local_ms="));
+    assert_non_null(strstr(line, " est_prefill_ms="));
+    /* four long streams through the router (other conversations) */
+    enum { N = 4 };
+    CURLM *m = curl_multi_init();
+    CURL *e[N];
+    struct curl_slist *sl[N];
+    dx_buf out[N];
+    char *bodies[N];
+    for (int i = 0; i < N; i++) {
+        char *u = words(950 + (unsigned)i, 10);
+        json_t *b =
+            json_pack("{s:s,s:[{s:s,s:s}],s:i,s:b,s:b}", "model", G.model_name, "messages", "role",
+                      "user", "content", u, "max_tokens", 3000, "ignore_eos", 1, "stream", 1);
+        bodies[i] = json_dumps(b, JSON_COMPACT);
+        json_decref(b);
+        free(u);
+        dx_buf_init(&out[i], 0);
+        e[i] = tc_curl(R.http, "POST", "/v1/chat/completions", bodies[i], &out[i], &sl[i], 120);
+        curl_multi_add_handle(m, e[i]);
+    }
+    char series[256];
+    snprintf(
+        series, sizeof series,
+        "duplex_router_node_outstanding_requests{node=\"http://127.0.0.1:%d\",role=\"decode\"}",
+        D.http);
+    int running = 1;
+    for (int i = 0; i < 3000 && tc_metric_or(R.http, series, 0) < N; i++) {
+        curl_multi_perform(m, &running);
+        tp_sleep_ms(5);
+    }
+    assert_int_equal(tc_metric_or(R.http, series, 0), N); /* all four decoding at D */
+    curl_multi_perform(m, &running);
+    assert_int_equal(running, N); /* and none has ended */
+    if (routed_turn(&c, &r, &R, &S, h, 3) != 1) {
+        last_post(&R, line, sizeof line);
+        fail_msg("turn 3: prefilled locally while the decode node ran %d streams: %s", N, line);
+    }
+    last_post(&R, line, sizeof line);
+    assert_non_null(strstr(line, " via=prefill"));
+    assert_non_null(strstr(line, " streams=4"));
+    user_turn(&c, &r, 913, 20);
+    tc_multi_run(m);
+    for (int i = 0; i < N; i++) {
+        long st = 0;
+        curl_easy_getinfo(e[i], CURLINFO_RESPONSE_CODE, &st);
+        assert_int_equal(st, 200);
+        curl_multi_remove_handle(m, e[i]);
+        curl_easy_cleanup(e[i]);
+        curl_slist_free_all(sl[i]);
+        dx_buf_free(&out[i]);
+        free(bodies[i]);
+    }
+    curl_multi_cleanup(m);
+    /* idle again, as the router sees it: the turn is the decode node's */
+    wait_gauge(&R, "duplex_router_node_outstanding_requests", &D, "decode", 0);
+    wait_gauge(&R, "duplex_router_node_running", &D, "decode", 0);
+    if (routed_turn(&c, &r, &R, &S, h, 4) != 0) fail_msg("turn 4: not local on an idle node");
+    /* the streams' pace was measured, steps that also prefilled apart */
+    assert_true(metric(&D, "duplex_decode_step_seconds_count{prefill=\"no\"}") > 0);
+    assert_true(metric(&D, "duplex_decode_step_seconds_count{prefill=\"yes\"}") >= 0);
+    conv_free(&c);
+    conv_free(&r);
+    stop_ok(&R);
+    stop_ok(&P);
+    stop_ok(&D);
+    stop_ok(&S);
+}
+
+/* The router's retention guide: a turn that comes while the decode node
+ * still retains the conversation's KV counts as live, one that comes after
+ * its retention (--decoder-kv-blocks-ttl 1) ran out as expired — and
+ * recomputes, still equal to the single node, whose reply memory forgets
+ * as soon — and the gaps go to a histogram. */
+static void test_turn_gaps(void **state)
+{
+    (void)state;
+    const char *da[] = {"--role", "decode", "--bidirectional-kv-xfer", "--decoder-kv-blocks-ttl",
+                        "1",      NULL};
+    const char *sa[] = {"--no-enable-prefix-caching", "--decoder-kv-blocks-ttl", "1", NULL};
+    tp_proc P, D, S, R;
+    node_start(&P, "p", k_pa);
+    node_start(&D, "d", da);
+    node_start(&S, "s", sa);
+    tp_proc *pp[] = {&P}, *dd[] = {&D};
+    router_start(&R, pp, 1, dd, 1, k_via_p);
+    const char *h[] = {"X-Conversation-Id: gaps", NULL};
+    conv c, r;
+    conv_init(&c, 971, 40);
+    conv_init(&r, 971, 40);
+    for (int t = 1; t <= 3; t++) {
+        if (t == 3) tp_sleep_ms(1500); /* past the decode node's retention */
+        assert_same(turn_router(&c, &R, 16, h), turn_single(&r, &S, 16), t);
+        user_turn(&c, &r, 980 + (unsigned)t, 10);
+    }
+    assert_int_equal(metric(&R, "duplex_router_turns_after_gap_total{retention=\"live\"}"), 1);
+    assert_int_equal(metric(&R, "duplex_router_turns_after_gap_total{retention=\"expired\"}"), 1);
+    assert_int_equal(metric(&R, "duplex_router_turn_gap_seconds_count"), 2);
+    conv_free(&c);
+    conv_free(&r);
+    stop_ok(&R);
+    stop_ok(&P);
+    stop_ok(&D);
+    stop_ok(&S);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -339,6 +519,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bidirectional_through_router),
         cmocka_unit_test(test_local_prefill),
+        cmocka_unit_test(test_cost_routing_busy_decode),
+        cmocka_unit_test(test_turn_gaps),
         cmocka_unit_test(test_unidirectional_through_router),
         cmocka_unit_test(test_ids_tenants_forgery),
         cmocka_unit_test(test_xpyd_concurrent),

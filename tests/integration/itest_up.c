@@ -59,23 +59,13 @@ static void start_up_mode(up_run *u, const char *name, const char *mode)
     char log[160];
     int colo = !strcmp(mode, "colocated");
     snprintf(log, sizeof log, "%s/up-%s.log", G.dir, name);
-    char *argv[] = {(char *)G.bin,
-                    "up",
-                    "--mode",
-                    (char *)mode,
-                    "--decode",
-                    colo ? "2" : "1",
-                    "--port",
+    char *argv[] = {(char *)G.bin, "up", "--mode", (char *)mode, "--decode", colo ? "2" : "1",
+                    "--port", "0", "--model", G.model, "--kv-cache-mb", "32", "--threads-per-node",
+                    "1", colo ? NULL : "--local-prefill-max-tokens", /* P/D: every turn via P */
                     "0",
-                    "--model",
-                    G.model,
-                    "--kv-cache-mb",
-                    "32",
-                    "--threads-per-node",
-                    "1",
-                    colo ? NULL : "--local-prefill-max-tokens", /* P/D: every turn via P */
-                    "0",
-                    NULL};
+                    /* ... and every reusable block pulled, whatever this
+                     * machine's speed (the rule by costs has its own tests) */
+                    "--kv-recompute-threshold", "1", NULL};
     assert_int_equal(tp_spawn(&u->p, log, argv), 0);
     u->port = (int)tp_wait_int(&u->p, "ready: http://127.0.0.1:", 120);
     if (u->port <= 0) {

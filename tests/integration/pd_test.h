@@ -22,9 +22,18 @@ static struct {
     int n_logs;
     double temperature; /* every chat body's (0: greedy) */
     long seed;          /* > 0: sent as seed */
+    int ignore_eos;     /* every chat body asks for ignore_eos (answers of max_tokens) */
 } G;
 
 #define BS 16 /* the nodes' block size */
+
+/* The costs every test node decides with (--fixed-costs) unless its test
+ * gives its own: a token dearer to compute than any prompt's KV is to
+ * pull, so whatever a node can reuse it pulls — the P/D tests' counts
+ * never depend on the machine's speed, and the estimates' rule (not the
+ * fixed threshold) makes the decision.  The router's choice is the tests'
+ * own (k_via_p, or --local-prefill-max-tokens). */
+#define PD_TEST_COSTS "{\"prefill_tok_s\":0.001,\"pull\":{\"setup_s\":1e-5,\"byte_s\":1e-12}}"
 
 /* ---- processes ------------------------------------------------------------ */
 
@@ -33,10 +42,11 @@ static struct {
  * --kv-secret-file). */
 static inline void node_start(tp_proc *p, const char *tag, const char *const *extra)
 {
-    const char *argv[48] = {"serve", "--model",          G.model, "--port",
-                            "0",     "--threads",        "1",     "--kv-cache-mb",
-                            "16",    "--kv-secret-file", G.secret};
-    int n = 11;
+    const char *argv[48] = {"serve",      "--model",          G.model,  "--port",
+                            "0",          "--threads",        "1",      "--kv-cache-mb",
+                            "16",         "--kv-secret-file", G.secret, "--fixed-costs",
+                            PD_TEST_COSTS};
+    int n = 13;
     for (int i = 0; extra && extra[i]; i++) argv[n++] = extra[i];
     argv[n] = NULL;
     char log[160];
@@ -53,6 +63,18 @@ static inline void stop_ok(tp_proc *p)
         tp_read_log(p, buf, sizeof buf);
         fail_msg("%s did not exit cleanly (status %d): %s", p->log, st, buf);
     }
+}
+
+/* The last request line ("POST /v1/chat/completions ...") of p's log in
+ * line (NUL-terminated); fails the test when there is none. */
+static inline void last_post(const tp_proc *p, char *line, size_t cap)
+{
+    static char buf[1 << 20];
+    size_t n = tp_read_log(p, buf, sizeof buf);
+    const char *last = NULL;
+    for (const char *k = buf; (k = strstr(k, "POST /v1/chat/completions")); k++) last = k;
+    if (!last) fail_msg("%s: no request line (%zu bytes of log)", p->log, n);
+    snprintf(line, cap, "%.*s", (int)strcspn(last, "\n"), last);
 }
 
 static inline long metric(const tp_proc *p, const char *name)
@@ -222,6 +244,7 @@ static inline json_t *chat_body(json_t *msgs, int max_tokens)
     json_t *b = json_pack("{s:s, s:O, s:i, s:f}", "model", G.model_name, "messages", msgs,
                           "max_tokens", max_tokens, "temperature", G.temperature);
     if (G.seed > 0) json_object_set_new(b, "seed", json_integer(G.seed));
+    if (G.ignore_eos) json_object_set_new(b, "ignore_eos", json_true());
     return b;
 }
 

@@ -4,13 +4,17 @@
  * takes new requests and who still holds KV (healthy, draining by /health
  * or by registration, down, gone), affinity and why it is passed over,
  * local prefill below the threshold or without a prefill node, the retry
- * and re-check rules, the pass-through.  No router, no loop, no I/O. */
+ * and re-check rules, the pass-through; and the cost rule: its estimates
+ * term by term, an idle decode node taking small turns that a busy one
+ * sends to a prefill node, the fallbacks to the count rule.  No router, no
+ * loop, no I/O. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <stdio.h>
 #include <string.h>
 
 #include "base/dx_err.h"
@@ -392,6 +396,168 @@ static void test_any(void **state)
     assert_int_equal(router_pick_any(&f.c), -1);
 }
 
+/* ---- the cost rule ---------------------------------------------------------------- */
+
+/* A node that publishes costs: 1 ms a prefill token, no depth term, no
+ * step overhead, 2 ms a decode step; KV of 1000 bytes a token, pulled at
+ * 1 ms + 1 µs a byte (1 ms a token) from anyone. */
+static void publish(router_pick_node *n, const char *kv)
+{
+    n->load = (node_load){.has = 1,
+                          .prefill_tok_s = 1e-3,
+                          .itl_s = 2e-3,
+                          .itl_prefill_s = 2e-3,
+                          .batch_tokens = 512,
+                          .kv_token_bytes = 1000,
+                          .pull_setup_s = 1e-3,
+                          .pull_byte_s = 1e-6};
+    snprintf(n->load.kv, sizeof n->load.kv, "%s", kv);
+}
+
+static void make_costed(fixture *f)
+{
+    make(f, (const int[]){P, D, D}, 3);
+    f->c.local_prefill_auto = 1;
+    publish(&f->n[0], "10.0.0.1:9100");
+    publish(&f->n[1], "10.0.0.2:9200");
+    publish(&f->n[2], "10.0.0.3:9300");
+}
+
+static void assert_close(double got, double want)
+{
+    if (got < want - 1e-9 || got > want + 1e-9) fail_msg("%.9f, want %.9f", got, want);
+}
+
+/* The estimates, term by term (the rule in router_pick.h). */
+static void test_estimate(void **state)
+{
+    (void)state;
+    fixture f;
+    make_costed(&f);
+    router_pick_est e;
+    /* 100 new tokens after 1000 held by D itself, idle */
+    router_pick_estimate(&f.c, 1, 0, 1, 1000, 100, &e);
+    assert_close(e.local_s, 0.100);
+    assert_close(e.stall_s, 0);
+    /* P: min(pull 1000 tokens = 1 + 1000 ms, recompute 1000 ms) + 100 ms +
+     * D pulling 100 tokens back (1 + 100 ms) + the 2 ms hop */
+    assert_close(e.prefill_s, 1.000 + 0.100 + 0.101 + 0.002);
+    /* P measured D's link: 0.1 µs a byte */
+    f.n[0].load.peers[0] = (node_load_peer){.kv = "10.0.0.2:9200", .setup_s = 2e-3, .byte_s = 1e-7};
+    f.n[0].load.n_peers = 1;
+    router_pick_estimate(&f.c, 1, 0, 1, 1000, 100, &e);
+    assert_close(e.prefill_s, 0.102 + 0.100 + 0.101 + 0.002);
+    /* D runs 3 streams: they wait the prefill's 100 ms each, and the steps
+     * that prefill also decode them */
+    f.n[1].other_running = 3; /* another router's */
+    f.n[1].load.step_s = 0.5e-3;
+    router_pick_estimate(&f.c, 1, 0, 1, 1000, 100, &e);
+    assert_int_equal(e.streams, 3);
+    assert_close(e.local_s, 0.0005 + 0.100 + 0.0015);
+    assert_close(e.stall_s, 3 * (0.0005 + 0.100));
+    /* and this router's own in flight there, counted live */
+    f.n[1].outstanding = 2;
+    router_pick_estimate(&f.c, 1, 0, 1, 1000, 100, &e);
+    assert_int_equal(e.streams, 5);
+    f.n[1].other_running = 0;
+    /* another decode node than the holder pulls the history itself */
+    f.n[1].outstanding = 0;
+    router_pick_estimate(&f.c, 2, 0, 1, 1000, 100, &e);
+    assert_close(e.local_s, 0.100 + 1.001);
+    /* queued prompt work: others' as published, and this router's in
+     * flight at P */
+    f.n[2].other_pending = 50;
+    f.n[0].outstanding_tokens = 200;
+    router_pick_estimate(&f.c, 2, 0, -1, 0, 100, &e);
+    assert_close(e.local_s, 0.050 + 0.100);
+    assert_close(e.prefill_s, 0.200 + 0.100 + 0.101 + 0.002);
+}
+
+/* An idle decode node takes the turn (no hop, no transfer); one busy
+ * decoding streams sends it to the prefill node, and takes it again when
+ * idle.  By cost, the pool is rotated only when a prefill node is used. */
+static void test_cost_rule(void **state)
+{
+    (void)state;
+    fixture f;
+    make_costed(&f);
+    router_pick_entry e = {.found = 1, .node = 1, .has_params = 1, .tokens = 1000};
+    /* P pulls D's history at 0.1 µs a byte (its measurement) */
+    f.n[0].load.peers[0] = (node_load_peer){.kv = "10.0.0.2:9200", .setup_s = 2e-3, .byte_s = 1e-7};
+    f.n[0].load.n_peers = 1;
+    router_pick_choice ch;
+    route(&f, 1, &e, 1100, 1, &ch);
+    assert_int_equal(ch.decode, 1);
+    assert_int_equal(ch.prefill, -1);
+    assert_string_equal(ch.rule, "cost");
+    assert_true(ch.est.local_s < ch.est.prefill_s);
+    assert_int_equal(f.rr[1], 0);
+    f.n[1].outstanding = 4; /* four streams would wait 100 ms each */
+    route(&f, 1, &e, 1100, 1, &ch);
+    assert_int_equal(ch.prefill, 0);
+    assert_string_equal(ch.rule, "cost");
+    assert_true(ch.est.local_s + ch.est.stall_s > ch.est.prefill_s);
+    assert_int_equal(f.rr[1], 1);
+    f.n[1].outstanding = 0;
+    route(&f, 1, &e, 1100, 1, &ch);
+    assert_int_equal(ch.prefill, -1);
+    /* a long first turn on an idle decode node: still local, it is fastest */
+    route(&f, 0, NULL, 3000, 1, &ch);
+    assert_int_equal(ch.prefill, -1);
+    /* ... unless the prefill node computes ten times faster and its KV
+     * comes back fast */
+    f.n[0].load.prefill_tok_s = 1e-4;
+    f.n[1].load.pull_byte_s = f.n[2].load.pull_byte_s = 1e-9;
+    route(&f, 0, NULL, 3000, 1, &ch);
+    assert_int_equal(ch.prefill, 0);
+    /* estimated 10% cheaper is within the margin (two models, two errors):
+     * local; 30% cheaper goes */
+    f.n[0].load.prefill_tok_s = (2.7 - 0.006) / 3000;
+    route(&f, 0, NULL, 3000, 1, &ch);
+    assert_int_equal(ch.prefill, -1);
+    f.n[0].load.prefill_tok_s = (2.1 - 0.006) / 3000;
+    route(&f, 0, NULL, 3000, 1, &ch);
+    assert_int_equal(ch.prefill, 0);
+    f.c.prefill_margin_pct = -1; /* none: by the estimates alone */
+    f.n[0].load.prefill_tok_s = (2.7 - 0.006) / 3000;
+    route(&f, 0, NULL, 3000, 1, &ch);
+    assert_int_equal(ch.prefill, 0);
+}
+
+/* Auto, but a node publishes no costs (an older node, or one not checked
+ * yet): the count rule; and the count rule when auto is off, whatever the
+ * costs say. */
+static void test_cost_rule_fallbacks(void **state)
+{
+    (void)state;
+    fixture f;
+    make_costed(&f);
+    f.n[0].load.has = 0;
+    router_pick_choice ch;
+    route(&f, 0, NULL, 255, 1, &ch);
+    assert_string_equal(ch.rule, "no_costs");
+    assert_int_equal(ch.prefill, -1);
+    route(&f, 0, NULL, 256, 1, &ch);
+    assert_string_equal(ch.rule, "no_costs");
+    assert_int_equal(ch.prefill, 0);
+    make_costed(&f);
+    f.c.local_prefill_auto = 0;
+    f.n[1].other_running = 100; /* the costs would say: not here */
+    route(&f, 0, NULL, 100, 1, &ch);
+    assert_string_equal(ch.rule, "count");
+    assert_int_equal(ch.prefill, -1);
+    /* no prefill body: local, whatever the rule */
+    f.c.local_prefill_auto = 1;
+    route(&f, 0, NULL, 100000, 0, &ch);
+    assert_string_equal(ch.rule, "no_prefill");
+    assert_int_equal(ch.prefill, -1);
+    /* no prefill node takes requests */
+    f.n[0].healthy = 0;
+    route(&f, 0, NULL, 100000, 1, &ch);
+    assert_int_equal(ch.prefill, -1);
+    assert_string_equal(ch.prefill_fallback, "no_prefill_healthy");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -410,6 +576,9 @@ int main(void)
         cmocka_unit_test(test_decode_again),
         cmocka_unit_test(test_retry),
         cmocka_unit_test(test_any),
+        cmocka_unit_test(test_estimate),
+        cmocka_unit_test(test_cost_rule),
+        cmocka_unit_test(test_cost_rule_fallbacks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
