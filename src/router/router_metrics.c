@@ -17,6 +17,7 @@ void rt_metrics_init(router *r)
                                   0.0025,  0.005,    0.01,    0.025,  0.05,    0.1,    0.25};
     prom_family_init(&r->routed);
     prom_family_init(&r->fallbacks);
+    prom_family_init(&r->up_errors);
     prom_hist_init_latency(&r->ttft);
     prom_hist_init(&r->added_before, fine, DX_ARRAY_LEN(fine));
     prom_hist_init(&r->added_between, fine, DX_ARRAY_LEN(fine));
@@ -27,6 +28,7 @@ void rt_metrics_free(router *r)
 {
     prom_family_free(&r->routed);
     prom_family_free(&r->fallbacks);
+    prom_family_free(&r->up_errors);
 }
 
 void rt_metrics_request(router *r, const char *path, int status)
@@ -39,6 +41,19 @@ void rt_metrics_fallback(router *r, const char *reason)
     char labels[96];
     snprintf(labels, sizeof labels, "reason=\"%s\"", reason);
     prom_family_add(&r->fallbacks, labels, 1);
+}
+
+void rt_metrics_up_error(router *r, const char *leg, int rc)
+{
+    /* timeout: the whole limit or --node-idle-timeout-s passed; transport:
+     * refused, reset, a broken answer; status: a 5xx */
+    const char *reason = rc == DX_ETIMEDOUT   ? "timeout"
+                         : rc == DX_ECANCELED ? "canceled"
+                         : rc < 0             ? "transport"
+                                              : "status";
+    char labels[96];
+    snprintf(labels, sizeof labels, "leg=\"%s\",reason=\"%s\"", leg, reason);
+    prom_family_add(&r->up_errors, labels, 1);
 }
 
 void rt_metrics_observe(prom_hist *h, uint64_t since_ns)
@@ -73,6 +88,8 @@ void rt_metrics_render(router *r, dx_buf *b)
         "Completions by path: local prefill on the decode node, or via a prefill node", &r->routed);
     prom_write_family(b, "duplex_router_fallbacks_total", "Fallbacks and retries by reason",
                       &r->fallbacks);
+    prom_write_family(b, "duplex_router_upstream_errors_total",
+                      "Requests to nodes that failed, by leg and what happened", &r->up_errors);
     rt_nodes_write_metrics(r, b);
     prom_write_hist(b, "duplex_router_ttft_seconds",
                     "Request arrival to the first content byte written to the client", &r->ttft);

@@ -102,6 +102,7 @@ struct router {
     http_app *app;         /* routes, checks, counted answers (the requests family) */
     prom_family routed;    /* via = local | prefill */
     prom_family fallbacks; /* reason */
+    prom_family up_errors; /* leg, reason: upstream requests that failed */
     uint64_t affinity_hits, affinity_misses;
     prom_hist ttft, added_before, added_between, added_stream;
 };
@@ -134,6 +135,9 @@ void rt_metrics_init(router *r);
 void rt_metrics_free(router *r);
 void rt_metrics_request(router *r, const char *path, int status);
 void rt_metrics_fallback(router *r, const char *reason);
+/* An upstream request of leg ("prefill", "decode") failed with rc (a
+ * DX_E* code) or, rc 0, with a 5xx: counted by what it was. */
+void rt_metrics_up_error(router *r, const char *leg, int rc);
 /* Observes the seconds since since_ns (dx_now_ns) in h. */
 void rt_metrics_observe(prom_hist *h, uint64_t since_ns);
 void rt_metrics_render(router *r, dx_buf *b);

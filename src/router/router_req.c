@@ -145,7 +145,8 @@ int rt_req_up_send(rt_req *q, int node, const char *body, size_t len, long timeo
                             .internal_key = http_auth_internal_key(r->auth),
                             .body = body,
                             .body_len = len,
-                            .timeout_ms = timeout_ms};
+                            .timeout_ms = timeout_ms,
+                            .idle_timeout_s = (long)r->cfg.node_idle_timeout_s};
     int rc = router_up_start(r->up, &rq, cb, q, &q->up);
     if (rc) return rc;
     q->up_node = node;

@@ -72,6 +72,7 @@ struct xfer_leases {
     dx_hidx *by_tag;       /* tag hash -> lease * (tagged leases only) */
     dx_list lru;           /* use order; head = least recently used */
     uint64_t lease_blocks; /* sum of the live leases' block counts */
+    uint32_t n_single;     /* live XFER_LEASE_SINGLE_USE leases */
     uint64_t next_pin;
     uint64_t (*now)(void); /* tests: an injected clock; NULL = dx_now_ns */
     xfer_leases_stats st;
@@ -261,6 +262,7 @@ static void lease_free(xfer_leases *L, lease *l)
     if (l->tag) DX_ASSERT(dx_hidx_remove(L->by_tag, tag_hash(L, l->tag), (uintptr_t)l) == 0);
     dx_list_remove(&l->lru);
     L->lease_blocks -= l->n;
+    L->n_single -= l->policy == XFER_LEASE_SINGLE_USE;
     lease *last = L->leases[--L->n_leases];
     L->leases[l->at] = last;
     last->at = l->at;
@@ -369,6 +371,7 @@ static int lease_add(xfer_leases *L, lease *l)
     L->leases[L->n_leases++] = l;
     dx_list_push_back(&L->lru, &l->lru);
     L->lease_blocks += l->n;
+    L->n_single += l->policy == XFER_LEASE_SINGLE_USE;
     L->st.created++;
     return 0;
 }
@@ -671,6 +674,7 @@ void xfer_leases_get_stats(xfer_leases *L, xfer_leases_stats *out)
     *out = L->st;
     out->leases = (uint32_t)L->n_leases;
     out->blocks = L->lease_blocks;
+    out->single_use = L->n_single;
     out->pins = (uint32_t)L->n_pins;
     pthread_mutex_unlock(&L->mu);
 }
