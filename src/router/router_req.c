@@ -102,6 +102,7 @@ static void log_end(rt_req *q)
 
 static void req_unlink_free(rt_req *q)
 {
+    rt_req_meter_put(q); /* whatever path ends it */
     router *r = q->r;
     dx_list_remove(&q->link);
     r->n_active--;
@@ -121,6 +122,12 @@ void rt_req_end(rt_req *q)
     if (q->phase != PH_PASS) log_end(q);
     req_unlink_free(q);
     r->on_req_gone(r);
+}
+
+void rt_req_meter_put(rt_req *q)
+{
+    dx_alloc_meter_put(q->meter, q->metered);
+    q->metered = 0;
 }
 
 void rt_req_forget(rt_req *q)

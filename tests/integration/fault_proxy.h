@@ -200,8 +200,9 @@ static inline void fp_fire(fp_child *x, fp_conn *c)
     fp_add(&x->st->fired, 1);
     int64_t now = fp_now();
     if (c->fault == FP_RESET && x->rule.ms <= 0) fp_close_conn(x, c, 1);
-    if (c->fault == FP_STALL || c->fault == FP_RESET) c->until = now + (int64_t)x->rule.ms * 1000000;
-    if (c->fault == FP_DRIP || c->fault == FP_DELAY) c->until = now;
+    if (c->fault == FP_STALL || c->fault == FP_RESET || c->fault == FP_DELAY)
+        c->until = now + (int64_t)x->rule.ms * 1000000; /* what waits now waits that long */
+    if (c->fault == FP_DRIP) c->until = now;
 }
 
 static inline void fp_catch(fp_child *x, fp_conn *c)
