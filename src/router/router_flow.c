@@ -150,7 +150,7 @@ static void prep_done(work_job *j)
     rt_req *q = (rt_req *)((char *)j - offsetof(rt_req, job));
     router *r = q->r;
     if (r->destroying || j->canceled) rt_req_meter_put(q); /* the meter goes with the server */
-    http_conn_release(q->held); /* the body has been read */
+    http_conn_release(q->held);                            /* the body has been read */
     q->held = NULL;
     q->in_work = 0;
     q->busy = 0;

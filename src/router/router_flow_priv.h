@@ -104,7 +104,7 @@ struct rt_req {
      * until the bodies are sent on (rt_req_meter_put) */
     dx_alloc_meter *meter;
     long long metered;
-    int prep_refused; /* the meter refused it: counted as a refusal of the budget */
+    int prep_refused;      /* the meter refused it: counted as a refusal of the budget */
     const char *prep_code; /* and its error code, or NULL */
     char prep_msg[256], prep_param[64];
     http_auth_result who; /* the caller's credentials: its tenant */
