@@ -27,6 +27,82 @@ long long dx_alloc_thread_bytes(void)
     return t_net_bytes;
 }
 
+/* The meter this thread counts in (dx_alloc_meter_begin), its net bytes
+ * when it began, what it has counted, and whether it refused. */
+static _Thread_local dx_alloc_meter *t_meter;
+static _Thread_local long long t_meter_base, t_meter_counted;
+static _Thread_local int t_meter_refused;
+
+void dx_alloc_meter_begin(dx_alloc_meter *m)
+{
+    t_meter = m;
+    t_meter_base = t_net_bytes;
+    t_meter_counted = 0;
+    t_meter_refused = 0;
+}
+
+void dx_alloc_meter_end(void)
+{
+    if (t_meter) atomic_fetch_sub(&t_meter->used, t_meter_counted);
+    t_meter = NULL;
+    t_meter_counted = 0;
+}
+
+long long dx_alloc_meter_keep(void)
+{
+    long long kept = t_meter ? t_meter_counted : 0;
+    t_meter = NULL;
+    t_meter_counted = 0;
+    return kept;
+}
+
+void dx_alloc_meter_put(dx_alloc_meter *m, long long bytes)
+{
+    if (m && bytes > 0) atomic_fetch_sub(&m->used, bytes);
+}
+
+int dx_alloc_meter_refused(void)
+{
+    return t_meter_refused;
+}
+
+/* Counts `grow` more bytes of this thread in its meter first; 1 (and
+ * nothing counted) when they do not fit. */
+static int meter_refuses(size_t grow)
+{
+    if (!t_meter) return 0;
+    long long want = t_net_bytes + (long long)grow - t_meter_base;
+    if (want <= t_meter_counted) return 0;
+    long long delta = want - t_meter_counted;
+    if (atomic_fetch_add(&t_meter->used, delta) + delta > atomic_load(&t_meter->room)) {
+        atomic_fetch_sub(&t_meter->used, delta);
+        t_meter_refused = 1;
+        return 1;
+    }
+    t_meter_counted = want;
+    return 0;
+}
+
+/* After a free: what this thread no longer holds leaves its meter. */
+static void meter_shrink(void)
+{
+    if (!t_meter) return;
+    long long want = t_net_bytes - t_meter_base;
+    if (want < 0) want = 0;
+    if (want >= t_meter_counted) return;
+    atomic_fetch_sub(&t_meter->used, t_meter_counted - want);
+    t_meter_counted = want;
+}
+
+/* A refusal is a failed allocation like any other (callers tell them by
+ * dx_alloc_failed_count). */
+static int meter_fail(size_t grow)
+{
+    if (!meter_refuses(grow)) return 0;
+    atomic_fetch_add(&g_failed_count, 1);
+    return 1;
+}
+
 static int should_fail(void)
 {
     long c = atomic_load_explicit(&g_fail_countdown, memory_order_relaxed);
@@ -64,14 +140,16 @@ static void *account(unsigned char *raw, size_t size)
 
 void *dx_malloc(size_t size)
 {
-    if (size > SIZE_MAX - HDR || should_fail()) return NULL;
+    if (size > SIZE_MAX - HDR || should_fail() || meter_fail(size)) return NULL;
     return account(malloc(size + HDR), size);
 }
 
 void *dx_calloc(size_t n, size_t size)
 {
     size_t total;
-    if (dx_mul_overflow(n, size, &total) || total > SIZE_MAX - HDR || should_fail()) return NULL;
+    if (dx_mul_overflow(n, size, &total) || total > SIZE_MAX - HDR || should_fail() ||
+        meter_fail(total))
+        return NULL;
     return account(calloc(1, total + HDR), total);
 }
 
@@ -82,6 +160,7 @@ void dx_free(void *p)
     size_t size;
     memcpy(&size, raw, sizeof size);
     t_net_bytes -= (long long)size;
+    meter_shrink();
     atomic_fetch_sub_explicit(&g_live_bytes, size, memory_order_relaxed);
     atomic_fetch_sub_explicit(&g_live_count, 1, memory_order_relaxed);
     free(raw);
@@ -94,6 +173,7 @@ void *dx_realloc(void *p, size_t size)
     unsigned char *raw = (unsigned char *)p - HDR;
     size_t old;
     memcpy(&old, raw, sizeof old);
+    if (size > old && meter_fail(size - old)) return NULL;
     unsigned char *nraw = realloc(raw, size + HDR);
     if (!nraw) {
         atomic_fetch_add(&g_failed_count, 1);
@@ -101,6 +181,7 @@ void *dx_realloc(void *p, size_t size)
     }
     memcpy(nraw, &size, sizeof size);
     t_net_bytes += (long long)size - (long long)old;
+    meter_shrink();
     atomic_fetch_sub_explicit(&g_live_bytes, old, memory_order_relaxed);
     atomic_fetch_add_explicit(&g_live_bytes, size, memory_order_relaxed);
     atomic_fetch_add_explicit(&g_total_count, 1, memory_order_relaxed);

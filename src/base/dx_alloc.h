@@ -9,6 +9,7 @@
 #ifndef DX_ALLOC_H
 #define DX_ALLOC_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 
 void *dx_malloc(size_t size);
@@ -41,6 +42,33 @@ size_t dx_alloc_failed_count(void);
 /* Fault injection for tests: the n-th allocation from now fails (n >= 1),
  * and every later one too if `sticky`.  n = 0 disables. */
 void dx_alloc_fail_after(long n, int sticky);
+
+/* A meter: a budget that threads doing work on behalf of a server share
+ * (parsing a request's body into a JSON tree, which may take many times
+ * the body).  A metered thread's allocations count in `used` as they are
+ * made (its net bytes since dx_alloc_meter_begin), and one that would take
+ * `used` past `room` fails instead — seen as any failed allocation is.
+ * The owner keeps `room` current (what its own holdings leave of the
+ * budget) and counts `used` as held. */
+typedef struct {
+    _Atomic long long used;
+    _Atomic long long room;
+} dx_alloc_meter;
+
+/* This thread's allocations count in m from now on (one meter at a time). */
+void dx_alloc_meter_begin(dx_alloc_meter *m);
+/* Stops counting: what this thread still held in the meter leaves it (its
+ * owner takes what it keeps into its own count). */
+void dx_alloc_meter_end(void);
+/* Stops counting but leaves what this thread still holds counted in the
+ * meter (work that hands its result to another thread): returns those
+ * bytes, which that thread gives back with dx_alloc_meter_put once it has
+ * freed them. */
+long long dx_alloc_meter_keep(void);
+void dx_alloc_meter_put(dx_alloc_meter *m, long long bytes);
+/* Since dx_alloc_meter_begin: 1 when an allocation was refused (the meter
+ * was full), else 0. */
+int dx_alloc_meter_refused(void);
 
 /* a*b (a+b) with overflow check: 0 and *out set, or 1 on overflow (a
  * yes/no, never an error code: the caller says what overflowed). */

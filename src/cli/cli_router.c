@@ -169,6 +169,7 @@ int cli_router_main(int argc, char **argv)
     cli_http_flags http = CLI_HTTP_FLAGS_INIT;
     double ttl = ROUTER_DEFAULT_CONVERSATION_TTL_S,
            prefill_timeout = ROUTER_DEFAULT_PREFILL_TIMEOUT_S;
+    long idle_timeout = ROUTER_DEFAULT_NODE_IDLE_TIMEOUT_S;
     double grace = ROUTER_DEFAULT_SHUTDOWN_GRACE_S;
     cli_list api_keys = {.n = 0}, api_key_files = {.n = 0};
     const char *internal_key_file = NULL, *discover = NULL;
@@ -223,6 +224,10 @@ int cli_router_main(int argc, char **argv)
          "node health checks (" CLI_DEFAULT_INT(ROUTER_DEFAULT_HEALTH_INTERVAL_MS) ")"},
         {"prefill-timeout-s", CLI_DBL, &prefill_timeout, 0.1, 86400,
          "prefill request limit (" CLI_DEFAULT_INT(ROUTER_DEFAULT_PREFILL_TIMEOUT_S) ")"},
+        {"node-idle-timeout-s", CLI_INT, &idle_timeout, 1, 86400,
+         "a node silent this long on a request is given up: retried elsewhere before the "
+         "answer's first byte, else an error (" CLI_DEFAULT_INT(
+             ROUTER_DEFAULT_NODE_IDLE_TIMEOUT_S) ")"},
         CLI_HTTP_OPTS(http),
         {"shutdown-grace-s", CLI_DBL, &grace, 0.001, 86400,
          "drain time on SIGTERM (" CLI_DEFAULT_INT(ROUTER_DEFAULT_SHUTDOWN_GRACE_S) ")"},
@@ -283,6 +288,7 @@ int cli_router_main(int argc, char **argv)
         cfg.decode_max_outstanding = (uint32_t)max_out;
         cfg.health_interval_ms = (uint64_t)health_ms;
         cfg.prefill_timeout_s = prefill_timeout;
+        cfg.node_idle_timeout_s = (double)idle_timeout;
         cfg.shutdown_grace_s = grace;
         cfg.auth = (http_auth_config){.api_keys = api_keys.v,
                                       .n_api_keys = api_keys.n,

@@ -65,6 +65,7 @@ struct kv_pool {
     int32_t free_top;
     int32_t lru_head, lru_tail;
     uint32_t n_free, n_cached;
+    uint64_t n_refs; /* references held on all blocks: a leak shows as one too many */
     uint64_t evictions, hits, misses;
 
     uint8_t *base;
@@ -463,7 +464,10 @@ static int32_t kv_take(kv_pool *p)
         kv_drop_hash(p, id);
         p->evictions++;
     }
-    if (id != KV_NIL) p->blk[id].ref = 1;
+    if (id != KV_NIL) {
+        p->blk[id].ref = 1;
+        p->n_refs++;
+    }
     return id;
 }
 
@@ -505,6 +509,7 @@ static void kv_ref_locked(kv_pool *p, int32_t id)
     }
     DX_ASSERT(b->ref < UINT32_MAX);
     b->ref++;
+    p->n_refs++;
 }
 
 void kv_pool_ref(kv_pool *p, int32_t id)
@@ -521,6 +526,7 @@ void kv_pool_unref(kv_pool *p, int32_t id)
     kv_lock(p);
     kv_blk *b = &p->blk[id];
     DX_ASSERT(b->ref > 0);
+    p->n_refs--;
     if (--b->ref == 0) {
         if (b->hashed)
             kv_lru_push_tail(p, id);
@@ -676,6 +682,7 @@ int kv_pool_publish(kv_pool *p, int32_t *id, kv_hash h)
             kv_idx_add(p, *id);
         } else {
             kv_ref_locked(p, other);
+            p->n_refs--;
             if (--b->ref == 0) kv_free_push(p, *id); /* unhashed: straight back to free */
             *id = other;
             switched = 1;
@@ -766,6 +773,7 @@ void kv_pool_get_stats(const kv_pool *p, kv_pool_stats *out)
     out->n_free = p->n_free;
     out->n_cached = p->n_cached;
     out->n_used = p->L.n_blocks - p->n_free - p->n_cached;
+    out->n_refs = p->n_refs;
     out->evictions = p->evictions;
     out->hits = p->hits;
     out->misses = p->misses;
@@ -819,7 +827,9 @@ int kv_pool_check(kv_pool *p)
 {
     kv_lock(p);
     uint32_t n_free = 0, n_cached = 0;
+    uint64_t n_refs = 0;
     for (uint32_t i = 0; i < p->L.n_blocks; i++) {
+        n_refs += p->blk[i].ref;
         if (p->blk[i].ref) continue;
         if (p->blk[i].hashed)
             n_cached++;
@@ -830,6 +840,9 @@ int kv_pool_check(kv_pool *p)
     if (n_free != p->n_free || n_cached != p->n_cached)
         rc = dx_errf(DX_EMISMATCH, "counts: free %u/%u cached %u/%u", n_free, p->n_free, n_cached,
                      p->n_cached);
+    if (rc == 0 && n_refs != p->n_refs)
+        rc = dx_errf(DX_EMISMATCH, "references: %llu held, %llu counted",
+                     (unsigned long long)n_refs, (unsigned long long)p->n_refs);
     if (rc == 0) rc = kv_check_list(p, p->free_top, p->n_free, 0);
     if (rc == 0) rc = kv_check_list(p, p->lru_head, p->n_cached, 1);
     if (rc == 0) rc = kv_check_index(p);

@@ -76,6 +76,7 @@ typedef struct {
     uint32_t n_free;   /* refcount 0, no hash */
     uint32_t n_cached; /* refcount 0, hashed, evictable */
     uint32_t n_used;   /* refcount > 0 */
+    uint64_t n_refs;   /* the references those blocks hold, summed */
     uint64_t evictions;
     /* kv_pool_match_prefix, counted per block: hits = blocks matched,
      * misses = blocks asked for but not matched (n - matched). */

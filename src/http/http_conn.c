@@ -119,6 +119,9 @@ struct http_srv {
     uint8_t (*trusted)[16];
     size_t n_trusted;
     size_t buffered;
+    /* what preparations hold (parsed bodies) on the work pool's threads,
+     * in the same budget: room = the budget less `buffered` */
+    dx_alloc_meter meter;
     http_srv_stats st; /* counters (the gauges are read live) */
 };
 
@@ -186,13 +189,33 @@ const char *http_req_header(const http_req *r, const char *name, int *count)
 static void conn_charge(http_conn *c)
 {
     size_t now = c->in.cap + c->head.cap + c->body.cap + c->wfly.cap + c->wnext.cap + c->app_bytes;
-    c->srv->buffered = c->srv->buffered - c->charged + now;
+    http_srv *s = c->srv;
+    s->buffered = s->buffered - c->charged + now;
     c->charged = now;
+    long long room = (long long)s->lim->max_buffered_bytes - (long long)s->buffered;
+    atomic_store(&s->meter.room, room > 0 ? room : 0);
+}
+
+/* The connections' buffers and what preparations hold together. */
+static size_t held_bytes(const http_srv *s)
+{
+    long long prep = atomic_load(&((http_srv *)s)->meter.used);
+    return s->buffered + (prep > 0 ? (size_t)prep : 0);
 }
 
 static int over_budget(const http_srv *s)
 {
-    return s->buffered > s->lim->max_buffered_bytes;
+    return held_bytes(s) > s->lim->max_buffered_bytes;
+}
+
+dx_alloc_meter *http_conn_meter(http_conn *c)
+{
+    return &c->srv->meter;
+}
+
+void http_conn_count_refused(http_conn *c)
+{
+    c->srv->st.refused_budget++;
 }
 
 int http_conn_charge(http_conn *c, size_t bytes)
@@ -1193,6 +1216,7 @@ int http_srv_create(uv_loop_t *loop, const http_srv_config *cfg, http_srv **out)
     s->cfg = *cfg;
     s->lim = &s->cfg.lim;
     http_limits_defaults(s->lim);
+    atomic_store(&s->meter.room, (long long)s->lim->max_buffered_bytes);
     snprintf(s->host, sizeof s->host, "%s", s->cfg.host ? s->cfg.host : "127.0.0.1");
     s->cfg.host = s->host;
     if (getrandom(&s->peer_seed, sizeof s->peer_seed, GRND_NONBLOCK) != sizeof s->peer_seed)
@@ -1229,7 +1253,7 @@ void http_srv_get_stats(const http_srv *s, http_srv_stats *out)
     *out = s->st;
     out->conns = s->n_conns;
     out->health_only = s->n_health_only;
-    out->buffered = s->buffered;
+    out->buffered = held_bytes(s);
 }
 
 int http_srv_write_metrics(const http_srv *s, const char *prefix, dx_buf *b)

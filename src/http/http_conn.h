@@ -43,6 +43,7 @@
 #include <sys/socket.h>
 #include <uv.h>
 
+#include "base/dx_alloc.h"
 #include "base/dx_buf.h"
 
 typedef struct http_srv http_srv;
@@ -166,6 +167,16 @@ void http_conn_abort(http_conn *c);
  * HTTP_BUSY_BUFFERS after uncharging them; else 0. */
 int http_conn_charge(http_conn *c, size_t bytes);
 void http_conn_uncharge(http_conn *c, size_t bytes);
+/* The budget's meter for a request's preparation on another thread
+ * (dx_alloc_meter_begin there): what the parse allocates counts in the
+ * same budget as it is allocated, and an allocation past it fails — so a
+ * body whose JSON tree is many times its size cannot take the server past
+ * --max-buffer-mb while it is parsed.  The meter is the server's: valid
+ * while the connection is held. */
+dx_alloc_meter *http_conn_meter(http_conn *c);
+/* Loop: a preparation the meter refused counts as a refusal of the budget
+ * (http_refused_buffer_total), as a request whose bytes crossed it does. */
+void http_conn_count_refused(http_conn *c);
 #define HTTP_BUSY_BUFFERS "server busy: too much request data in progress; try again later"
 /* A finished answer with Content-Length.  extra_headers: "Name: v\r\n"... or
  * NULL.  Returns 0 or a negative code: the connection is then closing and the

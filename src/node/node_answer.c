@@ -91,7 +91,7 @@ static void out_full(node_req *q, int status, const char *hdr, const char *body,
     }
     dx_buf b;
     dx_buf_init(&b, 0);
-    if (oai_front_full(q->fr, status, body, len, &b) < 0) { /* out of memory */
+    if (oai_front_full(q->fr, &status, body, len, &b) < 0) { /* out of memory */
         static const char oom[] = "{\"error\":{\"message\":\"out of memory; try again\"}}";
         http_conn_respond(q->conn, 503, "application/json", HTTP_RETRY_AFTER, oom, sizeof oom - 1);
     } else {

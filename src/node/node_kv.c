@@ -218,6 +218,8 @@ static enum node_kv_fallback classify(const xfer_pull_result *r)
         return NODE_KV_GONE;
     case DX_EMISMATCH: /* at HELLO (another model) or at PIN (first hash) */
         return strstr(r->reason, "HELLO") ? NODE_KV_REFUSED : NODE_KV_MISMATCH;
+    case DX_EUNSUPPORTED: /* the holder speaks another protocol version */
+        return NODE_KV_REFUSED;
     case DX_ETIMEDOUT:
         return NODE_KV_TIMEOUT;
     case DX_EAUTH:

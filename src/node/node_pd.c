@@ -521,6 +521,10 @@ static void write_leases(dx_buf *b, node_kv *k, const node_pd_stats *st)
                      (double)ks.leases.blocks);
     prom_write_gauge(b, "duplex_kv_pins", "Live pins (reads in progress)", ks.leases.pins);
     write_retained(b, k, &ks.leases);
+    prom_write_gauge(b, "duplex_kv_hold_leases",
+                     "Of the live leases: prompts held once for a decode node (the rest retain "
+                     "finished requests' KV)",
+                     ks.leases.single_use);
     const char *name = "duplex_kv_lease_events_total";
     prom_write_header(b, name, "counter", "Lease lifecycle events");
     prom_write_value(b, name, "event=\"issued\"", (double)ks.leases.created);
@@ -532,11 +536,12 @@ static void write_leases(dx_buf *b, node_kv *k, const node_pd_stats *st)
     prom_write_counter(b, "duplex_kv_holds_total", "Finished requests whose KV was held",
                        (double)st->holds);
     const kvport_server_stats *p = &ks.port;
-    static const char *const ev[] = {"accepted",          "authenticated", "auth_failed",
-                                     "handshake_timeout", "idle_closed",   "refused",
-                                     "evicted",           "paused"};
-    const uint64_t n[] = {p->conns,       p->auth_ok, p->auth_failed, p->handshake_timeouts,
-                          p->idle_closed, p->refused, p->evicted,     p->paused};
+    static const char *const ev[] = {
+        "accepted", "authenticated", "auth_failed", "handshake_timeout", "idle_closed",
+        "refused",  "evicted",       "paused",      "hello_refused",     "version_refused"};
+    const uint64_t n[] = {
+        p->conns,   p->auth_ok, p->auth_failed, p->handshake_timeouts, p->idle_closed,
+        p->refused, p->evicted, p->paused,      p->hellos_refused,     p->versions_refused};
     write_counters(b, "duplex_kv_port_connections_total",
                    "KV-port connections by event (refused/evicted: over a cap; paused: a peer "
                    "not reading its replies)",

@@ -189,11 +189,9 @@ static int prep_grammar(node_server *s, node_req *q, oai_err *err)
     return 0;
 }
 
-/* Pool thread: parse, check, P/D params, the prompt's tokens, the grammar
- * (node_server_priv.h). */
-void node_prep_run(work_job *j)
+/* Parse, check, P/D params, the prompt's tokens, the grammar. */
+static void prepare(node_req *q)
 {
-    node_req *q = (node_req *)((char *)j - offsetof(node_req, prep.job));
     node_server *s = q->srv;
     oai_err *err = &q->prep_err;
     oai_parse_opts opts = {.n_vocab = s->be.n_vocab};
@@ -235,4 +233,31 @@ void node_prep_run(work_job *j)
         err->status = 500;
         snprintf(err->message, sizeof err->message, "%s", dx_errmsg());
     }
+}
+
+/* A preparation the budget refused: 503 with Retry-After, as any request
+ * whose bytes crossed the budget (a tree bigger than all of it is refused
+ * so too, before it exists). */
+static void refused(node_req *q)
+{
+    oai_err *err = &q->prep_err;
+    memset(err, 0, sizeof *err);
+    err->status = 503;
+    snprintf(err->message, sizeof err->message, "%s", HTTP_BUSY_BUFFERS);
+    q->prep_code = NULL;
+    if (q->prep_rc >= 0) q->prep_rc = dx_errf(DX_EBUSY, "%s", err->message);
+}
+
+/* Pool thread: the preparation (node_server_priv.h), its memory counted as
+ * it grows in the HTTP buffer budget (http_conn_meter): a parsed tree is
+ * many times its body, and several are prepared at once. */
+void node_prep_run(work_job *j)
+{
+    node_req *q = (node_req *)((char *)j - offsetof(node_req, prep.job));
+    dx_alloc_meter_begin(http_conn_meter(q->prep.held));
+    prepare(q);
+    int why = dx_alloc_meter_refused();
+    dx_alloc_meter_end();
+    q->prep_refused = why;
+    if (why) refused(q);
 }

@@ -331,6 +331,7 @@ static void prep_done(work_job *j)
     }
     if (q->prep_rc < 0) {
         const oai_err *e = &q->prep_err;
+        if (q->prep_refused) http_conn_count_refused(q->conn);
         fail_early(s, q, e->status, e->message, e->param[0] ? e->param : NULL, q->prep_code);
         return;
     }

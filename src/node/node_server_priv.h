@@ -81,6 +81,7 @@ struct node_req {
     /* Preparation — parsing, the P/D params, the prompt's tokens — runs on
      * the server's work pool (node_prep_run); until its done the loop
      * touches only conn and preparing. */
+    int prep_refused;   /* the budget's meter refused its preparation */
     http_app_prep prep; /* the body, held while it is read off the loop */
     int preparing;      /* loop: with the pool */
     size_t charged;     /* loop: the parsed request's bytes in conn's buffer budget */

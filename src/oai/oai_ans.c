@@ -111,7 +111,15 @@ static int read_calls(const json_t *calls, oai_tools_result *r)
 int oai_ans_full(const char *body, size_t len, oai_tools_result *r, oai_ans_info *info)
 {
     memset(r, 0, sizeof *r);
+    /* jansson under memory pressure drops what it has no room for: an
+     * allocation that failed while reading voids the answer, and says so
+     * (out of memory, not a malformed answer) */
+    size_t failed = dx_alloc_failed_count();
     json_t *root = load(body, len);
+    if (dx_alloc_failed_count() != failed) {
+        json_decref(root);
+        return dx_errf(DX_ENOMEM, "chat answer: out of memory reading it");
+    }
     if (!json_is_object(root)) {
         json_decref(root);
         return dx_errf(DX_EFORMAT, "chat answer: not a JSON object");

@@ -990,10 +990,13 @@ int oai_anth_req_parse(const char *body, size_t len, const oai_anth_opts *o,
     if (rc < 0) return rc;
     dx_buf b;
     dx_buf_init(&b, 0);
+    /* jansson's dump ignores some of its callback's failures (a key's
+     * closing quote): an allocation that failed anywhere in it voids it */
+    size_t failed = dx_alloc_failed_count();
     rc = json_dump_callback(doc, dump_cb, &b, JSON_COMPACT);
     json_decref(doc);
     info->model = NULL;
-    if (rc < 0) {
+    if (rc < 0 || dx_alloc_failed_count() != failed) {
         dx_buf_free(&b);
         return oai_jv_oom(err, "reading the request");
     }

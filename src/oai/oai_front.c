@@ -223,15 +223,16 @@ static int error_body(oai_front *f, int status, dx_buf *out)
                           e.param[0] ? e.param : NULL, i->error_code[0] ? i->error_code : NULL);
 }
 
-int oai_front_full(oai_front *f, int status, const char *body, size_t n, dx_buf *out)
+int oai_front_full(oai_front *f, int *status, const char *body, size_t n, dx_buf *out)
 {
     oai_tools_result_free(&f->full);
     int rc = oai_ans_full(body, n, &f->full, &f->info);
     f->ended = 1;
     if (rc == DX_ENOMEM) return rc;
-    if (rc || status != 200 || f->info.error) {
+    if (rc || *status != 200 || f->info.error) {
         oai_tools_result_free(&f->full);
-        return error_body(f, status == 200 ? 502 : status, out);
+        if (*status == 200) *status = 502; /* a 200 that is no answer: the upstream's fault */
+        return error_body(f, *status, out);
     }
     f->completed = 1;
     if (f->api == OAI_FRONT_MESSAGES) {

@@ -55,9 +55,10 @@ int oai_front_sse(oai_front *f, const char *p, size_t n, dx_buf *out);
 /* The stream broke before its end (the upstream failed mid-answer): the
  * door's error event, with status (500, 502…) and message. */
 int oai_front_sse_fail(oai_front *f, int status, const char *message, dx_buf *out);
-/* A whole chat answer (or error body) with its HTTP status → the door's
- * body into *out.  0, DX_EFORMAT, DX_ENOMEM. */
-int oai_front_full(oai_front *f, int status, const char *body, size_t n, dx_buf *out);
+/* A whole chat answer (or error body) with its HTTP status *status → the
+ * door's body into *out, and in *status the status to send it with (a 200
+ * whose body is no answer becomes 502).  0, DX_EFORMAT, DX_ENOMEM. */
+int oai_front_full(oai_front *f, int *status, const char *body, size_t n, dx_buf *out);
 
 /* Whether the answer ended normally (a stream's [DONE] after its finish, or
  * a whole answer with status 200). */

@@ -859,8 +859,11 @@ int oai_rsp_chat_parse(const json_t *chat, const oai_parse_opts *opts, oai_req *
 {
     dx_buf b;
     dx_buf_init(&b, 0);
-    /* jansson's default precision (17 digits) reads back every double exactly */
-    if (json_dump_callback(chat, dump_cb, &b, JSON_COMPACT)) {
+    /* jansson's default precision (17 digits) reads back every double
+     * exactly; its dump ignores some of its callback's failures, so an
+     * allocation that failed anywhere in it voids it */
+    size_t failed = dx_alloc_failed_count();
+    if (json_dump_callback(chat, dump_cb, &b, JSON_COMPACT) || dx_alloc_failed_count() != failed) {
         dx_buf_free(&b);
         memset(out, 0, sizeof *out);
         return oai_jv_oom(err, "writing the chat request");

@@ -145,6 +145,7 @@ static void fill_defaults(router_config *c)
         c->decode_max_outstanding = ROUTER_DEFAULT_DECODE_MAX_OUTSTANDING;
     if (!c->health_interval_ms) c->health_interval_ms = ROUTER_DEFAULT_HEALTH_INTERVAL_MS;
     if (c->prefill_timeout_s <= 0) c->prefill_timeout_s = ROUTER_DEFAULT_PREFILL_TIMEOUT_S;
+    if (c->node_idle_timeout_s <= 0) c->node_idle_timeout_s = ROUTER_DEFAULT_NODE_IDLE_TIMEOUT_S;
     if (c->shutdown_grace_s <= 0) c->shutdown_grace_s = ROUTER_DEFAULT_SHUTDOWN_GRACE_S;
     if (c->state_timeout_ms <= 0) c->state_timeout_ms = ROUTER_STORE_DEFAULT_TIMEOUT_MS;
     if (!c->local_prefill_fixed && !c->local_prefill_max_tokens)

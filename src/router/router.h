@@ -36,6 +36,7 @@ typedef struct router router;
 #define ROUTER_DEFAULT_DECODE_MAX_OUTSTANDING 64
 #define ROUTER_DEFAULT_HEALTH_INTERVAL_MS     1000
 #define ROUTER_DEFAULT_PREFILL_TIMEOUT_S      300
+#define ROUTER_DEFAULT_NODE_IDLE_TIMEOUT_S    300
 #define ROUTER_DEFAULT_SHUTDOWN_GRACE_S       30
 #define ROUTER_DEFAULT_RESPONSES_TTL_S        480 /* as the decode nodes' retention */
 #define ROUTER_DEFAULT_RESPONSES_MAX_MB       256
@@ -81,9 +82,14 @@ typedef struct {
     uint32_t decode_max_outstanding; /* affinity yields to load beyond it */
     uint64_t health_interval_ms;     /* node health checks */
     double prefill_timeout_s;        /* one prefill request's limit */
-    http_limits http;                /* what clients may use (node/http_conn.h; 0 = defaults) */
-    double shutdown_grace_s;         /* drain time on a graceful stop */
-    uint64_t key_seed;               /* 0: random (tests fix it) */
+    /* a node silent this long on a request (before the answer or inside
+     * it: a stuck node, a stalled or half-open link) is given up on: the
+     * request is retried elsewhere before its first byte reached the
+     * client, else ends with an error */
+    double node_idle_timeout_s;
+    http_limits http;        /* what clients may use (node/http_conn.h; 0 = defaults) */
+    double shutdown_grace_s; /* drain time on a graceful stop */
+    uint64_t key_seed;       /* 0: random (tests fix it) */
     /* --api-key, --api-key-file, --internal-key-file (node/http_auth.h; the
      * router sends the internal key to its nodes), and --insecure-no-auth:
      * listen beyond loopback without API keys. */

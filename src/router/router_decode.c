@@ -183,6 +183,7 @@ static void dec_on_done(void *user, int rc, long status)
     if (rt_req_up_finished(q)) return;
     if (status == 0 && rc == DX_ETRANSPORT) rt_nodes_failed(r, q->decode, dx_errmsg());
     int failed = rc < 0 || status >= 500;
+    if (failed && rc != DX_ECANCELED) rt_metrics_up_error(r, "decode", rc);
     if (failed && !q->sent_any) {
         char why[300];
         snprintf(why, sizeof why, "%s", rc < 0 ? dx_errmsg() : "answered a server error");

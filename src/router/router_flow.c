@@ -156,7 +156,8 @@ static void prep_done(work_job *j)
 {
     rt_req *q = (rt_req *)((char *)j - offsetof(rt_req, job));
     router *r = q->r;
-    http_conn_release(q->held); /* the body has been read */
+    if (r->destroying || j->canceled) rt_req_meter_put(q); /* the meter goes with the server */
+    http_conn_release(q->held);                            /* the body has been read */
     q->held = NULL;
     q->in_work = 0;
     q->busy = 0;
@@ -173,6 +174,7 @@ static void prep_done(work_job *j)
         return;
     }
     if (q->prep_status) {
+        if (q->prep_refused) http_conn_count_refused(q->conn);
         const char *msg = q->prep_status == 500 ? "out of memory" : q->prep_msg;
         rt_req_reply_error_code(q, q->prep_status, msg, q->prep_param[0] ? q->prep_param : NULL,
                                 q->prep_code);
@@ -223,6 +225,7 @@ static void lookup_done(void *user, int rc, const router_store_hit *e)
         rt_metrics_observe(&r->added_before, q->t0);
         oai_req_free(&q->o); /* the bodies are built */
         dx_buf_free(&q->pbase);
+        rt_req_meter_put(q);
         return;
     }
     rt_req_end(q);

@@ -100,8 +100,13 @@ struct rt_req {
     char *conv_hdr;   /* X-Conversation-Id, copied */
     router_key *keys; /* CHAT: the key of each prefix of the messages */
     size_t n_keys;
-    dx_buf pbase;          /* the prefill body without its params */
-    int prep_status;       /* 0, or the HTTP status of what was wrong */
+    dx_buf pbase;    /* the prefill body without its params */
+    int prep_status; /* 0, or the HTTP status of what was wrong */
+    /* the preparation's bytes, counted in the HTTP buffer budget's meter
+     * until the bodies are sent on (rt_req_meter_put) */
+    dx_alloc_meter *meter;
+    long long metered;
+    int prep_refused;      /* the meter refused it: counted as a refusal of the budget */
     const char *prep_code; /* and its error code, or NULL */
     char prep_msg[256], prep_param[64];
     http_auth_result who; /* the caller's credentials: its tenant */
@@ -115,6 +120,9 @@ void rt_req_end(rt_req *q);
 /* q leaves without being counted or logged: it was never routed (its
  * answer, if any, was given and counted otherwise). */
 void rt_req_forget(rt_req *q);
+/* The preparation's bytes leave the buffer budget (their memory is freed,
+ * or about to be). */
+void rt_req_meter_put(rt_req *q);
 /* Starts q's upstream request to node's base URL + q's path and takes the
  * node's load counters. */
 int rt_req_up_send(rt_req *q, int node, const char *body, size_t len, long timeout_ms,

@@ -24,6 +24,7 @@ void rt_metrics_init(router *r)
     prom_hist_init(&r->turn_gap, gap, DX_ARRAY_LEN(gap));
     prom_hist_init(&r->est_local, ratio, DX_ARRAY_LEN(ratio));
     prom_hist_init(&r->est_prefill, ratio, DX_ARRAY_LEN(ratio));
+    prom_family_init(&r->up_errors);
     prom_hist_init_latency(&r->ttft);
     prom_hist_init(&r->added_before, fine, DX_ARRAY_LEN(fine));
     prom_hist_init(&r->added_between, fine, DX_ARRAY_LEN(fine));
@@ -35,6 +36,7 @@ void rt_metrics_free(router *r)
     prom_family_free(&r->routed);
     prom_family_free(&r->decisions);
     prom_family_free(&r->fallbacks);
+    prom_family_free(&r->up_errors);
 }
 
 void rt_metrics_request(router *r, const char *path, int status)
@@ -47,6 +49,19 @@ void rt_metrics_fallback(router *r, const char *reason)
     char labels[96];
     snprintf(labels, sizeof labels, "reason=\"%s\"", reason);
     prom_family_add(&r->fallbacks, labels, 1);
+}
+
+void rt_metrics_up_error(router *r, const char *leg, int rc)
+{
+    /* timeout: the whole limit or --node-idle-timeout-s passed; transport:
+     * refused, reset, a broken answer; status: a 5xx */
+    const char *reason = rc == DX_ETIMEDOUT   ? "timeout"
+                         : rc == DX_ECANCELED ? "canceled"
+                         : rc < 0             ? "transport"
+                                              : "status";
+    char labels[96];
+    snprintf(labels, sizeof labels, "leg=\"%s\",reason=\"%s\"", leg, reason);
+    prom_family_add(&r->up_errors, labels, 1);
 }
 
 void rt_metrics_observe(prom_hist *h, uint64_t since_ns)
@@ -115,6 +130,8 @@ void rt_metrics_render(router *r, dx_buf *b)
     prom_write_hist_series(b, er, "path=\"prefill\"", &r->est_prefill);
     prom_write_family(b, "duplex_router_fallbacks_total", "Fallbacks and retries by reason",
                       &r->fallbacks);
+    prom_write_family(b, "duplex_router_upstream_errors_total",
+                      "Requests to nodes that failed, by leg and what happened", &r->up_errors);
     rt_nodes_write_metrics(r, b);
     prom_write_hist(b, "duplex_router_ttft_seconds",
                     "Request arrival to the first content byte written to the client", &r->ttft);

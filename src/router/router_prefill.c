@@ -97,6 +97,7 @@ static void pre_on_done(void *user, int rc, long status)
     }
     char buf[256];
     const char *why = problem(q, rc, status, buf, sizeof buf);
+    if (rc < 0 || status >= 500) rt_metrics_up_error(r, "prefill", rc);
     if (why) {
         router_pick_cluster c = rt_nodes_cluster(r);
         int p2 = router_pick_retry(&c, 1, q->prefill, q->prefill_tries);

@@ -215,11 +215,10 @@ static int parse_body(rt_req *q, const char *body, size_t len, oai_req *o, oai_e
     return rc;
 }
 
-/* Pool thread: everything before a node is chosen that is not the
- * conversation map's; q->prep_status 0, or the HTTP status with prep_msg. */
-void rt_prep_run(work_job *j)
+/* Everything before a node is chosen that is not the conversation map's;
+ * q->prep_status 0, or the HTTP status with prep_msg. */
+static void prepare(rt_req *q)
 {
-    rt_req *q = (rt_req *)((char *)j - offsetof(rt_req, job));
     oai_err err;
     if (parse_body(q, q->in_body, q->in_len, &q->o, &err) < 0) {
         q->prep_status = err.status ? err.status : 503;
@@ -246,4 +245,24 @@ void rt_prep_run(work_job *j)
     if (router_json_append(&q->body, root) < 0 ||
         (may_prefill(q->r) && build_prefill_base(q, root) < 0))
         q->prep_status = 500;
+}
+
+/* Pool thread: the preparation, its memory counted as it grows in the HTTP
+ * buffer budget (http_conn_meter): a parsed tree is many times its body.
+ * What it leaves (the tree, the bodies for the nodes) stays counted until
+ * the loop has sent them on (rt_req_meter_put). */
+void rt_prep_run(work_job *j)
+{
+    rt_req *q = (rt_req *)((char *)j - offsetof(rt_req, job));
+    q->meter = http_conn_meter(q->held);
+    dx_alloc_meter_begin(q->meter);
+    prepare(q);
+    int why = dx_alloc_meter_refused();
+    q->metered = dx_alloc_meter_keep();
+    q->prep_refused = why;
+    if (!why) return;
+    q->prep_status = 503; /* with Retry-After, as when a body crosses the budget */
+    snprintf(q->prep_msg, sizeof q->prep_msg, "%s", HTTP_BUSY_BUFFERS);
+    q->prep_param[0] = 0;
+    q->prep_code = NULL;
 }

@@ -108,6 +108,7 @@ struct router {
     prom_hist turn_gap;               /* seconds between a conversation's turns */
     uint64_t gap_turns[3];            /* by enum router_gap_kind */
     prom_family fallbacks;            /* reason */
+    prom_family up_errors;            /* leg, reason: upstream requests that failed */
     uint64_t affinity_hits, affinity_misses;
     prom_hist ttft, added_before, added_between, added_stream;
 };
@@ -140,6 +141,9 @@ void rt_metrics_init(router *r);
 void rt_metrics_free(router *r);
 void rt_metrics_request(router *r, const char *path, int status);
 void rt_metrics_fallback(router *r, const char *reason);
+/* An upstream request of leg ("prefill", "decode") failed with rc (a
+ * DX_E* code) or, rc 0, with a 5xx: counted by what it was. */
+void rt_metrics_up_error(router *r, const char *leg, int rc);
 /* Observes the seconds since since_ns (dx_now_ns) in h. */
 void rt_metrics_observe(prom_hist *h, uint64_t since_ns);
 /* A turn arrived gap_s after its conversation's last one ended. */

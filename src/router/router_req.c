@@ -123,6 +123,7 @@ static void log_end(rt_req *q)
 
 static void req_unlink_free(rt_req *q)
 {
+    rt_req_meter_put(q); /* whatever path ends it */
     router *r = q->r;
     dx_list_remove(&q->link);
     r->n_active--;
@@ -142,6 +143,12 @@ void rt_req_end(rt_req *q)
     if (q->phase != PH_PASS) log_end(q);
     req_unlink_free(q);
     r->on_req_gone(r);
+}
+
+void rt_req_meter_put(rt_req *q)
+{
+    dx_alloc_meter_put(q->meter, q->metered);
+    q->metered = 0;
 }
 
 void rt_req_forget(rt_req *q)
@@ -166,7 +173,8 @@ int rt_req_up_send(rt_req *q, int node, const char *body, size_t len, long timeo
                             .internal_key = http_auth_internal_key(r->auth),
                             .body = body,
                             .body_len = len,
-                            .timeout_ms = timeout_ms};
+                            .timeout_ms = timeout_ms,
+                            .idle_timeout_s = (long)r->cfg.node_idle_timeout_s};
     int rc = router_up_start(r->up, &rq, cb, q, &q->up);
     if (rc) return rc;
     q->up_node = node;
@@ -236,9 +244,10 @@ void rt_req_reply_full(rt_req *q, int status, const char *body, size_t len)
     http_conn_set_abort(c, NULL, NULL);
     dx_buf b;
     dx_buf_init(&b, 0);
-    if (q->fr && oai_front_full(q->fr, status, body ? body : "", len, &b) == 0) {
+    if (q->fr && oai_front_full(q->fr, &status, body ? body : "", len, &b) == 0) {
         body = b.data; /* the door's shape */
         len = b.len;
+        q->status_out = status;
         if (q->defer_end && status == 200 && oai_front_completed(q->fr)) {
             /* kept until the response is stored */
             q->conn = c;

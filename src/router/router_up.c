@@ -11,7 +11,14 @@
  * request is only marked and put on the `doomed` list; it is removed as
  * soon as curl_multi_socket_action returns.  curl_multi_remove_handle also
  * drops any completion message the request had queued, so a doomed request
- * never reaches on_done. */
+ * never reaches on_done.
+ *
+ * A request's idle limit (router_up_request.idle_timeout_s) is kept here,
+ * not by curl's low-speed limit: curl averages its speed over a window of
+ * seconds, so a burst of bytes before a stall would delay the verdict by
+ * that window.  Each request notes when its node last sent a byte; a
+ * sweep every IDLE_SWEEP_MS ends the ones past their limit, so the limit
+ * holds to within a sweep. */
 #include "router/router_up.h"
 
 #include "http/http_auth.h"
@@ -20,11 +27,13 @@
 #include <string.h>
 
 #include "base/dx_alloc.h"
+#include "base/dx_clock.h"
 #include "base/dx_err.h"
 #include "base/dx_list.h"
 #include "base/dx_log.h"
 
 #define IDLE_EASY_MAX 32
+#define IDLE_SWEEP_MS 250
 
 typedef struct up_sock up_sock;
 
@@ -40,6 +49,8 @@ struct router_up_req {
     int user_abort; /* on_data asked to stop */
     int head_done;
     long status;
+    uint64_t idle_ns; /* the idle limit; 0: none */
+    uint64_t last_ns; /* the start, or the node's last byte */
     char errbuf[CURL_ERROR_SIZE];
 };
 
@@ -47,6 +58,8 @@ struct router_up {
     uv_loop_t *loop;
     CURLM *multi;
     uv_timer_t timer;
+    uv_timer_t sweep; /* idle limits: runs while a request has one */
+    int sweeping;
     int in_curl;           /* depth of curl_multi_socket_action calls */
     dx_list active;        /* newest first */
     router_up_req *doomed; /* a stack: reaped whole, in any order */
@@ -169,6 +182,7 @@ static size_t on_header(char *p, size_t sz, size_t n, void *user)
     router_up_req *q = user;
     size_t len = sz * n;
     if (q->canceled) return 0;
+    q->last_ns = dx_now_ns();
     int blank = (len == 2 && p[0] == '\r' && p[1] == '\n') || (len == 1 && p[0] == '\n');
     if (!blank && !q->head_done && q->cb.on_header) {
         size_t n_line = len;
@@ -191,6 +205,7 @@ static size_t on_write(char *p, size_t sz, size_t n, void *user)
     router_up_req *q = user;
     size_t len = sz * n;
     if (q->canceled) return 0;
+    q->last_ns = dx_now_ns();
     if (q->cb.on_data && q->cb.on_data(q->user, p, len) != 0) {
         q->user_abort = 1;
         return 0;
@@ -249,6 +264,43 @@ static void check_done(router_up *u)
         void *user = q->user;
         detach_free(q);
         cb.on_done(user, rc, status);
+    }
+}
+
+/* ---- idle limits ------------------------------------------------------------ */
+
+/* The first request past its idle limit, or NULL. */
+static router_up_req *find_idle(router_up *u, uint64_t now, int *any)
+{
+    *any = 0;
+    DX_LIST_FOR_EACH(it, &u->active)
+    {
+        router_up_req *q = DX_LIST_ENTRY(it, router_up_req, link);
+        if (!q->idle_ns || q->canceled) continue;
+        *any = 1;
+        if (now - q->last_ns >= q->idle_ns) return q;
+    }
+    return NULL;
+}
+
+/* Ends the requests whose node has been silent past their limit, one at a
+ * time: on_done may start or cancel requests (a retry). */
+static void on_sweep(uv_timer_t *t)
+{
+    router_up *u = t->data;
+    int any;
+    for (router_up_req *q; (q = find_idle(u, dx_now_ns(), &any));) {
+        router_up_cb cb = q->cb;
+        void *user = q->user;
+        long status = q->head_done ? q->status : 0;
+        double s = (double)q->idle_ns * 1e-9;
+        detach_free(q);
+        cb.on_done(user, dx_errf(DX_ETIMEDOUT, "upstream: the node sent nothing for %.0f s", s),
+                   status);
+    }
+    if (!any) {
+        uv_timer_stop(&u->sweep);
+        u->sweeping = 0;
     }
 }
 
@@ -332,6 +384,12 @@ int router_up_start(router_up *u, const router_up_request *r, const router_up_cb
     }
     dx_list_push_front(&u->active, &q->link);
     u->n_active++;
+    q->last_ns = dx_now_ns();
+    q->idle_ns = r->idle_timeout_s > 0 ? (uint64_t)r->idle_timeout_s * 1000000000ull : 0;
+    if (q->idle_ns && !u->sweeping) {
+        uv_timer_start(&u->sweep, on_sweep, IDLE_SWEEP_MS, IDLE_SWEEP_MS);
+        u->sweeping = 1;
+    }
     *out = q;
     return 0;
 }
@@ -382,7 +440,9 @@ int router_up_create(uv_loop_t *loop, router_up **out)
     curl_multi_setopt(u->multi, CURLMOPT_MAXCONNECTS, 1024L);
     uv_timer_init(loop, &u->timer);
     u->timer.data = u;
-    u->n_handles = 1;
+    uv_timer_init(loop, &u->sweep);
+    u->sweep.data = u;
+    u->n_handles = 2;
     *out = u;
     return 0;
 }
@@ -411,4 +471,6 @@ void router_up_destroy(router_up *u)
     for (dx_list *n; (n = dx_list_first(&u->socks));) sock_close(DX_LIST_ENTRY(n, up_sock, link));
     uv_timer_stop(&u->timer);
     uv_close((uv_handle_t *)&u->timer, on_timer_closed);
+    uv_timer_stop(&u->sweep);
+    uv_close((uv_handle_t *)&u->sweep, on_timer_closed);
 }

@@ -47,6 +47,9 @@ typedef struct {
     size_t body_len;
     long timeout_ms;         /* whole request; 0 = none (streams) */
     long connect_timeout_ms; /* 0 = 2000 */
+    /* a node that sends nothing for this long (before its answer's first
+     * byte or between two) is given up: DX_ETIMEDOUT; 0 = never */
+    long idle_timeout_s;
 } router_up_request;
 
 int router_up_create(uv_loop_t *loop, router_up **out);

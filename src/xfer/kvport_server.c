@@ -50,7 +50,8 @@ struct kvport_server {
     size_t max_queued;
     dx_list conns; /* newest first; a connection leaves once its handles closed */
     uint64_t auth_logged_ns, auth_unlogged;
-    uint64_t pin_seed; /* keys connections' pin sets */
+    uint64_t refused_logged_ns, refused_unlogged; /* another version or layout */
+    uint64_t pin_seed;                            /* keys connections' pin sets */
     int port;
     kvport_server_stats st;
 };
@@ -194,11 +195,32 @@ static void conn_fail(conn *c, int code, const char *msg)
     c->in.len = 0;
 }
 
+/* A peer this node cannot share KV with (another protocol version, model
+ * or KV layout) is a deployment mistake, not an attack: the holder says so,
+ * naming the peer and the difference, at most once per 10 s (the reader
+ * logs it too, and recomputes). */
+static void log_refused(conn *c, const char *what, const char *why)
+{
+    kvport_server *s = c->s;
+    uint64_t now = dx_now_ns();
+    if (s->refused_logged_ns && now - s->refused_logged_ns < AUTH_LOG_EVERY_NS) {
+        s->refused_unlogged++;
+        return;
+    }
+    char peer[64];
+    dx_addr_format(&c->peer, peer, sizeof peer);
+    DX_LOGW("kvport: refused %s: %s (%s) [%llu more not logged]", peer, what, why,
+            (unsigned long long)s->refused_unlogged);
+    s->refused_logged_ns = now;
+    s->refused_unlogged = 0;
+}
+
 static void handle_hello(conn *c, const kvport_hello *peer)
 {
     int rc = kvport_hello_compatible(&c->s->hello, peer);
     if (rc) {
         c->s->st.hellos_refused++;
+        log_refused(c, "its HELLO does not match this node's model or KV layout", dx_errmsg());
         send_error(c, KVPORT_ERROR, rc, dx_errmsg());
         return;
     }
@@ -442,6 +464,11 @@ static void conn_process(conn *c)
         kvport_hdr h;
         int rc = kvport_hdr_read((const uint8_t *)c->in.data, c->in.len, &h);
         if (rc == DX_EAGAIN) return;
+        if (rc == DX_EUNSUPPORTED) { /* another protocol version */
+            c->s->st.versions_refused++;
+            log_refused(c, "another KV-port protocol version (a duplex of another release?)",
+                        dx_errmsg());
+        }
         if (rc) {
             conn_fail(c, rc, dx_errmsg());
             return;

@@ -63,7 +63,8 @@ typedef struct {
 } kvport_server_config;
 
 typedef struct {
-    uint64_t conns, frames, errors, hellos_refused;
+    uint64_t conns, frames, errors;
+    uint64_t hellos_refused, versions_refused; /* another model or KV layout; protocol version */
     uint64_t auth_ok, auth_failed, handshake_timeouts, idle_closed;
     uint64_t refused, evicted, paused;
 } kvport_server_stats;

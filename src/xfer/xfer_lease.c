@@ -74,6 +74,7 @@ struct xfer_leases {
     uint64_t lease_blocks; /* sum of the live leases' block counts */
     uint32_t n_retained;   /* live RENEW_ON_READ leases */
     uint64_t retained_blocks;
+    uint32_t n_single; /* live XFER_LEASE_SINGLE_USE leases */
     uint64_t next_pin;
     uint64_t (*now)(void); /* tests: an injected clock; NULL = dx_now_ns */
     xfer_leases_stats st;
@@ -264,6 +265,7 @@ static void lease_free(xfer_leases *L, lease *l)
     dx_list_remove(&l->lru);
     L->lease_blocks -= l->n;
     if (l->policy == XFER_LEASE_RENEW_ON_READ) L->n_retained--, L->retained_blocks -= l->n;
+    L->n_single -= l->policy == XFER_LEASE_SINGLE_USE;
     lease *last = L->leases[--L->n_leases];
     L->leases[l->at] = last;
     last->at = l->at;
@@ -373,6 +375,7 @@ static int lease_add(xfer_leases *L, lease *l)
     dx_list_push_back(&L->lru, &l->lru);
     L->lease_blocks += l->n;
     if (l->policy == XFER_LEASE_RENEW_ON_READ) L->n_retained++, L->retained_blocks += l->n;
+    L->n_single += l->policy == XFER_LEASE_SINGLE_USE;
     L->st.created++;
     return 0;
 }
@@ -677,6 +680,7 @@ void xfer_leases_get_stats(xfer_leases *L, xfer_leases_stats *out)
     out->blocks = L->lease_blocks;
     out->retained = L->n_retained;
     out->retained_blocks = L->retained_blocks;
+    out->single_use = L->n_single;
     out->pins = (uint32_t)L->n_pins;
     pthread_mutex_unlock(&L->mu);
 }

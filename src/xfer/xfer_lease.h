@@ -43,7 +43,8 @@ typedef struct {
 
 typedef struct {
     uint32_t leases, pins;
-    uint64_t blocks; /* block references the live leases hold (a block in two counts twice) */
+    uint32_t single_use; /* of the leases: XFER_LEASE_SINGLE_USE ones (held for one reader) */
+    uint64_t blocks;     /* block references the live leases hold (a block in two counts twice) */
     uint64_t created, expired, revoked, pins_made, pins_timed_out, gone, mismatches;
     uint64_t revoked_lru; /* xfer_leases_revoke_lru: memory pressure */
     uint64_t superseded;  /* xfer_leases_supersede: a newer lease contains them */
@@ -72,8 +73,8 @@ int xfer_lease_create(xfer_leases *L, const int32_t *ids, size_t n, double ttl_s
                       xfer_token *tok);
 /* Same, with a non-zero tag (e.g. the hash of the lease's last block) by
  * which xfer_leases_supersede finds it. */
-int xfer_lease_create_tagged(xfer_leases *L, const int32_t *ids, size_t n, double ttl_s,
-                             int policy, uint64_t tag, xfer_token *tok);
+int xfer_lease_create_tagged(xfer_leases *L, const int32_t *ids, size_t n, double ttl_s, int policy,
+                             uint64_t tag, xfer_token *tok);
 /* New expiry = now + ttl_s.  DX_EGONE if unknown or expired. */
 int xfer_lease_renew(xfer_leases *L, const xfer_token *tok, double ttl_s);
 /* Drops the lease's references now (pins keep theirs).  DX_EGONE if unknown. */

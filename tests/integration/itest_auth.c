@@ -336,7 +336,7 @@ static void test_loopback_rule(void **state)
                         "--kv-cache-mb", "16", (char *)how[i][0], NULL};
         tp_proc p;
         assert_int_equal(tp_spawn(&p, log, argv), 0);
-        assert_true(tp_wait_int(&p, "address=http://0.0.0.0:", 60) > 0);
+        assert_true((p.http = (int)tp_wait_int(&p, "address=http://0.0.0.0:", 60)) > 0);
         assert_log_has(&p, how[i][1]);
         stop_ok(&p);
     }

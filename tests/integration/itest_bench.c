@@ -131,8 +131,7 @@ static void test_run_against_up(void **state)
         json_decref(t);
     }
     assert_int_equal(lines, 3);
-    int st = tp_stop(&up, SIGTERM, 60);
-    if (!WIFEXITED(st) || WEXITSTATUS(st)) fail_msg("duplex up: SIGTERM gave status %d", st);
+    if (tp_up_stop(&up, 60)) fail_msg("duplex up did not stop cleanly");
 }
 
 /* The positive number after `key` in text (fails if none). */

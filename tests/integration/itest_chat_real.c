@@ -193,7 +193,7 @@ static void check_family(int w)
         json_decref(want);
     }
     free(ref);
-    assert_int_equal(tp_stop(&S, SIGTERM, 30), 0);
+    assert_int_equal(tp_stop_clean(&S), 0);
 }
 
 static void test_qwen3_template(void **state)
@@ -258,8 +258,8 @@ static void test_qwen3_not_prefix_stable(void **state)
     json_decref(cb);
     json_decref(tb);
     json_decref(tc);
-    assert_int_equal(tp_stop(&S, SIGTERM, 30), 0);
-    assert_int_equal(tp_stop(&R, SIGTERM, 30), 0);
+    assert_int_equal(tp_stop_clean(&S), 0);
+    assert_int_equal(tp_stop_clean(&R), 0);
 }
 
 /* ---- templates that cannot be run ------------------------------------------- */
@@ -309,7 +309,7 @@ static void test_bad_templates(void **state)
     assert_int_equal(tc_http(S.http, "POST", "/detokenize", "{\"tokens\":\"a\"}", &out, 10), 400);
     assert_int_equal(tc_http(S.http, "GET", "/tokenize", NULL, &out, 10), 405);
     dx_buf_free(&out);
-    assert_int_equal(tp_stop(&S, SIGTERM, 30), 0);
+    assert_int_equal(tp_stop_clean(&S), 0);
 }
 
 static int setup(void **state)

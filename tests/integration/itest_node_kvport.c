@@ -279,7 +279,7 @@ static void test_kv_flags(void **state)
     long kv = tp_wait_int(&p, "kv_port=127.0.0.1:", 60);
     char buf[8192];
     tp_read_log(&p, buf, sizeof buf);
-    tp_stop(&p, SIGTERM, 30);
+    assert_int_equal(tp_stop_clean(&p), 0);
     if (kv <= 0 || !strstr(buf, "auth: none, loopback only") ||
         !strstr(buf, "listens on 127.0.0.1 only"))
         fail_msg("serve --host 0.0.0.0 without a secret:\n%s", buf);
@@ -308,6 +308,9 @@ static void test_garbage_then_http(void **state)
 static void test_sigterm_exits_zero(void **state)
 {
     (void)state;
+    tp_node n = {.on = 1, .host = "127.0.0.1"}; /* role both, no retention */
+    tp_rest_check(&n, g_http, "the node");
+    /* at-rest: checked just above; the signal's exit status is the test */
     assert_int_equal(kill(g_pid, SIGTERM), 0);
     int st = 0;
     for (int i = 0; i < 300 && waitpid(g_pid, &st, WNOHANG) == 0; i++) {

@@ -63,7 +63,8 @@ static void run_block(const char *code, int index)
         done = waitpid(pid, &st, WNOHANG) == pid;
         if (!done) usleep(100000);
     }
-    kill(-pid, SIGTERM); /* what the example left running */
+    /* at-rest: what a README example left running, stopped as a user would */
+    kill(-pid, SIGTERM);
     usleep(300000);
     kill(-pid, SIGKILL);
     if (!done) waitpid(pid, &st, 0);

@@ -314,7 +314,7 @@ static void test_register_drain(void **state)
     stop_ok(&D1);
     stop_ok(&S);
     wait_reg(rp, D1.http, 0, NULL); /* a clean stop removes the key */
-    tp_stop(&Rd, SIGTERM, 30);
+    (void)tp_stop_clean(&Rd);       /* the router */
 }
 
 static void test_kill9_and_model(void **state)
@@ -363,7 +363,7 @@ static void test_kill9_and_model(void **state)
     stop_ok(other);
     stop_ok(&X);
     stop_ok(&S);
-    tp_stop(&Rd, SIGTERM, 30);
+    (void)tp_stop_clean(&Rd); /* the router */
 }
 
 static void test_redis_down(void **state)
@@ -401,7 +401,7 @@ static void test_redis_down(void **state)
     exits_ok(&N);
     wait_reg(rp, N.http, 0, NULL);
     assert_int_equal(count_in_log(&N, "SIGUSR1 received"), 1);
-    tp_stop(&Rd, SIGTERM, 30);
+    (void)tp_stop_clean(&Rd); /* the router */
 }
 
 static void test_cli(void **state)

@@ -30,6 +30,7 @@
 #include "base/dx_buf.h"
 #include "base/dx_utf8.h"
 #include "../test_client.h"
+#include "../test_proc.h"
 #include "base/dx_clock.h"
 #include "base/dx_err.h"
 #include "oai/oai_resp.h"
@@ -165,7 +166,7 @@ static int group_teardown(void **state)
     (void)state;
     int st = -1;
     if (G.pid > 0) {
-        kill(G.pid, SIGTERM);
+        kill(G.pid, SIGTERM); /* at-rest: test_at_rest, the last test, checked it */
         for (int i = 0; i < 200 && waitpid(G.pid, &st, WNOHANG) != G.pid; i++) usleep(50000);
     }
     print_log_tail();
@@ -707,6 +708,15 @@ static void test_openai_client(void **state)
     assert_healthy_no_leak();
 }
 
+/* Last: after every test above, the node is at rest (tests/test_proc.h):
+ * nothing running, no block referenced; then the teardown's SIGTERM. */
+static void test_at_rest(void **state)
+{
+    (void)state;
+    tp_node n = {.on = 1, .host = "127.0.0.1"};
+    tp_rest_check(&n, G.port, "the node");
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -717,6 +727,7 @@ int main(void)
         cmocka_unit_test(test_multi_turn_cached), cmocka_unit_test(test_bad_input_corpus),
         cmocka_unit_test(test_wire_abuse),        cmocka_unit_test(test_disconnect_mid_stream),
         cmocka_unit_test(test_openai_client),     cmocka_unit_test(test_sampling_params),
+        cmocka_unit_test(test_at_rest), /* last */
     };
     int rc = cmocka_run_group_tests(tests, group_setup, group_teardown);
     curl_global_cleanup();

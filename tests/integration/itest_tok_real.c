@@ -501,7 +501,7 @@ static void test_llama3_add_bos(void **state)
         json_decref(j);
     }
     dx_buf_free(&b);
-    assert_int_equal(tp_stop(&p, SIGTERM, 20), 0);
+    assert_int_equal(tp_stop_clean(&p), 0);
 }
 
 int main(void)

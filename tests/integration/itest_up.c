@@ -127,11 +127,7 @@ static void test_colocated_run_and_stop(void **state)
     assert_string_equal(via, direct);
     free(via);
     free(direct);
-    int st = tp_stop(&u.p, SIGTERM, 60);
-    if (!(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0)) {
-        tp_log_tail(&u.p, 30);
-        fail_msg("duplex up: SIGTERM gave status %d, want exit 0", st);
-    }
+    if (tp_up_stop(&u.p, 60)) fail_msg("duplex up: SIGTERM did not end in exit 0");
     assert_gone(&u);
 }
 
@@ -181,8 +177,7 @@ static void test_pd_secret(void **state)
     }
     /* the prompt's KV went from the prefill node to the decode node */
     assert_true(tc_metric(u.url_port[1], "duplex_kv_prompt_tokens_total{source=\"pulled\"}") > 0);
-    int rc = tp_stop(&u.p, SIGTERM, 60);
-    assert_true(rc >= 0 && WIFEXITED(rc) && WEXITSTATUS(rc) == 0);
+    assert_int_equal(tp_up_stop(&u.p, 60), 0);
     assert_gone(&u);
     if (stat(dir, &st) == 0) fail_msg("%s is still there after up exited", dir);
 }
@@ -294,8 +289,7 @@ static void test_pd_agentic_loop(void **state)
     json_decref(msgs);
     json_decref(tools);
     dx_buf_free(&b);
-    int rc = tp_stop(&u.p, SIGTERM, 60);
-    assert_true(rc >= 0 && WIFEXITED(rc) && WEXITSTATUS(rc) == 0);
+    assert_int_equal(tp_up_stop(&u.p, 60), 0);
     assert_gone(&u);
 }
 

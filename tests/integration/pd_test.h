@@ -54,9 +54,11 @@ static inline void node_start(tp_proc *p, const char *tag, const char *const *ex
     tp_start(p, G.bin, log, argv, "duplex serve:");
 }
 
-/* SIGTERM: a graceful drain and exit 0 (under ASan also: no leak, no error). */
+/* SIGTERM: a graceful drain and exit 0 (under ASan also: no leak, no
+ * error); a node is checked at rest first (tp_at_rest). */
 static inline void stop_ok(tp_proc *p)
 {
+    tp_at_rest(p);
     int st = tp_stop(p, SIGTERM, 60);
     if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
         char buf[4096];
@@ -152,26 +154,6 @@ static inline void cluster_start(tp_proc *P, tp_proc *D0, tp_proc *D1, tp_proc *
     node_start(S, "s", k_ref);
     tp_proc *pp[] = {P}, *dd[] = {D0, D1};
     router_start(R, pp, 1, dd, D1 ? 2 : 1, k_via_p);
-}
-
-/* A node at rest after a test: no request running or waiting, no pin, and
- * no block referenced except by a live lease (retained or handed-off KV);
- * waits (up to 60 s) for in-flight work to end, then fails with the
- * counts. */
-static inline void assert_at_rest(int port, const char *name)
-{
-    long used = 0, leased = 0, pins = 0, run = 0, wait = 0;
-    for (int i = 0; i < 1200; i++) {
-        used = tc_metric(port, "duplex_kv_blocks_used");
-        leased = tc_metric(port, "duplex_kv_leased_blocks");
-        pins = tc_metric(port, "duplex_kv_pins");
-        run = tc_metric(port, "duplex_requests_running");
-        wait = tc_metric(port, "duplex_requests_waiting");
-        if (!pins && !run && !wait && used <= leased) return;
-        tp_sleep_ms(50);
-    }
-    fail_msg("%s not at rest: %ld pins, %ld running, %ld waiting, %ld blocks used > %ld leased",
-             name, pins, run, wait, used, leased);
 }
 
 /* ---- requests --------------------------------------------------------------- */

@@ -1,6 +1,7 @@
 /* redis_proc: a redis-server of the test's own on a free loopback port
  * (nothing saved to disk), stopped and started again on the same port to
- * play an outage.  Include after cmocka.h and test_proc.h. */
+ * play an outage, optionally with a password (requirepass: every client
+ * must AUTH).  Include after cmocka.h and test_proc.h. */
 #ifndef REDIS_PROC_H
 #define REDIS_PROC_H
 
@@ -12,8 +13,9 @@
 typedef struct {
     tp_proc p;
     int port;
-    char url[64]; /* redis://127.0.0.1:PORT */
+    char url[128]; /* redis://[:PASSWORD@]127.0.0.1:PORT */
     char log[160];
+    char password[48]; /* set before rp_start: requirepass */
 } rp_redis;
 
 /* A loopback port nothing listens on now. */
@@ -39,6 +41,15 @@ static inline redisContext *rp_connect(const rp_redis *r)
         return NULL;
     }
     redisSetTimeout(c, tv);
+    if (r->password[0]) {
+        redisReply *a = redisCommand(c, "AUTH %s", r->password);
+        int ok = a && a->type == REDIS_REPLY_STATUS;
+        if (a) freeReplyObject(a);
+        if (!ok) {
+            redisFree(c);
+            return NULL;
+        }
+    }
     redisReply *rep = redisCommand(c, "PING");
     int ok = rep && rep->type == REDIS_REPLY_STATUS;
     if (rep) freeReplyObject(rep);
@@ -54,12 +65,25 @@ static inline redisContext *rp_connect(const rp_redis *r)
 static inline void rp_start(rp_redis *r, const char *log)
 {
     if (!r->port) r->port = rp_free_port();
-    snprintf(r->url, sizeof r->url, "redis://127.0.0.1:%d", r->port);
-    snprintf(r->log, sizeof r->log, "%s", log);
+    if (r->password[0])
+        snprintf(r->url, sizeof r->url, "redis://:%s@127.0.0.1:%d", r->password, r->port);
+    else
+        snprintf(r->url, sizeof r->url, "redis://127.0.0.1:%d", r->port);
+    if (log != r->log) snprintf(r->log, sizeof r->log, "%s", log); /* again: the same log */
     char port[16];
     snprintf(port, sizeof port, "%d", r->port);
-    char *argv[] = {"/usr/bin/redis-server", "--port", port, "--bind", "127.0.0.1", "--save", "",
-                    "--appendonly",          "no",     NULL};
+    char *argv[] = {"/usr/bin/redis-server",
+                    "--port",
+                    port,
+                    "--bind",
+                    "127.0.0.1",
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                    r->password[0] ? "--requirepass" : NULL,
+                    r->password,
+                    NULL};
     assert_int_equal(tp_spawn(&r->p, log, argv), 0);
     for (int i = 0; i < 600; i++) {
         redisContext *c = rp_connect(r);

@@ -155,6 +155,48 @@ static void test_alloc_counts_and_faults(void **state)
     assert_int_equal(dx_alloc_live_bytes(), before);
 }
 
+/* A meter counts a thread's allocations as they are made, refuses the one
+ * that would pass its room (a failed allocation like any other), gives
+ * back what is freed, and keep/put hand what is left to another owner. */
+static void test_alloc_meter(void **state)
+{
+    (void)state;
+    dx_alloc_meter m;
+    atomic_init(&m.used, 0);
+    atomic_init(&m.room, 1000);
+    size_t failed = dx_alloc_failed_count();
+    dx_alloc_meter_begin(&m);
+    void *a = dx_malloc(600);
+    assert_non_null(a);
+    assert_int_equal(atomic_load(&m.used), 600);
+    assert_null(dx_malloc(500)); /* 1100 > 1000 */
+    assert_int_equal(dx_alloc_meter_refused(), 1);
+    assert_int_equal(dx_alloc_failed_count(), failed + 1);
+    assert_int_equal(atomic_load(&m.used), 600); /* nothing counted for it */
+    void *b = dx_realloc(a, 900);                /* grows by 300: fits */
+    assert_non_null(b);
+    assert_int_equal(atomic_load(&m.used), 900);
+    assert_null(dx_realloc(b, 1200));
+    dx_free(b);
+    assert_int_equal(atomic_load(&m.used), 0);
+    void *c = dx_calloc(10, 40);
+    assert_non_null(c);
+    long long kept = dx_alloc_meter_keep(); /* stays counted after the thread stops */
+    assert_int_equal(kept, 400);
+    assert_int_equal(atomic_load(&m.used), 400);
+    void *d = dx_malloc(5000); /* no longer metered */
+    assert_non_null(d);
+    dx_free(d);
+    dx_free(c);
+    dx_alloc_meter_put(&m, kept);
+    assert_int_equal(atomic_load(&m.used), 0);
+    dx_alloc_meter_begin(&m); /* a thread that ends counts nothing */
+    void *e = dx_malloc(100);
+    dx_alloc_meter_end();
+    assert_int_equal(atomic_load(&m.used), 0);
+    dx_free(e);
+}
+
 static void test_buf_limits(void **state)
 {
     (void)state;
@@ -287,7 +329,7 @@ int main(void)
         cmocka_unit_test(test_buf_limits),   cmocka_unit_test(test_f16_bf16_roundtrip),
         cmocka_unit_test(test_q8_0),         cmocka_unit_test(test_utf8),
         cmocka_unit_test(test_utf8_encode),  cmocka_unit_test(test_list),
-        cmocka_unit_test(test_rng_pinned),
+        cmocka_unit_test(test_rng_pinned),   cmocka_unit_test(test_alloc_meter),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

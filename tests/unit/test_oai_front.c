@@ -121,7 +121,7 @@ static void test_messages_stream_equals_whole(void **state)
         dx_buf_init(&w, 0);
         transcode(fs, &chat, pieces[p], &s);
         assert_true(oai_front_completed(fs));
-        assert_int_equal(oai_front_full(fw, 200, whole_chat.data, whole_chat.len, &w), 0);
+        assert_int_equal(oai_front_full(fw, &(int){200}, whole_chat.data, whole_chat.len, &w), 0);
         assert_true(oai_front_completed(fw));
         json_t *streamed, *whole = parse(&w);
         char why[256];
@@ -158,7 +158,7 @@ static void test_messages_stop_sequence(void **state)
     assert_int_equal(oai_resp_full(&chat, &k_meta, &t, &k_usage, NULL), 0);
     oai_front_config c = {.api = OAI_FRONT_MESSAGES, .model = "qwen"};
     oai_front *f = oai_front_create(&c);
-    assert_int_equal(oai_front_full(f, 200, chat.data, chat.len, &out), 0);
+    assert_int_equal(oai_front_full(f, &(int){200}, chat.data, chat.len, &out), 0);
     json_t *m = parse(&out);
     assert_string_equal(json_string_value(json_object_get(m, "stop_reason")), "stop_sequence");
     assert_string_equal(json_string_value(json_object_get(m, "stop_sequence")), "\n\nHuman:");
@@ -194,7 +194,7 @@ static void test_responses_stream_equals_whole(void **state)
         dx_buf_init(&w, 0);
         transcode(fs, &chat, pieces[p], &s);
         assert_true(oai_front_completed(fs));
-        assert_int_equal(oai_front_full(fw, 200, whole_chat.data, whole_chat.len, &w), 0);
+        assert_int_equal(oai_front_full(fw, &(int){200}, whole_chat.data, whole_chat.len, &w), 0);
         rsp_chk ck;
         if (rsp_chk_run(&ck, s.data, s.len, 1)) fail_msg("stream: %s", ck.why);
         json_t *whole = parse(&w);
@@ -263,7 +263,9 @@ static void test_errors(void **state)
     /* Anthropic's shape */
     oai_front_config c = {.api = OAI_FRONT_MESSAGES, .model = "qwen"};
     oai_front *f = oai_front_create(&c);
-    assert_int_equal(oai_front_full(f, 400, err.data, err.len, &out), 0);
+    int st = 400;
+    assert_int_equal(oai_front_full(f, &st, err.data, err.len, &out), 0);
+    assert_int_equal(st, 400);
     assert_false(oai_front_completed(f));
     json_t *e = parse(&out);
     assert_string_equal(json_string_value(json_object_get(e, "type")), "error");
@@ -271,10 +273,21 @@ static void test_errors(void **state)
                         "invalid_request_error");
     json_decref(e);
     oai_front_destroy(f);
+    /* a 200 whose body is no chat answer: an error, sent as 502, not 200 */
+    out.len = 0;
+    f = oai_front_create(&c);
+    st = 200;
+    assert_int_equal(oai_front_full(f, &st, "{\"choices\":[]}", 14, &out), 0);
+    assert_int_equal(st, 502);
+    assert_false(oai_front_completed(f));
+    e = parse(&out);
+    assert_string_equal(json_string_value(json_object_get(e, "type")), "error");
+    json_decref(e);
+    oai_front_destroy(f);
     /* the Responses API's: OpenAI's shape, the field renamed */
     out.len = 0;
     f = rsp_front();
-    assert_int_equal(oai_front_full(f, 400, err.data, err.len, &out), 0);
+    assert_int_equal(oai_front_full(f, &(int){400}, err.data, err.len, &out), 0);
     e = parse(&out);
     assert_string_equal(json_string_value(json_object_get(json_object_get(e, "error"), "param")),
                         "input");
