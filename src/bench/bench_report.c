@@ -100,6 +100,9 @@ int bench_write_json(const char *path, const bench_workload *w, const bench_meta
         m->overhead_ms, "tokens_exact", m->tokens_exact, "wall_s", r->wall_s, "records", recs);
     if (root && w->rounds > 1)
         json_object_set_new(json_object_get(root, "meta"), "rounds", json_integer(w->rounds));
+    if (root && m->retention_s > 0)
+        json_object_set_new(json_object_get(root, "meta"), "retention_s",
+                            json_real(m->retention_s));
     if (root && m->kv.has)
         json_object_set_new(json_object_get(root, "meta"), "kv",
                             json_pack("{s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:[ff],s:[ff]}",
@@ -176,10 +179,12 @@ int bench_read_json(const char *path, bench_workload *w, bench_meta *m, bench_re
     json_t *v;
     if (!rc) {
         memset(w, 0, sizeof *w);
+        memset(m, 0, sizeof *m);
         snprintf(url, sizeof url, "%s", json_string_value(json_object_get(meta, "url")) ?: "");
         m->url = url;
         m->overhead_ms = json_number_value(json_object_get(meta, "client_overhead_ms"));
         m->tokens_exact = json_is_true(json_object_get(meta, "tokens_exact"));
+        m->retention_s = json_number_value(json_object_get(meta, "retention_s")); /* 0: none */
         snprintf(r->model, sizeof r->model, "%s",
                  json_string_value(json_object_get(meta, "model")) ?: "");
         if ((v = json_object_get(meta, "preset")) && json_is_string(v)) {

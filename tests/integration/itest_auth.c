@@ -20,7 +20,7 @@
 
 #define IKEY "3f1d9c0a5b7e4d2f8a6c1e0b9d7f5a3c"
 
-static char g_ik[128];       /* the internal key's file */
+static char g_ik[128];        /* the internal key's file */
 static char g_keys_file[128]; /* an API key file: sk-file-1, sk-file-2 */
 
 static void write_file(const char *path, const char *text)
@@ -32,13 +32,13 @@ static void write_file(const char *path, const char *text)
 }
 
 /* A raw request's whole answer (status line, headers, body). */
-static void raw(int port, const char *method, const char *path, const char *auth_line,
-                dx_buf *out)
+static void raw(int port, const char *method, const char *path, const char *auth_line, dx_buf *out)
 {
     char req[512];
-    int n = snprintf(req, sizeof req,
-                     "%s %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n%s%sContent-Length: 0\r\n\r\n",
-                     method, path, auth_line ? auth_line : "", auth_line ? "\r\n" : "");
+    int n =
+        snprintf(req, sizeof req,
+                 "%s %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n%s%sContent-Length: 0\r\n\r\n",
+                 method, path, auth_line ? auth_line : "", auth_line ? "\r\n" : "");
     tc_raw_exchange(port, req, (size_t)n, out, 20000);
 }
 
@@ -170,10 +170,10 @@ static json_t *prefill_req(int port, const char *const *headers, long want)
 static void test_internal_key(void **state)
 {
     (void)state;
-    const char *pa[] = {"--role", "prefill", "--bidirectional-kv-xfer", "--internal-key-file", g_ik,
-                        NULL};
-    const char *da[] = {"--role", "decode", "--bidirectional-kv-xfer", "--internal-key-file", g_ik,
-                        NULL};
+    const char *pa[] = {"--role", "prefill", "--bidirectional-kv-xfer", "--internal-key-file",
+                        g_ik,     NULL};
+    const char *da[] = {"--role", "decode", "--bidirectional-kv-xfer", "--internal-key-file",
+                        g_ik,     NULL};
     const char *const ref[] = {"--no-enable-prefix-caching", NULL};
     tp_proc P, D, S;
     node_start(&P, "p", pa);
@@ -242,8 +242,14 @@ static void test_trust_ranges(void **state)
 {
     (void)state;
     const char *elsewhere[] = {"--role", "prefill", "--trust-kv-params-from", "10.0.0.0/8", NULL};
-    const char *here[] = {"--role", "prefill", "--trust-kv-params-from", "10.0.0.0/8",
-                          "--trust-kv-params-from", "127.0.0.0/8", "--internal-key-file", g_ik,
+    const char *here[] = {"--role",
+                          "prefill",
+                          "--trust-kv-params-from",
+                          "10.0.0.0/8",
+                          "--trust-kv-params-from",
+                          "127.0.0.0/8",
+                          "--internal-key-file",
+                          g_ik,
                           NULL};
     tp_proc A, B;
     node_start(&A, "trust-a", elsewhere);
@@ -283,7 +289,8 @@ static void test_bad_keys_and_ranges(void **state)
     snprintf(bad, sizeof bad, "%s/two.key", G.dir);
     write_file(bad, "0123456789abcdef0123\nfedcba9876543210fedc\n");
     snprintf(args, sizeof args, "--model %s --internal-key-file %s", m, bad);
-    tp_expect(G.bin, "serve", 2, "two.key: line 2: a second key (this file holds exactly one)", args);
+    tp_expect(G.bin, "serve", 2, "two.key: line 2: a second key (this file holds exactly one)",
+              args);
     snprintf(bad, sizeof bad, "%s/bad-keys", G.dir);
     snprintf(args, sizeof args, "--model %s --trust-kv-params-from 10.0.0.1/8", m);
     tp_expect(G.bin, "serve", 2,
@@ -291,8 +298,8 @@ static void test_bad_keys_and_ranges(void **state)
               "is 10.0.0.0/8)",
               args);
     snprintf(args, sizeof args, "--model %s --trust-kv-params-from 10.0.0.0/33", m);
-    tp_expect(G.bin, "serve", 2, "'10.0.0.0/33': the prefix length after '/' must be a number 0..32",
-              args);
+    tp_expect(G.bin, "serve", 2,
+              "'10.0.0.0/33': the prefix length after '/' must be a number 0..32", args);
     snprintf(args, sizeof args, "--model %s --trust-kv-params-from example.com", m);
     tp_expect(G.bin, "serve", 2, "'example.com' is not an IPv4 or IPv6 address", args);
     snprintf(args, sizeof args, "--decode http://127.0.0.1:9 --api-key-file %s", bad);
@@ -331,9 +338,10 @@ static void test_loopback_rule(void **state)
     for (int i = 0; i < 2; i++) {
         char log[160];
         snprintf(log, sizeof log, "%s/netns-%d.log", G.dir, i);
-        char *argv[] = {"/usr/sbin/ip", "netns", "exec", ns, (char *)G.bin, "serve", "--model",
-                        G.model, "--host", "0.0.0.0", "--port", "0", "--threads", "1",
-                        "--kv-cache-mb", "16", (char *)how[i][0], NULL};
+        char *argv[] = {
+            "/usr/sbin/ip", "netns", "exec",          ns,        (char *)G.bin,     "serve",
+            "--model",      G.model, "--host",        "0.0.0.0", "--port",          "0",
+            "--threads",    "1",     "--kv-cache-mb", "16",      (char *)how[i][0], NULL};
         tp_proc p;
         assert_int_equal(tp_spawn(&p, log, argv), 0);
         assert_true((p.http = (int)tp_wait_int(&p, "address=http://0.0.0.0:", 60)) > 0);
@@ -391,7 +399,10 @@ static void test_up_tenants(void **state)
     snprintf(log, sizeof log, "%s/up.log", G.dir);
     char *argv[] = {(char *)G.bin, "up", "--mode", "bidirectional", "--port", "0", "--model",
                     G.model, "--kv-cache-mb", "32", "--threads-per-node", "1", "--api-key",
-                    "sk-tenant-a", "--api-key-file", g_keys_file, NULL};
+                    "sk-tenant-a", "--api-key-file", g_keys_file,
+                    /* the count rule: where each turn is prefilled must not
+                     * depend on this machine's measured costs */
+                    "--local-prefill-max-tokens", "256", NULL};
     tp_proc U;
     assert_int_equal(tp_spawn(&U, log, argv), 0);
     int port = (int)tp_wait_int(&U, "ready: http://127.0.0.1:", 120);
@@ -488,8 +499,12 @@ static void test_router_keys(void **state)
     node_start(&N, "n", na);
     char dl[64];
     snprintf(dl, sizeof dl, "http://127.0.0.1:%d", N.http);
-    const char *argv[] = {"router", "--decode", dl, "--port", "0", "--api-key", "sk-flag",
-                          "--api-key-file", g_keys_file, "--internal-key-file", g_ik, NULL};
+    const char *argv[] = {"router",    "--decode",
+                          dl,          "--port",
+                          "0",         "--api-key",
+                          "sk-flag",   "--api-key-file",
+                          g_keys_file, "--internal-key-file",
+                          g_ik,        NULL};
     char log[160];
     snprintf(log, sizeof log, "%s/router.log", G.dir);
     tp_start(&R, G.bin, log, argv, "duplex router:");
@@ -525,12 +540,9 @@ static int teardown(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_node_api_keys),
-        cmocka_unit_test(test_internal_key),
-        cmocka_unit_test(test_trust_ranges),
-        cmocka_unit_test(test_bad_keys_and_ranges),
-        cmocka_unit_test(test_loopback_rule),
-        cmocka_unit_test(test_router_keys),
+        cmocka_unit_test(test_node_api_keys), cmocka_unit_test(test_internal_key),
+        cmocka_unit_test(test_trust_ranges),  cmocka_unit_test(test_bad_keys_and_ranges),
+        cmocka_unit_test(test_loopback_rule), cmocka_unit_test(test_router_keys),
         cmocka_unit_test(test_up_tenants),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
