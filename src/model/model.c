@@ -3,7 +3,8 @@
  * Weights stay in the mmap and are used in place.  1-D tensors (norm
  * weights, biases) are small and converted once into owned f32 arrays, so
  * kernels only ever see f32 vectors.  Every tensor is checked for presence,
- * shape and type; the error names it. */
+ * shape and type — any type dx_dtype_supported() lists, each tensor its
+ * own (llama-quantize mixes them) — and the error names it. */
 #include "model/model.h"
 
 #include "jinja/jinja.h"
@@ -148,9 +149,12 @@ static int bind(model *m, const char *name, uint64_t n_in, uint64_t rows, int op
         return dx_errf(DX_EFORMAT, "%s: tensor '%s' has shape [%llu, %llu] (%u dims), want [%llu, %llu]",
                        m->path, name, (unsigned long long)ti.ne[0], (unsigned long long)ti.ne[1],
                        ti.n_dims, (unsigned long long)n_in, (unsigned long long)(rows ? rows : 1));
-    if (!dx_dtype_name(ti.type))
-        return dx_errf(DX_EUNSUPPORTED, "%s: tensor '%s' has unsupported type %d", m->path, name,
-                       ti.type);
+    if (!dx_dtype_supported(ti.type))
+        return dx_errf(DX_EUNSUPPORTED,
+                       "%s: tensor '%s' has type %s (id %d), which duplex cannot run "
+                       "(supported: %s)",
+                       m->path, name, dx_dtype_name(ti.type), ti.type,
+                       dx_dtype_supported_names());
     t->ne[0] = n_in;
     t->ne[1] = rows ? rows : 1;
     m->n_params += n_in * t->ne[1];

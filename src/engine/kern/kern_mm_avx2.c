@@ -1,7 +1,7 @@
 /* kern_mm_avx2: AVX2+FMA matmul tiles for CPUs without AVX-512 (BF16 widened
- * by shifting into f32, F16 via vcvtph2ps, F32, Q8_0 via vpmaddubsw/vpmaddwd)
- * and the Q8_0 activation prep, for the driver in kern_mm.c
- * (kern_mm_isa_avx2).
+ * by shifting into f32, F16 via vcvtph2ps, F32, Q8_0 and the other 32-block
+ * formats via vpmaddubsw/vpmaddwd) and the Q8_0 activation prep, for the
+ * driver in kern_mm.c (kern_mm_isa_avx2).
  *
  * Same batch-invariance construction as the AVX-512 path: one ymm
  * accumulator per output element, a fixed K order (full vectors, then the
@@ -177,6 +177,127 @@ MM2_INLINE void mm2_q8_tile(KERN_MM_TILE_ARGS, const int MR, const int NR)
     mm2_store_tile(acc, MR, NR, y, ldy);
 }
 
+/* ---- the other 32-block formats (the arithmetic of kern_mm_priv.h) ----
+ * One ymm per output element: lane g is the partial p[g], the integer sum
+ * of group g (4 elements) from vpmaddubsw + vpmaddwd, so the float steps
+ * are exactly the scalar twin's, lane by lane; mm2_store_tile's tree is the
+ * twin's final sum.  Weights are unsigned fields (0..15 / 0..31) times
+ * signed activations, the offset of Q4_0 / Q5_0 added back from the
+ * activations' group sums (negcorr shifted); IQ4_NL's signed codebook
+ * values go through the sign trick, as Q8_0 does (|w| <= 127: no
+ * saturation). */
+
+/* Block bytes and where each part lies, by type (compile-time constants). */
+MM2_INLINE size_t mm2_blk_bytes(const int T)
+{
+    return T == DX_Q4_1 ? 20 : T == DX_Q5_0 ? 22 : T == DX_Q5_1 ? 24 : 18;
+}
+MM2_INLINE size_t mm2_blk_qs(const int T)
+{
+    return T == DX_Q4_1 ? 4 : T == DX_Q5_0 ? 6 : T == DX_Q5_1 ? 8 : 2;
+}
+MM2_INLINE int mm2_blk_has_m(const int T)
+{
+    return T == DX_Q4_1 || T == DX_Q5_1;
+}
+MM2_INLINE int mm2_blk_5bit(const int T)
+{
+    return T == DX_Q5_0 || T == DX_Q5_1;
+}
+
+/* The 32 4-bit fields of a block in element order. */
+MM2_INLINE __m256i mm2_nibbles(const uint8_t *qs)
+{
+    __m128i q = _mm_loadu_si128((const __m128i *)qs);
+    __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(q), _mm_srli_epi16(q, 4), 1);
+    return _mm256_and_si256(v, _mm256_set1_epi8(15));
+}
+
+/* Byte i = 16 where bit i of the little-endian qh is set, else 0. */
+MM2_INLINE __m256i mm2_high_bits(const uint8_t *qh)
+{
+    uint32_t h;
+    memcpy(&h, qh, 4);
+    const __m256i spread =
+        _mm256_setr_epi64x(0, 0x0101010101010101ll, 0x0202020202020202ll, 0x0303030303030303ll);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)h), spread);
+    v = _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
+    return _mm256_and_si256(v, _mm256_set1_epi8(16));
+}
+
+MM2_INLINE __m256 mm2_f16_bcast(const uint8_t *p)
+{
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _mm256_cvtph_ps(_mm_set1_epi16((short)h));
+}
+
+/* Block b of MR tokens against NR weight rows. */
+MM2_INLINE void mm2_blk_step(__m256 *acc, const uint8_t *w, size_t wrow, const uint8_t *x,
+                             size_t xrow, size_t b, const int T, const int MR, const int NR)
+{
+    __m256i xq[2], corr[2];
+    __m256 dx[2], sd[2];
+    MM2_UNROLL
+    for (int t = 0; t < MR; t++) {
+        const uint8_t *xr = x + t * xrow;
+        xq[t] = _mm256_load_si256((const __m256i *)kern__q8_qs(xr, b));
+        dx[t] = _mm256_load_ps(kern__q8_d(xr, b));
+        __m256i nc = _mm256_load_si256((const __m256i *)kern__q8_nc(xr, b));
+        /* nc = -128 * group sum: -8 and -16 times it are exact shifts */
+        corr[t] = T == DX_Q4_0 ? _mm256_srai_epi32(nc, 4) : _mm256_srai_epi32(nc, 3);
+        if (mm2_blk_has_m(T))
+            sd[t] = _mm256_mul_ps(dx[t], _mm256_cvtepi32_ps(_mm256_sub_epi32(
+                                             _mm256_setzero_si256(), _mm256_srai_epi32(nc, 7))));
+    }
+    const __m256i ones = _mm256_set1_epi16(1);
+    const __m256i nl =
+        _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)dx_iq4nl_values));
+    MM2_UNROLL
+    for (int o = 0; o < NR; o++) {
+        const uint8_t *wb = w + o * wrow + b * mm2_blk_bytes(T);
+        __m256i q = mm2_nibbles(wb + mm2_blk_qs(T));
+        if (mm2_blk_5bit(T)) q = _mm256_or_si256(q, mm2_high_bits(wb + mm2_blk_qs(T) - 4));
+        __m256i aq = q;
+        if (T == DX_IQ4_NL) {
+            q = _mm256_shuffle_epi8(nl, q);
+            aq = _mm256_sign_epi8(q, q);
+        }
+        __m256 dw = mm2_f16_bcast(wb), mw = _mm256_setzero_ps();
+        if (mm2_blk_has_m(T)) mw = mm2_f16_bcast(wb + 2);
+        MM2_UNROLL
+        for (int t = 0; t < MR; t++) {
+            __m256i sx = T == DX_IQ4_NL ? _mm256_sign_epi8(xq[t], q) : xq[t];
+            __m256i is = _mm256_madd_epi16(_mm256_maddubs_epi16(aq, sx), ones);
+            if (T == DX_Q4_0 || T == DX_Q5_0) is = _mm256_add_epi32(is, corr[t]);
+            __m256 *a = &acc[t * NR + o];
+            *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_mul_ps(dw, dx[t]), *a);
+            if (mm2_blk_has_m(T)) *a = _mm256_fmadd_ps(sd[t], mw, *a);
+        }
+    }
+}
+
+MM2_INLINE void mm2_blk_tile(KERN_MM_TILE_ARGS, const int T, const int MR, const int NR)
+{
+    __m256 acc[8];
+    MM2_UNROLL
+    for (int i = 0; i < MR * NR; i++) acc[i] = _mm256_setzero_ps();
+    for (size_t b = 0; b < n_in / 32; b++) mm2_blk_step(acc, w, wrow, x, xrow, b, T, MR, NR);
+    mm2_store_tile(acc, MR, NR, y, ldy);
+}
+
+#define MM2_BLK_TILE(NAME, T)                                                                      \
+    MM2_INLINE void mm2_##NAME##_tile(KERN_MM_TILE_ARGS, const int MR, const int NR)               \
+    {                                                                                              \
+        mm2_blk_tile(w, wrow, x, xrow, n_in, y, ldy, T, MR, NR);                                   \
+    }
+MM2_BLK_TILE(q4_0, DX_Q4_0)
+MM2_BLK_TILE(q4_1, DX_Q4_1)
+MM2_BLK_TILE(q5_0, DX_Q5_0)
+MM2_BLK_TILE(q5_1, DX_Q5_1)
+MM2_BLK_TILE(iq4_nl, DX_IQ4_NL)
+
 /* The shapes, by token count MR (1..2): a wide tile, and a 1-row tile for the
  * rest. */
 #define MM2_DEF_TILE(KIND, MR, NR)                                                                 \
@@ -198,6 +319,11 @@ MM2_DEF_KIND(bf16)
 MM2_DEF_KIND(f16)
 MM2_DEF_KIND(f32)
 MM2_DEF_KIND(q8)
+MM2_DEF_KIND(q4_0)
+MM2_DEF_KIND(q4_1)
+MM2_DEF_KIND(q5_0)
+MM2_DEF_KIND(q5_1)
+MM2_DEF_KIND(iq4_nl)
 
 /* ---- Q8_0 activation prep, bit-identical to dx_f32_to_q8_0_row ---- */
 
@@ -228,8 +354,9 @@ static void mm2_q8_block(const float *x, int8_t *q, int32_t *negcorr, float *dou
     _mm256_storeu_ps(dout, _mm256_set1_ps(dx_f16_to_f32(dx_f32_to_f16(d))));
 }
 
-static void mm2_q8_prep_row(const float *x, size_t n_in, uint8_t *row)
+static void mm2_q8_prep_row(const float *x, size_t n_in, void *out)
 {
+    uint8_t *row = out;
     for (size_t b = 0; b < n_in / DX_QK8_0; b++) {
         uint8_t *pair = row + (b / 2) * KERN__Q8_PAIR_BYTES;
         size_t h = b % 2;
@@ -239,13 +366,18 @@ static void mm2_q8_prep_row(const float *x, size_t n_in, uint8_t *row)
     kern__q8_clear_odd(row, n_in);
 }
 
-/* No bf16_prep: BF16 activations take the scalar conversion on this path. */
+/* No BF16 prep: BF16 activations take the scalar conversion on this path. */
 const kern_mm_isa kern_mm_isa_avx2 = {
     .mr = 2,
     .block_rows = 8,
-    .f32 = &mm2_f32_tiles,
-    .f16 = &mm2_f16_tiles,
-    .bf16 = &mm2_bf16_tiles,
-    .q8 = &mm2_q8_tiles,
-    .q8_prep = mm2_q8_prep_row,
+    .tiles = {[DX_F32] = &mm2_f32_tiles,
+              [DX_F16] = &mm2_f16_tiles,
+              [DX_BF16] = &mm2_bf16_tiles,
+              [DX_Q8_0] = &mm2_q8_tiles,
+              [DX_Q4_0] = &mm2_q4_0_tiles,
+              [DX_Q4_1] = &mm2_q4_1_tiles,
+              [DX_Q5_0] = &mm2_q5_0_tiles,
+              [DX_Q5_1] = &mm2_q5_1_tiles,
+              [DX_IQ4_NL] = &mm2_iq4_nl_tiles},
+    .prep = {[KERN_ACT_Q8] = mm2_q8_prep_row},
 };

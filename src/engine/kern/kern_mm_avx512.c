@@ -1,6 +1,7 @@
 /* kern_mm_avx512: AVX-512 matmul tiles (BF16 via vdpbf16ps, F16 via
- * vcvtph2ps + FMA, F32 FMA, Q8_0 via vpdpbusd) and the activation preps that
- * feed them, for the driver in kern_mm.c (kern_mm_isa_avx512).
+ * vcvtph2ps + FMA, F32 FMA, Q8_0 and the other 32-block formats via
+ * vpdpbusd) and the activation preps that feed them, for the driver in
+ * kern_mm.c (kern_mm_isa_avx512).
  *
  * Batch invariance by construction: every output element (token t, row o)
  * owns one zmm accumulator that walks K in the same fixed steps (a full
@@ -217,6 +218,202 @@ MM_DEF_KIND(f16)
 MM_DEF_KIND(f32)
 MM_DEF_KIND(q8)
 
+/* ---- the other 32-block formats (the arithmetic of kern_mm_priv.h) ----
+ * One zmm holds two output elements of one token: lanes 0-7 are the
+ * partials p[0..7] of weight row A, lanes 8-15 those of row B (a tile's
+ * last odd row runs as A = B and keeps half 0).  A row's block expands to
+ * 32 unsigned bytes in element order, [A | B] fills the 64 bytes of one
+ * vpdpbusd against the token's quants broadcast to both halves, so lane g
+ * of each half is the integer sum of group g, and the float steps are the
+ * scalar twin's lane by lane.  The integer sums start from the group
+ * corrections: -8 / -16 times the activations' group sum for Q4_0 / Q5_0
+ * (negcorr shifted), negcorr itself for IQ4_NL, whose codebook is looked
+ * up as value + 128 (unsigned), nothing for the _1 formats. */
+
+MM_INLINE size_t mm_blk_bytes(const int T)
+{
+    return T == DX_Q4_1 ? 20 : T == DX_Q5_0 ? 22 : T == DX_Q5_1 ? 24 : 18;
+}
+MM_INLINE size_t mm_blk_qs(const int T)
+{
+    return T == DX_Q4_1 ? 4 : T == DX_Q5_0 ? 6 : T == DX_Q5_1 ? 8 : 2;
+}
+MM_INLINE int mm_blk_has_m(const int T)
+{
+    return T == DX_Q4_1 || T == DX_Q5_1;
+}
+MM_INLINE int mm_blk_5bit(const int T)
+{
+    return T == DX_Q5_0 || T == DX_Q5_1;
+}
+
+/* [A elements 0-15 | A 16-31 | B 0-15 | B 16-31] of two blocks' 4-bit
+ * fields: [qa | qa | qb | qb], the odd quarters shifted down a nibble. */
+MM_INLINE __m512i mm_nibbles2(const uint8_t *qa, const uint8_t *qb)
+{
+    __m256i v =
+        _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)qa)),
+                                _mm_loadu_si128((const __m128i *)qb), 1);
+    __m512i z = _mm512_castsi256_si512(v);
+    z = _mm512_shuffle_i64x2(z, z, 0x50);
+    z = _mm512_srlv_epi64(z, _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0));
+    return _mm512_and_si512(z, _mm512_set1_epi8(15));
+}
+
+/* [d_A x 8 | d_B x 8] from two f16 values in memory. */
+MM_INLINE __m512 mm_f16_pair(const uint8_t *a, const uint8_t *b)
+{
+    __m256i h =
+        _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16((short)mm_load_u16(a))),
+                                _mm_set1_epi16((short)mm_load_u16(b)), 1);
+    return _mm512_cvtph_ps(h);
+}
+
+MM_INLINE uint32_t mm_load_u32(const uint8_t *p)
+{
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/* The unsigned bytes vpdpbusd multiplies for rows A and B of block b. */
+MM_INLINE __m512i mm_blk_weights(const uint8_t *ba, const uint8_t *bb, const int T)
+{
+    __m512i z = mm_nibbles2(ba + mm_blk_qs(T), bb + mm_blk_qs(T));
+    if (mm_blk_5bit(T)) {
+        const size_t qh = mm_blk_qs(T) - 4;
+        uint64_t m = (uint64_t)mm_load_u32(ba + qh) | (uint64_t)mm_load_u32(bb + qh) << 32;
+        z = _mm512_mask_add_epi8(z, _cvtu64_mask64(m), z, _mm512_set1_epi8(16));
+    }
+    if (T == DX_IQ4_NL) {
+        static const uint8_t nl_u8[16] = {
+            1,   24,  45,  63,  79,  93,  106, 118,
+            129, 141, 153, 166, 181, 197, 217, 241}; /* dx_iq4nl_values + 128 */
+        z = _mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)nl_u8)), z);
+    }
+    return z;
+}
+
+/* Block b of MR tokens against NP row pairs (NR = 2 * NP rows, or NR = 1:
+ * one row as both halves). */
+MM_INLINE void mm_blk_step(__m512 *acc, const uint8_t *w, size_t wrow, const uint8_t *x,
+                           size_t xrow, size_t b, const int T, const int MR, const int NR)
+{
+    const int NP = NR == 1 ? 1 : NR / 2;
+    __m512i xq[4], corr[4];
+    __m512 dx[4], sd[4];
+    MM_UNROLL
+    for (int t = 0; t < MR; t++) {
+        const uint8_t *xr = x + t * xrow;
+        xq[t] = _mm512_broadcast_i64x4(_mm256_load_si256((const __m256i *)kern__q8_qs(xr, b)));
+        dx[t] = _mm512_set1_ps(*kern__q8_d(xr, b));
+        __m512i nc = _mm512_broadcast_i64x4(_mm256_load_si256((const __m256i *)kern__q8_nc(xr, b)));
+        corr[t] = T == DX_Q4_0     ? _mm512_srai_epi32(nc, 4)
+                  : T == DX_Q5_0   ? _mm512_srai_epi32(nc, 3)
+                  : T == DX_IQ4_NL ? nc
+                                   : _mm512_setzero_si512();
+        if (mm_blk_has_m(T))
+            sd[t] = _mm512_mul_ps(dx[t], _mm512_cvtepi32_ps(_mm512_sub_epi32(
+                                             _mm512_setzero_si512(), _mm512_srai_epi32(nc, 7))));
+    }
+    MM_UNROLL
+    for (int p = 0; p < NP; p++) {
+        const uint8_t *ba = w + (size_t)(NR == 1 ? 0 : 2 * p) * wrow + b * mm_blk_bytes(T);
+        const uint8_t *bb = NR == 1 ? ba : ba + wrow;
+        __m512i wq = mm_blk_weights(ba, bb, T);
+        __m512 dw = mm_f16_pair(ba, bb), mw = _mm512_setzero_ps();
+        if (mm_blk_has_m(T)) mw = mm_f16_pair(ba + 2, bb + 2);
+        MM_UNROLL
+        for (int t = 0; t < MR; t++) {
+            __m512i is = _mm512_dpbusd_epi32(corr[t], wq, xq[t]);
+            __m512 *a = &acc[t * NP + p];
+            *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(dw, dx[t]), *a);
+            if (mm_blk_has_m(T)) *a = _mm512_fmadd_ps(sd[t], mw, *a);
+        }
+    }
+}
+
+/* Each 8-lane half of 8 vectors summed by the twin's tree (lane g + g+4,
+ * then + 2, + 1): lane 4k + m of the result is half k % 2 of a[2m + k/2]. */
+MM_INLINE __m512 mm_reduce_halves8(const __m512 *a)
+{
+    __m512 b[4], c[2];
+    MM_UNROLL
+    for (int i = 0; i < 4; i++)
+        b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x88),
+                             _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xdd));
+    MM_UNROLL
+    for (int i = 0; i < 2; i++)
+        c[i] = _mm512_add_ps(_mm512_shuffle_ps(b[2 * i], b[2 * i + 1], 0x44),
+                             _mm512_shuffle_ps(b[2 * i], b[2 * i + 1], 0xee));
+    return _mm512_add_ps(_mm512_shuffle_ps(c[0], c[1], 0x88), _mm512_shuffle_ps(c[0], c[1], 0xdd));
+}
+
+/* acc[t*NP + p] holds y[t][2p] (half 0) and y[t][2p+1] (half 1). */
+MM_INLINE void mm_blk_store(const __m512 *acc, const int MR, const int NR, float *y, size_t ldy)
+{
+    const int NP = NR == 1 ? 1 : NR / 2, NH = NR == 1 ? 1 : 2;
+    MM_UNROLL
+    for (int base = 0; base < MR * NP; base += 8) {
+        __m512 v[8];
+        MM_UNROLL
+        for (int i = 0; i < 8; i++) v[i] = base + i < MR * NP ? acc[base + i] : _mm512_setzero_ps();
+        float r[16];
+        _mm512_storeu_ps(r, mm_reduce_halves8(v));
+        MM_UNROLL
+        for (int i = 0; i < 8; i++) {
+            if (base + i >= MR * NP) break;
+            int t = (base + i) / NP, p = (base + i) % NP;
+            MM_UNROLL
+            for (int h = 0; h < NH; h++)
+                y[(size_t)t * ldy + (size_t)(2 * p + h)] = r[4 * (2 * (i % 2) + h) + i / 2];
+        }
+    }
+}
+
+MM_INLINE void mm_blk_tile(KERN_MM_TILE_ARGS, const int T, const int MR, const int NR)
+{
+    const int NP = NR == 1 ? 1 : NR / 2;
+    __m512 acc[16];
+    MM_UNROLL
+    for (int i = 0; i < MR * NP; i++) acc[i] = _mm512_setzero_ps();
+    for (size_t b = 0; b < n_in / 32; b++) mm_blk_step(acc, w, wrow, x, xrow, b, T, MR, NR);
+    mm_blk_store(acc, MR, NR, y, ldy);
+}
+
+/* Shapes by token count: a wide tile (16 rows for decode), a row pair and
+ * a single row for the remainder. */
+#define MM_DEF_BLK_TILE(KIND, T, MR, NR)                                                           \
+    static void mm_##KIND##_##MR##x##NR(KERN_MM_TILE_ARGS)                                         \
+    {                                                                                              \
+        mm_blk_tile(w, wrow, x, xrow, n_in, y, ldy, T, MR, NR);                                    \
+    }
+#define MM_DEF_BLK(KIND, T)                                                                        \
+    MM_DEF_BLK_TILE(KIND, T, 1, 16)                                                                \
+    MM_DEF_BLK_TILE(KIND, T, 1, 2)                                                                 \
+    MM_DEF_BLK_TILE(KIND, T, 1, 1)                                                                 \
+    MM_DEF_BLK_TILE(KIND, T, 2, 8)                                                                 \
+    MM_DEF_BLK_TILE(KIND, T, 2, 2)                                                                 \
+    MM_DEF_BLK_TILE(KIND, T, 2, 1)                                                                 \
+    MM_DEF_BLK_TILE(KIND, T, 3, 8)                                                                 \
+    MM_DEF_BLK_TILE(KIND, T, 3, 2)                                                                 \
+    MM_DEF_BLK_TILE(KIND, T, 3, 1)                                                                 \
+    MM_DEF_BLK_TILE(KIND, T, 4, 8)                                                                 \
+    MM_DEF_BLK_TILE(KIND, T, 4, 2)                                                                 \
+    MM_DEF_BLK_TILE(KIND, T, 4, 1)                                                                 \
+    static const kern_mm_tiles mm_##KIND##_tiles = {                                               \
+        .by = {[1] = {{mm_##KIND##_1x16, 16}, {mm_##KIND##_1x2, 2}, {mm_##KIND##_1x1, 1}},         \
+               [2] = {{mm_##KIND##_2x8, 8}, {mm_##KIND##_2x2, 2}, {mm_##KIND##_2x1, 1}},           \
+               [3] = {{mm_##KIND##_3x8, 8}, {mm_##KIND##_3x2, 2}, {mm_##KIND##_3x1, 1}},           \
+               [4] = {{mm_##KIND##_4x8, 8}, {mm_##KIND##_4x2, 2}, {mm_##KIND##_4x1, 1}}},          \
+    };
+
+MM_DEF_BLK(q4_0, DX_Q4_0)
+MM_DEF_BLK(q4_1, DX_Q4_1)
+MM_DEF_BLK(q5_0, DX_Q5_0)
+MM_DEF_BLK(q5_1, DX_Q5_1)
+MM_DEF_BLK(iq4_nl, DX_IQ4_NL)
+
 /* ---- activation preps: bit-identical to the scalar conversions ---- */
 
 /* f32 -> bf16 with dx_f32_to_bf16's integer RNE, so denormals round exactly
@@ -232,8 +429,9 @@ static __m256i mm_f32_to_bf16_16(__m512 x)
     return _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
 }
 
-static void mm_bf16_prep_row(const float *x, size_t n_in, uint16_t *row)
+static void mm_bf16_prep_row(const float *x, size_t n_in, void *out)
 {
+    uint16_t *row = out;
     size_t k = 0, kp = kern__act_k(n_in);
     for (; k + 16 <= n_in; k += 16)
         _mm256_store_si256((__m256i *)(row + k), mm_f32_to_bf16_16(_mm512_loadu_ps(x + k)));
@@ -265,8 +463,9 @@ static void mm_q8_block(const float *x, int8_t *q, int32_t *negcorr, float *dout
     _mm256_storeu_ps(dout, _mm256_set1_ps(dx_f16_to_f32(dx_f32_to_f16(d))));
 }
 
-static void mm_q8_prep_row(const float *x, size_t n_in, uint8_t *row)
+static void mm_q8_prep_row(const float *x, size_t n_in, void *out)
 {
+    uint8_t *row = out;
     for (size_t b = 0; b < n_in / DX_QK8_0; b++) {
         uint8_t *pair = row + (b / 2) * KERN__Q8_PAIR_BYTES;
         size_t h = b % 2;
@@ -279,10 +478,14 @@ static void mm_q8_prep_row(const float *x, size_t n_in, uint8_t *row)
 const kern_mm_isa kern_mm_isa_avx512 = {
     .mr = 4,
     .block_rows = 16,
-    .f32 = &mm_f32_tiles,
-    .f16 = &mm_f16_tiles,
-    .bf16 = &mm_bf16_tiles,
-    .q8 = &mm_q8_tiles,
-    .bf16_prep = mm_bf16_prep_row,
-    .q8_prep = mm_q8_prep_row,
+    .tiles = {[DX_F32] = &mm_f32_tiles,
+              [DX_F16] = &mm_f16_tiles,
+              [DX_BF16] = &mm_bf16_tiles,
+              [DX_Q8_0] = &mm_q8_tiles,
+              [DX_Q4_0] = &mm_q4_0_tiles,
+              [DX_Q4_1] = &mm_q4_1_tiles,
+              [DX_Q5_0] = &mm_q5_0_tiles,
+              [DX_Q5_1] = &mm_q5_1_tiles,
+              [DX_IQ4_NL] = &mm_iq4_nl_tiles},
+    .prep = {[KERN_ACT_BF16] = mm_bf16_prep_row, [KERN_ACT_Q8] = mm_q8_prep_row},
 };
