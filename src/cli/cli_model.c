@@ -3,9 +3,11 @@
 
 #include <stdio.h>
 
+#include "base/dx_buf.h"
 #include "base/dx_dtype.h"
 #include "base/dx_err.h"
 #include "model/model.h"
+#include "model/model_wtypes.h"
 #include "model/synth.h"
 #include "tok/tok_norm.h"
 
@@ -17,7 +19,9 @@ static int cmd_synth(int argc, char **argv)
         {"arch", CLI_STR, &arch, 0, 0, "qwen3 | qwen2 | llama (default: the preset's, else qwen3)"},
         {"preset", CLI_STR, &preset, 0, 0,
          "tiny | small | 0.6b | qwen3-0.6b | llama3.2-1b (default tiny)"},
-        {"dtype", CLI_STR, &dtype, 0, 0, "f32 | f16 | bf16 | q8_0 (default f32)"},
+        {"dtype", CLI_STR, &dtype, 0, 0,
+         "weight types: f32 | f16 | bf16 | q8_0 | q5_1 | q5_0 | q4_1 | q4_0 | iq4_nl (every "
+         "matrix; vectors stay f32; default f32)"},
         {"seed", CLI_U64, &seed, 0, 0, "random seed (default 1)"},
         {"tokenizer", CLI_PATH, &tokenizer, 0, 0,
          "a Hugging Face tokenizer.json (or its directory; tokenizer_config.json beside it is "
@@ -30,13 +34,12 @@ static int cmd_synth(int argc, char **argv)
     if (rc) return rc == 1 ? 0 : rc;
     if (!out) return cli_required("model synth", "-o FILE");
     synth_config cfg = {.preset = preset, .seed = seed, .tokenizer = tokenizer};
-    enum dx_dtype dt;
     if (synth_check_preset(preset)) return cli_bad_value("model synth", "--preset");
     const synth_preset *sp = synth_find_preset(preset);
     if (!arch) arch = sp->arch == MODEL_LLAMA ? "llama" : "qwen3";
     if (synth_parse_arch(arch, &cfg.arch)) return cli_bad_value("model synth", "--arch");
-    if (dx_dtype_parse(dtype, &dt)) return cli_bad_value("model synth", "--dtype");
-    cfg.dtype = dt;
+    if (synth_check_wtypes(dtype)) return cli_bad_value("model synth", "--dtype");
+    cfg.wtypes = synth_find_wtypes(dtype);
     if ((rc = synth_write(&cfg, out))) {
         fprintf(stderr, "duplex model synth: %s\n", dx_errmsg());
         return 1;
@@ -84,6 +87,10 @@ static void print_info(const model *m)
             printf(" %llu %s (%.1f MiB)", (unsigned long long)count[t], dx_dtype_name(t),
                    (double)bytes[t] / (1 << 20));
     printf("\n");
+    dx_buf wt;
+    dx_buf_init(&wt, 0);
+    if (model_wtypes_summary(g, &wt) == 0) printf("weights:         %s\n", wt.data);
+    dx_buf_free(&wt);
     const tok *tk = model_tokenizer(m);
     printf("tokenizer:       gpt2 byte-level BPE, pre-tokenizer %s, normalizer %s, %zu tokens "
            "(bos %d%s, eos %d, eot %d)\n",

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "base/dx_dtype.h"
 #include "base/dx_err.h"
 #include "model/model.h"
 #include "model/synth.h"
@@ -34,6 +35,40 @@ static inline model *etu_model(enum model_arch arch, int dtype)
     snprintf(path, sizeof path, "%s/tiny-%d-%d.gguf", etu_dir, (int)arch, dtype);
     if (access(path, F_OK) != 0) {
         synth_config c = {.arch = arch, .preset = "tiny", .dtype = dtype, .seed = 42};
+        if (synth_write(&c, path)) {
+            fprintf(stderr, "synth: %s\n", dx_errmsg());
+            return NULL;
+        }
+    }
+    model *m = NULL;
+    if (model_load(path, &m)) fprintf(stderr, "load: %s\n", dx_errmsg());
+    return m;
+}
+
+/* A mixture of weight types, as llama-quantize writes them: q4_0 with
+ * attn_v q4_1 / q5_0 by layer, ffn_down q8_0, an iq4_nl embedding and a
+ * q5_1 output head.  Its QKV group mixes types that share one activation
+ * prep. */
+static inline int etu_mix_rule(const synth_wtypes *w, enum synth_role r, uint32_t il,
+                               uint32_t n_layer)
+{
+    (void)w;
+    (void)n_layer;
+    return r == SYNTH_ATTN_V       ? (il ? DX_Q5_0 : DX_Q4_1)
+           : r == SYNTH_FFN_DOWN   ? DX_Q8_0
+           : r == SYNTH_TOKEN_EMBD ? DX_IQ4_NL
+           : r == SYNTH_OUTPUT     ? DX_Q5_1
+                                   : DX_Q4_0;
+}
+
+/* Synthesises (once) and loads the tiny model with etu_mix_rule's types. */
+static inline model *etu_model_mix(enum model_arch arch)
+{
+    static const synth_wtypes mix = {"test-mix", 2, DX_Q4_0, etu_mix_rule};
+    char path[256];
+    snprintf(path, sizeof path, "%s/tiny-%d-mix.gguf", etu_dir, (int)arch);
+    if (access(path, F_OK) != 0) {
+        synth_config c = {.arch = arch, .preset = "tiny", .wtypes = &mix, .seed = 42};
         if (synth_write(&c, path)) {
             fprintf(stderr, "synth: %s\n", dx_errmsg());
             return NULL;
