@@ -178,14 +178,18 @@ MM2_INLINE void mm2_q8_tile(KERN_MM_TILE_ARGS, const int MR, const int NR)
 }
 
 /* ---- the other 32-block formats (the arithmetic of kern_mm_priv.h) ----
- * One ymm per output element: lane g is the partial p[g], the integer sum
- * of group g (4 elements) from vpmaddubsw + vpmaddwd, so the float steps
- * are exactly the scalar twin's, lane by lane; mm2_store_tile's tree is the
- * twin's final sum.  Weights are unsigned fields (0..15 / 0..31) times
- * signed activations, the offset of Q4_0 / Q5_0 added back from the
- * activations' group sums (negcorr shifted); IQ4_NL's signed codebook
- * values go through the sign trick, as Q8_0 does (|w| <= 127: no
- * saturation). */
+ * One ymm holds two output elements of one token: lanes 0-3 the partials
+ * p[0..3] of weight row A, lanes 4-7 those of row B (a tile's last odd row
+ * runs as A = B and keeps half 0).  The 16-byte qs of A and B make one
+ * vector [A | B]; its low nibbles are elements 0-15 of each row, its high
+ * ones elements 16-31, multiplied (vpmaddubsw, unsigned fields times signed
+ * activations) by the token's quants 0-15 and 16-31 broadcast to both
+ * halves; the two products added (no overflow: 2 * 2 * 31 * 127 < 32768)
+ * and widened by vpmaddwd give lane g the integer sum of group g.  The
+ * offset of Q4_0 / Q5_0 is added back from the activations' group sums
+ * (negcorr, shifted); IQ4_NL's signed codebook values take the sign trick
+ * and are widened before they are added (|w| <= 127).  The float steps are
+ * then the scalar twin's, lane by lane. */
 
 /* Block bytes and where each part lies, by type (compile-time constants). */
 MM2_INLINE size_t mm2_blk_bytes(const int T)
@@ -205,19 +209,16 @@ MM2_INLINE int mm2_blk_5bit(const int T)
     return T == DX_Q5_0 || T == DX_Q5_1;
 }
 
-/* The 32 4-bit fields of a block in element order. */
-MM2_INLINE __m256i mm2_nibbles(const uint8_t *qs)
+MM2_INLINE uint32_t mm2_load_u32(const uint8_t *p)
 {
-    __m128i q = _mm_loadu_si128((const __m128i *)qs);
-    __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(q), _mm_srli_epi16(q, 4), 1);
-    return _mm256_and_si256(v, _mm256_set1_epi8(15));
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
 }
 
-/* Byte i = 16 where bit i of the little-endian qh is set, else 0. */
-MM2_INLINE __m256i mm2_high_bits(const uint8_t *qh)
+/* Byte i = 16 where bit i of h is set, else 0. */
+MM2_INLINE __m256i mm2_bits_to_16(uint32_t h)
 {
-    uint32_t h;
-    memcpy(&h, qh, 4);
     const __m256i spread =
         _mm256_setr_epi64x(0, 0x0101010101010101ll, 0x0202020202020202ll, 0x0303030303030303ll);
     const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
@@ -226,77 +227,153 @@ MM2_INLINE __m256i mm2_high_bits(const uint8_t *qh)
     return _mm256_and_si256(v, _mm256_set1_epi8(16));
 }
 
-MM2_INLINE __m256 mm2_f16_bcast(const uint8_t *p)
+/* [v_A x 4 | v_B x 4] from two f16 values in memory. */
+MM2_INLINE __m256 mm2_f16_pair(const uint8_t *a, const uint8_t *b)
 {
-    uint16_t h;
-    memcpy(&h, p, 2);
-    return _mm256_cvtph_ps(_mm_set1_epi16((short)h));
+    uint16_t ha, hb;
+    memcpy(&ha, a, 2);
+    memcpy(&hb, b, 2);
+    return _mm256_cvtph_ps(
+        _mm_unpacklo_epi64(_mm_set1_epi16((short)ha), _mm_set1_epi16((short)hb)));
 }
 
-/* Block b of MR tokens against NR weight rows. */
+/* Block b of MR tokens against NR weight rows in pairs (NR = 1: one row as
+ * both halves). */
 MM2_INLINE void mm2_blk_step(__m256 *acc, const uint8_t *w, size_t wrow, const uint8_t *x,
                              size_t xrow, size_t b, const int T, const int MR, const int NR)
 {
-    __m256i xq[2], corr[2];
+    const int NP = NR == 1 ? 1 : NR / 2;
+    __m256i xlo[2], xhi[2], corr[2];
     __m256 dx[2], sd[2];
     MM2_UNROLL
     for (int t = 0; t < MR; t++) {
         const uint8_t *xr = x + t * xrow;
-        xq[t] = _mm256_load_si256((const __m256i *)kern__q8_qs(xr, b));
-        dx[t] = _mm256_load_ps(kern__q8_d(xr, b));
-        __m256i nc = _mm256_load_si256((const __m256i *)kern__q8_nc(xr, b));
-        /* nc = -128 * group sum: -8 and -16 times it are exact shifts */
-        corr[t] = T == DX_Q4_0 ? _mm256_srai_epi32(nc, 4) : _mm256_srai_epi32(nc, 3);
+        const int8_t *xq = kern__q8_qs(xr, b);
+        const int32_t *nc = kern__q8_nc(xr, b);
+        xlo[t] = _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i *)xq));
+        xhi[t] = _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i *)(xq + 16)));
+        dx[t] = _mm256_broadcast_ss(kern__q8_d(xr, b));
+        /* -128 times each group's sum; -8 and -16 times it are exact shifts */
+        __m256i ng = _mm256_broadcastsi128_si256(_mm_add_epi32(
+            _mm_load_si128((const __m128i *)nc), _mm_load_si128((const __m128i *)(nc + 4))));
+        corr[t] = T == DX_Q4_0 ? _mm256_srai_epi32(ng, 4) : _mm256_srai_epi32(ng, 3);
         if (mm2_blk_has_m(T))
             sd[t] = _mm256_mul_ps(dx[t], _mm256_cvtepi32_ps(_mm256_sub_epi32(
-                                             _mm256_setzero_si256(), _mm256_srai_epi32(nc, 7))));
+                                             _mm256_setzero_si256(), _mm256_srai_epi32(ng, 7))));
     }
-    const __m256i ones = _mm256_set1_epi16(1);
+    const __m256i ones = _mm256_set1_epi16(1), m4 = _mm256_set1_epi8(15);
     const __m256i nl =
         _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)dx_iq4nl_values));
     MM2_UNROLL
-    for (int o = 0; o < NR; o++) {
-        const uint8_t *wb = w + o * wrow + b * mm2_blk_bytes(T);
-        __m256i q = mm2_nibbles(wb + mm2_blk_qs(T));
-        if (mm2_blk_5bit(T)) q = _mm256_or_si256(q, mm2_high_bits(wb + mm2_blk_qs(T) - 4));
-        __m256i aq = q;
-        if (T == DX_IQ4_NL) {
-            q = _mm256_shuffle_epi8(nl, q);
-            aq = _mm256_sign_epi8(q, q);
+    for (int p = 0; p < NP; p++) {
+        const uint8_t *ba = w + (size_t)(NR == 1 ? 0 : 2 * p) * wrow + b * mm2_blk_bytes(T);
+        const uint8_t *bb = NR == 1 ? ba : ba + wrow;
+        __m256i v = _mm256_inserti128_si256(
+            _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(ba + mm2_blk_qs(T)))),
+            _mm_loadu_si128((const __m128i *)(bb + mm2_blk_qs(T))), 1);
+        __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+        if (mm2_blk_5bit(T)) {
+            uint32_t ha = mm2_load_u32(ba + mm2_blk_qs(T) - 4),
+                     hb = mm2_load_u32(bb + mm2_blk_qs(T) - 4);
+            lo = _mm256_or_si256(lo, mm2_bits_to_16((ha & 0xffffu) | hb << 16));
+            hi = _mm256_or_si256(hi, mm2_bits_to_16(ha >> 16 | (hb & 0xffff0000u)));
         }
-        __m256 dw = mm2_f16_bcast(wb), mw = _mm256_setzero_ps();
-        if (mm2_blk_has_m(T)) mw = mm2_f16_bcast(wb + 2);
+        __m256i alo = lo, ahi = hi;
+        if (T == DX_IQ4_NL) {
+            lo = _mm256_shuffle_epi8(nl, lo);
+            hi = _mm256_shuffle_epi8(nl, hi);
+            alo = _mm256_sign_epi8(lo, lo);
+            ahi = _mm256_sign_epi8(hi, hi);
+        }
+        __m256 dw = mm2_f16_pair(ba, bb), mw = _mm256_setzero_ps();
+        if (mm2_blk_has_m(T)) mw = mm2_f16_pair(ba + 2, bb + 2);
         MM2_UNROLL
         for (int t = 0; t < MR; t++) {
-            __m256i sx = T == DX_IQ4_NL ? _mm256_sign_epi8(xq[t], q) : xq[t];
-            __m256i is = _mm256_madd_epi16(_mm256_maddubs_epi16(aq, sx), ones);
-            if (T == DX_Q4_0 || T == DX_Q5_0) is = _mm256_add_epi32(is, corr[t]);
-            __m256 *a = &acc[t * NR + o];
+            __m256i is;
+            if (T == DX_IQ4_NL) {
+                is = _mm256_add_epi32(
+                    _mm256_madd_epi16(_mm256_maddubs_epi16(alo, _mm256_sign_epi8(xlo[t], lo)),
+                                      ones),
+                    _mm256_madd_epi16(_mm256_maddubs_epi16(ahi, _mm256_sign_epi8(xhi[t], hi)),
+                                      ones));
+            } else {
+                is = _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo, xlo[t]),
+                                                        _mm256_maddubs_epi16(hi, xhi[t])),
+                                       ones);
+                if (T == DX_Q4_0 || T == DX_Q5_0) is = _mm256_add_epi32(is, corr[t]);
+            }
+            __m256 *a = &acc[t * NP + p];
             *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_mul_ps(dw, dx[t]), *a);
             if (mm2_blk_has_m(T)) *a = _mm256_fmadd_ps(sd[t], mw, *a);
         }
     }
 }
 
-MM2_INLINE void mm2_blk_tile(KERN_MM_TILE_ARGS, const int T, const int MR, const int NR)
+/* Each 128-bit half of 4 vectors summed by the twin's tree ((p0 + p2) +
+ * (p1 + p3)): lane 4k + m of the result is half k of a[m]. */
+MM2_INLINE __m256 mm2_reduce_halves4(const __m256 *a)
 {
-    __m256 acc[8];
-    MM2_UNROLL
-    for (int i = 0; i < MR * NR; i++) acc[i] = _mm256_setzero_ps();
-    for (size_t b = 0; b < n_in / 32; b++) mm2_blk_step(acc, w, wrow, x, xrow, b, T, MR, NR);
-    mm2_store_tile(acc, MR, NR, y, ldy);
+    __m256 c0 =
+        _mm256_add_ps(_mm256_shuffle_ps(a[0], a[1], 0x44), _mm256_shuffle_ps(a[0], a[1], 0xee));
+    __m256 c1 =
+        _mm256_add_ps(_mm256_shuffle_ps(a[2], a[3], 0x44), _mm256_shuffle_ps(a[2], a[3], 0xee));
+    return _mm256_add_ps(_mm256_shuffle_ps(c0, c1, 0x88), _mm256_shuffle_ps(c0, c1, 0xdd));
 }
 
-#define MM2_BLK_TILE(NAME, T)                                                                      \
-    MM2_INLINE void mm2_##NAME##_tile(KERN_MM_TILE_ARGS, const int MR, const int NR)               \
+/* acc[t*NP + p] holds y[t][2p] (half 0) and y[t][2p+1] (half 1). */
+MM2_INLINE void mm2_blk_store(const __m256 *acc, const int MR, const int NR, float *y, size_t ldy)
+{
+    const int NP = NR == 1 ? 1 : NR / 2, NH = NR == 1 ? 1 : 2;
+    MM2_UNROLL
+    for (int base = 0; base < MR * NP; base += 4) {
+        __m256 v[4];
+        MM2_UNROLL
+        for (int i = 0; i < 4; i++) v[i] = base + i < MR * NP ? acc[base + i] : _mm256_setzero_ps();
+        float r[8];
+        _mm256_storeu_ps(r, mm2_reduce_halves4(v));
+        MM2_UNROLL
+        for (int i = 0; i < 4; i++) {
+            if (base + i >= MR * NP) break;
+            int t = (base + i) / NP, p = (base + i) % NP;
+            MM2_UNROLL
+            for (int h = 0; h < NH; h++) y[(size_t)t * ldy + (size_t)(2 * p + h)] = r[4 * h + i];
+        }
+    }
+}
+
+MM2_INLINE void mm2_blk_tile(KERN_MM_TILE_ARGS, const int T, const int MR, const int NR)
+{
+    const int NP = NR == 1 ? 1 : NR / 2;
+    __m256 acc[8];
+    MM2_UNROLL
+    for (int i = 0; i < MR * NP; i++) acc[i] = _mm256_setzero_ps();
+    for (size_t b = 0; b < n_in / 32; b++) mm2_blk_step(acc, w, wrow, x, xrow, b, T, MR, NR);
+    mm2_blk_store(acc, MR, NR, y, ldy);
+}
+
+/* Shapes by token count: a wide tile, a row pair and a single row. */
+#define MM2_DEF_BLK_TILE(KIND, T, MR, NR)                                                          \
+    static void mm2_##KIND##_##MR##x##NR(KERN_MM_TILE_ARGS)                                        \
     {                                                                                              \
         mm2_blk_tile(w, wrow, x, xrow, n_in, y, ldy, T, MR, NR);                                   \
     }
-MM2_BLK_TILE(q4_0, DX_Q4_0)
-MM2_BLK_TILE(q4_1, DX_Q4_1)
-MM2_BLK_TILE(q5_0, DX_Q5_0)
-MM2_BLK_TILE(q5_1, DX_Q5_1)
-MM2_BLK_TILE(iq4_nl, DX_IQ4_NL)
+#define MM2_DEF_BLK(KIND, T)                                                                       \
+    MM2_DEF_BLK_TILE(KIND, T, 1, 8)                                                                \
+    MM2_DEF_BLK_TILE(KIND, T, 1, 2)                                                                \
+    MM2_DEF_BLK_TILE(KIND, T, 1, 1)                                                                \
+    MM2_DEF_BLK_TILE(KIND, T, 2, 4)                                                                \
+    MM2_DEF_BLK_TILE(KIND, T, 2, 2)                                                                \
+    MM2_DEF_BLK_TILE(KIND, T, 2, 1)                                                                \
+    static const kern_mm_tiles mm2_##KIND##_tiles = {                                              \
+        .by = {[1] = {{mm2_##KIND##_1x8, 8}, {mm2_##KIND##_1x2, 2}, {mm2_##KIND##_1x1, 1}},        \
+               [2] = {{mm2_##KIND##_2x4, 4}, {mm2_##KIND##_2x2, 2}, {mm2_##KIND##_2x1, 1}}},       \
+    };
+
+MM2_DEF_BLK(q4_0, DX_Q4_0)
+MM2_DEF_BLK(q4_1, DX_Q4_1)
+MM2_DEF_BLK(q5_0, DX_Q5_0)
+MM2_DEF_BLK(q5_1, DX_Q5_1)
+MM2_DEF_BLK(iq4_nl, DX_IQ4_NL)
 
 /* The shapes, by token count MR (1..2): a wide tile, and a 1-row tile for the
  * rest. */
@@ -319,11 +396,6 @@ MM2_DEF_KIND(bf16)
 MM2_DEF_KIND(f16)
 MM2_DEF_KIND(f32)
 MM2_DEF_KIND(q8)
-MM2_DEF_KIND(q4_0)
-MM2_DEF_KIND(q4_1)
-MM2_DEF_KIND(q5_0)
-MM2_DEF_KIND(q5_1)
-MM2_DEF_KIND(iq4_nl)
 
 /* ---- Q8_0 activation prep, bit-identical to dx_f32_to_q8_0_row ---- */
 

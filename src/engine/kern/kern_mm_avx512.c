@@ -219,16 +219,17 @@ MM_DEF_KIND(f32)
 MM_DEF_KIND(q8)
 
 /* ---- the other 32-block formats (the arithmetic of kern_mm_priv.h) ----
- * One zmm holds two output elements of one token: lanes 0-7 are the
- * partials p[0..7] of weight row A, lanes 8-15 those of row B (a tile's
- * last odd row runs as A = B and keeps half 0).  A row's block expands to
- * 32 unsigned bytes in element order, [A | B] fills the 64 bytes of one
- * vpdpbusd against the token's quants broadcast to both halves, so lane g
- * of each half is the integer sum of group g, and the float steps are the
- * scalar twin's lane by lane.  The integer sums start from the group
- * corrections: -8 / -16 times the activations' group sum for Q4_0 / Q5_0
- * (negcorr shifted), negcorr itself for IQ4_NL, whose codebook is looked
- * up as value + 128 (unsigned), nothing for the _1 formats. */
+ * One zmm holds four output elements of one token: 128-bit chunk r holds
+ * the partials p[0..3] of weight row r of a quad (a tile's last rows run as
+ * quads of one row repeated, keeping chunk 0).  The rows' 16-byte qs make
+ * one vector; its low nibbles are elements 0-15 of each row, its high ones
+ * elements 16-31, and two chained vpdpbusd against the token's quants 0-15
+ * and 16-31 (broadcast to every chunk) leave in lane g of each chunk the
+ * integer sum of group g.  The sums start from the group corrections: -8
+ * / -16 times the activations' group sum for Q4_0 / Q5_0 (negcorr
+ * shifted), negcorr itself for IQ4_NL, whose codebook is looked up as
+ * value + 128 (unsigned), nothing for the _1 formats.  The float steps are
+ * then the scalar twin's, lane by lane. */
 
 MM_INLINE size_t mm_blk_bytes(const int T)
 {
@@ -247,28 +248,6 @@ MM_INLINE int mm_blk_5bit(const int T)
     return T == DX_Q5_0 || T == DX_Q5_1;
 }
 
-/* [A elements 0-15 | A 16-31 | B 0-15 | B 16-31] of two blocks' 4-bit
- * fields: [qa | qa | qb | qb], the odd quarters shifted down a nibble. */
-MM_INLINE __m512i mm_nibbles2(const uint8_t *qa, const uint8_t *qb)
-{
-    __m256i v =
-        _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)qa)),
-                                _mm_loadu_si128((const __m128i *)qb), 1);
-    __m512i z = _mm512_castsi256_si512(v);
-    z = _mm512_shuffle_i64x2(z, z, 0x50);
-    z = _mm512_srlv_epi64(z, _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0));
-    return _mm512_and_si512(z, _mm512_set1_epi8(15));
-}
-
-/* [d_A x 8 | d_B x 8] from two f16 values in memory. */
-MM_INLINE __m512 mm_f16_pair(const uint8_t *a, const uint8_t *b)
-{
-    __m256i h =
-        _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16((short)mm_load_u16(a))),
-                                _mm_set1_epi16((short)mm_load_u16(b)), 1);
-    return _mm512_cvtph_ps(h);
-}
-
 MM_INLINE uint32_t mm_load_u32(const uint8_t *p)
 {
     uint32_t v;
@@ -276,113 +255,131 @@ MM_INLINE uint32_t mm_load_u32(const uint8_t *p)
     return v;
 }
 
-/* The unsigned bytes vpdpbusd multiplies for rows A and B of block b. */
-MM_INLINE __m512i mm_blk_weights(const uint8_t *ba, const uint8_t *bb, const int T)
+/* The four rows' 32-bit words at offset off of their blocks. */
+MM_INLINE __m128i mm_quad_u32(const uint8_t *const *r, size_t off)
 {
-    __m512i z = mm_nibbles2(ba + mm_blk_qs(T), bb + mm_blk_qs(T));
-    if (mm_blk_5bit(T)) {
-        const size_t qh = mm_blk_qs(T) - 4;
-        uint64_t m = (uint64_t)mm_load_u32(ba + qh) | (uint64_t)mm_load_u32(bb + qh) << 32;
-        z = _mm512_mask_add_epi8(z, _cvtu64_mask64(m), z, _mm512_set1_epi8(16));
-    }
-    if (T == DX_IQ4_NL) {
-        static const uint8_t nl_u8[16] = {
-            1,   24,  45,  63,  79,  93,  106, 118,
-            129, 141, 153, 166, 181, 197, 217, 241}; /* dx_iq4nl_values + 128 */
-        z = _mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)nl_u8)), z);
-    }
-    return z;
+    return _mm_setr_epi32((int)mm_load_u32(r[0] + off), (int)mm_load_u32(r[1] + off),
+                          (int)mm_load_u32(r[2] + off), (int)mm_load_u32(r[3] + off));
 }
 
-/* Block b of MR tokens against NP row pairs (NR = 2 * NP rows, or NR = 1:
- * one row as both halves). */
+/* Block b of MR tokens against NR weight rows in quads (NR = 1: one row
+ * repeated). */
 MM_INLINE void mm_blk_step(__m512 *acc, const uint8_t *w, size_t wrow, const uint8_t *x,
                            size_t xrow, size_t b, const int T, const int MR, const int NR)
 {
-    const int NP = NR == 1 ? 1 : NR / 2;
-    __m512i xq[4], corr[4];
+    const int NQ = NR == 1 ? 1 : NR / 4;
+    __m512i xlo[4], xhi[4], corr[4];
     __m512 dx[4], sd[4];
     MM_UNROLL
     for (int t = 0; t < MR; t++) {
         const uint8_t *xr = x + t * xrow;
-        xq[t] = _mm512_broadcast_i64x4(_mm256_load_si256((const __m256i *)kern__q8_qs(xr, b)));
+        const int8_t *xq = kern__q8_qs(xr, b);
+        const int32_t *nc = kern__q8_nc(xr, b);
+        xlo[t] = _mm512_broadcast_i32x4(_mm_load_si128((const __m128i *)xq));
+        xhi[t] = _mm512_broadcast_i32x4(_mm_load_si128((const __m128i *)(xq + 16)));
         dx[t] = _mm512_set1_ps(*kern__q8_d(xr, b));
-        __m512i nc = _mm512_broadcast_i64x4(_mm256_load_si256((const __m256i *)kern__q8_nc(xr, b)));
-        corr[t] = T == DX_Q4_0     ? _mm512_srai_epi32(nc, 4)
-                  : T == DX_Q5_0   ? _mm512_srai_epi32(nc, 3)
-                  : T == DX_IQ4_NL ? nc
+        __m512i ng = _mm512_broadcast_i32x4(_mm_add_epi32(
+            _mm_load_si128((const __m128i *)nc), _mm_load_si128((const __m128i *)(nc + 4))));
+        corr[t] = T == DX_Q4_0     ? _mm512_srai_epi32(ng, 4)
+                  : T == DX_Q5_0   ? _mm512_srai_epi32(ng, 3)
+                  : T == DX_IQ4_NL ? ng
                                    : _mm512_setzero_si512();
         if (mm_blk_has_m(T))
             sd[t] = _mm512_mul_ps(dx[t], _mm512_cvtepi32_ps(_mm512_sub_epi32(
-                                             _mm512_setzero_si512(), _mm512_srai_epi32(nc, 7))));
+                                             _mm512_setzero_si512(), _mm512_srai_epi32(ng, 7))));
     }
+    const __m512i m4 = _mm512_set1_epi8(15);
+    const __m512i idx_d = _mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6);
+    const __m512i idx_m = _mm512_setr_epi32(1, 1, 1, 1, 3, 3, 3, 3, 5, 5, 5, 5, 7, 7, 7, 7);
+    static const uint8_t nl_u8[16] = {1,   24,  45,  63,  79,  93,  106, 118,
+                                      129, 141, 153, 166, 181, 197, 217, 241}; /* values + 128 */
+    const __m512i nl = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)nl_u8));
     MM_UNROLL
-    for (int p = 0; p < NP; p++) {
-        const uint8_t *ba = w + (size_t)(NR == 1 ? 0 : 2 * p) * wrow + b * mm_blk_bytes(T);
-        const uint8_t *bb = NR == 1 ? ba : ba + wrow;
-        __m512i wq = mm_blk_weights(ba, bb, T);
-        __m512 dw = mm_f16_pair(ba, bb), mw = _mm512_setzero_ps();
-        if (mm_blk_has_m(T)) mw = mm_f16_pair(ba + 2, bb + 2);
+    for (int q = 0; q < NQ; q++) {
+        const uint8_t *r[4];
+        MM_UNROLL
+        for (int i = 0; i < 4; i++)
+            r[i] = w + (size_t)(NR == 1 ? 0 : 4 * q + i) * wrow + b * mm_blk_bytes(T);
+        const size_t qs = mm_blk_qs(T);
+        __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(r[0] + qs)));
+        v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(r[1] + qs)), 1);
+        v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(r[2] + qs)), 2);
+        v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(r[3] + qs)), 3);
+        __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+        if (mm_blk_5bit(T)) {
+            /* qh's low halves are bit 4 of each row's elements 0-15 (lo's
+             * bytes), the high halves of elements 16-31 (hi's) */
+            __m128i h =
+                _mm_shuffle_epi8(mm_quad_u32(r, qs - 4), _mm_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2,
+                                                                       3, 6, 7, 10, 11, 14, 15));
+            const __m512i sixteen = _mm512_set1_epi8(16);
+            lo = _mm512_mask_add_epi8(lo, _cvtu64_mask64((uint64_t)_mm_cvtsi128_si64(h)), lo,
+                                      sixteen);
+            hi = _mm512_mask_add_epi8(hi, _cvtu64_mask64((uint64_t)_mm_extract_epi64(h, 1)), hi,
+                                      sixteen);
+        }
+        if (T == DX_IQ4_NL) {
+            lo = _mm512_shuffle_epi8(nl, lo);
+            hi = _mm512_shuffle_epi8(nl, hi);
+        }
+        /* each block starts with d (and m for the _1 formats): [d0 m0 d1 m1 ...] */
+        __m512 dm = _mm512_castps256_ps512(_mm256_cvtph_ps(mm_quad_u32(r, 0)));
+        __m512 dw = _mm512_permutexvar_ps(idx_d, dm), mw = _mm512_setzero_ps();
+        if (mm_blk_has_m(T)) mw = _mm512_permutexvar_ps(idx_m, dm);
         MM_UNROLL
         for (int t = 0; t < MR; t++) {
-            __m512i is = _mm512_dpbusd_epi32(corr[t], wq, xq[t]);
-            __m512 *a = &acc[t * NP + p];
+            __m512i is = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(corr[t], lo, xlo[t]), hi, xhi[t]);
+            __m512 *a = &acc[t * NQ + q];
             *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(dw, dx[t]), *a);
             if (mm_blk_has_m(T)) *a = _mm512_fmadd_ps(sd[t], mw, *a);
         }
     }
 }
 
-/* Each 8-lane half of 8 vectors summed by the twin's tree (lane g + g+4,
- * then + 2, + 1): lane 4k + m of the result is half k % 2 of a[2m + k/2]. */
-MM_INLINE __m512 mm_reduce_halves8(const __m512 *a)
+/* Each 128-bit chunk of 4 vectors summed by the twin's tree ((p0 + p2) +
+ * (p1 + p3)): lane 4k + m of the result is chunk k of a[m]. */
+MM_INLINE __m512 mm_reduce_chunks4(const __m512 *a)
 {
-    __m512 b[4], c[2];
-    MM_UNROLL
-    for (int i = 0; i < 4; i++)
-        b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x88),
-                             _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xdd));
-    MM_UNROLL
-    for (int i = 0; i < 2; i++)
-        c[i] = _mm512_add_ps(_mm512_shuffle_ps(b[2 * i], b[2 * i + 1], 0x44),
-                             _mm512_shuffle_ps(b[2 * i], b[2 * i + 1], 0xee));
-    return _mm512_add_ps(_mm512_shuffle_ps(c[0], c[1], 0x88), _mm512_shuffle_ps(c[0], c[1], 0xdd));
+    __m512 c0 =
+        _mm512_add_ps(_mm512_shuffle_ps(a[0], a[1], 0x44), _mm512_shuffle_ps(a[0], a[1], 0xee));
+    __m512 c1 =
+        _mm512_add_ps(_mm512_shuffle_ps(a[2], a[3], 0x44), _mm512_shuffle_ps(a[2], a[3], 0xee));
+    return _mm512_add_ps(_mm512_shuffle_ps(c0, c1, 0x88), _mm512_shuffle_ps(c0, c1, 0xdd));
 }
 
-/* acc[t*NP + p] holds y[t][2p] (half 0) and y[t][2p+1] (half 1). */
+/* acc[t*NQ + q] holds y[t][4q + k] in chunk k. */
 MM_INLINE void mm_blk_store(const __m512 *acc, const int MR, const int NR, float *y, size_t ldy)
 {
-    const int NP = NR == 1 ? 1 : NR / 2, NH = NR == 1 ? 1 : 2;
+    const int NQ = NR == 1 ? 1 : NR / 4, NK = NR == 1 ? 1 : 4;
     MM_UNROLL
-    for (int base = 0; base < MR * NP; base += 8) {
-        __m512 v[8];
+    for (int base = 0; base < MR * NQ; base += 4) {
+        __m512 v[4];
         MM_UNROLL
-        for (int i = 0; i < 8; i++) v[i] = base + i < MR * NP ? acc[base + i] : _mm512_setzero_ps();
+        for (int i = 0; i < 4; i++) v[i] = base + i < MR * NQ ? acc[base + i] : _mm512_setzero_ps();
         float r[16];
-        _mm512_storeu_ps(r, mm_reduce_halves8(v));
+        _mm512_storeu_ps(r, mm_reduce_chunks4(v));
         MM_UNROLL
-        for (int i = 0; i < 8; i++) {
-            if (base + i >= MR * NP) break;
-            int t = (base + i) / NP, p = (base + i) % NP;
+        for (int i = 0; i < 4; i++) {
+            if (base + i >= MR * NQ) break;
+            int t = (base + i) / NQ, q = (base + i) % NQ;
             MM_UNROLL
-            for (int h = 0; h < NH; h++)
-                y[(size_t)t * ldy + (size_t)(2 * p + h)] = r[4 * (2 * (i % 2) + h) + i / 2];
+            for (int k = 0; k < NK; k++) y[(size_t)t * ldy + (size_t)(4 * q + k)] = r[4 * k + i];
         }
     }
 }
 
 MM_INLINE void mm_blk_tile(KERN_MM_TILE_ARGS, const int T, const int MR, const int NR)
 {
-    const int NP = NR == 1 ? 1 : NR / 2;
+    const int NQ = NR == 1 ? 1 : NR / 4;
     __m512 acc[16];
     MM_UNROLL
-    for (int i = 0; i < MR * NP; i++) acc[i] = _mm512_setzero_ps();
+    for (int i = 0; i < MR * NQ; i++) acc[i] = _mm512_setzero_ps();
     for (size_t b = 0; b < n_in / 32; b++) mm_blk_step(acc, w, wrow, x, xrow, b, T, MR, NR);
     mm_blk_store(acc, MR, NR, y, ldy);
 }
 
-/* Shapes by token count: a wide tile (16 rows for decode), a row pair and
- * a single row for the remainder. */
+/* Shapes by token count: a wide tile (16 rows for decode), a quad of rows
+ * and a single row for the remainder. */
 #define MM_DEF_BLK_TILE(KIND, T, MR, NR)                                                           \
     static void mm_##KIND##_##MR##x##NR(KERN_MM_TILE_ARGS)                                         \
     {                                                                                              \
@@ -390,22 +387,22 @@ MM_INLINE void mm_blk_tile(KERN_MM_TILE_ARGS, const int T, const int MR, const i
     }
 #define MM_DEF_BLK(KIND, T)                                                                        \
     MM_DEF_BLK_TILE(KIND, T, 1, 16)                                                                \
-    MM_DEF_BLK_TILE(KIND, T, 1, 2)                                                                 \
+    MM_DEF_BLK_TILE(KIND, T, 1, 4)                                                                 \
     MM_DEF_BLK_TILE(KIND, T, 1, 1)                                                                 \
-    MM_DEF_BLK_TILE(KIND, T, 2, 8)                                                                 \
-    MM_DEF_BLK_TILE(KIND, T, 2, 2)                                                                 \
+    MM_DEF_BLK_TILE(KIND, T, 2, 16)                                                                \
+    MM_DEF_BLK_TILE(KIND, T, 2, 4)                                                                 \
     MM_DEF_BLK_TILE(KIND, T, 2, 1)                                                                 \
-    MM_DEF_BLK_TILE(KIND, T, 3, 8)                                                                 \
-    MM_DEF_BLK_TILE(KIND, T, 3, 2)                                                                 \
+    MM_DEF_BLK_TILE(KIND, T, 3, 16)                                                                \
+    MM_DEF_BLK_TILE(KIND, T, 3, 4)                                                                 \
     MM_DEF_BLK_TILE(KIND, T, 3, 1)                                                                 \
-    MM_DEF_BLK_TILE(KIND, T, 4, 8)                                                                 \
-    MM_DEF_BLK_TILE(KIND, T, 4, 2)                                                                 \
+    MM_DEF_BLK_TILE(KIND, T, 4, 16)                                                                \
+    MM_DEF_BLK_TILE(KIND, T, 4, 4)                                                                 \
     MM_DEF_BLK_TILE(KIND, T, 4, 1)                                                                 \
     static const kern_mm_tiles mm_##KIND##_tiles = {                                               \
-        .by = {[1] = {{mm_##KIND##_1x16, 16}, {mm_##KIND##_1x2, 2}, {mm_##KIND##_1x1, 1}},         \
-               [2] = {{mm_##KIND##_2x8, 8}, {mm_##KIND##_2x2, 2}, {mm_##KIND##_2x1, 1}},           \
-               [3] = {{mm_##KIND##_3x8, 8}, {mm_##KIND##_3x2, 2}, {mm_##KIND##_3x1, 1}},           \
-               [4] = {{mm_##KIND##_4x8, 8}, {mm_##KIND##_4x2, 2}, {mm_##KIND##_4x1, 1}}},          \
+        .by = {[1] = {{mm_##KIND##_1x16, 16}, {mm_##KIND##_1x4, 4}, {mm_##KIND##_1x1, 1}},         \
+               [2] = {{mm_##KIND##_2x16, 16}, {mm_##KIND##_2x4, 4}, {mm_##KIND##_2x1, 1}},         \
+               [3] = {{mm_##KIND##_3x16, 16}, {mm_##KIND##_3x4, 4}, {mm_##KIND##_3x1, 1}},         \
+               [4] = {{mm_##KIND##_4x16, 16}, {mm_##KIND##_4x4, 4}, {mm_##KIND##_4x1, 1}}},        \
     };
 
 MM_DEF_BLK(q4_0, DX_Q4_0)

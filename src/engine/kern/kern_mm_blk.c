@@ -72,24 +72,23 @@ static float dot_blk(int type, const uint8_t *w, const uint8_t *x, size_t n_in)
 {
     size_t bb = dx_dtype_block_bytes(type);
     int has_m = type == DX_Q4_1 || type == DX_Q5_1;
-    float p[8] = {0};
+    float p[4] = {0};
     for (size_t b = 0; b < n_in / 32; b++) {
         blk_ints wb;
         decode(type, w + b * bb, &wb);
         const int8_t *xq = kern__q8_qs(x, b);
         float dx = *kern__q8_d(x, b), s = wb.d * dx;
-        for (int g = 0; g < 8; g++) {
+        for (int g = 0; g < 4; g++) {
             int32_t ig = 0, sg = 0;
-            for (int k = 4 * g; k < 4 * g + 4; k++) {
-                ig += wb.v[k] * xq[k];
-                sg += xq[k];
+            for (int k = 4 * g; k < 4 * g + 4; k++) { /* bytes 4g..4g+3 of qs, both nibbles */
+                ig += wb.v[k] * xq[k] + wb.v[k + 16] * xq[k + 16];
+                sg += xq[k] + xq[k + 16];
             }
             p[g] = fmaf((float)ig, s, p[g]);
             if (has_m) p[g] = fmaf(dx * (float)sg, wb.m, p[g]);
         }
     }
-    float q0 = p[0] + p[4], q1 = p[1] + p[5], q2 = p[2] + p[6], q3 = p[3] + p[7];
-    return (q0 + q2) + (q1 + q3);
+    return (p[0] + p[2]) + (p[1] + p[3]);
 }
 
 float kern__dot_q4_0(const uint8_t *w, const uint8_t *x, size_t n_in)

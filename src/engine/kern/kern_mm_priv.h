@@ -33,18 +33,21 @@
  *
  * The block formats other than Q8_0 share one arithmetic, defined by their
  * scalar twins (kern_mm_blk.c) and reproduced bit for bit by every ISA's
- * tiles.  For an output element, eight f32 partials p[0..7] start at +0; for
+ * tiles.  For an output element, four f32 partials p[0..3] start at +0; for
  * each block b in order, with w the weight block's integer values (q - 8,
  * q - 16, the codebook entry, or q for the _1 formats), x the activation's
- * quants, g = 0..7 the group of elements 4g..4g+3:
+ * quants, and group g = 0..3 the elements whose 4-bit fields lie in bytes
+ * 4g..4g+3 of qs (elements 4g..4g+3 and 16+4g..16+4g+3):
  *     i_g  = sum over the group of w * x                 (int32, exact)
  *     p[g] = fma((float)i_g, d_w * d_x, p[g])
  *   and for Q4_1 / Q5_1 also, s_g the group's sum of x:
  *     p[g] = fma(d_x * (float)s_g, m_w, p[g])
- * and the element is ((p0 + p4) + (p2 + p6)) + ((p1 + p5) + (p3 + p7)).
- * Integer sums have no order; the float steps above are the same
- * operations in the same order on every path, so scalar, AVX2 and AVX-512
- * give identical bits (a vector lane holds one p[g]). */
+ * and the element is (p0 + p2) + (p1 + p3).  Integer sums have no order;
+ * the float steps are the same operations in the same order on every path,
+ * so scalar, AVX2 and AVX-512 give identical bits (a vector lane holds one
+ * p[g]).  The groups follow the packing: a 16-byte load of qs splits into
+ * its low and high nibbles, and the integer sums of both halves meet in
+ * one lane. */
 #ifndef KERN_MM_PRIV_H
 #define KERN_MM_PRIV_H
 
