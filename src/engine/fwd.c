@@ -471,6 +471,21 @@ static int build_rope(fwd *f)
     return 0;
 }
 
+/* Preps a matmul group may need at once: the most activation kinds among
+ * the q/k/v weights of a layer (gate/up are two), so the third buffer
+ * exists only for a file that mixes three kinds in one QKV group. */
+static int act_slots(const model *m)
+{
+    int most = 2;
+    for (uint32_t l = 0; l < model_hp(m)->n_layer; l++) {
+        const model_layer *L = model_layer_at(m, l);
+        int q = kern_act_kind(L->wq.type), k = kern_act_kind(L->wk.type),
+            v = kern_act_kind(L->wv.type);
+        if (q != k && q != v && k != v) most = 3;
+    }
+    return most;
+}
+
 static int alloc_buffers(fwd *f)
 {
     const model_hparams *hp = f->hp;
@@ -484,7 +499,7 @@ static int alloc_buffers(fwd *f)
             return dx_errf(DX_ENOMEM, "fwd: activations for %zu tokens", (size_t)T);
     /* activations for any weight type, for the widest input */
     f->act_bytes = kern_act_bytes_max(T, big);
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < act_slots(f->m); i++)
         if (!(f->act[i] = dx_aligned_alloc(64, f->act_bytes)))
             return dx_errf(DX_ENOMEM, "fwd: %zu-byte quantised activations", f->act_bytes);
     f->attn_scratch = dx_calloc((size_t)f->n_threads, sizeof(void *));

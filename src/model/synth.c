@@ -145,14 +145,10 @@ static const synth_wtypes *wtypes_of(int type)
 
 int synth_parse_arch(const char *s, enum model_arch *out)
 {
-    if (s && !strcmp(s, "qwen3"))
-        *out = MODEL_QWEN3;
-    else if (s && !strcmp(s, "qwen2"))
-        *out = MODEL_QWEN2;
-    else if (s && !strcmp(s, "llama"))
-        *out = MODEL_LLAMA;
-    else
-        return dx_errf(DX_EINVAL, "unknown architecture '%s' (want qwen3|qwen2|llama)", s ? s : "");
+    if (s && !strcmp(s, "qwen3")) *out = MODEL_QWEN3;
+    else if (s && !strcmp(s, "qwen2")) *out = MODEL_QWEN2;
+    else if (s && !strcmp(s, "llama")) *out = MODEL_LLAMA;
+    else return dx_errf(DX_EINVAL, "unknown architecture '%s' (want qwen3|qwen2|llama)", s ? s : "");
     return 0;
 }
 
@@ -171,7 +167,7 @@ typedef struct {
     uint64_t seed;
     int type;
     uint64_t n_in, rows;
-    float center, amp;  /* value = center + amp * u */
+    float center, amp; /* value = center + amp * u */
     uint64_t zero_from; /* rows from here on are zero (padding tokens) */
 } fill_spec;
 

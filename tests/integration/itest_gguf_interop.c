@@ -149,6 +149,9 @@ static void test_hf_reads_what_synth_writes(void **state)
         fail_msg("@huggingface/gguf is not installed (scripts/test.sh runs npm ci)");
     check_file(MODEL_QWEN3, DX_BF16, "qwen3");
     check_file(MODEL_QWEN3, DX_Q8_0, "qwen3");
+    check_file(MODEL_QWEN3, DX_Q4_0, "qwen3");
+    check_file(MODEL_QWEN3, DX_IQ4_NL, "qwen3");
+    check_file(MODEL_LLAMA, DX_Q5_1, "llama");
     check_file(MODEL_QWEN2, DX_F16, "qwen2");
     check_file(MODEL_LLAMA, DX_F32, "llama");
 }

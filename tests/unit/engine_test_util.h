@@ -45,20 +45,31 @@ static inline model *etu_model(enum model_arch arch, int dtype)
     return m;
 }
 
-/* A mixture of weight types, as llama-quantize writes them: q4_0 with
- * attn_v q4_1 / q5_0 by layer, ffn_down q8_0, an iq4_nl embedding and a
- * q5_1 output head.  Its QKV group mixes types that share one activation
- * prep. */
+/* A mixture of weight types, as llama-quantize writes them and more: q4_0
+ * with attn_v q4_1 in layer 0 (its QKV group shares one activation prep),
+ * layer 1's QKV group of bf16, q4_0 and f16 (three preps), attn_output
+ * q5_0, ffn_down q8_0, an iq4_nl embedding and a q5_1 output head. */
 static inline int etu_mix_rule(const synth_wtypes *w, enum synth_role r, uint32_t il,
                                uint32_t n_layer)
 {
     (void)w;
     (void)n_layer;
-    return r == SYNTH_ATTN_V       ? (il ? DX_Q5_0 : DX_Q4_1)
-           : r == SYNTH_FFN_DOWN   ? DX_Q8_0
-           : r == SYNTH_TOKEN_EMBD ? DX_IQ4_NL
-           : r == SYNTH_OUTPUT     ? DX_Q5_1
-                                   : DX_Q4_0;
+    switch (r) {
+    case SYNTH_ATTN_Q:
+        return il == 1 ? DX_BF16 : DX_Q4_0;
+    case SYNTH_ATTN_V:
+        return il == 1 ? DX_F16 : DX_Q4_1;
+    case SYNTH_ATTN_OUTPUT:
+        return DX_Q5_0;
+    case SYNTH_FFN_DOWN:
+        return DX_Q8_0;
+    case SYNTH_TOKEN_EMBD:
+        return DX_IQ4_NL;
+    case SYNTH_OUTPUT:
+        return DX_Q5_1;
+    default:
+        return DX_Q4_0;
+    }
 }
 
 /* Synthesises (once) and loads the tiny model with etu_mix_rule's types. */
