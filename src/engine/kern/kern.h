@@ -8,7 +8,9 @@
  * threads, or which task computes it.  Tail tiles use the same per-element
  * arithmetic as full tiles.  So a token's K/V and logits are bit-identical
  * alone, batched, chunked, or after a reused prefix.  Different ISAs may
- * differ in the last bits; one process uses one ISA throughout.
+ * differ in the last bits (not the 4- and 5-bit block formats, whose every
+ * ISA computes the scalar twin's bits: kern_mm_priv.h); one process uses
+ * one ISA throughout.
  *
  * Layouts: a weight matrix W is GGUF's [n_out][n_in] (row o holds n_in
  * elements of its dtype, rows contiguous); activations are row-major
