@@ -237,22 +237,24 @@ MM2_INLINE __m256 mm2_f16_pair(const uint8_t *a, const uint8_t *b)
         _mm_unpacklo_epi64(_mm_set1_epi16((short)ha), _mm_set1_epi16((short)hb)));
 }
 
-/* Block b of MR tokens against NR weight rows in pairs (NR = 1: one row as
- * both halves). */
-MM2_INLINE void mm2_blk_step(__m256 *acc, const uint8_t *w, size_t wrow, const uint8_t *x,
-                             size_t xrow, size_t b, const int T, const int MR, const int NR)
+/* One block of MR tokens against NR weight rows in pairs (NR = 1: one row
+ * as both halves).  pb[p] points at the block in pair p's first row (the
+ * second wrow further); xb at the block in token 0's activations (tokens
+ * xrow apart). */
+MM2_INLINE void mm2_blk_step(__m256 *acc, const uint8_t *const *pb, size_t wrow, const uint8_t *xb,
+                             size_t xrow, const int T, const int MR, const int NR)
 {
     const int NP = NR == 1 ? 1 : NR / 2;
     __m256i xlo[2], xhi[2], corr[2];
     __m256 dx[2], sd[2];
     MM2_UNROLL
     for (int t = 0; t < MR; t++) {
-        const uint8_t *xr = x + t * xrow;
-        const int8_t *xq = kern__q8_qs(xr, b);
-        const int32_t *nc = kern__q8_nc(xr, b);
+        const uint8_t *xr = xb + t * xrow; /* quants, then negcorr at +64, scales at +128 */
+        const int8_t *xq = (const int8_t *)xr;
+        const int32_t *nc = (const int32_t *)(xr + 64);
         xlo[t] = _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i *)xq));
         xhi[t] = _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i *)(xq + 16)));
-        dx[t] = _mm256_broadcast_ss(kern__q8_d(xr, b));
+        dx[t] = _mm256_broadcast_ss((const float *)(xr + 128));
         /* -128 times each group's sum; -8 and -16 times it are exact shifts */
         __m256i ng = _mm256_broadcastsi128_si256(_mm_add_epi32(
             _mm_load_si128((const __m128i *)nc), _mm_load_si128((const __m128i *)(nc + 4))));
@@ -266,8 +268,7 @@ MM2_INLINE void mm2_blk_step(__m256 *acc, const uint8_t *w, size_t wrow, const u
         _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)dx_iq4nl_values));
     MM2_UNROLL
     for (int p = 0; p < NP; p++) {
-        const uint8_t *ba = w + (size_t)(NR == 1 ? 0 : 2 * p) * wrow + b * mm2_blk_bytes(T);
-        const uint8_t *bb = NR == 1 ? ba : ba + wrow;
+        const uint8_t *ba = pb[p], *bb = NR == 1 ? ba : ba + wrow;
         __m256i v = _mm256_inserti128_si256(
             _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(ba + mm2_blk_qs(T)))),
             _mm_loadu_si128((const __m128i *)(bb + mm2_blk_qs(T))), 1);
@@ -344,10 +345,22 @@ MM2_INLINE void mm2_blk_store(const __m256 *acc, const int MR, const int NR, flo
 MM2_INLINE void mm2_blk_tile(KERN_MM_TILE_ARGS, const int T, const int MR, const int NR)
 {
     const int NP = NR == 1 ? 1 : NR / 2;
+    const size_t bb = mm2_blk_bytes(T), nb = n_in / 32;
     __m256 acc[8];
     MM2_UNROLL
     for (int i = 0; i < MR * NP; i++) acc[i] = _mm256_setzero_ps();
-    for (size_t b = 0; b < n_in / 32; b++) mm2_blk_step(acc, w, wrow, x, xrow, b, T, MR, NR);
+    const uint8_t *pb[4];
+    MM2_UNROLL
+    for (int p = 0; p < NP; p++) pb[p] = w + (size_t)(2 * p) * wrow;
+    /* blocks in pairs, as the activations hold them (the second at +32) */
+    for (size_t q = 0; q < nb / 2; q++, x += KERN__Q8_PAIR_BYTES) {
+        for (int h = 0; h < 2; h++) {
+            mm2_blk_step(acc, pb, wrow, x + 32 * h, xrow, T, MR, NR);
+            MM2_UNROLL
+            for (int p = 0; p < NP; p++) pb[p] += bb;
+        }
+    }
+    if (nb & 1) mm2_blk_step(acc, pb, wrow, x, xrow, T, MR, NR);
     mm2_blk_store(acc, MR, NR, y, ldy);
 }
 

@@ -262,24 +262,25 @@ MM_INLINE __m128i mm_quad_u32(const uint8_t *const *r, size_t off)
                           (int)mm_load_u32(r[2] + off), (int)mm_load_u32(r[3] + off));
 }
 
-/* Block b of MR tokens against NR weight rows in quads (NR = 1: one row
- * repeated). */
-MM_INLINE void mm_blk_step(__m512 *acc, const uint8_t *w, size_t wrow, const uint8_t *x,
-                           size_t xrow, size_t b, const int T, const int MR, const int NR)
+/* One block of MR tokens against NR weight rows in quads (NR = 1: one row
+ * repeated).  qb[q] points at the block in quad q's first row (its rows
+ * wrow apart, w3 = 3 * wrow); xb at the block in token 0's activations
+ * (tokens xrow apart), so every address is a register plus a scaled one. */
+MM_INLINE void mm_blk_step(__m512 *acc, const uint8_t *const *qb, size_t wrow, size_t w3,
+                           const uint8_t *xb, size_t xrow, const int T, const int MR, const int NR)
 {
     const int NQ = NR == 1 ? 1 : NR / 4;
     __m512i xlo[4], xhi[4], corr[4];
     __m512 dx[4], sd[4];
     MM_UNROLL
     for (int t = 0; t < MR; t++) {
-        const uint8_t *xr = x + t * xrow;
-        const int8_t *xq = kern__q8_qs(xr, b);
-        const int32_t *nc = kern__q8_nc(xr, b);
-        xlo[t] = _mm512_broadcast_i32x4(_mm_load_si128((const __m128i *)xq));
-        xhi[t] = _mm512_broadcast_i32x4(_mm_load_si128((const __m128i *)(xq + 16)));
-        dx[t] = _mm512_set1_ps(*kern__q8_d(xr, b));
-        __m512i ng = _mm512_broadcast_i32x4(_mm_add_epi32(
-            _mm_load_si128((const __m128i *)nc), _mm_load_si128((const __m128i *)(nc + 4))));
+        const uint8_t *xr = xb + t * xrow; /* quants, then negcorr at +64, scales at +128 */
+        xlo[t] = _mm512_broadcast_i32x4(_mm_load_si128((const __m128i *)xr));
+        xhi[t] = _mm512_broadcast_i32x4(_mm_load_si128((const __m128i *)(xr + 16)));
+        dx[t] = _mm512_set1_ps(*(const float *)(xr + 128));
+        __m512i ng =
+            _mm512_broadcast_i32x4(_mm_add_epi32(_mm_load_si128((const __m128i *)(xr + 64)),
+                                                 _mm_load_si128((const __m128i *)(xr + 80))));
         corr[t] = T == DX_Q4_0     ? _mm512_srai_epi32(ng, 4)
                   : T == DX_Q5_0   ? _mm512_srai_epi32(ng, 3)
                   : T == DX_IQ4_NL ? ng
@@ -296,10 +297,8 @@ MM_INLINE void mm_blk_step(__m512 *acc, const uint8_t *w, size_t wrow, const uin
     const __m512i nl = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)nl_u8));
     MM_UNROLL
     for (int q = 0; q < NQ; q++) {
-        const uint8_t *r[4];
-        MM_UNROLL
-        for (int i = 0; i < 4; i++)
-            r[i] = w + (size_t)(NR == 1 ? 0 : 4 * q + i) * wrow + b * mm_blk_bytes(T);
+        const uint8_t *r[4] = {qb[q], qb[q], qb[q], qb[q]};
+        if (NR != 1) r[1] = qb[q] + wrow, r[2] = qb[q] + 2 * wrow, r[3] = qb[q] + w3;
         const size_t qs = mm_blk_qs(T);
         __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(r[0] + qs)));
         v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(r[1] + qs)), 1);
@@ -371,10 +370,22 @@ MM_INLINE void mm_blk_store(const __m512 *acc, const int MR, const int NR, float
 MM_INLINE void mm_blk_tile(KERN_MM_TILE_ARGS, const int T, const int MR, const int NR)
 {
     const int NQ = NR == 1 ? 1 : NR / 4;
+    const size_t bb = mm_blk_bytes(T), w3 = 3 * wrow, nb = n_in / 32;
     __m512 acc[16];
     MM_UNROLL
     for (int i = 0; i < MR * NQ; i++) acc[i] = _mm512_setzero_ps();
-    for (size_t b = 0; b < n_in / 32; b++) mm_blk_step(acc, w, wrow, x, xrow, b, T, MR, NR);
+    const uint8_t *qb[4];
+    MM_UNROLL
+    for (int q = 0; q < NQ; q++) qb[q] = w + (size_t)(4 * q) * wrow;
+    /* blocks in pairs, as the activations hold them (the second at +32) */
+    for (size_t p = 0; p < nb / 2; p++, x += KERN__Q8_PAIR_BYTES) {
+        for (int h = 0; h < 2; h++) {
+            mm_blk_step(acc, qb, wrow, w3, x + 32 * h, xrow, T, MR, NR);
+            MM_UNROLL
+            for (int q = 0; q < NQ; q++) qb[q] += bb;
+        }
+    }
+    if (nb & 1) mm_blk_step(acc, qb, wrow, w3, x, xrow, T, MR, NR);
     mm_blk_store(acc, MR, NR, y, ldy);
 }
 
