@@ -191,24 +191,6 @@ MM2_INLINE void mm2_q8_tile(KERN_MM_TILE_ARGS, const int MR, const int NR)
  * and are widened before they are added (|w| <= 127).  The float steps are
  * then the scalar twin's, lane by lane. */
 
-/* Block bytes and where each part lies, by type (compile-time constants). */
-MM2_INLINE size_t mm2_blk_bytes(const int T)
-{
-    return T == DX_Q4_1 ? 20 : T == DX_Q5_0 ? 22 : T == DX_Q5_1 ? 24 : 18;
-}
-MM2_INLINE size_t mm2_blk_qs(const int T)
-{
-    return T == DX_Q4_1 ? 4 : T == DX_Q5_0 ? 6 : T == DX_Q5_1 ? 8 : 2;
-}
-MM2_INLINE int mm2_blk_has_m(const int T)
-{
-    return T == DX_Q4_1 || T == DX_Q5_1;
-}
-MM2_INLINE int mm2_blk_5bit(const int T)
-{
-    return T == DX_Q5_0 || T == DX_Q5_1;
-}
-
 MM2_INLINE uint32_t mm2_load_u32(const uint8_t *p)
 {
     uint32_t v;
@@ -259,7 +241,7 @@ MM2_INLINE void mm2_blk_step(__m256 *acc, const uint8_t *const *pb, size_t wrow,
         __m256i ng = _mm256_broadcastsi128_si256(_mm_add_epi32(
             _mm_load_si128((const __m128i *)nc), _mm_load_si128((const __m128i *)(nc + 4))));
         corr[t] = T == DX_Q4_0 ? _mm256_srai_epi32(ng, 4) : _mm256_srai_epi32(ng, 3);
-        if (mm2_blk_has_m(T))
+        if (kern__blk_has_m(T))
             sd[t] = _mm256_mul_ps(dx[t], _mm256_cvtepi32_ps(_mm256_sub_epi32(
                                              _mm256_setzero_si256(), _mm256_srai_epi32(ng, 7))));
     }
@@ -270,12 +252,12 @@ MM2_INLINE void mm2_blk_step(__m256 *acc, const uint8_t *const *pb, size_t wrow,
     for (int p = 0; p < NP; p++) {
         const uint8_t *ba = pb[p], *bb = NR == 1 ? ba : ba + wrow;
         __m256i v = _mm256_inserti128_si256(
-            _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(ba + mm2_blk_qs(T)))),
-            _mm_loadu_si128((const __m128i *)(bb + mm2_blk_qs(T))), 1);
+            _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(ba + kern__blk_qs(T)))),
+            _mm_loadu_si128((const __m128i *)(bb + kern__blk_qs(T))), 1);
         __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-        if (mm2_blk_5bit(T)) {
-            uint32_t ha = mm2_load_u32(ba + mm2_blk_qs(T) - 4),
-                     hb = mm2_load_u32(bb + mm2_blk_qs(T) - 4);
+        if (kern__blk_5bit(T)) {
+            uint32_t ha = mm2_load_u32(ba + kern__blk_qs(T) - 4),
+                     hb = mm2_load_u32(bb + kern__blk_qs(T) - 4);
             lo = _mm256_or_si256(lo, mm2_bits_to_16((ha & 0xffffu) | hb << 16));
             hi = _mm256_or_si256(hi, mm2_bits_to_16(ha >> 16 | (hb & 0xffff0000u)));
         }
@@ -287,7 +269,7 @@ MM2_INLINE void mm2_blk_step(__m256 *acc, const uint8_t *const *pb, size_t wrow,
             ahi = _mm256_sign_epi8(hi, hi);
         }
         __m256 dw = mm2_f16_pair(ba, bb), mw = _mm256_setzero_ps();
-        if (mm2_blk_has_m(T)) mw = mm2_f16_pair(ba + 2, bb + 2);
+        if (kern__blk_has_m(T)) mw = mm2_f16_pair(ba + 2, bb + 2);
         MM2_UNROLL
         for (int t = 0; t < MR; t++) {
             __m256i is;
@@ -305,7 +287,7 @@ MM2_INLINE void mm2_blk_step(__m256 *acc, const uint8_t *const *pb, size_t wrow,
             }
             __m256 *a = &acc[t * NP + p];
             *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_mul_ps(dw, dx[t]), *a);
-            if (mm2_blk_has_m(T)) *a = _mm256_fmadd_ps(sd[t], mw, *a);
+            if (kern__blk_has_m(T)) *a = _mm256_fmadd_ps(sd[t], mw, *a);
         }
     }
 }
@@ -345,7 +327,7 @@ MM2_INLINE void mm2_blk_store(const __m256 *acc, const int MR, const int NR, flo
 MM2_INLINE void mm2_blk_tile(KERN_MM_TILE_ARGS, const int T, const int MR, const int NR)
 {
     const int NP = NR == 1 ? 1 : NR / 2;
-    const size_t bb = mm2_blk_bytes(T), nb = n_in / 32;
+    const size_t bb = kern__blk_bytes(T), nb = n_in / 32;
     __m256 acc[8];
     MM2_UNROLL
     for (int i = 0; i < MR * NP; i++) acc[i] = _mm256_setzero_ps();

@@ -231,23 +231,6 @@ MM_DEF_KIND(q8)
  * value + 128 (unsigned), nothing for the _1 formats.  The float steps are
  * then the scalar twin's, lane by lane. */
 
-MM_INLINE size_t mm_blk_bytes(const int T)
-{
-    return T == DX_Q4_1 ? 20 : T == DX_Q5_0 ? 22 : T == DX_Q5_1 ? 24 : 18;
-}
-MM_INLINE size_t mm_blk_qs(const int T)
-{
-    return T == DX_Q4_1 ? 4 : T == DX_Q5_0 ? 6 : T == DX_Q5_1 ? 8 : 2;
-}
-MM_INLINE int mm_blk_has_m(const int T)
-{
-    return T == DX_Q4_1 || T == DX_Q5_1;
-}
-MM_INLINE int mm_blk_5bit(const int T)
-{
-    return T == DX_Q5_0 || T == DX_Q5_1;
-}
-
 MM_INLINE uint32_t mm_load_u32(const uint8_t *p)
 {
     uint32_t v;
@@ -285,7 +268,7 @@ MM_INLINE void mm_blk_step(__m512 *acc, const uint8_t *const *qb, size_t wrow, s
                   : T == DX_Q5_0   ? _mm512_srai_epi32(ng, 3)
                   : T == DX_IQ4_NL ? ng
                                    : _mm512_setzero_si512();
-        if (mm_blk_has_m(T))
+        if (kern__blk_has_m(T))
             sd[t] = _mm512_mul_ps(dx[t], _mm512_cvtepi32_ps(_mm512_sub_epi32(
                                              _mm512_setzero_si512(), _mm512_srai_epi32(ng, 7))));
     }
@@ -299,13 +282,13 @@ MM_INLINE void mm_blk_step(__m512 *acc, const uint8_t *const *qb, size_t wrow, s
     for (int q = 0; q < NQ; q++) {
         const uint8_t *r[4] = {qb[q], qb[q], qb[q], qb[q]};
         if (NR != 1) r[1] = qb[q] + wrow, r[2] = qb[q] + 2 * wrow, r[3] = qb[q] + w3;
-        const size_t qs = mm_blk_qs(T);
+        const size_t qs = kern__blk_qs(T);
         __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(r[0] + qs)));
         v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(r[1] + qs)), 1);
         v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(r[2] + qs)), 2);
         v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(r[3] + qs)), 3);
         __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-        if (mm_blk_5bit(T)) {
+        if (kern__blk_5bit(T)) {
             /* qh's low halves are bit 4 of each row's elements 0-15 (lo's
              * bytes), the high halves of elements 16-31 (hi's) */
             __m128i h =
@@ -324,13 +307,13 @@ MM_INLINE void mm_blk_step(__m512 *acc, const uint8_t *const *qb, size_t wrow, s
         /* each block starts with d (and m for the _1 formats): [d0 m0 d1 m1 ...] */
         __m512 dm = _mm512_castps256_ps512(_mm256_cvtph_ps(mm_quad_u32(r, 0)));
         __m512 dw = _mm512_permutexvar_ps(idx_d, dm), mw = _mm512_setzero_ps();
-        if (mm_blk_has_m(T)) mw = _mm512_permutexvar_ps(idx_m, dm);
+        if (kern__blk_has_m(T)) mw = _mm512_permutexvar_ps(idx_m, dm);
         MM_UNROLL
         for (int t = 0; t < MR; t++) {
             __m512i is = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(corr[t], lo, xlo[t]), hi, xhi[t]);
             __m512 *a = &acc[t * NQ + q];
             *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(dw, dx[t]), *a);
-            if (mm_blk_has_m(T)) *a = _mm512_fmadd_ps(sd[t], mw, *a);
+            if (kern__blk_has_m(T)) *a = _mm512_fmadd_ps(sd[t], mw, *a);
         }
     }
 }
@@ -370,7 +353,7 @@ MM_INLINE void mm_blk_store(const __m512 *acc, const int MR, const int NR, float
 MM_INLINE void mm_blk_tile(KERN_MM_TILE_ARGS, const int T, const int MR, const int NR)
 {
     const int NQ = NR == 1 ? 1 : NR / 4;
-    const size_t bb = mm_blk_bytes(T), w3 = 3 * wrow, nb = n_in / 32;
+    const size_t bb = kern__blk_bytes(T), w3 = 3 * wrow, nb = n_in / 32;
     __m512 acc[16];
     MM_UNROLL
     for (int i = 0; i < MR * NQ; i++) acc[i] = _mm512_setzero_ps();

@@ -127,6 +127,26 @@ typedef struct {
 extern const kern_mm_isa kern_mm_isa_avx2;
 extern const kern_mm_isa kern_mm_isa_avx512;
 
+/* Where a block format's parts lie (GGML's layouts, dx_quant.h): block
+ * bytes, the offset of qs, whether it has m (the _1 formats) and qh (the
+ * 5-bit ones, 4 bytes before qs).  Constants once inlined with T known. */
+static inline size_t kern__blk_bytes(int T)
+{
+    return T == DX_Q4_1 ? 20 : T == DX_Q5_0 ? 22 : T == DX_Q5_1 ? 24 : 18;
+}
+static inline size_t kern__blk_qs(int T)
+{
+    return T == DX_Q4_1 ? 4 : T == DX_Q5_0 ? 6 : T == DX_Q5_1 ? 8 : 2;
+}
+static inline int kern__blk_has_m(int T)
+{
+    return T == DX_Q4_1 || T == DX_Q5_1;
+}
+static inline int kern__blk_5bit(int T)
+{
+    return T == DX_Q5_0 || T == DX_Q5_1;
+}
+
 /* Scalar twins of the block formats (the arithmetic above): one output
  * element, weight row w (n_in elements) against a KERN_ACT_Q8 row x. */
 float kern__dot_q4_0(const uint8_t *w, const uint8_t *x, size_t n_in);
