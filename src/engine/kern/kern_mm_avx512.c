@@ -360,8 +360,25 @@ MM_INLINE void mm_blk_tile(KERN_MM_TILE_ARGS, const int T, const int MR, const i
     const uint8_t *qb[4];
     MM_UNROLL
     for (int q = 0; q < NQ; q++) qb[q] = w + (size_t)(4 * q) * wrow;
+    /* Decode reads each row once, 16 short streams at a time: fetch the
+     * next tile's first lines now and each row 256 bytes ahead (measured:
+     * ~25% faster from memory on this machine's EPYC) */
+    const int pf = MR == 1 && NR == 16;
+    if (pf)
+        for (int r = NR; r < 2 * NR; r++)
+            for (int l = 0; l < 2; l++)
+                _mm_prefetch((const char *)w + (size_t)r * wrow + 64 * l, _MM_HINT_T0);
     /* blocks in pairs, as the activations hold them (the second at +32) */
     for (size_t p = 0; p < nb / 2; p++, x += KERN__Q8_PAIR_BYTES) {
+        if (pf) {
+            MM_UNROLL
+            for (int q = 0; q < NQ; q++) {
+                _mm_prefetch((const char *)qb[q] + 256, _MM_HINT_T0);
+                _mm_prefetch((const char *)qb[q] + wrow + 256, _MM_HINT_T0);
+                _mm_prefetch((const char *)qb[q] + 2 * wrow + 256, _MM_HINT_T0);
+                _mm_prefetch((const char *)qb[q] + w3 + 256, _MM_HINT_T0);
+            }
+        }
         for (int h = 0; h < 2; h++) {
             mm_blk_step(acc, qb, wrow, w3, x + 32 * h, xrow, T, MR, NR);
             MM_UNROLL
