@@ -87,7 +87,7 @@ ITEST_BIN := $(ITEST_SRC:tests/integration/%.c=$(BUILD)/tests/%)
 BENCH_SRC := $(wildcard scripts/bench/bench_*.c)
 BENCH_BIN := $(BENCH_SRC:scripts/bench/%.c=$(BUILD)/bench/%)
 
-.PHONY: all release debug asan tsan tests bench test test-tsan soak demo clean fmt fuzz bench-server bench-router bench-structured
+.PHONY: all release debug asan tsan tests bench test test-tsan soak demo clean fmt fuzz bench-server bench-router bench-structured bench-fronts
 .DEFAULT_GOAL := all
 
 all: $(BIN)
@@ -180,8 +180,13 @@ bench-router: $(BIN)
 bench-structured: $(BIN)
 	scripts/bench_structured.sh $(BIN)
 
+bench-fronts: $(BIN)
+	scripts/bench_fronts.sh $(BIN)
+
+# every tracked C file but the ones scripts/format_exempt.txt still lists
+# (scripts/check_format.sh)
 fmt:
-	clang-format -i $$(git ls-files '*.c' '*.h')
+	git ls-files '*.c' '*.h' | grep -vxF -f scripts/format_exempt.txt | xargs clang-format -i
 
 clean:
 	rm -rf build

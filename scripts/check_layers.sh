@@ -3,6 +3,9 @@
 #
 #   1. Every folder under src/ is in LAYERS, and every `#include "dir/…"`
 #      in src/ names a folder at or below its own: nothing includes upward.
+#      A private header (`*_priv.h`: internals shared by the files of one
+#      folder) is included only from its own folder; tests/ may include
+#      any, src/ elsewhere and scripts/bench/ none.
 #   2. The object files of one build (nm) call in the same direction: no
 #      file calls a function defined in a folder above its own.
 #   3. No files of one folder call each other in a circle (A → B → … → A),
@@ -22,8 +25,6 @@ LAYERS=(base jinja tok gram model engine/kern engine xfer oai http node router u
 # "A B reason": files A and B of one folder may call each other.  Each is
 # one module split across files for a stated reason; keep the list short.
 ALLOWED=(
-    "node/node_server node/node_pd to be cut (issue 19)"
-    "router/router router/router_flow to be cut (issue 19)"
 )
 
 BUILD=${BUILD:-build/release}
@@ -64,6 +65,22 @@ while IFS=: read -r file _ inc; do
         fail=1
     fi
 done < <(grep -rnE '^#include "[a-z_/]+/[a-z_0-9]+\.h"' --include='*.c' --include='*.h' src)
+
+# private headers: "dir/x_priv.h" belongs to dir, a bare "x_priv.h" to the
+# includer's own folder
+while IFS=: read -r file _ inc; do
+    path=$(sed -E 's/.*#include "(.*)".*/\1/' <<<"$inc")
+    from=$(folder "$file")
+    case $path in
+    */*) own=${path%/*} ;;
+    *) own=$from ;;
+    esac
+    if [ "$own" != "$from" ]; then
+        echo "$file: includes \"$path\", private to src/$own/ (only its own files and tests/ may)"
+        fail=1
+    fi
+done < <(grep -rnE '^[[:space:]]*#[[:space:]]*include[[:space:]]*"([a-z_0-9./]+/)?[a-z_0-9]+_priv\.h"' \
+    --include='*.c' --include='*.h' src scripts/bench 2>/dev/null)
 
 # 2 and 3 need the objects
 # (not `find | grep -q`: grep leaving early fails the pipe under pipefail)

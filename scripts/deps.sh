@@ -3,7 +3,7 @@
 # As root it runs apt-get; otherwise it prints the one command to run.
 set -euo pipefail
 
-PKGS=(build-essential pkg-config clang
+PKGS=(build-essential pkg-config clang clang-format
       libpcre2-dev libxxhash-dev libjansson-dev libutf8proc-dev libcmocka-dev libexpat1-dev
       libuv1-dev libhttp-parser-dev libcurl4-openssl-dev libucx-dev libsodium-dev
       libhiredis-dev redis-server

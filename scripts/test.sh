@@ -38,6 +38,7 @@ fi
 
 # source checks, once per run
 [[ -z "$FILTER" || "lint/errs" == *"$FILTER"* ]] && run_one "lint/errs" scripts/check_errs.sh
+[[ -z "$FILTER" || "lint/format" == *"$FILTER"* ]] && run_one "lint/format" scripts/check_format.sh
 # the layering, from the sources and the first variant's objects
 first=${VARIANTS%% *}
 [[ -z "$FILTER" || "lint/layers" == *"$FILTER"* ]] &&

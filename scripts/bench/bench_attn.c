@@ -8,7 +8,7 @@
  *
  * Build and run from the repository root (docs/bench.md):
  *   make bench && build/release/bench/bench_attn [reps=5] [depth=4096] [n_q=512] [layers=28]
- *       [f16|bf16|f32]
+ *       [f16|bf16|f32|q8_0]
  * HUGE=0 leaves the arena on 4 KiB pages (the pool asks for huge pages);
  * BS=n sets the block size (default: the engine's); QSCALE=x scales the queries (wider
  * score ranges, more probabilities near zero).
@@ -110,7 +110,7 @@ int main(int argc, char **argv)
     if (getenv("BS")) BS = strtoul(getenv("BS"), NULL, 10);
     if (layers < 1) layers = 1;
     size_t es = kv == DX_F32 ? 4 : 2, n_blocks = (depth + n_q + BS - 1) / BS;
-    size_t region = (size_t)N_KV * BS * D * es;
+    size_t region = (size_t)N_KV * kern_attn_head_bytes(kv, BS, D);
     kern_attn_layout L = {.block_bytes = 2 * region * layers,
                           .k_off = 0,
                           .v_off = region,
@@ -125,7 +125,19 @@ int main(int argc, char **argv)
         mmap(NULL, arena_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (arena == MAP_FAILED) return 1;
     if (!getenv("HUGE") || atoi(getenv("HUGE"))) madvise(arena, arena_bytes, MADV_HUGEPAGE);
-    for (size_t b = 0; b < n_blocks; b++)
+    for (size_t b = 0; b < n_blocks && kv == DX_Q8_0; b++) /* quantised as the engine stores */
+        for (int h = 0; h < N_KV; h++)
+            for (size_t t = 0; t < BS; t++) {
+                float k[D], v[D];
+                for (int d = 0; d < D; d++) {
+                    size_t i = ((b * BS + t) * N_KV + (size_t)h) * D + (size_t)d;
+                    k[d] = (float)((i * 2654435761u) % 2001) / 1000.0f - 1.0f;
+                    v[d] = (float)((i * 40503u + 7) % 2001) / 1000.0f - 1.0f;
+                }
+                uint8_t *blk = arena + b * L.block_bytes;
+                kern_attn_store_q8(&L, blk, blk + region, h, (int)t, k, v);
+            }
+    for (size_t b = 0; b < n_blocks && kv != DX_Q8_0; b++)
         for (size_t i = 0; i < 2 * region / es; i++) {
             float f = (float)(((b * 2 * region / es + i) * 2654435761u) % 2001) / 1000.0f - 1.0f;
             uint8_t *p = arena + b * L.block_bytes + i * es;
@@ -143,7 +155,7 @@ int main(int argc, char **argv)
     float *q = dx_calloc(nq, 4), *out = dx_calloc(nq, 4);
     float qs = getenv("QSCALE") ? strtof(getenv("QSCALE"), NULL) : 1.0f;
     for (size_t i = 0; i < nq; i++) q[i] = qs * ((float)((i * 40503u) % 2001) / 1000.0f - 1.0f);
-    double flops = 0, kv_bytes = (double)(depth + n_q) * N_KV * D * es * 2;
+    double flops = 0, kv_bytes = (double)(depth + n_q) * N_KV * 2 * kern_attn_head_bytes(kv, 1, D);
     for (size_t t = 0; t < n_q; t++) flops += 4.0 * N_HEAD * D * (double)(depth + t + 1);
     bench_job j = {.L = &L, .blocks = blocks, .pos0 = depth, .n_q = n_q, .q = q, .out = out};
     j.n_split = (depth + n_q - 1) / KERN_ATTN_SPLIT + 1;

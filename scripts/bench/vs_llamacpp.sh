@@ -24,6 +24,9 @@
 #            real vocabulary and its 151,936-row tied output head
 #            (`--preset qwen3-0.6b --tokenizer`), models/qwen3-0.6b-vocab-<t>.gguf;
 #            without it, duplex's own small synthetic vocabulary
+#   PRESET   another `duplex model synth` preset instead (e.g. qwen3-30b-a3b, a
+#            mixture of experts), models/<preset>[-<N>l][-vocab]-<t>.gguf
+#   LAYERS   with PRESET: that many layers (`--layers`), the preset's shape
 #   TESTS    prompt/gen@depth, each timed as one duplex run and one llama-bench
 #            run per round ["512/128@0 512/32@4096 128/16@16384"]
 #   ROUNDS [3]  THREADS [2]  REPS (runs inside each invocation) [1]
@@ -50,12 +53,18 @@ dir=$(mktemp -d /tmp/duplex-vs-llamacpp.XXXXXX)
 trap '[ -n "${KEEP:-}" ] && echo "vs_llamacpp: logs in $dir" || rm -rf "$dir"' EXIT
 
 TOKENIZER=${TOKENIZER:-}
+PRESET=${PRESET:-}
+LAYERS=${LAYERS:-}
 tag=qwen3-0.6b${TOKENIZER:+-vocab}
+[ -z "$PRESET" ] || tag=$PRESET${LAYERS:+-${LAYERS}l}${TOKENIZER:+-vocab}
 for t in $DTYPES; do
     f=models/$tag-$t.gguf
     if [ ! -f "$f" ]; then
         mkdir -p models
-        if [ -n "$TOKENIZER" ]; then
+        if [ -n "$PRESET" ]; then
+            "$BIN" model synth --preset "$PRESET" ${LAYERS:+--layers "$LAYERS"} \
+                ${TOKENIZER:+--tokenizer "$TOKENIZER"} --dtype "$t" -o "$f" >/dev/null
+        elif [ -n "$TOKENIZER" ]; then
             "$BIN" model synth --preset qwen3-0.6b --tokenizer "$TOKENIZER" --dtype "$t" -o "$f" >/dev/null
         else
             "$BIN" model synth --arch qwen3 --preset 0.6b --dtype "$t" -o "$f" >/dev/null

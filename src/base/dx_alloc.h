@@ -42,14 +42,15 @@ size_t dx_alloc_failed_count(void);
  * and every later one too if `sticky`.  n = 0 disables. */
 void dx_alloc_fail_after(long n, int sticky);
 
-/* a*b with overflow check: returns 0 and sets *out, or -1 on overflow. */
+/* a*b (a+b) with overflow check: 0 and *out set, or 1 on overflow (a
+ * yes/no, never an error code: the caller says what overflowed). */
 static inline int dx_mul_overflow(size_t a, size_t b, size_t *out)
 {
-    return __builtin_mul_overflow(a, b, out) ? -1 : 0;
+    return __builtin_mul_overflow(a, b, out);
 }
 static inline int dx_add_overflow(size_t a, size_t b, size_t *out)
 {
-    return __builtin_add_overflow(a, b, out) ? -1 : 0;
+    return __builtin_add_overflow(a, b, out);
 }
 
 #endif

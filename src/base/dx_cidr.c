@@ -11,26 +11,26 @@
 #define CIDR_TEXT_MAX 64 /* the longest IPv6 literal (45) with "/128", and room */
 
 /* The prefix after '/': decimal digits only, no sign or leading zero, at
- * most max.  -1 when it is not one. */
+ * most max.  DX_NONE when it is not one. */
 static int parse_prefix(const char *p, unsigned max)
 {
     size_t n = strlen(p);
-    if (n == 0 || n > 3 || (n > 1 && p[0] == '0')) return -1;
+    if (n == 0 || n > 3 || (n > 1 && p[0] == '0')) return DX_NONE;
     unsigned v = 0;
     for (size_t i = 0; i < n; i++) {
-        if (p[i] < '0' || p[i] > '9') return -1;
+        if (p[i] < '0' || p[i] > '9') return DX_NONE;
         v = v * 10 + (unsigned)(p[i] - '0');
     }
-    return v <= max ? (int)v : -1;
+    return v <= max ? (int)v : DX_NONE;
 }
 
-/* The first bit past the prefix that is set, or -1 when there is none. */
+/* The first bit past the prefix that is set, or DX_NONE when there is none. */
 static int host_bits_set(const dx_cidr *c)
 {
     unsigned width = c->family == AF_INET ? 32 : 128;
     for (unsigned bit = c->prefix; bit < width; bit++)
         if (c->addr[bit / 8] & (0x80u >> (bit % 8))) return (int)bit;
-    return -1;
+    return DX_NONE;
 }
 
 static void clear_host_bits(dx_cidr *c)

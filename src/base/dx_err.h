@@ -38,7 +38,8 @@
     X(TOOBIG, -19, "too large")                                                                    \
     X(AUTH, -20, "authentication failed")                                                          \
     X(DENIED, -21, "not allowed")                                                                  \
-    X(AGAIN, -22, "try again / partial result")
+    X(AGAIN, -22, "try again / partial result")                                                    \
+    X(LAYOUT, -23, "KV layout differs (KV dtype or block size)")
 
 enum {
     DX_OK = 0,
@@ -46,6 +47,12 @@ enum {
     DX_ERRNO_MAP(DX__ERR_ENUM)
 #undef DX__ERR_ENUM
 };
+
+/* A lookup's "none" (no such index, entry or token; not a number): never
+ * an error code, so a caller may tell it from a failure the same function
+ * returns.  Functions that return it say so; test it with `== DX_NONE` or,
+ * where no code can come back, `< 0`. */
+#define DX_NONE (-1)
 
 /* Static description of a code ("out of memory"); never NULL. */
 const char *dx_strerror(int err);

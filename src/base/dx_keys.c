@@ -84,12 +84,12 @@ void dx_keys_random_hex(char *out, size_t n_bytes)
 
 int dx_keys_find(const dx_keys *k, const char *tok, size_t len)
 {
-    if (!k || !k->n) return -1;
+    if (!k || !k->n) return DX_NONE;
     uint8_t d[DX_KEY_DIGEST];
     digest(tok, len, d);
     /* every key is compared, and the index is chosen without a branch, so
      * the time does not say which key (or whether one) matched */
-    int found = -1;
+    int found = DX_NONE;
     for (size_t i = 0; i < k->n; i++) {
         int eq = sodium_memcmp(d, k->dig[i], DX_KEY_DIGEST) == 0; /* 0 or 1 */
         int mask = -eq;                                           /* 0 or all ones */

@@ -39,8 +39,8 @@ int dx_keys_parse(dx_keys *k, const char *text, size_t len, const char *name);
 /* Keys from a file (at most DX_KEY_FILE_MAX bytes). */
 int dx_keys_load(dx_keys *k, const char *path);
 size_t dx_keys_count(const dx_keys *k);
-/* The index of the key equal to tok[0..len), or -1 (constant time, see
- * above). */
+/* The index of the key equal to tok[0..len), or DX_NONE (constant time,
+ * see above). */
 int dx_keys_find(const dx_keys *k, const char *tok, size_t len);
 /* Key i's digest (DX_KEY_DIGEST bytes): names a tenant without its key. */
 const uint8_t *dx_keys_digest(const dx_keys *k, int i);

@@ -16,6 +16,7 @@
 #include "base/dx_err.h"
 #include "bench/bench_fake.h"
 #include "bench/bench_report.h"
+#include "engine/engine.h"
 
 static const struct {
     const char *name;
@@ -36,23 +37,49 @@ static int mode_index(const char *name, size_t len)
 {
     for (size_t i = 0; i < DX_ARRAY_LEN(k_modes); i++)
         if (strlen(k_modes[i].name) == len && !strncmp(k_modes[i].name, name, len)) return (int)i;
-    return -1;
+    return DX_NONE;
 }
 
-/* Calls fn for each mode of the list; DX_EINVAL for an unknown one. */
-static int each_mode(const char *modes, int (*fn)(void *u, int mode), void *u)
+/* One entry of the list: a mode, and the KV dtype its nodes get when the
+ * entry says MODE@DTYPE (else NULL: the config's). */
+typedef struct {
+    int mode;
+    char name[48]; /* the entry as written: the series' name and directory */
+    char kv[16];
+} mode_entry;
+
+static int parse_entry(const char *p, size_t len, mode_entry *e)
+{
+    const char *at = memchr(p, '@', len);
+    size_t ml = at ? (size_t)(at - p) : len;
+    e->mode = mode_index(p, ml);
+    if (e->mode < 0)
+        return dx_errf(DX_EINVAL,
+                       "unknown mode '%.*s' (uni-nocache|uni|bidi|bidi-rt|colocated, each "
+                       "optionally @" ENGINE_KV_DTYPES ")",
+                       (int)ml, p);
+    if (len >= sizeof e->name) return dx_errf(DX_EINVAL, "mode '%.*s' is too long", (int)len, p);
+    snprintf(e->name, sizeof e->name, "%.*s", (int)len, p);
+    e->kv[0] = 0;
+    if (!at) return 0;
+    size_t kl = len - ml - 1;
+    int t;
+    snprintf(e->kv, sizeof e->kv, "%.*s", (int)(kl < sizeof e->kv ? kl : sizeof e->kv - 1), at + 1);
+    if (kl >= sizeof e->kv || engine_parse_kv_dtype(e->kv, &t))
+        return dx_errf(DX_EINVAL, "mode '%.*s': the KV dtype is not one of " ENGINE_KV_DTYPES,
+                       (int)len, p);
+    return 0;
+}
+
+/* Calls fn for each entry of the list; DX_EINVAL for an unknown one. */
+static int each_mode(const char *modes, int (*fn)(void *u, const mode_entry *e), void *u)
 {
     for (const char *p = modes; *p;) {
         size_t len = strcspn(p, ",");
-        int m = mode_index(p, len);
-        if (m < 0)
-            return dx_errf(DX_EINVAL,
-                           "unknown mode '%.*s' (uni-nocache|uni|bidi|bidi-rt|colocated)",
-                           (int)len, p);
-        if (fn) {
-            int rc = fn(u, m);
-            if (rc) return rc;
-        }
+        mode_entry e;
+        int rc = parse_entry(p, len, &e);
+        if (!rc && fn) rc = fn(u, &e);
+        if (rc) return rc;
         p += len + (p[len] == ',');
     }
     return 0;
@@ -73,13 +100,16 @@ typedef struct {
     int n_nodes;
 } up_child;
 
-static int up_start(const bench_compare_config *c, int mode, const char *log, up_child *u)
+static int up_start(const bench_compare_config *c, const mode_entry *e, const char *log,
+                    up_child *u)
 {
     memset(u, 0, sizeof *u);
     char threads[16], kv[24];
     const char *argv[32] = {c->exe, "up", "--port", "0"};
-    int n = 4;
+    int n = 4, mode = e->mode;
     for (int i = 0; k_modes[mode].args[i]; i++) argv[n++] = k_modes[mode].args[i];
+    const char *dtype = e->kv[0] ? e->kv : c->kv_dtype;
+    if (dtype) argv[n++] = "--kv-dtype", argv[n++] = dtype;
     if (c->model) argv[n++] = "--model", argv[n++] = c->model;
     if (c->threads_per_node > 0) {
         snprintf(threads, sizeof threads, "%d", c->threads_per_node);
@@ -116,7 +146,7 @@ static int up_start(const bench_compare_config *c, int mode, const char *log, up
             snprintf(u->nodes[u->n_nodes++], sizeof u->nodes[0], "%.*s", (int)strcspn(h, " \n"),
                      h);
     }
-    return dx_errf(DX_EIO, "duplex up (%s) did not start; its log: %s", k_modes[mode].name, log);
+    return dx_errf(DX_EIO, "duplex up (%s) did not start; its log: %s", e->name, log);
 }
 
 /* Waits (at most 60 s) until every node says its KV pool's pages are in:
@@ -186,6 +216,14 @@ static void scrape(const up_child *u, double sign, bench_kv *k)
                 sign * series(b.data, "duplex_kv_prompt_tokens_total{source=\"pulled\"}");
             k->tok_computed +=
                 sign * series(b.data, "duplex_kv_prompt_tokens_total{source=\"computed\"}");
+            k->pulls_p2d += sign * series(b.data, "duplex_kv_pulls_total{direction=\"p2d\"}");
+            k->pulls_d2p += sign * series(b.data, "duplex_kv_pulls_total{direction=\"d2p\"}");
+            k->blocks_p2d +=
+                sign * series(b.data, "duplex_kv_pull_blocks_total{direction=\"p2d\"}");
+            k->blocks_d2p +=
+                sign * series(b.data, "duplex_kv_pull_blocks_total{direction=\"d2p\"}");
+            k->revoked_lru +=
+                sign * series(b.data, "duplex_kv_lease_events_total{event=\"revoked_lru\"}");
         }
         curl_easy_cleanup(h);
         dx_buf_free(&b);
@@ -194,42 +232,49 @@ static void scrape(const up_child *u, double sign, bench_kv *k)
 
 /* ---- the comparison ---------------------------------------------------------------- */
 
+/* Entries of one --modes list at most (a mode may come with several KV dtypes). */
+#define COMPARE_MAX_SERIES 16
+
 typedef struct {
     const bench_compare_config *c;
-    bench_results res[DX_ARRAY_LEN(k_modes)];
-    bench_series s[DX_ARRAY_LEN(k_modes)];
+    bench_results res[COMPARE_MAX_SERIES];
+    bench_series s[COMPARE_MAX_SERIES];
+    char names[COMPARE_MAX_SERIES][48];
     size_t n;
     bench_meta meta;
     int round;
 } compare;
 
-/* The mode's series (made at its first round). */
-static bench_series *series_of(compare *C, int mode)
+/* The entry's series (made at its first round); NULL past COMPARE_MAX_SERIES. */
+static bench_series *series_of(compare *C, const mode_entry *e)
 {
     for (size_t i = 0; i < C->n; i++)
-        if (C->s[i].name == k_modes[mode].name) return &C->s[i];
+        if (!strcmp(C->s[i].name, e->name)) return &C->s[i];
+    if (C->n == COMPARE_MAX_SERIES) return NULL;
     bench_series *s = &C->s[C->n];
-    s->name = k_modes[mode].name;
+    snprintf(C->names[C->n], sizeof C->names[0], "%s", e->name);
+    s->name = C->names[C->n];
     s->res = &C->res[C->n++];
     return s;
 }
 
 /* One round of one mode: duplex up afresh, the workload, duplex up stopped;
  * its records join the mode's (conversations numbered on across rounds). */
-static int run_mode(void *user, int mode)
+static int run_mode(void *user, const mode_entry *e)
 {
     compare *C = user;
     const bench_compare_config *c = C->c;
     char dir[600], path[700];
-    snprintf(dir, sizeof dir, "%s/%s", c->out_dir, k_modes[mode].name);
+    bench_series *s = series_of(C, e);
+    if (!s) return dx_errf(DX_EINVAL, "--modes: more than %d entries", COMPARE_MAX_SERIES);
+    snprintf(dir, sizeof dir, "%s/%s", c->out_dir, e->name);
     mkdir(dir, 0755);
     snprintf(path, sizeof path, "%s/up%s%.0d.log", dir, C->round ? "-" : "", C->round);
     if (c->progress != BENCH_PROGRESS_NONE)
-        fprintf(stderr, "bench compare: %s%s%.0d — starting duplex up\n", k_modes[mode].name,
+        fprintf(stderr, "bench compare: %s%s%.0d — starting duplex up\n", e->name,
                 C->round ? ", round " : "", C->round ? C->round + 1 : 0);
     up_child u;
-    int rc = up_start(c, mode, path, &u);
-    bench_series *s = series_of(C, mode);
+    int rc = up_start(c, e, path, &u);
     bench_results r = {0};
     if (!rc) {
         wait_populated(path, u.n_nodes, c->stop);
@@ -249,7 +294,7 @@ static int run_mode(void *user, int mode)
     all->wall_s += r.wall_s;
     snprintf(all->model, sizeof all->model, "%s", r.model);
     bench_results_free(&r);
-    return rc ? dx_err_wrap(rc, "mode %s", k_modes[mode].name) : 0;
+    return rc ? dx_err_wrap(rc, "mode %s", e->name) : 0;
 }
 
 /* DIR/<mode>/results.json of every mode, all rounds in one. */

@@ -15,6 +15,10 @@
  *   colocated    one `--role both` node behind the router: what a
  *                disaggregated system chases
  *
+ * MODE@DTYPE (bidi-rt@q8_0) runs the mode with that KV dtype on every node
+ * (`duplex up --kv-dtype`): a mode and its dtypes are series of their own,
+ * interleaved like the modes.
+ *
  * With w->rounds > 1 the modes run in turn, round after round (A B C A B C
  * ...), each time started afresh, and every figure is over all rounds'
  * requests: a slow minute on a shared machine then falls on every mode.
@@ -34,10 +38,11 @@
 #include "bench/bench_work.h"
 
 typedef struct {
-    const char *exe;   /* this duplex binary */
-    const char *model; /* GGUF file (duplex up's default when NULL) */
-    const char *modes; /* comma-separated, from the list above */
-    long kv_cache_mb;  /* per node; 0: serve's default */
+    const char *exe;      /* this duplex binary */
+    const char *model;    /* GGUF file (duplex up's default when NULL) */
+    const char *modes;    /* comma-separated, from the list above */
+    long kv_cache_mb;     /* per node; 0: serve's default */
+    const char *kv_dtype; /* every node's unless an entry says MODE@DTYPE; NULL: serve's */
     int threads_per_node;
     const bench_workload *w;
     bench_text *text;

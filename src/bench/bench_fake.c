@@ -138,12 +138,12 @@ void bench_fake_stop(bench_fake *f)
 double bench_fake_overhead_ms(const bench_workload *w, bench_text *text, const volatile int *stop)
 {
     bench_fake *f;
-    if (bench_fake_start(&(bench_fake_config){0}, &f)) return -1;
+    if (bench_fake_start(&(bench_fake_config){0}, &f)) return BENCH_UNKNOWN;
     char url[64];
     snprintf(url, sizeof url, "http://127.0.0.1:%d", bench_fake_port(f));
     bench_results r;
     bench_run_config rc = {.url = url, .w = w, .text = text, .stop = stop};
-    double p50 = -1;
+    double p50 = BENCH_UNKNOWN;
     if (bench_run(&rc, &r) == 0) {
         double *v = dx_malloc((r.n ? r.n : 1) * sizeof *v);
         size_t k = 0;

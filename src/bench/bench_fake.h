@@ -27,7 +27,7 @@ int bench_fake_port(const bench_fake *f);
 void bench_fake_stop(bench_fake *f);
 
 /* The benchmark client's own time to first token (p50, ms): the workload
- * run against an instant endpoint; -1 if it could not run. */
+ * run against an instant endpoint; BENCH_UNKNOWN if it could not run. */
 double bench_fake_overhead_ms(const bench_workload *w, bench_text *text, const volatile int *stop);
 
 #endif

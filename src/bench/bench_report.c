@@ -61,7 +61,7 @@ double bench_turn_p50(const bench_results *r, uint32_t turn)
 {
     bench_stat st;
     collect(r, turn, F_TTFT, &st);
-    return st.n ? st.p50 : -1;
+    return st.n ? st.p50 : BENCH_UNKNOWN;
 }
 
 /* ---- results.json ----------------------------------------------------------------- */
@@ -101,10 +101,13 @@ int bench_write_json(const char *path, const bench_workload *w, const bench_meta
         json_object_set_new(json_object_get(root, "meta"), "rounds", json_integer(w->rounds));
     if (root && m->kv.has)
         json_object_set_new(json_object_get(root, "meta"), "kv",
-                            json_pack("{s:f,s:f,s:f,s:f,s:f}", "bytes_p2d", m->kv.bytes_p2d,
-                                      "bytes_d2p", m->kv.bytes_d2p, "tokens_local",
-                                      m->kv.tok_local, "tokens_pulled", m->kv.tok_pulled,
-                                      "tokens_computed", m->kv.tok_computed));
+                            json_pack("{s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f}", "bytes_p2d",
+                                      m->kv.bytes_p2d, "bytes_d2p", m->kv.bytes_d2p,
+                                      "tokens_local", m->kv.tok_local, "tokens_pulled",
+                                      m->kv.tok_pulled, "tokens_computed", m->kv.tok_computed,
+                                      "pulls_p2d", m->kv.pulls_p2d, "pulls_d2p", m->kv.pulls_d2p,
+                                      "blocks_p2d", m->kv.blocks_p2d, "blocks_d2p",
+                                      m->kv.blocks_d2p, "revoked_lru", m->kv.revoked_lru));
     if (!root) return dx_errf(DX_ENOMEM, "out of memory");
     int rc = json_dump_file(root, path, JSON_INDENT(1)) ? dx_errf(DX_EIO, "%s: cannot write", path)
                                                         : 0;
@@ -124,7 +127,7 @@ static int err_of(const char *s)
 {
     for (int e = 0; e < BENCH_N_ERR; e++)
         if (!strcmp(s, bench_err_name((enum bench_err)e))) return e;
-    return -1;
+    return DX_NONE;
 }
 
 static int read_record(json_t *x, bench_record *r)
@@ -191,7 +194,12 @@ int bench_read_json(const char *path, bench_workload *w, bench_meta *m, bench_re
                                json_number_value(json_object_get(kv, "bytes_d2p")),
                                json_number_value(json_object_get(kv, "tokens_local")),
                                json_number_value(json_object_get(kv, "tokens_pulled")),
-                               json_number_value(json_object_get(kv, "tokens_computed"))};
+                               json_number_value(json_object_get(kv, "tokens_computed")),
+                               json_number_value(json_object_get(kv, "pulls_p2d")),
+                               json_number_value(json_object_get(kv, "pulls_d2p")),
+                               json_number_value(json_object_get(kv, "blocks_p2d")),
+                               json_number_value(json_object_get(kv, "blocks_d2p")),
+                               json_number_value(json_object_get(kv, "revoked_lru"))};
         w->clients = (uint32_t)json_integer_value(json_object_get(meta, "clients"));
         w->shared_prefix =
             (uint32_t)json_integer_value(json_object_get(meta, "shared_prefix_tokens"));
@@ -313,7 +321,7 @@ static int find(const bench_series *s, size_t n, const char *name)
 {
     for (size_t i = 0; i < n; i++)
         if (!strcmp(s[i].name, name)) return (int)i;
-    return -1;
+    return DX_NONE;
 }
 
 /* The ratios the P/D comparison is about, when both sides ran. */
@@ -364,19 +372,27 @@ static void write_kv(FILE *f, const bench_series *s, size_t n)
     for (size_t i = 0; i < n; i++) any |= s[i].kv.has;
     if (!any) return;
     fprintf(f, "## Where the prompts' KV came from (node metrics)\n\n"
-               "| mode | reused locally | pulled | recomputed | MB pulled P->D | MB pulled D->P |\n"
-               "|---|---|---|---|---|---|\n");
+               "| mode | reused locally | pulled | recomputed | MB pulled P->D | MB pulled D->P "
+               "| KB per pull D->P | KB per block | retained revoked |\n"
+               "|---|---|---|---|---|---|---|---|---|\n");
     for (size_t i = 0; i < n; i++) {
         const bench_kv *k = &s[i].kv;
         if (!k->has) continue;
         double tot = k->tok_local + k->tok_pulled + k->tok_computed;
         if (tot <= 0) tot = 1;
-        fprintf(f, "| %s | %.1f%% | %.1f%% | %.1f%% | %.1f | %.1f |\n", s[i].name,
-                100 * k->tok_local / tot, 100 * k->tok_pulled / tot, 100 * k->tok_computed / tot,
-                k->bytes_p2d / 1e6, k->bytes_d2p / 1e6);
+        fprintf(f, "| %s | %.1f%% | %.1f%% | %.1f%% | %.1f | %.1f | %.1f | %.1f | %.0f |\n",
+                s[i].name, 100 * k->tok_local / tot, 100 * k->tok_pulled / tot,
+                100 * k->tok_computed / tot, k->bytes_p2d / 1e6, k->bytes_d2p / 1e6,
+                k->pulls_d2p > 0 ? k->bytes_d2p / k->pulls_d2p / 1e3 : 0,
+                k->blocks_p2d + k->blocks_d2p > 0
+                    ? (k->bytes_p2d + k->bytes_d2p) / (k->blocks_p2d + k->blocks_d2p) / 1e3
+                    : 0,
+                k->revoked_lru);
     }
     fprintf(f, "\nShares are of the prompt tokens all nodes saw (a turn through a prefill node "
-               "counts on both nodes).\n\n");
+               "counts on both nodes).  A pull moves whole KV blocks as the pool stores them (a "
+               "q8_0 block is 17/32 of an f16 one); per pull counts every pull tried, \"retained "
+               "revoked\" the conversations the decode nodes gave up under memory pressure.\n\n");
 }
 
 int bench_write_summary(FILE *f, const bench_workload *w, const bench_meta *m,

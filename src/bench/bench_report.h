@@ -27,6 +27,9 @@ typedef struct {
     int has; /* 0: not measured (an endpoint that is not duplex) */
     double bytes_p2d, bytes_d2p;
     double tok_local, tok_pulled, tok_computed;
+    double pulls_p2d, pulls_d2p;   /* pulls tried, by direction */
+    double blocks_p2d, blocks_d2p; /* blocks pulled */
+    double revoked_lru;            /* retained conversations revoked to make room */
 } bench_kv;
 
 typedef struct {
@@ -53,7 +56,8 @@ int bench_write_svg(FILE *f, const bench_workload *w, const bench_series *s, siz
 /* The terminal's per-turn TTFT table (p50, ms) with the headline ratios. */
 void bench_print_turns(FILE *f, const bench_workload *w, const bench_series *s, size_t n);
 
-/* Per-turn TTFT p50 of the successful requests, in seconds (-1: none). */
+/* Per-turn TTFT p50 of the successful requests, in seconds (BENCH_UNKNOWN:
+ * none). */
 double bench_turn_p50(const bench_results *r, uint32_t turn);
 
 #endif

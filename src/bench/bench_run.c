@@ -17,9 +17,25 @@
 #include "base/dx_err.h"
 #include "router/router_sse.h"
 
+int bench_api_parse(const char *s, enum bench_api *out)
+{
+    static const char *const names[] = {"chat", "messages", "responses"};
+    for (int i = 0; i < 3; i++)
+        if (!strcmp(s, names[i])) {
+            *out = (enum bench_api)i;
+            return 0;
+        }
+    return dx_errf(DX_EINVAL, "'%s' is not an API (chat|messages|responses)", s);
+}
+
+const char *bench_api_name(enum bench_api a)
+{
+    return a == BENCH_API_MESSAGES ? "messages" : a == BENCH_API_RESPONSES ? "responses" : "chat";
+}
+
 const char *bench_err_name(enum bench_err e)
 {
-    static const char *const n[BENCH_N_ERR] = {"ok",     "http",   "transport",
+    static const char *const n[BENCH_N_ERR] = {"ok",      "http",   "transport",
                                                "timeout", "stream", "malformed"};
     return e < BENCH_N_ERR ? n[e] : "?";
 }
@@ -65,6 +81,7 @@ typedef struct {
     long prompt, cached, completion;
     int saw_done, saw_error, bad;
     char err_detail[160];
+    char prev_id[64]; /* Responses: the last response, which the next turn continues */
 } client;
 
 typedef struct {
@@ -72,12 +89,54 @@ typedef struct {
     CURLM *m;
     client *cl;
     uint32_t next_warm, next_conv; /* conversations handed out */
-    uint64_t t_measured; /* when the first measured request started */
+    uint64_t t_measured;           /* when the first measured request started */
     uint32_t turns_done, convs_done;
     bench_results *res;
     uint64_t last_progress;
     int in_flight;
 } runner;
+
+static void got_text(client *k, const json_t *t)
+{
+    if (!json_is_string(t) || !json_string_length(t)) return;
+    uint64_t now = dx_now_ns();
+    if (!k->t_first) k->t_first = now;
+    k->t_last = now;
+    dx_buf_append(&k->text, json_string_value(t), json_string_length(t));
+}
+
+static long int_of(const json_t *o, const char *name)
+{
+    return (long)json_integer_value(json_object_get(o, name));
+}
+
+/* An Anthropic or Responses event: its text, its usage, its end. */
+static void on_typed_event(client *k, const char *type, const json_t *v)
+{
+    if (!strcmp(type, "content_block_delta")) {
+        got_text(k, json_object_get(json_object_get(v, "delta"), "text"));
+    } else if (!strcmp(type, "message_delta")) { /* the whole usage, at the end */
+        const json_t *u = json_object_get(v, "usage");
+        k->cached = int_of(u, "cache_read_input_tokens");
+        k->prompt = int_of(u, "input_tokens") + k->cached;
+        k->completion = int_of(u, "output_tokens");
+    } else if (!strcmp(type, "message_stop")) {
+        k->saw_done = 1;
+    } else if (!strcmp(type, "response.output_text.delta")) {
+        got_text(k, json_object_get(v, "delta"));
+    } else if (!strcmp(type, "response.completed") || !strcmp(type, "response.incomplete")) {
+        const json_t *r = json_object_get(v, "response"), *u = json_object_get(r, "usage");
+        k->prompt = int_of(u, "input_tokens");
+        k->cached = int_of(json_object_get(u, "input_tokens_details"), "cached_tokens");
+        k->completion = int_of(u, "output_tokens");
+        const char *id = json_string_value(json_object_get(r, "id"));
+        snprintf(k->prev_id, sizeof k->prev_id, "%s", id ? id : "");
+        k->saw_done = 1;
+    } else if (!strcmp(type, "response.failed")) {
+        k->saw_error = 1;
+        snprintf(k->err_detail, sizeof k->err_detail, "response.failed");
+    }
+}
 
 /* One event's data (a chunk of the answer, or [DONE]). */
 static void on_data_json(client *k, const char *d, size_t n)
@@ -90,6 +149,12 @@ static void on_data_json(client *k, const char *d, size_t n)
     json_t *v = json_loadb(d, n, JSON_ALLOW_NUL, &je);
     if (!json_is_object(v)) {
         k->bad = 1;
+        json_decref(v);
+        return;
+    }
+    const char *type = json_string_value(json_object_get(v, "type"));
+    if (type && strcmp(type, "error")) { /* Messages' and Responses' typed events */
+        on_typed_event(k, type, v);
         json_decref(v);
         return;
     }
@@ -131,8 +196,8 @@ static int on_event(void *user, const char *ev, size_t n)
 static size_t on_data(char *p, size_t sz, size_t n, void *user)
 {
     client *k = user;
-    size_t len = sz * n, take = len < sizeof k->head - 1 - k->n_head ? len
-                                                                      : sizeof k->head - 1 - k->n_head;
+    size_t len = sz * n,
+           take = len < sizeof k->head - 1 - k->n_head ? len : sizeof k->head - 1 - k->n_head;
     memcpy(k->head + k->n_head, p, take);
     k->n_head += take;
     if (router_sse_feed(&k->sse, p, len, on_event, k) < 0) k->bad = 1; /* an event too big */
@@ -147,21 +212,53 @@ static json_t *first_messages(const bench_conv *p)
                      "user", "content", p->document);
 }
 
+/* The turn's body in the API's shape: the whole conversation so far (the
+ * Responses API: the new message, continuing the last response). */
+static json_t *request_body(runner *R, client *k)
+{
+    const bench_run_config *c = R->c;
+    int max = (int)k->plan.outputs[k->turn];
+    const char *model = R->res->model;
+    if (c->api == BENCH_API_MESSAGES) { /* system apart; the rest as is */
+        json_t *m = json_array();
+        for (size_t i = 1; m && i < json_array_size(k->msgs); i++)
+            json_array_append(m, json_array_get(k->msgs, i));
+        return json_pack("{s:s,s:s,s:o,s:i,s:f,s:b,s:b}", "model", model, "system", k->plan.system,
+                         "messages", m, "max_tokens", max, "temperature", 0.0, "ignore_eos", 1,
+                         "stream", 1);
+    }
+    if (c->api == BENCH_API_RESPONSES) {
+        json_t *input =
+            k->turn == 0 || !k->prev_id[0]
+                ? json_incref(k->msgs)
+                : json_pack("[O]", json_array_get(k->msgs, json_array_size(k->msgs) - 1));
+        json_t *b =
+            json_pack("{s:s,s:o,s:i,s:f,s:b,s:b}", "model", model, "input", input,
+                      "max_output_tokens", max, "temperature", 0.0, "ignore_eos", 1, "stream", 1);
+        if (b && k->turn > 0 && k->prev_id[0])
+            json_object_set_new(b, "previous_response_id", json_string(k->prev_id));
+        return b;
+    }
+    return json_pack("{s:s,s:O,s:i,s:f,s:b,s:b,s:{s:b}}", "model", model, "messages", k->msgs,
+                     "max_tokens", max, "temperature", 0.0, "ignore_eos", 1, "stream", 1,
+                     "stream_options", "include_usage", 1);
+}
+
 static int start_request(runner *R, client *k)
 {
     const bench_run_config *c = R->c;
     if (k->turn > 0)
-        json_array_append_new(k->msgs, json_pack("{s:s,s:s}", "role", "user",
-                                                 "content", k->plan.inputs[k->turn]));
-    json_t *b = json_pack("{s:s,s:O,s:i,s:f,s:b,s:b,s:{s:b}}", "model", R->res->model, "messages",
-                          k->msgs, "max_tokens", (int)k->plan.outputs[k->turn], "temperature",
-                          0.0, "ignore_eos", 1, "stream", 1, "stream_options", "include_usage",
-                          1);
+        json_array_append_new(
+            k->msgs, json_pack("{s:s,s:s}", "role", "user", "content", k->plan.inputs[k->turn]));
+    json_t *b = request_body(R, k);
     k->body = b ? json_dumps(b, JSON_COMPACT) : NULL;
     json_decref(b);
     if (!k->body) return dx_errf(DX_ENOMEM, "out of memory");
     char url[600], hdr[300];
-    snprintf(url, sizeof url, "%s/v1/chat/completions", c->url);
+    snprintf(url, sizeof url, "%s%s", c->url,
+             c->api == BENCH_API_MESSAGES    ? "/v1/messages"
+             : c->api == BENCH_API_RESPONSES ? "/v1/responses"
+                                             : "/v1/chat/completions");
     k->hdrs = curl_slist_append(NULL, "Content-Type: application/json");
     if (c->api_key) {
         snprintf(hdr, sizeof hdr, "Authorization: Bearer %s", c->api_key);
@@ -180,7 +277,8 @@ static int start_request(runner *R, client *k)
     curl_easy_setopt(k->h, CURLOPT_WRITEDATA, k);
     curl_easy_setopt(k->h, CURLOPT_PRIVATE, k);
     curl_easy_setopt(k->h, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(k->h, CURLOPT_TIMEOUT_MS, (long)((c->timeout_s > 0 ? c->timeout_s : 600) * 1e3));
+    double timeout_s = c->timeout_s > 0 ? c->timeout_s : BENCH_RUN_DEFAULT_TIMEOUT_S;
+    curl_easy_setopt(k->h, CURLOPT_TIMEOUT_MS, (long)(timeout_s * 1e3));
     router_sse_reset(&k->sse);
     k->n_head = 0;
     dx_buf_reset(&k->text);
@@ -213,7 +311,9 @@ static void classify(client *k, CURLcode cc, long status, bench_record *r)
     } else if (k->bad || !k->saw_done || !k->t_first) {
         r->err = BENCH_ERR_MALFORMED;
         snprintf(r->detail, sizeof r->detail, "%s",
-                 k->bad ? "an event that is not JSON" : !k->saw_done ? "no [DONE]" : "no content");
+                 k->bad         ? "an event that is not JSON"
+                 : !k->saw_done ? "no [DONE]"
+                                : "no content");
     }
 }
 
@@ -253,7 +353,10 @@ static void finish_request(runner *R, client *k, CURLcode cc)
         bench_results_add(R->res, &r);
         R->turns_done++;
         if (R->c->on_record)
-            R->c->on_record(R->c->user, &r, r.err ? NULL : k->text.data ? k->text.data : "",
+            R->c->on_record(R->c->user, &r,
+                            r.err          ? NULL
+                            : k->text.data ? k->text.data
+                                           : "",
                             k->text.len);
     }
     if (r.err || ++k->turn >= k->plan.n_turns) { /* the conversation ends */
@@ -271,6 +374,7 @@ static void next_conversation(runner *R, client *k)
 {
     const bench_workload *w = R->c->w;
     bench_conv_free(&k->plan);
+    k->prev_id[0] = 0;
     json_decref(k->msgs);
     k->msgs = NULL;
     k->active = 0;
@@ -330,9 +434,8 @@ static void progress(runner *R, int final)
     if (c->progress == BENCH_PROGRESS_BAR) {
         int width = 24, fill = total ? (int)((double)R->turns_done / total * width) : width;
         fprintf(f, "\r[%.*s%*s] conversations %u/%u  turns %u/%u  in flight %d  ttft p50 %.0f ms ",
-                fill, "########################", width - fill, "", R->convs_done,
-                w->conversations, R->turns_done, total, R->in_flight,
-                running_p50(R->res) * 1e3);
+                fill, "########################", width - fill, "", R->convs_done, w->conversations,
+                R->turns_done, total, R->in_flight, running_p50(R->res) * 1e3);
         if (final) fputc('\n', f);
     } else {
         fprintf(f, "bench: conversations %u/%u, turns %u/%u, in flight %d, ttft p50 %.0f ms\n",

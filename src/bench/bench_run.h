@@ -50,13 +50,26 @@ int bench_results_add(bench_results *r, const bench_record *rec);
 
 enum bench_progress { BENCH_PROGRESS_NONE, BENCH_PROGRESS_BAR, BENCH_PROGRESS_LINES };
 
+/* A request's limit unless the config says (a plain literal, for help). */
+#define BENCH_RUN_DEFAULT_TIMEOUT_S 600
+
+/* The front door the workload goes through (the same conversations):
+ * Chat Completions, the Anthropic Messages API, or the Responses API (each
+ * turn continues the last with previous_response_id). */
+enum bench_api { BENCH_API_CHAT = 0, BENCH_API_MESSAGES, BENCH_API_RESPONSES };
+
+/* "chat" | "messages" | "responses" → *out; DX_EINVAL naming them. */
+int bench_api_parse(const char *s, enum bench_api *out);
+const char *bench_api_name(enum bench_api a);
+
 typedef struct {
-    const char *url;     /* base URL: http://HOST:PORT */
+    const char *url; /* base URL: http://HOST:PORT */
+    enum bench_api api;
     const char *model;   /* NULL: the first of GET /v1/models */
     const char *api_key; /* sent as Authorization: Bearer, or NULL */
     const bench_workload *w;
     bench_text *text;
-    double timeout_s; /* per request; default 600 */
+    double timeout_s; /* per request; 0: BENCH_RUN_DEFAULT_TIMEOUT_S */
     enum bench_progress progress;
     FILE *progress_out; /* default stderr */
     /* Called after each measured request (may be NULL); answer is the reply

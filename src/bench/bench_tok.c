@@ -90,7 +90,7 @@ int bench_tok_run(const bench_tok_config *cfg, bench_tok_result *out)
     if (!cfg->text || !cfg->len) return dx_errf(DX_EINVAL, "bench tok: no sample text");
     if (cfg->flags & TOK_ADD_SPECIAL)
         return dx_errf(DX_EINVAL, "bench tok: BOS/EOS would break the round-trip check");
-    uint32_t reps = cfg->reps ? cfg->reps : 5;
+    uint32_t reps = cfg->reps ? cfg->reps : BENCH_TOK_DEFAULT_REPS;
     size_t len = 0;
     char *text = build_text(cfg, &len);
     double *t = dx_calloc(3 * (size_t)reps, sizeof *t);

@@ -7,12 +7,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* Runs unless the config says (a plain literal, for help text). */
+#define BENCH_TOK_DEFAULT_REPS 5
+
 typedef struct {
     const char *model; /* GGUF file: its tokenizer is loaded reps times */
     const char *text;  /* sample text (the caller's) */
     size_t len;
     size_t bytes;   /* encode this much: the sample repeated, cut at a UTF-8 boundary (0: len) */
-    uint32_t reps;  /* runs; medians reported (default 5) */
+    uint32_t reps;  /* runs; medians reported (0: BENCH_TOK_DEFAULT_REPS) */
     unsigned flags; /* tok_encode flags */
 } bench_tok_config;
 

@@ -26,6 +26,10 @@
  * vocabularies give about 1.3; duplex's small synthetic one about 1.7). */
 #define BENCH_TOKENS_PER_WORD 1.5
 
+/* A time that could not be measured (the client's overhead, a turn with no
+ * answer): a value, not an error code; any negative time reads as it. */
+#define BENCH_UNKNOWN (-1.0)
+
 enum bench_dist_kind { BENCH_CONST, BENCH_UNIFORM, BENCH_LOGNORMAL };
 
 /* A length in tokens: "N", "uniform:A:B" or "lognormal:MEDIAN:SIGMA". */

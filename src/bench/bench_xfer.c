@@ -167,15 +167,18 @@ typedef struct {
     double holder_cpu_ms, pull_ms; /* the holder's CPU time over the timed pulls, their time */
 } xfer_fig;
 
+#define CPU_UNREADABLE (-1.0) /* proc_cpu_ms: no thread's time could be read */
+
 /* The holder's CPU time so far (ms): the sum over its threads of
  * /proc/PID/task/TID/schedstat's first field (ns on a CPU; the kernel's
- * scheduler clock, finer than stat's 10 ms ticks); -1 if unreadable. */
+ * scheduler clock, finer than stat's 10 ms ticks); CPU_UNREADABLE if
+ * unreadable. */
 static double proc_cpu_ms(pid_t pid)
 {
     char path[96];
     snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
     DIR *d = opendir(path);
-    if (!d) return -1;
+    if (!d) return CPU_UNREADABLE;
     double ns = 0;
     int any = 0;
     for (struct dirent *e; (e = readdir(d));) {
@@ -190,7 +193,7 @@ static double proc_cpu_ms(pid_t pid)
         if (f) fclose(f);
     }
     closedir(d);
-    return any ? ns * 1e-6 : -1;
+    return any ? ns * 1e-6 : CPU_UNREADABLE;
 }
 
 /* Zeroes the destination blocks, so that what a pull leaves there is what
@@ -262,7 +265,7 @@ static int run_pulls(const bench_xfer_config *cfg, xfer_client *c, kv_pool *pool
     }
     if (!rc) {
         double cpu1 = proc_cpu_ms(h->pid);
-        fig->holder_cpu_ms = cpu0 >= 0 && cpu1 >= 0 ? cpu1 - cpu0 : -1;
+        fig->holder_cpu_ms = cpu0 >= 0 && cpu1 >= 0 ? cpu1 - cpu0 : CPU_UNREADABLE;
         fig->gbps_total = fig->bytes / cfg->reps / median(t1, cfg->reps) * 1e-6;
         fig->gbps_read = fig->bytes / cfg->reps / median(t2, cfg->reps) * 1e-6;
     }

@@ -30,6 +30,31 @@ enum cli_opt_type {
 
 #define CLI_LIST_MAX 64
 
+/* A default in help text, spelled from the constant the code applies:
+ * "port (default " CLI_DEFAULT_INT(CLI_DEFAULT_PORT) "; 0 = any free port)"
+ * is "port (default 8000; 0 = any free port)", so help cannot drift from
+ * what the library (or the CLI) does.
+ * X must expand to a plain decimal literal (no parentheses, casts, suffixes
+ * or arithmetic), which is how the modules' *_DEFAULT_* constants are
+ * written. */
+#define CLI_DEFAULT_INT(X) CLI__STR(X)
+#define CLI__STR(X)        #X
+/* The usual form: CLI_HELP_DEFAULT("KV pool size", ENGINE_DEFAULT_KV_CACHE_MB)
+ * is "KV pool size (default 1024)". */
+#define CLI_HELP_DEFAULT(TEXT, X) TEXT " (default " CLI_DEFAULT_INT(X) ")"
+
+/* Defaults the CLI itself applies in more than one command: the HTTP port
+ * of serve, router and up (and the URL bench run and chat send to), and the
+ * router's --local-prefill-max-tokens (up passes it on when given). */
+#define CLI_DEFAULT_PORT               8000
+#define CLI_DEFAULT_URL                "http://127.0.0.1:" CLI_DEFAULT_INT(CLI_DEFAULT_PORT)
+#define CLI_LOCAL_PREFILL_MAX_TOKENS   256
+/* --kv-dtype's help in serve, up, generate and bench engine (expanded where
+ * engine/engine.h is included: its names and default are the engine's). */
+#define CLI_KV_DTYPE_HELP                                                                          \
+    "KV cache dtype " ENGINE_KV_DTYPES " (default " ENGINE_DEFAULT_KV_DTYPE                        \
+    "; q8_0: 0.53x the bytes, every node of a cluster the same)"
+
 typedef struct {
     const char *v[CLI_LIST_MAX];
     size_t n;
@@ -81,24 +106,26 @@ typedef struct {
 
 #define CLI_HTTP_FLAGS_INIT                                                                        \
     {                                                                                              \
-        .max_body_mb = 4, .request_timeout_ms = 30000, .max_conns = 4096                           \
+        .max_body_mb = HTTP_DEFAULT_MAX_BODY_MB,                                                   \
+        .request_timeout_ms = HTTP_DEFAULT_REQUEST_TIMEOUT_MS, .max_conns = HTTP_DEFAULT_MAX_CONNS \
     }
 #define CLI_HTTP_OPTS(f)                                                                           \
-    {"max-body-mb", CLI_INT, &(f).max_body_mb, 1, 1024, "request body limit (default 4)"},         \
+    {"max-body-mb", CLI_INT, &(f).max_body_mb, 1, 1024,                                            \
+     "request body limit (default " CLI_DEFAULT_INT(HTTP_DEFAULT_MAX_BODY_MB) ")"},                \
         {"request-timeout-ms",                                                                     \
          CLI_INT,                                                                                  \
          &(f).request_timeout_ms,                                                                  \
          1,                                                                                        \
          3600000,                                                                                  \
          "time a client has for its request line and headers, from the first byte; the body "      \
-         "gets 1 s more per MiB (default 30000)"},                                                 \
+         "gets 1 s more per MiB (default " CLI_DEFAULT_INT(HTTP_DEFAULT_REQUEST_TIMEOUT_MS) ")"},  \
         {"max-conns",                                                                              \
          CLI_INT,                                                                                  \
          &(f).max_conns,                                                                           \
          8,                                                                                        \
          1 << 20,                                                                                  \
          "client connections at most, the last 1/16 kept for --trusted-peer and /health "          \
-         "(default 4096)"},                                                                        \
+         "(default " CLI_DEFAULT_INT(HTTP_DEFAULT_MAX_CONNS) ")"},                                 \
         {"max-conns-per-peer",                                                                     \
          CLI_INT,                                                                                  \
          &(f).max_conns_per_peer,                                                                  \
@@ -111,7 +138,7 @@ typedef struct {
          0,                                                                                        \
          1 << 20,                                                                                  \
          "request and answer bytes all connections may hold together; past it 503 "                \
-         "(default: 256, at least 8 bodies)"},                                                     \
+         "(default: " CLI_DEFAULT_INT(HTTP_DEFAULT_MAX_BUFFER_MB) ", at least 8 bodies)"},         \
     {                                                                                              \
         "trusted-peer", CLI_STR, &(f).trusted, 0, 0,                                               \
             "IP[,IP...]: peers (a router) exempt from --max-conns-per-peer, given the reserve"     \

@@ -183,6 +183,9 @@ int cli_parse(const char *cmd, const char *use, int argc, char **argv, const cli
     return 0;
 }
 
+/* --request-timeout-ms's help (cli.h) says it in words */
+_Static_assert(HTTP_DEFAULT_BODY_MS_PER_MIB == 1000, "the body gets 1 s more per MiB");
+
 int cli_http_limits(const char *cmd, cli_http_flags *f, http_limits *out)
 {
     memset(out, 0, sizeof *out);

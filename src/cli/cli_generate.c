@@ -1,5 +1,6 @@
 /* cli_generate: `duplex generate` — run one prompt through the engine and
- * stream the text to stdout; token counts and speeds go to stderr.
+ * stream the text (or with --ids the token ids, for comparing with another
+ * engine token by token) to stdout; token counts and speeds go to stderr.
  *
  * "generated" counts every token the model produced, the end-of-generation
  * token that stopped it included, as OpenAI's completion_tokens (and the
@@ -18,6 +19,10 @@
 #include "engine/engine.h"
 #include "model/model_chat.h"
 
+/* generate's own defaults: a short answer, and a pool for one sequence */
+#define GENERATE_DEFAULT_TOKENS      64
+#define GENERATE_DEFAULT_KV_CACHE_MB 256
+
 typedef struct {
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -26,6 +31,7 @@ typedef struct {
     char err[512];
     uint64_t t_first, t_end;
     int32_t last; /* the last generated token */
+    int ids;      /* print token ids, not text */
 } gen_state;
 
 static void on_event(void *user, const engine_event *ev)
@@ -34,7 +40,10 @@ static void on_event(void *user, const engine_event *ev)
     if (ev->type == ENGINE_EV_TOKENS) {
         if (!g->t_first) g->t_first = dx_now_ns();
         if (ev->n_tokens) g->last = ev->tokens[ev->n_tokens - 1];
-        fwrite(ev->text, 1, ev->text_len, stdout);
+        if (g->ids)
+            for (size_t i = 0; i < ev->n_tokens; i++) printf("%d ", ev->tokens[i]);
+        else
+            fwrite(ev->text, 1, ev->text_len, stdout);
         fflush(stdout);
         return;
     }
@@ -61,17 +70,18 @@ static int encode_prompt(const model *m, const char *prompt, const char *chat, t
 
 int cli_generate_main(int argc, char **argv)
 {
-    const char *path = NULL, *prompt = NULL, *chat = NULL, *stop = NULL, *kv_type = "f16";
+    const char *path = NULL, *prompt = NULL, *chat = NULL, *stop = NULL, *kv_type = ENGINE_DEFAULT_KV_DTYPE;
     const char *tmpl = NULL;
-    long n_gen = 64, threads = 0, kv_mb = 256, top_k = 0, batch = 512, kv_blocks = 0;
+    long n_gen = GENERATE_DEFAULT_TOKENS, threads = 0, kv_mb = GENERATE_DEFAULT_KV_CACHE_MB;
+    long top_k = 0, batch = ENGINE_DEFAULT_MAX_BATCH_TOKENS, kv_blocks = 0;
     double temp = 0.0, top_p = 1.0, min_p = 0.0;
     uint64_t seed = 0;
-    int ignore_eos = 0, has_seed = 0;
+    int ignore_eos = 0, has_seed = 0, print_ids = 0;
     const cli_opt opts[] = {
         {"model", CLI_PATH, &path, 0, 0, "GGUF model file (required)"},
         {"prompt", CLI_STR, &prompt, 0, 0, "raw prompt text"},
         {"chat", CLI_STR, &chat, 0, 0, "a user message, rendered with the chat template"},
-        {"n", CLI_INT, &n_gen, 1, 1 << 20, "tokens to generate (default 64)"},
+        {"n", CLI_INT, &n_gen, 1, 1 << 20, CLI_HELP_DEFAULT("tokens to generate", GENERATE_DEFAULT_TOKENS)},
         {"temp", CLI_DBL, &temp, 0, 100, "temperature (default 0: greedy)"},
         {"top-k", CLI_INT, &top_k, 0, 1 << 24, "top-k (0 = off)"},
         {"top-p", CLI_DBL, &top_p, 0, 1, "top-p (1 = off)"},
@@ -79,12 +89,13 @@ int cli_generate_main(int argc, char **argv)
         {"seed", CLI_U64, &seed, 0, 0, "sampling seed"},
         {"stop", CLI_STR, &stop, 0, 0, "stop string"},
         {"ignore-eos", CLI_FLAG, &ignore_eos, 0, 0, "keep generating after EOS"},
+        {"ids", CLI_FLAG, &print_ids, 0, 0, "print the generated token ids instead of the text"},
         {"threads", CLI_INT, &threads, 0, 1024, "threads (default: cores)"},
-        {"kv-cache-mb", CLI_INT, &kv_mb, 1, 1 << 20, "KV pool size (default 256)"},
+        {"kv-cache-mb", CLI_INT, &kv_mb, 1, 1 << 20, CLI_HELP_DEFAULT("KV pool size", GENERATE_DEFAULT_KV_CACHE_MB)},
         {"kv-blocks", CLI_INT, &kv_blocks, 0, 1 << 30, "KV pool size in blocks (overrides MB)"},
-        {"kv-dtype", CLI_STR, &kv_type, 0, 0, "f16 | bf16 | f32 (default f16)"},
+        {"kv-dtype", CLI_STR, &kv_type, 0, 0, CLI_KV_DTYPE_HELP},
         {"chat-template", CLI_PATH, &tmpl, 0, 0, "a Jinja chat template file for --chat"},
-        {"max-batch-tokens", CLI_INT, &batch, 1, 1 << 16, "prefill chunk (default 512)"},
+        {"max-batch-tokens", CLI_INT, &batch, 1, 1 << 16, CLI_HELP_DEFAULT("prefill chunk", ENGINE_DEFAULT_MAX_BATCH_TOKENS)},
     };
     int rc = cli_parse("generate", "--model FILE (--prompt S | --chat S) [-n N] [--temp T ...]",
                        argc, argv, opts, DX_ARRAY_LEN(opts), NULL, 0, NULL);
@@ -117,7 +128,8 @@ int cli_generate_main(int argc, char **argv)
         rc = 1;
         goto out;
     }
-    gen_state g = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    gen_state g = {
+        .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER, .ids = print_ids};
     const char *stops[1] = {stop};
     engine_request req = {.prompt = ids.ids, .n_prompt = ids.n, .max_tokens = (uint32_t)n_gen,
                           .sampling = {(float)temp, (int)top_k, (float)top_p, (float)min_p, seed,

@@ -92,12 +92,13 @@ static long parse_ids(const char *spec, int32_t **out)
     return (long)n;
 }
 
+/* The lease policy --policy names; DX_NONE for another word. */
 static int parse_policy(const char *s)
 {
     if (!strcmp(s, "multi")) return XFER_LEASE_MULTI;
     if (!strcmp(s, "single")) return XFER_LEASE_SINGLE_USE;
     if (!strcmp(s, "renew")) return XFER_LEASE_RENEW_ON_READ;
-    return -1;
+    return DX_NONE;
 }
 
 /* ---- hold ---- */
@@ -221,14 +222,20 @@ static int hold_serve(kv_side *s, xfer_leases *L, const hold_net *net, uint64_t 
     return 0;
 }
 
+/* kv hold closes idle connections sooner than a node's KV port does
+ * (NODE_KV_DEFAULT_IDLE_TIMEOUT_S): tests wait for it. */
+#define KV_HOLD_IDLE_TIMEOUT_S 10
+
 int cli_kv_hold(int argc, char **argv)
 {
     long blocks = 64, block_bytes = 8192, preset = 0;
     uint64_t seed = 1, model_seed = 1;
     const char *ttls = "60", *tls = NULL, *policy = "multi", *secret_file = NULL;
-    double pin_ttl = 30;
+    double pin_ttl = XFER_LEASE_DEFAULT_PIN_TTL_S;
     long insecure = 0;
-    hold_net net = {"127.0.0.1", 0, 10, 10, NULL, NULL};
+    hold_net net = {.host = "127.0.0.1",
+                    .idle_timeout_s = KV_HOLD_IDLE_TIMEOUT_S,
+                    .handshake_timeout_s = KVPORT_DEFAULT_HANDSHAKE_TIMEOUT_S};
     cli_opt opts[] = {
         {"blocks", CLI_INT, &blocks, 1, 1 << 20, "pool blocks (all filled and leased)"},
         {"block-bytes", CLI_INT, &block_bytes, 64, 1 << 30, "bytes per block (multiple of 64)"},
@@ -236,9 +243,11 @@ int cli_kv_hold(int argc, char **argv)
         {"host", CLI_STR, &net.host, 0, 0, "address to listen on (default 127.0.0.1)"},
         {"port", CLI_INT, &net.port, 0, 65535, "KV port (0: any free port)"},
         {"idle-timeout-s", CLI_DBL, &net.idle_timeout_s, 0.01, 86400,
-         "close a connection this long without a frame and without live pins (default 10)"},
+         CLI_HELP_DEFAULT("close a connection this long without a frame and without live pins",
+                          KV_HOLD_IDLE_TIMEOUT_S)},
         {"handshake-timeout-s", CLI_DBL, &net.handshake_timeout_s, 0.01, 86400,
-         "close a connection not authenticated this long after it connected (default 10)"},
+         CLI_HELP_DEFAULT("close a connection not authenticated this long after it connected",
+                          KVPORT_DEFAULT_HANDSHAKE_TIMEOUT_S)},
         {"kv-secret-file", CLI_PATH, &secret_file, 0, 0, "cluster secret readers must prove"},
         {"insecure-no-auth", CLI_FLAG, &insecure, 0, 0,
          "allow a non-loopback --host without --kv-secret-file"},
@@ -252,7 +261,7 @@ int cli_kv_hold(int argc, char **argv)
     int rc = cli_parse("kv hold", "[options]", argc, argv, opts, DX_ARRAY_LEN(opts), NULL, 0, NULL);
     if (rc) return rc == 1 ? 0 : rc;
     int pol = parse_policy(policy);
-    if (pol < 0) {
+    if (pol == DX_NONE) {
         fprintf(stderr, "duplex kv hold: --policy wants multi|single|renew, got '%s'\n", policy);
         return 2;
     }
@@ -466,8 +475,8 @@ int cli_kv_pull(int argc, char **argv)
                    .repeat = 1,
                    .seed = 1,
                    .model_seed = 1,
-                   .timeout = 10,
-                   .peer_timeout = 5};
+                   .timeout = XFER_DEFAULT_PULL_TIMEOUT_S,
+                   .peer_timeout = XFER_DEFAULT_PEER_TIMEOUT_S};
     cli_opt opts[] = {
         {"host", CLI_STR, &o.host, 0, 0, "holder's host"},
         {"port", CLI_INT, &o.port, 1, 65535, "holder's KV port"},
@@ -483,7 +492,9 @@ int cli_kv_pull(int argc, char **argv)
          "corrupt our hash chain from this index"},
         {"timeout", CLI_DBL, &o.timeout, 0.01, 3600, "seconds for the whole pull"},
         {"peer-timeout", CLI_DBL, &o.peer_timeout, 0.01, 3600,
-         "seconds the holder may stay silent (default 5): a dead one fails the pull then"},
+         "seconds the holder may stay silent "
+         "(default " CLI_DEFAULT_INT(
+             XFER_DEFAULT_PEER_TIMEOUT_S) "): a dead one fails the pull then"},
         {"kv-secret-file", CLI_PATH, &o.secret_file, 0, 0, "cluster secret to prove to the holder"},
         {"repeat", CLI_INT, &o.repeat, 1, 1000000, "pull this many times (one JSON line each)"},
         {"tls", CLI_STR, &o.tls, 0, 0, "UCX_TLS value (default: UCX's choice)"},

@@ -11,41 +11,57 @@
 #include "model/synth.h"
 #include "tok/tok_norm.h"
 
+#define SYNTH_SEED 1 /* model synth's --seed unless told */
+
 static int cmd_synth(int argc, char **argv)
 {
     const char *arch = NULL, *preset = "tiny", *dtype = "f32", *out = NULL, *tokenizer = NULL;
-    uint64_t seed = 1;
+    uint64_t seed = SYNTH_SEED;
+    long layers = 0; /* CLI_INT stores a long */
     const cli_opt opts[] = {
-        {"arch", CLI_STR, &arch, 0, 0, "qwen3 | qwen2 | llama (default: the preset's, else qwen3)"},
+        {"arch", CLI_STR, &arch, 0, 0,
+         "qwen3 | qwen2 | llama | qwen3moe (default: the preset's, else qwen3moe for a mixture "
+         "of experts and qwen3)"},
         {"preset", CLI_STR, &preset, 0, 0,
-         "tiny | small | 0.6b | qwen3-0.6b | llama3.2-1b (default tiny)"},
+         "tiny | small | 0.6b | qwen3-0.6b | llama3.2-1b | tiny-moe | qwen3-30b-a3b (default "
+         "tiny)"},
+        {"layers", CLI_INT, &layers, 1, 1024,
+         "layers instead of the preset's (the real per-layer shape in a smaller file)"},
         {"dtype", CLI_STR, &dtype, 0, 0,
          "weight types: f32 | f16 | bf16 | q8_0 | q5_1 | q5_0 | q4_1 | q4_0 | iq4_nl (every "
-         "matrix; vectors stay f32; default f32)"},
-        {"seed", CLI_U64, &seed, 0, 0, "random seed (default 1)"},
+         "matrix; vectors and an MoE router stay f32; default f32)"},
+        {"seed", CLI_U64, &seed, 0, 0, CLI_HELP_DEFAULT("random seed", SYNTH_SEED)},
         {"tokenizer", CLI_PATH, &tokenizer, 0, 0,
          "a Hugging Face tokenizer.json (or its directory; tokenizer_config.json beside it is "
          "read too) to use instead of the synthetic vocabulary"},
         {"o", CLI_PATH, &out, 0, 0, "output file (required)"},
         {"output", CLI_PATH, &out, 0, 0, "same as -o"},
     };
-    const char *usage = "[--arch A] --preset P --dtype T [--tokenizer PATH] [--seed N] -o FILE";
+    const char *usage =
+        "[--arch A] --preset P [--layers N] --dtype T [--tokenizer PATH] [--seed N] -o FILE";
     int rc = cli_parse("model synth", usage, argc, argv, opts, DX_ARRAY_LEN(opts), NULL, 0, NULL);
     if (rc) return rc == 1 ? 0 : rc;
     if (!out) return cli_required("model synth", "-o FILE");
-    synth_config cfg = {.preset = preset, .seed = seed, .tokenizer = tokenizer};
+    synth_config cfg = {
+        .preset = preset, .seed = seed, .tokenizer = tokenizer, .n_layer = (uint32_t)layers};
     if (synth_check_preset(preset)) return cli_bad_value("model synth", "--preset");
     const synth_preset *sp = synth_find_preset(preset);
-    if (!arch) arch = sp->arch == MODEL_LLAMA ? "llama" : "qwen3";
-    if (synth_parse_arch(arch, &cfg.arch)) return cli_bad_value("model synth", "--arch");
+    cfg.arch = synth_default_arch(sp);
+    if (arch && synth_parse_arch(arch, &cfg.arch)) return cli_bad_value("model synth", "--arch");
     if (synth_check_wtypes(dtype)) return cli_bad_value("model synth", "--dtype");
     cfg.wtypes = synth_find_wtypes(dtype);
     if ((rc = synth_write(&cfg, out))) {
         fprintf(stderr, "duplex model synth: %s\n", dx_errmsg());
         return 1;
     }
-    fprintf(stderr, "wrote %s (%s %s %s, seed %llu, %s vocabulary)\n", out, arch, preset, dtype,
-            (unsigned long long)seed, tokenizer ? tokenizer : "synthetic");
+    char lay[32] = "";
+    if (layers) snprintf(lay, sizeof lay, ", %ld layers", layers);
+    fprintf(stderr, "wrote %s (%s %s%s %s, seed %llu, %s vocabulary)\n", out,
+            arch                         ? arch
+            : cfg.arch == MODEL_QWEN3MOE ? "qwen3moe"
+            : cfg.arch == MODEL_LLAMA    ? "llama"
+                                         : "qwen3",
+            preset, lay, dtype, (unsigned long long)seed, tokenizer ? tokenizer : "synthetic");
     return 0;
 }
 
@@ -59,11 +75,21 @@ static void print_info(const model *m)
            (double)gguf_file_size(g) / (1 << 20), gguf_version(g));
     printf("name:            %s\n", model_name(m));
     printf("architecture:    %s\n", hp->arch_name);
-    printf("parameters:      %llu (%.3f B)\n", (unsigned long long)model_n_params(m),
+    printf("parameters:      %llu (%.3f B)", (unsigned long long)model_n_params(m),
            (double)model_n_params(m) / 1e9);
+    if (hp->n_expert)
+        printf(", %llu (%.3f B) active per token", (unsigned long long)model_n_active_params(m),
+               (double)model_n_active_params(m) / 1e9);
+    printf("\n");
     printf("layers:          %u\n", hp->n_layer);
     printf("embedding:       %u\n", hp->n_embd);
-    printf("feed-forward:    %u\n", hp->n_ff);
+    if (hp->n_expert)
+        printf("experts:         %u, %u used per token, expert feed-forward %u (softmax over the "
+               "router, top %u%s)\n",
+               hp->n_expert, hp->n_expert_used, hp->n_ff_exp, hp->n_expert_used,
+               hp->expert_weights_norm ? ", weights normalised to sum 1" : "");
+    else
+        printf("feed-forward:    %u\n", hp->n_ff);
     printf("heads:           %u query, %u kv (GQA %u:1), head dim %u\n", hp->n_head, hp->n_kv_head,
            hp->n_head / hp->n_kv_head, hp->head_dim);
     printf("context length:  %u\n", hp->n_ctx_train);
@@ -132,7 +158,8 @@ static int cmd_info(int argc, char **argv)
 int cli_model_main(int argc, char **argv)
 {
     static const cli_cmd cmds[] = {
-        {"synth", cmd_synth, "write a random-weight GGUF model (qwen3|qwen2|llama shapes)"},
+        {"synth", cmd_synth,
+         "write a random-weight GGUF model (qwen3|qwen2|llama|qwen3moe shapes)"},
         {"info", cmd_info, "print a GGUF model's shapes, tensors, tokenizer and fingerprint"},
     };
     return cli_group("model", cmds, DX_ARRAY_LEN(cmds), argc, argv);

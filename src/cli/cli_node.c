@@ -23,6 +23,8 @@ static size_t on_body(char *p, size_t size, size_t n, void *user)
 }
 
 /* POSTs URL/admin/drain with the key (or none); 0, or 1 after a message. */
+#define DRAIN_TIMEOUT_S 30 /* node drain's --timeout-s unless told */
+
 static int post_drain(const char *base, const char *key, const char *api_key, long timeout_s)
 {
     char url[300], hdr[600];
@@ -66,7 +68,7 @@ static int post_drain(const char *base, const char *key, const char *api_key, lo
 static int cli_node_drain(int argc, char **argv)
 {
     const char *key_file = NULL, *api_key = NULL;
-    long timeout = 30;
+    long timeout = DRAIN_TIMEOUT_S;
     char *pos[1];
     int npos = 0;
     const cli_opt opts[] = {
@@ -74,7 +76,8 @@ static int cli_node_drain(int argc, char **argv)
          "the cluster's internal key (required when the node has one)"},
         {"api-key", CLI_STR, &api_key, 0, 0,
          "an API key of the node's, when it has API keys but no internal key"},
-        {"timeout-s", CLI_INT, &timeout, 1, 3600, "how long to wait for the node's answer (30)"},
+        {"timeout-s", CLI_INT, &timeout, 1, 3600,
+         "how long to wait for the node's answer (" CLI_DEFAULT_INT(DRAIN_TIMEOUT_S) ")"},
     };
     int rc = cli_parse("node drain", "URL [--internal-key-file FILE]", argc, argv, opts,
                        DX_ARRAY_LEN(opts), pos, 1, &npos);

@@ -20,6 +20,7 @@
 #include "oai/oai_req.h"
 #include "http/rds.h"
 #include "router/router.h"
+#include "router/router_state.h"
 #include "router/router_store.h"
 
 #define MAX_NODES 256
@@ -120,7 +121,7 @@ static void log_startup(const router_config *c, const router *r)
     if (c->discover && rds_url_parse(c->discover, &u) == 0) {
         rds_url_format(&u, disc, sizeof disc);
         snprintf(disc + strlen(disc), sizeof disc - strlen(disc), " (%snode:*)",
-                 c->state_prefix ? c->state_prefix : "duplex:");
+                 c->state_prefix ? c->state_prefix : NODE_REG_DEFAULT_PREFIX);
     }
     DX_LOGI("duplex router: address=http://%s:%d mode=%s prefill=%s decode=%s discover=%s "
             "tokenizer=%s local_prefill_max_tokens=%u auth=%s state=%s",
@@ -160,14 +161,19 @@ int cli_router_main(int argc, char **argv)
 {
     const char *prefill = NULL, *decode = NULL, *host = "127.0.0.1", *tokenizer = NULL;
     const char *mode = "bidirectional", *level = "info";
-    long port = 8000, max_conv = 100000, local_max = 256, health_ms = 1000, max_out = 64;
-    long state_mb = 1024;
+    long port = CLI_DEFAULT_PORT, max_conv = ROUTER_STATE_DEFAULT_MAX_ENTRIES;
+    long local_max = CLI_LOCAL_PREFILL_MAX_TOKENS, health_ms = ROUTER_DEFAULT_HEALTH_INTERVAL_MS;
+    long max_out = ROUTER_DEFAULT_DECODE_MAX_OUTSTANDING, state_mb = ROUTER_STATE_DEFAULT_MAX_MB;
     cli_http_flags http = CLI_HTTP_FLAGS_INIT;
-    double ttl = 450, prefill_timeout = 300, grace = 30;
+    double ttl = ROUTER_DEFAULT_CONVERSATION_TTL_S,
+           prefill_timeout = ROUTER_DEFAULT_PREFILL_TIMEOUT_S;
+    double grace = ROUTER_DEFAULT_SHUTDOWN_GRACE_S;
     cli_list api_keys = {.n = 0}, api_key_files = {.n = 0};
     const char *internal_key_file = NULL, *discover = NULL;
-    const char *state = NULL, *state_prefix = "duplex:";
-    long state_timeout = 50;
+    const char *state = NULL, *state_prefix = NODE_REG_DEFAULT_PREFIX;
+    long state_timeout = ROUTER_STORE_DEFAULT_TIMEOUT_MS;
+    double rsp_ttl = ROUTER_DEFAULT_RESPONSES_TTL_S;
+    long rsp_mb = ROUTER_DEFAULT_RESPONSES_MAX_MB;
     int insecure = 0;
     const cli_opt opts[] = {
         {"prefill", CLI_STR, &prefill, 0, 0,
@@ -177,28 +183,46 @@ int cli_router_main(int argc, char **argv)
         {"discover", CLI_STR, &discover, 0, 0,
          "redis://HOST:PORT[/DB]: also take the nodes registered there (serve --register)"},
         {"host", CLI_STR, &host, 0, 0, "address to bind (default 127.0.0.1)"},
-        {"port", CLI_INT, &port, 0, 65535, "port (default 8000; 0 = any free port)"},
+        {"port", CLI_INT, &port, 0, 65535,
+         "port (default " CLI_DEFAULT_INT(CLI_DEFAULT_PORT) "; 0 = any free port)"},
         {"tokenizer", CLI_PATH, &tokenizer, 0, 0, "GGUF whose tokenizer counts prompt tokens"},
         {"mode", CLI_STR, &mode, 0, 0, "bidirectional|unidirectional (default bidirectional)"},
-        {"conversation-ttl", CLI_DBL, &ttl, 1, 1e7, "seconds a conversation is remembered (450)"},
-        {"max-conversations", CLI_INT, &max_conv, 1, 1e9, "conversations kept (100000)"},
-        {"max-state-mb", CLI_INT, &state_mb, 1, 1 << 20, "kv_transfer_params bytes kept (1024)"},
+        {"conversation-ttl", CLI_DBL, &ttl, 1, 1e7,
+         "seconds a conversation is remembered "
+         "(" CLI_DEFAULT_INT(ROUTER_DEFAULT_CONVERSATION_TTL_S) ")"},
+        {"max-conversations", CLI_INT, &max_conv, 1, 1e9,
+         "conversations kept (" CLI_DEFAULT_INT(ROUTER_STATE_DEFAULT_MAX_ENTRIES) ")"},
+        {"max-state-mb", CLI_INT, &state_mb, 1, 1 << 20,
+         "kv_transfer_params bytes kept (" CLI_DEFAULT_INT(ROUTER_STATE_DEFAULT_MAX_MB) ")"},
         {"state", CLI_STR, &state, 0, 0,
          "redis://HOST:PORT[/DB]: the conversation map in Redis, shared by every router "
          "(default: in this process)"},
         {"state-prefix", CLI_STR, &state_prefix, 0, 0,
-         "Redis key prefix (default duplex:): --state's keys, and the nodes' --register-prefix "
+         "Redis key prefix (default " NODE_REG_DEFAULT_PREFIX
+         "): --state's keys, and the nodes' --register-prefix "
          "that --discover reads"},
         {"state-timeout-ms", CLI_INT, &state_timeout, 1, ROUTER_STORE_TIMEOUT_MAX,
-         "deadline of each Redis call; past it the request routes without affinity (50)"},
+         "deadline of each Redis call; past it the request routes without affinity "
+         "(" CLI_DEFAULT_INT(ROUTER_STORE_DEFAULT_TIMEOUT_MS) ")"},
+        {"responses-ttl", CLI_DBL, &rsp_ttl, 1, 86400 * 7,
+         "seconds a stored response (previous_response_id) is kept from its last use "
+         "(" CLI_DEFAULT_INT(ROUTER_DEFAULT_RESPONSES_TTL_S) ")"},
+        {"responses-max-mb", CLI_INT, &rsp_mb, 1, 1 << 20,
+         "stored responses' memory without --state (" CLI_DEFAULT_INT(
+             ROUTER_DEFAULT_RESPONSES_MAX_MB) ")"},
         {"local-prefill-max-tokens", CLI_INT, &local_max, 0, 1 << 30,
-         "uncached prompt tokens below this skip the prefill node (256)"},
+         "uncached prompt tokens below this skip the prefill node "
+         "(" CLI_DEFAULT_INT(CLI_LOCAL_PREFILL_MAX_TOKENS) ")"},
         {"decode-max-outstanding", CLI_INT, &max_out, 1, 1 << 20,
-         "requests at a decode node beyond which affinity yields (64)"},
-        {"health-interval-ms", CLI_INT, &health_ms, 10, 3600000, "node health checks (1000)"},
-        {"prefill-timeout-s", CLI_DBL, &prefill_timeout, 0.1, 86400, "prefill request limit (300)"},
+         "requests at a decode node beyond which affinity yields "
+         "(" CLI_DEFAULT_INT(ROUTER_DEFAULT_DECODE_MAX_OUTSTANDING) ")"},
+        {"health-interval-ms", CLI_INT, &health_ms, 10, 3600000,
+         "node health checks (" CLI_DEFAULT_INT(ROUTER_DEFAULT_HEALTH_INTERVAL_MS) ")"},
+        {"prefill-timeout-s", CLI_DBL, &prefill_timeout, 0.1, 86400,
+         "prefill request limit (" CLI_DEFAULT_INT(ROUTER_DEFAULT_PREFILL_TIMEOUT_S) ")"},
         CLI_HTTP_OPTS(http),
-        {"shutdown-grace-s", CLI_DBL, &grace, 0.001, 86400, "drain time on SIGTERM (30)"},
+        {"shutdown-grace-s", CLI_DBL, &grace, 0.001, 86400,
+         "drain time on SIGTERM (" CLI_DEFAULT_INT(ROUTER_DEFAULT_SHUTDOWN_GRACE_S) ")"},
         {"log-level", CLI_STR, &level, 0, 0, "error|warn|info|debug (default info)"},
         CLI_API_KEY_OPTS(&api_keys, &api_key_files),
         {"internal-key-file", CLI_PATH, &internal_key_file, 0, 0,
@@ -249,6 +273,8 @@ int cli_router_main(int argc, char **argv)
         cfg.state_url = state;
         cfg.state_prefix = state_prefix;
         cfg.state_timeout_ms = (int)state_timeout;
+        cfg.responses_ttl_s = rsp_ttl;
+        cfg.responses_max_bytes = (size_t)rsp_mb << 20;
         cfg.local_prefill_max_tokens = (uint32_t)local_max;
         cfg.decode_max_outstanding = (uint32_t)max_out;
         cfg.health_interval_ms = (uint64_t)health_ms;

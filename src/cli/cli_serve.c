@@ -11,7 +11,9 @@
 #include "engine/engine.h"
 #include "base/dx_addr.h"
 #include "http/node_reg.h"
+#include "node/node_pd.h"
 #include "node/node_run.h"
+#include "xfer/xfer_client.h"
 
 static int parse_role(const char *r, enum node_role *out)
 {
@@ -33,7 +35,8 @@ typedef struct {
     const char *tool_parser, *reasoning_parser, *chat_template, *kv_secret, *kv_peers;
     long port, threads, kv_mb, batch, seqs, waiting, ctx, kv_port, kv_blocks, threshold;
     cli_http_flags http;
-    double grace, pin_ttl, lease_ttl, retain_ttl, kv_peer_timeout, kv_pull_timeout;
+    double grace, pin_ttl, lease_ttl, retain_ttl, kv_peer_timeout, kv_pull_timeout, rsp_ttl;
+    long rsp_mb;
     int bidirectional, prefix_on, prefix_off, insecure;
     cli_list api_keys, api_key_files, trust_from;
     const char *internal_key_file;
@@ -137,6 +140,8 @@ static int to_config(serve_flags *f, node_run_config *c)
     c->pin_ttl_s = f->pin_ttl;
     c->lease_ttl_s = f->lease_ttl;
     c->retain_ttl_s = f->retain_ttl;
+    c->responses_ttl_s = f->rsp_ttl;
+    c->responses_max_bytes = (size_t)f->rsp_mb << 20;
     c->bidirectional = f->bidirectional;
     c->recompute_threshold = (uint32_t)(f->threshold ? f->threshold : 1);
     c->auth = (http_auth_config){.api_keys = f->api_keys.v,
@@ -154,41 +159,47 @@ int cli_serve_main(int argc, char **argv)
     serve_flags f = {.role = "both",
                      .host = "127.0.0.1",
                      .level = "info",
-                     .kv_dtype = "f16",
-                     .port = 8000,
-                     .kv_mb = 1024,
-                     .batch = 512,
-                     .seqs = 64,
-                     .waiting = 256,
+                     .kv_dtype = ENGINE_DEFAULT_KV_DTYPE,
+                     .port = CLI_DEFAULT_PORT,
+                     .kv_mb = ENGINE_DEFAULT_KV_CACHE_MB,
+                     .batch = ENGINE_DEFAULT_MAX_BATCH_TOKENS,
+                     .seqs = ENGINE_DEFAULT_MAX_SEQS,
+                     .waiting = ENGINE_DEFAULT_MAX_WAITING,
                      .http = CLI_HTTP_FLAGS_INIT,
                      .kv_port = -1,
-                     .threshold = 64,
-                     .grace = 10,
-                     .pin_ttl = 30,
-                     .lease_ttl = 30,
-                     .retain_ttl = 480,
-                     .kv_peer_timeout = 5,
-                     .kv_pull_timeout = 10};
+                     .threshold = NODE_PD_DEFAULT_RECOMPUTE_THRESHOLD,
+                     .grace = NODE_SERVER_DEFAULT_SHUTDOWN_GRACE_S,
+                     .pin_ttl = XFER_LEASE_DEFAULT_PIN_TTL_S,
+                     .lease_ttl = NODE_KV_DEFAULT_LEASE_TTL_S,
+                     .retain_ttl = NODE_KV_DEFAULT_RETAIN_TTL_S,
+                     .kv_peer_timeout = XFER_DEFAULT_PEER_TIMEOUT_S,
+                     .kv_pull_timeout = XFER_DEFAULT_PULL_TIMEOUT_S};
     const cli_opt opts[] = {
         {"model", CLI_PATH, &f.path, 0, 0, "GGUF model file (required)"},
         {"role", CLI_STR, &f.role, 0, 0, "prefill|decode|both (default both)"},
         {"host", CLI_STR, &f.host, 0, 0, "address to bind (default 127.0.0.1)"},
-        {"port", CLI_INT, &f.port, 0, 65535, "port (default 8000; 0 = any free port)"},
+        {"port", CLI_INT, &f.port, 0, 65535,
+         "port (default " CLI_DEFAULT_INT(CLI_DEFAULT_PORT) "; 0 = any free port)"},
         {"threads", CLI_INT, &f.threads, 0, 1024, "engine threads (default: cores)"},
-        {"kv-cache-mb", CLI_INT, &f.kv_mb, 1, 1 << 22, "KV pool size (default 1024)"},
-        {"max-batch-tokens", CLI_INT, &f.batch, 1, 1 << 16, "tokens per step (default 512)"},
-        {"max-seqs", CLI_INT, &f.seqs, 1, 4096, "requests running at once (default 64)"},
+        {"kv-cache-mb", CLI_INT, &f.kv_mb, 1, 1 << 22,
+         CLI_HELP_DEFAULT("KV pool size", ENGINE_DEFAULT_KV_CACHE_MB)},
+        {"max-batch-tokens", CLI_INT, &f.batch, 1, 1 << 16,
+         CLI_HELP_DEFAULT("tokens per step", ENGINE_DEFAULT_MAX_BATCH_TOKENS)},
+        {"max-seqs", CLI_INT, &f.seqs, 1, 4096,
+         CLI_HELP_DEFAULT("requests running at once", ENGINE_DEFAULT_MAX_SEQS)},
         {"max-waiting", CLI_INT, &f.waiting, 1, 1 << 20,
-         "queued requests before 503 (default 256)"},
+         CLI_HELP_DEFAULT("queued requests before 503", ENGINE_DEFAULT_MAX_WAITING)},
         {"ctx", CLI_INT, &f.ctx, 0, 1 << 24,
-         "max tokens per sequence (default: the model's, at most 32768; at most the model's)"},
+         "max tokens per sequence (default: the model's, "
+         "at most " CLI_DEFAULT_INT(ENGINE_DEFAULT_MAX_CTX) "; at most the model's)"},
         CLI_HTTP_OPTS(f.http),
         {"shutdown-grace-s", CLI_DBL, &f.grace, 0.001, 86400,
-         "drain time on SIGTERM, SIGUSR1 and `duplex node drain` (default 10)"},
+         CLI_HELP_DEFAULT("drain time on SIGTERM, SIGUSR1 and `duplex node drain`",
+                          NODE_SERVER_DEFAULT_SHUTDOWN_GRACE_S)},
         {"log-level", CLI_STR, &f.level, 0, 0, "error|warn|info|debug (default info)"},
         {"kv-blocks", CLI_INT, &f.kv_blocks, 0, 1 << 30,
          "KV pool size in blocks (overrides --kv-cache-mb)"},
-        {"kv-dtype", CLI_STR, &f.kv_dtype, 0, 0, "KV cache dtype f16|bf16|f32 (default f16)"},
+        {"kv-dtype", CLI_STR, &f.kv_dtype, 0, 0, CLI_KV_DTYPE_HELP},
         {"enable-prefix-caching", CLI_FLAG, &f.prefix_on, 0, 0, "reuse cached prefixes (default)"},
         {"no-enable-prefix-caching", CLI_FLAG, &f.prefix_off, 0, 0,
          "never reuse KV this node computed for earlier requests"},
@@ -202,13 +213,15 @@ int cli_serve_main(int argc, char **argv)
         {"kv-peers", CLI_STR, &f.kv_peers, 0, 0,
          "HOST[:PORT],... KV ports this node may pull from (default: loopback only)"},
         {"kv-peer-timeout-s", CLI_DBL, &f.kv_peer_timeout, 0.1, 3600,
-         "a holder silent this long is dead: the pull recomputes (default 5)"},
+         CLI_HELP_DEFAULT("a holder silent this long is dead: the pull recomputes",
+                          XFER_DEFAULT_PEER_TIMEOUT_S)},
         {"kv-pull-timeout-s", CLI_DBL, &f.kv_pull_timeout, 0.1, 86400,
-         "longest one KV pull may take before the request recomputes (default 10)"},
+         CLI_HELP_DEFAULT("longest one KV pull may take before the request recomputes",
+                          XFER_DEFAULT_PULL_TIMEOUT_S)},
         {"kv-transport-tls", CLI_STR, &f.kv_tls, 0, 0,
          "UCX_TLS for KV reads (default: UCX's choice)"},
         {"kv-pin-ttl-s", CLI_DBL, &f.pin_ttl, 0.1, 3600,
-         "seconds an unreleased pin lives (default 30)"},
+         CLI_HELP_DEFAULT("seconds an unreleased pin lives", XFER_LEASE_DEFAULT_PIN_TTL_S)},
         {"engine-id", CLI_STR, &f.engine_id, 0, 0, "this node's engine id (default: host:port)"},
         {"chat-template", CLI_PATH, &f.chat_template, 0, 0,
          "a Jinja chat template file instead of the model's"},
@@ -220,12 +233,20 @@ int cli_serve_main(int argc, char **argv)
          "the model's name in the API (default: the file's; both are accepted)"},
         {"bidirectional-kv-xfer", CLI_FLAG, &f.bidirectional, 0, 0,
          "decode: retain finished requests' KV; prefill: pull history from decode nodes"},
+        {"responses-ttl", CLI_DBL, &f.rsp_ttl, 1, 86400 * 7,
+         "seconds a stored response (previous_response_id) is kept from its last use "
+         "(default: --decoder-kv-blocks-ttl)"},
+        {"responses-max-mb", CLI_INT, &f.rsp_mb, 1, 1 << 20,
+         "stored responses' memory, least recently used out first (default 256)"},
         {"decoder-kv-blocks-ttl", CLI_DBL, &f.retain_ttl, 1, 86400 * 7,
-         "seconds a node retains a finished request's KV (default 480)"},
+         CLI_HELP_DEFAULT("seconds a node retains a finished request's KV",
+                          NODE_KV_DEFAULT_RETAIN_TTL_S)},
         {"kv-recompute-threshold", CLI_INT, &f.threshold, 0, 1 << 24,
-         "fewer reusable remote tokens than this: recompute (default 64)"},
+         CLI_HELP_DEFAULT("fewer reusable remote tokens than this: recompute",
+                          NODE_PD_DEFAULT_RECOMPUTE_THRESHOLD)},
         {"kv-lease-ttl", CLI_DBL, &f.lease_ttl, 0.1, 86400,
-         "seconds a prefill node holds a prompt's KV for its decode node (default 30)"},
+         CLI_HELP_DEFAULT("seconds a prefill node holds a prompt's KV for its decode node",
+                          NODE_KV_DEFAULT_LEASE_TTL_S)},
         CLI_API_KEY_OPTS(&f.api_keys, &f.api_key_files),
         {"internal-key-file", CLI_PATH, &f.internal_key_file, 0, 0,
          "the cluster's internal key: callers presenting it may send kv_transfer_params"},
@@ -234,11 +255,12 @@ int cli_serve_main(int argc, char **argv)
         {"register", CLI_STR, &f.reg, 0, 0,
          "redis://HOST:PORT[/DB]: announce this node to routers (--discover) in Redis"},
         {"register-prefix", CLI_STR, &f.reg_prefix, 0, 0,
-         "the registration key's prefix (default duplex:)"},
+         "the registration key's prefix (default " NODE_REG_DEFAULT_PREFIX ")"},
         {"advertise-url", CLI_STR, &f.advertise, 0, 0,
          "http://HOST:PORT routers use for this node (default: from --host and --port)"},
         {"heartbeat-ms", CLI_INT, &f.heartbeat, 50, 600000,
-         "registration refresh interval; the key lives 3 times this (default 1000)"},
+         CLI_HELP_DEFAULT("registration refresh interval; the key lives 3 times this",
+                          NODE_REG_DEFAULT_HEARTBEAT_MS)},
         {"insecure-no-auth", CLI_FLAG, &f.insecure, 0, 0,
          "allow a non-loopback --host without API keys, and a KV port off loopback without "
          "--kv-secret-file (anyone reaching them is trusted)"},

@@ -25,13 +25,15 @@
 
 #include <jansson.h>
 
+/* f to its end, appended to b: 0, dx_buf_append's code or DX_EIO. */
 static int read_all(FILE *f, dx_buf *b)
 {
     char chunk[65536];
     size_t n;
+    int rc;
     while ((n = fread(chunk, 1, sizeof chunk, f)) > 0)
-        if (dx_buf_append(b, chunk, n)) return -1;
-    return ferror(f) ? -1 : 0;
+        if ((rc = dx_buf_append(b, chunk, n))) return rc;
+    return ferror(f) ? dx_errf(DX_EIO, "read error: %s", strerror(errno)) : 0;
 }
 
 static void print_escaped(const char *s, int n)

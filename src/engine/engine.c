@@ -152,8 +152,11 @@ static void *engine_main(void *arg)
 int engine_parse_kv_dtype(const char *name, int *out)
 {
     enum dx_dtype t = DX_F16;
-    if (name && (dx_dtype_parse(name, &t) || t == DX_Q8_0))
-        return dx_errf(DX_EINVAL, "KV cache dtype '%s' is not supported (f16|bf16|f32)", name);
+    if (!name) name = ENGINE_DEFAULT_KV_DTYPE;
+    /* the weight dtypes may grow; the KV cache takes these four */
+    if (dx_dtype_parse(name, &t) || (t != DX_F16 && t != DX_BF16 && t != DX_F32 && t != DX_Q8_0))
+        return dx_errf(DX_EINVAL, "KV cache dtype '%s' is not supported (" ENGINE_KV_DTYPES ")",
+                       name);
     *out = (int)t;
     return 0;
 }
@@ -196,13 +199,13 @@ static void apply_defaults(engine_config *c, const model *m)
 {
     if (c->n_threads <= 0) c->n_threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (c->n_threads <= 0) c->n_threads = 1;
-    if (!c->kv_cache_mb && !c->kv_blocks) c->kv_cache_mb = 1024;
+    if (!c->kv_cache_mb && !c->kv_blocks) c->kv_cache_mb = ENGINE_DEFAULT_KV_CACHE_MB;
     if (!c->block_size) c->block_size = ENGINE_DEFAULT_BLOCK_SIZE;
-    if (!c->max_batch_tokens) c->max_batch_tokens = 512;
-    if (!c->max_seqs) c->max_seqs = 64;
-    if (!c->max_waiting) c->max_waiting = 256;
+    if (!c->max_batch_tokens) c->max_batch_tokens = ENGINE_DEFAULT_MAX_BATCH_TOKENS;
+    if (!c->max_seqs) c->max_seqs = ENGINE_DEFAULT_MAX_SEQS;
+    if (!c->max_waiting) c->max_waiting = ENGINE_DEFAULT_MAX_WAITING;
     uint32_t train = model_hp(m)->n_ctx_train;
-    if (!c->n_ctx) c->n_ctx = train < 32768 ? train : 32768;
+    if (!c->n_ctx) c->n_ctx = train < ENGINE_DEFAULT_MAX_CTX ? train : ENGINE_DEFAULT_MAX_CTX;
 }
 
 int engine_create(const engine_config *cfg, const model *m, engine **out)

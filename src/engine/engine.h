@@ -23,20 +23,34 @@
  * KV out as the server does. */
 #define ENGINE_DEFAULT_BLOCK_SIZE 16
 
+/* What engine_create puts in a field of engine_config left 0 (duplex
+ * serve's and generate's help shows them).  Each is a plain literal so that
+ * help text can spell it (CLI_DEFAULT_INT). */
+#define ENGINE_DEFAULT_KV_CACHE_MB      1024
+#define ENGINE_DEFAULT_MAX_BATCH_TOKENS 512
+#define ENGINE_DEFAULT_MAX_SEQS         64
+#define ENGINE_DEFAULT_MAX_WAITING      256
+#define ENGINE_DEFAULT_MAX_CTX          32768 /* n_ctx: the model's, at most this */
+/* The KV cache's dtype unless engine_config.kv_dtype says, and the names it
+ * takes: q8_0 holds a token's KV in 0.53 of f16's bytes (kern.h, docs/pd.md
+ * "Sizing"); f16 stays the default, see the README's accuracy figures. */
+#define ENGINE_DEFAULT_KV_DTYPE "f16"
+#define ENGINE_KV_DTYPES        "f16|bf16|f32|q8_0"
+
 typedef struct {
     int n_threads;             /* default: number of cores */
-    size_t kv_cache_mb;        /* KV pool size; default 1024 */
+    size_t kv_cache_mb;        /* KV pool size (0: ENGINE_DEFAULT_KV_CACHE_MB) */
     uint32_t kv_blocks;        /* overrides kv_cache_mb when non-zero */
     uint32_t block_size;       /* tokens per block, default 16 */
-    const char *kv_dtype;      /* "f16" (default, NULL) | "bf16" | "f32" */
-    uint32_t max_batch_tokens; /* tokens per forward step, default 512 */
-    uint32_t max_seqs;         /* running sequences, default 64 */
+    const char *kv_dtype;      /* ENGINE_KV_DTYPES (NULL: ENGINE_DEFAULT_KV_DTYPE) */
+    uint32_t max_batch_tokens; /* tokens per forward step (0: ENGINE_DEFAULT_MAX_BATCH_TOKENS) */
+    uint32_t max_seqs;         /* running sequences (0: ENGINE_DEFAULT_MAX_SEQS) */
     /* Requests waiting to run (not running) at most; the newest past it end
-     * with ERROR / DX_EBUSY ("server busy"); default 256.  A request is
-     * admitted only when it and every running one can add 64 more tokens
-     * without a preemption. */
+     * with ERROR / DX_EBUSY ("server busy"); 0: ENGINE_DEFAULT_MAX_WAITING.
+     * A request is admitted only when it and every running one can add 64
+     * more tokens without a preemption. */
     uint32_t max_waiting;
-    uint32_t n_ctx;            /* max tokens per sequence; default min(n_ctx_train, 32768) */
+    uint32_t n_ctx;            /* max tokens per sequence (0: see ENGINE_DEFAULT_MAX_CTX) */
     /* 1: never reuse blocks computed for earlier requests (vLLM's
      * --no-enable-prefix-caching).  Blocks are still hashed, so leases and
      * pins can check them, and prefix_blocks handed in with a request are
@@ -197,7 +211,9 @@ typedef struct {
 
 typedef struct engine engine;
 
-/* "f16" | "bf16" | "f32" (NULL = f16) to an enum dx_dtype; DX_EINVAL otherwise. */
+/* One of ENGINE_KV_DTYPES (NULL: ENGINE_DEFAULT_KV_DTYPE) to an enum
+ * dx_dtype; DX_EINVAL otherwise.  A q8_0 cache needs head_dim % 32 == 0
+ * (engine_create says so otherwise). */
 int engine_parse_kv_dtype(const char *name, int *out);
 
 int engine_create(const engine_config *cfg, const model *m, engine **out);

@@ -1,4 +1,5 @@
-/* fwd: transformer forward pass (llama / qwen2 / qwen3) over paged KV.
+/* fwd: transformer forward pass (llama / qwen2 / qwen3 / qwen3moe) over
+ * paged KV.  A mixture-of-experts model's FFN is engine/moe's.
  *
  * One step processes T tokens from several sequences together: every matmul
  * sees all T tokens (weights stream from memory once per step, not once per
@@ -20,6 +21,7 @@
 #include "base/dx_dtype.h"
 #include "base/dx_err.h"
 #include "engine/kern/kern.h"
+#include "engine/moe.h"
 
 #define ATTN_Q_CHUNK 64 /* queries per attention task */
 #define TOK_CHUNK 16    /* tokens per task for per-token ops */
@@ -65,6 +67,8 @@ struct fwd {
     uint32_t *merge_seq, n_merge;
     float *part;            /* [part_floats] */
     size_t part_floats;
+    moe *moe;           /* the FFN of an MoE model, else NULL */
+    int32_t *route_log; /* fwd_set_route_log's, or NULL */
     fwd_stats stats;
 };
 
@@ -194,6 +198,8 @@ static void store_k_transposed(float *src, uint8_t *dst, int dtype, size_t n, si
     for (size_t d = 0; d < n; d++) memcpy(dst + d * bs * es, row + d * es, es);
 }
 
+static kern_attn_layout attn_layout(const fwd *f, uint32_t l);
+
 /* Biases, q/k norm, RoPE, then K/V into the sequence's KV block. */
 static void qkv_post_tok(fwd *f, uint32_t l, size_t t)
 {
@@ -221,6 +227,13 @@ static void qkv_post_tok(fwd *f, uint32_t l, size_t t)
     int32_t blk = f->cur[f->tok_seq[t]].blocks[pos / bs];
     uint8_t *base = kv_pool_block_ptr(f->pool, blk);
     size_t koff = kv_pool_k_offset(f->pool, l), voff = kv_pool_v_offset(f->pool, l);
+    if (dtype == DX_Q8_0) { /* quantised once, here, from this token's rows alone */
+        kern_attn_layout L = attn_layout(f, l);
+        for (uint32_t h = 0; h < hp->n_kv_head; h++)
+            kern_attn_store_q8(&L, base + koff, base + voff, (int)h, (int)(pos % bs), k + h * D,
+                               v + h * D);
+        return;
+    }
     for (uint32_t h = 0; h < hp->n_kv_head; h++) {
         size_t krow = ((size_t)h * D * bs + pos % bs) * es, vrow = ((size_t)h * bs + pos % bs) * D * es;
         store_k_transposed(k + h * D, base + koff + krow, dtype, D, bs);
@@ -348,9 +361,10 @@ static void attn_count(fwd *f, const fwd_seq *seqs, size_t n_seqs)
         keys += n * p0 + n * (n + 1) / 2;
         ctx += p0 + n;
     }
-    double es = (double)dx_dtype_block_bytes(kv_pool_dtype(f->pool));
+    /* bytes a key's head takes (q8_0: quants and scales) */
+    double es = (double)kern_attn_head_bytes(kv_pool_dtype(f->pool), 1, hp->head_dim);
     f->stats.attn_flop += keys * 4.0 * hp->head_dim * hp->n_head * hp->n_layer;
-    f->stats.attn_bytes += ctx * 2.0 * hp->head_dim * hp->n_kv_head * es * hp->n_layer;
+    f->stats.attn_bytes += ctx * 2.0 * hp->n_kv_head * es * hp->n_layer;
 }
 
 static void attention(fwd *f, uint32_t l, size_t n_seqs)
@@ -374,11 +388,18 @@ static void layer(fwd *f, uint32_t l, size_t T, size_t n_seqs)
     matmul1(f, f->att, T, &L->wo, f->tmp);
     for_tokens(f, T, l, residual_tok);
     for_tokens(f, T, l, ffn_norm_tok);
-    const model_tensor *wgu[2] = {&L->w_gate, &L->w_up};
-    float *ygu[2] = {f->gate, f->up};
-    matmul_group(f, f->xb, T, wgu, ygu, 2);
-    for_tokens(f, T, l, swiglu_tok);
-    matmul1(f, f->gate, T, &L->w_down, f->tmp);
+    if (f->moe) {
+        int32_t *route = f->route_log ? f->route_log + (size_t)l * T * f->hp->n_expert_used : NULL;
+        uint64_t t0 = dx_now_ns();
+        moe_ffn(f->moe, f->tp, L, f->xb, T, f->tmp, route);
+        f->stats.moe_ns += dx_now_ns() - t0;
+    } else {
+        const model_tensor *wgu[2] = {&L->w_gate, &L->w_up};
+        float *ygu[2] = {f->gate, f->up};
+        matmul_group(f, f->xb, T, wgu, ygu, 2);
+        for_tokens(f, T, l, swiglu_tok);
+        matmul1(f, f->gate, T, &L->w_down, f->tmp);
+    }
     for_tokens(f, T, l, residual_tok);
 }
 
@@ -454,6 +475,11 @@ uint32_t fwd_n_vocab(const fwd *f)
     return f->hp->n_vocab;
 }
 
+void fwd_set_route_log(fwd *f, int32_t *route)
+{
+    f->route_log = route;
+}
+
 static int build_rope(fwd *f)
 {
     uint32_t D = f->hp->head_dim, half = D / 2;
@@ -489,11 +515,13 @@ static int act_slots(const model *m)
 static int alloc_buffers(fwd *f)
 {
     const model_hparams *hp = f->hp;
-    size_t T = f->max_tokens, big = hp->n_ff > hp->n_embd ? hp->n_ff : hp->n_embd;
+    /* an MoE model's FFN has buffers of its own (moe_create) */
+    size_t ff = hp->n_expert ? 1 : hp->n_ff;
+    size_t T = f->max_tokens, big = ff > hp->n_embd ? ff : hp->n_embd;
     if (f->q_dim > big) big = f->q_dim;
     float **bufs[] = {&f->x, &f->xb, &f->q, &f->k, &f->v, &f->att, &f->gate, &f->up, &f->tmp};
     size_t widths[] = {hp->n_embd, hp->n_embd, f->q_dim, f->kv_dim, f->kv_dim,
-                       f->q_dim,   hp->n_ff,   hp->n_ff, hp->n_embd};
+                       f->q_dim,   ff,         ff,       hp->n_embd};
     for (size_t i = 0; i < DX_ARRAY_LEN(bufs); i++)
         if (!(*bufs[i] = dx_aligned_alloc(64, T * widths[i] * sizeof(float))))
             return dx_errf(DX_ENOMEM, "fwd: activations for %zu tokens", (size_t)T);
@@ -531,7 +559,8 @@ static int alloc_buffers(fwd *f)
     f->seq_first = dx_calloc(f->max_seqs, sizeof *f->seq_first);
     if (!f->tok_seq || !f->tok_pos || !f->seq_first)
         return dx_errf(DX_ENOMEM, "fwd: batch tables for %zu tokens", (size_t)T);
-    return build_rope(f);
+    int rc = hp->n_expert ? moe_create(f->m, f->n_threads, f->max_tokens, &f->moe) : 0;
+    return rc ? rc : build_rope(f);
 }
 
 int fwd_create(const model *m, kv_pool *pool, dx_tpool *tp, uint32_t max_tokens, uint32_t max_seqs,
@@ -540,8 +569,8 @@ int fwd_create(const model *m, kv_pool *pool, dx_tpool *tp, uint32_t max_tokens,
     *out = NULL;
     const model_hparams *hp = model_hp(m);
     if (kv_pool_block_bytes(pool) !=
-        (size_t)hp->n_layer * 2 * hp->n_kv_head * kv_pool_block_size(pool) * hp->head_dim *
-            dx_dtype_block_bytes(kv_pool_dtype(pool)))
+        (size_t)hp->n_layer * 2 * hp->n_kv_head *
+            kern_attn_head_bytes(kv_pool_dtype(pool), kv_pool_block_size(pool), hp->head_dim))
         return dx_errf(DX_EINVAL, "KV pool layout does not match the model");
     if (!max_tokens || !max_seqs || !n_ctx || max_seqs > 4096)
         return dx_errf(DX_EINVAL, "bad forward sizes (tokens %u, sequences %u, context %u)",
@@ -583,5 +612,6 @@ void fwd_destroy(fwd *f)
     dx_free(f->attn_first);
     dx_free(f->part_off);
     dx_free(f->merge_seq);
+    moe_destroy(f->moe);
     dx_free(f);
 }

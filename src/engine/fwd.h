@@ -7,7 +7,8 @@
  * ask for them.  Everything is sized at create for max_tokens tokens per
  * step: the step itself allocates nothing.  Kernels are batch-invariant, so a
  * token's K/V and logits do not depend on the batch around it, the chunking,
- * or the thread count. */
+ * or the thread count — for a mixture of experts too, whichever other
+ * tokens share its experts (engine/moe.h). */
 #ifndef FWD_H
 #define FWD_H
 
@@ -33,6 +34,7 @@ typedef struct fwd fwd;
 typedef struct {
     uint64_t steps, tokens;
     uint64_t step_ns, attn_ns; /* in fwd_step; in its attention */
+    uint64_t moe_ns;           /* in a mixture of experts' FFNs (router to weighted sums) */
     /* attention FLOPs (4*head_dim per query head per visible key: QK and PV)
      * and KV bytes (every visible key's K and V once per step and layer) */
     double attn_flop, attn_bytes;
@@ -47,6 +49,11 @@ void fwd_destroy(fwd *f);
  * DX_EINVAL when the batch exceeds the sizes given at create. */
 int fwd_step(fwd *f, const fwd_seq *seqs, size_t n_seqs, float *logits);
 uint32_t fwd_n_vocab(const fwd *f);
+/* Tests and diagnostics: while set, each step of an MoE model writes the
+ * experts its tokens were routed to, route[(layer * n_tok + t) * k + slot]
+ * for the step's n_tok tokens in batch order (k = n_expert_used; slot 0 the
+ * most probable).  route holds n_layer * max_tokens * k; NULL stops it. */
+void fwd_set_route_log(fwd *f, int32_t *route);
 void fwd_get_stats(const fwd *f, fwd_stats *out);
 void fwd_reset_stats(fwd *f);
 

@@ -78,23 +78,31 @@ struct kv_pool {
 
 /* ---- configuration ---------------------------------------------------- */
 
-static size_t kv_elem_size(int dtype)
+/* Bytes of one kv head's K (or V) for block_size tokens of head_dim: plain
+ * elements, or for q8_0 one int8 per element and one f16 scale per 32
+ * elements of a token's row (kern.h has the layout); 0 for an unknown
+ * dtype or a q8_0 head_dim that is not a multiple of 32. */
+static size_t kv_head_bytes(int dtype, size_t head_dim, size_t block_size)
 {
     switch (dtype) {
     case DX_F16:
     case DX_BF16:
-        return 2;
+        return 2 * head_dim * block_size;
     case DX_F32:
-        return 4;
+        return 4 * head_dim * block_size;
+    case DX_Q8_0:
+        if (head_dim % DX_QK8_0) return 0;
+        return (head_dim + head_dim / DX_QK8_0 * 2) * block_size;
     default:
         return 0;
     }
 }
 
+/* a*b*c: 0 and *out set, or 1 on overflow (dx_mul_overflow's yes/no). */
 static int kv_mul3(size_t a, size_t b, size_t c, size_t *out)
 {
     size_t ab;
-    return dx_mul_overflow(a, b, &ab) || dx_mul_overflow(ab, c, out) ? -1 : 0;
+    return dx_mul_overflow(a, b, &ab) || dx_mul_overflow(ab, c, out);
 }
 
 static int kv_check_dims(const kv_pool_config *c)
@@ -105,8 +113,13 @@ static int kv_check_dims(const kv_pool_config *c)
     if (c->block_size > KV_MAX_BLOCK_SIZE)
         return dx_errf(DX_EINVAL, "kv_pool: config.block_size %u is out of range 1..%u",
                        c->block_size, KV_MAX_BLOCK_SIZE);
-    if (kv_elem_size(c->dtype) == 0)
-        return dx_errf(DX_EINVAL, "kv_pool: config.dtype %d is not f16, bf16 or f32", c->dtype);
+    if (c->dtype != DX_F16 && c->dtype != DX_BF16 && c->dtype != DX_F32 && c->dtype != DX_Q8_0)
+        return dx_errf(DX_EINVAL, "kv_pool: config.dtype %d is not f16, bf16, f32 or q8_0",
+                       c->dtype);
+    if (c->dtype == DX_Q8_0 && c->head_dim % DX_QK8_0)
+        return dx_errf(DX_EINVAL,
+                       "kv_pool: config.head_dim %u: a q8_0 KV cache needs a multiple of %d",
+                       c->head_dim, DX_QK8_0);
     if ((c->alloc == NULL) != (c->release == NULL))
         return dx_errf(DX_EINVAL, "kv_pool: config.alloc and config.release must be set together");
     return 0;
@@ -118,8 +131,9 @@ static int kv_layout_from_config(const kv_pool_config *c, kv_layout *L)
     if (rc < 0) return rc;
     L->block_size = c->block_size ? c->block_size : KV_DEFAULT_BLOCK_SIZE;
     size_t head_bytes, blocks_bytes;
-    if (kv_mul3(c->head_dim, kv_elem_size(c->dtype), L->block_size, &head_bytes) ||
-        dx_mul_overflow(head_bytes, c->n_kv_head, &L->kv_bytes) ||
+    /* head_dim < 2^32 and block_size <= 1024: one head fits a 64-bit size_t */
+    head_bytes = kv_head_bytes(c->dtype, c->head_dim, L->block_size);
+    if (dx_mul_overflow(head_bytes, c->n_kv_head, &L->kv_bytes) ||
         kv_mul3(L->kv_bytes, 2, c->n_layer, &L->block_bytes))
         return dx_errf(DX_EINVAL,
                        "kv_pool: config: block size overflows (n_layer %u, "

@@ -10,7 +10,10 @@
  *
  *   [layer][K|V][kv_head] then K as [head_dim][token_in_block] (transposed,
  *   so attention scores 16 keys per vector) and V as [token_in_block][head_dim]
- *   (elements of dtype; kern.h has the index formulas)
+ *   (elements of dtype; kern.h has the index formulas).  A q8_0 pool stores
+ *   int8 quants with one f16 scale per 32 elements of a token's row, the
+ *   scales after the quants of each kv head (kern.h: 17/16 bytes an element,
+ *   0.53 of f16).
  *
  * Blocks are refcounted.  A block with refcount 0 is either free or cached:
  * cached blocks carry a prefix hash and stay findable until evicted, least
@@ -51,8 +54,9 @@ static inline int kv_hash_eq(kv_hash a, kv_hash b)
 typedef struct {
     uint32_t n_layer, n_kv_head, head_dim;
     uint32_t block_size; /* tokens per block, 1..1024; 0 means the default 16 */
-    /* DX_F16 (the CLI default) | DX_BF16 | DX_F32.  DX_F32 == 0, so a zeroed
-     * config means f32: set it explicitly. */
+    /* DX_F16 (the CLI default) | DX_BF16 | DX_F32 | DX_Q8_0 (head_dim a
+     * multiple of 32).  DX_F32 == 0, so a zeroed config means f32: set it
+     * explicitly. */
     int dtype;
     uint32_t n_blocks; /* 1..2^30; if 0: pool_bytes / block bytes, capped */
     size_t pool_bytes;

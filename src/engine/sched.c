@@ -187,21 +187,25 @@ static void note_token(sched *s, seq *q, int32_t t, int in_reply)
     if (in_reply && q->counts && q->counts[t]++ == 0) q->uniq[q->n_uniq++] = t;
 }
 
-/* The bias list and the penalties' state (for the penalties asked only). */
+/* The bias list and the penalties' state (for the penalties asked only):
+ * 0 or DX_ENOMEM. */
 static int penalty_state(sched *s, seq *q, const engine_request *r)
 {
     const engine_sampling *sp = &r->sampling;
     size_t cap = q->cap_tokens < s->n_vocab ? q->cap_tokens : s->n_vocab;
-    if (sp->n_bias && !(q->bias = dx_memdup(sp->bias, sp->n_bias * sizeof *sp->bias))) return -1;
+    if (sp->n_bias && !(q->bias = dx_memdup(sp->bias, sp->n_bias * sizeof *sp->bias)))
+        return dx_errf(DX_ENOMEM, "out of memory for %zu logit biases", sp->n_bias);
     if (sp->presence_penalty != 0 || sp->frequency_penalty != 0) {
         q->counts = dx_calloc(s->n_vocab, sizeof *q->counts);
         q->uniq = dx_malloc(cap * sizeof *q->uniq);
-        if (!q->counts || !q->uniq) return -1;
+        if (!q->counts || !q->uniq)
+            return dx_errf(DX_ENOMEM, "out of memory for the presence/frequency penalties");
     }
     if (sp->repetition_penalty > 0 && sp->repetition_penalty != 1) {
         q->seen = dx_calloc((s->n_vocab + 7) / 8, 1);
         q->uniq_all = dx_malloc(cap * sizeof *q->uniq_all);
-        if (!q->seen || !q->uniq_all) return -1;
+        if (!q->seen || !q->uniq_all)
+            return dx_errf(DX_ENOMEM, "out of memory for the repetition penalty");
     }
     for (uint32_t i = 0; i < q->n_prompt; i++) note_token(s, q, q->tokens[i], 0);
     return 0;
@@ -356,8 +360,8 @@ static void apply_mask(const uint64_t *mask, float *row, uint32_t n)
     }
 }
 
-/* Picks the sequence's next token from its logits row; -1 when its grammar
- * allows none (q->gerr says why). */
+/* Picks the sequence's next token from its logits row; DX_NONE when its
+ * grammar allows none (q->gerr says why). */
 static int32_t sample_row(sched *s, seq *q, float *row)
 {
     int lp = q->req.logprobs;
@@ -372,7 +376,7 @@ static int32_t sample_row(sched *s, seq *q, float *row)
             s->st.gram_mask_ns += ns;
         }
         q->mask_ok = 0; /* the token about to be taken moves the matcher on */
-        if (q->n_allowed <= 0) return -1;
+        if (q->n_allowed <= 0) return DX_NONE;
         apply_mask(q->mask, row, s->n_vocab);
     }
     int32_t t = sampler_sample(s->smp, row, &q->sp, &q->rng);
@@ -539,9 +543,9 @@ int sched_submit_at(sched *s, const engine_request *r, uint64_t id, uint64_t t_s
     }
     memcpy(q->tokens, r->prompt, r->n_prompt * sizeof(int32_t));
     q->n_tokens = q->n_prompt;
-    if (penalty_state(s, q, r)) { /* the handed blocks are still the caller's */
+    if ((rc = penalty_state(s, q, r))) { /* the handed blocks are still the caller's */
         seq_free(q);
-        return dx_errf(DX_ENOMEM, "out of memory");
+        return rc;
     }
     if (r->grammar && (rc = grammar_state(s, q, r->grammar)) < 0) {
         seq_free(q);
@@ -876,7 +880,7 @@ static enum engine_finish accept_token(sched *s, seq *q, int32_t t)
     /* only the new bytes are searched: the work is bounded by the text */
     const char *added = q->text.len > before ? q->text.data + before : "";
     long stop_at =
-        q->stop ? stop_match_feed(q->stop, added, q->text.len - before, before, &hold) : -1;
+        q->stop ? stop_match_feed(q->stop, added, q->text.len - before, before, &hold) : DX_NONE;
     if (stop_at >= 0) {
         emit_tokens(s, q, &q->tokens[q->n_tokens - 1], 1, (size_t)stop_at);
         q->text.len = (size_t)stop_at;

@@ -19,7 +19,7 @@ struct stop_match {
     char *bytes;    /* every string, back to back */
     uint32_t *fail; /* every table, back to back */
     uint64_t steps;
-    int which; /* the matched string's index, -1 before a match */
+    int which; /* the matched string's index, DX_NONE before a match */
 };
 
 static void build_fail(const char *s, uint32_t len, uint32_t *fail)
@@ -61,7 +61,7 @@ int stop_match_create(const char *const *stops, size_t n, stop_match **out)
         build_fail(p->s, p->len, p->fail);
         off += p->len;
     }
-    m->which = -1;
+    m->which = DX_NONE;
     *out = m;
     return 0;
 }
@@ -75,7 +75,7 @@ void stop_match_destroy(stop_match *m)
     dx_free(m);
 }
 
-/* Feeds p the bytes; the index of the byte that completes it, or -1. */
+/* Feeds p the bytes; the index of the byte that completes it, or DX_NONE. */
 static long feed_one(stop_pat *p, const char *bytes, size_t n, uint64_t *steps)
 {
     uint32_t k = p->state;
@@ -91,12 +91,12 @@ static long feed_one(stop_pat *p, const char *bytes, size_t n, uint64_t *steps)
         }
     }
     p->state = k;
-    return -1;
+    return DX_NONE;
 }
 
 long stop_match_feed(stop_match *m, const char *bytes, size_t n, size_t before, size_t *hold)
 {
-    long best = -1;
+    long best = DX_NONE;
     size_t h = 0;
     for (size_t i = 0; i < m->n; i++) {
         stop_pat *p = &m->pat[i];

@@ -36,14 +36,14 @@ void stop_match_destroy(stop_match *m); /* NULL: no-op */
 
 /* Feeds the n bytes just appended to the text, whose length before them was
  * `before`.  Returns the offset in the text where the earliest-starting stop
- * string completed by these bytes begins, or -1; then *hold is the number of
- * bytes at the end of the text that are a proper prefix of a stop string.
- * After a match the matcher is spent (the request stops). */
+ * string completed by these bytes begins, or DX_NONE (dx_err.h); then *hold
+ * is the number of bytes at the end of the text that are a proper prefix of
+ * a stop string.  After a match the matcher is spent (the request stops). */
 long stop_match_feed(stop_match *m, const char *bytes, size_t n, size_t before, size_t *hold);
 
 /* The index (in the order given to create) of the string whose match
- * stop_match_feed reported — of those starting earliest, the first — or -1
- * before a match.  It is what a client is told ended the answer (vLLM's
+ * stop_match_feed reported — of those starting earliest, the first — or
+ * DX_NONE before a match.  It is what a client is told ended the answer (vLLM's
  * stop_reason, Anthropic's stop_sequence). */
 int stop_match_which(const stop_match *m);
 

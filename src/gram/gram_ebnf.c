@@ -212,12 +212,13 @@ static int at_definition(const pst *p, size_t pos)
     return q.len - q.pos >= 3 && !memcmp(q.src + q.pos, "::=", 3);
 }
 
+/* A hex digit's value; DX_NONE for another character. */
 static int hexval(char c)
 {
     if (c >= '0' && c <= '9') return c - '0';
     if (c >= 'a' && c <= 'f') return c - 'a' + 10;
     if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
+    return DX_NONE;
 }
 
 /* Decodes one UTF-8 code point at p->pos (strict). */
@@ -242,7 +243,7 @@ static int read_char(pst *p, uint32_t *cp)
     if (digits) {
         uint32_t v = 0;
         for (int i = 0; i < digits; i++) {
-            int h = p->pos < p->len ? hexval(p->src[p->pos]) : -1;
+            int h = p->pos < p->len ? hexval(p->src[p->pos]) : DX_NONE;
             if (h < 0) return perr(p, at, "\\%c needs %d hex digits", e, digits);
             v = v << 4 | (uint32_t)h;
             p->pos++;

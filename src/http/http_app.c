@@ -36,8 +36,12 @@ void http_app_destroy(http_app *a)
 
 const http_app_route *http_app_route_of(const http_app *a, const char *path)
 {
-    for (size_t i = 0; i < a->cfg.n_routes; i++)
-        if (!strcmp(path, a->cfg.routes[i].path)) return &a->cfg.routes[i];
+    for (size_t i = 0; i < a->cfg.n_routes; i++) {
+        const http_app_route *rt = &a->cfg.routes[i];
+        size_t n = strlen(rt->path);
+        if (rt->prefix ? !strncmp(path, rt->path, n) && path[n] : !strcmp(path, rt->path))
+            return rt;
+    }
     return NULL;
 }
 
@@ -111,9 +115,17 @@ int http_app_error_body(const http_app *a, const char *path, dx_buf *b, int stat
 /* "Allow: …\r\n" for a route's methods. */
 static const char *allow_header(const http_app_route *rt)
 {
-    if ((rt->methods & HTTP_APP_GET) && (rt->methods & HTTP_APP_POST))
-        return "Allow: GET, HEAD, POST\r\n";
-    return rt->methods & HTTP_APP_POST ? "Allow: POST\r\n" : "Allow: GET, HEAD\r\n";
+    static const char *const k[8] = {
+        NULL,
+        "Allow: GET, HEAD\r\n",
+        "Allow: POST\r\n",
+        "Allow: GET, HEAD, POST\r\n",
+        "Allow: DELETE\r\n",
+        "Allow: GET, HEAD, DELETE\r\n",
+        "Allow: POST, DELETE\r\n",
+        "Allow: GET, HEAD, POST, DELETE\r\n",
+    };
+    return k[rt->methods & 7];
 }
 
 void http_app_error(http_app *a, http_conn *c, const char *method, const char *path, int status,
@@ -136,16 +148,18 @@ void http_app_on_request(void *app, http_conn *c, const http_req *r)
     http_app *a = app;
     uint64_t t0 = dx_now_ns();
     const http_app_route *rt = http_app_route_of(a, r->path);
-    http_auth_result who = {.key = -1};
+    http_auth_result who = {.key = DX_NONE};
     if (!rt || !rt->open) http_auth_check(a->cfg.auth, r, &who);
-    int get = !strcmp(r->method, "GET") || !strcmp(r->method, "HEAD");
-    int post = !strcmp(r->method, "POST");
+    /* HEAD is GET without the body (http_conn leaves it out) */
+    unsigned m = !strcmp(r->method, "GET") || !strcmp(r->method, "HEAD") ? HTTP_APP_GET
+                 : !strcmp(r->method, "POST")                            ? HTTP_APP_POST
+                 : !strcmp(r->method, "DELETE")                          ? HTTP_APP_DELETE
+                                                                         : 0;
     if (who.status)
         http_app_error(a, c, r->method, r->path, 401, who.message, NULL, NULL, t0);
     else if (!rt)
         http_app_error(a, c, r->method, r->path, 404, "unknown route", NULL, NULL, t0);
-    else if (rt->methods &&
-             !((get && (rt->methods & HTTP_APP_GET)) || (post && (rt->methods & HTTP_APP_POST))))
+    else if (rt->methods && !(rt->methods & m))
         http_app_error(a, c, r->method, r->path, 405, "method not allowed", NULL, NULL, t0);
     else
         rt->fn(a->cfg.user, c, r, &(http_app_call){.t0 = t0, .who = &who, .arg = rt->arg});

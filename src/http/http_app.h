@@ -31,6 +31,7 @@
 enum {
     HTTP_APP_GET = 1u << 0, /* and HEAD, which http_conn answers without the body */
     HTTP_APP_POST = 1u << 1,
+    HTTP_APP_DELETE = 1u << 2,
 };
 
 typedef struct http_app http_app;
@@ -50,12 +51,16 @@ typedef int (*http_app_error_fn)(dx_buf *b, int status, const char *message, con
                                  const char *code);
 
 typedef struct {
+    /* the path; one ending in '/' with `prefix` set takes every path below
+     * it (/v1/responses/{id}), and is counted under it */
     const char *path;
-    unsigned methods; /* HTTP_APP_GET | HTTP_APP_POST; 0: any (the handler checks) */
-    int open;         /* no API key wanted */
+    unsigned
+        methods; /* HTTP_APP_GET | HTTP_APP_POST | HTTP_APP_DELETE; 0: any (the handler checks) */
+    int open;    /* no API key wanted */
     http_app_fn fn;
     intptr_t arg;
     http_app_error_fn error; /* NULL: OpenAI's shape */
+    int prefix;              /* see path */
 } http_app_route;
 
 typedef struct {

@@ -89,14 +89,9 @@ static int blank(char c)
     return c == ' ' || c == '\t';
 }
 
-/* "Bearer TOKEN" (the scheme in any case, RFC 9110), blanks around. */
-static enum bearer parse_bearer(const char *v, int count, const char **tok, size_t *len)
+/* The token in v: one word, blanks around it. */
+static enum bearer one_token(const char *v, const char **tok, size_t *len)
 {
-    if (count == 0) return BEARER_NONE;
-    if (count > 1) return BEARER_BAD; /* which one would a proxy have read? */
-    while (blank(*v)) v++;
-    if (strncasecmp(v, "Bearer", 6) != 0 || !blank(v[6])) return BEARER_BAD;
-    v += 7;
     while (blank(*v)) v++;
     size_t n = strlen(v);
     while (n && blank(v[n - 1])) n--;
@@ -106,6 +101,26 @@ static enum bearer parse_bearer(const char *v, int count, const char **tok, size
     *tok = v;
     *len = n;
     return BEARER_OK;
+}
+
+/* "Bearer TOKEN" (the scheme in any case, RFC 9110), blanks around. */
+static enum bearer parse_bearer(const char *v, int count, const char **tok, size_t *len)
+{
+    if (count == 0) return BEARER_NONE;
+    if (count > 1) return BEARER_BAD; /* which one would a proxy have read? */
+    while (blank(*v)) v++;
+    if (strncasecmp(v, "Bearer", 6) != 0 || !blank(v[6])) return BEARER_BAD;
+    return one_token(v + 7, tok, len);
+}
+
+/* "x-api-key: KEY" (Anthropic's header, which its SDK and Claude Code
+ * send instead of Authorization), blanks around: read only when there is
+ * no Authorization header. */
+static enum bearer parse_x_api_key(const char *v, int count, const char **tok, size_t *len)
+{
+    if (count == 0) return BEARER_NONE;
+    if (count > 1) return BEARER_BAD;
+    return one_token(v, tok, len);
 }
 
 static int refuse(http_auth_result *out, const char *message)
@@ -124,42 +139,52 @@ static int address_trusted(const http_auth *a, const struct sockaddr *peer)
     return 0;
 }
 
-/* The internal key, in its header or as the Bearer token: 1 presented,
- * 0 not, -1 presented wrong (its header only: a wrong Bearer may still be
- * an API key). */
+/* internal_presented's answers.  WRONG is for its header only: a wrong
+ * Bearer may still be an API key. */
+enum { INTERNAL_WRONG = -1, INTERNAL_ABSENT = 0, INTERNAL_OK = 1 };
+
+/* The internal key, in its header or as the Bearer token: INTERNAL_OK
+ * presented, INTERNAL_ABSENT not, INTERNAL_WRONG presented wrong. */
 static int internal_presented(const http_auth *a, const http_req *r, enum bearer b, const char *tok,
                               size_t len)
 {
     int n;
     const char *ik = http_req_header(r, HTTP_AUTH_INTERNAL_HEADER, &n);
     if (n) {
-        if (n > 1 || !a || !a->internal) return -1;
-        return dx_keys_find(a->internal, ik, strlen(ik)) == 0 ? 1 : -1;
+        if (n > 1 || !a || !a->internal) return INTERNAL_WRONG;
+        return dx_keys_find(a->internal, ik, strlen(ik)) == 0 ? INTERNAL_OK : INTERNAL_WRONG;
     }
-    return b == BEARER_OK && a && a->internal && dx_keys_find(a->internal, tok, len) == 0;
+    return b == BEARER_OK && a && a->internal && dx_keys_find(a->internal, tok, len) == 0
+               ? INTERNAL_OK
+               : INTERNAL_ABSENT;
 }
 
 void http_auth_check(const http_auth *a, const http_req *r, http_auth_result *out)
 {
-    *out = (http_auth_result){.status = 0, .key = -1};
+    *out = (http_auth_result){.status = 0, .key = DX_NONE};
     int n;
     const char *v = http_req_header(r, "Authorization", &n), *tok = NULL;
     size_t len = 0;
     enum bearer b = parse_bearer(v, n, &tok, &len);
+    if (b == BEARER_NONE) {
+        v = http_req_header(r, "x-api-key", &n);
+        b = parse_x_api_key(v, n, &tok, &len);
+    }
     int internal = internal_presented(a, r, b, tok, len);
-    if (internal < 0) {
+    if (internal == INTERNAL_WRONG) {
         refuse(out, "invalid internal key (" HTTP_AUTH_INTERNAL_HEADER ")");
         return;
     }
-    if (internal) {
+    if (internal == INTERNAL_OK) {
         out->internal = out->trusted = 1;
         return;
     }
     if (http_auth_n_keys(a)) {
         if (b == BEARER_NONE)
-            refuse(out, "missing API key: send it as 'Authorization: Bearer KEY'");
+            refuse(out,
+                   "missing API key: send it as 'Authorization: Bearer KEY' or 'x-api-key: KEY'");
         else if (b == BEARER_BAD)
-            refuse(out, "malformed Authorization header: expected 'Bearer KEY'");
+            refuse(out, "malformed Authorization header: expected 'Bearer KEY' (or one x-api-key)");
         else if ((out->key = dx_keys_find(a->api, tok, len)) < 0)
             refuse(out, "invalid API key");
         if (out->status) return;

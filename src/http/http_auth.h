@@ -68,7 +68,7 @@ typedef struct {
     const char *message; /* the 401's message */
     int internal;        /* the internal key was presented */
     int trusted;         /* kv_transfer_params are honoured (see above) */
-    int key;             /* the API key presented (index), or -1 */
+    int key;             /* the API key presented (index), or DX_NONE */
 } http_auth_result;
 
 /* Checks r's credentials and address (a NULL a is a server with nothing

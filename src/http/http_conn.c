@@ -463,16 +463,19 @@ static void conn_reject(http_conn *c, int status, const char *msg)
 /* ---- peers ----------------------------------------------------------- */
 
 /* An address as 16 bytes: dx_addr_norm's form (IPv4 mapped), so a v4
- * client of a dual-stack listener counts once whichever way it came. */
+ * client of a dual-stack listener counts once whichever way it came.  0, or
+ * dx_addr_norm's DX_EINVAL. */
 static int peer_addr(const struct sockaddr_storage *ss, uint8_t out[16])
 {
     dx_ipport a;
-    if (dx_addr_norm((const struct sockaddr *)ss, &a) < 0) return -1;
+    int rc = dx_addr_norm((const struct sockaddr *)ss, &a);
+    if (rc < 0) return rc;
     memcpy(out, a.ip, 16);
     return 0;
 }
 
-/* An IP literal ("10.0.0.1", "::1", "[::1]") as 16 bytes. */
+/* An IP literal ("10.0.0.1", "::1", "[::1]") as 16 bytes; DX_EINVAL for
+ * another string. */
 static int parse_ip(const char *s, uint8_t out[16])
 {
     char buf[64];
@@ -481,7 +484,7 @@ static int parse_ip(const char *s, uint8_t out[16])
         s++;
         n -= 2;
     }
-    if (n >= sizeof buf) return -1;
+    if (n >= sizeof buf) return dx_errf(DX_EINVAL, "'%.64s...': too long for an IP address", s);
     memcpy(buf, s, n);
     buf[n] = 0;
     struct sockaddr_storage ss = {0};
@@ -490,7 +493,7 @@ static int parse_ip(const char *s, uint8_t out[16])
     else if (inet_pton(AF_INET6, buf, &((struct sockaddr_in6 *)&ss)->sin6_addr) == 1)
         ss.ss_family = AF_INET6;
     else
-        return -1;
+        return dx_errf(DX_EINVAL, "'%s' is not an IP address", buf);
     return peer_addr(&ss, out);
 }
 
@@ -583,29 +586,35 @@ static void conn_close(http_conn *c)
 
 /* ---- parsing --------------------------------------------------------- */
 
+/* What an http-parser callback returns to stop the parse: http-parser
+ * stops on any non-zero value and reports HPE_CB_<callback>.  The callback
+ * has set c->reject_status, which is what the client is answered. */
+#define HTTP_PARSE_STOP (-1)
+
 static http_conn *pconn(http_parser *p)
 {
     return p->data;
 }
 
+/* Like the callbacks: 0, or HTTP_PARSE_STOP with c->reject_status set. */
 static int head_add(http_conn *c, const char *at, size_t len)
 {
     c->head_bytes += len;
     if (c->head_bytes > c->srv->lim->max_header_bytes) {
         c->reject_status = 431;
-        return -1;
+        return HTTP_PARSE_STOP;
     }
     int rc = dx_buf_append(&c->head, at, len);
     if (rc < 0) c->reject_status = rc == DX_ENOMEM ? 503 : 431;
-    return rc < 0 ? -1 : 0;
+    return rc < 0 ? HTTP_PARSE_STOP : 0;
 }
 
-/* Ends the URL, a name or a value in the head buffer. */
+/* Ends the URL, a name or a value in the head buffer; like head_add. */
 static int head_end(http_conn *c)
 {
     int rc = dx_buf_putc(&c->head, 0);
     if (rc < 0) c->reject_status = rc == DX_ENOMEM ? 503 : 431;
-    return rc < 0 ? -1 : 0;
+    return rc < 0 ? HTTP_PARSE_STOP : 0;
 }
 
 static int on_message_begin(http_parser *p)
@@ -633,16 +642,16 @@ static int on_header_field(http_parser *p, const char *at, size_t len)
 {
     http_conn *c = pconn(p);
     if (c->n_hdr == 0 && c->url_end == 0) {
-        if (head_end(c) < 0) return -1;
+        if (head_end(c)) return HTTP_PARSE_STOP;
         c->url_end = c->head.len;
     }
     if (c->header_is_value || c->n_hdr == 0) {
         /* a new header: terminate the previous value, record the name */
         if (c->n_hdr >= c->srv->lim->max_headers) {
             c->reject_status = 431;
-            return -1;
+            return HTTP_PARSE_STOP;
         }
-        if (c->n_hdr > 0 && head_end(c) < 0) return -1;
+        if (c->n_hdr > 0 && head_end(c)) return HTTP_PARSE_STOP;
         c->hdr_off[2 * c->n_hdr] = c->head.len;
         c->hdr_off[2 * c->n_hdr + 1] = SIZE_MAX;
         c->n_hdr++;
@@ -655,7 +664,7 @@ static int on_header_value(http_parser *p, const char *at, size_t len)
 {
     http_conn *c = pconn(p);
     if (!c->header_is_value) {
-        if (head_end(c) < 0) return -1;
+        if (head_end(c)) return HTTP_PARSE_STOP;
         c->hdr_off[2 * (c->n_hdr - 1) + 1] = c->head.len;
         c->header_is_value = 1;
     }
@@ -678,13 +687,13 @@ static int on_headers_complete(http_parser *p)
     const http_limits *l = c->srv->lim;
     if (p->http_major != 1 || p->http_minor > 1) { /* HTTP/1.0 and 1.1 only */
         c->reject_status = 505;
-        return -1;
+        return HTTP_PARSE_STOP;
     }
     if (c->url_end == 0) {
-        if (head_end(c) < 0) return -1;
+        if (head_end(c)) return HTTP_PARSE_STOP;
         c->url_end = c->head.len;
-    } else if (head_end(c) < 0) {
-        return -1;
+    } else if (head_end(c)) {
+        return HTTP_PARSE_STOP;
     }
     /* A header with no value callback at all ("X:") gets the empty value. */
     for (uint32_t i = 0; i < c->n_hdr; i++)
@@ -692,7 +701,7 @@ static int on_headers_complete(http_parser *p)
     uint64_t cl = p->content_length;
     if ((p->flags & F_CONTENTLENGTH) && cl > l->max_body_bytes) {
         c->reject_status = 413;
-        return -1;
+        return HTTP_PARSE_STOP;
     }
     c->head_done = 1;
     c->body_expect = (p->flags & F_CONTENTLENGTH) ? cl
@@ -712,7 +721,7 @@ static int on_chunk_header(http_parser *p)
     uint64_t n = p->content_length, max = c->srv->lim->max_body_bytes;
     if (n > max || c->chunked_total + n > max) {
         c->reject_status = 413;
-        return -1;
+        return HTTP_PARSE_STOP;
     }
     c->chunked_total += n;
     return 0;
@@ -723,11 +732,11 @@ static int on_body(http_parser *p, const char *at, size_t len)
     http_conn *c = pconn(p);
     if (c->body.len + len > c->srv->lim->max_body_bytes) {
         c->reject_status = 413;
-        return -1;
+        return HTTP_PARSE_STOP;
     }
     if (dx_buf_append(&c->body, at, len) < 0) {
         c->reject_status = 503; /* out of memory: not the client's fault */
-        return -1;
+        return HTTP_PARSE_STOP;
     }
     return 0;
 }
@@ -1047,17 +1056,19 @@ static void conn_refuse(http_conn *c)
     conn_close(c);
 }
 
-/* The peer's address, its entry and whether it is trusted; -1 if unknown. */
+/* The peer's address, its entry and whether it is trusted: 0, or (the
+ * peer unknown) DX_EIO without its address, DX_ENOMEM without an entry. */
 static int conn_peer(http_srv *s, http_conn *c, int *trusted)
 {
     struct sockaddr_storage ss;
-    int len = sizeof ss;
+    int len = sizeof ss, rc;
     uint8_t addr[16];
-    if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&ss, &len) < 0 || peer_addr(&ss, addr) < 0)
-        return -1;
+    if ((rc = uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&ss, &len)) < 0)
+        return dx_errf(DX_EIO, "http: the peer's address: %s", uv_strerror(rc));
+    if ((rc = peer_addr(&ss, addr)) < 0) return rc;
     *trusted = is_trusted(s, addr);
     c->peer = peer_get(s, addr);
-    return c->peer ? 0 : -1;
+    return c->peer ? 0 : dx_errf(DX_ENOMEM, "http: out of memory for a peer's entry");
 }
 
 static void on_connection(uv_stream_t *server, int status)
@@ -1107,19 +1118,20 @@ static void on_connection(uv_stream_t *server, int status)
 
 void http_limits_defaults(http_limits *l)
 {
-    if (!l->max_header_bytes) l->max_header_bytes = 16 << 10;
-    if (!l->max_body_bytes) l->max_body_bytes = 4 << 20;
-    if (!l->max_write_queue_bytes) l->max_write_queue_bytes = 16 << 20;
+    if (!l->max_header_bytes) l->max_header_bytes = (size_t)HTTP_DEFAULT_MAX_HEADER_KB << 10;
+    if (!l->max_body_bytes) l->max_body_bytes = (size_t)HTTP_DEFAULT_MAX_BODY_MB << 20;
+    if (!l->max_write_queue_bytes)
+        l->max_write_queue_bytes = (size_t)HTTP_DEFAULT_MAX_WRITE_QUEUE_MB << 20;
     if (!l->max_buffered_bytes) {
-        size_t eight = 8 * l->max_body_bytes;
-        l->max_buffered_bytes = eight > ((size_t)256 << 20) ? eight : (size_t)256 << 20;
+        size_t eight = 8 * l->max_body_bytes, dflt = (size_t)HTTP_DEFAULT_MAX_BUFFER_MB << 20;
+        l->max_buffered_bytes = eight > dflt ? eight : dflt;
     }
-    if (!l->max_headers) l->max_headers = 64;
-    if (!l->max_conns) l->max_conns = 4096;
+    if (!l->max_headers) l->max_headers = HTTP_DEFAULT_MAX_HEADERS;
+    if (!l->max_conns) l->max_conns = HTTP_DEFAULT_MAX_CONNS;
     if (!l->max_conns_per_peer) l->max_conns_per_peer = l->max_conns / 4 ? l->max_conns / 4 : 1;
-    if (!l->request_timeout_ms) l->request_timeout_ms = 30000;
-    if (!l->body_ms_per_mib) l->body_ms_per_mib = 1000;
-    if (!l->idle_timeout_ms) l->idle_timeout_ms = 120000;
+    if (!l->request_timeout_ms) l->request_timeout_ms = HTTP_DEFAULT_REQUEST_TIMEOUT_MS;
+    if (!l->body_ms_per_mib) l->body_ms_per_mib = HTTP_DEFAULT_BODY_MS_PER_MIB;
+    if (!l->idle_timeout_ms) l->idle_timeout_ms = HTTP_DEFAULT_IDLE_TIMEOUT_MS;
 }
 
 uint32_t http_srv_reserve(const http_limits *l)

@@ -73,19 +73,32 @@ const char *http_req_header(const http_req *r, const char *name, int *count);
 typedef void (*http_req_fn)(void *user, http_conn *c, const http_req *req);
 typedef void (*http_abort_fn)(void *req_user);
 
+/* The defaults http_limits_defaults fills in (for a field of http_limits
+ * left 0: MAX_BODY_MB for max_body_bytes, ...).  Plain literals: help text
+ * spells them (cli.h, CLI_DEFAULT_INT). */
+#define HTTP_DEFAULT_MAX_HEADER_KB      16
+#define HTTP_DEFAULT_MAX_BODY_MB        4
+#define HTTP_DEFAULT_MAX_WRITE_QUEUE_MB 16
+#define HTTP_DEFAULT_MAX_BUFFER_MB      256 /* or 8 x max_body_bytes, if more */
+#define HTTP_DEFAULT_MAX_HEADERS        64
+#define HTTP_DEFAULT_MAX_CONNS          4096
+#define HTTP_DEFAULT_REQUEST_TIMEOUT_MS 30000
+#define HTTP_DEFAULT_BODY_MS_PER_MIB    1000
+#define HTTP_DEFAULT_IDLE_TIMEOUT_MS    120000
+
 /* What a client may use (0 = the default); node and router take the same
  * flags (cli.h, CLI_HTTP_OPTS). */
 typedef struct {
-    size_t max_header_bytes;      /* default 16 KiB */
-    size_t max_body_bytes;        /* default 4 MiB */
-    size_t max_write_queue_bytes; /* per connection; default 16 MiB */
-    size_t max_buffered_bytes;    /* all connections; default max(256 MiB, 8 x max_body_bytes) */
-    uint32_t max_headers;         /* default 64 */
-    uint32_t max_conns;           /* default 4096 */
-    uint32_t max_conns_per_peer;  /* default max_conns / 4 */
-    uint64_t request_timeout_ms;  /* headers, from the first byte; default 30000 */
-    uint64_t body_ms_per_mib;     /* more time per MiB of body; default 1000 */
-    uint64_t idle_timeout_ms;     /* default 120000 */
+    size_t max_header_bytes;
+    size_t max_body_bytes;
+    size_t max_write_queue_bytes; /* per connection */
+    size_t max_buffered_bytes;    /* all connections */
+    uint32_t max_headers;
+    uint32_t max_conns;
+    uint32_t max_conns_per_peer; /* default max_conns / 4 */
+    uint64_t request_timeout_ms; /* headers, from the first byte */
+    uint64_t body_ms_per_mib;    /* more time per MiB of body */
+    uint64_t idle_timeout_ms;
     /* IP literals of peers that are not held to max_conns_per_peer and may
      * use the reserve (a router in front of a node) */
     const char *const *trusted;

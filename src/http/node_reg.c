@@ -320,7 +320,7 @@ static void *reg_thread(void *arg)
 int node_reg_create(const node_reg_config *c, node_reg **out)
 {
     *out = NULL;
-    const char *prefix = c->prefix ? c->prefix : "duplex:";
+    const char *prefix = c->prefix ? c->prefix : NODE_REG_DEFAULT_PREFIX;
     int rc = node_reg_check_prefix(prefix, "--register-prefix");
     if (rc) return rc;
     node_reg *r = dx_calloc(1, sizeof *r);
@@ -328,7 +328,7 @@ int node_reg_create(const node_reg_config *c, node_reg **out)
     r->redis = *c->redis;
     rds_url_format(&r->redis, r->where, sizeof r->where);
     snprintf(r->prefix, sizeof r->prefix, "%s", prefix);
-    r->heartbeat_ms = c->heartbeat_ms ? c->heartbeat_ms : 1000;
+    r->heartbeat_ms = c->heartbeat_ms ? c->heartbeat_ms : NODE_REG_DEFAULT_HEARTBEAT_MS;
     r->peers = c->peers;
     if ((rc = node_reg_key(prefix, c->url, r->key, sizeof r->key))) {
         dx_free(r);

@@ -69,11 +69,16 @@ int node_reg_scan(redisContext *c, const char *prefix, node_reg_each_fn fn, void
 
 typedef struct node_reg node_reg;
 
+/* The heartbeat and the keys' prefix unless the config says (the router's
+ * --state-prefix has the same default: one prefix serves both). */
+#define NODE_REG_DEFAULT_HEARTBEAT_MS 1000
+#define NODE_REG_DEFAULT_PREFIX       "duplex:"
+
 typedef struct {
     const rds_url *redis;  /* copied */
-    const char *prefix;    /* default "duplex:" */
+    const char *prefix;    /* NULL: NODE_REG_DEFAULT_PREFIX */
     const char *url;       /* the advertised URL: the key's name */
-    uint32_t heartbeat_ms; /* default 1000; the key lives 3 x this */
+    uint32_t heartbeat_ms; /* 0: the default; the key lives 3 x this */
     xfer_peers *peers;     /* NULL, or: allow pulls from every registered KV address */
 } node_reg_config;
 

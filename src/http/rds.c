@@ -7,21 +7,23 @@
 
 #include "base/dx_err.h"
 
-/* A decimal without sign or leading zero, at most max; -1 otherwise. */
+/* A decimal without sign or leading zero, at most max; DX_NONE otherwise. */
 static long parse_dec(const char *p, size_t n, long max)
 {
-    if (n == 0 || n > 5 || (n > 1 && p[0] == '0')) return -1;
+    if (n == 0 || n > 5 || (n > 1 && p[0] == '0')) return DX_NONE;
     long v = 0;
     for (size_t i = 0; i < n; i++) {
-        if (p[i] < '0' || p[i] > '9') return -1;
+        if (p[i] < '0' || p[i] > '9') return DX_NONE;
         v = v * 10 + (p[i] - '0');
     }
-    return v <= max ? v : -1;
+    return v <= max ? v : DX_NONE;
 }
 
+/* p[0..n) as a string in dst: 0, or DX_ETOOBIG when it does not fit (the
+ * caller names the part). */
 static int copy_part(char *dst, size_t cap, const char *p, size_t n)
 {
-    if (n >= cap) return -1;
+    if (n >= cap) return dx_errf(DX_ETOOBIG, "%zu bytes, room for %zu", n, cap - 1);
     memcpy(dst, p, n);
     dst[n] = 0;
     return 0;

@@ -61,11 +61,12 @@ static const named k_obj_methods[] = {
     {"values", NF_O_VALUES}, {"dictsort", NF_O_DICTSORT},
 };
 
+/* The id of the entry called name; DX_NONE when there is none. */
 static int find_named(const named *t, size_t n, jstr name)
 {
     for (size_t i = 0; i < n; i++)
         if (jstr_is(name, t[i].name)) return t[i].id;
-    return -1;
+    return DX_NONE;
 }
 
 static int make_fn(jcx *cx, uint32_t pos, int id, jv self, jv *out)
@@ -82,7 +83,7 @@ static int make_fn(jcx *cx, uint32_t pos, int id, jv self, jv *out)
 int jx_builtin_member(jcx *cx, uint32_t pos, jv self, jstr name, jv *out)
 {
     *out = jv_undef();
-    int id = -1;
+    int id = DX_NONE;
     if ((self.k == JV_STR || self.k == JV_ARR) && jstr_is(name, "length")) {
         *out = jv_int(self.k == JV_STR ? (double)js_utf16_len(self.s) : (double)self.a->n);
         return self.k == JV_STR ? jx_steps(cx, pos, self.s.n / 64) : 0;
@@ -1399,7 +1400,7 @@ int jx_filter_call(jcx *cx, uint32_t pos, jv v, jstr name, jv *pos_args, size_t 
         return str_replace(cx, pos, v.s, args, n, out);
     }
     if (jv_is_num(v) && is_name(name, "round")) return round_filter(cx, pos, v, &a, out);
-    int id = v.k == JV_OBJ ? find_named(k_obj_methods, DX_ARRAY_LEN(k_obj_methods), name) : -1;
+    int id = v.k == JV_OBJ ? find_named(k_obj_methods, DX_ARRAY_LEN(k_obj_methods), name) : DX_NONE;
     if (id >= 0) {
         jv *args;
         size_t n;

@@ -280,19 +280,20 @@ static int lx_skip_ws_run(lexer *lx)
     return 0;
 }
 
+/* A hex digit's value; DX_NONE for another character. */
 static int hexval(char c)
 {
     if (is_digit(c)) return c - '0';
     if (c >= 'a' && c <= 'f') return c - 'a' + 10;
     if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
+    return DX_NONE;
 }
 
 static int lx_hex(lexer *lx, size_t at, int digits, uint32_t *cp)
 {
     *cp = 0;
     for (int k = 0; k < digits; k++) {
-        int h = lx->i + k < lx->n ? hexval(lx->s[lx->i + k]) : -1;
+        int h = lx->i + k < lx->n ? hexval(lx->s[lx->i + k]) : DX_NONE;
         if (h < 0) return lx_fail(lx, at, "invalid hexadecimal escape sequence");
         *cp = *cp * 16 + (uint32_t)h;
     }

@@ -47,7 +47,7 @@ int chat_tmpl_detect(const char *tmpl_text, const char *arch, enum chat_tmpl_kin
         *out = CHAT_TMPL_LLAMA3;
         return 0;
     }
-    if (arch && (!strcmp(arch, "qwen2") || !strcmp(arch, "qwen3"))) {
+    if (arch && (!strcmp(arch, "qwen2") || !strcmp(arch, "qwen3") || !strcmp(arch, "qwen3moe"))) {
         *out = CHAT_TMPL_CHATML;
         return 0;
     }

@@ -101,24 +101,30 @@ static int is_pow2(uint64_t x)
     return x && (x & (x - 1)) == 0;
 }
 
-/* Round up to a power-of-two alignment; -1 on overflow. */
+/* Round up to a power-of-two alignment; DX_ERANGE on overflow (the caller
+ * says what overflowed). */
 static int align_up(uint64_t x, uint64_t align, uint64_t *out)
 {
-    if (x > UINT64_MAX - (align - 1)) return -1;
+    if (x > UINT64_MAX - (align - 1))
+        return dx_errf(DX_ERANGE, "%" PRIu64 " aligned to %" PRIu64 " overflows", x, align);
     *out = (x + align - 1) & ~(align - 1);
     return 0;
 }
 
-/* Bytes of a tensor of a known type and shape; -1 if the element count or
- * byte size does not fit in int64 (ggml's index type). */
+/* Bytes of a tensor of a known type and shape; DX_ERANGE if the element
+ * count or byte size does not fit in int64 (ggml's index type); the caller
+ * names the tensor. */
 static int tensor_nbytes(int type, uint32_t n_dims, const uint64_t *ne, uint64_t *out)
 {
     uint64_t rows = 1, elems, bytes;
     for (uint32_t d = 1; d < n_dims; d++)
-        if (__builtin_mul_overflow(rows, ne[d], &rows)) return -1;
-    if (__builtin_mul_overflow(rows, ne[0], &elems) || elems > INT64_MAX) return -1;
+        if (__builtin_mul_overflow(rows, ne[d], &rows))
+            return dx_errf(DX_ERANGE, "the element count overflows int64");
+    if (__builtin_mul_overflow(rows, ne[0], &elems) || elems > INT64_MAX)
+        return dx_errf(DX_ERANGE, "the element count overflows int64");
     uint64_t row = (ne[0] / dx_dtype_block_elems(type)) * dx_dtype_block_bytes(type);
-    if (__builtin_mul_overflow(row, rows, &bytes) || bytes > INT64_MAX) return -1;
+    if (__builtin_mul_overflow(row, rows, &bytes) || bytes > INT64_MAX)
+        return dx_errf(DX_ERANGE, "the byte size overflows int64");
     *out = bytes;
     return 0;
 }
@@ -132,13 +138,14 @@ typedef struct {
     uint64_t mask;
 } gguf_index;
 
+/* 0, or DX_ENOMEM (the caller names the index). */
 static int index_init(gguf_index *ix, uint64_t n)
 {
     uint64_t cap = 8;
     while (cap < 2 * n) cap <<= 1;
     ix->slot = dx_calloc(cap, sizeof *ix->slot);
     ix->mask = cap - 1;
-    return ix->slot ? 0 : -1;
+    return ix->slot ? 0 : dx_errf(DX_ENOMEM, "out of memory for %" PRIu64 " index slots", cap);
 }
 
 /* The slot holding `name`, or the empty slot where it would go. */
@@ -153,12 +160,13 @@ static uint64_t index_probe(const gguf_index *ix, const void *items, size_t stri
     }
 }
 
+/* The index of the item called name; DX_NONE when there is none. */
 static int64_t index_find(const gguf_index *ix, const void *items, size_t stride, const char *name)
 {
-    if (!ix->slot || !name) return -1;
+    if (!ix->slot || !name) return DX_NONE;
     gguf_str s = {name, strlen(name)};
     uint64_t slot = ix->slot[index_probe(ix, items, stride, s)];
-    return slot ? (int64_t)(slot - 1) : -1;
+    return slot ? (int64_t)(slot - 1) : DX_NONE;
 }
 
 /* ------------------------------------------------------------------ */
@@ -728,14 +736,15 @@ static int wrong_type(const gguf_ctx *ctx, const char *key, const gguf_kv *kv, c
 }
 
 /* An integer value: *neg set means it is negative and held in *s, otherwise
- * it is in *u.  -1 if the value is not an integer. */
+ * it is in *u.  DX_EFORMAT if the value is not an integer (the caller names
+ * the key). */
 static int kv_int(const gguf_kv *kv, int *neg, uint64_t *u, int64_t *s)
 {
     enum gguf_vtype t = kv->type;
     int is_signed = t == GGUF_T_INT8 || t == GGUF_T_INT16 || t == GGUF_T_INT32 || t == GGUF_T_INT64;
     if (!is_signed && t != GGUF_T_UINT8 && t != GGUF_T_UINT16 && t != GGUF_T_UINT32 &&
         t != GGUF_T_UINT64)
-        return -1;
+        return dx_errf(DX_EFORMAT, "a %s, not an integer", gguf_vtype_name(t));
     uint64_t bits = 8 * gguf_vtype_size(t), raw = 0;
     memcpy(&raw, kv->val, bits / 8); /* little-endian: low bytes first */
     *neg = is_signed && (raw >> (bits - 1)) & 1;
@@ -949,11 +958,12 @@ void gguf_w_set_version(gguf_writer *w, uint32_t version)
     w->version = version;
 }
 
+/* The index of the key; DX_NONE when it is not set. */
 static int64_t w_find_kv(const gguf_writer *w, const char *key)
 {
     for (uint64_t i = 0; i < w->n_kv; i++)
         if (strcmp(w->kv[i].key, key) == 0) return (int64_t)i;
-    return -1;
+    return DX_NONE;
 }
 
 static void w_remove_kv(gguf_writer *w, const char *key)
@@ -966,13 +976,14 @@ static void w_remove_kv(gguf_writer *w, const char *key)
     w->n_kv--;
 }
 
-/* Grow an array of `size`-byte items to hold one more. */
+/* Grow an array of `size`-byte items to hold one more: 0 or DX_ENOMEM (the
+ * caller names the array). */
 static int grow(void **arr, uint64_t *cap, uint64_t n, size_t size)
 {
     if (n < *cap) return 0;
     uint64_t ncap = *cap ? *cap * 2 : 16;
     void *p = dx_realloc(*arr, ncap * size);
-    if (!p) return -1;
+    if (!p) return dx_errf(DX_ENOMEM, "out of memory for %" PRIu64 " items", ncap);
     *arr = p;
     *cap = ncap;
     return 0;
@@ -1260,12 +1271,13 @@ int gguf_w_write_mem(gguf_writer *w, void **out, size_t *size)
     return 0;
 }
 
+/* 0, or DX_EIO "write failed: …" (the caller adds the file's name). */
 static int pwrite_all(int fd, const uint8_t *p, uint64_t n, uint64_t off)
 {
     while (n) {
         ssize_t k = pwrite(fd, p, n, (off_t)off);
         if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) return -1;
+        if (k <= 0) return dx_errf(DX_EIO, "write failed: %s", strerror(errno));
         p += k, n -= (uint64_t)k, off += (uint64_t)k;
     }
     return 0;
@@ -1299,9 +1311,8 @@ static int w_emit_fd(const gguf_writer *w, int fd, const char *tmp, uint64_t dat
     uint8_t *meta = dx_calloc(1, (size_t)data_off);
     if (!meta) return dx_errf(DX_ENOMEM, "%s: out of memory for the metadata", tmp);
     uint64_t meta_len = (uint64_t)(w_emit_meta(w, meta) - meta);
-    int rc = pwrite_all(fd, meta, meta_len, 0)
-                 ? dx_errf(DX_EIO, "%s: write failed: %s", tmp, strerror(errno))
-                 : 0;
+    int rc = pwrite_all(fd, meta, meta_len, 0);
+    if (rc) dx_err_wrap(rc, "%s", tmp);
     dx_free(meta);
     for (uint64_t i = 0; i < w->n_t && !rc; i++)
         if (w->t[i].nbytes) rc = w_tensor_to_fd(fd, tmp, data_off + w->t[i].offset, &w->t[i]);

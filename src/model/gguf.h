@@ -100,7 +100,7 @@ enum gguf_vtype gguf_kv_type(const gguf_ctx *ctx, uint64_t i);
 /* Element type and length of an array value (DX_EINVAL if not an array,
  * DX_ERANGE if i is out of range).  elem and n may be NULL. */
 int gguf_kv_array_info(const gguf_ctx *ctx, uint64_t i, enum gguf_vtype *elem, uint64_t *n);
-int64_t gguf_find_key(const gguf_ctx *ctx, const char *key); /* index or -1 */
+int64_t gguf_find_key(const gguf_ctx *ctx, const char *key); /* index or DX_NONE */
 
 /* Typed getters.  DX_ENOENT if the key is missing (message names it),
  * DX_EFORMAT if it has the wrong type or its value does not fit.  Integer

@@ -1,10 +1,12 @@
-/* model: load a GGUF model (llama / qwen2 / qwen3) for the engine.
+/* model: load a GGUF model (llama / qwen2 / qwen3 / qwen3moe, and llama
+ * with experts) for the engine.
  *
- * Weights stay in the mmap and are used in place.  1-D tensors (norm
- * weights, biases) are small and converted once into owned f32 arrays, so
- * kernels only ever see f32 vectors.  Every tensor is checked for presence,
- * shape and type — any type dx_dtype_supported() lists, each tensor its
- * own (llama-quantize mixes them) — and the error names it. */
+ * Weights stay in the mmap and are used in place, the stacked expert
+ * tensors too (the engine addresses expert e's matrix inside them).  1-D
+ * tensors (norm weights, biases) are small and converted once into owned f32
+ * arrays, so kernels only ever see f32 vectors.  Every tensor is checked for
+ * presence, shape and type — any type dx_dtype_supported() lists, each tensor
+ * its own (llama-quantize mixes them) — and the error names it. */
 #include "model/model.h"
 
 #include "jinja/jinja.h"
@@ -64,6 +66,66 @@ static int get_f32_arch(const model *m, const char *suffix, float *out, int requ
     return arch_rc(m, gguf_get_f32(m->g, arch_key(m, suffix, key), out), required);
 }
 
+static int get_bool_arch(const model *m, const char *suffix, int *out)
+{
+    char key[128];
+    return arch_rc(m, gguf_get_bool(m->g, arch_key(m, suffix, key), out), 0);
+}
+
+/* The experts' keys as llama.cpp reads them for these architectures:
+ * expert_count and expert_used_count (both, or neither for a dense model),
+ * qwen3moe's expert_feed_forward_length (llama.cpp's fallback without it:
+ * n_ff / n_expert_used; llama's experts are n_ff wide).  The gating is
+ * softmax for both families; a file asking for another is refused. */
+static int load_moe_hparams(model *m)
+{
+    model_hparams *hp = &m->hp;
+    uint32_t gating = 1; /* llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX */
+    int rc;
+    hp->expert_weights_norm = 1;
+    if ((rc = get_u32_arch(m, "expert_count", &hp->n_expert, 0)) ||
+        (rc = get_u32_arch(m, "expert_used_count", &hp->n_expert_used, 0)) ||
+        (rc = get_u32_arch(m, "expert_feed_forward_length", &hp->n_ff_exp, 0)) ||
+        (rc = get_bool_arch(m, "expert_weights_norm", &hp->expert_weights_norm)) ||
+        (rc = get_u32_arch(m, "expert_gating_func", &gating, 0)))
+        return rc;
+    const char *a = hp->arch_name;
+    if (!hp->n_expert && hp->arch == MODEL_QWEN3MOE)
+        return dx_errf(DX_EFORMAT,
+                       "%s: %s.expert_count is missing or 0 (qwen3moe routes every "
+                       "FFN to experts)",
+                       m->path, a);
+    if (hp->n_expert && hp->arch != MODEL_QWEN3MOE && hp->arch != MODEL_LLAMA)
+        return dx_errf(DX_EUNSUPPORTED,
+                       "%s: %s.expert_count is %u: experts are supported in "
+                       "qwen3moe and llama models only",
+                       m->path, a, hp->n_expert);
+    if (!hp->n_expert) {
+        if (hp->n_expert_used)
+            return dx_errf(DX_EFORMAT, "%s: %s.expert_used_count is %u without %s.expert_count",
+                           m->path, a, hp->n_expert_used, a);
+        hp->n_ff_exp = 0;
+        return 0;
+    }
+    if (hp->n_expert > MODEL_MAX_EXPERTS || !hp->n_expert_used ||
+        hp->n_expert_used > hp->n_expert || hp->n_expert_used > MODEL_MAX_EXPERTS_USED)
+        return dx_errf(DX_EFORMAT,
+                       "%s: %s.expert_used_count is %u and %s.expert_count %u (want "
+                       "1 <= used <= count <= %d, used <= %d)",
+                       m->path, a, hp->n_expert_used, a, hp->n_expert, MODEL_MAX_EXPERTS,
+                       MODEL_MAX_EXPERTS_USED);
+    if (gating > 1)
+        return dx_errf(DX_EUNSUPPORTED,
+                       "%s: %s.expert_gating_func is %u (duplex routes with "
+                       "softmax, 1)",
+                       m->path, a, gating);
+    if (hp->arch == MODEL_LLAMA) hp->n_ff_exp = hp->n_ff;
+    if (!hp->n_ff_exp) hp->n_ff_exp = hp->n_ff / hp->n_expert_used;
+    if (!hp->n_ff_exp)
+        return dx_errf(DX_EFORMAT, "%s: the experts' feed-forward length is 0", m->path);
+    return 0;
+}
+
 static int load_hparams(model *m)
 {
     gguf_str a;
@@ -79,11 +141,14 @@ static int load_hparams(model *m)
         hp->arch = MODEL_QWEN2;
     else if (!strcmp(hp->arch_name, "qwen3"))
         hp->arch = MODEL_QWEN3;
+    else if (!strcmp(hp->arch_name, "qwen3moe"))
+        hp->arch = MODEL_QWEN3MOE;
     else
-        return dx_errf(DX_EUNSUPPORTED, "%s: architecture '%s' is not supported (llama|qwen2|qwen3)",
+        return dx_errf(DX_EUNSUPPORTED,
+                       "%s: architecture '%s' is not supported (llama|qwen2|qwen3|qwen3moe)",
                        m->path, hp->arch_name);
     hp->rope_neox = hp->arch != MODEL_LLAMA;
-    hp->qk_norm = hp->arch == MODEL_QWEN3;
+    hp->qk_norm = hp->arch == MODEL_QWEN3 || hp->arch == MODEL_QWEN3MOE;
     hp->qkv_bias = hp->arch == MODEL_QWEN2;
     hp->rms_eps = 1e-6f;
     hp->rope_base = 10000.0f;
@@ -113,7 +178,7 @@ static int load_hparams(model *m)
     if (!(hp->rms_eps > 0 && hp->rms_eps < 1) || !(hp->rope_base > 1))
         return dx_errf(DX_EFORMAT, "%s: bad rms epsilon %g or rope base %g", m->path, hp->rms_eps,
                        hp->rope_base);
-    return 0;
+    return load_moe_hparams(m);
 }
 
 static int own_f32(model *m, const gguf_tensor_info *ti, model_tensor *t)
@@ -135,32 +200,78 @@ static int own_f32(model *m, const gguf_tensor_info *ti, model_tensor *t)
     return 0;
 }
 
-/* Bind tensor `name` expecting shape [n_in, rows] (rows = 0 for a vector). */
-static int bind(model *m, const char *name, uint64_t n_in, uint64_t rows, int optional,
-                model_tensor *t)
+static void fmt_shape(char *buf, size_t cap, uint32_t n_dims, const uint64_t *ne)
+{
+    size_t off = (size_t)snprintf(buf, cap, "[");
+    for (uint32_t d = 0; d < n_dims && off < cap; d++)
+        off += (size_t)snprintf(buf + off, cap - off, "%s%llu", d ? ", " : "",
+                                (unsigned long long)ne[d]);
+    if (off < cap) snprintf(buf + off, cap - off, "]");
+}
+
+/* Bind tensor `name` expecting shape want[0 .. n_dims): 1 dim, a vector
+ * (converted to f32); 2, a matrix; 3, stacked experts' matrices. */
+static int bind_nd(model *m, const char *name, uint32_t n_dims, const uint64_t *want, int optional,
+                   model_tensor *t)
 {
     gguf_tensor_info ti;
     memset(t, 0, sizeof *t);
     int rc = gguf_find_tensor(m->g, name, &ti);
     if (rc == DX_ENOENT && optional) return 0;
     if (rc) return dx_errf(rc, "%s: tensor '%s' is missing", m->path, name);
-    uint64_t want_dims = rows ? 2 : 1;
-    if (ti.n_dims != want_dims || ti.ne[0] != n_in || (rows && ti.ne[1] != rows))
-        return dx_errf(DX_EFORMAT, "%s: tensor '%s' has shape [%llu, %llu] (%u dims), want [%llu, %llu]",
-                       m->path, name, (unsigned long long)ti.ne[0], (unsigned long long)ti.ne[1],
-                       ti.n_dims, (unsigned long long)n_in, (unsigned long long)(rows ? rows : 1));
+    int ok = ti.n_dims == n_dims;
+    for (uint32_t d = 0; d < n_dims && ok; d++) ok = ti.ne[d] == want[d];
+    if (!ok) {
+        char have[96], need[96];
+        fmt_shape(have, sizeof have, ti.n_dims, ti.ne);
+        fmt_shape(need, sizeof need, n_dims, want);
+        return dx_errf(DX_EFORMAT, "%s: tensor '%s' has shape %s, want %s", m->path, name, have,
+                       need);
+    }
     if (!dx_dtype_supported(ti.type))
         return dx_errf(DX_EUNSUPPORTED,
                        "%s: tensor '%s' has type %s (id %d), which duplex cannot run "
                        "(supported: %s)",
                        m->path, name, dx_dtype_name(ti.type), ti.type,
                        dx_dtype_supported_names());
-    t->ne[0] = n_in;
-    t->ne[1] = rows ? rows : 1;
-    m->n_params += n_in * t->ne[1];
-    if (!rows) return own_f32(m, &ti, t);
+    for (uint32_t d = 0; d < 3; d++) t->ne[d] = d < n_dims ? want[d] : 1;
+    m->n_params += t->ne[0] * t->ne[1] * t->ne[2];
+    if (n_dims == 1) return own_f32(m, &ti, t);
     t->data = ti.data;
     t->type = ti.type;
+    return 0;
+}
+
+/* Bind tensor `name` expecting shape [n_in, rows] (rows = 0 for a vector). */
+static int bind(model *m, const char *name, uint64_t n_in, uint64_t rows, int optional,
+                model_tensor *t)
+{
+    const uint64_t want[2] = {n_in, rows};
+    return bind_nd(m, name, rows ? 2 : 1, want, optional, t);
+}
+
+/* An MoE layer's router and experts (ggml's ne order, see model.h). */
+static int bind_experts(model *m, uint32_t i, model_layer *L)
+{
+    const model_hparams *hp = &m->hp;
+    uint64_t e = hp->n_embd, ff = hp->n_ff_exp, x = hp->n_expert;
+    const struct {
+        const char *suffix;
+        uint32_t n_dims;
+        uint64_t ne[3];
+        model_tensor *t;
+    } want[] = {
+        {"ffn_gate_inp.weight", 2, {e, x, 1}, &L->ffn_gate_inp},
+        {"ffn_gate_exps.weight", 3, {e, ff, x}, &L->ffn_gate_exps},
+        {"ffn_up_exps.weight", 3, {e, ff, x}, &L->ffn_up_exps},
+        {"ffn_down_exps.weight", 3, {ff, e, x}, &L->ffn_down_exps},
+    };
+    for (size_t k = 0; k < DX_ARRAY_LEN(want); k++) {
+        char n[96];
+        snprintf(n, sizeof n, "blk.%u.%s", i, want[k].suffix);
+        int rc = bind_nd(m, n, want[k].n_dims, want[k].ne, 0, want[k].t);
+        if (rc) return rc;
+    }
     return 0;
 }
 
@@ -181,18 +292,20 @@ static int bind_layer(model *m, uint32_t i)
     B(wv, "attn_v.weight", e, kv, 0);
     B(wo, "attn_output.weight", q, e, 0);
     B(ffn_norm, "ffn_norm.weight", e, 0, 0);
-    B(w_gate, "ffn_gate.weight", e, ff, 0);
-    B(w_up, "ffn_up.weight", e, ff, 0);
-    B(w_down, "ffn_down.weight", ff, e, 0);
+    if (!hp->n_expert) {
+        B(w_gate, "ffn_gate.weight", e, ff, 0);
+        B(w_up, "ffn_up.weight", e, ff, 0);
+        B(w_down, "ffn_down.weight", ff, e, 0);
+    }
     int opt_bias = hp->arch != MODEL_QWEN2;
     B(bq, "attn_q.bias", q, 0, opt_bias);
     B(bk, "attn_k.bias", kv, 0, opt_bias);
     B(bv, "attn_v.bias", kv, 0, opt_bias);
-    int opt_norm = hp->arch != MODEL_QWEN3;
+    int opt_norm = !hp->qk_norm;
     B(q_norm, "attn_q_norm.weight", hp->head_dim, 0, opt_norm);
     B(k_norm, "attn_k_norm.weight", hp->head_dim, 0, opt_norm);
 #undef B
-    return 0;
+    return hp->n_expert ? bind_experts(m, i, L) : 0;
 }
 
 typedef struct {
@@ -417,6 +530,16 @@ static void fp_hparams(XXH3_state_t *st, const model_hparams *hp)
     for (size_t i = 0; i < DX_ARRAY_LEN(u); i++) fp_u64(st, u[i]);
     fp_f32(st, hp->rms_eps);
     fp_f32(st, hp->rope_base);
+    /* The routing: n_expert_used and the normalisation change every MoE
+     * output and no tensor shape shows them.  Hashed only for MoE models, so
+     * a dense model's fingerprint is what it was before experts existed
+     * (nodes of both versions still share its KV). */
+    if (hp->n_expert) {
+        const uint64_t moe[] = {hp->n_expert, hp->n_expert_used, hp->n_ff_exp,
+                                (uint64_t)hp->expert_weights_norm};
+        fp_str(st, "moe", 3);
+        for (size_t i = 0; i < DX_ARRAY_LEN(moe); i++) fp_u64(st, moe[i]);
+    }
 }
 
 static void fp_tensor(XXH3_state_t *st, const gguf_tensor_info *ti)
@@ -600,6 +723,13 @@ const gguf_ctx *model_gguf(const model *m) { return m->g; }
 const char *model_path(const model *m) { return m->path; }
 const char *model_name(const model *m) { return m->name; }
 uint64_t model_n_params(const model *m) { return m->n_params; }
+
+uint64_t model_n_active_params(const model *m)
+{
+    const model_hparams *hp = &m->hp;
+    uint64_t per_expert = 3 * (uint64_t)hp->n_embd * hp->n_ff_exp;
+    return m->n_params - (uint64_t)hp->n_layer * (hp->n_expert - hp->n_expert_used) * per_expert;
+}
 
 void model_fingerprint(const model *m, uint64_t out[2])
 {

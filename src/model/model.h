@@ -1,10 +1,16 @@
 /* model: a loaded model — the GGUF file, its hyper-parameters, its weights
  * (pointers into the mmap, never copied), its tokenizer and chat template.
  *
- * Supported architectures: llama, qwen2 (q/k/v biases), qwen3 (q/k RMSNorm).
- * Loading checks every tensor the architecture needs: present, the expected
- * shape, a supported type; a missing or misshapen tensor is an error that
- * names it.
+ * Supported architectures: llama, qwen2 (q/k/v biases), qwen3 (q/k RMSNorm),
+ * and the mixtures of experts qwen3moe (Qwen3-30B-A3B: qwen3's attention,
+ * every FFN a routed MoE) and llama with {arch}.expert_count > 0
+ * (Mixtral-style).  An MoE layer has a router ffn_gate_inp [n_embd ->
+ * n_expert] and the experts' FFNs stacked in 3-D tensors ffn_{gate,up,down}_exps
+ * (ggml's ne: [n_embd, n_ff_exp, n_expert] for gate/up, [n_ff_exp, n_embd,
+ * n_expert] for down: expert e is the 2-D matrix at e * ne[1] rows), and no
+ * dense ffn_gate/up/down.  Loading checks every tensor the architecture
+ * needs: present, the expected shape, a supported type; a missing or
+ * misshapen tensor is an error that names it.
  *
  * The fingerprint is XXH3-128 over everything that changes what the model
  * computes: the architecture, its hyper-parameters (each field hashed on its
@@ -24,7 +30,12 @@
 #include "model/gguf.h"
 #include "tok/tok.h"
 
-enum model_arch { MODEL_LLAMA, MODEL_QWEN2, MODEL_QWEN3 };
+enum model_arch { MODEL_LLAMA, MODEL_QWEN2, MODEL_QWEN3, MODEL_QWEN3MOE };
+
+/* llama.cpp's limit (LLAMA_MAX_EXPERTS), and a bound on the experts one
+ * token uses that keeps per-token routing state on the stack. */
+#define MODEL_MAX_EXPERTS      512
+#define MODEL_MAX_EXPERTS_USED 64
 
 /* duplex's own GGUF key: the tokenizer's text normalizer ("nfc"), written
  * from a tokenizer.json that asks for one.  Files without it are not
@@ -40,18 +51,33 @@ typedef struct {
     int qk_norm;     /* qwen3 */
     int qkv_bias;    /* qwen2 */
     int tied_output; /* no output.weight: the embedding matrix is reused */
+    /* Mixture of experts (n_expert 0: dense).  Routing is llama.cpp's for
+     * both families: softmax over all n_expert router logits, the
+     * n_expert_used most probable, their probabilities divided by their sum
+     * when expert_weights_norm (engine/moe.h). */
+    uint32_t n_expert, n_expert_used;
+    uint32_t n_ff_exp;       /* rows of one expert's gate/up: qwen3moe's
+                                expert_feed_forward_length; llama's n_ff */
+    int expert_weights_norm; /* {arch}.expert_weights_norm, default 1 */
 } model_hparams;
 
 /* One weight tensor: data in the mapping, type a dx_dtype, ne[0] = row length. */
 typedef struct {
     const void *data;
     int type;
-    uint64_t ne[2]; /* [0] = n_in (row length), [1] = rows (1 for vectors) */
+    /* [0] = n_in (row length), [1] = rows (1 for vectors), [2] = experts
+     * (1 unless stacked: matrix e starts at row e * ne[1]) */
+    uint64_t ne[3];
 } model_tensor;
 
 typedef struct {
     model_tensor attn_norm, wq, wk, wv, wo, bq, bk, bv, q_norm, k_norm;
-    model_tensor ffn_norm, w_gate, w_up, w_down;
+    model_tensor ffn_norm;
+    model_tensor w_gate, w_up, w_down; /* dense FFN; absent (data NULL) in an MoE layer */
+    model_tensor ffn_gate_inp;         /* router: [n_expert][n_embd] */
+    model_tensor ffn_gate_exps;        /* [n_expert][n_ff_exp][n_embd] */
+    model_tensor ffn_up_exps;          /* [n_expert][n_ff_exp][n_embd] */
+    model_tensor ffn_down_exps;        /* [n_expert][n_embd][n_ff_exp] */
 } model_layer;
 
 typedef struct model model;
@@ -92,5 +118,8 @@ const char *model_name(const model *m); /* general.name, or the file's base name
 /* 128-bit fingerprint (see above): out[0] = low 64 bits, out[1] = high. */
 void model_fingerprint(const model *m, uint64_t out[2]);
 uint64_t model_n_params(const model *m);
+/* The parameters one token computes with: all but the experts it is not
+ * routed to (n_params for a dense model). */
+uint64_t model_n_active_params(const model *m);
 
 #endif

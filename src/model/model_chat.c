@@ -18,20 +18,21 @@ static json_t *token_text(const tok *t, int32_t id)
 
 /* The messages the template sees: the request's objects (shallow copies)
  * with duplex's reading of role and content — "developer" as "system",
- * text parts joined — or, without them, {role, content} from msgs. */
+ * text parts joined, null as "" — or, without them, {role, content} from
+ * msgs. */
 static json_t *template_messages(const chat_msg *msgs, size_t n, const json_t *sent)
 {
     json_t *arr = json_array();
     for (size_t i = 0; arr && i < n; i++) {
         json_t *src = sent ? json_array_get(sent, i) : NULL;
         json_t *o = json_is_object(src) ? json_copy((json_t *)src) : json_object();
-        json_t *c = json_object_get(o, "content");
         if (!o || json_object_set_new(o, "role", json_string(msgs[i].role))) goto fail;
-        /* null stays null (an assistant turn of tool calls only) */
-        if (!(json_is_null(c) && !msgs[i].content_len) &&
-            json_object_set_new(o, "content",
-                                json_stringn(msgs[i].content ? msgs[i].content : "",
-                                             msgs[i].content_len)))
+        /* content as text, always: a null one (an assistant turn of tool
+         * calls only, as the OpenAI SDK sends it back) is "" — templates
+         * test `'</think>' in message.content`, which null fails, and vLLM
+         * and llama.cpp give templates "" there too */
+        if (json_object_set_new(o, "content", json_stringn(msgs[i].content ? msgs[i].content : "",
+                                                           msgs[i].content_len)))
             goto fail;
         if (json_array_append_new(arr, o)) goto fail;
         continue;

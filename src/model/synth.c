@@ -61,6 +61,27 @@ static const synth_preset k_presets[] = {
                       .low_freq_factor = 1.0f,
                       .high_freq_factor = 4.0f,
                       .original_context = 8192}},
+    /* a mixture of experts for the tests: qwen3moe by default, or llama
+     * (Mixtral-style); 8 experts, 2 per token */
+    {.name = "tiny-moe",
+     SHAPE(128, 2, 4, 2, 32, 192, 4096),
+     .n_merges = 600,
+     .arch = -1,
+     .n_expert = 8,
+     .n_expert_used = 2,
+     .n_ff_exp = 96},
+    /* Qwen/Qwen3-30B-A3B's config.json: 128 experts, 8 per token,
+     * moe_intermediate_size 768, norm_topk_prob, untied output */
+    {.name = "qwen3-30b-a3b",
+     SHAPE(2048, 48, 32, 4, 128, 6144, 40960),
+     .n_merges = 3000,
+     .arch = MODEL_QWEN3MOE,
+     .n_vocab = 151936,
+     .rope_base = 1e6f,
+     .rms_eps = 1e-6f,
+     .n_expert = 128,
+     .n_expert_used = 8,
+     .n_ff_exp = 768},
 };
 #undef SHAPE
 
@@ -73,7 +94,7 @@ const synth_preset *synth_find_preset(const char *name)
 
 const char *synth_preset_names(void)
 {
-    return "tiny|small|0.6b|qwen3-0.6b|llama3.2-1b";
+    return "tiny|small|0.6b|qwen3-0.6b|llama3.2-1b|tiny-moe|qwen3-30b-a3b";
 }
 
 int synth_check_preset(const char *name)
@@ -143,18 +164,30 @@ static const synth_wtypes *wtypes_of(int type)
     return NULL;
 }
 
+static const char *const k_arch_names[] = {[MODEL_LLAMA] = "llama",
+                                           [MODEL_QWEN2] = "qwen2",
+                                           [MODEL_QWEN3] = "qwen3",
+                                           [MODEL_QWEN3MOE] = "qwen3moe"};
+
 int synth_parse_arch(const char *s, enum model_arch *out)
 {
-    if (s && !strcmp(s, "qwen3")) *out = MODEL_QWEN3;
-    else if (s && !strcmp(s, "qwen2")) *out = MODEL_QWEN2;
-    else if (s && !strcmp(s, "llama")) *out = MODEL_LLAMA;
-    else return dx_errf(DX_EINVAL, "unknown architecture '%s' (want qwen3|qwen2|llama)", s ? s : "");
-    return 0;
+    for (size_t i = 0; i < DX_ARRAY_LEN(k_arch_names); i++)
+        if (s && !strcmp(s, k_arch_names[i])) {
+            *out = (enum model_arch)i;
+            return 0;
+        }
+    return dx_errf(DX_EINVAL, "unknown architecture '%s' (want qwen3|qwen2|llama|qwen3moe)",
+                   s ? s : "");
 }
 
 static const char *arch_name(enum model_arch a)
 {
-    return a == MODEL_QWEN3 ? "qwen3" : a == MODEL_QWEN2 ? "qwen2" : "llama";
+    return k_arch_names[a];
+}
+
+enum model_arch synth_default_arch(const synth_preset *p)
+{
+    return p->arch >= 0 ? (enum model_arch)p->arch : p->n_expert ? MODEL_QWEN3MOE : MODEL_QWEN3;
 }
 
 /* Uniform in [-1, 1). */
@@ -201,32 +234,70 @@ typedef struct {
     size_t n_specs, cap_specs;
 } synth_ctx;
 
-/* A tensor of `type` (a vector when rows == 1, then always f32). */
-static int add_tensor_typed(synth_ctx *c, const char *name, int type, uint64_t n_in, uint64_t rows,
-                            int is_norm, float amp)
+/* A tensor of type `type` and shape ne[0 .. n_dims): a vector, a matrix
+ * [ne1][ne0], or ne2 stacked such matrices. */
+static int add_tensor_typed(synth_ctx *c, const char *name, uint32_t n_dims, const uint64_t *ne,
+                            int type, int is_norm, float amp)
 {
     if (c->n_specs == c->cap_specs) return dx_errf(DX_ENOMEM, "too many tensors");
-    if (rows > 1 && n_in % dx_dtype_block_elems(type))
+    if (ne[0] % dx_dtype_block_elems(type))
         return dx_errf(DX_EINVAL, "%s: rows of %llu cannot be stored as %s (blocks of %zu)", name,
-                       (unsigned long long)n_in, dx_dtype_name(type), dx_dtype_block_elems(type));
+                       (unsigned long long)ne[0], dx_dtype_name(type), dx_dtype_block_elems(type));
     fill_spec *f = &c->specs[c->n_specs++];
     f->seed = c->cfg->seed ^ XXH3_64bits(name, strlen(name));
-    f->type = rows > 1 ? type : DX_F32; /* vectors stay f32, as llama.cpp writes them */
-    f->n_in = n_in;
-    f->rows = rows;
+    f->type = type;
+    f->n_in = ne[0];
+    f->rows = 1; /* filled row by row, expert after expert */
+    for (uint32_t d = 1; d < n_dims; d++) f->rows *= ne[d];
     f->center = is_norm ? 1.0f : 0.0f;
     f->amp = is_norm ? 0.1f : amp;
-    f->zero_from = rows;
-    uint64_t ne[2] = {n_in, rows};
-    return gguf_w_add_tensor_fill(c->w, name, f->type, rows > 1 ? 2 : 1, ne, fill_tensor, f);
+    f->zero_from = f->rows;
+    return gguf_w_add_tensor_fill(c->w, name, f->type, n_dims, ne, fill_tensor, f);
 }
 
-/* A matrix of role r in layer il, of the type the scheme gives it. */
+/* A matrix [rows][n_in] of role r in layer il, of the type the scheme
+ * gives it. */
 static int add_tensor(synth_ctx *c, const char *name, enum synth_role r, uint32_t il, uint64_t n_in,
                       uint64_t rows, int is_norm, float amp)
 {
-    return add_tensor_typed(c, name, synth_wtypes_type(c->wt, r, il, c->n_layer), n_in, rows,
-                            is_norm, amp);
+    const uint64_t ne[2] = {n_in, rows};
+    return add_tensor_typed(c, name, 2, ne, synth_wtypes_type(c->wt, r, il, c->n_layer), is_norm,
+                            amp);
+}
+
+/* A vector: always f32, as llama.cpp writes them. */
+static int add_vector(synth_ctx *c, const char *name, uint64_t n, int is_norm, float amp)
+{
+    const uint64_t ne[1] = {n};
+    return add_tensor_typed(c, name, 1, ne, DX_F32, is_norm, amp);
+}
+
+/* An MoE layer's FFN: the router, f32 as llama.cpp's converter always
+ * writes it, and the experts stacked in ggml's order (model.h). */
+static int add_experts(synth_ctx *c, const synth_preset *p, uint32_t i)
+{
+    uint64_t e = p->n_embd, ff = p->n_ff_exp, x = p->n_expert;
+    float a_e = sqrtf(3.0f / (float)e), a_ff = sqrtf(3.0f / (float)ff);
+    const struct {
+        const char *suffix;
+        uint32_t n_dims;
+        uint64_t ne[3];
+        enum synth_role role; /* the experts' types: the dense FFN roles' */
+        float amp;
+    } t[] = {
+        {"ffn_gate_inp.weight", 2, {e, x, 1}, SYNTH_FFN_GATE, a_e},
+        {"ffn_gate_exps.weight", 3, {e, ff, x}, SYNTH_FFN_GATE, a_e},
+        {"ffn_up_exps.weight", 3, {e, ff, x}, SYNTH_FFN_UP, a_e},
+        {"ffn_down_exps.weight", 3, {ff, e, x}, SYNTH_FFN_DOWN, a_ff},
+    };
+    for (size_t k = 0; k < DX_ARRAY_LEN(t); k++) {
+        char n[64];
+        snprintf(n, sizeof n, "blk.%u.%s", i, t[k].suffix);
+        int type = k == 0 ? DX_F32 : synth_wtypes_type(c->wt, t[k].role, i, c->n_layer);
+        int rc = add_tensor_typed(c, n, t[k].n_dims, t[k].ne, type, 0, t[k].amp);
+        if (rc) return rc;
+    }
+    return 0;
 }
 
 /* Llama 3 rope scaling as llama.cpp stores it: a [head_dim / 2] tensor of
@@ -262,7 +333,7 @@ static int add_weights(synth_ctx *c, const synth_preset *p, uint32_t n_vocab, ui
     if ((rc = add_tensor(c, n, role, i, nin, rows, norm, amp))) return rc;
 #define V(suffix, nin, norm, amp)                                                                  \
     snprintf(n, sizeof n, "blk.%u.%s", i, suffix);                                                 \
-    if ((rc = add_tensor_typed(c, n, DX_F32, nin, 1, norm, amp))) return rc;
+    if ((rc = add_vector(c, n, nin, norm, amp))) return rc;
         V("attn_norm.weight", e, 1, 0);
         T("attn_q.weight", SYNTH_ATTN_Q, e, q, 0, a_e);
         T("attn_k.weight", SYNTH_ATTN_K, e, kv, 0, a_e);
@@ -272,19 +343,23 @@ static int add_weights(synth_ctx *c, const synth_preset *p, uint32_t n_vocab, ui
             V("attn_k.bias", kv, 0, 0.1f);
             V("attn_v.bias", kv, 0, 0.1f);
         }
-        if (c->cfg->arch == MODEL_QWEN3) {
+        if (c->cfg->arch == MODEL_QWEN3 || c->cfg->arch == MODEL_QWEN3MOE) {
             V("attn_q_norm.weight", p->head_dim, 1, 0);
             V("attn_k_norm.weight", p->head_dim, 1, 0);
         }
         T("attn_output.weight", SYNTH_ATTN_OUTPUT, q, e, 0, a_q);
         V("ffn_norm.weight", e, 1, 0);
+        if (p->n_expert) {
+            if ((rc = add_experts(c, p, i))) return rc;
+            continue;
+        }
         T("ffn_gate.weight", SYNTH_FFN_GATE, e, ff, 0, a_e);
         T("ffn_up.weight", SYNTH_FFN_UP, e, ff, 0, a_e);
         T("ffn_down.weight", SYNTH_FFN_DOWN, ff, e, 0, a_ff);
 #undef V
 #undef T
     }
-    if ((rc = add_tensor_typed(c, "output_norm.weight", DX_F32, e, 1, 1, 0))) return rc;
+    if ((rc = add_vector(c, "output_norm.weight", e, 1, 0))) return rc;
     if (!p->tied) {
         if ((rc = add_tensor(c, "output.weight", SYNTH_OUTPUT, 0, e, n_vocab, 0, a_e))) return rc;
         c->specs[c->n_specs - 1].zero_from = n_real;
@@ -298,7 +373,10 @@ static int add_hparams(gguf_writer *w, const synth_config *cfg, const synth_wtyp
     const char *a = arch_name(cfg->arch);
     char key[96], name[96];
     int rc = 0;
-    snprintf(name, sizeof name, "duplex-synth-%s-%s-%s", a, p->name, wt->name);
+    if (cfg->n_layer)
+        snprintf(name, sizeof name, "duplex-synth-%s-%s-%ul-%s", a, p->name, p->n_layer, wt->name);
+    else
+        snprintf(name, sizeof name, "duplex-synth-%s-%s-%s", a, p->name, wt->name);
     rc |= gguf_w_set_str(w, "general.architecture", a);
     rc |= gguf_w_set_str(w, "general.name", name);
     rc |= gguf_w_set_u32(w, "general.file_type", wt->ftype);
@@ -309,7 +387,15 @@ static int add_hparams(gguf_writer *w, const synth_config *cfg, const synth_wtyp
     U("context_length", p->n_ctx);
     U("embedding_length", p->n_embd);
     U("block_count", p->n_layer);
-    U("feed_forward_length", p->n_ff);
+    /* llama's experts are feed_forward_length wide (llama.cpp: n_ff) */
+    U("feed_forward_length", p->n_expert && cfg->arch == MODEL_LLAMA ? p->n_ff_exp : p->n_ff);
+    if (p->n_expert) {
+        U("expert_count", p->n_expert);
+        U("expert_used_count", p->n_expert_used);
+        if (cfg->arch == MODEL_QWEN3MOE) {
+            U("expert_feed_forward_length", p->n_ff_exp);
+        }
+    }
     U("attention.head_count", p->n_head);
     U("attention.head_count_kv", p->n_kv_head);
     U("attention.key_length", p->head_dim);
@@ -428,15 +514,38 @@ static uint32_t real_tokens(const hf_tok *h)
     return (uint32_t)n;
 }
 
-int synth_write(const synth_config *cfg, const char *path)
+/* The architecture fits the preset: its own if it has one; experts only in
+ * qwen3moe and llama, and qwen3moe only with experts. */
+static int check_arch(const synth_config *cfg, const synth_preset *p)
 {
-    const synth_preset *p = synth_find_preset(cfg->preset);
-    if (!p) return synth_check_preset(cfg->preset);
-    const synth_wtypes *wt = cfg->wtypes ? cfg->wtypes : wtypes_of(cfg->dtype);
-    if (!wt) return dx_errf(DX_EINVAL, "unsupported weight dtype %d", cfg->dtype);
     if (p->arch >= 0 && (int)cfg->arch != p->arch)
         return dx_errf(DX_EINVAL, "preset %s is a %s model, not %s", p->name,
                        arch_name((enum model_arch)p->arch), arch_name(cfg->arch));
+    if (p->n_expert && cfg->arch != MODEL_QWEN3MOE && cfg->arch != MODEL_LLAMA)
+        return dx_errf(DX_EINVAL,
+                       "preset %s is a mixture of experts: its architecture is "
+                       "qwen3moe or llama, not %s",
+                       p->name, arch_name(cfg->arch));
+    if (!p->n_expert && cfg->arch == MODEL_QWEN3MOE)
+        return dx_errf(DX_EINVAL,
+                       "qwen3moe needs a mixture-of-experts preset (tiny-moe|"
+                       "qwen3-30b-a3b), not %s",
+                       p->name);
+    return 0;
+}
+
+int synth_write(const synth_config *cfg, const char *path)
+{
+    const synth_preset *p0 = synth_find_preset(cfg->preset);
+    if (!p0) return synth_check_preset(cfg->preset);
+    synth_preset shape = *p0;
+    const synth_preset *p = &shape;
+    if (cfg->n_layer > 1024) return dx_errf(DX_EINVAL, "%u layers: at most 1024", cfg->n_layer);
+    if (cfg->n_layer) shape.n_layer = cfg->n_layer;
+    const synth_wtypes *wt = cfg->wtypes ? cfg->wtypes : wtypes_of(cfg->dtype);
+    if (!wt) return dx_errf(DX_EINVAL, "unsupported weight dtype %d", cfg->dtype);
+    int rc = check_arch(cfg, p);
+    if (rc) return rc;
     const synth_rope_scaling *rs = cfg->rope_scaling ? cfg->rope_scaling : &p->rope_scaling;
     if (rs->original_context &&
         !(rs->factor >= 1 && rs->low_freq_factor > 0 && rs->high_freq_factor > rs->low_freq_factor))
@@ -446,8 +555,7 @@ int synth_write(const synth_config *cfg, const char *path)
                        (double)rs->factor, (double)rs->low_freq_factor,
                        (double)rs->high_freq_factor);
     hf_tok h;
-    int rc = make_vocab(cfg, p, &h);
-    if (rc) return rc;
+    if ((rc = make_vocab(cfg, p, &h))) return rc;
     uint32_t n_vocab = (uint32_t)h.n_tokens;
     float rope_base = p->rope_base > 0           ? p->rope_base
                       : cfg->arch == MODEL_LLAMA ? 500000.0f

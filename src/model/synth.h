@@ -9,7 +9,11 @@
  * vocabulary sizes: qwen3-0.6b (151,936 embedding rows) and llama3.2-1b
  * (128,256 rows, Llama 3 rope scaling written as llama.cpp's rope_freqs
  * tensor).  Embedding rows past the tokenizer's tokens are padding, as in
- * the real checkpoints: "[PAD<id>]" UNUSED tokens with all-zero rows. */
+ * the real checkpoints: "[PAD<id>]" UNUSED tokens with all-zero rows.
+ * Mixtures of experts: tiny-moe (the tests; qwen3moe, or llama as Mixtral
+ * is) and qwen3-30b-a3b (Qwen3-30B-A3B's shape, 151,936 rows; with
+ * synth_config.n_layer fewer than its 48 layers keep the real per-layer
+ * shape in a file that fits a small machine). */
 #ifndef SYNTH_H
 #define SYNTH_H
 
@@ -33,6 +37,7 @@ typedef struct {
     float rope_base;   /* 0: the architecture's default (llama 500000, qwen 1000000) */
     float rms_eps;     /* 0: 1e-6 */
     synth_rope_scaling rope_scaling;
+    uint32_t n_expert, n_expert_used, n_ff_exp; /* a mixture of experts; 0: dense */
 } synth_preset;
 
 /* The roles of a model's matrices, for choosing their types. */
@@ -73,9 +78,11 @@ int synth_wtypes_type(const synth_wtypes *w, enum synth_role r, uint32_t il, uin
 
 typedef struct {
     enum model_arch arch;
-    const char *preset; /* tiny | small | 0.6b | qwen3-0.6b | llama3.2-1b */
+    const char
+        *preset; /* tiny | small | 0.6b | qwen3-0.6b | llama3.2-1b | tiny-moe | qwen3-30b-a3b */
+    uint32_t n_layer; /* layers instead of the preset's (0: the preset's) */
     /* The weight types: a scheme (--dtype), or when NULL every matrix of
-     * type `dtype` (any dx_dtype_supported() type). */
+     * type `dtype` (any dx_dtype_supported() type); an MoE router is f32. */
     const synth_wtypes *wtypes;
     int dtype;
     uint64_t seed;
@@ -95,6 +102,9 @@ const char *synth_preset_names(void);
 void synth_llama3_rope_factors(const synth_rope_scaling *s, float base, uint32_t head_dim,
                                float *out);
 int synth_parse_arch(const char *s, enum model_arch *out);
+/* The architecture a preset gets without --arch: its own, else qwen3moe for
+ * a mixture of experts and qwen3 for the rest. */
+enum model_arch synth_default_arch(const synth_preset *p);
 int synth_write(const synth_config *cfg, const char *path);
 
 #endif

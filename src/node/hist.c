@@ -69,7 +69,7 @@ int hist_mem_create(const hist_mem_config *cfg, hist_mem **out)
     if (!m) return dx_errf(DX_ENOMEM, "out of memory");
     m->cfg = *cfg;
     dx_list_init(&m->use);
-    if (!(m->cfg.ttl_s > 0)) m->cfg.ttl_s = 480;
+    if (!(m->cfg.ttl_s > 0)) m->cfg.ttl_s = HIST_DEFAULT_TTL_S;
     if (!m->cfg.max_entries) m->cfg.max_entries = 65536;
     if (!m->cfg.max_bytes) m->cfg.max_bytes = 256u << 20;
     xfer_token seed;

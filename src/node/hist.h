@@ -42,8 +42,12 @@
 
 typedef struct hist_mem hist_mem;
 
+/* How long a reply is remembered unless the config says: as long as a
+ * decode node retains its KV (NODE_KV_DEFAULT_RETAIN_TTL_S is this). */
+#define HIST_DEFAULT_TTL_S 480
+
 typedef struct {
-    double ttl_s;       /* default 480 */
+    double ttl_s;       /* 0: HIST_DEFAULT_TTL_S */
     size_t max_entries; /* default 65536 */
     size_t max_bytes;   /* text + ids; default 256 MiB */
 } hist_mem_config;

@@ -166,7 +166,13 @@ static int put_tools(dx_buf *src, const oai_req *o, int fmt, dx_buf *warnings, o
             break;
         }
     }
-    if (!rc && dx_buf_printf(src, "calls ::= %s\n", alts.data)) rc = fail503(err);
+    /* parallel_tool_calls (OpenAI's default): one call or more, each after
+     * the one before as the model family writes several; else exactly one */
+    const char *sep = fmt == OAI_TOOLS_QWEN ? "\"\\n\"" : "\"; \"";
+    if (!rc && (o->parallel_tool_calls
+                    ? dx_buf_printf(src, "calls ::= call (%s call)*\ncall ::= %s\n", sep, alts.data)
+                    : dx_buf_printf(src, "calls ::= %s\n", alts.data)))
+        rc = fail503(err);
     dx_buf_free(&alts);
     return rc;
 }
@@ -365,6 +371,7 @@ static int request_key(const oai_req *o, int tool_fmt, int think_open, dx_buf *k
     if (o->format != OAI_FORMAT_TEXT) return o->schema ? put_json(k, o->schema) : 0;
     if (o->tool_choice == OAI_CHOICE_NAMED && (rc = dx_buf_printf(k, "%s|", o->tool_choice_name)))
         return rc;
+    if ((rc = dx_buf_printf(k, "%d|", o->parallel_tool_calls))) return rc;
     return put_json(k, o->tools);
 }
 

@@ -3,6 +3,7 @@
 
 #include <stdio.h>
 #include <string.h>
+#include <xxhash.h>
 
 #include "base/dx_alloc.h"
 #include "base/dx_clock.h"
@@ -35,12 +36,12 @@ int node_kv_create(const node_kv_config *cfg, node_kv **out)
     node_kv *k = dx_calloc(1, sizeof *k);
     if (!k) return dx_errf(DX_ENOMEM, "out of memory");
     k->cfg = *cfg;
-    k->cfg.pin_ttl_s = or_default(cfg->pin_ttl_s, 30);
-    k->cfg.idle_timeout_s = or_default(cfg->idle_timeout_s, 60);
-    k->cfg.lease_ttl_s = or_default(cfg->lease_ttl_s, 30);
-    k->cfg.retain_ttl_s = or_default(cfg->retain_ttl_s, 480);
-    k->cfg.pull_timeout_s = or_default(cfg->pull_timeout_s, 10);
-    k->cfg.peer_timeout_s = or_default(cfg->peer_timeout_s, 5);
+    k->cfg.pin_ttl_s = or_default(cfg->pin_ttl_s, XFER_LEASE_DEFAULT_PIN_TTL_S);
+    k->cfg.idle_timeout_s = or_default(cfg->idle_timeout_s, NODE_KV_DEFAULT_IDLE_TIMEOUT_S);
+    k->cfg.lease_ttl_s = or_default(cfg->lease_ttl_s, NODE_KV_DEFAULT_LEASE_TTL_S);
+    k->cfg.retain_ttl_s = or_default(cfg->retain_ttl_s, NODE_KV_DEFAULT_RETAIN_TTL_S);
+    k->cfg.pull_timeout_s = or_default(cfg->pull_timeout_s, XFER_DEFAULT_PULL_TIMEOUT_S);
+    k->cfg.peer_timeout_s = or_default(cfg->peer_timeout_s, XFER_DEFAULT_PEER_TIMEOUT_S);
     snprintf(k->host, sizeof k->host, "%s", cfg->host ? cfg->host : "127.0.0.1");
     snprintf(k->engine_id, sizeof k->engine_id, "%s", cfg->engine_id ? cfg->engine_id : "");
     k->cfg.host = k->host;
@@ -72,11 +73,24 @@ void node_kv_engine_hooks(node_kv *k, engine_config *ec)
     ec->kv_reclaim_user = k;
 }
 
+/* XXH3-128 of "duplex-kv-model", the fingerprint and the KV dtype (u32 LE). */
+static void model_token(const uint8_t fp[16], int dtype, xfer_token *out)
+{
+    uint8_t buf[16 + 16 + 4] = "duplex-kv-model";
+    memcpy(buf + 16, fp, 16);
+    for (int i = 0; i < 4; i++) buf[32 + i] = (uint8_t)((uint32_t)dtype >> (8 * i));
+    XXH128_hash_t h = XXH3_128bits(buf, sizeof buf);
+    for (int i = 0; i < 8; i++) {
+        out->b[i] = (uint8_t)(h.low64 >> (8 * i));
+        out->b[8 + i] = (uint8_t)(h.high64 >> (8 * i));
+    }
+}
+
 int node_kv_start(node_kv *k, uv_loop_t *loop, const uint64_t fingerprint[2], kv_pool *pool)
 {
     uint8_t fp[16];
     memcpy(fp, fingerprint, sizeof fp);
-    memcpy(k->model.b, fp, sizeof fp);
+    model_token(fp, kv_pool_dtype(pool), &k->model);
     k->pool = pool;
     xfer_hello_init(&k->hello, k->engine_id, fp, pool, k->agent);
     xfer_leases *L;
@@ -187,7 +201,8 @@ const char *node_kv_fallback_name(enum node_kv_fallback f)
 {
     static const char *const names[NODE_KV_N_FALLBACKS] = {
         "none",     "partial", "no_space", "unreachable", "refused",          "gone",
-        "mismatch", "timeout", "transfer", "auth",        "peer_not_allowed", "error"};
+        "mismatch", "timeout", "transfer", "auth",        "peer_not_allowed", "layout_mismatch",
+        "error"};
     return f < NODE_KV_N_FALLBACKS ? names[f] : "error";
 }
 
@@ -204,6 +219,8 @@ static enum node_kv_fallback classify(const xfer_pull_result *r)
         return NODE_KV_AUTH;
     case DX_EDENIED:
         return NODE_KV_NOT_ALLOWED;
+    case DX_ELAYOUT: /* at HELLO, before any read: the KV dtypes or block sizes differ */
+        return NODE_KV_LAYOUT;
     case DX_EIO:
         return r->t_hello_ms == 0 && r->t_pin_ms == 0 ? NODE_KV_UNREACHABLE : NODE_KV_TRANSFER;
     case DX_ETRANSPORT:

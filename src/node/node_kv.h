@@ -28,6 +28,7 @@
 #include <uv.h>
 
 #include "engine/engine.h"
+#include "node/hist.h"
 #include "xfer/kvport_auth.h"
 #include "xfer/kvport_server.h"
 #include "xfer/xfer_lease.h"
@@ -35,17 +36,24 @@
 
 typedef struct node_kv node_kv;
 
+/* node_kv_create's defaults for the config's times left 0 (plain
+ * literals, for help text; the pin's, the pulls' and the history's are
+ * their modules'). */
+#define NODE_KV_DEFAULT_IDLE_TIMEOUT_S 60
+#define NODE_KV_DEFAULT_LEASE_TTL_S    30
+#define NODE_KV_DEFAULT_RETAIN_TTL_S   HIST_DEFAULT_TTL_S
+
 typedef struct {
     const char *host;      /* KV port address (default 127.0.0.1) */
     int port;              /* 0 = any free port */
     const char *tls;       /* UCX_TLS, NULL = UCX's choice */
     const char *engine_id; /* this node's engine id (copied) */
-    double pin_ttl_s;      /* how long an unreleased pin lives (default 30) */
-    double idle_timeout_s; /* KV-port connection idle timeout (default 60) */
-    double lease_ttl_s;    /* a prefill node's hold for its decode node (default 30) */
-    double retain_ttl_s;   /* a decode node's retention (default 480) */
-    double pull_timeout_s; /* one whole pull (default 10) */
-    double peer_timeout_s; /* longest wait for one reply from a holder (default 5) */
+    double pin_ttl_s;      /* how long an unreleased pin lives (XFER_LEASE_DEFAULT_PIN_TTL_S) */
+    double idle_timeout_s; /* KV-port connection idle timeout */
+    double lease_ttl_s;    /* a prefill node's hold for its decode node */
+    double retain_ttl_s;   /* a decode node's retention */
+    double pull_timeout_s; /* one whole pull (XFER_DEFAULT_PULL_TIMEOUT_S) */
+    double peer_timeout_s; /* longest wait for one reply (XFER_DEFAULT_PEER_TIMEOUT_S) */
     /* The cluster secret both sides of the KV port prove (NULL: none) and
      * the addresses pulls may connect to (NULL: any); the caller's, kept
      * until node_kv_destroy. */
@@ -65,7 +73,10 @@ const char *node_kv_engine_id(const node_kv *k);
 const char *node_kv_host(const node_kv *k);
 int node_kv_port(const node_kv *k); /* the bound port, once started */
 kv_pool *node_kv_pool(const node_kv *k);
-/* The model's fingerprint (set by node_kv_start), as 16 bytes. */
+/* What makes this node's outputs (set by node_kv_start), as 16 bytes: the
+ * model's fingerprint mixed with the KV cache's dtype (a q8_0 cache rounds
+ * differently from an f16 one, so a first token computed with one is not
+ * the other's).  What first_token_model carries. */
 const xfer_token *node_kv_model(const node_kv *k);
 double node_kv_lease_ttl(const node_kv *k, int retain);
 
@@ -81,13 +92,14 @@ enum node_kv_fallback {
     NODE_KV_PARTIAL,     /* the holder's hashes matched only a prefix */
     NODE_KV_NO_SPACE,    /* no local blocks to pull into */
     NODE_KV_UNREACHABLE, /* connect or name lookup failed */
-    NODE_KV_REFUSED,     /* HELLO refused (other model or layout) */
+    NODE_KV_REFUSED,     /* HELLO refused (another model) */
     NODE_KV_GONE,        /* lease unknown, expired or revoked */
     NODE_KV_MISMATCH,    /* the first block's hash differs */
     NODE_KV_TIMEOUT,
     NODE_KV_TRANSFER,    /* the read failed, or the pin lapsed */
     NODE_KV_AUTH,        /* the holder and this node do not share the KV secret */
     NODE_KV_NOT_ALLOWED, /* the holder's address is not a known peer (--kv-peers) */
+    NODE_KV_LAYOUT,      /* HELLO refused: the same model with another KV dtype or block size */
     NODE_KV_ERROR,       /* anything else */
     NODE_KV_N_FALLBACKS
 };

@@ -13,6 +13,7 @@
 
 #include "base/dx_addr.h"
 #include "base/dx_clock.h"
+#include "base/dx_dtype.h"
 #include "base/dx_err.h"
 #include "base/dx_log.h"
 #include "node/node_engine.h"
@@ -164,12 +165,12 @@ static void log_startup(run_ctx *r)
     http_auth_describe(r->auth, r->cfg.insecure_no_auth, auth, sizeof auth);
     http_auth_describe_trust(r->auth, trust, sizeof trust);
     DX_LOGI("duplex serve: model=%s role=%s address=http://%s:%d kv_pool=%.0fMiB "
-            "(%u blocks x %u tokens) n_ctx=%u prefix_caching=%s bidirectional=%s kv_port=%s "
+            "(%u blocks x %u tokens, %s) n_ctx=%u prefix_caching=%s bidirectional=%s kv_port=%s "
             "auth=%s kv_params_from=%s",
             model_name(r->m), node_role_name(r->cfg.role), host, node_server_port(r->srv), mib,
-            kv_pool_n_blocks(kv), kv_pool_block_size(kv), engine_n_ctx(r->e),
-            r->ec.no_prefix_cache ? "off" : "on", r->cfg.bidirectional ? "on" : "off", kvport, auth,
-            trust);
+            kv_pool_n_blocks(kv), kv_pool_block_size(kv), dx_dtype_name(kv_pool_dtype(kv)),
+            engine_n_ctx(r->e), r->ec.no_prefix_cache ? "off" : "on",
+            r->cfg.bidirectional ? "on" : "off", kvport, auth, trust);
 }
 
 static void fail_start(run_ctx *r, const char *what, const char *msg)
@@ -351,6 +352,8 @@ static int start_server(run_ctx *r)
         .recompute_threshold = r->cfg.recompute_threshold,
         .no_prefix_cache = r->cfg.engine.no_prefix_cache,
         .history_ttl_s = r->cfg.retain_ttl_s,
+        .responses_ttl_s = r->cfg.responses_ttl_s,
+        .responses_max_bytes = r->cfg.responses_max_bytes,
         .served_model_name = r->cfg.served_model_name,
         .auth = r->auth,
         .on_drain = on_drain_request,
@@ -400,8 +403,8 @@ int node_run(const node_run_config *cfg)
     memset(&r, 0, sizeof r);
     r.cfg = *cfg;
     if (!r.cfg.host) r.cfg.host = "127.0.0.1";
-    if (r.cfg.shutdown_grace_s <= 0) r.cfg.shutdown_grace_s = 10;
-    if (!r.cfg.heartbeat_ms) r.cfg.heartbeat_ms = 1000;
+    if (r.cfg.shutdown_grace_s <= 0) r.cfg.shutdown_grace_s = NODE_SERVER_DEFAULT_SHUTDOWN_GRACE_S;
+    if (!r.cfg.heartbeat_ms) r.cfg.heartbeat_ms = NODE_REG_DEFAULT_HEARTBEAT_MS;
     r.ec = cfg->engine;
     r.ec.log_populate = 1;
     int rc = http_auth_create(&cfg->auth, &r.auth);

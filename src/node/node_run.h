@@ -44,8 +44,8 @@ typedef struct {
     /* --insecure-no-auth: listen beyond loopback without API keys (HTTP) or
      * without a secret (KV port) */
     int insecure_no_auth;
-    double kv_peer_timeout_s;      /* longest wait for one reply from a holder (default 5) */
-    double kv_pull_timeout_s;      /* one whole pull (default 10) */
+    double kv_peer_timeout_s;      /* longest wait for one reply from a holder (node_kv.h) */
+    double kv_pull_timeout_s;      /* one whole pull (node_kv.h) */
     const char *engine_id;         /* default: host:port of the HTTP server */
     const char *served_model_name; /* NULL: the model file's name */
     /* --tool-call-parser auto|qwen|llama3|none, --reasoning-parser
@@ -53,6 +53,9 @@ typedef struct {
     const char *tool_parser, *reasoning_parser;
     const char *chat_template; /* --chat-template FILE, or NULL: the model's */
     double pin_ttl_s, lease_ttl_s, retain_ttl_s;
+    /* the Responses API's stored responses (node_server.h; 0: the defaults) */
+    double responses_ttl_s;
+    size_t responses_max_bytes;
     int bidirectional;
     uint32_t recompute_threshold;
     /* --api-key, --api-key-file, --internal-key-file, --trust-kv-params-from
@@ -60,7 +63,7 @@ typedef struct {
     http_auth_config auth;
     /* --register redis://...: announce this node in Redis (node_reg.h);
      * NULL: off.  advertise_url: what routers use (NULL: from host and the
-     * bound port); heartbeat_ms: 0 = 1000. */
+     * bound port); heartbeat_ms: 0 = NODE_REG_DEFAULT_HEARTBEAT_MS. */
     const char *register_url, *register_prefix, *advertise_url;
     uint32_t heartbeat_ms;
 } node_run_config;

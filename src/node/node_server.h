@@ -71,12 +71,20 @@ typedef struct {
 
 typedef struct node_server node_server;
 
+/* Drain time on a graceful stop unless the config says (a plain literal,
+ * for help text). */
+#define NODE_SERVER_DEFAULT_SHUTDOWN_GRACE_S 10
+/* The Responses API's stored responses: kept as long as the reply memory
+ * (its TTL unless configured) and in at most this much memory. */
+#define NODE_DEFAULT_RESPONSES_TTL_S     480
+#define NODE_DEFAULT_RESPONSES_MAX_BYTES ((size_t)256 << 20)
+
 typedef struct {
     const char *host; /* default 127.0.0.1 */
     int port;         /* 0 = ephemeral */
     enum node_role role;
     http_limits http;        /* what clients may use (http_conn.h; 0 = defaults) */
-    double shutdown_grace_s; /* default 10 */
+    double shutdown_grace_s; /* 0: NODE_SERVER_DEFAULT_SHUTDOWN_GRACE_S */
     /* The name /v1/models lists and answers carry (--served-model-name);
      * requests may name it or the model file's name.  NULL: the file's. */
     const char *served_model_name;
@@ -86,11 +94,16 @@ typedef struct {
     const http_auth *auth;
     /* P/D (docs/pd.md) */
     int bidirectional;            /* --bidirectional-kv-xfer */
-    uint32_t recompute_threshold; /* default 64 (0 means the default; 1 pulls anything) */
+    uint32_t recompute_threshold; /* 0: node_pd's default; 1 pulls anything */
     int no_prefix_cache;          /* --no-enable-prefix-caching */
-    double history_ttl_s;         /* memory of generated replies; default 480 */
+    double history_ttl_s;         /* memory of generated replies; 0: HIST_DEFAULT_TTL_S */
     int prep_threads;             /* threads preparing requests off the loop; default 2 */
     uint32_t grammar_cache;       /* compiled structured-output grammars kept; default 64 */
+    /* The Responses API's stored responses (previous_response_id, GET
+     * /v1/responses/{id}): kept this long from their last use (default: the
+     * reply memory's TTL) and at most this many bytes (default 256 MiB). */
+    double responses_ttl_s;
+    size_t responses_max_bytes;
     /* Called on the loop thread when a shutdown has drained. */
     void (*on_stopped)(void *user);
     /* POST /admin/drain (authorised): the owner drains (node_server_drain)

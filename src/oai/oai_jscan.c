@@ -314,16 +314,16 @@ static unsigned hex4(const char *p)
 }
 
 /* The \u escape at p (6 bytes, and 6 more for a surrogate pair's second
- * half when it is there): code point and bytes used, or -1 for a lone
+ * half when it is there): code point and bytes used, or DX_NONE for a lone
  * surrogate. */
 static long unicode_escape(const char *p, size_t left, size_t *used)
 {
     unsigned hi = hex4(p + 2);
     *used = 6;
     if (hi < 0xd800 || hi > 0xdfff) return hi;
-    if (hi > 0xdbff || left < 12 || p[6] != '\\' || p[7] != 'u') return -1;
+    if (hi > 0xdbff || left < 12 || p[6] != '\\' || p[7] != 'u') return DX_NONE;
     unsigned lo = hex4(p + 8);
-    if (lo < 0xdc00 || lo > 0xdfff) return -1;
+    if (lo < 0xdc00 || lo > 0xdfff) return DX_NONE;
     *used = 12;
     return 0x10000 + ((long)(hi - 0xd800) << 10) + (lo - 0xdc00);
 }

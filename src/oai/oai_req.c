@@ -3,6 +3,7 @@
  * `null` for an optional field means "use the default", as in the OpenAI
  * API.  Integers may be written as integral reals (1e3); anything else is a
  * 400 naming the field. */
+#include "oai/oai_jv.h"
 #include "oai/oai_req.h"
 
 #include <jansson.h>
@@ -15,96 +16,9 @@
 #include "base/dx_alloc.h"
 #include "base/dx_err.h"
 
-static int fail(oai_err *err, const char *param, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static int fail(oai_err *err, const char *param, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    int rc = dx_verrf(DX_EINVAL, fmt, ap);
-    va_end(ap);
-    snprintf(err->message, sizeof err->message, "%s", dx_errmsg());
-    snprintf(err->param, sizeof err->param, "%s", param ? param : "");
-    err->status = 400;
-    return rc;
-}
-
-/* A callee has filled *err (and the thread's message): its failure passes on. */
-static int failed(const oai_err *err)
-{
-    DX_ASSERT(err->status == 400 && err->message[0]);
-    return dx_errf(DX_EINVAL, "%s", err->message);
-}
-
-/* Out of memory while reading a request: the server's state, not the
- * client's JSON — a 503 it may retry. */
-static int oom(oai_err *err)
-{
-    fail(err, NULL, "out of memory reading the request; try again");
-    err->status = 503;
-    return dx_errf(DX_ENOMEM, "out of memory parsing a request");
-}
-
 void oai_json_use_dx_alloc(void)
 {
     json_set_alloc_funcs(dx_malloc, dx_free);
-}
-
-/* Integral JSON number in [lo, hi]. */
-static int get_int(const json_t *v, const char *name, double lo, double hi, int64_t *out,
-                   oai_err *err)
-{
-    double d;
-    if (json_is_integer(v)) {
-        json_int_t i = json_integer_value(v);
-        if ((double)i < lo || (double)i > hi)
-            return fail(err, name, "%s: %lld is out of range [%.0f, %.0f]", name, (long long)i, lo,
-                        hi);
-        *out = (int64_t)i;
-        return 0;
-    }
-    if (!json_is_real(v)) return fail(err, name, "%s: expected an integer", name);
-    d = json_real_value(v);
-    if (fabs(d) >= 9.0e18) return fail(err, name, "%s: %g is out of range", name, d);
-    if (d != floor(d)) return fail(err, name, "%s: expected an integer, got %g", name, d);
-    if (d < lo || d > hi)
-        return fail(err, name, "%s: %g is out of range [%.0f, %.0f]", name, d, lo, hi);
-    *out = (int64_t)d;
-    return 0;
-}
-
-static int get_num(const json_t *v, const char *name, double lo, double hi, double *out,
-                   oai_err *err)
-{
-    if (!json_is_number(v)) return fail(err, name, "%s: expected a number", name);
-    double d = json_number_value(v);
-    if (!(d >= lo && d <= hi))
-        return fail(err, name, "%s: %g is out of range [%g, %g]", name, d, lo, hi);
-    *out = d;
-    return 0;
-}
-
-static int get_bool(const json_t *v, const char *name, int *out, oai_err *err)
-{
-    if (!json_is_boolean(v)) return fail(err, name, "%s: expected true or false", name);
-    *out = json_is_true(v);
-    return 0;
-}
-
-/* A string used as a name or C string (model, role, stop, user): NUL is
- * allowed only in text the model reads (contents, prompts), which is
- * handled by length everywhere. */
-static int is_cstr(const json_t *v)
-{
-    return json_is_string(v) && strlen(json_string_value(v)) == json_string_length(v);
-}
-
-/* A field that is absent or null is "not given". */
-static json_t *field(json_t *root, const char *name)
-{
-    json_t *v = json_object_get(root, name);
-    return json_is_null(v) ? NULL : v;
 }
 
 static const char *norm_role(const char *role)
@@ -127,14 +41,15 @@ static int parse_parts(json_t *arr, size_t mi, oai_msg *m, oai_err *err)
         snprintf(name, sizeof name, "messages[%zu].content[%zu]", mi, i);
         json_t *type = json_object_get(part, "type");
         json_t *text = json_object_get(part, "text");
-        if (!json_is_object(part)) return fail(err, name, "%s: expected an object", name);
-        if (!is_cstr(type) || strcmp(json_string_value(type), "text") != 0)
-            return fail(err, name, "%s.type: only \"text\" parts are supported", name);
-        if (!json_is_string(text)) return fail(err, name, "%s.text: expected a string", name);
+        if (!json_is_object(part)) return oai_jv_fail(err, name, "%s: expected an object", name);
+        if (!oai_jv_is_cstr(type) || strcmp(json_string_value(type), "text") != 0)
+            return oai_jv_fail(err, name, "%s.type: only \"text\" parts are supported", name);
+        if (!json_is_string(text))
+            return oai_jv_fail(err, name, "%s.text: expected a string", name);
         total += json_string_length(text) + 1;
     }
     m->owned = dx_malloc(total + 1);
-    if (!m->owned) return fail(err, "messages", "messages: out of memory");
+    if (!m->owned) return oai_jv_fail(err, "messages", "messages: out of memory");
     size_t off = 0;
     json_array_foreach(arr, i, part)
     {
@@ -155,26 +70,27 @@ static int parse_tool_calls(json_t *tc, size_t i, oai_msg *m, oai_err *err)
 {
     char name[96];
     snprintf(name, sizeof name, "messages[%zu].tool_calls", i);
-    if (!json_is_array(tc)) return fail(err, name, "%s: expected an array", name);
+    if (!json_is_array(tc)) return oai_jv_fail(err, name, "%s: expected an array", name);
     size_t k;
     json_t *c;
     json_array_foreach(tc, k, c)
     {
         snprintf(name, sizeof name, "messages[%zu].tool_calls[%zu]", i, k);
-        if (!json_is_object(c)) return fail(err, name, "%s: expected an object", name);
-        json_t *id = json_object_get(c, "id"), *type = field(c, "type");
+        if (!json_is_object(c)) return oai_jv_fail(err, name, "%s: expected an object", name);
+        json_t *id = json_object_get(c, "id"), *type = oai_jv_field(c, "type");
         json_t *fn = json_object_get(c, "function");
-        if (!is_cstr(id)) return fail(err, name, "%s.id: required, a string", name);
-        if (type && (!is_cstr(type) || strcmp(json_string_value(type), "function")))
-            return fail(err, name, "%s.type: only \"function\"", name);
-        if (!json_is_object(fn)) return fail(err, name, "%s.function: required, an object", name);
+        if (!oai_jv_is_cstr(id)) return oai_jv_fail(err, name, "%s.id: required, a string", name);
+        if (type && (!oai_jv_is_cstr(type) || strcmp(json_string_value(type), "function")))
+            return oai_jv_fail(err, name, "%s.type: only \"function\"", name);
+        if (!json_is_object(fn))
+            return oai_jv_fail(err, name, "%s.function: required, an object", name);
         json_t *fname = json_object_get(fn, "name"), *args = json_object_get(fn, "arguments");
         snprintf(name, sizeof name, "messages[%zu].tool_calls[%zu].function.name", i, k);
-        if (!is_cstr(fname) || !json_string_length(fname))
-            return fail(err, name, "%s: required, a non-empty string", name);
+        if (!oai_jv_is_cstr(fname) || !json_string_length(fname))
+            return oai_jv_fail(err, name, "%s: required, a non-empty string", name);
         snprintf(name, sizeof name, "messages[%zu].tool_calls[%zu].function.arguments", i, k);
         if (!json_is_string(args) && !json_is_object(args))
-            return fail(err, name, "%s: expected a JSON string (or an object)", name);
+            return oai_jv_fail(err, name, "%s: expected a JSON string (or an object)", name);
     }
     m->n_tool_calls = json_array_size(tc);
     return 0;
@@ -186,27 +102,28 @@ static int parse_msg_extras(json_t *jm, size_t i, oai_msg *m, oai_err *err)
     char name[64];
     json_t *v;
     int assistant = !strcmp(m->role, "assistant");
-    if ((v = field(jm, "tool_calls"))) {
+    if ((v = oai_jv_field(jm, "tool_calls"))) {
         snprintf(name, sizeof name, "messages[%zu].tool_calls", i);
-        if (!assistant) return fail(err, name, "%s: only on assistant messages", name);
-        if (parse_tool_calls(v, i, m, err)) return failed(err);
+        if (!assistant) return oai_jv_fail(err, name, "%s: only on assistant messages", name);
+        if (parse_tool_calls(v, i, m, err)) return oai_jv_failed(err);
     }
-    if ((v = field(jm, "reasoning_content"))) {
+    if ((v = oai_jv_field(jm, "reasoning_content"))) {
         snprintf(name, sizeof name, "messages[%zu].reasoning_content", i);
-        if (!assistant) return fail(err, name, "%s: only on assistant messages", name);
-        if (!json_is_string(v)) return fail(err, name, "%s: expected a string", name);
+        if (!assistant) return oai_jv_fail(err, name, "%s: only on assistant messages", name);
+        if (!json_is_string(v)) return oai_jv_fail(err, name, "%s: expected a string", name);
         m->reasoning = json_string_value(v);
         m->reasoning_len = json_string_length(v);
     }
     if (!strcmp(m->role, "tool")) {
         snprintf(name, sizeof name, "messages[%zu].tool_call_id", i);
         v = json_object_get(jm, "tool_call_id");
-        if (!is_cstr(v)) return fail(err, name, "%s: required for a tool message, a string", name);
+        if (!oai_jv_is_cstr(v))
+            return oai_jv_fail(err, name, "%s: required for a tool message, a string", name);
         m->tool_call_id = json_string_value(v);
     }
-    if ((v = field(jm, "name")) && !is_cstr(v)) {
+    if ((v = oai_jv_field(jm, "name")) && !oai_jv_is_cstr(v)) {
         snprintf(name, sizeof name, "messages[%zu].name", i);
-        return fail(err, name, "%s: expected a string", name);
+        return oai_jv_fail(err, name, "%s: expected a string", name);
     }
     return 0;
 }
@@ -217,13 +134,14 @@ static int parse_msg(json_t *jm, size_t i, oai_msg *m, oai_err *err)
 {
     char name[48];
     snprintf(name, sizeof name, "messages[%zu]", i);
-    if (!json_is_object(jm)) return fail(err, name, "%s: expected an object", name);
+    if (!json_is_object(jm)) return oai_jv_fail(err, name, "%s: expected an object", name);
     json_t *role = json_object_get(jm, "role");
-    if (!is_cstr(role)) return fail(err, name, "%s.role: required, a string", name);
+    if (!oai_jv_is_cstr(role)) return oai_jv_fail(err, name, "%s.role: required, a string", name);
     m->role = norm_role(json_string_value(role));
     if (!m->role)
-        return fail(err, name, "%s.role: unknown role '%.32s'", name, json_string_value(role));
-    if (parse_msg_extras(jm, i, m, err)) return failed(err);
+        return oai_jv_fail(err, name, "%s.role: unknown role '%.32s'", name,
+                           json_string_value(role));
+    if (parse_msg_extras(jm, i, m, err)) return oai_jv_failed(err);
     return parse_msg_content(jm, i, m, err);
 }
 
@@ -242,20 +160,20 @@ static int parse_msg_content(json_t *jm, size_t i, oai_msg *m, oai_err *err)
         m->content = ""; /* an assistant turn that only called tools */
         return 0;
     }
-    return fail(err, name, "%s.content: expected a string or an array of text parts", name);
+    return oai_jv_fail(err, name, "%s.content: expected a string or an array of text parts", name);
 }
 
 static int parse_messages(json_t *root, oai_req *r, oai_err *err)
 {
     json_t *msgs = json_object_get(root, "messages");
-    if (!msgs) return fail(err, "messages", "messages: required");
+    if (!msgs) return oai_jv_fail(err, "messages", "messages: required");
     if (!json_is_array(msgs) || json_array_size(msgs) == 0)
-        return fail(err, "messages", "messages: expected a non-empty array");
+        return oai_jv_fail(err, "messages", "messages: expected a non-empty array");
     if (json_array_size(msgs) > OAI_MAX_MESSAGES)
-        return fail(err, "messages", "messages: %zu messages, at most %d are accepted",
-                    json_array_size(msgs), OAI_MAX_MESSAGES);
+        return oai_jv_fail(err, "messages", "messages: %zu messages, at most %d are accepted",
+                           json_array_size(msgs), OAI_MAX_MESSAGES);
     r->msgs = dx_calloc(json_array_size(msgs), sizeof *r->msgs);
-    if (!r->msgs) return fail(err, "messages", "messages: out of memory");
+    if (!r->msgs) return oai_jv_fail(err, "messages", "messages: out of memory");
     size_t i;
     json_t *jm;
     json_array_foreach(msgs, i, jm)
@@ -271,7 +189,7 @@ static int parse_ids(json_t *arr, const oai_parse_opts *opts, oai_req *r, oai_er
 {
     size_t n = json_array_size(arr), i;
     r->prompt_ids = dx_malloc((n ? n : 1) * sizeof *r->prompt_ids);
-    if (!r->prompt_ids) return fail(err, "prompt", "prompt: out of memory");
+    if (!r->prompt_ids) return oai_jv_fail(err, "prompt", "prompt: out of memory");
     double hi = opts && opts->n_vocab ? (double)opts->n_vocab - 1 : (double)INT32_MAX;
     json_t *v;
     json_array_foreach(arr, i, v)
@@ -279,10 +197,10 @@ static int parse_ids(json_t *arr, const oai_parse_opts *opts, oai_req *r, oai_er
         char name[40];
         int64_t id;
         snprintf(name, sizeof name, "prompt[%zu]", i);
-        if (!json_is_integer(v)) return fail(err, "prompt", "%s: expected a token id", name);
-        if (get_int(v, name, 0, hi, &id, err) < 0) {
+        if (!json_is_integer(v)) return oai_jv_fail(err, "prompt", "%s: expected a token id", name);
+        if (oai_jv_int(v, name, 0, hi, &id, err) < 0) {
             snprintf(err->param, sizeof err->param, "prompt");
-            return failed(err);
+            return oai_jv_failed(err);
         }
         r->prompt_ids[i] = (int32_t)id;
     }
@@ -294,7 +212,7 @@ static int parse_ids(json_t *arr, const oai_parse_opts *opts, oai_req *r, oai_er
 static int parse_prompt(json_t *root, const oai_parse_opts *opts, oai_req *r, oai_err *err)
 {
     json_t *p = json_object_get(root, "prompt");
-    if (!p) return fail(err, "prompt", "prompt: required");
+    if (!p) return oai_jv_fail(err, "prompt", "prompt: required");
     if (json_is_array(p) && json_array_size(p) == 1 &&
         (json_is_string(json_array_get(p, 0)) || json_is_array(json_array_get(p, 0))))
         p = json_array_get(p, 0);
@@ -304,10 +222,10 @@ static int parse_prompt(json_t *root, const oai_parse_opts *opts, oai_req *r, oa
         return 0;
     }
     if (!json_is_array(p))
-        return fail(err, "prompt", "prompt: expected a string or an array of token ids");
-    if (json_array_size(p) == 0) return fail(err, "prompt", "prompt: empty");
+        return oai_jv_fail(err, "prompt", "prompt: expected a string or an array of token ids");
+    if (json_array_size(p) == 0) return oai_jv_fail(err, "prompt", "prompt: empty");
     if (!json_is_integer(json_array_get(p, 0)) && !json_is_real(json_array_get(p, 0)))
-        return fail(err, "prompt", "prompt: only one prompt per request is supported");
+        return oai_jv_fail(err, "prompt", "prompt: only one prompt per request is supported");
     return parse_ids(p, opts, r, err);
 }
 
@@ -315,32 +233,34 @@ static int parse_prompt(json_t *root, const oai_parse_opts *opts, oai_req *r, oa
  * total size are bounded (OAI_MAX_STOP, OAI_MAX_STOP_BYTES). */
 static int parse_stop(json_t *root, oai_req *r, oai_err *err)
 {
-    json_t *s = field(root, "stop");
+    json_t *s = oai_jv_field(root, "stop");
     if (!s) return 0;
     if (json_is_string(s)) {
-        if (!is_cstr(s)) return fail(err, "stop", "stop: must not contain NUL");
+        if (!oai_jv_is_cstr(s)) return oai_jv_fail(err, "stop", "stop: must not contain NUL");
         if (json_string_length(s) > OAI_MAX_STOP_BYTES)
-            return fail(err, "stop", "stop: %zu bytes, at most %u are accepted",
-                        json_string_length(s), OAI_MAX_STOP_BYTES);
+            return oai_jv_fail(err, "stop", "stop: %zu bytes, at most %u are accepted",
+                               json_string_length(s), OAI_MAX_STOP_BYTES);
         if (json_string_length(s) == 0) return 0;
         r->stop[r->n_stop++] = json_string_value(s);
         return 0;
     }
-    if (!json_is_array(s)) return fail(err, "stop", "stop: expected a string or a list of strings");
+    if (!json_is_array(s))
+        return oai_jv_fail(err, "stop", "stop: expected a string or a list of strings");
     if (json_array_size(s) > OAI_MAX_STOP)
-        return fail(err, "stop", "stop: %zu strings, at most %d are accepted", json_array_size(s),
-                    OAI_MAX_STOP);
+        return oai_jv_fail(err, "stop", "stop: %zu strings, at most %d are accepted",
+                           json_array_size(s), OAI_MAX_STOP);
     size_t i, bytes = 0;
     json_t *v;
     json_array_foreach(s, i, v)
     {
-        if (!is_cstr(v)) return fail(err, "stop", "stop[%zu]: expected a string without NUL", i);
+        if (!oai_jv_is_cstr(v))
+            return oai_jv_fail(err, "stop", "stop[%zu]: expected a string without NUL", i);
         bytes += json_string_length(v);
         if (json_string_length(v) > 0) r->stop[r->n_stop++] = json_string_value(v);
     }
     if (bytes > OAI_MAX_STOP_BYTES)
-        return fail(err, "stop", "stop: %zu bytes in all, at most %u are accepted", bytes,
-                    OAI_MAX_STOP_BYTES);
+        return oai_jv_fail(err, "stop", "stop: %zu bytes in all, at most %u are accepted", bytes,
+                           OAI_MAX_STOP_BYTES);
     return 0;
 }
 
@@ -348,10 +268,10 @@ static int parse_max_tokens(json_t *root, oai_req *r, oai_err *err)
 {
     const char *names[] = {"max_completion_tokens", "max_tokens"};
     for (size_t i = 0; i < 2; i++) {
-        json_t *v = field(root, names[i]);
+        json_t *v = oai_jv_field(root, names[i]);
         int64_t n;
         if (!v) continue;
-        if (get_int(v, names[i], 1, UINT32_MAX, &n, err) < 0) return failed(err);
+        if (oai_jv_int(v, names[i], 1, UINT32_MAX, &n, err) < 0) return oai_jv_failed(err);
         r->has_max_tokens = 1;
         r->max_tokens = (uint32_t)n;
         return 0;
@@ -363,18 +283,21 @@ static int parse_sampling(json_t *root, oai_req *r, oai_err *err)
 {
     json_t *v;
     int64_t i;
-    if ((v = field(root, "temperature")) && get_num(v, "temperature", 0, 2, &r->temperature, err))
-        return failed(err);
-    if ((v = field(root, "top_p")) && get_num(v, "top_p", 0, 1, &r->top_p, err)) return failed(err);
-    if (v && r->top_p == 0) return fail(err, "top_p", "top_p: must be greater than 0");
-    if ((v = field(root, "min_p")) && get_num(v, "min_p", 0, 1, &r->min_p, err)) return failed(err);
-    if ((v = field(root, "top_k"))) {
-        if (get_int(v, "top_k", -1, INT32_MAX, &i, err) < 0) return failed(err);
+    if ((v = oai_jv_field(root, "temperature")) &&
+        oai_jv_num(v, "temperature", 0, 2, &r->temperature, err))
+        return oai_jv_failed(err);
+    if ((v = oai_jv_field(root, "top_p")) && oai_jv_num(v, "top_p", 0, 1, &r->top_p, err))
+        return oai_jv_failed(err);
+    if (v && r->top_p == 0) return oai_jv_fail(err, "top_p", "top_p: must be greater than 0");
+    if ((v = oai_jv_field(root, "min_p")) && oai_jv_num(v, "min_p", 0, 1, &r->min_p, err))
+        return oai_jv_failed(err);
+    if ((v = oai_jv_field(root, "top_k"))) {
+        if (oai_jv_int(v, "top_k", -1, INT32_MAX, &i, err) < 0) return oai_jv_failed(err);
         r->top_k = i < 0 ? 0 : (int)i; /* -1 = off, as in vLLM */
     }
-    if ((v = field(root, "seed"))) {
-        if (get_int(v, "seed", (double)INT64_MIN, (double)INT64_MAX, &i, err) < 0)
-            return failed(err);
+    if ((v = oai_jv_field(root, "seed"))) {
+        if (oai_jv_int(v, "seed", (double)INT64_MIN, (double)INT64_MAX, &i, err) < 0)
+            return oai_jv_failed(err);
         r->has_seed = 1;
         r->seed = (uint64_t)i;
     }
@@ -390,14 +313,14 @@ static int cmp_bias(const void *a, const void *b)
 /* logit_bias: {"<token id>": bias, ...} as OpenAI takes it. */
 static int parse_logit_bias(json_t *v, const oai_parse_opts *opts, oai_req *r, oai_err *err)
 {
-    if (!json_is_object(v)) return fail(err, "logit_bias", "logit_bias: expected an object");
+    if (!json_is_object(v)) return oai_jv_fail(err, "logit_bias", "logit_bias: expected an object");
     size_t n = json_object_size(v);
     if (n > OAI_MAX_LOGIT_BIAS)
-        return fail(err, "logit_bias", "logit_bias: %zu entries, at most %d", n,
-                    OAI_MAX_LOGIT_BIAS);
+        return oai_jv_fail(err, "logit_bias", "logit_bias: %zu entries, at most %d", n,
+                           OAI_MAX_LOGIT_BIAS);
     if (!n) return 0;
     r->logit_bias = dx_malloc(n * sizeof *r->logit_bias);
-    if (!r->logit_bias) return fail(err, "logit_bias", "out of memory");
+    if (!r->logit_bias) return oai_jv_fail(err, "logit_bias", "out of memory");
     const char *key;
     json_t *b;
     json_object_foreach(v, key, b)
@@ -408,10 +331,10 @@ static int parse_logit_bias(json_t *v, const oai_parse_opts *opts, oai_req *r, o
         snprintf(param, sizeof param, "logit_bias.%.40s", key);
         if (!*key || *end || id < 0 || id > INT32_MAX ||
             (opts && opts->n_vocab && (uint64_t)id >= opts->n_vocab))
-            return fail(err, param, "logit_bias: key '%.40s' is not a token id%s", key,
-                        opts && opts->n_vocab ? " of this model's vocabulary" : "");
+            return oai_jv_fail(err, param, "logit_bias: key '%.40s' is not a token id%s", key,
+                               opts && opts->n_vocab ? " of this model's vocabulary" : "");
         double d;
-        if (get_num(b, param, -100, 100, &d, err)) return failed(err);
+        if (oai_jv_num(b, param, -100, 100, &d, err)) return oai_jv_failed(err);
         r->logit_bias[r->n_logit_bias++] = (oai_bias){(int32_t)id, (float)d};
     }
     qsort(r->logit_bias, r->n_logit_bias, sizeof *r->logit_bias, cmp_bias);
@@ -423,32 +346,36 @@ static int parse_shaping(json_t *root, const oai_parse_opts *opts, oai_req *r, o
 {
     json_t *v;
     int64_t n;
-    if ((v = field(root, "presence_penalty")) &&
-        get_num(v, "presence_penalty", -2, 2, &r->presence_penalty, err))
-        return failed(err);
-    if ((v = field(root, "frequency_penalty")) &&
-        get_num(v, "frequency_penalty", -2, 2, &r->frequency_penalty, err))
-        return failed(err);
-    if ((v = field(root, "repetition_penalty"))) {
-        if (get_num(v, "repetition_penalty", 0, 2, &r->repetition_penalty, err)) return failed(err);
+    if ((v = oai_jv_field(root, "presence_penalty")) &&
+        oai_jv_num(v, "presence_penalty", -2, 2, &r->presence_penalty, err))
+        return oai_jv_failed(err);
+    if ((v = oai_jv_field(root, "frequency_penalty")) &&
+        oai_jv_num(v, "frequency_penalty", -2, 2, &r->frequency_penalty, err))
+        return oai_jv_failed(err);
+    if ((v = oai_jv_field(root, "repetition_penalty"))) {
+        if (oai_jv_num(v, "repetition_penalty", 0, 2, &r->repetition_penalty, err))
+            return oai_jv_failed(err);
         if (r->repetition_penalty == 0)
-            return fail(err, "repetition_penalty", "repetition_penalty: must be greater than 0");
+            return oai_jv_fail(err, "repetition_penalty",
+                               "repetition_penalty: must be greater than 0");
     }
-    if ((v = field(root, "logit_bias")) && parse_logit_bias(v, opts, r, err)) return failed(err);
+    if ((v = oai_jv_field(root, "logit_bias")) && parse_logit_bias(v, opts, r, err))
+        return oai_jv_failed(err);
     if (r->kind == OAI_COMPLETION) { /* the legacy form: logprobs is how many alternatives */
-        if ((v = field(root, "logprobs"))) {
-            if (get_int(v, "logprobs", 0, 5, &n, err) < 0) return failed(err);
+        if ((v = oai_jv_field(root, "logprobs"))) {
+            if (oai_jv_int(v, "logprobs", 0, 5, &n, err) < 0) return oai_jv_failed(err);
             r->logprobs = 1;
             r->top_logprobs = (uint32_t)n;
         }
         return 0;
     }
-    if ((v = field(root, "logprobs")) && get_bool(v, "logprobs", &r->logprobs, err))
-        return failed(err);
-    if ((v = field(root, "top_logprobs"))) {
-        if (get_int(v, "top_logprobs", 0, OAI_MAX_TOP_LOGPROBS, &n, err) < 0) return failed(err);
+    if ((v = oai_jv_field(root, "logprobs")) && oai_jv_bool(v, "logprobs", &r->logprobs, err))
+        return oai_jv_failed(err);
+    if ((v = oai_jv_field(root, "top_logprobs"))) {
+        if (oai_jv_int(v, "top_logprobs", 0, OAI_MAX_TOP_LOGPROBS, &n, err) < 0)
+            return oai_jv_failed(err);
         if (!r->logprobs)
-            return fail(err, "top_logprobs", "top_logprobs: requires \"logprobs\": true");
+            return oai_jv_fail(err, "top_logprobs", "top_logprobs: requires \"logprobs\": true");
         r->top_logprobs = (uint32_t)n;
     }
     return 0;
@@ -457,49 +384,50 @@ static int parse_shaping(json_t *root, const oai_parse_opts *opts, oai_req *r, o
 /* tools: [{type "function", function {name, description?, parameters?}}] */
 static int parse_tools(json_t *root, oai_req *r, oai_err *err)
 {
-    json_t *tools = field(root, "tools"), *t;
+    json_t *tools = oai_jv_field(root, "tools"), *t;
     char name[64];
     size_t i;
     if (tools) {
-        if (!json_is_array(tools)) return fail(err, "tools", "tools: expected an array");
+        if (!json_is_array(tools)) return oai_jv_fail(err, "tools", "tools: expected an array");
         if (json_array_size(tools) > OAI_MAX_TOOLS)
-            return fail(err, "tools", "tools: %zu tools, at most %d are accepted",
-                        json_array_size(tools), OAI_MAX_TOOLS);
+            return oai_jv_fail(err, "tools", "tools: %zu tools, at most %d are accepted",
+                               json_array_size(tools), OAI_MAX_TOOLS);
         json_array_foreach(tools, i, t)
         {
             snprintf(name, sizeof name, "tools[%zu]", i);
             json_t *type = json_object_get(t, "type"), *fn = json_object_get(t, "function");
-            if (!json_is_object(t)) return fail(err, name, "%s: expected an object", name);
-            if (!is_cstr(type) || strcmp(json_string_value(type), "function"))
-                return fail(err, name, "%s.type: required, \"function\"", name);
+            if (!json_is_object(t)) return oai_jv_fail(err, name, "%s: expected an object", name);
+            if (!oai_jv_is_cstr(type) || strcmp(json_string_value(type), "function"))
+                return oai_jv_fail(err, name, "%s.type: required, \"function\"", name);
             if (!json_is_object(fn))
-                return fail(err, name, "%s.function: required, an object", name);
-            json_t *fname = json_object_get(fn, "name"), *params = field(fn, "parameters");
-            json_t *desc = field(fn, "description");
+                return oai_jv_fail(err, name, "%s.function: required, an object", name);
+            json_t *fname = json_object_get(fn, "name"), *params = oai_jv_field(fn, "parameters");
+            json_t *desc = oai_jv_field(fn, "description");
             snprintf(name, sizeof name, "tools[%zu].function.name", i);
-            if (!is_cstr(fname) || !json_string_length(fname))
-                return fail(err, name, "%s: required, a non-empty string", name);
+            if (!oai_jv_is_cstr(fname) || !json_string_length(fname))
+                return oai_jv_fail(err, name, "%s: required, a non-empty string", name);
             snprintf(name, sizeof name, "tools[%zu].function.parameters", i);
             if (params && !json_is_object(params))
-                return fail(err, name, "%s: expected a JSON Schema object", name);
+                return oai_jv_fail(err, name, "%s: expected a JSON Schema object", name);
             snprintf(name, sizeof name, "tools[%zu].function.description", i);
             if (desc && !json_is_string(desc))
-                return fail(err, name, "%s: expected a string", name);
+                return oai_jv_fail(err, name, "%s: expected a string", name);
         }
         r->tools = tools;
         r->n_tools = json_array_size(tools);
     }
     r->parallel_tool_calls = 1;
     json_t *v;
-    if ((v = field(root, "chat_template_kwargs"))) {
+    if ((v = oai_jv_field(root, "chat_template_kwargs"))) {
         if (!json_is_object(v))
-            return fail(err, "chat_template_kwargs", "chat_template_kwargs: expected an object");
+            return oai_jv_fail(err, "chat_template_kwargs",
+                               "chat_template_kwargs: expected an object");
         r->template_kwargs = v;
     }
-    if ((v = field(root, "parallel_tool_calls")) &&
-        get_bool(v, "parallel_tool_calls", &r->parallel_tool_calls, err))
-        return failed(err);
-    if (!(v = field(root, "tool_choice"))) return 0;
+    if ((v = oai_jv_field(root, "parallel_tool_calls")) &&
+        oai_jv_bool(v, "parallel_tool_calls", &r->parallel_tool_calls, err))
+        return oai_jv_failed(err);
+    if (!(v = oai_jv_field(root, "tool_choice"))) return 0;
     if (json_is_string(v)) {
         const char *c = json_string_value(v);
         if (!strcmp(c, "auto"))
@@ -509,15 +437,15 @@ static int parse_tools(json_t *root, oai_req *r, oai_err *err)
         else if (!strcmp(c, "required"))
             r->tool_choice = OAI_CHOICE_REQUIRED;
         else
-            return fail(err, "tool_choice",
-                        "tool_choice: '%.32s' is not auto, none, required or a function", c);
+            return oai_jv_fail(err, "tool_choice",
+                               "tool_choice: '%.32s' is not auto, none, required or a function", c);
     } else {
         json_t *fn = json_object_get(v, "function");
         json_t *fname = json_object_get(fn, "name");
-        if (!json_is_object(v) || !is_cstr(fname))
-            return fail(err, "tool_choice",
-                        "tool_choice: expected \"auto\", \"none\", \"required\" or "
-                        "{\"type\":\"function\",\"function\":{\"name\":...}}");
+        if (!json_is_object(v) || !oai_jv_is_cstr(fname))
+            return oai_jv_fail(err, "tool_choice",
+                               "tool_choice: expected \"auto\", \"none\", \"required\" or "
+                               "{\"type\":\"function\",\"function\":{\"name\":...}}");
         r->tool_choice = OAI_CHOICE_NAMED;
         r->tool_choice_name = json_string_value(fname);
         int found = 0;
@@ -525,12 +453,12 @@ static int parse_tools(json_t *root, oai_req *r, oai_err *err)
             !strcmp(json_string_value(json_object_get(json_object_get(t, "function"), "name")),
                     r->tool_choice_name);
         if (!found)
-            return fail(err, "tool_choice", "tool_choice: no tool named '%.64s' in tools",
-                        r->tool_choice_name);
+            return oai_jv_fail(err, "tool_choice", "tool_choice: no tool named '%.64s' in tools",
+                               r->tool_choice_name);
     }
     if (r->tool_choice >= OAI_CHOICE_REQUIRED && !r->n_tools)
-        return fail(err, "tool_choice",
-                    "tool_choice: a tool call is required but no tools are given");
+        return oai_jv_fail(err, "tool_choice",
+                           "tool_choice: a tool call is required but no tools are given");
     return 0;
 }
 
@@ -540,77 +468,83 @@ static int parse_json_schema(json_t *rf, oai_req *r, oai_err *err)
 {
     json_t *js = json_object_get(rf, "json_schema"), *v;
     if (!json_is_object(js))
-        return fail(err, "response_format.json_schema",
-                    "response_format.json_schema: required for type \"json_schema\", an object");
+        return oai_jv_fail(
+            err, "response_format.json_schema",
+            "response_format.json_schema: required for type \"json_schema\", an object");
     v = json_object_get(js, "name");
     size_t n = json_string_length(v);
-    if (!is_cstr(v) || n == 0 || n > 64 ||
+    if (!oai_jv_is_cstr(v) || n == 0 || n > 64 ||
         strspn(json_string_value(v), "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
                                      "0123456789_-") != n)
-        return fail(err, "response_format.json_schema.name",
-                    "response_format.json_schema.name: required, 1..64 of a-z, A-Z, 0-9, _ and -");
-    if ((v = field(js, "description")) && !json_is_string(v))
-        return fail(err, "response_format.json_schema.description",
-                    "response_format.json_schema.description: expected a string");
-    if ((v = field(js, "schema")) && !json_is_object(v))
-        return fail(err, "response_format.json_schema.schema",
-                    "response_format.json_schema.schema: expected a JSON Schema object");
+        return oai_jv_fail(
+            err, "response_format.json_schema.name",
+            "response_format.json_schema.name: required, 1..64 of a-z, A-Z, 0-9, _ and -");
+    if ((v = oai_jv_field(js, "description")) && !json_is_string(v))
+        return oai_jv_fail(err, "response_format.json_schema.description",
+                           "response_format.json_schema.description: expected a string");
+    if ((v = oai_jv_field(js, "schema")) && !json_is_object(v))
+        return oai_jv_fail(err, "response_format.json_schema.schema",
+                           "response_format.json_schema.schema: expected a JSON Schema object");
     r->schema = v;
-    if ((v = field(js, "strict")) &&
-        get_bool(v, "response_format.json_schema.strict", &r->schema_strict, err))
-        return failed(err);
+    if ((v = oai_jv_field(js, "strict")) &&
+        oai_jv_bool(v, "response_format.json_schema.strict", &r->schema_strict, err))
+        return oai_jv_failed(err);
     return 0;
 }
 
 static int parse_format(json_t *root, oai_req *r, oai_err *err)
 {
-    json_t *rf = field(root, "response_format"), *v;
+    json_t *rf = oai_jv_field(root, "response_format"), *v;
     r->schema_strict = 1;
     if (rf) {
         json_t *type = json_object_get(rf, "type");
-        if (!json_is_object(rf) || !is_cstr(type))
-            return fail(err, "response_format",
-                        "response_format: expected {\"type\": \"text\" | \"json_object\" | "
-                        "\"json_schema\"}");
+        if (!json_is_object(rf) || !oai_jv_is_cstr(type))
+            return oai_jv_fail(err, "response_format",
+                               "response_format: expected {\"type\": \"text\" | \"json_object\" | "
+                               "\"json_schema\"}");
         const char *t = json_string_value(type);
         if (!strcmp(t, "json_object"))
             r->format = OAI_FORMAT_JSON_OBJECT;
         else if (!strcmp(t, "json_schema"))
             r->format = OAI_FORMAT_JSON_SCHEMA;
         else if (strcmp(t, "text"))
-            return fail(err, "response_format.type",
-                        "response_format.type: '%.32s' is not text, json_object or json_schema", t);
+            return oai_jv_fail(
+                err, "response_format.type",
+                "response_format.type: '%.32s' is not text, json_object or json_schema", t);
         if (r->format == OAI_FORMAT_JSON_SCHEMA && parse_json_schema(rf, r, err))
-            return failed(err);
+            return oai_jv_failed(err);
     }
-    if ((v = field(root, "grammar"))) {
+    if ((v = oai_jv_field(root, "grammar"))) {
         size_t n = json_string_length(v);
-        if (!is_cstr(v) || n == 0 || n > OAI_MAX_GRAMMAR)
-            return fail(err, "grammar", "grammar: expected a non-empty string of at most %u bytes",
-                        OAI_MAX_GRAMMAR);
+        if (!oai_jv_is_cstr(v) || n == 0 || n > OAI_MAX_GRAMMAR)
+            return oai_jv_fail(err, "grammar",
+                               "grammar: expected a non-empty string of at most %u bytes",
+                               OAI_MAX_GRAMMAR);
         if (r->format != OAI_FORMAT_TEXT)
-            return fail(err, "grammar", "grammar: cannot be combined with response_format \"%s\"",
-                        r->format == OAI_FORMAT_JSON_OBJECT ? "json_object" : "json_schema");
+            return oai_jv_fail(err, "grammar",
+                               "grammar: cannot be combined with response_format \"%s\"",
+                               r->format == OAI_FORMAT_JSON_OBJECT ? "json_object" : "json_schema");
         r->grammar = json_string_value(v);
         r->grammar_len = n;
     }
     if (r->tool_choice >= OAI_CHOICE_REQUIRED && (r->grammar || r->format != OAI_FORMAT_TEXT))
-        return fail(err, "tool_choice",
-                    "tool_choice: a forced tool call cannot be combined with %s",
-                    r->grammar ? "grammar" : "response_format");
+        return oai_jv_fail(err, "tool_choice",
+                           "tool_choice: a forced tool call cannot be combined with %s",
+                           r->grammar ? "grammar" : "response_format");
     return 0;
 }
 
 static int parse_stream(json_t *root, oai_req *r, oai_err *err)
 {
     json_t *v;
-    if ((v = field(root, "stream")) && get_bool(v, "stream", &r->stream, err)) return failed(err);
-    if ((v = field(root, "stream_options"))) {
+    if ((v = oai_jv_field(root, "stream")) && oai_jv_bool(v, "stream", &r->stream, err))
+        return oai_jv_failed(err);
+    if ((v = oai_jv_field(root, "stream_options"))) {
         if (!json_is_object(v))
-            return fail(err, "stream_options", "stream_options: expected an object");
-        json_t *u = field(v, "include_usage");
-        if (u && get_bool(u, "stream_options.include_usage", &r->include_usage, err))
-            return failed(err);
+            return oai_jv_fail(err, "stream_options", "stream_options: expected an object");
+        json_t *u = oai_jv_field(v, "include_usage");
+        if (u && oai_jv_bool(u, "stream_options.include_usage", &r->include_usage, err))
+            return oai_jv_failed(err);
     }
     return 0;
 }
@@ -619,27 +553,28 @@ static int parse_misc(json_t *root, oai_req *r, oai_err *err)
 {
     json_t *v;
     int64_t n;
-    if ((v = field(root, "n"))) {
-        if (get_int(v, "n", (double)INT64_MIN, (double)INT64_MAX, &n, err) < 0) return failed(err);
-        if (n != 1) return fail(err, "n", "n: only n = 1 is supported");
+    if ((v = oai_jv_field(root, "n"))) {
+        if (oai_jv_int(v, "n", (double)INT64_MIN, (double)INT64_MAX, &n, err) < 0)
+            return oai_jv_failed(err);
+        if (n != 1) return oai_jv_fail(err, "n", "n: only n = 1 is supported");
     }
-    if ((v = field(root, "user"))) {
-        if (!is_cstr(v)) return fail(err, "user", "user: expected a string");
+    if ((v = oai_jv_field(root, "user"))) {
+        if (!oai_jv_is_cstr(v)) return oai_jv_fail(err, "user", "user: expected a string");
         r->user = json_string_value(v);
     }
-    if ((v = field(root, "ignore_eos")) && get_bool(v, "ignore_eos", &r->ignore_eos, err))
-        return failed(err);
-    if ((v = field(root, "cache_salt"))) { /* vLLM's: a prefix-cache namespace */
+    if ((v = oai_jv_field(root, "ignore_eos")) && oai_jv_bool(v, "ignore_eos", &r->ignore_eos, err))
+        return oai_jv_failed(err);
+    if ((v = oai_jv_field(root, "cache_salt"))) { /* vLLM's: a prefix-cache namespace */
         size_t n = json_string_length(v);
         if (!json_is_string(v) || n == 0 || n > OAI_MAX_CACHE_SALT)
-            return fail(err, "cache_salt", "cache_salt: expected a string of 1..%d bytes",
-                        OAI_MAX_CACHE_SALT);
+            return oai_jv_fail(err, "cache_salt", "cache_salt: expected a string of 1..%d bytes",
+                               OAI_MAX_CACHE_SALT);
         r->cache_salt = json_string_value(v);
         r->cache_salt_len = n;
     }
-    if ((v = field(root, "kv_transfer_params"))) {
+    if ((v = oai_jv_field(root, "kv_transfer_params"))) {
         if (!json_is_object(v))
-            return fail(err, "kv_transfer_params", "kv_transfer_params: expected an object");
+            return oai_jv_fail(err, "kv_transfer_params", "kv_transfer_params: expected an object");
         r->kv_transfer_params = v;
     }
     return 0;
@@ -648,10 +583,10 @@ static int parse_misc(json_t *root, oai_req *r, oai_err *err)
 static int parse_root(enum oai_kind kind, json_t *root, const oai_parse_opts *opts, oai_req *r,
                       oai_err *err)
 {
-    if (!json_is_object(root)) return fail(err, NULL, "request body must be a JSON object");
+    if (!json_is_object(root)) return oai_jv_fail(err, NULL, "request body must be a JSON object");
     json_t *model = json_object_get(root, "model");
-    if (!model) return fail(err, "model", "model: required");
-    if (!is_cstr(model)) return fail(err, "model", "model: expected a string");
+    if (!model) return oai_jv_fail(err, "model", "model: required");
+    if (!oai_jv_is_cstr(model)) return oai_jv_fail(err, "model", "model: expected a string");
     r->model = json_string_value(model);
     int rc = kind == OAI_CHAT ? parse_messages(root, r, err) : parse_prompt(root, opts, r, err);
     if (rc == 0) rc = parse_max_tokens(root, r, err);
@@ -684,14 +619,15 @@ int oai_req_parse(enum oai_kind kind, const char *body, size_t len, const oai_pa
          * parse that saw an allocation fail is not trusted, even if it
          * "succeeded" (seen: a model name one letter short) */
         json_decref(root);
-        return oom(err);
+        return oai_jv_oom(err, "reading the request");
     }
     if (!root)
-        return fail(err, NULL, "invalid JSON at line %d, column %d: %s", jerr.line, jerr.column,
-                    jerr.text);
+        return oai_jv_fail(err, NULL, "invalid JSON at line %d, column %d: %s", jerr.line,
+                           jerr.column, jerr.text);
     out->root = root;
     int rc = parse_root(kind, root, opts, out, err);
-    if (rc < 0 && dx_alloc_failed_count() != failed) rc = oom(err); /* not the request's fault */
+    if (rc < 0 && dx_alloc_failed_count() != failed)
+        rc = oai_jv_oom(err, "reading the request"); /* not the request's fault */
     if (rc < 0) oai_req_free(out);
     long long mem = dx_alloc_thread_bytes() - mem0;
     if (rc >= 0) out->mem_bytes = mem > 0 ? (size_t)mem : 0;

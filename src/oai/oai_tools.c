@@ -275,6 +275,7 @@ static int call_check(oai_tools *t)
         return 0;
     }
     if (!put_args(t, obj, args)) return 0;
+    if (t->o.max_calls && t->n_calls >= t->o.max_calls) return 1; /* taken, not sent */
     emit_call(t, t->call.data, name_len, t->call.data + name_len + 1, t->call.len - name_len - 1);
     return 1;
 }

@@ -60,6 +60,10 @@ typedef struct {
     int think_open;   /* with reasoning: the prompt ended inside <think> */
     uint64_t id_seed; /* call ids: 0 = random per parser; else reproducible (tests) */
     size_t max_held;  /* 0 = OAI_TOOLS_MAX_HELD_DEFAULT */
+    /* at most this many calls come out (0: any number): parallel_tool_calls
+     * false is 1, and a later complete call is dropped — neither a call nor
+     * content — as vLLM drops it */
+    uint32_t max_calls;
 } oai_tools_opts;
 
 /* "none", "qwen" ("hermes"), "llama3" ("llama3_json") → *out; DX_EINVAL

@@ -29,6 +29,17 @@ enum router_mode { ROUTER_BIDIRECTIONAL, ROUTER_UNIDIRECTIONAL };
 
 typedef struct router router;
 
+/* What router_create puts in a field of router_config left 0 (plain
+ * literals, for help text; the conversation map's bounds are
+ * router_state.h's, the Redis calls' deadline router_store.h's). */
+#define ROUTER_DEFAULT_CONVERSATION_TTL_S     450
+#define ROUTER_DEFAULT_DECODE_MAX_OUTSTANDING 64
+#define ROUTER_DEFAULT_HEALTH_INTERVAL_MS     1000
+#define ROUTER_DEFAULT_PREFILL_TIMEOUT_S      300
+#define ROUTER_DEFAULT_SHUTDOWN_GRACE_S       30
+#define ROUTER_DEFAULT_RESPONSES_TTL_S        480 /* as the decode nodes' retention */
+#define ROUTER_DEFAULT_RESPONSES_MAX_MB       256
+
 typedef struct {
     const char *host;           /* default 127.0.0.1 */
     int port;                   /* 0 = ephemeral */
@@ -37,26 +48,32 @@ typedef struct {
     const char *const *decode; /* at least one, unless discover is set */
     size_t n_decode;
     /* --discover redis://...: also take nodes from their registration keys
-     * (node/node_reg.h) under state_prefix (below; default "duplex:"), read
+     * (http/node_reg.h) under state_prefix (below; NULL: NODE_REG_DEFAULT_PREFIX), read
      * every health_interval_ms; NULL: the static lists only. */
     const char *discover;
     enum router_mode mode;
     const char *tokenizer;     /* GGUF whose tokenizer counts prompt tokens, or NULL */
-    double conversation_ttl_s; /* default 450 */
-    size_t max_conversations;  /* default 100000 */
-    size_t max_state_bytes;    /* stored params, default 1 GiB */
+    double conversation_ttl_s; /* 0: ROUTER_DEFAULT_CONVERSATION_TTL_S */
+    size_t max_conversations;  /* 0: ROUTER_STATE_DEFAULT_MAX_ENTRIES */
+    size_t max_state_bytes;    /* stored params; 0: ROUTER_STATE_DEFAULT_MAX_MB */
     /* The conversation map: NULL in this process, else redis://HOST:PORT[/DB]
      * shared by every router replica (router_store.h); its keys' prefix
-     * (default "duplex:") and each Redis call's deadline (default 50 ms). */
+     * (NULL: NODE_REG_DEFAULT_PREFIX) and each Redis call's deadline. */
     const char *state_url;
     const char *state_prefix;
     int state_timeout_ms;
+    /* The Responses API's stored responses (router_rsp.h): in state_url's
+     * Redis when it is set, else here; kept this long from their last use
+     * (default 480 s, the decode retention's) and, here, at most this many
+     * bytes (default 256 MiB). */
+    double responses_ttl_s;
+    size_t responses_max_bytes;
     uint32_t local_prefill_max_tokens; /* uncached tokens below this skip the prefill node */
-    uint32_t decode_max_outstanding;   /* default 64: affinity yields to load beyond it */
-    uint64_t health_interval_ms;       /* default 1000 */
-    double prefill_timeout_s;          /* default 300 */
+    uint32_t decode_max_outstanding;   /* affinity yields to load beyond it */
+    uint64_t health_interval_ms;       /* node health checks */
+    double prefill_timeout_s;          /* one prefill request's limit */
     http_limits http;                  /* what clients may use (node/http_conn.h; 0 = defaults) */
-    double shutdown_grace_s;           /* default 30 */
+    double shutdown_grace_s;           /* drain time on a graceful stop */
     uint64_t key_seed;                 /* 0: random (tests fix it) */
     /* --api-key, --api-key-file, --internal-key-file (node/http_auth.h; the
      * router sends the internal key to its nodes), and --insecure-no-auth:

@@ -152,9 +152,13 @@ int router_sse_data(const char *ev, size_t len, dx_buf *scratch, const char **da
 
 /* ---- inspection -------------------------------------------------------- */
 
+/* json_dump_callback's callback: 0, or -1 to stop the dump (jansson's
+ * convention). */
+#define JSON_DUMP_STOP (-1)
+
 static int dump_cb(const char *p, size_t n, void *b)
 {
-    return dx_buf_append(b, p, n) == 0 ? 0 : -1;
+    return dx_buf_append(b, p, n) == 0 ? 0 : JSON_DUMP_STOP;
 }
 
 int router_json_append(dx_buf *b, const json_t *v)

@@ -45,8 +45,8 @@ int router_state_create(const router_state_config *cfg, router_state **out)
     router_state *st = dx_calloc(1, sizeof *st);
     if (!st) return dx_errf(DX_ENOMEM, "router state: out of memory");
     st->cfg = *cfg;
-    if (!st->cfg.max_entries) st->cfg.max_entries = 100000;
-    if (!st->cfg.max_bytes) st->cfg.max_bytes = (size_t)1 << 30;
+    if (!st->cfg.max_entries) st->cfg.max_entries = ROUTER_STATE_DEFAULT_MAX_ENTRIES;
+    if (!st->cfg.max_bytes) st->cfg.max_bytes = (size_t)ROUTER_STATE_DEFAULT_MAX_MB << 20;
     if (st->cfg.max_entries >= NIL) st->cfg.max_entries = NIL - 1;
     st->free_head = st->head = st->tail = NIL;
     int rc = dx_hidx_create(0, &st->ix);

@@ -21,9 +21,13 @@
 
 typedef struct router_state router_state;
 
+/* The map's bounds unless the config says (plain literals, for help text). */
+#define ROUTER_STATE_DEFAULT_MAX_ENTRIES 100000
+#define ROUTER_STATE_DEFAULT_MAX_MB      1024
+
 typedef struct {
-    size_t max_entries; /* default 100000 */
-    size_t max_bytes;   /* params bytes held; default 1 GiB */
+    size_t max_entries; /* 0: ROUTER_STATE_DEFAULT_MAX_ENTRIES */
+    size_t max_bytes;   /* params bytes held; 0: ROUTER_STATE_DEFAULT_MAX_MB */
 } router_state_config;
 
 /* A view of one entry.  `params` points into the map: valid until the next

@@ -10,6 +10,7 @@
 #include "base/dx_alloc.h"
 #include "base/dx_clock.h"
 #include "base/dx_err.h"
+#include "http/node_reg.h"
 #include "http/prom.h"
 #include "router/router_store_priv.h"
 
@@ -107,10 +108,10 @@ static const rstore_backend rstore_mem = {
 int router_store_create(const router_store_config *cfg, router_store **out)
 {
     *out = NULL;
-    const char *prefix = cfg->prefix ? cfg->prefix : "duplex:";
+    const char *prefix = cfg->prefix ? cfg->prefix : NODE_REG_DEFAULT_PREFIX;
     int rc = router_store_check_prefix(prefix);
     if (rc) return rc;
-    int timeout = cfg->timeout_ms ? cfg->timeout_ms : 50;
+    int timeout = cfg->timeout_ms ? cfg->timeout_ms : ROUTER_STORE_DEFAULT_TIMEOUT_MS;
     if (timeout < 1 || timeout > ROUTER_STORE_TIMEOUT_MAX)
         return dx_errf(DX_EINVAL, "--state-timeout-ms: %d is not 1..%d", timeout,
                        ROUTER_STORE_TIMEOUT_MAX);

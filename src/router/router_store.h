@@ -41,15 +41,19 @@ typedef struct router_store_op router_store_op;
 
 #define ROUTER_STORE_PREFIX_MAX  64
 #define ROUTER_STORE_TIMEOUT_MAX 60000 /* ms */
+/* Each Redis call's deadline unless the config says (a plain literal, for
+ * help text); the keys' prefix is the nodes' registrations'
+ * (NODE_REG_DEFAULT_PREFIX, http/node_reg.h). */
+#define ROUTER_STORE_DEFAULT_TIMEOUT_MS 50
 
 typedef struct {
     uv_loop_t *loop;
     const char *url;               /* redis://...; NULL: in-process memory */
-    const char *prefix;            /* keys' prefix (default "duplex:") */
-    int timeout_ms;                /* each Redis call's deadline (default 50) */
+    const char *prefix;            /* keys' prefix (NULL: NODE_REG_DEFAULT_PREFIX) */
+    int timeout_ms;                /* each Redis call's deadline (0: the default) */
     size_t max_entries, max_bytes; /* memory backend's bounds (router_state.h) */
     /* Decode nodes by URL: node_url(user, i) names node i; node_of finds
-     * the node of a URL (-1: none this router knows). */
+     * the node of a URL (DX_NONE: none this router knows). */
     const char *(*node_url)(void *user, int node);
     int (*node_of)(void *user, const char *url, size_t len);
     void *user;

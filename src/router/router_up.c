@@ -113,6 +113,10 @@ static void sock_close(up_sock *s)
     uv_close((uv_handle_t *)&s->poll, on_poll_closed);
 }
 
+/* What the socket callback (CURLMOPT_SOCKETFUNCTION) returns to fail the
+ * transfer: libcurl takes -1 as an error. */
+#define CURL_SOCKET_CB_FAIL (-1)
+
 static int on_socket(CURL *e, curl_socket_t fd, int what, void *userp, void *socketp)
 {
     router_up *u = userp;
@@ -129,7 +133,7 @@ static int on_socket(CURL *e, curl_socket_t fd, int what, void *userp, void *soc
         if (!s || uv_poll_init_socket(u->loop, &s->poll, fd) < 0) {
             dx_free(s);
             DX_LOGW("router upstream: cannot watch a socket");
-            return -1; /* curl fails the transfer */
+            return CURL_SOCKET_CB_FAIL;
         }
         s->u = u;
         s->fd = fd;
@@ -166,6 +170,12 @@ static size_t on_header(char *p, size_t sz, size_t n, void *user)
     size_t len = sz * n;
     if (q->canceled) return 0;
     int blank = (len == 2 && p[0] == '\r' && p[1] == '\n') || (len == 1 && p[0] == '\n');
+    if (!blank && !q->head_done && q->cb.on_header) {
+        size_t n_line = len;
+        while (n_line && (p[n_line - 1] == '\n' || p[n_line - 1] == '\r')) n_line--;
+        q->cb.on_header(q->user, p, n_line);
+        if (q->canceled) return 0;
+    }
     if (!blank || q->head_done) return len;
     long status = 0;
     curl_easy_getinfo(q->easy, CURLINFO_RESPONSE_CODE, &status);

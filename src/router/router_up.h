@@ -25,6 +25,9 @@ typedef struct router_up_req router_up_req;
 typedef struct {
     /* The final response head has arrived (a 100 Continue is skipped). */
     void (*on_head)(void *user, long status);
+    /* Each header line of the response as it arrives ("Name: value", no
+     * line end; the status lines too, interim ones included), or NULL. */
+    void (*on_header)(void *user, const char *line, size_t len);
     /* Body bytes as they arrive, transfer coding removed.  Non-zero aborts
      * the transfer; on_done follows with DX_ECANCELED. */
     int (*on_data)(void *user, const char *p, size_t n);

@@ -139,7 +139,7 @@ static uint64_t sym_hash(const bt *b, size_t i)
     return XXH3_64bits(b->sbytes.data + b->soff[i], b->slen[i]);
 }
 
-/* Finds the symbol spelled s, -1 if none; *slot gets where to insert it. */
+/* Finds the symbol spelled s, DX_NONE if none; *slot gets where to insert it. */
 static int32_t sym_find(const bt *b, const char *s, size_t len, size_t *slot)
 {
     size_t h = (size_t)XXH3_64bits(s, len) & b->sidx.mask;
@@ -148,7 +148,7 @@ static int32_t sym_find(const bt *b, const char *s, size_t len, size_t *slot)
         if (b->slen[i] == len && memcmp(b->sbytes.data + b->soff[i], s, len) == 0) return i;
     }
     *slot = h;
-    return -1;
+    return DX_NONE;
 }
 
 static int sym_add(bt *b, const char *s, size_t len, size_t slot)

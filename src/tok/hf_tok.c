@@ -372,7 +372,7 @@ static int32_t find_id(const hf_ctx *c, const char *s)
     for (size_t i = 0; i < c->h->n_tokens; i++)
         if (c->h->types[i] != TOK_TYPE_NORMAL && !strcmp(c->h->tokens[i], s)) return (int32_t)i;
     json_t *v = json_object_get(c->vocab, s);
-    return v ? (int32_t)json_integer_value(v) : -1;
+    return v ? (int32_t)json_integer_value(v) : DX_NONE;
 }
 
 /* bos_token etc.: a string, {"content": ...}, or null. */
@@ -421,13 +421,13 @@ static int cfg_template(hf_ctx *c, const json_t *cfg)
 }
 
 /* The special token a TemplateProcessing puts first (first = 1) or last in
- * its "single" template, -1 if none; found inside a Sequence too. */
+ * its "single" template, DX_NONE if none; found inside a Sequence too. */
 static int32_t template_edge(const hf_ctx *c, const json_t *pp, int first)
 {
     if (!strcmp(type_of(pp), "Sequence")) {
         size_t i;
         json_t *e;
-        int32_t id = -1;
+        int32_t id = DX_NONE;
         json_array_foreach(json_object_get(pp, "processors"), i, e)
         {
             int32_t k = template_edge(c, e, first);
@@ -435,13 +435,13 @@ static int32_t template_edge(const hf_ctx *c, const json_t *pp, int first)
         }
         return id;
     }
-    if (strcmp(type_of(pp), "TemplateProcessing")) return -1;
+    if (strcmp(type_of(pp), "TemplateProcessing")) return DX_NONE;
     json_t *single = json_object_get(pp, "single");
     size_t n = json_array_size(single);
-    if (!n) return -1;
+    if (!n) return DX_NONE;
     json_t *e = json_object_get(json_array_get(single, first ? 0 : n - 1), "SpecialToken");
     const char *id = json_string_value(json_object_get(e, "id"));
-    return id ? find_id(c, id) : -1;
+    return id ? find_id(c, id) : DX_NONE;
 }
 
 /* add_bos/add_eos: the config's flag when it has one, else what the

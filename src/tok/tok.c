@@ -62,14 +62,14 @@ uint32_t tok_byte_to_cp(uint8_t b)
     return 256u + 67u;                                           /* 0xAD */
 }
 
-/* Inverse of tok_byte_to_cp; -1 for a code point outside the map. */
+/* Inverse of tok_byte_to_cp; DX_NONE for a code point outside the map. */
 static int cp_to_byte(uint32_t cp)
 {
-    if (cp < 256) return byte_is_printable(cp) ? (int)cp : -1;
+    if (cp < 256) return byte_is_printable(cp) ? (int)cp : DX_NONE;
     if (cp < 256 + 33) return (int)(cp - 256);
     if (cp < 256 + 67) return (int)(0x7F + cp - 256 - 33);
     if (cp == 256 + 67) return 0xAD;
-    return -1;
+    return DX_NONE;
 }
 
 size_t tok_bytes_to_bl(const uint8_t *in, size_t n, char *out)
@@ -86,17 +86,17 @@ size_t tok_bytes_to_bl(const uint8_t *in, size_t n, char *out)
 }
 
 /* Decodes a byte-level string into raw bytes (out has room for len bytes);
- * returns the byte count or -1 if s is not a valid byte-level string. */
+ * returns the byte count or DX_NONE if s is not a valid byte-level string. */
 static long bl_to_bytes(const char *s, size_t len, uint8_t *out)
 {
     size_t o = 0;
     for (size_t i = 0; i < len;) {
         uint32_t cp;
         size_t k = dx_utf8_decode((const uint8_t *)s + i, len - i, &cp);
-        if (!k || k > 2) return -1; /* the map only produces 1- and 2-byte sequences */
+        if (!k || k > 2) return DX_NONE; /* the map only produces 1- and 2-byte sequences */
         i += k;
         int b = cp_to_byte(cp);
-        if (b < 0) return -1;
+        if (b < 0) return DX_NONE;
         out[o++] = (uint8_t)b;
     }
     return (long)o;
@@ -336,7 +336,7 @@ static int32_t str_lookup(const tok *t, const char *s, size_t len)
     size_t h = (size_t)hash_str(s, len) & t->str_mask;
     for (;; h = (h + 1) & t->str_mask) {
         int32_t id = t->slots[h];
-        if (id < 0) return -1;
+        if (id < 0) return DX_NONE;
         if (t->ent[id].len == len && memcmp(t->blob + t->ent[id].off, s, len) == 0) return id;
     }
 }
@@ -814,16 +814,16 @@ static int emit_bpe(enc_ctx *e, const uint8_t *p, size_t n, void *mem)
 }
 
 /* Llama 3 (ignore_merges): a piece that is a whole normal token is kept.
- * Returns the id, -1 if the piece is not one, -2 when out of memory. */
+ * Returns the id, DX_NONE if the piece is not one, DX_ENOMEM. */
 static int32_t whole_piece_token(const tok *t, const uint8_t *p, size_t n)
 {
     char stackbuf[2 * ENC_STACK_SYMS];
-    if (n > t->max_raw) return -1;
+    if (n > t->max_raw) return DX_NONE;
     char *bl = n <= ENC_STACK_SYMS ? stackbuf : dx_malloc(2 * n);
-    if (!bl) return -2;
+    if (!bl) return dx_errf(DX_ENOMEM, "tokenizer: out of memory for a %zu-byte piece", n);
     int32_t id = str_lookup(t, bl, tok_bytes_to_bl(p, n, bl));
     if (bl != stackbuf) dx_free(bl);
-    return id >= 0 && !type_is_literal(t->type[id]) ? id : -1;
+    return id >= 0 && !type_is_literal(t->type[id]) ? id : DX_NONE;
 }
 
 static int encode_piece(void *ctx, const char *piece, size_t n)
@@ -833,8 +833,8 @@ static int encode_piece(void *ctx, const char *piece, size_t n)
     if (n == 1) return tok_ids_push(e->out, e->t->byte_id[p[0]]);
     if (e->t->pre == TOK_PRE_LLAMA3) {
         int32_t id = whole_piece_token(e->t, p, n);
-        if (id == -2) return dx_errf(DX_ENOMEM, "tokenizer: out of memory for a %zu-byte piece", n);
         if (id >= 0) return tok_ids_push(e->out, id);
+        if (id != DX_NONE) return id; /* out of memory */
     }
     if (n <= ENC_STACK_SYMS) {
         bpe_cand mem[ENC_STACK_SYMS * 3 + ENC_STACK_SYMS]; /* room for sym/prev/next too */
@@ -851,7 +851,7 @@ static int encode_piece(void *ctx, const char *piece, size_t n)
     return emit_bpe(e, p, n, e->heap_mem);
 }
 
-/* The longest special token starting at s, or -1; control tokens only
+/* The longest special token starting at s, or DX_NONE; control tokens only
  * when allowed. */
 static int32_t match_special(const tok *t, const char *s, size_t n, int allow_control)
 {
@@ -862,7 +862,7 @@ static int32_t match_special(const tok *t, const char *s, size_t n, int allow_co
         if (en->raw_len <= n && memcmp(t->raw + en->raw_off, s, en->raw_len) == 0)
             return t->spec[k];
     }
-    return -1;
+    return DX_NONE;
 }
 
 /* A stretch of text without special tokens: normalised when the vocabulary
@@ -885,7 +885,7 @@ static int encode_specials(enc_ctx *e, const char *text, size_t len, int allow_c
         uint8_t b = (uint8_t)text[i];
         int32_t id = t->spec_at[b] != t->spec_at[b + 1]
                          ? match_special(t, text + i, len - i, allow_control)
-                         : -1;
+                         : DX_NONE;
         if (id < 0) {
             i++;
             continue;

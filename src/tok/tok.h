@@ -103,7 +103,7 @@ int tok_decode(const tok *t, const int32_t *ids, size_t n, dx_buf *out);
 int tok_token_bytes(const tok *t, int32_t id, char *buf, size_t cap);
 /* The raw vocabulary string of a token (byte-level form). */
 tok_strview tok_piece(const tok *t, int32_t id);
-int32_t tok_find(const tok *t, const char *piece, size_t len); /* -1 if absent */
+int32_t tok_find(const tok *t, const char *piece, size_t len); /* DX_NONE if absent */
 
 size_t tok_vocab_size(const tok *t);
 int32_t tok_bos(const tok *t);

@@ -147,6 +147,10 @@ void router_launch_node_argv(const router_launch_config *c, int prefill, router_
         arg(a, "--kv-cache-mb");
         arg_num(a, c->kv_cache_mb);
     }
+    if (c->kv_dtype) {
+        arg(a, "--kv-dtype");
+        arg(a, c->kv_dtype);
+    }
     if (c->debug_children) {
         arg(a, "--log-level");
         arg(a, "debug");
@@ -592,8 +596,9 @@ int router_launch_run(const router_launch_config *cfg)
     }
     L->cfg.internal_key_file = L->run.internal_key;
     L->cfg.api_key_file = L->run.api_keys[0] ? L->run.api_keys : NULL;
-    if (L->cfg.startup_timeout_s <= 0) L->cfg.startup_timeout_s = 600;
-    if (L->cfg.stop_timeout_s <= 0) L->cfg.stop_timeout_s = 60;
+    if (L->cfg.startup_timeout_s <= 0)
+        L->cfg.startup_timeout_s = ROUTER_LAUNCH_DEFAULT_STARTUP_TIMEOUT_S;
+    if (L->cfg.stop_timeout_s <= 0) L->cfg.stop_timeout_s = ROUTER_LAUNCH_DEFAULT_STOP_TIMEOUT_S;
     if (!L->cfg.out) L->cfg.out = stdout;
     uv_loop_init(&L->loop);
     init_handles(L);

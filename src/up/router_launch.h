@@ -38,6 +38,11 @@
 
 enum router_launch_mode { LAUNCH_BIDIRECTIONAL, LAUNCH_UNIDIRECTIONAL, LAUNCH_COLOCATED };
 
+/* The limits for starting and for stopping, unless the config says (plain
+ * literals, for help text). */
+#define ROUTER_LAUNCH_DEFAULT_STARTUP_TIMEOUT_S 600
+#define ROUTER_LAUNCH_DEFAULT_STOP_TIMEOUT_S    60
+
 typedef struct {
     const char *exe;   /* the duplex binary the children run */
     const char *model; /* GGUF file */
@@ -46,11 +51,12 @@ typedef struct {
     int port;                      /* the router's; 0 = a free one */
     int threads_per_node;          /* 0: the cores shared out */
     long kv_cache_mb;              /* per node; 0 = serve's default */
+    const char *kv_dtype;          /* every node's --kv-dtype (NULL: serve's): one KV layout */
     int prefill_no_prefix_caching; /* benchmarks: prefill nodes recompute everything */
     int has_local_prefill;         /* pass local_prefill_max_tokens to the router */
     long local_prefill_max_tokens;
-    double startup_timeout_s; /* default 600 */
-    double stop_timeout_s;    /* SIGKILL what is left after this; default 60 */
+    double startup_timeout_s; /* 0: ROUTER_LAUNCH_DEFAULT_STARTUP_TIMEOUT_S */
+    double stop_timeout_s;    /* SIGKILL what is left after this; 0: the default */
     int debug_children;       /* --log-level debug to the nodes and the router (their
                                * start-up lines are INFO, which the launcher reads,
                                * so quieter levels stay the launcher's own) */

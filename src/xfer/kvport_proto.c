@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "base/dx_dtype.h"
 #include "base/dx_err.h"
 
 typedef struct {
@@ -362,10 +363,19 @@ void kvport_pin_hash(const kvport_pin *p, uint32_t i, uint64_t *lo, uint64_t *hi
     *hi = le_load(p->hashes + (size_t)i * 16 + 8, 8);
 }
 
+/* DX_ELAYOUT, not DX_EMISMATCH: the same model with another KV dtype or
+ * block size is a configuration to fix (duplex up gives every node one),
+ * and nodes count it apart from a mismatched model (pd.md). */
 static int differ_u(const char *field, uint64_t mine, uint64_t theirs)
 {
-    return dx_errf(DX_EMISMATCH, "KV layout differs: %s is %llu here, %llu on the peer", field,
+    return dx_errf(DX_ELAYOUT, "KV layout differs: %s is %llu here, %llu on the peer", field,
                    (unsigned long long)mine, (unsigned long long)theirs);
+}
+
+static const char *dtype_name(uint32_t t)
+{
+    const char *n = dx_dtype_name((int)t);
+    return n ? n : "unknown";
 }
 
 int kvport_hello_compatible(const kvport_hello *a, const kvport_hello *b)
@@ -381,7 +391,9 @@ int kvport_hello_compatible(const kvport_hello *a, const kvport_hello *b)
     if (a->n_layer != b->n_layer) return differ_u("n_layer", a->n_layer, b->n_layer);
     if (a->n_kv_head != b->n_kv_head) return differ_u("n_kv_head", a->n_kv_head, b->n_kv_head);
     if (a->head_dim != b->head_dim) return differ_u("head_dim", a->head_dim, b->head_dim);
-    if (a->dtype != b->dtype) return differ_u("dtype", a->dtype, b->dtype);
+    if (a->dtype != b->dtype)
+        return dx_errf(DX_ELAYOUT, "KV layout differs: the KV dtype is %s here, %s on the peer",
+                       dtype_name(a->dtype), dtype_name(b->dtype));
     if (a->block_size != b->block_size) return differ_u("block_size", a->block_size, b->block_size);
     if (a->block_bytes != b->block_bytes)
         return differ_u("block_bytes", a->block_bytes, b->block_bytes);

@@ -183,8 +183,9 @@ void kvport_pin_hash(const kvport_pin *p, uint32_t i, uint64_t *lo, uint64_t *hi
 const char *kvport_type_name(uint16_t type);
 
 /* Compares what must be equal for two nodes to share KV: model fingerprint
- * and layout.  0 if compatible, else DX_EMISMATCH with a message naming the
- * first field that differs and both values. */
+ * and layout.  0 if compatible, else DX_EMISMATCH (another model) or
+ * DX_ELAYOUT (the same model, another KV dtype or block size) with a
+ * message naming the first field that differs and both values. */
 int kvport_hello_compatible(const kvport_hello *mine, const kvport_hello *theirs);
 
 #endif

@@ -530,15 +530,17 @@ static int over_caps(kvport_server *s, conn *c)
     return 0;
 }
 
+/* The connection's two ends: 0, DX_EIO when the socket cannot say, or
+ * dx_addr_norm's DX_EINVAL. */
 static int conn_addresses(conn *c)
 {
     struct sockaddr_storage a, b;
     int la = sizeof a, lb = sizeof b;
-    if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&a, &la) ||
-        uv_tcp_getsockname(&c->tcp, (struct sockaddr *)&b, &lb))
-        return -1;
-    return dx_addr_norm((struct sockaddr *)&a, &c->peer) ||
-           dx_addr_norm((struct sockaddr *)&b, &c->local);
+    int rc = uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&a, &la);
+    if (!rc) rc = uv_tcp_getsockname(&c->tcp, (struct sockaddr *)&b, &lb);
+    if (rc) return dx_errf(DX_EIO, "kv port: a connection's addresses: %s", uv_strerror(rc));
+    rc = dx_addr_norm((struct sockaddr *)&a, &c->peer);
+    return rc ? rc : dx_addr_norm((struct sockaddr *)&b, &c->local);
 }
 
 static void on_connection(uv_stream_t *l, int status)
@@ -618,7 +620,7 @@ int kvport_server_create(uv_loop_t *loop, const kvport_server_config *cfg, kvpor
     s->hello.engine_id = s->hello.transports = s->hello.worker_addr = s->hello.rkey =
         (kvport_bytes){NULL, 0};
     s->secret = cfg->secret;
-    s->handshake_ms = ms_or(cfg->handshake_timeout_s, 10);
+    s->handshake_ms = ms_or(cfg->handshake_timeout_s, KVPORT_DEFAULT_HANDSHAKE_TIMEOUT_S);
     s->idle_ms = ms_or(cfg->idle_timeout_s, 60);
     s->sweep_ms = ms_or(cfg->sweep_interval_s, 1);
     s->max_conns = cfg->max_conns ? cfg->max_conns : 256;

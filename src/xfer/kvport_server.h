@@ -40,6 +40,10 @@
 #include "xfer/kvport_proto.h"
 #include "xfer/xfer_lease.h"
 
+/* From accept to authenticated, unless the config says (a plain literal,
+ * for help text). */
+#define KVPORT_DEFAULT_HANDSHAKE_TIMEOUT_S 10
+
 typedef struct {
     const char *host; /* default "127.0.0.1" */
     int port;         /* 0 = any free port (see kvport_server_port) */
@@ -48,7 +52,7 @@ typedef struct {
      * description); copied. */
     const kvport_hello *hello;
     const kvport_secret *secret;      /* NULL: no secret (see kvport_auth.h); the caller's */
-    double handshake_timeout_s;       /* default 10: from accept to authenticated */
+    double handshake_timeout_s;       /* 0: KVPORT_DEFAULT_HANDSHAKE_TIMEOUT_S */
     double idle_timeout_s;            /* default 60: since the last complete frame; no live pins */
     double sweep_interval_s;          /* default 1 */
     unsigned max_conns;               /* default 256 */

@@ -94,7 +94,8 @@ int xfer_client_create(const xfer_client_config *cfg, xfer_client **out)
     c->hello = *cfg->hello;
     c->secret = cfg->secret;
     c->allow = cfg->peers;
-    c->peer_ns = (uint64_t)((cfg->peer_timeout_s > 0 ? cfg->peer_timeout_s : 5) * 1e9);
+    double peer_s = cfg->peer_timeout_s > 0 ? cfg->peer_timeout_s : XFER_DEFAULT_PEER_TIMEOUT_S;
+    c->peer_ns = (uint64_t)(peer_s * 1e9);
     dx_buf_init(&c->hello_frame, 0);
     int rc = kvport_encode_hello(&c->hello_frame, cfg->hello);
     if (rc) {
@@ -596,7 +597,8 @@ int xfer_pull(xfer_client *c, const xfer_pull_req *r, xfer_pull_result *res)
         fail(res, dx_errf(DX_EINVAL, "xfer_pull: bad request (%zu blocks)", r->n));
         return res->err;
     }
-    uint64_t deadline = dx_now_ns() + (uint64_t)((r->timeout_s > 0 ? r->timeout_s : 10) * 1e9);
+    double pull_s = r->timeout_s > 0 ? r->timeout_s : XFER_DEFAULT_PULL_TIMEOUT_S;
+    uint64_t deadline = dx_now_ns() + (uint64_t)(pull_s * 1e9);
     char key[300];
     snprintf(key, sizeof key, "%s:%d", r->host, r->port);
     uint64_t t = dx_now_ns();

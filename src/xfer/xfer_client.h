@@ -13,7 +13,7 @@
  *   PIN), which saves a round trip.
  *
  * Every step shares the pull's deadline, and no reply may take longer than
- * the peer timeout (default 5 s): the RENEWs double as a heartbeat, so a
+ * the peer timeout (a few seconds): the RENEWs double as a heartbeat, so a
  * holder that died or whose link went down is noticed within a few seconds
  * even when the pull's deadline is minutes away (TCP keepalive and
  * TCP_USER_TIMEOUT on the socket as well).  Any failure (peer unreachable
@@ -48,13 +48,18 @@
 
 typedef struct xfer_client xfer_client;
 
+/* The timeouts a pull has when its caller leaves them 0 (plain literals,
+ * for help text): one reply from the holder, and the whole pull. */
+#define XFER_DEFAULT_PEER_TIMEOUT_S 5
+#define XFER_DEFAULT_PULL_TIMEOUT_S 10
+
 typedef struct {
     xfer_agent *agent;
     kv_pool *pool;             /* local pool, allocated through agent */
     const kvport_hello *hello; /* this node's HELLO (see xfer_hello_init); copied */
     const kvport_secret *secret; /* NULL: no secret; the caller's, kept until destroy */
     xfer_peers *peers;           /* addresses it may connect to; NULL: any (the caller's) */
-    double peer_timeout_s;       /* longest wait for one reply (default 5) */
+    double peer_timeout_s;       /* longest wait for one reply (0: the default) */
 } xfer_client_config;
 
 typedef struct {
@@ -65,7 +70,7 @@ typedef struct {
     const int32_t *remote_ids; /* [n] holder's block ids, in token order */
     const int32_t *local_ids;  /* [n] destination blocks, held by the caller */
     size_t n;
-    double timeout_s; /* whole pull; default 10 */
+    double timeout_s; /* whole pull; 0: XFER_DEFAULT_PULL_TIMEOUT_S */
     /* Called after PIN_OK, before the reads (metrics; tests use it to kill
      * the holder mid-transfer). */
     void (*on_pinned)(void *user, uint32_t n_matched);

@@ -72,6 +72,8 @@ struct xfer_leases {
     dx_hidx *by_tag;       /* tag hash -> lease * (tagged leases only) */
     dx_list lru;           /* use order; head = least recently used */
     uint64_t lease_blocks; /* sum of the live leases' block counts */
+    uint32_t n_retained;   /* live RENEW_ON_READ leases */
+    uint64_t retained_blocks;
     uint64_t next_pin;
     uint64_t (*now)(void); /* tests: an injected clock; NULL = dx_now_ns */
     xfer_leases_stats st;
@@ -121,12 +123,13 @@ void xfer_token_hex(const xfer_token *tok, char out[33])
     out[32] = 0;
 }
 
+/* A hex digit's value; DX_NONE for another character. */
 static int hexval(char c)
 {
     if (c >= '0' && c <= '9') return c - '0';
     if (c >= 'a' && c <= 'f') return c - 'a' + 10;
     if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
+    return DX_NONE;
 }
 
 int xfer_token_parse(const char *hex, xfer_token *tok)
@@ -233,7 +236,7 @@ int xfer_leases_create(kv_pool *pool, double pin_ttl_s, xfer_leases **out)
     pthread_mutex_init(&L->mu, NULL);
     dx_list_init(&L->lru);
     L->pool = pool;
-    L->pin_ttl_s = pin_ttl_s > 0 ? pin_ttl_s : 30;
+    L->pin_ttl_s = pin_ttl_s > 0 ? pin_ttl_s : XFER_LEASE_DEFAULT_PIN_TTL_S;
     L->seed = low64(s.b);
     L->next_pin = 1;
     *out = L;
@@ -260,6 +263,7 @@ static void lease_free(xfer_leases *L, lease *l)
     if (l->tag) DX_ASSERT(dx_hidx_remove(L->by_tag, tag_hash(L, l->tag), (uintptr_t)l) == 0);
     dx_list_remove(&l->lru);
     L->lease_blocks -= l->n;
+    if (l->policy == XFER_LEASE_RENEW_ON_READ) L->n_retained--, L->retained_blocks -= l->n;
     lease *last = L->leases[--L->n_leases];
     L->leases[l->at] = last;
     last->at = l->at;
@@ -368,6 +372,7 @@ static int lease_add(xfer_leases *L, lease *l)
     L->leases[L->n_leases++] = l;
     dx_list_push_back(&L->lru, &l->lru);
     L->lease_blocks += l->n;
+    if (l->policy == XFER_LEASE_RENEW_ON_READ) L->n_retained++, L->retained_blocks += l->n;
     L->st.created++;
     return 0;
 }
@@ -670,6 +675,8 @@ void xfer_leases_get_stats(xfer_leases *L, xfer_leases_stats *out)
     *out = L->st;
     out->leases = (uint32_t)L->n_leases;
     out->blocks = L->lease_blocks;
+    out->retained = L->n_retained;
+    out->retained_blocks = L->retained_blocks;
     out->pins = (uint32_t)L->n_pins;
     pthread_mutex_unlock(&L->mu);
 }

@@ -47,11 +47,21 @@ typedef struct {
     uint64_t created, expired, revoked, pins_made, pins_timed_out, gone, mismatches;
     uint64_t revoked_lru; /* xfer_leases_revoke_lru: memory pressure */
     uint64_t superseded;  /* xfer_leases_supersede: a newer lease contains them */
+    /* Live XFER_LEASE_RENEW_ON_READ leases (a decode node's retention: one
+     * per conversation, each turn superseding the last) and the block
+     * references they hold. */
+    uint32_t retained;
+    uint64_t retained_blocks;
 } xfer_leases_stats;
 
 typedef struct xfer_leases xfer_leases;
 
-/* pin_ttl_s: how long an unreleased pin holds its blocks (default 30). */
+/* How long an unreleased pin holds its blocks unless the caller says
+ * (xfer_leases_create's pin_ttl_s <= 0); a plain literal, for help text. */
+#define XFER_LEASE_DEFAULT_PIN_TTL_S 30
+
+/* pin_ttl_s: how long an unreleased pin holds its blocks (<= 0: the
+ * default). */
 int xfer_leases_create(kv_pool *pool, double pin_ttl_s, xfer_leases **out);
 /* Drops every lease and pin and their references. */
 void xfer_leases_destroy(xfer_leases *L);

@@ -145,6 +145,71 @@ static void test_user_path(void **state)
     }
 }
 
+/* The tiny mixture of experts as a user runs it: synth (qwen3moe by
+ * default, llama on request), info shows the experts, and `duplex
+ * generate`'s greedy text with the scalar kernels is pinned (the same bytes
+ * on any x86 CPU); a dense preset is refused as qwen3moe, --layers gives
+ * the layers asked for. */
+static void test_moe_user_path(void **state)
+{
+    (void)state;
+    char out[65536];
+    assert_int_equal(run(out, sizeof out,
+                         "model synth --preset tiny-moe --seed 42 -o %s/moe.gguf && "
+                         "%s model info %s/moe.gguf",
+                         g_dir, g_bin, g_dir),
+                     0);
+    const char *want[] = {"architecture:    qwen3moe", "active per token",
+                          "experts:         8, 2 used per token, expert feed-forward 96",
+                          "weights normalised to sum 1", "q/k norm"};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        if (!strstr(out, want[i])) fail_msg("model info lacks '%s':\n%s", want[i], out);
+    assert_int_equal(run(out, sizeof out,
+                         "generate --model %s/moe.gguf --prompt 'The prefill node' -n 12 "
+                         "2>/dev/null",
+                         g_dir),
+                     0);
+    char pinned[4096];
+    assert_int_equal(run(pinned, sizeof pinned,
+                         "generate --model %s/moe.gguf --prompt 'The prefill node' -n 12 "
+                         "2>/dev/null",
+                         g_dir),
+                     0);
+    assert_string_equal(out, pinned); /* the same twice, whatever the ISA */
+    setenv("DUPLEX_KERNELS", "scalar", 1);
+    int rc =
+        run(out, sizeof out,
+            "generate --model %s/moe.gguf --prompt 'The prefill node' -n 12 2>/dev/null", g_dir);
+    char ids[4096];
+    int rc_ids = run(ids, sizeof ids,
+                     "generate --model %s/moe.gguf --prompt 'The prefill node' -n 12 --ids "
+                     "2>/dev/null",
+                     g_dir);
+    unsetenv("DUPLEX_KERNELS");
+    assert_int_equal(rc, 0);
+    assert_int_equal(rc_ids, 0); /* the same tokens, as ids */
+    assert_string_equal(ids, "849 488 155 136 548 827 325 589 573 207 759 317 \n");
+    assert_string_equal(out,
+                        "odelsistant\xef\xbf\xbd\xef\xbf\xbd <appendcksonak\xef\xbf\xbd Th--\n");
+    assert_int_equal(run(out, sizeof out,
+                         "model synth --arch llama --preset tiny-moe --layers 3 --dtype q8_0 -o "
+                         "%s/lmoe.gguf && %s model info %s/lmoe.gguf",
+                         g_dir, g_bin, g_dir),
+                     0);
+    if (!strstr(out, "architecture:    llama") || !strstr(out, "layers:          3") ||
+        !strstr(out, "experts:         8, 2 used"))
+        fail_msg("model info of the llama MoE:\n%s", out);
+    assert_int_equal(run(out, sizeof out, "generate --model %s/lmoe.gguf --chat hi -n 4", g_dir),
+                     0);
+    assert_non_null(strstr(out, "generated: 4 tokens"));
+    expect(1, "qwen3moe needs a mixture-of-experts preset (tiny-moe|qwen3-30b-a3b), not tiny",
+           "model synth --arch qwen3moe --preset tiny -o /tmp/x%s", "");
+    expect(1,
+           "preset tiny-moe is a mixture of experts: its architecture is qwen3moe or llama, "
+           "not qwen2",
+           "model synth --arch qwen2 --preset tiny-moe -o /tmp/x%s", "");
+}
+
 static void test_bad_flags(void **state)
 {
     (void)state;
@@ -152,7 +217,9 @@ static void test_bad_flags(void **state)
     snprintf(m, sizeof m, "%s", g_model);
     expect(2, "unknown command 'frobnicate'", "%s", "frobnicate");
     expect(2, "unknown option '--bogus'", "model synth --bogus 1 -o /tmp/x%s", "");
-    expect(2, "--preset: unknown preset '7b' (want tiny|small|0.6b|qwen3-0.6b|llama3.2-1b)",
+    expect(2,
+           "--preset: unknown preset '7b' (want "
+           "tiny|small|0.6b|qwen3-0.6b|llama3.2-1b|tiny-moe|qwen3-30b-a3b)",
            "model synth --preset 7b -o /tmp/x%s", "");
     expect(2, "unknown architecture 'gpt2'", "model synth --arch gpt2 -o /tmp/x%s", "");
     expect(2, "unknown dtype 'int4'", "model synth --dtype int4 -o /tmp/x%s", "");
@@ -167,14 +234,12 @@ static void test_bad_flags(void **state)
     expect(2, "duplex generate: --model FILE is required", "generate --prompt hi%s", "");
     expect(2, "--port needs a value", "serve --model /tmp/x --port%s", "");
     expect(2, "--port 70000 is out of range", "serve --model /tmp/x --port 70000%s", "");
-    expect(2, "KV cache dtype 'q8_0' is not supported", "serve --model /tmp/x --kv-dtype q8_0%s",
+    expect(2, "KV cache dtype 'q4_0' is not supported", "serve --model /tmp/x --kv-dtype q4_0%s", "");
+    expect(2, "KV cache dtype 'f8' is not supported", "up --kv-dtype f8%s", "");
+    expect(2, "--role wants prefill|decode|both, got 'leader'", "serve --model /tmp/x --role leader%s",
            "");
-    expect(2, "--role wants prefill|decode|both, got 'leader'",
-           "serve --model /tmp/x --role leader%s", "");
-    expect(2, "contradict",
-           "serve --model /tmp/x --enable-prefix-caching "
-           "--no-enable-prefix-caching%s",
-           "");
+    expect(2, "contradict", "serve --model /tmp/x --enable-prefix-caching "
+                            "--no-enable-prefix-caching%s", "");
     expect(2, "--bidirectional-kv-xfer takes no value",
            "serve --model /tmp/x --bidirectional-kv-xfer=yes%s", "");
     expect(2, "--decoder-kv-blocks-ttl 0 is out of range",
@@ -290,19 +355,20 @@ static void test_specific_messages(void **state)
 {
     (void)state;
     static const msg_case cases[] = {
-        {"generate --model /tmp/x --prompt hi --kv-dtype q8_0",
-         "duplex generate: --kv-dtype: KV cache dtype 'q8_0' is not supported (f16|bf16|f32)"},
+        {"generate --model /tmp/x --prompt hi --kv-dtype q4_0",
+         "duplex generate: --kv-dtype: KV cache dtype 'q4_0' is not supported (f16|bf16|f32|q8_0)"},
         {"bench engine --model /tmp/x --kv-dtype q4",
-         "duplex bench engine: --kv-dtype: KV cache dtype 'q4' is not supported (f16|bf16|f32)"},
+         "duplex bench engine: --kv-dtype: KV cache dtype 'q4' is not supported (f16|bf16|f32|q8_0)"},
         {"bench engine", "duplex bench engine: --model FILE is required"},
         {"bench gram", "duplex bench gram: give one of --model FILE and --tokenizer FILE"},
         {"bench gram --model /tmp/x --tokenizer /tmp/y",
          "duplex bench gram: give one of --model FILE and --tokenizer FILE"},
         {"model synth --preset huge -o /tmp/x",
          "duplex model synth: --preset: unknown preset 'huge' (want "
-         "tiny|small|0.6b|qwen3-0.6b|llama3.2-1b)"},
+         "tiny|small|0.6b|qwen3-0.6b|llama3.2-1b|tiny-moe|qwen3-30b-a3b)"},
         {"model synth --arch gpt2 -o /tmp/x",
-         "duplex model synth: --arch: unknown architecture 'gpt2' (want qwen3|qwen2|llama)"},
+         "duplex model synth: --arch: unknown architecture 'gpt2' (want "
+         "qwen3|qwen2|llama|qwen3moe)"},
         {"model synth --dtype int4 -o /tmp/x",
          "duplex model synth: --dtype: unknown dtype 'int4' (want "
          "f32|f16|bf16|q8_0|q5_1|q5_0|q4_1|q4_0|iq4_nl)"},
@@ -358,7 +424,7 @@ static void test_groups(void **state)
         {"model", {"synth", "info"}, "synth|info"},
         {"bench",
          {"engine", "xfer", "run", "compare", "chat", "report"},
-         "engine|tok|gram|xfer|run|compare|chat|report"},
+         "engine|kld|tok|gram|xfer|run|compare|chat|report"},
         {"kv", {"hold", "pull", "bench"}, "hold|pull|bench"},
     };
     /* every way to ask, and the bare group (stderr only) */
@@ -449,10 +515,10 @@ static void test_tokenize_bytes(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_user_path),         cmocka_unit_test(test_tokenize_bytes),
-        cmocka_unit_test(test_bad_flags),         cmocka_unit_test(test_flag_spelling),
-        cmocka_unit_test(test_specific_messages), cmocka_unit_test(test_groups),
-        cmocka_unit_test(test_bad_files),
+        cmocka_unit_test(test_user_path),      cmocka_unit_test(test_moe_user_path),
+        cmocka_unit_test(test_tokenize_bytes), cmocka_unit_test(test_bad_flags),
+        cmocka_unit_test(test_flag_spelling),  cmocka_unit_test(test_specific_messages),
+        cmocka_unit_test(test_groups),         cmocka_unit_test(test_bad_files),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -2,7 +2,8 @@
  * independent GGUF parser — Hugging Face's @huggingface/gguf (npm, pinned) —
  * must show exactly what duplex's own reader shows: the same keys with the
  * same values, the same tensors with the same shapes, types and offsets, and
- * every metadata key llama.cpp reads for the architecture. */
+ * every metadata key llama.cpp reads for the architecture (the mixtures of
+ * experts' with their 3-D expert tensors too). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -87,11 +88,11 @@ static void compare_kv(const gguf_ctx *g, uint64_t i, json_t *hv)
     }
 }
 
-static void check_file(enum model_arch arch, int dtype, const char *arch_name)
+static void check_file(enum model_arch arch, const char *preset, int dtype, const char *arch_name)
 {
     char path[128];
-    snprintf(path, sizeof path, "%s/%s-%s.gguf", g_dir, arch_name, dx_dtype_name(dtype));
-    synth_config c = {.arch = arch, .preset = "tiny", .dtype = dtype, .seed = 5};
+    snprintf(path, sizeof path, "%s/%s-%s-%s.gguf", g_dir, arch_name, preset, dx_dtype_name(dtype));
+    synth_config c = {.arch = arch, .preset = preset, .dtype = dtype, .seed = 5};
     assert_int_equal(synth_write(&c, path), 0);
     json_t *hf = hf_read(path);
     gguf_ctx *g;
@@ -113,6 +114,14 @@ static void check_file(enum model_arch arch, int dtype, const char *arch_name)
     for (size_t i = 0; i < sizeof need / sizeof need[0]; i++) {
         char key[128];
         snprintf(key, sizeof key, "%s.%s", arch_name, need[i]);
+        if (!json_object_get(meta, key)) fail_msg("%s lacks %s", path, key);
+    }
+    /* a mixture of experts: the counts, and qwen3moe's expert width */
+    static const char *const moe_need[] = {"expert_count", "expert_used_count",
+                                           "expert_feed_forward_length"};
+    for (size_t i = 0; strstr(preset, "moe") && i < 2 + (arch == MODEL_QWEN3MOE); i++) {
+        char key[128];
+        snprintf(key, sizeof key, "%s.%s", arch_name, moe_need[i]);
         if (!json_object_get(meta, key)) fail_msg("%s lacks %s", path, key);
     }
     static const char *const tok_keys[] = {
@@ -147,13 +156,16 @@ static void test_hf_reads_what_synth_writes(void **state)
     (void)state;
     if (access("tests/integration/node/node_modules/@huggingface/gguf", F_OK) != 0)
         fail_msg("@huggingface/gguf is not installed (scripts/test.sh runs npm ci)");
-    check_file(MODEL_QWEN3, DX_BF16, "qwen3");
-    check_file(MODEL_QWEN3, DX_Q8_0, "qwen3");
-    check_file(MODEL_QWEN3, DX_Q4_0, "qwen3");
-    check_file(MODEL_QWEN3, DX_IQ4_NL, "qwen3");
-    check_file(MODEL_LLAMA, DX_Q5_1, "llama");
-    check_file(MODEL_QWEN2, DX_F16, "qwen2");
-    check_file(MODEL_LLAMA, DX_F32, "llama");
+    check_file(MODEL_QWEN3, "tiny", DX_BF16, "qwen3");
+    check_file(MODEL_QWEN3, "tiny", DX_Q8_0, "qwen3");
+    check_file(MODEL_QWEN3, "tiny", DX_Q4_0, "qwen3");
+    check_file(MODEL_QWEN3, "tiny", DX_IQ4_NL, "qwen3");
+    check_file(MODEL_LLAMA, "tiny", DX_Q5_1, "llama");
+    check_file(MODEL_QWEN2, "tiny", DX_F16, "qwen2");
+    check_file(MODEL_LLAMA, "tiny", DX_F32, "llama");
+    check_file(MODEL_QWEN3MOE, "tiny-moe", DX_BF16, "qwen3moe"); /* 3-D expert tensors */
+    check_file(MODEL_LLAMA, "tiny-moe", DX_Q8_0, "llama");
+    check_file(MODEL_QWEN3MOE, "tiny-moe", DX_Q4_1, "qwen3moe");
 }
 
 int main(void)

@@ -104,6 +104,59 @@ static void test_bidirectional_q4_0(void **state)
     G.model_name = "duplex-synth-qwen3-tiny-f32";
 }
 
+/* The same flow on a mixture of experts (tiny-moe, qwen3moe): the KV the
+ * prefill node computes with grouped experts, the decode node's
+ * continuation, the history pulled back — every answer equals one node's
+ * byte for byte, and from turn 2 the history is pulled, not computed. */
+static void test_bidirectional_moe(void **state)
+{
+    (void)state;
+    char moe[160];
+    snprintf(moe, sizeof moe, "%s/moe.gguf", G.dir);
+    synth_config sc = {.arch = MODEL_QWEN3MOE, .preset = "tiny-moe", .dtype = DX_BF16, .seed = 5};
+    assert_int_equal(synth_write(&sc, moe), 0);
+    const char *pa[] = {"--role",
+                        "prefill",
+                        "--bidirectional-kv-xfer",
+                        "--no-enable-prefix-caching",
+                        "--kv-recompute-threshold",
+                        "16",
+                        "--model",
+                        moe,
+                        NULL};
+    const char *da[] = {
+        "--role", "decode", "--bidirectional-kv-xfer", "--kv-recompute-threshold", "16", "--model",
+        moe,      NULL};
+    const char *sa[] = {"--no-enable-prefix-caching", "--model", moe, NULL};
+    const char *dense = G.model_name;
+    G.model_name = "duplex-synth-qwen3moe-tiny-moe-bf16";
+    tp_proc P, D, S;
+    node_start(&P, "p", pa);
+    node_start(&D, "d", da);
+    node_start(&S, "s", sa);
+    conv c, r;
+    conv_init(&c, 61, 90);
+    conv_init(&r, 61, 90);
+    for (int t = 1; t <= 4; t++) {
+        long pulled_p = metric(&P, PULLED);
+        long held = c.prompt + c.gen > 0 ? (c.prompt + c.gen - 1) / BS * BS : 0;
+        json_t *a = turn_pd(&c, &P, &D, 40, 1, 0);
+        json_t *b = turn_single(&r, &S, 40);
+        assert_same(a, b, t);
+        if (t >= 2 && metric(&P, PULLED) - pulled_p != held)
+            fail_msg("turn %d: P pulled %ld tokens, D held %ld", t, metric(&P, PULLED) - pulled_p,
+                     held);
+        user_turn(&c, &r, 600 + (unsigned)t, 25);
+    }
+    assert_int_equal(metric(&P, "duplex_kv_pulls_total{direction=\"d2p\"}"), 3);
+    G.model_name = dense;
+    conv_free(&c);
+    conv_free(&r);
+    stop_ok(&P);
+    stop_ok(&D);
+    stop_ok(&S);
+}
+
 /* One-way P→D: a prefill node without --bidirectional-kv-xfer recomputes
  * the history (prefix cache off) or reuses only its own prompt blocks
  * (cache on); the decode node keeps nothing; outputs are the same. */
@@ -600,6 +653,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bidirectional_exact),
         cmocka_unit_test(test_bidirectional_q4_0),
+        cmocka_unit_test(test_bidirectional_moe),
         cmocka_unit_test(test_unidirectional),
         cmocka_unit_test(test_threshold),
         cmocka_unit_test(test_edited_history),

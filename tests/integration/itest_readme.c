@@ -105,9 +105,9 @@ static void test_readme_examples(void **state)
         p = close;
     }
     free(md);
-    /* the server, with an API key, structured outputs, duplex up, P/D by hand, two routers
-     * sharing Redis */
-    assert_int_equal(found, 6);
+    /* the server, with an API key, the three front doors, structured outputs, duplex up,
+     * P/D by hand, two routers sharing Redis */
+    assert_int_equal(found, 7);
 }
 
 int main(void)

@@ -7,9 +7,9 @@
  * ThreadSanitizer, read from the mark in their sources.  And
  * scripts/check_layers.sh, a copy run on tiny trees in a temporary
  * directory: a clean tree passes; an upward include or call, an unknown
- * folder and two files of one folder calling each other each fail naming
- * the files, and the pair passes once listed in ALLOWED.  Runs from the
- * repository root. */
+ * folder, a private header included from another folder and two files of
+ * one folder calling each other each fail naming the files, and the pair
+ * passes once listed in ALLOWED.  Runs from the repository root. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -273,6 +273,26 @@ static void test_layers_unknown_folder(void **state)
     expect_in(out, "\nstatus 1\n");
 }
 
+/* A private header: its own folder and tests/ may include it, another
+ * folder may not, even one above it. */
+static void test_layers_private(void **state)
+{
+    (void)state;
+    char out[8192];
+    layers(out, sizeof out,
+           "echo 'int a2(void);' >\"$T/src/base/a_priv.h\"\n"
+           "echo '#include \"base/a_priv.h\"' >>\"$T/src/base/a.c\"\n"
+           "mkdir -p \"$T/tests\" && echo '#include \"base/a_priv.h\"' >\"$T/tests/t.c\"");
+    expect_in(out, "layers hold: base ");
+    expect_in(out, "\nstatus 0\n");
+    layers(out, sizeof out,
+           "echo 'int a2(void);' >\"$T/src/base/a_priv.h\"\n"
+           "echo '#include \"base/a_priv.h\"' >>\"$T/src/engine/b.c\"");
+    expect_in(out, "src/engine/b.c: includes \"base/a_priv.h\", private to src/base/");
+    expect_in(out, "layer check failed");
+    expect_in(out, "\nstatus 1\n");
+}
+
 /* Two files of base calling each other: p → q → p. */
 #define CIRCLE                                                                                     \
     "echo 'int q(void); int p(int n) { return n ? q() : 0; }' >\"$T/src/base/p.c\"\n"              \
@@ -306,6 +326,7 @@ int main(void)
         cmocka_unit_test(test_build_stage),           cmocka_unit_test(test_tsan_mark),
         cmocka_unit_test(test_layers_clean),          cmocka_unit_test(test_layers_upward),
         cmocka_unit_test(test_layers_unknown_folder), cmocka_unit_test(test_layers_circle),
+        cmocka_unit_test(test_layers_private),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -35,9 +35,10 @@ static struct {
     const char *bin;
     char dir[64], model[128], name[128];
     tp_proc node;
+    int port; /* where the requests go: the node, or a router in front of it */
 } G;
 
-#define PORT G.node.http
+#define PORT G.port
 
 /* POST path body: the status, the body in *out, and the value of
  * X-Duplex-Warning (or "") in warn. */
@@ -179,9 +180,8 @@ static void test_bad_inputs(void **state)
 }
 
 /* strict false: the unsupported keyword is ignored, and named in a header. */
-static void test_non_strict_warning(void **state)
+static void non_strict_warning(void)
 {
-    (void)state;
     dx_buf out;
     dx_buf_init(&out, 0);
     char warn[1024];
@@ -208,6 +208,29 @@ static void test_non_strict_warning(void **state)
     assert_non_null(strstr(warn, "uniqueItems"));
     free(body);
     dx_buf_free(&out);
+}
+
+/* The node's warning reaches the client directly and through a router. */
+static void test_non_strict_warning(void **state)
+{
+    (void)state;
+    non_strict_warning();
+    char url[64], log[160];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d", G.node.http);
+    snprintf(log, sizeof log, "%s/router.log", G.dir);
+    const char *argv[] = {"router", "--decode", url, "--port", "0", "--health-interval-ms",
+                          "100",    NULL};
+    tp_proc R;
+    tp_start(&R, G.bin, log, argv, "duplex router:");
+    dx_buf h;
+    dx_buf_init(&h, 0);
+    for (int i = 0; i < 600 && tc_http(R.http, "GET", "/health", NULL, &h, 5) != 200; i++)
+        tp_sleep_ms(50);
+    dx_buf_free(&h);
+    G.port = R.http;
+    non_strict_warning();
+    G.port = G.node.http;
+    assert_int_equal(tp_stop_clean(&R), 0);
 }
 
 /* A grammar: the answer is a sentence of it (chat and completions, greedy
@@ -315,6 +338,7 @@ static int setup(void **state)
     char log[160];
     snprintf(log, sizeof log, "%s/serve.log", G.dir);
     tp_start(&G.node, G.bin, log, argv, "duplex serve:");
+    G.port = G.node.http;
     return 0;
 }
 

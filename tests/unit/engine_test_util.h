@@ -1,5 +1,6 @@
-/* Shared helpers for the engine tests: a tiny synthetic model written once
- * per test binary into a temporary directory. */
+/* Shared helpers for the engine tests: tiny synthetic models (dense, or the
+ * tiny-moe mixture of experts) written once per test binary into a
+ * temporary directory. */
 #ifndef ENGINE_TEST_UTIL_H
 #define ENGINE_TEST_UTIL_H
 
@@ -28,13 +29,13 @@ static inline void etu_teardown(void)
     if (system(cmd)) fprintf(stderr, "cleanup of %s failed\n", etu_dir);
 }
 
-/* Synthesises (once per name) and loads a tiny model. */
-static inline model *etu_model(enum model_arch arch, int dtype)
+/* Synthesises (once per name) and loads a model of a small preset (seed 42). */
+static inline model *etu_model_p(enum model_arch arch, const char *preset, int dtype)
 {
     char path[256];
-    snprintf(path, sizeof path, "%s/tiny-%d-%d.gguf", etu_dir, (int)arch, dtype);
+    snprintf(path, sizeof path, "%s/%s-%d-%d.gguf", etu_dir, preset, (int)arch, dtype);
     if (access(path, F_OK) != 0) {
-        synth_config c = {.arch = arch, .preset = "tiny", .dtype = dtype, .seed = 42};
+        synth_config c = {.arch = arch, .preset = preset, .dtype = dtype, .seed = 42};
         if (synth_write(&c, path)) {
             fprintf(stderr, "synth: %s\n", dx_errmsg());
             return NULL;
@@ -88,6 +89,12 @@ static inline model *etu_model_mix(enum model_arch arch)
     model *m = NULL;
     if (model_load(path, &m)) fprintf(stderr, "load: %s\n", dx_errmsg());
     return m;
+}
+
+/* The tiny preset. */
+static inline model *etu_model(enum model_arch arch, int dtype)
+{
+    return etu_model_p(arch, "tiny", dtype);
 }
 
 /* Deterministic pseudo-random token ids below n_vocab - 16 (avoids the

@@ -352,6 +352,18 @@ static void test_api_keys(void **state)
     expect_401(a, req(&f, "127.0.0.1", "Authorization", "Bearer sk-one", HTTP_AUTH_INTERNAL_HEADER,
                       IK),
                "invalid internal key");
+    /* Anthropic's x-api-key (its SDK's header), any case, blanks around */
+    http_auth_check(a, req(&f, "127.0.0.1", "X-Api-Key", " sk-two ", NULL, NULL), &w);
+    assert_int_equal(w.status, 0);
+    assert_int_equal(w.key, 1);
+    expect_401(a, req(&f, "127.0.0.1", "x-api-key", "sk-nope", NULL, NULL), "invalid API key");
+    expect_401(a, req(&f, "127.0.0.1", "x-api-key", "", NULL, NULL), "malformed");
+    expect_401(a, req(&f, "127.0.0.1", "x-api-key", "sk-one", "x-api-key", "sk-two"), "malformed");
+    /* with both headers, Authorization is the one read */
+    http_auth_check(a, req(&f, "127.0.0.1", "Authorization", "Bearer sk-one", "x-api-key", "bad"),
+                    &w);
+    assert_int_equal(w.status, 0);
+    assert_int_equal(w.key, 0);
     http_auth_destroy(a);
 }
 

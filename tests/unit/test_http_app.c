@@ -75,11 +75,16 @@ static int other_shape(dx_buf *b, int status, const char *message, const char *p
 }
 
 static const http_app_route k_routes[] = {
-    {"/health", HTTP_APP_GET, 1, on_echo, 7, NULL},
-    {"/v1/thing", HTTP_APP_POST, 0, on_echo, 42, NULL},
-    {"/v1/other", HTTP_APP_POST, 0, on_busy, 0, other_shape},
-    {"/both", HTTP_APP_GET | HTTP_APP_POST, 0, on_echo, 3, NULL},
-    {"/metrics", HTTP_APP_GET, 1, on_metrics, 0, NULL},
+    {.path = "/health", .methods = HTTP_APP_GET, .open = 1, .fn = on_echo, .arg = 7},
+    {.path = "/v1/thing", .methods = HTTP_APP_POST, .fn = on_echo, .arg = 42},
+    {.path = "/v1/other", .methods = HTTP_APP_POST, .fn = on_busy, .error = other_shape},
+    {.path = "/both", .methods = HTTP_APP_GET | HTTP_APP_POST, .fn = on_echo, .arg = 3},
+    {.path = "/metrics", .methods = HTTP_APP_GET, .open = 1, .fn = on_metrics},
+    {.path = "/items/",
+     .methods = HTTP_APP_GET | HTTP_APP_DELETE,
+     .fn = on_echo,
+     .arg = 9,
+     .prefix = 1},
 };
 
 static void on_stop(uv_async_t *a)
@@ -188,6 +193,17 @@ static void test_checks_in_order(void **state)
     b.len = 0;
     assert_int_equal(req("GET", "/both", "sk-test-key", &b, NULL), 200);
     assert_int_equal(req("HEAD", "/health", NULL, &b, NULL), 200); /* HEAD is GET */
+    /* a prefix route takes every path below it, not itself */
+    b.len = 0;
+    assert_int_equal(req("GET", "/items/abc", "sk-test-key", &b, NULL), 200);
+    assert_string_equal(b.data, "{\"arg\":9,\"key\":0}");
+    b.len = 0;
+    assert_int_equal(req("DELETE", "/items/abc", "sk-test-key", &b, NULL), 200);
+    b.len = 0;
+    assert_int_equal(req("GET", "/items/", "sk-test-key", &b, NULL), 404);
+    b.len = h.len = 0;
+    assert_int_equal(req("POST", "/items/x", "sk-test-key", &b, &h), 405);
+    assert_non_null(strstr(h.data, "\r\nAllow: GET, HEAD, DELETE\r\n"));
     dx_buf_free(&b);
     dx_buf_free(&h);
 }
@@ -247,6 +263,11 @@ static void test_counted_by_route(void **state)
     b.len = 0;
     assert_int_equal(req("POST", "/v1/thing", "sk-test-key", &b, NULL), 200);
     assert_int_equal(count_of("route=\"/v1/thing\",status=\"200\""), ok + 1);
+    /* a prefix route's requests are counted under it */
+    long items = count_of("route=\"/items/\",status=\"200\"");
+    b.len = 0;
+    assert_int_equal(req("GET", "/items/scanner-secret", "sk-test-key", &b, NULL), 200);
+    assert_int_equal(count_of("route=\"/items/\",status=\"200\""), items + 1);
     /* a scrape counts once it has been answered */
     long m = count_of("route=\"/metrics\",status=\"200\"");
     assert_int_equal(count_of("route=\"/metrics\",status=\"200\""), m + 1);

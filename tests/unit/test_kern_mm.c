@@ -422,7 +422,7 @@ static void test_isa_tables(void **state)
     assert_non_null(kern_mm_isa_avx512.prep[KERN_ACT_BF16]);
     assert_int_equal(kern_act_kind(DX_Q4_0), kern_act_kind(DX_Q8_0));
     assert_int_equal(kern_act_kind(DX_IQ4_NL), kern_act_kind(DX_Q5_1));
-    assert_int_equal(kern_act_kind(12), -1); /* q4_K: no kernels yet */
+    assert_int_equal(kern_act_kind(12), DX_NONE); /* q4_K: no kernels yet */
     assert_int_equal(kern_act_bytes(12, 1, 256), 0);
     assert_int_equal(kern_act_bytes_max(3, 96), 3 * 96 * 4);
 }

@@ -159,6 +159,22 @@ static void test_layout(void **state)
     assert_true(kv_hash_eq(g.seed, c.seed));
     assert_null(g.alloc);
     kv_pool_destroy(p);
+
+    /* q8_0: an int8 per element and an f16 scale per 32 of a token's row,
+     * 17/16 bytes an element: a block is 0.53 of an f16 one */
+    c = small_cfg(4);
+    c.dtype = DX_Q8_0;
+    c.head_dim = 64;
+    assert_int_equal(kv_pool_create(&c, &p), 0);
+    size_t q8 = 4 * (64 + 2 * 2); /* per head: 4 tokens of 64 quants and 2 scales */
+    assert_int_equal(kv_pool_block_bytes(p), 2 * 2 * 2 * q8);
+    assert_int_equal(kv_pool_v_offset(p, 0), 2 * q8);
+    assert_int_equal(kv_pool_dtype(p), DX_Q8_0);
+    size_t f16;
+    c.dtype = DX_F16;
+    assert_int_equal(kv_pool_config_block_bytes(&c, &f16), 0);
+    assert_int_equal(kv_pool_block_bytes(p) * 32, f16 * 17);
+    kv_pool_destroy(p);
 }
 
 /* kv_pool_populate faults every page in without changing what is there, and
@@ -794,7 +810,7 @@ static void e_bs(kv_pool_config *c)
 }
 static void e_q8(kv_pool_config *c)
 {
-    c->dtype = DX_Q8_0;
+    c->dtype = DX_Q8_0; /* head_dim 8: q8_0 scales cover 32 */
 }
 static void e_dtype(kv_pool_config *c)
 {
@@ -839,7 +855,7 @@ static void test_invalid_configs(void **state)
         {"n_kv_head", e_heads},
         {"head_dim", e_dim},
         {"block_size", e_bs},
-        {"dtype", e_q8},
+        {"head_dim 8: a q8_0 KV cache needs a multiple of 32", e_q8},
         {"dtype", e_dtype},
         {"pool_bytes", e_nothing},
         {"pool_bytes", e_small},

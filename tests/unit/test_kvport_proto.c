@@ -13,6 +13,7 @@
 
 #include <cmocka.h>
 
+#include "base/dx_dtype.h"
 #include "base/dx_err.h"
 #include "xfer/kvport_proto.h"
 
@@ -112,8 +113,18 @@ static void test_hello_roundtrip(void **state)
     assert_int_equal(kvport_hello_compatible(&h, d), 0);
     kvport_hello other = h;
     other.head_dim = 64;
-    assert_int_equal(kvport_hello_compatible(&h, &other), DX_EMISMATCH);
+    assert_int_equal(kvport_hello_compatible(&h, &other), DX_ELAYOUT);
     assert_non_null(strstr(dx_errmsg(), "head_dim"));
+    /* the same model with a q8_0 KV cache: a layout of its own, named */
+    other = h;
+    other.dtype = DX_Q8_0;
+    other.block_bytes = h.block_bytes / 32 * 17;
+    assert_int_equal(kvport_hello_compatible(&h, &other), DX_ELAYOUT);
+    assert_non_null(strstr(dx_errmsg(), "the KV dtype is f16 here, q8_0 on the peer"));
+    other = h;
+    other.block_size = 32;
+    assert_int_equal(kvport_hello_compatible(&h, &other), DX_ELAYOUT);
+    assert_non_null(strstr(dx_errmsg(), "block_size"));
     other = h;
     other.fingerprint[3] ^= 1;
     assert_int_equal(kvport_hello_compatible(&h, &other), DX_EMISMATCH);

@@ -1,7 +1,9 @@
 /* Synthetic models and the model loader: same seed → byte-identical file,
- * the loader reads back what synth wrote for every arch and dtype, and bad
- * model files (missing tensor, wrong shape, unknown architecture) are clear
- * errors; the fingerprint covers every tensor byte and the hyper-parameters. */
+ * the loader reads back what synth wrote for every arch and dtype (the
+ * mixtures of experts too), and bad model files (missing tensor, wrong
+ * shape, unknown architecture, inconsistent expert counts, misshapen
+ * experts) are clear errors; the fingerprint covers every tensor byte and
+ * the hyper-parameters, the routing's included. */
 /* duplex-test: tsan */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -39,6 +41,16 @@ static int teardown(void **state)
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
     return system(cmd);
+}
+
+static void synth_preset_to(const char *name, enum model_arch a, const char *preset, int dtype,
+                            uint64_t seed, char *path)
+{
+    snprintf(path, 256, "%s/%s", g_dir, name);
+    synth_config c = {.arch = a, .preset = preset, .dtype = dtype, .seed = seed};
+    int rc = synth_write(&c, path);
+    if (rc) fprintf(stderr, "synth: %s\n", dx_errmsg());
+    assert_int_equal(rc, 0);
 }
 
 static void synth_to(const char *name, enum model_arch a, int dtype, uint64_t seed, char *path)
@@ -126,12 +138,21 @@ static void test_load_every_arch_and_dtype(void **state)
 
 /* One change to make while copying a model through the GGUF writer. */
 typedef struct {
+    const char *src;         /* the model to copy (NULL: the tiny qwen3 f32, seed 1) */
     const char *drop_tensor; /* leave this tensor out */
+    const char *drop_key;    /* leave this key out */
     const char *arch;        /* general.architecture */
     const char *f32_key;     /* set this float key to f32_val */
     float f32_val;
     const char *retype; /* give this tensor type retype_to (of the same byte size) */
     int retype_to;
+    const char *u32_key;     /* set this integer key to u32_val */
+    const char *add_u32_key; /* add this integer key, = u32_val */
+    const char *add_false;   /* add this boolean key, false */
+    uint32_t u32_val;
+    const char *reshape;   /* give this tensor the shape reshape_ne[0 .. reshape_dims) */
+    uint32_t reshape_dims; /* (same element count: the data is kept) */
+    uint64_t reshape_ne[3];
 } model_edit;
 
 static void copy_kv(const gguf_ctx *g, uint64_t i, const model_edit *e, gguf_writer *w)
@@ -139,6 +160,7 @@ static void copy_kv(const gguf_ctx *g, uint64_t i, const model_edit *e, gguf_wri
     gguf_str k = gguf_kv_key(g, i);
     char key[256];
     snprintf(key, sizeof key, "%.*s", (int)k.len, k.ptr);
+    if (e->drop_key && !strcmp(key, e->drop_key)) return;
     enum gguf_vtype t = gguf_kv_type(g, i);
     if (t == GGUF_T_STRING) {
         gguf_str v;
@@ -175,20 +197,25 @@ static void copy_kv(const gguf_ctx *g, uint64_t i, const model_edit *e, gguf_wri
     } else {
         uint32_t u;
         gguf_get_u32(g, key, &u);
-        gguf_w_set_u32(w, key, u);
+        gguf_w_set_u32(w, key, e->u32_key && !strcmp(key, e->u32_key) ? e->u32_val : u);
     }
 }
 
-/* Writes the tiny qwen3 f32 model (seed 1) to `out` through the GGUF writer,
- * with edit e applied. */
+/* Writes e->src (or the tiny qwen3 f32 model, seed 1) to `out` through the
+ * GGUF writer, with edit e applied. */
 static void rewrite_model(const model_edit *e, const char *out)
 {
     char path[256];
-    synth_to("ok.gguf", MODEL_QWEN3, DX_F32, 1, path);
+    if (e->src)
+        snprintf(path, sizeof path, "%s", e->src);
+    else
+        synth_to("ok.gguf", MODEL_QWEN3, DX_F32, 1, path);
     gguf_ctx *g;
     assert_int_equal(gguf_open(path, &g), 0);
     gguf_writer *w = gguf_writer_create();
     for (uint64_t i = 0; i < gguf_n_kv(g); i++) copy_kv(g, i, e, w);
+    if (e->add_u32_key) assert_int_equal(gguf_w_set_u32(w, e->add_u32_key, e->u32_val), 0);
+    if (e->add_false) assert_int_equal(gguf_w_set_bool(w, e->add_false, 0), 0);
     for (uint64_t i = 0; i < gguf_n_tensors(g); i++) {
         gguf_tensor_info ti;
         gguf_tensor(g, i, &ti);
@@ -196,6 +223,11 @@ static void rewrite_model(const model_edit *e, const char *out)
         snprintf(name, sizeof name, "%.*s", (int)ti.name.len, ti.name.ptr);
         if (e->drop_tensor && !strcmp(name, e->drop_tensor)) continue;
         int type = e->retype && !strcmp(name, e->retype) ? e->retype_to : ti.type;
+        if (e->reshape && !strcmp(name, e->reshape)) {
+            assert_int_equal(
+                gguf_w_add_tensor(w, name, type, e->reshape_dims, e->reshape_ne, ti.data), 0);
+            continue;
+        }
         assert_int_equal(gguf_w_add_tensor(w, name, type, ti.n_dims, ti.ne, ti.data), 0);
     }
     assert_int_equal(gguf_w_write_file(w, out), 0);
@@ -294,6 +326,127 @@ static void test_mixed_types(void **state)
     assert_string_equal(b.data, "attn_*: q4_0; ffn_*: q4_0; token_embd: q4_0; output: q4_0");
     dx_buf_free(&b);
     model_free(m);
+}
+
+/* What synth writes for tiny-moe, read back: qwen3moe and llama (Mixtral's
+ * layout: expert_feed_forward_length only in qwen3moe), every dtype, the
+ * router f32 as llama.cpp's converter writes it, the experts stacked. */
+static void test_load_moe(void **state)
+{
+    (void)state;
+    const enum model_arch archs[] = {MODEL_QWEN3MOE, MODEL_LLAMA};
+    const int dtypes[] = {DX_F32, DX_F16, DX_BF16, DX_Q8_0, DX_Q4_0, DX_Q5_1, DX_IQ4_NL};
+    const synth_preset *p = synth_find_preset("tiny-moe");
+    size_t live = dx_alloc_live_bytes();
+    for (size_t a = 0; a < 2; a++)
+        for (size_t d = 0; d < DX_ARRAY_LEN(dtypes); d++) {
+            char path[256];
+            synth_preset_to("moe.gguf", archs[a], "tiny-moe", dtypes[d], 1, path);
+            model *m;
+            int rc = model_load(path, &m);
+            if (rc) fail_msg("load: %s", dx_errmsg());
+            const model_hparams *hp = model_hp(m);
+            assert_int_equal(hp->arch, archs[a]);
+            assert_string_equal(hp->arch_name, a ? "llama" : "qwen3moe");
+            assert_int_equal(hp->n_expert, p->n_expert);
+            assert_int_equal(hp->n_expert_used, p->n_expert_used);
+            assert_int_equal(hp->n_ff_exp, p->n_ff_exp);
+            assert_int_equal(hp->expert_weights_norm, 1);
+            assert_int_equal(hp->qk_norm, archs[a] == MODEL_QWEN3MOE);
+            assert_int_equal(hp->rope_neox, archs[a] == MODEL_QWEN3MOE);
+            const model_layer *L = model_layer_at(m, 1);
+            assert_null(L->w_gate.data);
+            assert_int_equal(L->ffn_gate_inp.type, DX_F32);
+            assert_int_equal(L->ffn_gate_inp.ne[0], p->n_embd);
+            assert_int_equal(L->ffn_gate_inp.ne[1], p->n_expert);
+            assert_int_equal(L->ffn_up_exps.type, dtypes[d]);
+            assert_int_equal(L->ffn_up_exps.ne[0], p->n_embd);
+            assert_int_equal(L->ffn_up_exps.ne[1], p->n_ff_exp);
+            assert_int_equal(L->ffn_up_exps.ne[2], p->n_expert);
+            assert_int_equal(L->ffn_down_exps.ne[0], p->n_ff_exp);
+            assert_int_equal(L->ffn_down_exps.ne[1], p->n_embd);
+            uint64_t per_expert = 3ull * p->n_embd * p->n_ff_exp;
+            assert_int_equal(model_n_params(m) - model_n_active_params(m),
+                             (uint64_t)p->n_layer * (p->n_expert - p->n_expert_used) * per_expert);
+            assert_int_equal(model_chat_kind(m), a ? CHAT_TMPL_LLAMA3 : CHAT_TMPL_CHATML);
+            model_free(m);
+        }
+    assert_int_equal(dx_alloc_live_bytes(), live);
+    /* a dense preset is not qwen3moe, and tiny-moe not qwen2 */
+    char path[256];
+    snprintf(path, sizeof path, "%s/x.gguf", g_dir);
+    synth_config c = {.arch = MODEL_QWEN3MOE, .preset = "tiny", .dtype = DX_F32, .seed = 1};
+    assert_int_equal(synth_write(&c, path), DX_EINVAL);
+    assert_non_null(strstr(dx_errmsg(), "mixture-of-experts preset"));
+    c = (synth_config){.arch = MODEL_QWEN2, .preset = "tiny-moe", .dtype = DX_F32, .seed = 1};
+    assert_int_equal(synth_write(&c, path), DX_EINVAL);
+    assert_non_null(strstr(dx_errmsg(), "qwen3moe or llama"));
+}
+
+/* Loads e applied to the tiny qwen3moe f32 model and expects `code` with
+ * `phrase` in the message. */
+static void expect_bad_moe(model_edit e, int code, const char *phrase)
+{
+    char src[256], bad[256];
+    synth_preset_to("moe-ok.gguf", MODEL_QWEN3MOE, "tiny-moe", DX_F32, 1, src);
+    snprintf(bad, sizeof bad, "%s/moe-bad.gguf", g_dir);
+    e.src = src;
+    rewrite_model(&e, bad);
+    model *m;
+    int rc = model_load(bad, &m);
+    if (rc != code) fail_msg("loading gave %d (want %d): %s", rc, code, dx_errmsg());
+    assert_null(m);
+    if (!strstr(dx_errmsg(), phrase)) fail_msg("message '%s' lacks '%s'", dx_errmsg(), phrase);
+}
+
+static void test_bad_moe_models(void **state)
+{
+    (void)state;
+    size_t live = dx_alloc_live_bytes();
+    expect_bad_moe((model_edit){.u32_key = "qwen3moe.expert_used_count", .u32_val = 9}, DX_EFORMAT,
+                   "qwen3moe.expert_used_count is 9 and qwen3moe.expert_count 8");
+    expect_bad_moe((model_edit){.u32_key = "qwen3moe.expert_used_count", .u32_val = 0}, DX_EFORMAT,
+                   "expert_used_count is 0");
+    expect_bad_moe((model_edit){.u32_key = "qwen3moe.expert_count", .u32_val = 1000}, DX_EFORMAT,
+                   "expert_count 1000");
+    expect_bad_moe((model_edit){.drop_key = "qwen3moe.expert_count"}, DX_EFORMAT,
+                   "qwen3moe.expert_count is missing");
+    expect_bad_moe((model_edit){.add_u32_key = "qwen3moe.expert_gating_func", .u32_val = 2},
+                   DX_EUNSUPPORTED, "expert_gating_func");
+    expect_bad_moe((model_edit){.drop_tensor = "blk.1.ffn_gate_inp.weight"}, DX_ENOENT,
+                   "tensor 'blk.1.ffn_gate_inp.weight' is missing");
+    expect_bad_moe((model_edit){.drop_tensor = "blk.0.ffn_down_exps.weight"}, DX_ENOENT,
+                   "blk.0.ffn_down_exps.weight");
+    /* the experts' dims swapped, flattened to 2-D, or counted otherwise */
+    expect_bad_moe(
+        (model_edit){
+            .reshape = "blk.0.ffn_up_exps.weight", .reshape_dims = 3, .reshape_ne = {96, 128, 8}},
+        DX_EFORMAT, "'blk.0.ffn_up_exps.weight' has shape [96, 128, 8], want [128, 96, 8]");
+    expect_bad_moe((model_edit){.reshape = "blk.1.ffn_gate_exps.weight",
+                                .reshape_dims = 2,
+                                .reshape_ne = {128, 768}},
+                   DX_EFORMAT, "'blk.1.ffn_gate_exps.weight' has shape [128, 768], want");
+    expect_bad_moe((model_edit){.reshape = "blk.1.ffn_down_exps.weight",
+                                .reshape_dims = 3,
+                                .reshape_ne = {96, 256, 4}},
+                   DX_EFORMAT, "'blk.1.ffn_down_exps.weight' has shape [96, 256, 4]");
+    expect_bad_moe((model_edit){.reshape = "blk.0.ffn_gate_inp.weight",
+                                .reshape_dims = 2,
+                                .reshape_ne = {256, 4}},
+                   DX_EFORMAT, "'blk.0.ffn_gate_inp.weight' has shape [256, 4], want [128, 8]");
+    /* experts in a qwen3 (dense) file, and expert_used_count without experts */
+    char bad[256];
+    snprintf(bad, sizeof bad, "%s/bad.gguf", g_dir);
+    const char *keys[] = {"qwen3.expert_count", "qwen3.expert_used_count"};
+    const char *why[] = {"experts are supported in qwen3moe and llama models only",
+                         "qwen3.expert_used_count is 8 without qwen3.expert_count"};
+    for (int i = 0; i < 2; i++) {
+        rewrite_model(&(model_edit){.add_u32_key = keys[i], .u32_val = 8}, bad);
+        model *m;
+        assert_true(model_load(bad, &m) < 0);
+        if (!strstr(dx_errmsg(), why[i])) fail_msg("message '%s' lacks '%s'", dx_errmsg(), why[i]);
+    }
+    assert_int_equal(dx_alloc_live_bytes(), live);
 }
 
 static void fingerprint_of(const char *path, uint64_t fp[2])
@@ -398,6 +551,26 @@ static void test_fingerprint_covers_hparams(void **state)
     assert_int_equal(model_load(eps, &m), 0);
     assert_true(model_hp(m)->rms_eps == 1e-5f);
     model_free(m);
+    /* the routing of an MoE model: experts per token are in no tensor's shape */
+    char moe[256], k3[256];
+    synth_preset_to("moe.gguf", MODEL_QWEN3MOE, "tiny-moe", DX_F32, 1, moe);
+    snprintf(k3, sizeof k3, "%s/k3.gguf", g_dir);
+    rewrite_model(&(model_edit){.src = moe, .u32_key = "qwen3moe.expert_used_count", .u32_val = 3},
+                  k3);
+    uint64_t fm[2], f3[2];
+    fingerprint_of(moe, fm);
+    fingerprint_of(k3, f3);
+    assert_false(fp_equal(fm, f3));
+    assert_int_equal(model_load(k3, &m), 0);
+    assert_int_equal(model_hp(m)->n_expert_used, 3);
+    model_free(m);
+    /* expert_weights_norm false: read, and a fingerprint of its own */
+    rewrite_model(&(model_edit){.src = moe, .add_false = "qwen3moe.expert_weights_norm"}, k3);
+    fingerprint_of(k3, f3);
+    assert_false(fp_equal(fm, f3));
+    assert_int_equal(model_load(k3, &m), 0);
+    assert_int_equal(model_hp(m)->expert_weights_norm, 0);
+    model_free(m);
 }
 
 int main(void)
@@ -407,6 +580,8 @@ int main(void)
         cmocka_unit_test(test_load_every_arch_and_dtype),
         cmocka_unit_test(test_bad_models),
         cmocka_unit_test(test_mixed_types),
+        cmocka_unit_test(test_load_moe),
+        cmocka_unit_test(test_bad_moe_models),
         cmocka_unit_test(test_fingerprint_covers_all_data),
         cmocka_unit_test(test_fingerprint_covers_hparams),
     };

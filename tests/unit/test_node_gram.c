@@ -92,13 +92,28 @@ static void test_forced_tool_calls(void **state)
     (void)state;
     size_t live = dx_alloc_live_bytes();
     oai_err e;
-    char *q = source(TOOLS ",\"tool_choice\":\"required\"", OAI_TOOLS_QWEN, 0, NULL, &e);
+    /* parallel_tool_calls false: exactly one call, then nothing */
+    char *q = source(TOOLS ",\"tool_choice\":\"required\",\"parallel_tool_calls\":false",
+                     OAI_TOOLS_QWEN, 0, NULL, &e);
     assert_non_null(q);
     assert_int_equal(
         accepts(q, "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 12}}\n</tool_call>"), 2);
+    assert_int_equal(accepts(q, "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n"
+                                "</tool_call>\n<tool_call>"),
+                     -1);
+    dx_free(q);
+    /* parallel (the default): one call is complete, more may follow, each
+     * as the family writes several */
+    q = source(TOOLS ",\"tool_choice\":\"required\"", OAI_TOOLS_QWEN, 0, NULL, &e);
+    assert_int_equal(
+        accepts(q, "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 12}}\n</tool_call>"), 1);
+    assert_int_equal(accepts(q, "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n"
+                                "</tool_call>\n<tool_call>\n{\"name\": \"f\", \"arguments\": "
+                                "{\"a\": 2}}\n</tool_call>"),
+                     1);
     assert_int_equal(accepts(q, "<tool_call>\n{\"name\": \"we\\\"ird\\\\\xc3\xa9\", \"arguments\": "
                                 "{}}\n</tool_call>"),
-                     2);
+                     1);
     assert_int_equal(accepts(q, "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"b\": 1}}"), -1);
     assert_int_equal(accepts(q, "<tool_call>\n{\"name\": \"g\""), -1);
     assert_int_equal(accepts(q, "{\"name\": \"f\""), -1);
@@ -107,12 +122,15 @@ static void test_forced_tool_calls(void **state)
     q = source(TOOLS ",\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"f\"}}",
                OAI_TOOLS_QWEN, 0, NULL, &e);
     assert_int_equal(
-        accepts(q, "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": -3}}\n</tool_call>"), 2);
+        accepts(q, "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": -3}}\n</tool_call>"), 1);
     assert_int_equal(accepts(q, "<tool_call>\n{\"name\": \"we"), -1);
     dx_free(q);
     /* llama3's JSON call */
     q = source(TOOLS ",\"tool_choice\":\"required\"", OAI_TOOLS_LLAMA3, 0, NULL, &e);
-    assert_int_equal(accepts(q, "{\"name\": \"f\", \"parameters\": {\"a\": 7}}"), 2);
+    assert_int_equal(accepts(q, "{\"name\": \"f\", \"parameters\": {\"a\": 7}}"), 1);
+    assert_int_equal(accepts(q, "{\"name\": \"f\", \"parameters\": {\"a\": 7}}; {\"name\": "
+                                "\"f\", \"parameters\": {\"a\": 8}}"),
+                     1);
     assert_int_equal(accepts(q, "{\"name\": \"f\", \"arguments\""), -1);
     dx_free(q);
     /* the parser agrees: what the grammar allows is a call */
@@ -123,6 +141,18 @@ static void test_forced_tool_calls(void **state)
     assert_int_equal(oai_tools_parse(&o, call, strlen(call), &r), 0);
     assert_int_equal(r.n_calls, 1);
     assert_string_equal(r.calls[0].name, "we\"ird\\\xc3\xa9");
+    oai_tools_result_free(&r);
+    /* and it keeps only the first with parallel_tool_calls false */
+    const char *two = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool_call>\n"
+                      "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 2}}\n</tool_call>";
+    assert_int_equal(oai_tools_parse(&o, two, strlen(two), &r), 0);
+    assert_int_equal(r.n_calls, 2);
+    oai_tools_result_free(&r);
+    o.max_calls = 1;
+    assert_int_equal(oai_tools_parse(&o, two, strlen(two), &r), 0);
+    assert_int_equal(r.n_calls, 1);
+    assert_string_equal(r.calls[0].arguments, "{\"a\":1}");
+    assert_null(r.content); /* the dropped call is not content either */
     oai_tools_result_free(&r);
     /* a node without a tool-call format cannot force one */
     assert_null(source(TOOLS ",\"tool_choice\":\"required\"", OAI_TOOLS_NONE, 0, NULL, &e));

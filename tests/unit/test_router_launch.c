@@ -72,6 +72,12 @@ static void test_nodes(void **state)
                         "--trusted-peer 127.0.0.1 --kv-port 0 --kv-secret-file "
                         "/run/duplex-up-x/kv.secret --kv-peers 127.0.0.1 --threads 2 "
                         "--kv-cache-mb 512");
+    /* one KV layout for the cluster: every node gets up's --kv-dtype */
+    c.kv_dtype = "q8_0";
+    router_launch_node_argv(&c, 1, &a);
+    assert_non_null(strstr(joined(&a), " --kv-cache-mb 512 --kv-dtype q8_0"));
+    router_launch_node_argv(&c, 0, &a);
+    assert_non_null(strstr(joined(&a), " --kv-cache-mb 512 --kv-dtype q8_0"));
     c = cfg(LAUNCH_COLOCATED);
     c.threads_per_node = 0;
     c.kv_cache_mb = 0;

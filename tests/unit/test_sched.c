@@ -236,6 +236,47 @@ static void test_pinned_greedy(void **state)
     col_free(&c);
 }
 
+/* Pinned greedy output of the tiny mixtures of experts (tiny-moe, f32, seed
+ * 42; qwen3moe and llama), scalar kernels: 16 tokens after a 9-token prompt,
+ * through the scheduler as `duplex generate` runs it (itest_cli pins
+ * `duplex generate` itself). */
+static void test_pinned_greedy_moe(void **state)
+{
+    (void)state;
+    static const int32_t pinned[2][16] = {
+        {406, 49, 150, 107, 140, 814, 772, 376, 631, 182, 126, 312, 848, 256, 617, 503},
+        {143, 492, 537, 656, 171, 408, 171, 408, 337, 101, 656, 793, 407, 99, 820, 614},
+    };
+    const enum model_arch archs[2] = {MODEL_QWEN3MOE, MODEL_LLAMA};
+    enum kern_isa saved = kern_get_isa();
+    assert_int_equal(kern_set_isa(KERN_SCALAR), 0);
+    for (int a = 0; a < 2; a++) {
+        model *m = etu_model_p(archs[a], "tiny-moe", DX_F32);
+        assert_non_null(m);
+        int32_t prompt[9];
+        etu_tokens(prompt, 9, model_hp(m)->n_vocab, 77 + 10 * (uint64_t)a);
+        srig r;
+        srig_init(&r, m, 64, 512, 2);
+        collector c;
+        col_init(&c);
+        engine_request q = greedy(prompt, 9, 16, &c);
+        assert_int_equal(sched_submit(r.s, &q, 1), 0);
+        run_all(&r);
+        srig_free(&r);
+        model_free(m);
+        assert_int_equal(c.n, 16);
+        if (memcmp(c.toks, pinned[a], sizeof pinned[a])) {
+            fprintf(stderr, "got:");
+            for (int k = 0; k < 16; k++) fprintf(stderr, " %d,", c.toks[k]);
+            fprintf(stderr, "\n");
+            fail_msg("%s: the greedy tokens differ from the pinned output",
+                     a ? "llama" : "qwen3moe");
+        }
+        col_free(&c);
+    }
+    kern_set_isa(saved);
+}
+
 static void test_concurrent_equals_alone(void **state)
 {
     (void)state;
@@ -1209,7 +1250,7 @@ static void test_engine_thread(void **state)
     engine_config ec = {.n_threads = 2, .kv_blocks = 64, .max_seqs = 4, .max_waiting = 2};
     engine *e;
     engine_config bad_kv = ec;
-    bad_kv.kv_dtype = "q8_0";
+    bad_kv.kv_dtype = "q4_0";
     assert_int_equal(engine_create(&bad_kv, g_m, &e), DX_EINVAL);
     assert_int_equal(engine_create(&ec, g_m, &e), 0);
     assert_int_equal(kv_pool_dtype(engine_kv_pool(e)), DX_F16); /* the default */
@@ -1293,6 +1334,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_alone_and_pinned),
         cmocka_unit_test(test_pinned_greedy),
+        cmocka_unit_test(test_pinned_greedy_moe),
         cmocka_unit_test(test_concurrent_equals_alone),
         cmocka_unit_test(test_quant_models),
         cmocka_unit_test(test_preemption_keeps_tokens),

@@ -581,6 +581,11 @@ static void test_supersede_by_tag(void **state)
         xfer_lease_create_tagged(f->L, f->ids, 5, 60, XFER_LEASE_RENEW_ON_READ, tags[4], &t2), 0);
     assert_int_equal(xfer_lease_renew(f->L, &t1, 60), DX_EGONE);
     assert_int_equal(xfer_lease_renew(f->L, &other, 60), 0); /* untagged: untouched */
+    xfer_leases_stats st;
+    xfer_leases_get_stats(f->L, &st); /* retention: turn 2's lease, not the MULTI one */
+    assert_int_equal(st.retained, 1);
+    assert_int_equal(st.retained_blocks, 5);
+    assert_int_equal(st.blocks, 7);
     /* two leases with one tag (a conversation forked) both go */
     assert_int_equal(
         xfer_lease_create_tagged(f->L, f->ids, 5, 60, XFER_LEASE_RENEW_ON_READ, tags[4], &t3), 0);
@@ -588,10 +593,11 @@ static void test_supersede_by_tag(void **state)
     assert_int_equal(xfer_leases_supersede(f->L, zero_and_4, 2), 2);
     assert_int_equal(xfer_lease_renew(f->L, &t2, 60), DX_EGONE);
     assert_int_equal(xfer_lease_renew(f->L, &t3, 60), DX_EGONE);
-    xfer_leases_stats st;
     xfer_leases_get_stats(f->L, &st);
     assert_int_equal(st.superseded, 3);
     assert_int_equal(st.leases, 1);
+    assert_int_equal(st.retained, 0);
+    assert_int_equal(st.retained_blocks, 0);
     assert_int_equal(xfer_leases_check(f->L), 0);
     assert_int_equal(xfer_lease_revoke(f->L, &other), 0);
     drop_own_refs(f);

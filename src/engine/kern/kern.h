@@ -21,6 +21,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/dx_dtype.h"
+
 enum kern_isa { KERN_SCALAR = 0, KERN_AVX2 = 1, KERN_AVX512 = 2 };
 
 /* Best ISA this CPU supports. */
@@ -45,8 +47,8 @@ size_t kern_act_bytes(int wtype, size_t n_tok, size_t n_in);
 /* The most kern_act_bytes() can be for any weight type. */
 size_t kern_act_bytes_max(size_t n_tok, size_t n_in);
 void kern_act_prep(int wtype, const float *x, size_t n_tok, size_t n_in, void *act);
-/* Which prepared layout a weight type consumes (a small integer), or -1 for
- * a type without kernels. */
+/* Which prepared layout a weight type consumes (a small integer), or
+ * DX_NONE (base/dx_err.h) for a type without kernels. */
 int kern_act_kind(int wtype);
 /* Step 2, per thread task: output columns [o0, o1) for all n_tok tokens.
  * Any split of [0, n_out) into tasks gives identical bits. */
@@ -64,15 +66,51 @@ size_t kern_matmul_tile(int wtype);
  *   base + block*block_bytes + v_off + ((h*block_size + j)*head_dim + d)*esize.
  * The vector paths need block_size and head_dim multiples of 16; other
  * layouts run the scalar path (a choice fixed by the layout, so the same for
- * every call). */
+ * every call).
+ *
+ * q8_0 (DX_Q8_0, head_dim a multiple of 32): each element is an int8 and
+ * each group of 32 consecutive dims of one token's row has an f16 scale
+ * (value = scale * quant, which is exact in f32).  A kv head's region is
+ * block_size*head_dim quant bytes followed by the block_size*head_dim/32
+ * scales (17/16 bytes an element):
+ *   K quant (j, d) at byte ((d/4)*block_size + j)*4 + d%4: transposed in
+ *     quads of dims, so one 64-byte vector holds 4 dims of 16 keys and an
+ *     integer dot-product instruction (VNNI vpdpbusd, AVX2 vpmaddubsw) adds
+ *     each key's 4 products in its own lane — still no horizontal sums;
+ *   K scale (j, g) at quants + ((g*block_size + j)*2): 16 keys' scales of a
+ *     group are one vector;
+ *   V quant (j, d) at j*head_dim + d, V scale (j, g) at quants +
+ *     (j*(head_dim/32) + g)*2: row-major, as for the other dtypes.
+ * Why groups along a token's row and not along tokens: a token's K/V is
+ * quantised once, when it is written, from its own values alone — a scale
+ * shared with later tokens would have to change as they arrive (re-
+ * quantising what was stored) or wait for them in a second format.  So the
+ * stored bytes depend on nothing but the token, and reuse, pulls and
+ * recompute stay byte-identical.  For K the groups lie along the reduction
+ * dimension, which is what lets the score be a sum over groups of
+ * scale x exact integer dot.
+ * Scores with a q8_0 K are integer dots: the query row is quantised the same
+ * way (kern_q8_quant: int8, one f16 scale per 32 dims) and
+ *   s_j = scale * sum over g in order of fma(idot_g, qscale_g*kscale_jg, .)
+ * where idot_g is the exact int32 dot of group g (qscale*kscale, two f16s,
+ * is exact too), so every ISA gives the scalar twin's bits.  V is
+ * dequantised exactly in registers and summed like the other dtypes. */
 typedef struct {
     const uint8_t *base;
     size_t block_bytes;
     size_t k_off, v_off; /* this layer's K / V region within a block */
-    int kv_type;         /* DX_F16 | DX_BF16 | DX_F32 */
+    int kv_type;         /* DX_F16 | DX_BF16 | DX_F32 | DX_Q8_0 */
     int block_size, head_dim, n_head, n_kv_head;
     float scale; /* usually 1/sqrt(head_dim) */
 } kern_attn_layout;
+
+/* Bytes of one kv head's K (or V) region in a block: block_size*head_dim
+ * elements, or for q8_0 their quants and scales. */
+static inline size_t kern_attn_head_bytes(int kv_type, size_t block_size, size_t head_dim)
+{
+    size_t n = block_size * head_dim;
+    return kv_type == DX_F32 ? 4 * n : kv_type == DX_Q8_0 ? n + n / 16 : 2 * n;
+}
 
 /* Every query's history is cut into splits of KERN_ATTN_SPLIT key positions,
  * fixed by absolute position ([0, 1024), [1024, 2048), ...).  Each split has
@@ -125,8 +163,47 @@ void kern_matmul_scalar(int wtype, const void *w, size_t n_in, size_t o0, size_t
                         const void *act, size_t n_tok, float *y, size_t ldy);
 void kern_attn_scalar(const kern_attn_layout *L, const int32_t *blocks, size_t pos0, size_t n_q,
                       const float *q, float *out, int h0, int h1, void *scratch);
+/* Quantises x[0..n) (n a multiple of 32, finite values) to q8_0: per group
+ * of 32, scale = f16(max|x|/127), quant = round-to-nearest-even(x/scale)
+ * clamped to [-127, 127] (0 for an all-zero group).  qs[n], d[n/32].  Used
+ * for K/V when they are stored and for the query rows that score a q8_0 K;
+ * the fast paths give the scalar twin's bytes. */
+void kern_q8_quant(const float *x, size_t n, int8_t *qs, uint16_t *d);
+void kern_q8_quant_scalar(const float *x, size_t n, int8_t *qs, uint16_t *d);
+/* One token's K and V rows of kv head h (head_dim floats each) quantised
+ * into this layer's regions of a q8_0 block: k_region = block + L->k_off,
+ * v_region = block + L->v_off; j is the token's index in the block. */
+void kern_attn_store_q8(const kern_attn_layout *L, uint8_t *k_region, uint8_t *v_region, int h,
+                        int j, const float *k, const float *v);
+/* Byte offsets within a layer's K / V region of a q8_0 block (see above):
+ * the quant of (kv head h, token j, dim d) and the scale of (h, j, group g). */
+static inline size_t kern_attn_q8_head(const kern_attn_layout *L, int h)
+{
+    return (size_t)h * kern_attn_head_bytes(DX_Q8_0, (size_t)L->block_size, (size_t)L->head_dim);
+}
+static inline size_t kern_attn_q8_k(const kern_attn_layout *L, int h, int j, int d)
+{
+    return kern_attn_q8_head(L, h) + ((size_t)(d / 4) * (size_t)L->block_size + (size_t)j) * 4 +
+           (size_t)(d % 4);
+}
+static inline size_t kern_attn_q8_ks(const kern_attn_layout *L, int h, int j, int g)
+{
+    return kern_attn_q8_head(L, h) + (size_t)L->block_size * (size_t)L->head_dim +
+           ((size_t)g * (size_t)L->block_size + (size_t)j) * 2;
+}
+static inline size_t kern_attn_q8_v(const kern_attn_layout *L, int h, int j, int d)
+{
+    return kern_attn_q8_head(L, h) + (size_t)j * (size_t)L->head_dim + (size_t)d;
+}
+static inline size_t kern_attn_q8_vs(const kern_attn_layout *L, int h, int j, int g)
+{
+    return kern_attn_q8_head(L, h) + (size_t)L->block_size * (size_t)L->head_dim +
+           ((size_t)j * (size_t)(L->head_dim / 32) + (size_t)g) * 2;
+}
+
 /* The KV layout's element offset of (kv head h, token j in block, dim d)
- * within a layer's K / V region (tests and the forward pass's stores). */
+ * within a layer's K / V region (tests and the forward pass's stores;
+ * f16, bf16, f32). */
 static inline size_t kern_attn_k_index(const kern_attn_layout *L, int h, int j, int d)
 {
     return ((size_t)h * (size_t)L->head_dim + (size_t)d) * (size_t)L->block_size + (size_t)j;

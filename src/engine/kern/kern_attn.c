@@ -47,7 +47,7 @@ static size_t attn_align(size_t n)
 
 static size_t attn_esize(int kv_type)
 {
-    return kv_type == DX_F32 ? 4 : 2;
+    return kv_type == DX_F32 ? 4 : kv_type == DX_Q8_0 ? 1 : 2;
 }
 
 size_t kern_attn_part_floats(const kern_attn_layout *L)
@@ -84,7 +84,87 @@ static const uint8_t *attn_region(const kern_attn_layout *L, const int32_t *bloc
     int32_t blk = blocks[b];
     DX_ASSERT(blk >= 0);
     return L->base + (size_t)blk * L->block_bytes + region +
-           (size_t)h * (size_t)L->block_size * (size_t)L->head_dim * attn_esize(L->kv_type);
+           (size_t)h * kern_attn_head_bytes(L->kv_type, (size_t)L->block_size, (size_t)L->head_dim);
+}
+
+/* ------------------------------------------------------------ q8_0 */
+
+static float attn_elem(int kv_type, const uint8_t *p, size_t i);
+
+/* A query row quantised for a q8_0 K: quants, f16 group scales as f32, and
+ * 128 * each group's sum of quants (for the AVX-512 path). */
+typedef struct {
+    int8_t q[512]; /* head_dim <= 512 (model.c) */
+    float d[512 / 32];
+    int32_t c[512 / 32];
+} attn_q8row;
+
+static void attn_q8_row(const float *q, int D, attn_q8row *out)
+{
+    uint16_t d[512 / 32];
+    DX_ASSERT(D <= 512 && D % 32 == 0);
+    kern_q8_quant(q, (size_t)D, out->q, d);
+    for (int g = 0; g < D / 32; g++) {
+        int32_t sum = 0;
+        for (int i = 0; i < 32; i++) sum += out->q[32 * g + i];
+        out->d[g] = dx_f16_to_f32(d[g]);
+        out->c[g] = 128 * sum;
+    }
+}
+
+/* The score of key j of a q8_0 K whose quant (j, d) is at
+ * k + ((d/4)*kstride + j)*4 + d%4 and scale (j, g) at ks + (g*kstride + j)*2:
+ * kern.h's formula, which every ISA's qk_q8 computes. */
+static float attn_q8_score(const uint8_t *k, const uint8_t *ks, size_t kstride, size_t j,
+                           const int8_t *q, const float *qd, int D, float scale)
+{
+    float acc = 0.0f;
+    for (int g = 0; g < D / 32; g++) {
+        int32_t dot = 0;
+        for (int d = 32 * g; d < 32 * g + 32; d++)
+            dot += (int32_t)q[d] * (int8_t)k[((size_t)(d / 4) * kstride + j) * 4 + (size_t)(d % 4)];
+        uint16_t h;
+        memcpy(&h, ks + ((size_t)g * kstride + j) * 2, 2);
+        acc = fmaf((float)dot, qd[g] * dx_f16_to_f32(h), acc);
+    }
+    return acc * scale;
+}
+
+void kern__attn_qk_q8_scalar(kern_attn_row *rows, int nr, const int32_t *qt8, size_t qstride,
+                             const kern_attn_span *sp, int D, float scale)
+{
+    int8_t q[512];
+    for (int r = 0; r < nr; r++) {
+        for (int c = 0; c < D / 4; c++) memcpy(q + 4 * c, &qt8[(size_t)c * qstride + (size_t)r], 4);
+        for (int i = 0; i < sp->nh; i++)
+            for (size_t j = 0; j < KERN_ATTN_HALF; j++)
+                rows[r].s[16 * i + (int)j] =
+                    attn_q8_score(sp->k[i], sp->ks[i], sp->kstride, j, q, rows[r].qd, D, scale);
+    }
+}
+
+/* V element (j, d) of a span half, exactly as f32. */
+static float attn_span_v(const kern_attn_span *sp, int half, int j, int d, int D)
+{
+    const uint8_t *v = sp->v[half];
+    if (sp->vtype == DX_Q8_0)
+        return sp->vsf[half][j * (D / 32) + d / 32] *
+               (float)(int8_t)v[(size_t)j * (size_t)D + (size_t)d];
+    return attn_elem(sp->vtype, v, (size_t)j * (size_t)D + (size_t)d);
+}
+
+void kern__attn_pv_scalar(kern_attn_row *rows, int nr, const kern_attn_span *sp, int i, int j0,
+                          int j1, int D, int rescale)
+{
+    for (int r = 0; r < nr; r++) {
+        float *acc = rows[r].acc, a = rows[r].alpha[i];
+        const float *p = rows[r].s + KERN_ATTN_STEP * i;
+        if (rescale)
+            for (int d = 0; d < D; d++) acc[d] *= a;
+        for (int j = j0; j < j1; j++)
+            for (int d = 0; d < D; d++)
+                acc[d] = fmaf(p[j], attn_span_v(sp, 2 * i + (j >> 4), j & 15, d, D), acc[d]);
+    }
 }
 
 /* ---------------------------------------------------------------- scalar */
@@ -106,28 +186,49 @@ static float attn_elem(int kv_type, const uint8_t *p, size_t i)
     }
 }
 
+/* Score of key j for one query row of kv head h (qq: the row quantised,
+ * for a q8_0 K). */
+static float attn_scalar_score(const kern_attn_layout *L, const int32_t *blocks, int h,
+                               const float *q, const attn_q8row *qq, size_t j)
+{
+    int D = L->head_dim;
+    size_t bs = (size_t)L->block_size;
+    const uint8_t *k = attn_region(L, blocks, j / bs, L->k_off, h);
+    if (L->kv_type == DX_Q8_0)
+        return attn_q8_score(k, k + bs * (size_t)D, bs, j % bs, qq->q, qq->d, D, L->scale);
+    float dot = 0.0f;
+    for (int d = 0; d < D; d++) dot += q[d] * attn_elem(L->kv_type, k, (size_t)d * bs + j % bs);
+    return L->scale * dot;
+}
+
+/* V element (j, d) of kv head h, exactly as f32. */
+static float attn_scalar_v(const kern_attn_layout *L, const int32_t *blocks, int h, size_t j, int d)
+{
+    size_t bs = (size_t)L->block_size, D = (size_t)L->head_dim, jb = j % bs;
+    const uint8_t *v = attn_region(L, blocks, j / bs, L->v_off, h);
+    if (L->kv_type != DX_Q8_0) return attn_elem(L->kv_type, v, jb * D + (size_t)d);
+    uint16_t sc;
+    memcpy(&sc, v + bs * D + (jb * (D / 32) + (size_t)d / 32) * 2, 2);
+    return dx_f16_to_f32(sc) * (float)(int8_t)v[jb * D + (size_t)d];
+}
+
 /* Part (acc[D], m, l) of keys [k0, k1) for one query row of kv head h;
  * s: [KERN_ATTN_SPLIT] scores. */
 static void attn_scalar_split(const kern_attn_layout *L, const int32_t *blocks, int h,
-                              const float *q, size_t k0, size_t k1, float *part, float *s)
+                              const float *q, const attn_q8row *qq, size_t k0, size_t k1,
+                              float *part, float *s)
 {
-    int D = L->head_dim, bs = L->block_size;
+    int D = L->head_dim;
     float m = -INFINITY, l = 0.0f;
     for (size_t j = k0; j < k1; j++) {
-        const uint8_t *k = attn_region(L, blocks, j / (size_t)bs, L->k_off, h);
-        float dot = 0.0f;
-        for (int d = 0; d < D; d++)
-            dot += q[d] * attn_elem(L->kv_type, k, (size_t)d * (size_t)bs + j % (size_t)bs);
-        s[j - k0] = L->scale * dot;
+        s[j - k0] = attn_scalar_score(L, blocks, h, q, qq, j);
         m = s[j - k0] > m ? s[j - k0] : m;
     }
     memset(part, 0, (size_t)D * sizeof(float));
     for (size_t j = k0; j < k1; j++) {
-        const uint8_t *v = attn_region(L, blocks, j / (size_t)bs, L->v_off, h);
-        size_t row = (j % (size_t)bs) * (size_t)D;
         float p = expf(s[j - k0] - m);
         l += p;
-        for (int d = 0; d < D; d++) part[d] += p * attn_elem(L->kv_type, v, row + (size_t)d);
+        for (int d = 0; d < D; d++) part[d] += p * attn_scalar_v(L, blocks, h, j, d);
     }
     part[D] = m;
     part[D + 1] = l;
@@ -185,10 +286,12 @@ void kern_attn_scalar(const kern_attn_layout *L, const int32_t *blocks, size_t p
         for (int g = 0; g < G; g++)
             for (size_t t = 0; t < n_q; t++) {
                 size_t off = attn_row_off(L, t, h * G + g), pos = pos0 + t;
+                attn_q8row qq;
+                if (L->kv_type == DX_Q8_0) attn_q8_row(q + off, D, &qq);
                 for (size_t sp = 0; sp <= pos / KERN_ATTN_SPLIT; sp++) {
                     size_t k0 = sp * KERN_ATTN_SPLIT;
                     size_t k1 = pos + 1 < k0 + KERN_ATTN_SPLIT ? pos + 1 : k0 + KERN_ATTN_SPLIT;
-                    attn_scalar_split(L, blocks, h, q + off, k0, k1, sp ? b.part : b.run, b.s);
+                    attn_scalar_split(L, blocks, h, q + off, &qq, k0, k1, sp ? b.part : b.run, b.s);
                     if (sp) attn_scalar_merge(b.run, b.run + D, b.run + D + 1, b.part, D);
                 }
                 attn_scalar_finish(b.run, b.run[D + 1], D, out + off);
@@ -205,6 +308,12 @@ typedef struct {
     float *s;            /* [R][STEP*SPAN] */
     float *lvec;         /* [R][16] */
     float *kc, *vc;      /* converted K [2][D][16] and V [2][16][D] of one step */
+    /* q8_0: the queries' quants in quads [D/4][R], their scales [R][D/32]
+     * and group sums [R][D/32]; a span's V scales [2*SPAN][16][D/32] */
+    int32_t *qt8;
+    float *qd;
+    int32_t *qc;
+    float *vsf;
 } attn_scratch;
 
 static size_t attn_tile_rows(const kern_attn_layout *L, size_t max_q)
@@ -220,17 +329,24 @@ static size_t attn_scratch_carve(const kern_attn_layout *L, size_t max_q, uint8_
 {
     size_t R = attn_tile_rows(L, max_q), D = (size_t)L->head_dim, off = 0;
     size_t PF = kern_attn_part_floats(L), step = 2 * KERN_ATTN_HALF * D * 4;
-    size_t sizes[8] = {R * sizeof(kern_attn_row),
-                       R * D * 4,
-                       R * PF * 4,
-                       R * PF * 4,
-                       R * KERN_ATTN_STEP * KERN_ATTN_SPAN * 4,
-                       R * 16 * 4,
-                       step,
-                       step};
-    void **dst[8] = {(void **)&sc->rows, (void **)&sc->qt,   (void **)&sc->part, (void **)&sc->run,
-                     (void **)&sc->s,    (void **)&sc->lvec, (void **)&sc->kc,   (void **)&sc->vc};
-    for (int i = 0; i < 8; i++) {
+    size_t q8 = L->kv_type == DX_Q8_0, ng = D / 32;
+    size_t sizes[12] = {R * sizeof(kern_attn_row),
+                        R * D * 4,
+                        R * PF * 4,
+                        R * PF * 4,
+                        R * KERN_ATTN_STEP * KERN_ATTN_SPAN * 4,
+                        R * 16 * 4,
+                        step,
+                        step,
+                        q8 * R * D,
+                        q8 * R * ng * 4,
+                        q8 * R * ng * 4,
+                        q8 * 2 * KERN_ATTN_SPAN * KERN_ATTN_HALF * ng * 4};
+    void **dst[12] = {(void **)&sc->rows, (void **)&sc->qt, (void **)&sc->part,
+                      (void **)&sc->run,  (void **)&sc->s,  (void **)&sc->lvec,
+                      (void **)&sc->kc,   (void **)&sc->vc, (void **)&sc->qt8,
+                      (void **)&sc->qd,   (void **)&sc->qc, (void **)&sc->vsf};
+    for (int i = 0; i < 12; i++) {
         if (base) *dst[i] = base + off;
         off += attn_align(sizes[i]);
     }
@@ -266,6 +382,32 @@ static int attn_first_row(const attn_tile *T, size_t p)
 
 /* Halves [0, nh) of the span starting at key p: those past pos_last repeat
  * the last real one.  With convert, the real halves are copied to f32. */
+/* A q8_0 span's halves: K quants and scales, V quants, V scales converted
+ * to f32 (K stays as stored: its scores are integer dots either way). */
+static void attn_span_q8(const attn_tile *T, size_t p, size_t pos_last, kern_attn_span *sp)
+{
+    const kern_attn_layout *L = T->L;
+    size_t bs = (size_t)L->block_size, D = (size_t)L->head_dim, ng = D / 32;
+    for (int i = 0; i < sp->nh; i++) {
+        size_t k = p + (size_t)i * KERN_ATTN_HALF;
+        if (k > pos_last) {
+            sp->k[i] = sp->k[i - 1], sp->ks[i] = sp->ks[i - 1];
+            sp->v[i] = sp->v[i - 1], sp->vsf[i] = sp->vsf[i - 1];
+            continue;
+        }
+        size_t o = k % bs;
+        const uint8_t *kr = attn_region(L, T->blocks, k / bs, L->k_off, T->h);
+        const uint8_t *vr = attn_region(L, T->blocks, k / bs, L->v_off, T->h);
+        float *vsf = T->sc->vsf + (size_t)i * KERN_ATTN_HALF * ng;
+        sp->k[i] = kr + o * 4;
+        sp->ks[i] = kr + bs * D + o * 2;
+        sp->v[i] = vr + o * D;
+        /* the half's 16 keys' scales are contiguous: 16*D/32 f16 */
+        T->isa->cvt(DX_F16, vr + bs * D + o * ng * 2, 0, vsf, 1, KERN_ATTN_HALF * ng);
+        sp->vsf[i] = vsf;
+    }
+}
+
 static void attn_span_build(const attn_tile *T, size_t p, size_t pos_last, int nh, int convert,
                             kern_attn_span *sp)
 {
@@ -273,8 +415,23 @@ static void attn_span_build(const attn_tile *T, size_t p, size_t pos_last, int n
     size_t bs = (size_t)L->block_size, D = (size_t)L->head_dim, es = attn_esize(L->kv_type);
     int n_real = 0;
     sp->nh = nh;
-    sp->type = L->kv_type;
+    sp->type = sp->vtype = L->kv_type;
     sp->kstride = bs;
+    if (L->kv_type == DX_Q8_0) {
+        attn_span_q8(T, p, pos_last, sp);
+        if (!convert) return;
+        for (int i = 0; i < nh; i++) { /* V only: dequantised exactly, as pv would */
+            float *vc = T->sc->vc + (size_t)i * D * KERN_ATTN_HALF;
+            if (p + (size_t)i * KERN_ATTN_HALF <= pos_last) {
+                T->isa->cvt_q8v(sp->v[i], sp->vsf[i], (int)D, vc);
+                sp->v[i] = (const uint8_t *)vc;
+            } else {
+                sp->v[i] = sp->v[i - 1];
+            }
+        }
+        sp->vtype = DX_F32;
+        return;
+    }
     for (int i = 0; i < nh; i++) {
         size_t k = p + (size_t)i * KERN_ATTN_HALF;
         if (k > pos_last) {
@@ -301,7 +458,7 @@ static void attn_span_build(const attn_tile *T, size_t p, size_t pos_last, int n
             sp->v[i] = sp->v[i - 1];
         }
     }
-    sp->type = DX_F32;
+    sp->type = sp->vtype = DX_F32;
     sp->kstride = KERN_ATTN_HALF;
 }
 
@@ -344,7 +501,10 @@ static void attn_span(const attn_tile *T, size_t p, size_t k_hi, int nsteps, int
             rows[r].nv[i] = n < KERN_ATTN_STEP ? (int)n : KERN_ATTN_STEP;
         }
     }
-    T->isa->qk(rows + r_a, T->R - r_a, T->sc->qt + r_a, (size_t)T->R, &sp, D, L->scale);
+    if (sp.type == DX_Q8_0)
+        T->isa->qk_q8(rows + r_a, T->R - r_a, T->sc->qt8 + r_a, (size_t)T->R, &sp, D, L->scale);
+    else
+        T->isa->qk(rows + r_a, T->R - r_a, T->sc->qt + r_a, (size_t)T->R, &sp, D, L->scale);
     for (int r = r_a; r < T->R; r++)
         for (int i = 0; i < nsteps && rows[r].nv[i] > 0; i++) T->isa->softmax(&rows[r], i);
     for (int i = 0; i < nsteps; i++) attn_step_pv(T->isa, rows + r_a, T->R - r_a, &sp, i, D);
@@ -375,6 +535,23 @@ static int attn_tile_split(const attn_tile *T, size_t split)
     return r_first;
 }
 
+/* Row r's query quantised for a q8_0 K: quads into the tile's qt8, scales
+ * and group sums into its qd and qc. */
+static void attn_tile_q8_row(const attn_tile *T, int r, kern_attn_row *row)
+{
+    int D = T->L->head_dim, ng = D / 32;
+    size_t R = (size_t)T->R;
+    attn_q8row qq;
+    attn_q8_row(row->q, D, &qq);
+    for (int c = 0; c < D / 4; c++) memcpy(&T->sc->qt8[(size_t)c * R + (size_t)r], qq.q + 4 * c, 4);
+    float *qd = T->sc->qd + (size_t)r * (size_t)ng;
+    int32_t *qc = T->sc->qc + (size_t)r * (size_t)ng;
+    memcpy(qd, qq.d, (size_t)ng * sizeof *qd);
+    memcpy(qc, qq.c, (size_t)ng * sizeof *qc);
+    row->qd = qd;
+    row->qc = qc;
+}
+
 /* Row bookkeeping for tokens [t0, t0+nt) of q, and their queries
  * transposed (so a score tile broadcasts every row's q[d] from one line);
  * acc buffers at acc + r*PF. */
@@ -388,6 +565,10 @@ static void attn_tile_init(attn_tile *T, const kern_attn_layout *L, const float 
         row->acc = acc + (size_t)r * PF;
         row->s = T->sc->s + (size_t)r * KERN_ATTN_STEP * KERN_ATTN_SPAN;
         row->lvec = T->sc->lvec + (size_t)r * 16;
+        if (L->kv_type == DX_Q8_0) {
+            attn_tile_q8_row(T, r, row);
+            continue;
+        }
         for (int d = 0; d < L->head_dim; d++) T->sc->qt[(size_t)d * R + (size_t)r] = row->q[d];
     }
 }
@@ -447,7 +628,10 @@ void kern_attn_part(const kern_attn_layout *L, const int32_t *blocks, size_t pos
             for (int g = 0; g < G; g++) {
                 size_t pos = pos0 + t;
                 size_t k1 = pos + 1 < k0 + KERN_ATTN_SPLIT ? pos + 1 : k0 + KERN_ATTN_SPLIT;
-                attn_scalar_split(L, blocks, h, q + attn_row_off(L, t, h * G + g), k0, k1,
+                const float *qr = q + attn_row_off(L, t, h * G + g);
+                attn_q8row qq;
+                if (L->kv_type == DX_Q8_0) attn_q8_row(qr, L->head_dim, &qq);
+                attn_scalar_split(L, blocks, h, qr, &qq, k0, k1,
                                   part + (t * (size_t)G + (size_t)g) * PF, b.s);
             }
         return;

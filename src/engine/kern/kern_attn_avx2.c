@@ -1,7 +1,13 @@
 /* kern_attn_avx2: AVX2+FMA primitives for the attention driver in
  * kern_attn.c.  Same arithmetic shape as kern_attn_avx512.c with 8-float
  * vectors and 16 registers: a half (16 keys) is two vectors, scores come in
- * tiles of 2 rows × 2 halves, pv keeps 2 rows × 32 dims in registers. */
+ * tiles of 2 rows × 2 halves, pv keeps 2 rows × 32 dims in registers.
+ *
+ * A q8_0 K is scored with integer dots as on AVX-512, without VNNI: per
+ * quad of dims, vpmaddubsw multiplies |k| (unsigned) by the query's quants
+ * with k's sign moved onto them (pairs stay below 2*127*127, so it never
+ * saturates) and vpmaddwd adds the pairs: each key's 4 products in its lane,
+ * exact, the scalar twin's bits. */
 #include <immintrin.h>
 #include <math.h>
 
@@ -17,6 +23,21 @@ AI __m256 a256_ld(int T, const uint8_t *p, size_t i)
     __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)p + i));
     if (T == DX_F16) return _mm256_cvtph_ps(h);
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+/* 8 dims from d of a q8_0 V row (quants vr, f32 group scales sf), exactly. */
+AI __m256 a256_q8v(const uint8_t *vr, const float *sf, int d)
+{
+    __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(vr + d))));
+    return _mm256_mul_ps(q, _mm256_set1_ps(sf[d / 32]));
+}
+
+static void a256_cvt_q8v(const uint8_t *q, const float *sf, int D, float *dst)
+{
+    for (int j = 0; j < KERN_ATTN_HALF; j++)
+        for (int d = 0; d < D; d += 8)
+            _mm256_storeu_ps(dst + j * D + d,
+                             a256_q8v(q + (size_t)j * (size_t)D, sf + j * (D / 32), d));
 }
 
 static void a256_cvt(int type, const void *src, size_t stride, float *dst, size_t rows, size_t cols)
@@ -82,6 +103,64 @@ static void a256_qk(kern_attn_row *rows, int nr, const float *qt, size_t qs,
     }
 }
 
+/* NR rows × half h of q8_0 scores (2 vectors of 8 keys). */
+AI void a256_q8_tile(kern_attn_row *rows, int NR, const int32_t *qt8, size_t qstride,
+                     const kern_attn_span *sp, int h, int D, float scale)
+{
+    __m256 facc[2][2];
+    const uint8_t *k = sp->k[h];
+    size_t qb_stride = sp->kstride * 4;
+    const __m256i ones = _mm256_set1_epi16(1);
+#pragma GCC unroll 2
+    for (int r = 0; r < NR; r++) facc[r][0] = facc[r][1] = _mm256_setzero_ps();
+    for (int g = 0; g < D / 32; g++) {
+        __m256i iacc[2][2];
+#pragma GCC unroll 2
+        for (int r = 0; r < NR; r++) iacc[r][0] = iacc[r][1] = _mm256_setzero_si256();
+        for (int c = 8 * g; c < 8 * g + 8; c++) {
+            const uint8_t *kc = k + (size_t)c * qb_stride;
+            __m256i k0 = _mm256_loadu_si256((const __m256i *)kc);
+            __m256i k1 = _mm256_loadu_si256((const __m256i *)(kc + 32));
+            __m256i a0 = _mm256_abs_epi8(k0), a1 = _mm256_abs_epi8(k1);
+#pragma GCC unroll 2
+            for (int r = 0; r < NR; r++) {
+                __m256i qb = _mm256_set1_epi32(qt8[(size_t)c * qstride + (size_t)r]);
+                __m256i p0 = _mm256_maddubs_epi16(a0, _mm256_sign_epi8(qb, k0));
+                __m256i p1 = _mm256_maddubs_epi16(a1, _mm256_sign_epi8(qb, k1));
+                iacc[r][0] = _mm256_add_epi32(iacc[r][0], _mm256_madd_epi16(p0, ones));
+                iacc[r][1] = _mm256_add_epi32(iacc[r][1], _mm256_madd_epi16(p1, ones));
+            }
+        }
+        const uint8_t *ks = sp->ks[h] + (size_t)g * sp->kstride * 2;
+        __m256 dk0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)ks));
+        __m256 dk1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(ks + 16)));
+#pragma GCC unroll 2
+        for (int r = 0; r < NR; r++) {
+            __m256 dq = _mm256_set1_ps(rows[r].qd[g]);
+            facc[r][0] =
+                _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc[r][0]), _mm256_mul_ps(dq, dk0), facc[r][0]);
+            facc[r][1] =
+                _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc[r][1]), _mm256_mul_ps(dq, dk1), facc[r][1]);
+        }
+    }
+    __m256 sc = _mm256_set1_ps(scale);
+#pragma GCC unroll 2
+    for (int r = 0; r < NR; r++) {
+        _mm256_storeu_ps(rows[r].s + 16 * h, _mm256_mul_ps(facc[r][0], sc));
+        _mm256_storeu_ps(rows[r].s + 16 * h + 8, _mm256_mul_ps(facc[r][1], sc));
+    }
+}
+
+static void a256_qk_q8(kern_attn_row *rows, int nr, const int32_t *qt8, size_t qs,
+                       const kern_attn_span *sp, int D, float scale)
+{
+    for (int h = 0; h < sp->nh; h++) {
+        int r = 0;
+        for (; r + 2 <= nr; r += 2) a256_q8_tile(rows + r, 2, qt8 + r, qs, sp, h, D, scale);
+        if (r < nr) a256_q8_tile(rows + r, 1, qt8 + r, qs, sp, h, D, scale);
+    }
+}
+
 static __m256 a256_mask(int n)
 {
     __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
@@ -129,7 +208,7 @@ AI void a256_pv_tile(kern_attn_row *rows, int NR, const kern_attn_span *sp, int 
 {
     __m256 acc[2][4];
     const float *p[2];
-    size_t es = T == DX_F32 ? 4 : 2;
+    size_t es = T == DX_F32 ? 4 : T == DX_Q8_0 ? 1 : 2;
 #pragma GCC unroll 2
     for (int r = 0; r < NR; r++) {
         __m256 a = _mm256_set1_ps(rows[r].alpha[i]);
@@ -142,9 +221,12 @@ AI void a256_pv_tile(kern_attn_row *rows, int NR, const kern_attn_span *sp, int 
     }
     for (int j = j0; j < j1; j++) {
         const uint8_t *vr = sp->v[2 * i + (j >> 4)] + (size_t)(j & 15) * (size_t)D * es;
+        const float *sf = T == DX_Q8_0 ? sp->vsf[2 * i + (j >> 4)] + (j & 15) * (D / 32) : NULL;
         __m256 vv[4];
 #pragma GCC unroll 4
-        for (int w = 0; w < NW; w++) vv[w] = a256_ld(T, vr, (size_t)(d0 + 8 * w));
+        for (int w = 0; w < NW; w++)
+            vv[w] =
+                T == DX_Q8_0 ? a256_q8v(vr, sf, d0 + 8 * w) : a256_ld(T, vr, (size_t)(d0 + 8 * w));
 #pragma GCC unroll 2
         for (int r = 0; r < NR; r++) {
             __m256 pb = _mm256_broadcast_ss(p[r] + j);
@@ -178,7 +260,10 @@ AI void a256_pv_t(kern_attn_row *rows, int nr, const kern_attn_span *sp, int i, 
 static void a256_pv(kern_attn_row *rows, int nr, const kern_attn_span *sp, int i, int j0, int j1,
                     int D, int rescale)
 {
-    switch (sp->type) {
+    switch (sp->vtype) {
+    case DX_Q8_0:
+        a256_pv_t(rows, nr, sp, i, j0, j1, DX_Q8_0, D, rescale);
+        break;
     case DX_F16:
         a256_pv_t(rows, nr, sp, i, j0, j1, DX_F16, D, rescale);
         break;
@@ -231,4 +316,6 @@ const kern_attn_isa kern_attn_isa_avx2 = {
     .merge = a256_merge,
     .finish = a256_finish,
     .cvt = a256_cvt,
+    .qk_q8 = a256_qk_q8,
+    .cvt_q8v = a256_cvt_q8v,
 };

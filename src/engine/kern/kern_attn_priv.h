@@ -18,6 +18,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/dx_dtype.h"
+
 #define KERN_ATTN_STEP 32 /* keys per online-softmax step */
 #define KERN_ATTN_HALF 16 /* keys per half: one K vector of 16 lanes */
 #define KERN_ATTN_SPAN 4  /* most steps per span (few-row calls read 4 at once) */
@@ -25,7 +27,12 @@
 /* One query row (token, query head) with its online-softmax state for the
  * current split. */
 typedef struct {
-    const float *q;              /* [head_dim] */
+    const float *q; /* [head_dim] */
+    /* q8_0 K: the row quantised (kern_q8_quant): its f16 group scales as
+     * f32 [head_dim/32] and 128 * the sum of each group's quants (what the
+     * AVX-512 path's unsigned operand adds); the quads are the tile's qt8 */
+    const float *qd;
+    const int32_t *qc;
     float *acc;                  /* [head_dim] unnormalised output of the split; m, l follow it */
     float *s;                    /* [KERN_ATTN_STEP * KERN_ATTN_SPAN] scores, then probabilities */
     float *lvec;                 /* [16] per-lane partial sums of the softmax denominator */
@@ -36,13 +43,21 @@ typedef struct {
 
 /* Where a span's keys are.  Half i (keys 16i..16i+15 of the span) has K at
  * k[i]: element (key j, dim d) at k[i] + (d*kstride + j)*esize, and V at v[i]:
- * (key j, dim d) at v[i] + (j*head_dim + d)*esize.  Halves past the sequence's
+ * (key j, dim d) at v[i] + (j*head_dim + d)*esize.  A q8_0 K (type
+ * DX_Q8_0) has quant (j, d) at k[i] + ((d/4)*kstride + j)*4 + d%4 and the
+ * f16 scale (j, g) at ks[i] + (g*kstride + j)*2; a q8_0 V (vtype DX_Q8_0)
+ * quant (j, d) at v[i] + j*head_dim + d, its scales as f32 at vsf[i] +
+ * j*(head_dim/32) + g (converted by the driver).  Halves past the sequence's
  * last key repeat the last real half (read, never used), so a kernel can
  * always read nh halves. */
 typedef struct {
     const uint8_t *k[2 * KERN_ATTN_SPAN], *v[2 * KERN_ATTN_SPAN];
-    int type;       /* DX_F32 (the driver's copy) | the pool's DX_F16/DX_BF16/DX_F32 */
-    size_t kstride; /* elements between one key's consecutive dims */
+    const uint8_t *ks[2 * KERN_ATTN_SPAN]; /* q8_0 K scales */
+    const float *vsf[2 * KERN_ATTN_SPAN];  /* q8_0 V scales, f32 */
+    /* K's type: DX_F32 (the driver's copy) | the pool's; a q8_0 K is never
+     * copied.  V's: DX_F32 (the driver's copy, q8_0 dequantised) | the pool's */
+    int type, vtype;
+    size_t kstride; /* elements (q8_0: keys) between one key's consecutive dims (quads) */
     int nh;         /* halves to score: 2 (one step, converted copy) or 8 */
 } kern_attn_span;
 
@@ -54,11 +69,18 @@ typedef struct {
      * queries come transposed: row r's q[d] at qt[d*qstride + r]. */
     void (*qk)(kern_attn_row *rows, int nr, const float *qt, size_t qstride,
                const kern_attn_span *sp, int D, float scale);
+    /* The same for a q8_0 K: rows[r].s[16i + j] = scale * (sum over groups
+     * g, in order, by FMA from 0, of (float)idot * (qd[g] * kscale(j, g)))
+     * with idot the exact integer dot of group g.  Row r's quants come in
+     * quads: dims 4c..4c+3 as one int32 at qt8[c*qstride + r]. */
+    void (*qk_q8)(kern_attn_row *rows, int nr, const int32_t *qt8, size_t qstride,
+                  const kern_attn_span *sp, int D, float scale);
     /* Online-softmax update for step i over nv[i] > 0 keys: m, alpha[i],
      * lvec; s[32i..) becomes exp(s - m) (0 past nv[i]). */
     void (*softmax)(kern_attn_row *row, int i);
     /* acc = acc*alpha[i] (if rescale), then acc += p[j]*V[j] for keys
-     * [j0, j1) of step i, in key order.  All rows see those keys. */
+     * [j0, j1) of step i, in key order, by FMA (a q8_0 V element is
+     * scale*quant, exact).  All rows see those keys. */
     void (*pv)(kern_attn_row *rows, int nr, const kern_attn_span *sp, int i, int j0, int j1, int D,
                int rescale);
     /* Ends a split: acc[D] = m, acc[D+1] = sum of lvec (fixed order). */
@@ -70,7 +92,17 @@ typedef struct {
     /* dst[r][c] = f32 of src[r*stride + c] (elements of type F16 or BF16)
      * for r < rows, c < cols; cols % 16 == 0. */
     void (*cvt)(int type, const void *src, size_t stride, float *dst, size_t rows, size_t cols);
+    /* dst[j][d] = scale(j, d/32) * quant(j, d) for 16 keys of a q8_0 V: quants
+     * [16][D] at q, scales as f32 [16][D/32] at sf. */
+    void (*cvt_q8v)(const uint8_t *q, const float *sf, int D, float *dst);
 } kern_attn_isa;
+
+/* Scalar twins of the ISA primitives that must give their bits exactly:
+ * qk_q8 (rows, halves and keys as the ISA's), and pv for every V type. */
+void kern__attn_qk_q8_scalar(kern_attn_row *rows, int nr, const int32_t *qt8, size_t qstride,
+                             const kern_attn_span *sp, int D, float scale);
+void kern__attn_pv_scalar(kern_attn_row *rows, int nr, const kern_attn_span *sp, int i, int j0,
+                          int j1, int D, int rescale);
 
 extern const kern_attn_isa kern_attn_isa_avx2;
 extern const kern_attn_isa kern_attn_isa_avx512;
@@ -79,6 +111,18 @@ void kern_rmsnorm_avx2(const float *x, const float *w, float eps, size_t n, floa
 void kern_rmsnorm_avx512(const float *x, const float *w, float eps, size_t n, float *y);
 void kern_swiglu_avx2(float *g, const float *u, size_t n);
 void kern_swiglu_avx512(float *g, const float *u, size_t n);
+void kern_q8_quant_avx2(const float *x, size_t n, int8_t *qs, uint16_t *d);
+void kern_q8_quant_avx512(const float *x, size_t n, int8_t *qs, uint16_t *d);
+/* A q8_0 group's f16 scale from its max |x| (into *d), and the factor that
+ * maps x to its quant (0 for an all-zero group): every ISA's.  Inline here,
+ * not in kern_ops.c, so the ISA files never call back into the file that
+ * dispatches to them (scripts/check_layers.sh). */
+static inline float kern__q8_group_scale(float amax, uint16_t *d)
+{
+    *d = dx_f32_to_f16(amax / 127.0f);
+    float df = dx_f16_to_f32(*d);
+    return df != 0.0f ? 1.0f / df : 0.0f;
+}
 
 /* Vector exp (Cephes-style range reduction + degree-6 polynomial, ~1 ulp for
  * normal results), one per ISA so the ISA alone decides the bits.  Inputs

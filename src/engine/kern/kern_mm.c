@@ -47,7 +47,7 @@ static const wtype_kern k_wtypes[DX_DTYPE_ID_MAX] = {
 
 int kern_act_kind(int wtype)
 {
-    if (wtype < 0 || wtype >= DX_DTYPE_ID_MAX || !k_wtypes[wtype].act) return -1;
+    if (wtype < 0 || wtype >= DX_DTYPE_ID_MAX || !k_wtypes[wtype].act) return DX_NONE;
     return k_wtypes[wtype].act - 1;
 }
 

@@ -1,4 +1,4 @@
-/* kern_ops_avx2: AVX2 rmsnorm and swiglu (see kern_ops.c).  The sum of
+/* kern_ops_avx2: AVX2 rmsnorm, swiglu and q8_0 quantisation (see kern_ops.c).  The sum of
  * squares runs four vector accumulators in an order fixed by n; the tail
  * past the last full vector is summed in scalar, in order. */
 #include <immintrin.h>
@@ -46,5 +46,34 @@ void kern_swiglu_avx2(float *g, const float *u, size_t n)
         for (size_t k = i; k < n; k++) gt[k - i] = g[k], ut[k - i] = u[k];
         kern_swiglu_avx2(gt, ut, 8);
         for (size_t k = i; k < n; k++) g[k] = gt[k - i];
+    }
+}
+
+void kern_q8_quant_avx2(const float *x, size_t n, int8_t *qs, uint16_t *d)
+{
+    const __m256 hi = _mm256_set1_ps(127.0f), lo = _mm256_set1_ps(-127.0f);
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (size_t b = 0; b < n / 32; b++) {
+        __m256 v[4], m = _mm256_setzero_ps();
+        for (int i = 0; i < 4; i++) {
+            v[i] = _mm256_loadu_ps(x + 32 * b + 8 * (size_t)i);
+            m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[i]));
+        }
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
+        __m256 id = _mm256_set1_ps(kern__q8_group_scale(_mm_cvtss_f32(h), &d[b]));
+        __m256i q[4];
+        for (int i = 0; i < 4; i++) {
+            __m256 s = _mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(v[i], id), lo), hi);
+            q[i] = _mm256_cvtps_epi32(
+                _mm256_round_ps(s, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        }
+        /* pack to 16 then 8 bits (in range, so no saturation), undoing the
+         * packs' lane interleave */
+        __m256i w = _mm256_packs_epi32(q[0], q[1]), z = _mm256_packs_epi32(q[2], q[3]);
+        __m256i p = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(w, z),
+                                                _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256((__m256i *)(qs + 32 * b), p);
     }
 }
