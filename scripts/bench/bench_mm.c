@@ -46,21 +46,7 @@ static void *random_weights(int wtype, size_t n_out, size_t n_in)
     float *row = dx_malloc(n_in * sizeof(float));
     for (size_t o = 0; o < n_out; o++) {
         for (size_t k = 0; k < n_in; k++) row[k] = (float)rand() / RAND_MAX - 0.5f;
-        void *dst = w + o * rb;
-        switch (wtype) {
-        case DX_F32:
-            memcpy(dst, row, n_in * 4);
-            break;
-        case DX_F16:
-            dx_f32_to_f16_row(row, dst, n_in);
-            break;
-        case DX_BF16:
-            dx_f32_to_bf16_row(row, dst, n_in);
-            break;
-        case DX_Q8_0:
-            dx_f32_to_q8_0_row(row, dst, n_in);
-            break;
-        }
+        dx_dtype_from_f32_row(wtype, row, w + o * rb, n_in);
     }
     dx_free(row);
     return w;
@@ -144,13 +130,14 @@ int main(int argc, char **argv)
     const char *dt_filter = argc > 2 ? argv[2] : NULL;
     long tok_filter = argc > 3 ? atol(argv[3]) : 0;
     printf("kernels: %s\n", kern_isa_name(kern_get_isa()));
-    static const int wtypes[] = {DX_BF16, DX_Q8_0, DX_F16, DX_F32};
+    static const int wtypes[] = {DX_BF16, DX_Q8_0, DX_F16,  DX_F32,   DX_Q4_0,
+                                 DX_Q4_1, DX_Q5_0, DX_Q5_1, DX_IQ4_NL};
     static const size_t shapes[][2] = {{1024, 1024}, {3072, 1024}, {1024, 3072}};
     static const size_t toks[] = {1, 512};
     for (int nth = 1; nth <= 2; nth++) {
         dx_tpool *pool = NULL;
         if (dx_tpool_create(nth, &pool) != 0) return 1;
-        for (size_t d = 0; d < 4; d++) {
+        for (size_t d = 0; d < sizeof wtypes / sizeof *wtypes; d++) {
             if (dt_filter && strcmp(dt_filter, dx_dtype_name(wtypes[d])) != 0) continue;
             for (size_t tk = 0; tk < 2; tk++) {
                 if (tok_filter && (size_t)tok_filter != toks[tk]) continue;

@@ -17,7 +17,8 @@
 #   cmake -B build -DGGML_NATIVE=ON -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF
 #   cmake --build build --target llama-bench
 # Environment (defaults in brackets):
-#   DTYPES   weight types, one file each: models/qwen3-0.6b-<t>.gguf, written
+#   DTYPES   weight types (any of `duplex model synth --dtype`: bf16 f16 q8_0
+#            q5_1 q5_0 q4_1 q4_0 iq4_nl), one file each: models/qwen3-0.6b-<t>.gguf, written
 #            by `duplex model synth` if missing ["bf16 f16 q8_0"]
 #   TOKENIZER  a Hugging Face tokenizer.json (Qwen3's): the files then get the
 #            real vocabulary and its 151,936-row tied output head

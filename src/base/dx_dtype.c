@@ -1,52 +1,123 @@
-/* dx_dtype: type table and scalar conversions (the reference for the fast
- * kernels, which must produce the same bits). */
+/* dx_dtype: the type table (GGML's ids, names and block sizes, and for the
+ * types duplex runs their row conversions) and the dispatch over it. */
 #include "dx_dtype.h"
 #include "dx_err.h"
 
-#include <math.h>
+#include <string.h>
+
+typedef void (*to_f32_fn)(const void *src, float *dst, size_t n);
+typedef void (*from_f32_fn)(const float *src, void *dst, size_t n);
+
+typedef struct {
+    const char *name;
+    uint16_t block_elems, block_bytes;
+    to_f32_fn to_f32; /* NULL: not supported */
+    from_f32_fn from_f32;
+} dtype_info;
+
+static void f32_to(const void *s, float *d, size_t n)
+{
+    memcpy(d, s, n * sizeof(float));
+}
+static void f32_from(const float *s, void *d, size_t n)
+{
+    memcpy(d, s, n * sizeof(float));
+}
+
+/* dx_half / dx_quant's typed rows behind the table's untyped signature. */
+#define ROW_FNS(T, TO, FROM)                                                                       \
+    static void T##_to(const void *s, float *d, size_t n)                                          \
+    {                                                                                              \
+        TO(s, d, n);                                                                               \
+    }                                                                                              \
+    static void T##_from(const float *s, void *d, size_t n)                                        \
+    {                                                                                              \
+        FROM(s, d, n);                                                                             \
+    }
+ROW_FNS(f16, dx_f16_to_f32_row, dx_f32_to_f16_row)
+ROW_FNS(bf16, dx_bf16_to_f32_row, dx_f32_to_bf16_row)
+ROW_FNS(q8_0, dx_q8_0_to_f32_row, dx_f32_to_q8_0_row)
+ROW_FNS(q4_0, dx_q4_0_to_f32_row, dx_f32_to_q4_0_row)
+ROW_FNS(q4_1, dx_q4_1_to_f32_row, dx_f32_to_q4_1_row)
+ROW_FNS(q5_0, dx_q5_0_to_f32_row, dx_f32_to_q5_0_row)
+ROW_FNS(q5_1, dx_q5_1_to_f32_row, dx_f32_to_q5_1_row)
+ROW_FNS(iq4_nl, dx_iq4_nl_to_f32_row, dx_f32_to_iq4_nl_row)
+#undef ROW_FNS
+
+#define RUNS(T) T##_to, T##_from
+/* GGML's type traits (ggml.c): every id a GGUF file may hold.  Retired ids
+ * (4, 5, the 31-33 and 36-38 repacked layouts) are left out. */
+static const dtype_info k_types[DX_DTYPE_ID_MAX] = {
+    [0] = {"f32", 1, 4, RUNS(f32)},          [1] = {"f16", 1, 2, RUNS(f16)},
+    [2] = {"q4_0", 32, 18, RUNS(q4_0)},      [3] = {"q4_1", 32, 20, RUNS(q4_1)},
+    [6] = {"q5_0", 32, 22, RUNS(q5_0)},      [7] = {"q5_1", 32, 24, RUNS(q5_1)},
+    [8] = {"q8_0", 32, 34, RUNS(q8_0)},      [9] = {"q8_1", 32, 36, NULL, NULL},
+    [10] = {"q2_K", 256, 84, NULL, NULL},    [11] = {"q3_K", 256, 110, NULL, NULL},
+    [12] = {"q4_K", 256, 144, NULL, NULL},   [13] = {"q5_K", 256, 176, NULL, NULL},
+    [14] = {"q6_K", 256, 210, NULL, NULL},   [15] = {"q8_K", 256, 292, NULL, NULL},
+    [16] = {"iq2_xxs", 256, 66, NULL, NULL}, [17] = {"iq2_xs", 256, 74, NULL, NULL},
+    [18] = {"iq3_xxs", 256, 98, NULL, NULL}, [19] = {"iq1_s", 256, 50, NULL, NULL},
+    [20] = {"iq4_nl", 32, 18, RUNS(iq4_nl)}, [21] = {"iq3_s", 256, 110, NULL, NULL},
+    [22] = {"iq2_s", 256, 82, NULL, NULL},   [23] = {"iq4_xs", 256, 136, NULL, NULL},
+    [24] = {"i8", 1, 1, NULL, NULL},         [25] = {"i16", 1, 2, NULL, NULL},
+    [26] = {"i32", 1, 4, NULL, NULL},        [27] = {"i64", 1, 8, NULL, NULL},
+    [28] = {"f64", 1, 8, NULL, NULL},        [29] = {"iq1_m", 256, 56, NULL, NULL},
+    [30] = {"bf16", 1, 2, RUNS(bf16)},       [34] = {"tq1_0", 256, 54, NULL, NULL},
+    [35] = {"tq2_0", 256, 66, NULL, NULL},   [39] = {"mxfp4", 32, 17, NULL, NULL},
+    [40] = {"nvfp4", 64, 36, NULL, NULL},    [41] = {"q1_0", 128, 18, NULL, NULL},
+    [42] = {"q2_0", 64, 18, NULL, NULL},
+};
+#undef RUNS
+
+/* The supported ids in the order people read them (floats, then by bits). */
+static const enum dx_dtype k_supported[] = {DX_F32,  DX_F16,  DX_BF16, DX_Q8_0,  DX_Q5_1,
+                                            DX_Q5_0, DX_Q4_1, DX_Q4_0, DX_IQ4_NL};
+/* Kept in step with k_supported (test_quant checks it). */
+static const char k_supported_names[] = "f32, f16, bf16, q8_0, q5_1, q5_0, q4_1, q4_0, iq4_nl";
+
+static const dtype_info *info(int type)
+{
+    if (type < 0 || type >= DX_DTYPE_ID_MAX || !k_types[type].name) return NULL;
+    return &k_types[type];
+}
 
 const char *dx_dtype_name(int type)
 {
-    switch (type) {
-    case DX_F32: return "f32";
-    case DX_F16: return "f16";
-    case DX_BF16: return "bf16";
-    case DX_Q8_0: return "q8_0";
-    default: return NULL;
-    }
+    const dtype_info *t = info(type);
+    return t ? t->name : NULL;
+}
+
+int dx_dtype_supported(int type)
+{
+    const dtype_info *t = info(type);
+    return t && t->to_f32;
+}
+
+const char *dx_dtype_supported_names(void)
+{
+    return k_supported_names;
 }
 
 int dx_dtype_parse(const char *s, enum dx_dtype *out)
 {
-    static const enum dx_dtype all[] = {DX_F32, DX_F16, DX_BF16, DX_Q8_0};
-    for (size_t i = 0; i < DX_ARRAY_LEN(all); i++)
-        if (s && strcmp(s, dx_dtype_name(all[i])) == 0) {
-            *out = all[i];
+    for (size_t i = 0; i < DX_ARRAY_LEN(k_supported); i++)
+        if (s && strcmp(s, dx_dtype_name(k_supported[i])) == 0) {
+            *out = k_supported[i];
             return 0;
         }
-    return dx_errf(DX_EINVAL, "unknown dtype '%s' (want f32|f16|bf16|q8_0)", s ? s : "");
+    return dx_errf(DX_EINVAL, "unknown dtype '%s' (want one of %s)", s ? s : "", k_supported_names);
 }
 
 size_t dx_dtype_block_elems(int type)
 {
-    switch (type) {
-    case DX_F32:
-    case DX_F16:
-    case DX_BF16: return 1;
-    case DX_Q8_0: return DX_QK8_0;
-    default: return 0;
-    }
+    const dtype_info *t = info(type);
+    return t ? t->block_elems : 0;
 }
 
 size_t dx_dtype_block_bytes(int type)
 {
-    switch (type) {
-    case DX_F32: return 4;
-    case DX_F16:
-    case DX_BF16: return 2;
-    case DX_Q8_0: return sizeof(dx_block_q8_0);
-    default: return 0;
-    }
+    const dtype_info *t = info(type);
+    return t ? t->block_bytes : 0;
 }
 
 size_t dx_dtype_row_bytes(int type, size_t n)
@@ -56,101 +127,34 @@ size_t dx_dtype_row_bytes(int type, size_t n)
     return (n / be) * dx_dtype_block_bytes(type);
 }
 
-float dx_f16_to_f32(uint16_t h)
+/* The table entry for converting a row of n elements, or an error. */
+static int row_check(int type, size_t n, const dtype_info **out)
 {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    uint32_t exp = (h >> 10) & 0x1fu;
-    uint32_t man = h & 0x3ffu;
-    uint32_t u;
-    if (exp == 0x1f) {
-        u = sign | 0x7f800000u | (man << 13) | (man ? 0x400000u : 0);
-    } else if (exp == 0) {
-        if (!man) {
-            u = sign;
-        } else { /* subnormal: normalise */
-            int e = -1;
-            do {
-                man <<= 1;
-                e++;
-            } while (!(man & 0x400u));
-            u = sign | ((uint32_t)(127 - 15 - e) << 23) | ((man & 0x3ffu) << 13);
-        }
-    } else {
-        u = sign | ((exp + 112u) << 23) | (man << 13);
-    }
-    return dx_u32_as_f32(u);
-}
-
-uint16_t dx_f32_to_f16(float f)
-{
-    uint32_t u = dx_f32_as_u32(f);
-    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
-    uint32_t a = u & 0x7fffffffu;
-    if (a > 0x7f800000u) return sign | 0x7e00u | (uint16_t)((a >> 13) & 0x3ffu); /* NaN */
-    if (a >= 0x477ff000u) return sign | 0x7c00u; /* rounds to >= 65520: inf */
-    if (a < 0x38800000u) {                       /* below 2^-14: subnormal or zero */
-        if (a < 0x33000000u) return sign;        /* < 2^-25 rounds to 0 */
-        uint32_t e = a >> 23, m = (a & 0x7fffffu) | 0x800000u;
-        uint32_t shift = 126 - e; /* 14..24 */
-        uint32_t q = m >> shift, rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
-        if (rem > half || (rem == half && (q & 1))) q++;
-        return sign | (uint16_t)q;
-    }
-    uint32_t r = a + 0xfffu + ((a >> 13) & 1u); /* RNE at bit 13 */
-    return sign | (uint16_t)((r - 0x38000000u) >> 13);
-}
-
-void dx_f16_to_f32_row(const uint16_t *src, float *dst, size_t n)
-{
-    for (size_t i = 0; i < n; i++) dst[i] = dx_f16_to_f32(src[i]);
-}
-
-void dx_bf16_to_f32_row(const uint16_t *src, float *dst, size_t n)
-{
-    for (size_t i = 0; i < n; i++) dst[i] = dx_bf16_to_f32(src[i]);
-}
-
-void dx_f32_to_f16_row(const float *src, uint16_t *dst, size_t n)
-{
-    for (size_t i = 0; i < n; i++) dst[i] = dx_f32_to_f16(src[i]);
-}
-
-void dx_f32_to_bf16_row(const float *src, uint16_t *dst, size_t n)
-{
-    for (size_t i = 0; i < n; i++) dst[i] = dx_f32_to_bf16(src[i]);
-}
-
-void dx_q8_0_to_f32_row(const dx_block_q8_0 *src, float *dst, size_t n)
-{
-    for (size_t b = 0; b < n / DX_QK8_0; b++) {
-        float d = dx_f16_to_f32(src[b].d);
-        for (int j = 0; j < DX_QK8_0; j++) dst[b * DX_QK8_0 + j] = d * (float)src[b].qs[j];
-    }
-}
-
-void dx_f32_to_q8_0_row(const float *src, dx_block_q8_0 *dst, size_t n)
-{
-    for (size_t b = 0; b < n / DX_QK8_0; b++) {
-        const float *x = src + b * DX_QK8_0;
-        float amax = 0.0f;
-        for (int j = 0; j < DX_QK8_0; j++) amax = fmaxf(amax, fabsf(x[j]));
-        float d = amax / 127.0f;
-        float id = d != 0.0f ? 1.0f / d : 0.0f;
-        dst[b].d = dx_f32_to_f16(d);
-        for (int j = 0; j < DX_QK8_0; j++) dst[b].qs[j] = (int8_t)lrintf(x[j] * id);
-    }
+    const dtype_info *t = info(type);
+    if (!t || !t->to_f32)
+        return dx_errf(DX_EUNSUPPORTED, "tensor type %d (%s) is not supported (supported: %s)",
+                       type, t ? t->name : "unknown", k_supported_names);
+    if (n % t->block_elems)
+        return dx_errf(DX_EINVAL, "%s row of %zu elements (not a multiple of %u)", t->name, n,
+                       (unsigned)t->block_elems);
+    *out = t;
+    return 0;
 }
 
 int dx_dtype_to_f32_row(int type, const void *src, float *dst, size_t n)
 {
-    switch (type) {
-    case DX_F32: memcpy(dst, src, n * sizeof(float)); return 0;
-    case DX_F16: dx_f16_to_f32_row(src, dst, n); return 0;
-    case DX_BF16: dx_bf16_to_f32_row(src, dst, n); return 0;
-    case DX_Q8_0:
-        if (n % DX_QK8_0) return dx_errf(DX_EINVAL, "q8_0 row of %zu elements (not a multiple of 32)", n);
-        dx_q8_0_to_f32_row(src, dst, n);
-        return 0;
-    default: return dx_errf(DX_EUNSUPPORTED, "unsupported tensor type %d", type);
-    }
+    const dtype_info *t;
+    int rc = row_check(type, n, &t);
+    if (rc) return rc;
+    t->to_f32(src, dst, n);
+    return 0;
+}
+
+int dx_dtype_from_f32_row(int type, const float *src, void *dst, size_t n)
+{
+    const dtype_info *t;
+    int rc = row_check(type, n, &t);
+    if (rc) return rc;
+    t->from_f32(src, dst, n);
+    return 0;
 }

@@ -1,82 +1,60 @@
-/* dx_dtype: tensor element types and scalar conversions.
+/* dx_dtype: tensor element types — one table of every GGML type id with its
+ * name and block size, the subset duplex computes with, and row conversions
+ * to and from f32 for that subset.
  *
  * Values are GGML's type ids, so a GGUF tensor's type field maps directly.
- * Q8_0 is GGML's layout: blocks of 32 elements, each an f16 scale d followed
- * by 32 int8 quants q, value = d * q.
- *
- * The conversions are the scalar references: round-to-nearest-even, NaN kept
- * quiet, exactly what F16C/AVX512-BF16 instructions compute, so fast paths
- * give identical bits. */
+ * The GGUF reader sizes a tensor of any type GGML defines (so any file
+ * parses); dx_dtype_supported() says which ones the engine runs:
+ *   F32, F16, BF16                      plain floats (dx_half.h)
+ *   Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL blocks of 32 (dx_quant.h)
+ * Adding a type: its block layout, dequantiser and quantiser in dx_quant,
+ * one line of the table in dx_dtype.c, and its kernels (kern_mm_priv.h). */
 #ifndef DX_DTYPE_H
 #define DX_DTYPE_H
 
 #include <stddef.h>
 #include <stdint.h>
-#include <string.h>
+
+#include "base/dx_half.h"
+#include "base/dx_quant.h"
 
 enum dx_dtype {
     DX_F32 = 0,
     DX_F16 = 1,
+    DX_Q4_0 = 2,
+    DX_Q4_1 = 3,
+    DX_Q5_0 = 6,
+    DX_Q5_1 = 7,
     DX_Q8_0 = 8,
+    DX_IQ4_NL = 20,
     DX_BF16 = 30,
 };
 
-#define DX_QK8_0 32
-typedef struct {
-    uint16_t d; /* f16 scale */
-    int8_t qs[DX_QK8_0];
-} dx_block_q8_0;
+/* Every GGML type id is below this. */
+#define DX_DTYPE_ID_MAX 48
 
-/* Name ("f32", "f16", "bf16", "q8_0") or NULL for an unknown id. */
+/* GGML's name ("f32", "q4_0", "q4_K", ...) of any type GGML defines, or
+ * NULL for an unknown or retired id. */
 const char *dx_dtype_name(int type);
-/* Parse a name; returns 0 or DX_EINVAL. */
+/* 1 if duplex can compute with tensors of this type. */
+int dx_dtype_supported(int type);
+/* The supported types' names, "f32, f16, bf16, q8_0, ..." (for messages). */
+const char *dx_dtype_supported_names(void);
+/* Parse the name of a supported type; returns 0 or DX_EINVAL naming them. */
 int dx_dtype_parse(const char *s, enum dx_dtype *out);
-/* Elements per block (1 for plain types, 32 for Q8_0), 0 if unknown. */
+/* Elements per block (1 for plain types), 0 if unknown; any GGML type. */
 size_t dx_dtype_block_elems(int type);
-/* Bytes per block, 0 if unknown. */
+/* Bytes per block, 0 if unknown; any GGML type. */
 size_t dx_dtype_block_bytes(int type);
 /* Bytes for a row of n elements; n must be a multiple of the block size
  * (returns 0 otherwise or for an unknown type). */
 size_t dx_dtype_row_bytes(int type, size_t n);
 
-static inline float dx_u32_as_f32(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-static inline uint32_t dx_f32_as_u32(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-
-static inline float dx_bf16_to_f32(uint16_t h)
-{
-    return dx_u32_as_f32((uint32_t)h << 16);
-}
-
-static inline uint16_t dx_f32_to_bf16(float f)
-{
-    uint32_t u = dx_f32_as_u32(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
-    u += 0x7fffu + ((u >> 16) & 1u);                                          /* RNE */
-    return (uint16_t)(u >> 16);
-}
-
-float dx_f16_to_f32(uint16_t h);
-uint16_t dx_f32_to_f16(float f);
-
-/* Row conversions (scalar). */
-void dx_f16_to_f32_row(const uint16_t *src, float *dst, size_t n);
-void dx_bf16_to_f32_row(const uint16_t *src, float *dst, size_t n);
-void dx_f32_to_f16_row(const float *src, uint16_t *dst, size_t n);
-void dx_f32_to_bf16_row(const float *src, uint16_t *dst, size_t n);
-/* Q8_0: n multiple of 32. Quantisation: d = max|x|/127, q = round(x/d). */
-void dx_q8_0_to_f32_row(const dx_block_q8_0 *src, float *dst, size_t n);
-void dx_f32_to_q8_0_row(const float *src, dx_block_q8_0 *dst, size_t n);
-/* Dequantise a row of any supported type; n per the type's block size. */
+/* Dequantise (convert) a row of a supported type; n per its block size.
+ * DX_EUNSUPPORTED / DX_EINVAL otherwise. */
 int dx_dtype_to_f32_row(int type, const void *src, float *dst, size_t n);
+/* Quantise (convert) an f32 row into a supported type with the reference
+ * rules (dx_quant.h); same errors. */
+int dx_dtype_from_f32_row(int type, const float *src, void *dst, size_t n);
 
 #endif

@@ -3,9 +3,11 @@
 
 #include <stdio.h>
 
+#include "base/dx_buf.h"
 #include "base/dx_dtype.h"
 #include "base/dx_err.h"
 #include "model/model.h"
+#include "model/model_wtypes.h"
 #include "model/synth.h"
 #include "tok/tok_norm.h"
 
@@ -25,7 +27,9 @@ static int cmd_synth(int argc, char **argv)
          "tiny)"},
         {"layers", CLI_INT, &layers, 1, 1024,
          "layers instead of the preset's (the real per-layer shape in a smaller file)"},
-        {"dtype", CLI_STR, &dtype, 0, 0, "f32 | f16 | bf16 | q8_0 (default f32)"},
+        {"dtype", CLI_STR, &dtype, 0, 0,
+         "weight types: f32 | f16 | bf16 | q8_0 | q5_1 | q5_0 | q4_1 | q4_0 | iq4_nl (every "
+         "matrix; vectors and an MoE router stay f32; default f32)"},
         {"seed", CLI_U64, &seed, 0, 0, CLI_HELP_DEFAULT("random seed", SYNTH_SEED)},
         {"tokenizer", CLI_PATH, &tokenizer, 0, 0,
          "a Hugging Face tokenizer.json (or its directory; tokenizer_config.json beside it is "
@@ -40,13 +44,12 @@ static int cmd_synth(int argc, char **argv)
     if (!out) return cli_required("model synth", "-o FILE");
     synth_config cfg = {
         .preset = preset, .seed = seed, .tokenizer = tokenizer, .n_layer = (uint32_t)layers};
-    enum dx_dtype dt;
     if (synth_check_preset(preset)) return cli_bad_value("model synth", "--preset");
     const synth_preset *sp = synth_find_preset(preset);
     cfg.arch = synth_default_arch(sp);
     if (arch && synth_parse_arch(arch, &cfg.arch)) return cli_bad_value("model synth", "--arch");
-    if (dx_dtype_parse(dtype, &dt)) return cli_bad_value("model synth", "--dtype");
-    cfg.dtype = dt;
+    if (synth_check_wtypes(dtype)) return cli_bad_value("model synth", "--dtype");
+    cfg.wtypes = synth_find_wtypes(dtype);
     if ((rc = synth_write(&cfg, out))) {
         fprintf(stderr, "duplex model synth: %s\n", dx_errmsg());
         return 1;
@@ -110,6 +113,10 @@ static void print_info(const model *m)
             printf(" %llu %s (%.1f MiB)", (unsigned long long)count[t], dx_dtype_name(t),
                    (double)bytes[t] / (1 << 20));
     printf("\n");
+    dx_buf wt;
+    dx_buf_init(&wt, 0);
+    if (model_wtypes_summary(g, &wt) == 0) printf("weights:         %s\n", wt.data);
+    dx_buf_free(&wt);
     const tok *tk = model_tokenizer(m);
     printf("tokenizer:       gpt2 byte-level BPE, pre-tokenizer %s, normalizer %s, %zu tokens "
            "(bos %d%s, eos %d, eot %d)\n",

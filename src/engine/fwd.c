@@ -51,7 +51,7 @@ struct fwd {
     float *gate; /* [T][n_ff] */
     float *up;   /* [T][n_ff] */
     float *tmp;  /* [T][n_embd] block output before the residual add */
-    void *act[2];      /* prepared matmul activations (one per weight type in a group) */
+    void *act[3];      /* prepared matmul activations (one per activation kind in a group) */
     size_t act_bytes;
     void **attn_scratch; /* per thread */
     float *rope;       /* [n_ctx][head_dim/2][cos, sin] */
@@ -105,14 +105,16 @@ static void matmul_group(fwd *f, const float *x, size_t n_tok, const model_tenso
                          float *const *y, int n)
 {
     mm_group g = {.n = n, .n_tok = n_tok};
-    int prepped_type[2] = {-1, -1};
+    /* one prep per activation kind: weights of different types that consume
+     * the same layout (q4_0 and q5_0 in one QKV group) share it */
+    int prepped_kind[3] = {-1, -1, -1};
     for (int i = 0; i < n; i++) {
-        int t = w[i]->type, slot = prepped_type[0] == t ? 0 : prepped_type[1] == t ? 1 : -1;
-        if (slot < 0) {
-            slot = prepped_type[0] < 0 ? 0 : 1;
-            DX_ASSERT(prepped_type[slot] < 0); /* at most two weight types per group */
+        int t = w[i]->type, kind = kern_act_kind(t), slot = 0;
+        DX_ASSERT(kind >= 0); /* the loader admits only types with kernels */
+        while (prepped_kind[slot] >= 0 && prepped_kind[slot] != kind) slot++;
+        if (prepped_kind[slot] < 0) {
             kern_act_prep(t, x, n_tok, w[i]->ne[0], f->act[slot]);
-            prepped_type[slot] = t;
+            prepped_kind[slot] = kind;
         }
         size_t n_out = w[i]->ne[1], tile = kern_matmul_tile(t);
         size_t want = (size_t)f->n_threads * 4, chunk = (n_out + want - 1) / want;
@@ -495,6 +497,21 @@ static int build_rope(fwd *f)
     return 0;
 }
 
+/* Preps a matmul group may need at once: the most activation kinds among
+ * the q/k/v weights of a layer (gate/up are two), so the third buffer
+ * exists only for a file that mixes three kinds in one QKV group. */
+static int act_slots(const model *m)
+{
+    int most = 2;
+    for (uint32_t l = 0; l < model_hp(m)->n_layer; l++) {
+        const model_layer *L = model_layer_at(m, l);
+        int q = kern_act_kind(L->wq.type), k = kern_act_kind(L->wk.type),
+            v = kern_act_kind(L->wv.type);
+        if (q != k && q != v && k != v) most = 3;
+    }
+    return most;
+}
+
 static int alloc_buffers(fwd *f)
 {
     const model_hparams *hp = f->hp;
@@ -509,12 +526,8 @@ static int alloc_buffers(fwd *f)
         if (!(*bufs[i] = dx_aligned_alloc(64, T * widths[i] * sizeof(float))))
             return dx_errf(DX_ENOMEM, "fwd: activations for %zu tokens", (size_t)T);
     /* activations for any weight type, for the widest input */
-    static const int types[] = {DX_F32, DX_F16, DX_BF16, DX_Q8_0};
-    for (size_t i = 0; i < DX_ARRAY_LEN(types); i++) {
-        size_t b = kern_act_bytes(types[i], T, big);
-        if (b > f->act_bytes) f->act_bytes = b;
-    }
-    for (int i = 0; i < 2; i++)
+    f->act_bytes = kern_act_bytes_max(T, big);
+    for (int i = 0; i < act_slots(f->m); i++)
         if (!(f->act[i] = dx_aligned_alloc(64, f->act_bytes)))
             return dx_errf(DX_ENOMEM, "fwd: %zu-byte quantised activations", f->act_bytes);
     f->attn_scratch = dx_calloc((size_t)f->n_threads, sizeof(void *));
@@ -587,7 +600,7 @@ void fwd_destroy(fwd *f)
     if (!f) return;
     float *bufs[] = {f->x, f->xb, f->q, f->k, f->v, f->att, f->gate, f->up, f->tmp};
     for (size_t i = 0; i < DX_ARRAY_LEN(bufs); i++) dx_aligned_free(bufs[i]);
-    for (int i = 0; i < 2; i++) dx_aligned_free(f->act[i]);
+    for (int i = 0; i < 3; i++) dx_aligned_free(f->act[i]);
     if (f->attn_scratch)
         for (int i = 0; i < f->n_threads; i++) dx_aligned_free(f->attn_scratch[i]);
     dx_free(f->attn_scratch);

@@ -207,6 +207,13 @@ typedef struct {
     size_t n; /* rows or tokens */
 } row_job;
 
+/* Whether up's input must be prepared apart from gate's: weight types of
+ * one kern_act_kind() (q4_0 and q5_1, say) consume the same prepared rows. */
+static int typed_apart(int tg, int tu)
+{
+    return kern_act_kind(tg) != kern_act_kind(tu);
+}
+
 /* Grouped row r's input: token row_tok[r]'s x, prepared for gate and up. */
 static void gather_task(void *arg, size_t task, int tid)
 {
@@ -219,7 +226,8 @@ static void gather_task(void *arg, size_t task, int tid)
     for (size_t r = task * ROW_CHUNK; r < r1; r++) {
         const float *xr = j->x + (size_t)mo->row_tok[r] * mo->n_embd;
         kern_act_prep(tg, xr, 1, mo->n_embd, (uint8_t *)mo->act[0] + r * rg);
-        if (tu != tg) kern_act_prep(tu, xr, 1, mo->n_embd, (uint8_t *)mo->act[1] + r * ru);
+        if (typed_apart(tg, tu))
+            kern_act_prep(tu, xr, 1, mo->n_embd, (uint8_t *)mo->act[1] + r * ru);
     }
 }
 
@@ -277,9 +285,9 @@ void moe_ffn(moe *mo, dx_tpool *tp, const model_layer *L, const float *x, size_t
     if (route) memcpy(route, mo->sel, rows * sizeof *route);
     row_job rj = {mo, L, x, out, rows};
     rows_run(tp, &rj, gather_task);
-    int typed_apart = L->ffn_up_exps.type != L->ffn_gate_exps.type;
+    int apart = typed_apart(L->ffn_gate_exps.type, L->ffn_up_exps.type);
     exp_job gu = {.w = {&L->ffn_gate_exps, &L->ffn_up_exps},
-                  .act = {mo->act[0], mo->act[typed_apart]},
+                  .act = {mo->act[0], mo->act[apart]},
                   .y = {mo->g, mo->u},
                   .n_in = mo->n_embd,
                   .n_out = mo->ff};
@@ -313,7 +321,7 @@ static void size_acts(moe *mo, const model *m, size_t T, size_t rows)
         grow(&mo->act_bytes[0], kern_act_bytes(L->ffn_gate_inp.type, T, mo->n_embd));
         grow(&mo->act_bytes[0], kern_act_bytes(L->ffn_gate_exps.type, rows, mo->n_embd));
         grow(&mo->act_bytes[0], kern_act_bytes(L->ffn_down_exps.type, rows, mo->ff));
-        if (L->ffn_up_exps.type != L->ffn_gate_exps.type)
+        if (typed_apart(L->ffn_gate_exps.type, L->ffn_up_exps.type))
             grow(&mo->act_bytes[1], kern_act_bytes(L->ffn_up_exps.type, rows, mo->n_embd));
     }
 }

@@ -4,7 +4,7 @@
  * Reader: the file is mmap'ed read-only and fully validated at open: every
  * count, length, offset and shape is checked against the file size and for
  * overflow before use, keys and tensor names must be unique, tensor types must
- * be known (F32, F16, BF16, Q8_0), tensor data must be aligned to
+ * be ones GGML defines (dx_dtype's table), tensor data must be aligned to
  * general.alignment (default 32), lie inside the data section and not
  * overlap.  A bad file gives DX_EFORMAT (or DX_EUNSUPPORTED for a valid but
  * unsupported feature) with a message naming the file, the byte offset and
@@ -16,9 +16,9 @@
  *    files and versions > 3 give DX_EUNSUPPORTED, version 0 DX_EFORMAT;
  *  - nested arrays give DX_EUNSUPPORTED; bool values must be 0 or 1; keys
  *    and tensor names must be non-empty;
- *  - a tensor type GGML knows but this reader does not (q4_K...) gives
- *    DX_EUNSUPPORTED, an id GGML does not know DX_EFORMAT; both name the
- *    tensor and the type id;
+ *  - a tensor of any type GGML defines is sized and accepted (whether the
+ *    engine can run it is model_load's check); an id GGML does not know is
+ *    DX_EFORMAT naming the tensor and the id;
  *  - a dimension may be 0 (as in llama.cpp): such a tensor has nbytes 0 and
  *    data NULL; every ne must fit int64 and so must the element count and
  *    the byte size;

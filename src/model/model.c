@@ -5,7 +5,8 @@
  * tensors too (the engine addresses expert e's matrix inside them).  1-D
  * tensors (norm weights, biases) are small and converted once into owned f32
  * arrays, so kernels only ever see f32 vectors.  Every tensor is checked for
- * presence, shape and type; the error names it. */
+ * presence, shape and type — any type dx_dtype_supported() lists, each tensor
+ * its own (llama-quantize mixes them) — and the error names it. */
 #include "model/model.h"
 
 #include "jinja/jinja.h"
@@ -227,9 +228,12 @@ static int bind_nd(model *m, const char *name, uint32_t n_dims, const uint64_t *
         return dx_errf(DX_EFORMAT, "%s: tensor '%s' has shape %s, want %s", m->path, name, have,
                        need);
     }
-    if (!dx_dtype_name(ti.type))
-        return dx_errf(DX_EUNSUPPORTED, "%s: tensor '%s' has unsupported type %d", m->path, name,
-                       ti.type);
+    if (!dx_dtype_supported(ti.type))
+        return dx_errf(DX_EUNSUPPORTED,
+                       "%s: tensor '%s' has type %s (id %d), which duplex cannot run "
+                       "(supported: %s)",
+                       m->path, name, dx_dtype_name(ti.type), ti.type,
+                       dx_dtype_supported_names());
     for (uint32_t d = 0; d < 3; d++) t->ne[d] = d < n_dims ? want[d] : 1;
     m->n_params += t->ne[0] * t->ne[1] * t->ne[2];
     if (n_dims == 1) return own_f32(m, &ti, t);

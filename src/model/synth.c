@@ -126,6 +126,44 @@ void synth_llama3_rope_factors(const synth_rope_scaling *s, float base, uint32_t
     }
 }
 
+/* The plain schemes: every matrix one type. */
+static const synth_wtypes k_wtypes[] = {
+    {"f32", 0, DX_F32, NULL},   {"f16", 1, DX_F16, NULL},   {"bf16", 32, DX_BF16, NULL},
+    {"q8_0", 7, DX_Q8_0, NULL}, {"q5_1", 9, DX_Q5_1, NULL}, {"q5_0", 8, DX_Q5_0, NULL},
+    {"q4_1", 3, DX_Q4_1, NULL}, {"q4_0", 2, DX_Q4_0, NULL}, {"iq4_nl", 25, DX_IQ4_NL, NULL},
+};
+
+const synth_wtypes *synth_find_wtypes(const char *s)
+{
+    for (size_t i = 0; i < DX_ARRAY_LEN(k_wtypes); i++)
+        if (s && !strcmp(s, k_wtypes[i].name)) return &k_wtypes[i];
+    return NULL;
+}
+
+const char *synth_wtypes_names(void)
+{
+    return "f32|f16|bf16|q8_0|q5_1|q5_0|q4_1|q4_0|iq4_nl";
+}
+
+int synth_check_wtypes(const char *s)
+{
+    if (synth_find_wtypes(s)) return 0;
+    return dx_errf(DX_EINVAL, "unknown dtype '%s' (want %s)", s ? s : "", synth_wtypes_names());
+}
+
+int synth_wtypes_type(const synth_wtypes *w, enum synth_role r, uint32_t il, uint32_t n_layer)
+{
+    return w->rule ? w->rule(w, r, il, n_layer) : w->type;
+}
+
+/* A plain scheme for a type given by id (synth_config.dtype). */
+static const synth_wtypes *wtypes_of(int type)
+{
+    for (size_t i = 0; i < DX_ARRAY_LEN(k_wtypes); i++)
+        if (k_wtypes[i].type == type && !k_wtypes[i].rule) return &k_wtypes[i];
+    return NULL;
+}
+
 static const char *const k_arch_names[] = {[MODEL_LLAMA] = "llama",
                                            [MODEL_QWEN2] = "qwen2",
                                            [MODEL_QWEN3] = "qwen3",
@@ -181,13 +219,7 @@ static int fill_tensor(void *user, void *dst, uint64_t nbytes)
         else
             memset(row, 0, f->n_in * sizeof *row);
         uint8_t *out = (uint8_t *)dst + o * rb;
-        switch (f->type) {
-        case DX_F32: memcpy(out, row, rb); break;
-        case DX_F16: dx_f32_to_f16_row(row, (uint16_t *)out, f->n_in); break;
-        case DX_BF16: dx_f32_to_bf16_row(row, (uint16_t *)out, f->n_in); break;
-        case DX_Q8_0: dx_f32_to_q8_0_row(row, (dx_block_q8_0 *)out, f->n_in); break;
-        default: DX_ASSERT(0);
-        }
+        DX_ASSERT(dx_dtype_from_f32_row(f->type, row, out, f->n_in) == 0);
     }
     dx_free(row);
     return 0;
@@ -196,6 +228,8 @@ static int fill_tensor(void *user, void *dst, uint64_t nbytes)
 typedef struct {
     gguf_writer *w;
     const synth_config *cfg;
+    const synth_wtypes *wt;
+    uint32_t n_layer;
     fill_spec *specs;
     size_t n_specs, cap_specs;
 } synth_ctx;
@@ -206,6 +240,9 @@ static int add_tensor_typed(synth_ctx *c, const char *name, uint32_t n_dims, con
                             int type, int is_norm, float amp)
 {
     if (c->n_specs == c->cap_specs) return dx_errf(DX_ENOMEM, "too many tensors");
+    if (ne[0] % dx_dtype_block_elems(type))
+        return dx_errf(DX_EINVAL, "%s: rows of %llu cannot be stored as %s (blocks of %zu)", name,
+                       (unsigned long long)ne[0], dx_dtype_name(type), dx_dtype_block_elems(type));
     fill_spec *f = &c->specs[c->n_specs++];
     f->seed = c->cfg->seed ^ XXH3_64bits(name, strlen(name));
     f->type = type;
@@ -218,13 +255,21 @@ static int add_tensor_typed(synth_ctx *c, const char *name, uint32_t n_dims, con
     return gguf_w_add_tensor_fill(c->w, name, f->type, n_dims, ne, fill_tensor, f);
 }
 
-static int add_tensor(synth_ctx *c, const char *name, uint64_t n_in, uint64_t rows, int is_norm,
-                      float amp)
+/* A matrix [rows][n_in] of role r in layer il, of the type the scheme
+ * gives it. */
+static int add_tensor(synth_ctx *c, const char *name, enum synth_role r, uint32_t il, uint64_t n_in,
+                      uint64_t rows, int is_norm, float amp)
 {
-    /* vectors stay f32, as llama.cpp writes them */
     const uint64_t ne[2] = {n_in, rows};
-    return add_tensor_typed(c, name, rows > 1 ? 2 : 1, ne, rows > 1 ? c->cfg->dtype : DX_F32,
-                            is_norm, amp);
+    return add_tensor_typed(c, name, 2, ne, synth_wtypes_type(c->wt, r, il, c->n_layer), is_norm,
+                            amp);
+}
+
+/* A vector: always f32, as llama.cpp writes them. */
+static int add_vector(synth_ctx *c, const char *name, uint64_t n, int is_norm, float amp)
+{
+    const uint64_t ne[1] = {n};
+    return add_tensor_typed(c, name, 1, ne, DX_F32, is_norm, amp);
 }
 
 /* An MoE layer's FFN: the router, f32 as llama.cpp's converter always
@@ -237,17 +282,18 @@ static int add_experts(synth_ctx *c, const synth_preset *p, uint32_t i)
         const char *suffix;
         uint32_t n_dims;
         uint64_t ne[3];
+        enum synth_role role; /* the experts' types: the dense FFN roles' */
         float amp;
     } t[] = {
-        {"ffn_gate_inp.weight", 2, {e, x, 1}, a_e},
-        {"ffn_gate_exps.weight", 3, {e, ff, x}, a_e},
-        {"ffn_up_exps.weight", 3, {e, ff, x}, a_e},
-        {"ffn_down_exps.weight", 3, {ff, e, x}, a_ff},
+        {"ffn_gate_inp.weight", 2, {e, x, 1}, SYNTH_FFN_GATE, a_e},
+        {"ffn_gate_exps.weight", 3, {e, ff, x}, SYNTH_FFN_GATE, a_e},
+        {"ffn_up_exps.weight", 3, {e, ff, x}, SYNTH_FFN_UP, a_e},
+        {"ffn_down_exps.weight", 3, {ff, e, x}, SYNTH_FFN_DOWN, a_ff},
     };
     for (size_t k = 0; k < DX_ARRAY_LEN(t); k++) {
         char n[64];
         snprintf(n, sizeof n, "blk.%u.%s", i, t[k].suffix);
-        int type = k == 0 ? DX_F32 : c->cfg->dtype;
+        int type = k == 0 ? DX_F32 : synth_wtypes_type(c->wt, t[k].role, i, c->n_layer);
         int rc = add_tensor_typed(c, n, t[k].n_dims, t[k].ne, type, 0, t[k].amp);
         if (rc) return rc;
     }
@@ -271,70 +317,69 @@ static int add_weights(synth_ctx *c, const synth_preset *p, uint32_t n_vocab, ui
 {
     uint64_t e = p->n_embd, q = (uint64_t)p->n_head * p->head_dim,
              kv = (uint64_t)p->n_kv_head * p->head_dim, ff = p->n_ff;
-    float a_e = sqrtf(3.0f / (float)e), a_q = sqrtf(3.0f / (float)q), a_ff = sqrtf(3.0f / (float)ff);
+    float a_e = sqrtf(3.0f / (float)e), a_q = sqrtf(3.0f / (float)q),
+          a_ff = sqrtf(3.0f / (float)ff);
     int rc;
-    if ((rc = add_tensor(c, "token_embd.weight", e, n_vocab, 0, p->tied ? a_e : 1.7f))) return rc;
+    if ((rc = add_tensor(c, "token_embd.weight", SYNTH_TOKEN_EMBD, 0, e, n_vocab, 0,
+                         p->tied ? a_e : 1.7f)))
+        return rc;
     c->specs[c->n_specs - 1].zero_from = n_real;
     const synth_rope_scaling *rs = c->cfg->rope_scaling ? c->cfg->rope_scaling : &p->rope_scaling;
     if (rs->original_context && (rc = add_rope_freqs(c, p, rs, rope_base))) return rc;
     for (uint32_t i = 0; i < p->n_layer; i++) {
         char n[64];
-#define T(suffix, nin, rows, norm, amp)                                                            \
+#define T(suffix, role, nin, rows, norm, amp)                                                      \
     snprintf(n, sizeof n, "blk.%u.%s", i, suffix);                                                 \
-    if ((rc = add_tensor(c, n, nin, rows, norm, amp))) return rc;
-        T("attn_norm.weight", e, 1, 1, 0);
-        T("attn_q.weight", e, q, 0, a_e);
-        T("attn_k.weight", e, kv, 0, a_e);
-        T("attn_v.weight", e, kv, 0, a_e);
+    if ((rc = add_tensor(c, n, role, i, nin, rows, norm, amp))) return rc;
+#define V(suffix, nin, norm, amp)                                                                  \
+    snprintf(n, sizeof n, "blk.%u.%s", i, suffix);                                                 \
+    if ((rc = add_vector(c, n, nin, norm, amp))) return rc;
+        V("attn_norm.weight", e, 1, 0);
+        T("attn_q.weight", SYNTH_ATTN_Q, e, q, 0, a_e);
+        T("attn_k.weight", SYNTH_ATTN_K, e, kv, 0, a_e);
+        T("attn_v.weight", SYNTH_ATTN_V, e, kv, 0, a_e);
         if (c->cfg->arch == MODEL_QWEN2) {
-            T("attn_q.bias", q, 1, 0, 0.1f);
-            T("attn_k.bias", kv, 1, 0, 0.1f);
-            T("attn_v.bias", kv, 1, 0, 0.1f);
+            V("attn_q.bias", q, 0, 0.1f);
+            V("attn_k.bias", kv, 0, 0.1f);
+            V("attn_v.bias", kv, 0, 0.1f);
         }
         if (c->cfg->arch == MODEL_QWEN3 || c->cfg->arch == MODEL_QWEN3MOE) {
-            T("attn_q_norm.weight", p->head_dim, 1, 1, 0);
-            T("attn_k_norm.weight", p->head_dim, 1, 1, 0);
+            V("attn_q_norm.weight", p->head_dim, 1, 0);
+            V("attn_k_norm.weight", p->head_dim, 1, 0);
         }
-        T("attn_output.weight", q, e, 0, a_q);
-        T("ffn_norm.weight", e, 1, 1, 0);
+        T("attn_output.weight", SYNTH_ATTN_OUTPUT, q, e, 0, a_q);
+        V("ffn_norm.weight", e, 1, 0);
         if (p->n_expert) {
             if ((rc = add_experts(c, p, i))) return rc;
             continue;
         }
-        T("ffn_gate.weight", e, ff, 0, a_e);
-        T("ffn_up.weight", e, ff, 0, a_e);
-        T("ffn_down.weight", ff, e, 0, a_ff);
+        T("ffn_gate.weight", SYNTH_FFN_GATE, e, ff, 0, a_e);
+        T("ffn_up.weight", SYNTH_FFN_UP, e, ff, 0, a_e);
+        T("ffn_down.weight", SYNTH_FFN_DOWN, ff, e, 0, a_ff);
+#undef V
 #undef T
     }
-    if ((rc = add_tensor(c, "output_norm.weight", e, 1, 1, 0))) return rc;
+    if ((rc = add_vector(c, "output_norm.weight", e, 1, 0))) return rc;
     if (!p->tied) {
-        if ((rc = add_tensor(c, "output.weight", e, n_vocab, 0, a_e))) return rc;
+        if ((rc = add_tensor(c, "output.weight", SYNTH_OUTPUT, 0, e, n_vocab, 0, a_e))) return rc;
         c->specs[c->n_specs - 1].zero_from = n_real;
     }
     return 0;
 }
 
-static int add_hparams(gguf_writer *w, const synth_config *cfg, const synth_preset *p,
-                       uint32_t n_vocab, float rope_base)
+static int add_hparams(gguf_writer *w, const synth_config *cfg, const synth_wtypes *wt,
+                       const synth_preset *p, uint32_t n_vocab, float rope_base)
 {
     const char *a = arch_name(cfg->arch);
     char key[96], name[96];
     int rc = 0;
-    static const struct {
-        int type;
-        uint32_t ftype;
-    } ftypes[] = {{DX_F32, 0}, {DX_F16, 1}, {DX_Q8_0, 7}, {DX_BF16, 32}};
-    uint32_t ftype = 0;
-    for (size_t i = 0; i < DX_ARRAY_LEN(ftypes); i++)
-        if (ftypes[i].type == cfg->dtype) ftype = ftypes[i].ftype;
     if (cfg->n_layer)
-        snprintf(name, sizeof name, "duplex-synth-%s-%s-%ul-%s", a, p->name, p->n_layer,
-                 dx_dtype_name(cfg->dtype));
+        snprintf(name, sizeof name, "duplex-synth-%s-%s-%ul-%s", a, p->name, p->n_layer, wt->name);
     else
-        snprintf(name, sizeof name, "duplex-synth-%s-%s-%s", a, p->name, dx_dtype_name(cfg->dtype));
+        snprintf(name, sizeof name, "duplex-synth-%s-%s-%s", a, p->name, wt->name);
     rc |= gguf_w_set_str(w, "general.architecture", a);
     rc |= gguf_w_set_str(w, "general.name", name);
-    rc |= gguf_w_set_u32(w, "general.file_type", ftype);
+    rc |= gguf_w_set_u32(w, "general.file_type", wt->ftype);
     rc |= gguf_w_set_u32(w, "general.quantization_version", 2);
 #define U(suffix, v)                                                                               \
     snprintf(key, sizeof key, "%s.%s", a, suffix);                                                 \
@@ -497,11 +542,8 @@ int synth_write(const synth_config *cfg, const char *path)
     const synth_preset *p = &shape;
     if (cfg->n_layer > 1024) return dx_errf(DX_EINVAL, "%u layers: at most 1024", cfg->n_layer);
     if (cfg->n_layer) shape.n_layer = cfg->n_layer;
-    if (!dx_dtype_name(cfg->dtype))
-        return dx_errf(DX_EINVAL, "unsupported weight dtype %d", cfg->dtype);
-    if (cfg->dtype == DX_Q8_0 &&
-        (p->n_embd % 32 || p->n_ff % 32 || p->head_dim % 32 || p->n_ff_exp % 32))
-        return dx_errf(DX_EINVAL, "preset %s cannot be stored as q8_0", p->name);
+    const synth_wtypes *wt = cfg->wtypes ? cfg->wtypes : wtypes_of(cfg->dtype);
+    if (!wt) return dx_errf(DX_EINVAL, "unsupported weight dtype %d", cfg->dtype);
     int rc = check_arch(cfg, p);
     if (rc) return rc;
     const synth_rope_scaling *rs = cfg->rope_scaling ? cfg->rope_scaling : &p->rope_scaling;
@@ -518,14 +560,15 @@ int synth_write(const synth_config *cfg, const char *path)
     float rope_base = p->rope_base > 0           ? p->rope_base
                       : cfg->arch == MODEL_LLAMA ? 500000.0f
                                                  : 1000000.0f;
-    synth_ctx c = {.cfg = cfg, .cap_specs = 8 + 16 * (size_t)p->n_layer};
+    synth_ctx c = {
+        .cfg = cfg, .wt = wt, .n_layer = p->n_layer, .cap_specs = 8 + 16 * (size_t)p->n_layer};
     c.w = gguf_writer_create();
     c.specs = dx_calloc(c.cap_specs, sizeof *c.specs);
     if (!c.w || !c.specs) {
         rc = dx_errf(DX_ENOMEM, "out of memory");
         goto out;
     }
-    if ((rc = add_hparams(c.w, cfg, p, n_vocab, rope_base)) || (rc = add_tokenizer(c.w, &h)) ||
+    if ((rc = add_hparams(c.w, cfg, wt, p, n_vocab, rope_base)) || (rc = add_tokenizer(c.w, &h)) ||
         (rc = add_weights(&c, p, n_vocab, real_tokens(&h), rope_base)))
         goto out;
     rc = gguf_w_write_file(c.w, path);

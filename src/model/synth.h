@@ -40,12 +40,51 @@ typedef struct {
     uint32_t n_expert, n_expert_used, n_ff_exp; /* a mixture of experts; 0: dense */
 } synth_preset;
 
+/* The roles of a model's matrices, for choosing their types. */
+enum synth_role {
+    SYNTH_TOKEN_EMBD,
+    SYNTH_OUTPUT,
+    SYNTH_ATTN_Q,
+    SYNTH_ATTN_K,
+    SYNTH_ATTN_V,
+    SYNTH_ATTN_OUTPUT,
+    SYNTH_FFN_GATE,
+    SYNTH_FFN_UP,
+    SYNTH_FFN_DOWN,
+};
+
+/* What --dtype names: the weight types of a file.  A plain scheme gives
+ * every matrix one type; a mixture (llama-quantize's q4_k_m and kin, a
+ * later addition) has a rule picking a matrix's type from its role and
+ * layer, as llama-quantize's own rules do.  Vectors (norms, biases, rope
+ * frequencies) are always F32, as llama.cpp writes them. */
+typedef struct synth_wtypes {
+    const char *name; /* as --dtype takes it */
+    uint32_t ftype;   /* general.file_type (llama.cpp's llama_ftype) */
+    int type;         /* every matrix's type, or a mixture's usual one */
+    /* A mixture's rule (NULL: `type` throughout): the type of the matrix of
+     * role r in layer il of n_layer (il = 0 for token_embd and output). */
+    int (*rule)(const struct synth_wtypes *w, enum synth_role r, uint32_t il, uint32_t n_layer);
+} synth_wtypes;
+
+/* The scheme named s, or NULL. */
+const synth_wtypes *synth_find_wtypes(const char *s);
+/* 0 for a known scheme, else DX_EINVAL naming s and the schemes. */
+int synth_check_wtypes(const char *s);
+/* "f32|f16|bf16|q8_0|..." */
+const char *synth_wtypes_names(void);
+/* The type synth gives the matrix of role r in layer il. */
+int synth_wtypes_type(const synth_wtypes *w, enum synth_role r, uint32_t il, uint32_t n_layer);
+
 typedef struct {
     enum model_arch arch;
     const char
         *preset; /* tiny | small | 0.6b | qwen3-0.6b | llama3.2-1b | tiny-moe | qwen3-30b-a3b */
     uint32_t n_layer; /* layers instead of the preset's (0: the preset's) */
-    int dtype;        /* weight type of 2-D tensors: DX_F32 | DX_F16 | DX_BF16 | DX_Q8_0 */
+    /* The weight types: a scheme (--dtype), or when NULL every matrix of
+     * type `dtype` (any dx_dtype_supported() type); an MoE router is f32. */
+    const synth_wtypes *wtypes;
+    int dtype;
     uint64_t seed;
     const char *tokenizer; /* a Hugging Face tokenizer.json (or its directory); NULL: synthetic */
     /* Llama 3 rope scaling instead of the preset's (NULL: the preset's);

@@ -64,16 +64,22 @@ static void test_user_path(void **state)
 {
     (void)state;
     char out[65536], a[1024];
-    assert_int_equal(run(out, sizeof out, "model synth --arch llama --preset tiny --dtype q8_0 "
-                                          "--seed 9 -o %s", g_model), 0);
+    assert_int_equal(run(out, sizeof out,
+                         "model synth --arch llama --preset tiny --dtype q8_0 "
+                         "--seed 9 -o %s",
+                         g_model),
+                     0);
     assert_int_equal(run(out, sizeof out, "model info %s", g_model), 0);
-    const char *want[] = {"architecture:    llama", "layers:          2", "q8_0",
+    const char *want[] = {"architecture:    llama",  "layers:          2",      "q8_0",
                           "pre-tokenizer llama-bpe", "chat template:   llama3", "parameters:"};
     for (size_t i = 0; i < 6; i++)
         if (!strstr(out, want[i])) fail_msg("model info lacks '%s':\n%s", want[i], out);
     /* qwen3's rope base, 1e6, is a whole number and shows as one */
-    assert_int_equal(run(out, sizeof out, "model synth --preset tiny -o %s/q.gguf && %s model info "
-                                          "%s/q.gguf", g_dir, g_bin, g_dir), 0);
+    assert_int_equal(run(out, sizeof out,
+                         "model synth --preset tiny -o %s/q.gguf && %s model info "
+                         "%s/q.gguf",
+                         g_dir, g_bin, g_dir),
+                     0);
     if (!strstr(out, "rope:            base 1000000, neox\n")) fail_msg("rope base:\n%s", out);
     /* a llama file asks for BOS (tokenizer.ggml.add_bos_token): a raw prompt gets it */
     assert_int_equal(run(out, sizeof out, "tokenize --model %s --text 'Hello'", g_model), 0);
@@ -103,12 +109,40 @@ static void test_user_path(void **state)
     assert_null(strstr(out, "1 tokens"));
     /* generate: 6 tokens, greedy, twice the same */
     char g1[4096], g2[4096];
-    assert_int_equal(run(g1, sizeof g1, "generate --model %s --chat hi -n 6 2>/dev/null", g_model), 0);
-    assert_int_equal(run(g2, sizeof g2, "generate --model %s --chat hi -n 6 2>/dev/null", g_model), 0);
+    assert_int_equal(run(g1, sizeof g1, "generate --model %s --chat hi -n 6 2>/dev/null", g_model),
+                     0);
+    assert_int_equal(run(g2, sizeof g2, "generate --model %s --chat hi -n 6 2>/dev/null", g_model),
+                     0);
     assert_string_equal(g1, g2);
-    assert_int_equal(run(out, sizeof out, "generate --model %s --prompt hi -n 6 --temp 0.8 "
-                                          "--seed 3 --top-k 20 --top-p 0.9 --min-p 0.05", g_model), 0);
+    assert_int_equal(run(out, sizeof out,
+                         "generate --model %s --prompt hi -n 6 --temp 0.8 "
+                         "--seed 3 --top-k 20 --top-p 0.9 --min-p 0.05",
+                         g_model),
+                     0);
     assert_non_null(strstr(out, "generated: 6 tokens"));
+    /* a q4_0 model end to end: its types shown by role, and pinned greedy
+     * text, the same on every kernel ISA (the block-format kernels are
+     * bit-identical to their scalar twins) */
+    char q4[300];
+    snprintf(q4, sizeof q4, "%s/q4.gguf", g_dir);
+    assert_int_equal(run(out, sizeof out,
+                         "model synth --preset tiny --dtype q4_0 --seed 9 -o %s "
+                         "&& %s model info %s",
+                         q4, g_bin, q4),
+                     0);
+    if (!strstr(out,
+                "weights:         attn_*: q4_0; ffn_*: q4_0; token_embd: q4_0; output: q4_0\n"))
+        fail_msg("model info of a q4_0 model:\n%s", out);
+    static const char *const isas[] = {"scalar", "avx2", "avx512"};
+    for (size_t i = 0; i < 3; i++) {
+        char cmd[1024];
+        snprintf(cmd, sizeof cmd,
+                 "DUPLEX_KERNELS=%s %s generate --model %s --prompt 'Hello, world' -n 12 "
+                 "2>/dev/null",
+                 isas[i], g_bin, q4);
+        assert_int_equal(tp_capture(cmd, out, sizeof out), 0);
+        assert_string_equal(out, " res builab wh pair builab wh pair\tze that\n");
+    }
 }
 
 /* The tiny mixture of experts as a user runs it: synth (qwen3moe by
@@ -188,7 +222,7 @@ static void test_bad_flags(void **state)
            "tiny|small|0.6b|qwen3-0.6b|llama3.2-1b|tiny-moe|qwen3-30b-a3b)",
            "model synth --preset 7b -o /tmp/x%s", "");
     expect(2, "unknown architecture 'gpt2'", "model synth --arch gpt2 -o /tmp/x%s", "");
-    expect(2, "unknown dtype 'q4_0'", "model synth --dtype q4_0 -o /tmp/x%s", "");
+    expect(2, "unknown dtype 'int4'", "model synth --dtype int4 -o /tmp/x%s", "");
     expect(2, "-o FILE is required", "model synth%s", "");
     expect(2, "--seed wants a non-negative integer", "model synth --seed -4 -o /tmp/x%s", "");
     expect(2, "--model FILE is required", "tokenize --text hi%s", "");
@@ -221,8 +255,10 @@ static void test_bad_flags(void **state)
     expect(2, "--reasoning-parser: 'r1' is not auto, think or none",
            "serve --model /tmp/x --reasoning-parser r1%s", "");
     expect(2, "--url wants http://HOST:PORT", "bench chat --url ftp://x%s", "");
-    expect(1, "duplex bench chat: http://127.0.0.1:1/v1/models", "bench chat --url "
-                                                                "http://127.0.0.1:1%s", "");
+    expect(1, "duplex bench chat: http://127.0.0.1:1/v1/models",
+           "bench chat --url "
+           "http://127.0.0.1:1%s",
+           "");
     char a[400];
     snprintf(a, sizeof a, "tokenize --model %s --decode --text '1 2 x3'", m);
     expect(2, "bad token id at byte 4", "%s", a);
@@ -333,8 +369,9 @@ static void test_specific_messages(void **state)
         {"model synth --arch gpt2 -o /tmp/x",
          "duplex model synth: --arch: unknown architecture 'gpt2' (want "
          "qwen3|qwen2|llama|qwen3moe)"},
-        {"model synth --dtype q4_0 -o /tmp/x",
-         "duplex model synth: --dtype: unknown dtype 'q4_0' (want f32|f16|bf16|q8_0)"},
+        {"model synth --dtype int4 -o /tmp/x",
+         "duplex model synth: --dtype: unknown dtype 'int4' (want "
+         "f32|f16|bf16|q8_0|q5_1|q5_0|q4_1|q4_0|iq4_nl)"},
         {"model info", "duplex model info: a GGUF file (duplex model info FILE) is required"},
         {"serve --model /tmp/x --log-level loud",
          "duplex serve: --log-level: unknown log level 'loud' (want error|warn|info|debug)"},

@@ -158,10 +158,14 @@ static void test_hf_reads_what_synth_writes(void **state)
         fail_msg("@huggingface/gguf is not installed (scripts/test.sh runs npm ci)");
     check_file(MODEL_QWEN3, "tiny", DX_BF16, "qwen3");
     check_file(MODEL_QWEN3, "tiny", DX_Q8_0, "qwen3");
+    check_file(MODEL_QWEN3, "tiny", DX_Q4_0, "qwen3");
+    check_file(MODEL_QWEN3, "tiny", DX_IQ4_NL, "qwen3");
+    check_file(MODEL_LLAMA, "tiny", DX_Q5_1, "llama");
     check_file(MODEL_QWEN2, "tiny", DX_F16, "qwen2");
     check_file(MODEL_LLAMA, "tiny", DX_F32, "llama");
     check_file(MODEL_QWEN3MOE, "tiny-moe", DX_BF16, "qwen3moe"); /* 3-D expert tensors */
     check_file(MODEL_LLAMA, "tiny-moe", DX_Q8_0, "llama");
+    check_file(MODEL_QWEN3MOE, "tiny-moe", DX_Q4_1, "qwen3moe");
 }
 
 int main(void)

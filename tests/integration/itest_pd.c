@@ -21,20 +21,23 @@
 
 /* ---- tests -------------------------------------------------------------------- */
 
-
 #define FIRST "duplex_pd_first_token_from_prefill_total"
 
 /* An 8-turn conversation: from turn 2 the prefill node pulls the whole
  * history the decode node kept (previous prompt and answer, block-aligned)
  * and computes only the new tokens; the decode node pulls back only the
  * delta; every answer equals the single node's. */
-static void test_bidirectional_exact(void **state)
+static void bidirectional_exact(int turns)
 {
-    (void)state;
-    const char *pa[] = {"--role", "prefill", "--bidirectional-kv-xfer", "--no-enable-prefix-caching",
-                        "--kv-recompute-threshold", "16", NULL};
+    const char *pa[] = {"--role",
+                        "prefill",
+                        "--bidirectional-kv-xfer",
+                        "--no-enable-prefix-caching",
+                        "--kv-recompute-threshold",
+                        "16",
+                        NULL};
     const char *da[] = {"--role", "decode", "--bidirectional-kv-xfer", "--kv-recompute-threshold",
-                        "16", NULL};
+                        "16",     NULL};
     tp_proc P, D, S;
     node_start(&P, "p", pa);
     node_start(&D, "d", da);
@@ -42,7 +45,7 @@ static void test_bidirectional_exact(void **state)
     conv c, r;
     conv_init(&c, 1, 90);
     conv_init(&r, 1, 90);
-    for (int t = 1; t <= 8; t++) {
+    for (int t = 1; t <= turns; t++) {
         int max_tokens = 32 + (t * 13) % 33; /* 32..64 */
         long pulled_p = metric(&P, PULLED), computed_p = metric(&P, COMPUTED);
         long pulled_d = metric(&D, PULLED), local_d = metric(&D, LOCAL);
@@ -70,15 +73,37 @@ static void test_bidirectional_exact(void **state)
     }
     /* one retention per conversation: each turn superseded the previous */
     assert_int_equal(metric(&D, "duplex_kv_leases"), 1);
-    assert_int_equal(metric(&D, "duplex_kv_lease_events_total{event=\"superseded\"}"), 7);
-    assert_int_equal(metric(&P, "duplex_kv_pulls_total{direction=\"d2p\"}"), 7);
+    assert_int_equal(metric(&D, "duplex_kv_lease_events_total{event=\"superseded\"}"), turns - 1);
+    assert_int_equal(metric(&P, "duplex_kv_pulls_total{direction=\"d2p\"}"), turns - 1);
     /* every turn's first token came from P, sent by D without computing */
-    assert_int_equal(metric(&D, FIRST), 8);
+    assert_int_equal(metric(&D, FIRST), turns);
     conv_free(&c);
     conv_free(&r);
     stop_ok(&P);
     stop_ok(&D);
     stop_ok(&S);
+}
+
+static void test_bidirectional_exact(void **state)
+{
+    (void)state;
+    bidirectional_exact(8);
+}
+
+/* The same on a q4_0 model (its KV and logits come from the block-format
+ * kernels): 4 turns. */
+static void test_bidirectional_q4_0(void **state)
+{
+    (void)state;
+    char saved[sizeof G.model];
+    memcpy(saved, G.model, sizeof saved);
+    snprintf(G.model, sizeof G.model, "%s/tiny-q4_0.gguf", G.dir);
+    synth_config sc = {.arch = MODEL_QWEN3, .preset = "tiny", .dtype = DX_Q4_0, .seed = 5};
+    assert_int_equal(synth_write(&sc, G.model), 0);
+    G.model_name = "duplex-synth-qwen3-tiny-q4_0";
+    bidirectional_exact(4);
+    memcpy(G.model, saved, sizeof saved);
+    G.model_name = "duplex-synth-qwen3-tiny-f32";
 }
 
 /* The same flow on a mixture of experts (tiny-moe, qwen3moe): the KV the
@@ -158,7 +183,7 @@ static void test_unidirectional(void **state)
             assert_same(a, b, t);
             assert_null(c.dparams); /* the decode node retained nothing */
             long dl = metric(&P, LOCAL) - local_p, dc = metric(&P, COMPUTED) - computed_p;
-            if (!cache) assert_int_equal(dc, c.p_prompt); /* the whole history again */
+            if (!cache) assert_int_equal(dc, c.p_prompt);       /* the whole history again */
             if (cache && t >= 2) assert_true(dl > 0 && dc > 0); /* its own prompt blocks only */
             user_turn(&c, &r, 300 + (unsigned)t, 30);
         }
@@ -179,8 +204,13 @@ static void test_unidirectional(void **state)
 static void test_threshold(void **state)
 {
     (void)state;
-    const char *pa[] = {"--role", "prefill", "--bidirectional-kv-xfer", "--no-enable-prefix-caching",
-                        "--kv-recompute-threshold", "64", NULL};
+    const char *pa[] = {"--role",
+                        "prefill",
+                        "--bidirectional-kv-xfer",
+                        "--no-enable-prefix-caching",
+                        "--kv-recompute-threshold",
+                        "64",
+                        NULL};
     const char *da[] = {"--role", "decode", "--bidirectional-kv-xfer", NULL};
     tp_proc P, D;
     node_start(&P, "p", pa);
@@ -197,7 +227,8 @@ static void test_threshold(void **state)
     long below = metric(&P, "duplex_kv_fallbacks_total{reason=\"below_threshold\"}");
     long pulled = metric(&P, PULLED);
     json_decref(turn_pd(&shortc, &P, &D, 8, 1, 0));
-    assert_int_equal(metric(&P, "duplex_kv_fallbacks_total{reason=\"below_threshold\"}"), below + 1);
+    assert_int_equal(metric(&P, "duplex_kv_fallbacks_total{reason=\"below_threshold\"}"),
+                     below + 1);
     assert_int_equal(metric(&P, PULLED), pulled);
     long held_long = (longc.prompt + longc.gen - 1) / BS * BS;
     json_decref(turn_pd(&longc, &P, &D, 8, 1, 0));
@@ -207,7 +238,6 @@ static void test_threshold(void **state)
     stop_ok(&P);
     stop_ok(&D);
 }
-
 
 #define DECIDED(dir, path)                                                                         \
     "duplex_kv_reuse_decisions_total{direction=\"" dir "\",rule=\"auto\",path=\"" path "\"}"
@@ -231,8 +261,12 @@ static double line_num(const char *line, const char *key)
 static void test_reuse_by_cost(void **state)
 {
     (void)state;
-    const char *pa[] = {"--role", "prefill", "--bidirectional-kv-xfer", "--fixed-costs",
-                        "{\"prefill_tok_s\":1e-4,\"pull\":{\"setup_s\":0.005,\"byte_s\":0}}", NULL};
+    const char *pa[] = {"--role",
+                        "prefill",
+                        "--bidirectional-kv-xfer",
+                        "--fixed-costs",
+                        "{\"prefill_tok_s\":1e-4,\"pull\":{\"setup_s\":0.005,\"byte_s\":0}}",
+                        NULL};
     tp_proc P, D, S;
     node_start(&P, "p", pa);
     node_start(&D, "d", k_da);
@@ -254,7 +288,7 @@ static void test_reuse_by_cost(void **state)
         long dp = metric(&P, DECIDED("d2p", "pull")) - pulls;
         long dr = metric(&P, DECIDED("d2p", "recompute")) - recs;
         double est_rec = line_num(line, " est_recompute_ms="); /* 0.1 ms a token */
-        if (dp + dr == 0 && !strstr(line, "est_")) continue; /* the answer filled no block */
+        if (dp + dr == 0 && !strstr(line, "est_")) continue;   /* the answer filled no block */
         if (dp + dr != 1 || line_num(line, " est_pull_ms=") != 5.0)
             fail_msg("turn %d: %ld pulls and %ld recomputes decided: %s", t, dp, dr, line);
         if ((est_rec >= 6.4 && !dp) || (est_rec <= 4.0 && !dr))
@@ -276,8 +310,12 @@ static void test_reuse_by_cost(void **state)
     stop_ok(&D);
     /* a decode node that finds pulling dear recomputes what the prefill
      * node computed for it */
-    const char *da[] = {"--role", "decode", "--bidirectional-kv-xfer", "--fixed-costs",
-                        "{\"prefill_tok_s\":1e-4,\"pull\":{\"setup_s\":1}}", NULL};
+    const char *da[] = {"--role",
+                        "decode",
+                        "--bidirectional-kv-xfer",
+                        "--fixed-costs",
+                        "{\"prefill_tok_s\":1e-4,\"pull\":{\"setup_s\":1}}",
+                        NULL};
     node_start(&D, "d", da);
     conv d, q;
     conv_init(&d, 42, 60);
@@ -371,8 +409,9 @@ static void test_forged_params(void **state)
         user_turn(&c, &r, 50 + (unsigned)k, 20);
         json_t *forged = json_deep_copy(k < 2 ? other.dparams : c.dparams);
         if (k == 1) json_object_del(forged, "remote_token_ids"); /* then the pin's hashes decide */
-        if (k == 2) json_object_set_new(forged, "remote_lease",
-                                        json_string("0123456789abcdef0123456789abcdef"));
+        if (k == 2)
+            json_object_set_new(forged, "remote_lease",
+                                json_string("0123456789abcdef0123456789abcdef"));
         if (k == 3) json_object_set_new(forged, "remote_port", json_integer(1));
         long pulled = metric(&P, PULLED);
         json_t *keep = c.dparams;
@@ -400,8 +439,8 @@ static void test_forged_params(void **state)
 static void test_decode_dies_and_ttl(void **state)
 {
     (void)state;
-    const char *da_ttl[] = {"--role", "decode", "--bidirectional-kv-xfer",
-                            "--decoder-kv-blocks-ttl", "1", NULL};
+    const char *da_ttl[] = {
+        "--role", "decode", "--bidirectional-kv-xfer", "--decoder-kv-blocks-ttl", "1", NULL};
     tp_proc P, D, D2, S;
     node_start(&P, "p", k_pa);
     node_start(&D, "d", k_da);
@@ -644,7 +683,8 @@ static void test_first_token(void **state)
     assert_true(json_is_string(json_object_get(pp, "first_token_model")));
     json_t *other = json_deep_copy(json_object_get(pp, "remote_token_ids")); /* last one changed */
     size_t last = json_array_size(other) - 1;
-    json_array_set_new(other, last, json_integer((json_integer_value(json_array_get(other, last)) + 1) % 200));
+    json_array_set_new(other, last,
+                       json_integer((json_integer_value(json_array_get(other, last)) + 1) % 200));
     struct {
         const char *field;
         json_t *value;
@@ -669,8 +709,8 @@ static void test_first_token(void **state)
         long first = metric(&D, FIRST);
         json_t *resp = post(&D, db, bad[i].status);
         if (bad[i].status == 400) {
-            const char *param = json_string_value(
-                json_object_get(json_object_get(resp, "error"), "param"));
+            const char *param =
+                json_string_value(json_object_get(json_object_get(resp, "error"), "param"));
             if (!param || !strstr(param, bad[i].blamed))
                 fail_msg("case %zu: 400 names '%s', not %s", i, param ? param : "(none)",
                          bad[i].blamed);
@@ -720,6 +760,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bidirectional_exact),
+        cmocka_unit_test(test_bidirectional_q4_0),
         cmocka_unit_test(test_bidirectional_moe),
         cmocka_unit_test(test_unidirectional),
         cmocka_unit_test(test_threshold),

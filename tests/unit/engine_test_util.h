@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "base/dx_dtype.h"
 #include "base/dx_err.h"
 #include "model/model.h"
 #include "model/synth.h"
@@ -35,6 +36,51 @@ static inline model *etu_model_p(enum model_arch arch, const char *preset, int d
     snprintf(path, sizeof path, "%s/%s-%d-%d.gguf", etu_dir, preset, (int)arch, dtype);
     if (access(path, F_OK) != 0) {
         synth_config c = {.arch = arch, .preset = preset, .dtype = dtype, .seed = 42};
+        if (synth_write(&c, path)) {
+            fprintf(stderr, "synth: %s\n", dx_errmsg());
+            return NULL;
+        }
+    }
+    model *m = NULL;
+    if (model_load(path, &m)) fprintf(stderr, "load: %s\n", dx_errmsg());
+    return m;
+}
+
+/* A mixture of weight types, as llama-quantize writes them and more: q4_0
+ * with attn_v q4_1 in layer 0 (its QKV group shares one activation prep),
+ * layer 1's QKV group of bf16, q4_0 and f16 (three preps), attn_output
+ * q5_0, ffn_down q8_0, an iq4_nl embedding and a q5_1 output head. */
+static inline int etu_mix_rule(const synth_wtypes *w, enum synth_role r, uint32_t il,
+                               uint32_t n_layer)
+{
+    (void)w;
+    (void)n_layer;
+    switch (r) {
+    case SYNTH_ATTN_Q:
+        return il == 1 ? DX_BF16 : DX_Q4_0;
+    case SYNTH_ATTN_V:
+        return il == 1 ? DX_F16 : DX_Q4_1;
+    case SYNTH_ATTN_OUTPUT:
+        return DX_Q5_0;
+    case SYNTH_FFN_DOWN:
+        return DX_Q8_0;
+    case SYNTH_TOKEN_EMBD:
+        return DX_IQ4_NL;
+    case SYNTH_OUTPUT:
+        return DX_Q5_1;
+    default:
+        return DX_Q4_0;
+    }
+}
+
+/* Synthesises (once) and loads the tiny model with etu_mix_rule's types. */
+static inline model *etu_model_mix(enum model_arch arch)
+{
+    static const synth_wtypes mix = {"test-mix", 2, DX_Q4_0, etu_mix_rule};
+    char path[256];
+    snprintf(path, sizeof path, "%s/tiny-%d-mix.gguf", etu_dir, (int)arch);
+    if (access(path, F_OK) != 0) {
+        synth_config c = {.arch = arch, .preset = "tiny", .wtypes = &mix, .seed = 42};
         if (synth_write(&c, path)) {
             fprintf(stderr, "synth: %s\n", dx_errmsg());
             return NULL;

@@ -32,8 +32,8 @@ static void row_f64(const model_tensor *t, uint64_t r, double *out)
 {
     size_t n = t->ne[0];
     float *tmp = malloc(n * sizeof(float));
-    dx_dtype_to_f32_row(t->type, (const uint8_t *)t->data + r * dx_dtype_row_bytes(t->type, n),
-                        tmp, n);
+    dx_dtype_to_f32_row(t->type, (const uint8_t *)t->data + r * dx_dtype_row_bytes(t->type, n), tmp,
+                        n);
     for (size_t i = 0; i < n; i++) out[i] = tmp[i];
     free(tmp);
 }
@@ -244,8 +244,11 @@ static void rig_init(rig *r, const model *m, int threads, int kv_dtype)
     const model_hparams *hp = model_hp(m);
     r->m = m;
     r->V = hp->n_vocab;
-    kv_pool_config pc = {.n_layer = hp->n_layer, .n_kv_head = hp->n_kv_head,
-                         .head_dim = hp->head_dim, .block_size = BS, .dtype = kv_dtype,
+    kv_pool_config pc = {.n_layer = hp->n_layer,
+                         .n_kv_head = hp->n_kv_head,
+                         .head_dim = hp->head_dim,
+                         .block_size = BS,
+                         .dtype = kv_dtype,
                          .n_blocks = 64};
     assert_int_equal(kv_pool_create(&pc, &r->pool), 0);
     assert_int_equal(dx_tpool_create(threads, &r->tp), 0);
@@ -453,7 +456,8 @@ static void check_invariance(const model *m, int threads, int kv_dtype)
     fresh_blocks(&r, 8, nb, b1);
     fresh_blocks(&r, 16, 2, bo1);
     fresh_blocks(&r, 24, 2, bo2);
-    fwd_seq batch[3] = {{bo1, 0, 30, g_other1, 2}, {b1, 0, NP, g_toks, 2}, {bo2, 0, 17, g_other2, 1}};
+    fwd_seq batch[3] = {
+        {bo1, 0, 30, g_other1, 2}, {b1, 0, NP, g_toks, 2}, {bo2, 0, 17, g_other2, 1}};
     assert_int_equal(fwd_step(r.f, batch, 3, lg), 0);
     assert_memory_equal(lg + (size_t)30 * V, base, (size_t)NP * V * 4);
     assert_blocks_equal(&r, b0, b1, nb);
@@ -480,9 +484,9 @@ static void check_invariance(const model *m, int threads, int kv_dtype)
 static void test_batch_invariance(void **state)
 {
     kti_use(state);
-    const int dtypes[] = {DX_F32, DX_F16, DX_BF16, DX_Q8_0};
-    for (size_t d = 0; d < 4; d++) {
-        model *m = etu_model(MODEL_QWEN3, dtypes[d]);
+    const int dtypes[] = {DX_F32, DX_F16, DX_BF16, DX_Q8_0, DX_Q4_0, DX_IQ4_NL, -1 /* mixture */};
+    for (size_t d = 0; d < DX_ARRAY_LEN(dtypes); d++) {
+        model *m = dtypes[d] < 0 ? etu_model_mix(MODEL_QWEN3) : etu_model(MODEL_QWEN3, dtypes[d]);
         assert_non_null(m);
         uint32_t V = model_hp(m)->n_vocab;
         etu_tokens(g_toks, NP, V, 11);
@@ -494,16 +498,16 @@ static void test_batch_invariance(void **state)
     }
 }
 
-/* Same logits and KV with 1, 2 and 3 threads, for every KV dtype. */
-static void test_thread_count_invariance(void **state)
+/* Same logits and KV with 1, 2 and 3 threads, for the KV dtypes of kvs[0 ..
+ * n_kv_types). */
+static void check_thread_counts(int dtype, int n_kv_types)
 {
-    (void)state;
-    model *m = etu_model(MODEL_LLAMA, DX_BF16);
+    model *m = etu_model(MODEL_LLAMA, dtype);
     assert_non_null(m);
     uint32_t V = model_hp(m)->n_vocab;
     etu_tokens(g_toks, NP, V, 21);
     const int kvs[] = {DX_F16, DX_BF16, DX_F32, DX_Q8_0};
-    for (int k = 0; k < 4; k++) {
+    for (int k = 0; k < n_kv_types; k++) {
         float *out[3];
         uint8_t *kv[3];
         size_t kvb = 0;
@@ -528,19 +532,30 @@ static void test_thread_count_invariance(void **state)
     model_free(m);
 }
 
+/* Same logits and KV with 1, 2 and 3 threads, for every KV dtype with a
+ * bf16 model, and f16 KV with a q4_0 and an iq4_nl model. */
+static void test_thread_count_invariance(void **state)
+{
+    (void)state;
+    const int dtypes[] = {DX_BF16, DX_Q4_0, DX_IQ4_NL};
+    for (size_t d = 0; d < DX_ARRAY_LEN(dtypes); d++)
+        check_thread_counts(dtypes[d], d == 0 ? 4 : 1);
+}
+
 /* ---------- mixtures of experts ---------- */
 
 /* The invariance checks above (chunks, batches, decode beside a prefill,
  * prefix reuse; 1 and 2 threads) on the tiny MoE models: qwen3moe's in
- * F32, BF16 and Q8_0 (the grouping is the same for every type; F16's
- * kernels are the dense test's), llama's in BF16. */
+ * F32, BF16, Q8_0 and Q4_1 (a block format's experts sliced from the
+ * stacked tensor; the grouping is the same for every type; F16's kernels
+ * are the dense test's), llama's in BF16. */
 static void test_moe_batch_invariance(void **state)
 {
     kti_use(state);
-    const int dtypes[] = {DX_F32, DX_BF16, DX_Q8_0};
+    const int dtypes[] = {DX_F32, DX_BF16, DX_Q8_0, DX_Q4_1};
     const enum model_arch archs[] = {MODEL_QWEN3MOE, MODEL_LLAMA};
     for (size_t a = 0; a < 2; a++)
-        for (size_t d = 0; d < 3; d++) {
+        for (size_t d = 0; d < DX_ARRAY_LEN(dtypes); d++) {
             if (a == 1 && dtypes[d] != DX_BF16) continue;
             model *m = etu_model_p(archs[a], "tiny-moe", dtypes[d]);
             assert_non_null(m);

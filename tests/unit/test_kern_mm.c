@@ -1,6 +1,9 @@
 /* Unit tests for the matmul kernels (kern_act_prep / kern_matmul):
  *  - every ISA this CPU supports against kern_matmul_scalar and against an
  *    exact (double) sum, on odd shapes;
+ *  - the block formats other than Q8_0 (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL):
+ *    every ISA's tiles bit-equal (memcmp) to the scalar twin for every n_tok
+ *    1..40, odd numbers of blocks and splits of [0, n_out);
  *  - bit-exact batch invariance with memcmp, per ISA and weight type: tokens
  *    all at once vs one at a time vs in chunks of 7; any split of [0, n_out)
  *    into task ranges; a token alone vs batched among random tokens;
@@ -34,7 +37,15 @@
 
 #define REL_TOL 2e-5
 
-static const int wtypes[] = {DX_F32, DX_F16, DX_BF16, DX_Q8_0};
+static const int wtypes[] = {DX_F32,  DX_F16,  DX_BF16, DX_Q8_0,  DX_Q4_0,
+                             DX_Q4_1, DX_Q5_0, DX_Q5_1, DX_IQ4_NL};
+/* The formats whose tiles reproduce the scalar twin bit for bit. */
+static const int blk_types[] = {DX_Q4_0, DX_Q4_1, DX_Q5_0, DX_Q5_1, DX_IQ4_NL};
+
+static int is_q8_act(int wtype)
+{
+    return dx_dtype_block_elems(wtype) == 32;
+}
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 static uint32_t rng_u32(void)
@@ -66,21 +77,7 @@ static void *make_weights(int wtype, size_t n_out, size_t n_in)
     assert_non_null(w);
     for (size_t o = 0; o < n_out; o++) {
         fill_random(row, n_in);
-        void *dst = w + o * rb;
-        switch (wtype) {
-        case DX_F32:
-            memcpy(dst, row, n_in * 4);
-            break;
-        case DX_F16:
-            dx_f32_to_f16_row(row, dst, n_in);
-            break;
-        case DX_BF16:
-            dx_f32_to_bf16_row(row, dst, n_in);
-            break;
-        case DX_Q8_0:
-            dx_f32_to_q8_0_row(row, dst, n_in);
-            break;
-        }
+        assert_int_equal(dx_dtype_from_f32_row(wtype, row, w + o * rb, n_in), 0);
     }
     dx_free(row);
     return w;
@@ -110,7 +107,7 @@ static void consumed_x(int wtype, const float *x, size_t n_in, float *out)
 {
     if (wtype == DX_BF16) {
         for (size_t k = 0; k < n_in; k++) out[k] = dx_bf16_to_f32(dx_f32_to_bf16(x[k]));
-    } else if (wtype == DX_Q8_0) {
+    } else if (is_q8_act(wtype)) {
         dx_block_q8_0 *q = dx_malloc(n_in / 32 * sizeof(*q));
         dx_f32_to_q8_0_row(x, q, n_in);
         dx_q8_0_to_f32_row(q, out, n_in);
@@ -170,7 +167,7 @@ static void test_mm_matches_scalar(void **state)
     size_t c = 0;
     for (size_t d = 0; d < DX_ARRAY_LEN(wtypes); d++)
         for (size_t i = 0; i < DX_ARRAY_LEN(n_ins); i++) {
-            if (wtypes[d] == DX_Q8_0 && n_ins[i] % 32) continue;
+            if (is_q8_act(wtypes[d]) && n_ins[i] % 32) continue;
             for (size_t t = 0; t < DX_ARRAY_LEN(n_toks); t++, c++)
                 check_shape(isa, wtypes[d], n_toks[t], n_ins[i], n_outs[c % DX_ARRAY_LEN(n_outs)]);
         }
@@ -307,7 +304,7 @@ static void test_mm_invariance(void **state)
 {
     enum kern_isa isa = kti_use(state);
     for (size_t d = 0; d < DX_ARRAY_LEN(wtypes); d++) {
-        int q8 = wtypes[d] == DX_Q8_0;
+        int q8 = is_q8_act(wtypes[d]);
         check_invariance(isa, wtypes[d], q8 ? 96 : 100, 37);
         check_invariance(isa, wtypes[d], q8 ? 1024 : 33, 21);
     }
@@ -327,7 +324,7 @@ static void test_prep_bits(void **state)
     for (size_t k = 96; k < 128; k++) x[k] = (float)((int)k - 112) * 0.5f; /* q8 ties */
     for (size_t d = 0; d < DX_ARRAY_LEN(wtypes); d++) {
         int wt = wtypes[d];
-        if (wt == DX_Q8_0) x[72] = 0.25f; /* NaN is not quantised meaningfully */
+        if (is_q8_act(wt)) x[72] = 0.25f; /* NaN is not quantised meaningfully */
         assert_int_equal(kern_set_isa(KERN_SCALAR), 0);
         void *ref = prep(wt, x, n_tok, n_in);
         assert_int_equal(kern_set_isa(isa), 0);
@@ -392,12 +389,19 @@ static void check_isa_table(const kern_mm_isa *isa)
 {
     assert_true(isa->mr >= 1 && isa->mr <= KERN_MM_MR_MAX);
     assert_true(isa->block_rows >= 1 && (isa->block_rows & (isa->block_rows - 1)) == 0);
-    assert_non_null(isa->q8_prep);
-    const kern_mm_tiles *kinds[] = {isa->f32, isa->f16, isa->bf16, isa->q8};
-    for (size_t k = 0; k < sizeof kinds / sizeof *kinds; k++) {
-        assert_non_null(kinds[k]);
+    assert_non_null(isa->prep[KERN_ACT_Q8]);
+    size_t n_supported = 0;
+    for (int t = 0; t < DX_DTYPE_ID_MAX; t++) {
+        if (!dx_dtype_supported(t)) {
+            assert_null(isa->tiles[t]);
+            continue;
+        }
+        n_supported++;
+        assert_true(kern_act_kind(t) >= 0 && kern_act_kind(t) < KERN_ACT_KINDS);
+        const kern_mm_tiles *T = isa->tiles[t];
+        if (!T) fail_msg("no tiles for %s", dx_dtype_name(t));
         for (int m = 1; m <= isa->mr; m++) {
-            const kern_mm_tile *sh = kinds[k]->by[m];
+            const kern_mm_tile *sh = T->by[m];
             int i = 0;
             for (; i < KERN_MM_SHAPES && sh[i].fn; i++)
                 if (i > 0) assert_true(sh[i].nr < sh[i - 1].nr);
@@ -405,6 +409,7 @@ static void check_isa_table(const kern_mm_isa *isa)
             assert_int_equal(sh[i - 1].nr, 1);
         }
     }
+    assert_int_equal(n_supported, DX_ARRAY_LEN(wtypes)); /* every supported type is tested */
 }
 
 static void test_isa_tables(void **state)
@@ -412,8 +417,62 @@ static void test_isa_tables(void **state)
     (void)state;
     check_isa_table(&kern_mm_isa_avx2);
     check_isa_table(&kern_mm_isa_avx512);
-    assert_null(kern_mm_isa_avx2.bf16_prep); /* BF16 takes the scalar conversion on AVX2 */
-    assert_non_null(kern_mm_isa_avx512.bf16_prep);
+    /* BF16 takes the scalar conversion on AVX2 */
+    assert_null(kern_mm_isa_avx2.prep[KERN_ACT_BF16]);
+    assert_non_null(kern_mm_isa_avx512.prep[KERN_ACT_BF16]);
+    assert_int_equal(kern_act_kind(DX_Q4_0), kern_act_kind(DX_Q8_0));
+    assert_int_equal(kern_act_kind(DX_IQ4_NL), kern_act_kind(DX_Q5_1));
+    assert_int_equal(kern_act_kind(12), DX_NONE); /* q4_K: no kernels yet */
+    assert_int_equal(kern_act_bytes(12, 1, 256), 0);
+    assert_int_equal(kern_act_bytes_max(3, 96), 3 * 96 * 4);
+}
+
+/* ---- block formats: every ISA bit-equal to the scalar twin ---- */
+
+/* All tokens at once with the active ISA in ranges cycling through sizes,
+ * against one scalar run. */
+static void check_blk_bits(enum kern_isa isa, int wtype, size_t n_tok, size_t n_in, size_t n_out,
+                           const size_t *sizes, size_t n_sizes)
+{
+    void *w = make_weights(wtype, n_out, n_in);
+    float *x = dx_malloc(n_tok * n_in * sizeof(float));
+    float *ref = dx_malloc(n_tok * n_out * sizeof(float)), *y = dx_calloc(n_tok * n_out, 4);
+    fill_random(x, n_tok * n_in);
+    assert_int_equal(kern_set_isa(KERN_SCALAR), 0);
+    matmul_all(wtype, w, x, n_tok, n_in, n_out, ref);
+    assert_int_equal(kern_set_isa(isa), 0);
+    void *act = prep(wtype, x, n_tok, n_in);
+    for (size_t o = 0, i = 0; o < n_out; i++) {
+        size_t o1 = o + sizes[i % n_sizes] < n_out ? o + sizes[i % n_sizes] : n_out;
+        kern_matmul(wtype, w, n_in, o, o1, act, n_tok, y, n_out);
+        o = o1;
+    }
+    if (memcmp(y, ref, n_tok * n_out * sizeof(float)) != 0) {
+        for (size_t i = 0; i < n_tok * n_out; i++)
+            if (memcmp(&y[i], &ref[i], 4) != 0)
+                fail_msg("%s %s tok=%zu in=%zu out=%zu: t=%zu o=%zu %.9g != scalar %.9g",
+                         kern_isa_name(isa), dx_dtype_name(wtype), n_tok, n_in, n_out, i / n_out,
+                         i % n_out, y[i], ref[i]);
+    }
+    dx_aligned_free(act);
+    dx_free(w);
+    dx_free(x);
+    dx_free(ref);
+    dx_free(y);
+}
+
+static void test_blk_bit_exact(void **state)
+{
+    enum kern_isa isa = kti_use(state);
+    static const size_t n_ins[] = {32, 96, 160, 352, 1056};
+    static const size_t one[] = {SIZE_MAX / 2}, odd[] = {3, 5, 7, 1, 13}, tiles[] = {16, 32, 4};
+    for (size_t d = 0; d < DX_ARRAY_LEN(blk_types); d++) {
+        for (size_t n_tok = 1; n_tok <= 40; n_tok++)
+            check_blk_bits(isa, blk_types[d], n_tok, n_ins[n_tok % 5], 37, one, 1);
+        check_blk_bits(isa, blk_types[d], 13, 160, 53, odd, DX_ARRAY_LEN(odd));
+        check_blk_bits(isa, blk_types[d], 6, 96, 70, tiles, DX_ARRAY_LEN(tiles));
+        check_blk_bits(isa, blk_types[d], 1, 1056, 70, odd, DX_ARRAY_LEN(odd));
+    }
 }
 
 int main(void)
@@ -422,6 +481,7 @@ int main(void)
         cmocka_unit_test(test_isa_select), cmocka_unit_test(test_prep_layout),
         cmocka_unit_test(test_isa_tables), KTI_FAST(test_prep_bits),
         KTI_ALL(test_mm_invariance),       KTI_FAST(test_mm_matches_scalar),
+        KTI_FAST(test_blk_bit_exact),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

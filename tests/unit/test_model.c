@@ -19,7 +19,9 @@
 #include "base/dx_alloc.h"
 #include "base/dx_dtype.h"
 #include "base/dx_err.h"
+#include "base/dx_buf.h"
 #include "model/model.h"
+#include "model/model_wtypes.h"
 #include "model/synth.h"
 
 #include "../test_proc.h"
@@ -93,11 +95,12 @@ static void test_load_every_arch_and_dtype(void **state)
 {
     (void)state;
     const enum model_arch archs[] = {MODEL_QWEN3, MODEL_QWEN2, MODEL_LLAMA};
-    const int dtypes[] = {DX_F32, DX_F16, DX_BF16, DX_Q8_0};
+    const int dtypes[] = {DX_F32,  DX_F16,  DX_BF16, DX_Q8_0,  DX_Q4_0,
+                          DX_Q4_1, DX_Q5_0, DX_Q5_1, DX_IQ4_NL};
     const synth_preset *p = synth_find_preset("tiny");
     size_t live = dx_alloc_live_bytes();
     for (size_t i = 0; i < 3; i++)
-        for (size_t j = 0; j < 4; j++) {
+        for (size_t j = 0; j < DX_ARRAY_LEN(dtypes); j++) {
             char path[256];
             synth_to("m.gguf", archs[i], dtypes[j], 1, path);
             model *m;
@@ -116,6 +119,7 @@ static void test_load_every_arch_and_dtype(void **state)
             assert_int_equal(hp->qkv_bias, archs[i] == MODEL_QWEN2);
             assert_int_equal(hp->rope_neox, archs[i] != MODEL_LLAMA);
             assert_int_equal(model_layer_at(m, 1)->wq.type, dtypes[j]);
+            assert_int_equal(model_tok_embd(m)->type, dtypes[j]);
             assert_int_equal(model_layer_at(m, 1)->attn_norm.type, DX_F32);
             assert_int_equal(hp->n_vocab, tok_vocab_size(model_tokenizer(m)));
             assert_int_equal(model_chat_kind(m),
@@ -140,6 +144,8 @@ typedef struct {
     const char *arch;        /* general.architecture */
     const char *f32_key;     /* set this float key to f32_val */
     float f32_val;
+    const char *retype; /* give this tensor type retype_to (of the same byte size) */
+    int retype_to;
     const char *u32_key;     /* set this integer key to u32_val */
     const char *add_u32_key; /* add this integer key, = u32_val */
     const char *add_false;   /* add this boolean key, false */
@@ -216,12 +222,13 @@ static void rewrite_model(const model_edit *e, const char *out)
         char name[128];
         snprintf(name, sizeof name, "%.*s", (int)ti.name.len, ti.name.ptr);
         if (e->drop_tensor && !strcmp(name, e->drop_tensor)) continue;
+        int type = e->retype && !strcmp(name, e->retype) ? e->retype_to : ti.type;
         if (e->reshape && !strcmp(name, e->reshape)) {
             assert_int_equal(
-                gguf_w_add_tensor(w, name, ti.type, e->reshape_dims, e->reshape_ne, ti.data), 0);
+                gguf_w_add_tensor(w, name, type, e->reshape_dims, e->reshape_ne, ti.data), 0);
             continue;
         }
-        gguf_w_add_tensor(w, name, ti.type, ti.n_dims, ti.ne, ti.data);
+        assert_int_equal(gguf_w_add_tensor(w, name, type, ti.n_dims, ti.ne, ti.data), 0);
     }
     assert_int_equal(gguf_w_write_file(w, out), 0);
     gguf_writer_destroy(w);
@@ -248,10 +255,77 @@ static void test_bad_models(void **state)
     expect_bad("blk.1.ffn_up.weight", NULL, DX_ENOENT, "blk.1.ffn_up.weight");
     expect_bad("blk.0.attn_q_norm.weight", NULL, DX_ENOENT, "attn_q_norm");
     expect_bad(NULL, "mamba", DX_EUNSUPPORTED, "mamba");
+    /* a type GGUF knows but duplex does not run: named with its id and the
+     * supported list (i32 has f32's size, so the file stays well-formed) */
+    char bad[256];
+    snprintf(bad, sizeof bad, "%s/bad.gguf", g_dir);
+    rewrite_model(&(model_edit){.retype = "blk.1.attn_k.weight", .retype_to = 26}, bad);
+    model *mb;
+    assert_int_equal(model_load(bad, &mb), DX_EUNSUPPORTED);
+    assert_null(mb);
+    const char *want = "tensor 'blk.1.attn_k.weight' has type i32 (id 26), which duplex cannot "
+                       "run (supported: f32, f16, bf16, q8_0, q5_1, q5_0, q4_1, q4_0, iq4_nl)";
+    if (!strstr(dx_errmsg(), want)) fail_msg("message '%s' lacks '%s'", dx_errmsg(), want);
     assert_int_equal(dx_alloc_live_bytes(), live);
     model *m;
     assert_true(model_load("/nonexistent/x.gguf", &m) < 0);
     assert_non_null(strstr(dx_errmsg(), "/nonexistent/x.gguf"));
+}
+
+/* A mixture, as llama-quantize writes them: each matrix its own type. */
+static int mix_rule(const synth_wtypes *w, enum synth_role r, uint32_t il, uint32_t n_layer)
+{
+    (void)w;
+    (void)n_layer;
+    switch (r) {
+    case SYNTH_ATTN_V:
+        return il ? DX_Q5_0 : DX_Q4_1;
+    case SYNTH_FFN_DOWN:
+        return DX_Q8_0;
+    case SYNTH_TOKEN_EMBD:
+        return DX_IQ4_NL;
+    case SYNTH_OUTPUT:
+        return DX_Q5_1;
+    default:
+        return DX_Q4_0;
+    }
+}
+
+/* Types may differ per tensor: the loader binds each with its own, and
+ * `model info`'s summary groups them by role. */
+static void test_mixed_types(void **state)
+{
+    (void)state;
+    static const synth_wtypes mix = {"test-mix", 2, DX_Q4_0, mix_rule};
+    char path[256];
+    snprintf(path, sizeof path, "%s/mix.gguf", g_dir);
+    synth_config c = {.arch = MODEL_QWEN3, .preset = "tiny", .wtypes = &mix, .seed = 3};
+    assert_int_equal(synth_write(&c, path), 0);
+    model *m;
+    assert_int_equal(model_load(path, &m), 0);
+    assert_int_equal(model_layer_at(m, 0)->wv.type, DX_Q4_1);
+    assert_int_equal(model_layer_at(m, 1)->wv.type, DX_Q5_0);
+    assert_int_equal(model_layer_at(m, 1)->wq.type, DX_Q4_0);
+    assert_int_equal(model_layer_at(m, 0)->w_down.type, DX_Q8_0);
+    assert_int_equal(model_layer_at(m, 0)->ffn_norm.type, DX_F32);
+    assert_int_equal(model_tok_embd(m)->type, DX_IQ4_NL);
+    assert_int_equal(model_output(m)->type, DX_Q5_1);
+    dx_buf b;
+    dx_buf_init(&b, 0);
+    assert_int_equal(model_wtypes_summary(model_gguf(m), &b), 0);
+    assert_string_equal(b.data, "attn_q,attn_k,attn_output: q4_0; attn_v: q4_1 x1, q5_0 x1; "
+                                "ffn_gate,ffn_up: q4_0; ffn_down: q8_0; token_embd: iq4_nl; "
+                                "output: q5_1");
+    dx_buf_free(&b);
+    model_free(m);
+    /* one type throughout */
+    synth_to("q4.gguf", MODEL_LLAMA, DX_Q4_0, 1, path);
+    assert_int_equal(model_load(path, &m), 0);
+    dx_buf_init(&b, 0);
+    assert_int_equal(model_wtypes_summary(model_gguf(m), &b), 0);
+    assert_string_equal(b.data, "attn_*: q4_0; ffn_*: q4_0; token_embd: q4_0; output: q4_0");
+    dx_buf_free(&b);
+    model_free(m);
 }
 
 /* What synth writes for tiny-moe, read back: qwen3moe and llama (Mixtral's
@@ -261,11 +335,11 @@ static void test_load_moe(void **state)
 {
     (void)state;
     const enum model_arch archs[] = {MODEL_QWEN3MOE, MODEL_LLAMA};
-    const int dtypes[] = {DX_F32, DX_F16, DX_BF16, DX_Q8_0};
+    const int dtypes[] = {DX_F32, DX_F16, DX_BF16, DX_Q8_0, DX_Q4_0, DX_Q5_1, DX_IQ4_NL};
     const synth_preset *p = synth_find_preset("tiny-moe");
     size_t live = dx_alloc_live_bytes();
     for (size_t a = 0; a < 2; a++)
-        for (size_t d = 0; d < 4; d++) {
+        for (size_t d = 0; d < DX_ARRAY_LEN(dtypes); d++) {
             char path[256];
             synth_preset_to("moe.gguf", archs[a], "tiny-moe", dtypes[d], 1, path);
             model *m;
@@ -505,6 +579,7 @@ int main(void)
         cmocka_unit_test(test_synth_deterministic),
         cmocka_unit_test(test_load_every_arch_and_dtype),
         cmocka_unit_test(test_bad_models),
+        cmocka_unit_test(test_mixed_types),
         cmocka_unit_test(test_load_moe),
         cmocka_unit_test(test_bad_moe_models),
         cmocka_unit_test(test_fingerprint_covers_all_data),

@@ -25,6 +25,9 @@
 #include "engine/sampler.h"
 #include "engine_test_util.h"
 
+/* Pinned greedy output of prompt 0 on the tiny qwen3 q4_0 model (seed 42). */
+#define PINNED_Q4_0 293, 95, 185, 137, 475, 854, 653, 539, 201, 470, 411, 436
+
 typedef struct {
     int32_t toks[512];
     size_t n;
@@ -293,6 +296,74 @@ static void test_concurrent_equals_alone(void **state)
         col_free(&c[i]);
     }
     srig_free(&r);
+}
+
+/* Greedy tokens of prompt i alone on a fresh rig of `threads` threads. */
+static void run_alone(model *m, int i, int threads, size_t n, collector *c)
+{
+    srig r;
+    srig_init(&r, m, 64, 512, threads);
+    col_init(c);
+    engine_request q = greedy(g_prompts[i], g_plen[i], n, c);
+    assert_int_equal(sched_submit(r.s, &q, 1), 0);
+    run_all(&r);
+    assert_int_equal(c->n, n);
+    srig_free(&r);
+}
+
+/* Models in block formats (q4_0, iq4_nl, and a mixture of them with q8_0
+ * and the _1 formats): every prompt gets the same greedy tokens alone on 1
+ * and 2 threads, and among the 7 others with chunked prefill; q4_0's are
+ * pinned (scalar kernels) and are the same on every ISA this CPU has. */
+static void test_quant_models(void **state)
+{
+    (void)state;
+    static const int32_t pinned[12] = {PINNED_Q4_0};
+    model *ms[3] = {etu_model(MODEL_QWEN3, DX_Q4_0), etu_model(MODEL_QWEN3, DX_IQ4_NL),
+                    etu_model_mix(MODEL_QWEN3)};
+    enum kern_isa saved = kern_get_isa();
+    for (int mi = 0; mi < 3; mi++) {
+        model *m = ms[mi];
+        assert_non_null(m);
+        collector alone[8], c[8];
+        for (int i = 0; i < 8; i++) {
+            run_alone(m, i, 1, 16, &alone[i]);
+            collector two;
+            run_alone(m, i, 2, 16, &two);
+            assert_memory_equal(two.toks, alone[i].toks, 16 * sizeof(int32_t));
+            col_free(&two);
+        }
+        srig r;
+        srig_init(&r, m, 128, 64, 2); /* small batch budget: prefills are chunked */
+        for (int i = 0; i < 8; i++) {
+            col_init(&c[i]);
+            engine_request q = greedy(g_prompts[i], g_plen[i], 16, &c[i]);
+            assert_int_equal(sched_submit(r.s, &q, (uint64_t)i + 1), 0);
+        }
+        run_all(&r);
+        srig_free(&r);
+        for (int i = 0; i < 8; i++) {
+            assert_memory_equal(c[i].toks, alone[i].toks, 16 * sizeof(int32_t));
+            col_free(&c[i]);
+        }
+        for (int i = 0; i < 8; i++) col_free(&alone[i]);
+    }
+    /* pinned, on every ISA */
+    for (int isa = KERN_SCALAR; isa <= (int)kern_isa_detect(); isa++) {
+        assert_int_equal(kern_set_isa((enum kern_isa)isa), 0);
+        collector c;
+        run_alone(ms[0], 0, 2, 12, &c);
+        for (int i = 0; i < 12; i++)
+            if (c.toks[i] != pinned[i]) {
+                fprintf(stderr, "%s got:", kern_isa_name((enum kern_isa)isa));
+                for (int k = 0; k < 12; k++) fprintf(stderr, " %d,", c.toks[k]);
+                fprintf(stderr, "\n");
+                fail_msg("q4_0 greedy token %d differs from the pinned output", i);
+            }
+        col_free(&c);
+    }
+    kern_set_isa(saved);
+    for (int mi = 0; mi < 3; mi++) model_free(ms[mi]);
 }
 
 /* A pool too small for everything: sequences outgrow their checkpoint, the
@@ -1265,6 +1336,7 @@ int main(void)
         cmocka_unit_test(test_pinned_greedy),
         cmocka_unit_test(test_pinned_greedy_moe),
         cmocka_unit_test(test_concurrent_equals_alone),
+        cmocka_unit_test(test_quant_models),
         cmocka_unit_test(test_preemption_keeps_tokens),
         cmocka_unit_test(test_waiting_limit),
         cmocka_unit_test(test_prefix_cache_reuse),

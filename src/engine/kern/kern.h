@@ -8,7 +8,9 @@
  * threads, or which task computes it.  Tail tiles use the same per-element
  * arithmetic as full tiles.  So a token's K/V and logits are bit-identical
  * alone, batched, chunked, or after a reused prefix.  Different ISAs may
- * differ in the last bits; one process uses one ISA throughout.
+ * differ in the last bits (not the 4- and 5-bit block formats, whose every
+ * ISA computes the scalar twin's bits: kern_mm_priv.h); one process uses
+ * one ISA throughout.
  *
  * Layouts: a weight matrix W is GGUF's [n_out][n_in] (row o holds n_in
  * elements of its dtype, rows contiguous); activations are row-major
@@ -33,12 +35,21 @@ int kern_set_isa(enum kern_isa isa);
 const char *kern_isa_name(enum kern_isa isa);
 
 /* ---- matmul: y[t*ldy + o] = sum_k W[o][k] * x[t][k] ----
+ * Weight types: every one dx_dtype_supported() lists (F32, F16, BF16, Q8_0,
+ * Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL).
  * Step 1, once per matmul: convert the activations into what the weight
- * type's kernel consumes (F32/F16 weights: f32 as is; BF16: bf16 rows; Q8_0:
- * q8_0 blocks, n_in % 32 == 0).  act must hold kern_act_bytes() bytes,
- * 64-byte aligned. */
+ * type's kernel consumes (F32/F16 weights: f32 as is; BF16: bf16 rows; the
+ * 32-block formats: q8_0 blocks with their sums, n_in % 32 == 0).  act must
+ * hold kern_act_bytes() bytes, 64-byte aligned.  Weight types of the same
+ * kern_act_kind() consume the same prepared activations, so one prep serves
+ * them all. */
 size_t kern_act_bytes(int wtype, size_t n_tok, size_t n_in);
+/* The most kern_act_bytes() can be for any weight type. */
+size_t kern_act_bytes_max(size_t n_tok, size_t n_in);
 void kern_act_prep(int wtype, const float *x, size_t n_tok, size_t n_in, void *act);
+/* Which prepared layout a weight type consumes (a small integer), or
+ * DX_NONE (base/dx_err.h) for a type without kernels. */
+int kern_act_kind(int wtype);
 /* Step 2, per thread task: output columns [o0, o1) for all n_tok tokens.
  * Any split of [0, n_out) into tasks gives identical bits. */
 void kern_matmul(int wtype, const void *w, size_t n_in, size_t o0, size_t o1, const void *act,

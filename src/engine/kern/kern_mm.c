@@ -5,9 +5,10 @@
  * The scalar reference is the plain definition: for each output element, a
  * sequential f32 sum over k of w*x in the consumed precision (bf16 x bf16
  * products are exact in f32; Q8_0 sums each block's integer dot exactly and
- * adds d_w*d_x*dot block by block).  It is also the KERN_SCALAR engine path,
- * so it too is batch invariant: each element's arithmetic depends on nothing
- * but its own row and token. */
+ * adds d_w*d_x*dot block by block; the other block formats follow the
+ * arithmetic of kern_mm_priv.h, in kern_mm_blk.c).  It is also the
+ * KERN_SCALAR engine path, so it too is batch invariant: each element's
+ * arithmetic depends on nothing but its own row and token. */
 #include <string.h>
 
 #include "base/dx_alloc.h"
@@ -20,20 +21,54 @@
  * ISA's block_rows), swept by every token tile before the next block. */
 #define L2_BLOCK_BYTES (256u * 1024u)
 
-/* Bytes per token row of prepared activations; 0 for an unknown type. */
+static float dot_f32(const uint8_t *w, const uint8_t *x, size_t n);
+static float dot_f16(const uint8_t *w, const uint8_t *x, size_t n);
+static float dot_bf16(const uint8_t *w, const uint8_t *x, size_t n);
+static float dot_q8_0(const uint8_t *w, const uint8_t *x, size_t n);
+
+/* What each weight type's kernels consume, and its scalar reference (one
+ * output element: a weight row against a prepared activation row). */
+typedef struct {
+    int act; /* KERN_ACT_* + 1; 0: no kernels for this type */
+    float (*dot)(const uint8_t *w, const uint8_t *x, size_t n_in);
+} wtype_kern;
+
+static const wtype_kern k_wtypes[DX_DTYPE_ID_MAX] = {
+    [DX_F32] = {KERN_ACT_F32 + 1, dot_f32},
+    [DX_F16] = {KERN_ACT_F32 + 1, dot_f16},
+    [DX_BF16] = {KERN_ACT_BF16 + 1, dot_bf16},
+    [DX_Q8_0] = {KERN_ACT_Q8 + 1, dot_q8_0},
+    [DX_Q4_0] = {KERN_ACT_Q8 + 1, kern__dot_q4_0},
+    [DX_Q4_1] = {KERN_ACT_Q8 + 1, kern__dot_q4_1},
+    [DX_Q5_0] = {KERN_ACT_Q8 + 1, kern__dot_q5_0},
+    [DX_Q5_1] = {KERN_ACT_Q8 + 1, kern__dot_q5_1},
+    [DX_IQ4_NL] = {KERN_ACT_Q8 + 1, kern__dot_iq4_nl},
+};
+
+int kern_act_kind(int wtype)
+{
+    if (wtype < 0 || wtype >= DX_DTYPE_ID_MAX || !k_wtypes[wtype].act) return DX_NONE;
+    return k_wtypes[wtype].act - 1;
+}
+
+/* Bytes per token row of prepared activations of a kind; 0 if n_in does
+ * not fit it. */
+static size_t kind_row_bytes(int kind, size_t n_in)
+{
+    switch (kind) {
+    case KERN_ACT_F32:
+        return kern__act_k(n_in) * sizeof(float);
+    case KERN_ACT_BF16:
+        return kern__act_k(n_in) * sizeof(uint16_t);
+    case KERN_ACT_Q8:
+        return n_in % 32 ? 0 : kern__q8_pairs(n_in) * KERN__Q8_PAIR_BYTES;
+    }
+    return 0;
+}
+
 static size_t act_row_bytes(int wtype, size_t n_in)
 {
-    switch (wtype) {
-    case DX_F32:
-    case DX_F16:
-        return kern__act_k(n_in) * sizeof(float);
-    case DX_BF16:
-        return kern__act_k(n_in) * sizeof(uint16_t);
-    case DX_Q8_0:
-        return n_in % DX_QK8_0 ? 0 : kern__q8_pairs(n_in) * KERN__Q8_PAIR_BYTES;
-    default:
-        return 0;
-    }
+    return kind_row_bytes(kern_act_kind(wtype), n_in);
 }
 
 size_t kern_act_bytes(int wtype, size_t n_tok, size_t n_in)
@@ -41,6 +76,16 @@ size_t kern_act_bytes(int wtype, size_t n_tok, size_t n_in)
     size_t row = act_row_bytes(wtype, n_in), total;
     if (dx_mul_overflow(row, n_tok, &total)) return 0;
     return total;
+}
+
+size_t kern_act_bytes_max(size_t n_tok, size_t n_in)
+{
+    size_t best = 0;
+    for (int k = 0; k < KERN_ACT_KINDS; k++) {
+        size_t row = kind_row_bytes(k, n_in), total;
+        if (!dx_mul_overflow(row, n_tok, &total) && total > best) best = total;
+    }
+    return best;
 }
 
 /* The vector ISA's table, or NULL for the scalar path. */
@@ -57,8 +102,21 @@ static const kern_mm_isa *mm_isa(void)
     return NULL;
 }
 
-static void q8_prep_row_scalar(const float *x, size_t n_in, uint8_t *row)
+static void f32_prep_row(const float *x, size_t n_in, void *row)
 {
+    memcpy(row, x, n_in * sizeof(float));
+    memset((float *)row + n_in, 0, (kern__act_k(n_in) - n_in) * sizeof(float));
+}
+
+static void bf16_prep_row_scalar(const float *x, size_t n_in, void *row)
+{
+    dx_f32_to_bf16_row(x, row, n_in);
+    memset((uint16_t *)row + n_in, 0, (kern__act_k(n_in) - n_in) * sizeof(uint16_t));
+}
+
+static void q8_prep_row_scalar(const float *x, size_t n_in, void *out)
+{
+    uint8_t *row = out;
     memset(row, 0, kern__q8_pairs(n_in) * KERN__Q8_PAIR_BYTES);
     for (size_t b = 0; b < n_in / DX_QK8_0; b++) {
         dx_block_q8_0 blk;
@@ -77,41 +135,20 @@ static void q8_prep_row_scalar(const float *x, size_t n_in, uint8_t *row)
     }
 }
 
-static void act_prep_row(int wtype, const kern_mm_isa *isa, const float *x, size_t n_in, void *row)
-{
-    size_t k = kern__act_k(n_in);
-    switch (wtype) {
-    case DX_F32:
-    case DX_F16:
-        memcpy(row, x, n_in * sizeof(float));
-        memset((float *)row + n_in, 0, (k - n_in) * sizeof(float));
-        break;
-    case DX_BF16:
-        if (isa && isa->bf16_prep) {
-            isa->bf16_prep(x, n_in, row);
-        } else {
-            dx_f32_to_bf16_row(x, row, n_in);
-            memset((uint16_t *)row + n_in, 0, (k - n_in) * sizeof(uint16_t));
-        }
-        break;
-    case DX_Q8_0:
-        if (isa && isa->q8_prep)
-            isa->q8_prep(x, n_in, row);
-        else
-            q8_prep_row_scalar(x, n_in, row);
-        break;
-    default:
-        DX_ASSERT(!"kern_act_prep: unsupported weight type");
-    }
-}
+static const kern_mm_prep_fn k_scalar_prep[KERN_ACT_KINDS] = {
+    [KERN_ACT_F32] = f32_prep_row,
+    [KERN_ACT_BF16] = bf16_prep_row_scalar,
+    [KERN_ACT_Q8] = q8_prep_row_scalar,
+};
 
 void kern_act_prep(int wtype, const float *x, size_t n_tok, size_t n_in, void *act)
 {
-    size_t rb = act_row_bytes(wtype, n_in);
+    int kind = kern_act_kind(wtype);
+    size_t rb = kind_row_bytes(kind, n_in);
     DX_ASSERT(rb != 0); /* type and n_in were validated when the model loaded */
     const kern_mm_isa *isa = mm_isa();
-    for (size_t t = 0; t < n_tok; t++)
-        act_prep_row(wtype, isa, x + t * n_in, n_in, (uint8_t *)act + t * rb);
+    kern_mm_prep_fn prep = isa && isa->prep[kind] ? isa->prep[kind] : k_scalar_prep[kind];
+    for (size_t t = 0; t < n_tok; t++) prep(x + t * n_in, n_in, (uint8_t *)act + t * rb);
 }
 
 size_t kern_matmul_tile(int wtype)
@@ -121,21 +158,6 @@ size_t kern_matmul_tile(int wtype)
 }
 
 /* ---- the blocking driver ---- */
-
-static const kern_mm_tiles *mm_tiles(const kern_mm_isa *isa, int wtype)
-{
-    switch (wtype) {
-    case DX_F32:
-        return isa->f32;
-    case DX_F16:
-        return isa->f16;
-    case DX_BF16:
-        return isa->bf16;
-    case DX_Q8_0:
-        return isa->q8;
-    }
-    return NULL;
-}
 
 /* Rows [o0, o1) for one tile of tokens: each shape in turn, widest first,
  * for as long as it fits. */
@@ -151,7 +173,7 @@ static void mm_rows(const kern_mm_tile *sh, const uint8_t *w, size_t wrow, const
 static void mm_drive(const kern_mm_isa *isa, int wtype, const void *w, size_t n_in, size_t o0,
                      size_t o1, const void *act, size_t n_tok, float *y, size_t ldy)
 {
-    const kern_mm_tiles *T = mm_tiles(isa, wtype);
+    const kern_mm_tiles *T = wtype >= 0 && wtype < DX_DTYPE_ID_MAX ? isa->tiles[wtype] : NULL;
     size_t wrow = dx_dtype_row_bytes(wtype, n_in), xrow = act_row_bytes(wtype, n_in);
     DX_ASSERT(T && wrow && xrow);
     size_t br = (size_t)isa->block_rows, mr = (size_t)isa->mr;
@@ -179,35 +201,45 @@ void kern_matmul(int wtype, const void *w, size_t n_in, size_t o0, size_t o1, co
 
 /* ---- scalar reference ---- */
 
-static float dot_f32(const float *w, const float *x, size_t n)
+static float dot_f32(const uint8_t *w8, const uint8_t *x8, size_t n)
 {
+    const float *w = (const float *)w8, *x = (const float *)x8;
     float s = 0.0f;
     for (size_t k = 0; k < n; k++) s += w[k] * x[k];
     return s;
 }
 
-static float dot_f16(const uint16_t *w, const float *x, size_t n)
+static float dot_f16(const uint8_t *w8, const uint8_t *x8, size_t n)
 {
+    const float *x = (const float *)x8;
     float s = 0.0f;
-    for (size_t k = 0; k < n; k++) s += dx_f16_to_f32(w[k]) * x[k];
+    for (size_t k = 0; k < n; k++) {
+        uint16_t h;
+        memcpy(&h, w8 + 2 * k, 2);
+        s += dx_f16_to_f32(h) * x[k];
+    }
     return s;
 }
 
-static float dot_bf16(const uint16_t *w, const uint16_t *x, size_t n)
+static float dot_bf16(const uint8_t *w8, const uint8_t *x8, size_t n)
 {
+    const uint16_t *x = (const uint16_t *)x8;
     float s = 0.0f;
-    for (size_t k = 0; k < n; k++) s += dx_bf16_to_f32(w[k]) * dx_bf16_to_f32(x[k]);
+    for (size_t k = 0; k < n; k++) {
+        uint16_t h;
+        memcpy(&h, w8 + 2 * k, 2);
+        s += dx_bf16_to_f32(h) * dx_bf16_to_f32(x[k]);
+    }
     return s;
 }
 
-static float dot_q8_0(const dx_block_q8_0 *w, const uint8_t *xrow, size_t n)
+static float dot_q8_0(const uint8_t *w8, const uint8_t *xrow, size_t n)
 {
+    const dx_block_q8_0 *w = (const dx_block_q8_0 *)w8;
     float s = 0.0f;
     for (size_t b = 0; b < n / DX_QK8_0; b++) {
-        const uint8_t *pair = xrow + (b / 2) * KERN__Q8_PAIR_BYTES;
-        const int8_t *xq = (const int8_t *)pair + (b % 2) * 32;
-        float dx;
-        memcpy(&dx, pair + 128 + (b % 2) * 32, 4);
+        const int8_t *xq = kern__q8_qs(xrow, b);
+        float dx = *kern__q8_d(xrow, b);
         int32_t isum = 0;
         for (int j = 0; j < DX_QK8_0; j++) isum += (int32_t)w[b].qs[j] * xq[j];
         s += (dx_f16_to_f32(w[b].d) * dx) * (float)isum;
@@ -218,28 +250,13 @@ static float dot_q8_0(const dx_block_q8_0 *w, const uint8_t *xrow, size_t n)
 void kern_matmul_scalar(int wtype, const void *w, size_t n_in, size_t o0, size_t o1,
                         const void *act, size_t n_tok, float *y, size_t ldy)
 {
-    size_t rb = act_row_bytes(wtype, n_in), wrow = dx_dtype_row_bytes(wtype, n_in);
-    DX_ASSERT(rb != 0 && wrow != 0);
+    int kind = kern_act_kind(wtype);
+    size_t rb = kind_row_bytes(kind, n_in), wrow = dx_dtype_row_bytes(wtype, n_in);
+    DX_ASSERT(kind >= 0 && rb != 0 && wrow != 0);
+    float (*dot)(const uint8_t *, const uint8_t *, size_t) = k_wtypes[wtype].dot;
     for (size_t t = 0; t < n_tok; t++) {
         const uint8_t *x = (const uint8_t *)act + t * rb;
-        for (size_t o = o0; o < o1; o++) {
-            const void *wr = (const uint8_t *)w + o * wrow;
-            float v = 0.0f;
-            switch (wtype) {
-            case DX_F32:
-                v = dot_f32(wr, (const float *)x, n_in);
-                break;
-            case DX_F16:
-                v = dot_f16(wr, (const float *)x, n_in);
-                break;
-            case DX_BF16:
-                v = dot_bf16(wr, (const uint16_t *)x, n_in);
-                break;
-            case DX_Q8_0:
-                v = dot_q8_0(wr, x, n_in);
-                break;
-            }
-            y[t * ldy + o] = v;
-        }
+        for (size_t o = o0; o < o1; o++)
+            y[t * ldy + o] = dot((const uint8_t *)w + o * wrow, x, n_in);
     }
 }

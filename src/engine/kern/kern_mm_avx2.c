@@ -1,7 +1,7 @@
 /* kern_mm_avx2: AVX2+FMA matmul tiles for CPUs without AVX-512 (BF16 widened
- * by shifting into f32, F16 via vcvtph2ps, F32, Q8_0 via vpmaddubsw/vpmaddwd)
- * and the Q8_0 activation prep, for the driver in kern_mm.c
- * (kern_mm_isa_avx2).
+ * by shifting into f32, F16 via vcvtph2ps, F32, Q8_0 and the other 32-block
+ * formats via vpmaddubsw/vpmaddwd) and the Q8_0 activation prep, for the
+ * driver in kern_mm.c (kern_mm_isa_avx2).
  *
  * Same batch-invariance construction as the AVX-512 path: one ymm
  * accumulator per output element, a fixed K order (full vectors, then the
@@ -177,6 +177,213 @@ MM2_INLINE void mm2_q8_tile(KERN_MM_TILE_ARGS, const int MR, const int NR)
     mm2_store_tile(acc, MR, NR, y, ldy);
 }
 
+/* ---- the other 32-block formats (the arithmetic of kern_mm_priv.h) ----
+ * One ymm holds two output elements of one token: lanes 0-3 the partials
+ * p[0..3] of weight row A, lanes 4-7 those of row B (a tile's last odd row
+ * runs as A = B and keeps half 0).  The 16-byte qs of A and B make one
+ * vector [A | B]; its low nibbles are elements 0-15 of each row, its high
+ * ones elements 16-31, multiplied (vpmaddubsw, unsigned fields times signed
+ * activations) by the token's quants 0-15 and 16-31 broadcast to both
+ * halves; the two products added (no overflow: 2 * 2 * 31 * 127 < 32768)
+ * and widened by vpmaddwd give lane g the integer sum of group g.  The
+ * offset of Q4_0 / Q5_0 is added back from the activations' group sums
+ * (negcorr, shifted); IQ4_NL's signed codebook values take the sign trick
+ * and are widened before they are added (|w| <= 127).  The float steps are
+ * then the scalar twin's, lane by lane. */
+
+MM2_INLINE uint32_t mm2_load_u32(const uint8_t *p)
+{
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/* Byte i = 16 where bit i of h is set, else 0. */
+MM2_INLINE __m256i mm2_bits_to_16(uint32_t h)
+{
+    const __m256i spread =
+        _mm256_setr_epi64x(0, 0x0101010101010101ll, 0x0202020202020202ll, 0x0303030303030303ll);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)h), spread);
+    v = _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
+    return _mm256_and_si256(v, _mm256_set1_epi8(16));
+}
+
+/* [v_A x 4 | v_B x 4] from two f16 values in memory. */
+MM2_INLINE __m256 mm2_f16_pair(const uint8_t *a, const uint8_t *b)
+{
+    uint16_t ha, hb;
+    memcpy(&ha, a, 2);
+    memcpy(&hb, b, 2);
+    return _mm256_cvtph_ps(
+        _mm_unpacklo_epi64(_mm_set1_epi16((short)ha), _mm_set1_epi16((short)hb)));
+}
+
+/* One block of MR tokens against NR weight rows in pairs (NR = 1: one row
+ * as both halves).  pb[p] points at the block in pair p's first row (the
+ * second wrow further); xb at the block in token 0's activations (tokens
+ * xrow apart). */
+MM2_INLINE void mm2_blk_step(__m256 *acc, const uint8_t *const *pb, size_t wrow, const uint8_t *xb,
+                             size_t xrow, const int T, const int MR, const int NR)
+{
+    const int NP = NR == 1 ? 1 : NR / 2;
+    __m256i xlo[2], xhi[2], corr[2];
+    __m256 dx[2], sd[2];
+    MM2_UNROLL
+    for (int t = 0; t < MR; t++) {
+        const uint8_t *xr = xb + t * xrow; /* quants, then negcorr at +64, scales at +128 */
+        const int8_t *xq = (const int8_t *)xr;
+        const int32_t *nc = (const int32_t *)(xr + 64);
+        xlo[t] = _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i *)xq));
+        xhi[t] = _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i *)(xq + 16)));
+        dx[t] = _mm256_broadcast_ss((const float *)(xr + 128));
+        /* -128 times each group's sum; -8 and -16 times it are exact shifts */
+        __m256i ng = _mm256_broadcastsi128_si256(_mm_add_epi32(
+            _mm_load_si128((const __m128i *)nc), _mm_load_si128((const __m128i *)(nc + 4))));
+        corr[t] = T == DX_Q4_0 ? _mm256_srai_epi32(ng, 4) : _mm256_srai_epi32(ng, 3);
+        if (kern__blk_has_m(T))
+            sd[t] = _mm256_mul_ps(dx[t], _mm256_cvtepi32_ps(_mm256_sub_epi32(
+                                             _mm256_setzero_si256(), _mm256_srai_epi32(ng, 7))));
+    }
+    const __m256i ones = _mm256_set1_epi16(1), m4 = _mm256_set1_epi8(15);
+    const __m256i nl =
+        _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)dx_iq4nl_values));
+    MM2_UNROLL
+    for (int p = 0; p < NP; p++) {
+        const uint8_t *ba = pb[p], *bb = NR == 1 ? ba : ba + wrow;
+        __m256i v = _mm256_inserti128_si256(
+            _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(ba + kern__blk_qs(T)))),
+            _mm_loadu_si128((const __m128i *)(bb + kern__blk_qs(T))), 1);
+        __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+        if (kern__blk_5bit(T)) {
+            uint32_t ha = mm2_load_u32(ba + kern__blk_qs(T) - 4),
+                     hb = mm2_load_u32(bb + kern__blk_qs(T) - 4);
+            lo = _mm256_or_si256(lo, mm2_bits_to_16((ha & 0xffffu) | hb << 16));
+            hi = _mm256_or_si256(hi, mm2_bits_to_16(ha >> 16 | (hb & 0xffff0000u)));
+        }
+        __m256i alo = lo, ahi = hi;
+        if (T == DX_IQ4_NL) {
+            lo = _mm256_shuffle_epi8(nl, lo);
+            hi = _mm256_shuffle_epi8(nl, hi);
+            alo = _mm256_sign_epi8(lo, lo);
+            ahi = _mm256_sign_epi8(hi, hi);
+        }
+        __m256 dw = mm2_f16_pair(ba, bb), mw = _mm256_setzero_ps();
+        if (kern__blk_has_m(T)) mw = mm2_f16_pair(ba + 2, bb + 2);
+        MM2_UNROLL
+        for (int t = 0; t < MR; t++) {
+            __m256i is;
+            if (T == DX_IQ4_NL) {
+                is = _mm256_add_epi32(
+                    _mm256_madd_epi16(_mm256_maddubs_epi16(alo, _mm256_sign_epi8(xlo[t], lo)),
+                                      ones),
+                    _mm256_madd_epi16(_mm256_maddubs_epi16(ahi, _mm256_sign_epi8(xhi[t], hi)),
+                                      ones));
+            } else {
+                is = _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo, xlo[t]),
+                                                        _mm256_maddubs_epi16(hi, xhi[t])),
+                                       ones);
+                if (T == DX_Q4_0 || T == DX_Q5_0) is = _mm256_add_epi32(is, corr[t]);
+            }
+            __m256 *a = &acc[t * NP + p];
+            *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_mul_ps(dw, dx[t]), *a);
+            if (kern__blk_has_m(T)) *a = _mm256_fmadd_ps(sd[t], mw, *a);
+        }
+    }
+}
+
+/* Each 128-bit half of 4 vectors summed by the twin's tree ((p0 + p2) +
+ * (p1 + p3)): lane 4k + m of the result is half k of a[m]. */
+MM2_INLINE __m256 mm2_reduce_halves4(const __m256 *a)
+{
+    __m256 c0 =
+        _mm256_add_ps(_mm256_shuffle_ps(a[0], a[1], 0x44), _mm256_shuffle_ps(a[0], a[1], 0xee));
+    __m256 c1 =
+        _mm256_add_ps(_mm256_shuffle_ps(a[2], a[3], 0x44), _mm256_shuffle_ps(a[2], a[3], 0xee));
+    return _mm256_add_ps(_mm256_shuffle_ps(c0, c1, 0x88), _mm256_shuffle_ps(c0, c1, 0xdd));
+}
+
+/* acc[t*NP + p] holds y[t][2p] (half 0) and y[t][2p+1] (half 1). */
+MM2_INLINE void mm2_blk_store(const __m256 *acc, const int MR, const int NR, float *y, size_t ldy)
+{
+    const int NP = NR == 1 ? 1 : NR / 2, NH = NR == 1 ? 1 : 2;
+    MM2_UNROLL
+    for (int base = 0; base < MR * NP; base += 4) {
+        __m256 v[4];
+        MM2_UNROLL
+        for (int i = 0; i < 4; i++) v[i] = base + i < MR * NP ? acc[base + i] : _mm256_setzero_ps();
+        float r[8];
+        _mm256_storeu_ps(r, mm2_reduce_halves4(v));
+        MM2_UNROLL
+        for (int i = 0; i < 4; i++) {
+            if (base + i >= MR * NP) break;
+            int t = (base + i) / NP, p = (base + i) % NP;
+            MM2_UNROLL
+            for (int h = 0; h < NH; h++) y[(size_t)t * ldy + (size_t)(2 * p + h)] = r[4 * h + i];
+        }
+    }
+}
+
+MM2_INLINE void mm2_blk_tile(KERN_MM_TILE_ARGS, const int T, const int MR, const int NR)
+{
+    const int NP = NR == 1 ? 1 : NR / 2;
+    const size_t bb = kern__blk_bytes(T), nb = n_in / 32;
+    __m256 acc[8];
+    MM2_UNROLL
+    for (int i = 0; i < MR * NP; i++) acc[i] = _mm256_setzero_ps();
+    const uint8_t *pb[4];
+    MM2_UNROLL
+    for (int p = 0; p < NP; p++) pb[p] = w + (size_t)(2 * p) * wrow;
+    /* decode reads each row once, in short streams: fetch the next tile's
+     * first lines now and each row 256 bytes ahead (as the AVX-512 tiles) */
+    const int pf = MR == 1 && NR == 8;
+    if (pf)
+        for (int r = NR; r < 2 * NR; r++)
+            for (int l = 0; l < 2; l++)
+                _mm_prefetch((const char *)w + (size_t)r * wrow + 64 * l, _MM_HINT_T0);
+    /* blocks in pairs, as the activations hold them (the second at +32) */
+    for (size_t q = 0; q < nb / 2; q++, x += KERN__Q8_PAIR_BYTES) {
+        if (pf) {
+            MM2_UNROLL
+            for (int p = 0; p < NP; p++) {
+                _mm_prefetch((const char *)pb[p] + 256, _MM_HINT_T0);
+                _mm_prefetch((const char *)pb[p] + wrow + 256, _MM_HINT_T0);
+            }
+        }
+        for (int h = 0; h < 2; h++) {
+            mm2_blk_step(acc, pb, wrow, x + 32 * h, xrow, T, MR, NR);
+            MM2_UNROLL
+            for (int p = 0; p < NP; p++) pb[p] += bb;
+        }
+    }
+    if (nb & 1) mm2_blk_step(acc, pb, wrow, x, xrow, T, MR, NR);
+    mm2_blk_store(acc, MR, NR, y, ldy);
+}
+
+/* Shapes by token count: a wide tile, a row pair and a single row. */
+#define MM2_DEF_BLK_TILE(KIND, T, MR, NR)                                                          \
+    static void mm2_##KIND##_##MR##x##NR(KERN_MM_TILE_ARGS)                                        \
+    {                                                                                              \
+        mm2_blk_tile(w, wrow, x, xrow, n_in, y, ldy, T, MR, NR);                                   \
+    }
+#define MM2_DEF_BLK(KIND, T)                                                                       \
+    MM2_DEF_BLK_TILE(KIND, T, 1, 8)                                                                \
+    MM2_DEF_BLK_TILE(KIND, T, 1, 2)                                                                \
+    MM2_DEF_BLK_TILE(KIND, T, 1, 1)                                                                \
+    MM2_DEF_BLK_TILE(KIND, T, 2, 4)                                                                \
+    MM2_DEF_BLK_TILE(KIND, T, 2, 2)                                                                \
+    MM2_DEF_BLK_TILE(KIND, T, 2, 1)                                                                \
+    static const kern_mm_tiles mm2_##KIND##_tiles = {                                              \
+        .by = {[1] = {{mm2_##KIND##_1x8, 8}, {mm2_##KIND##_1x2, 2}, {mm2_##KIND##_1x1, 1}},        \
+               [2] = {{mm2_##KIND##_2x4, 4}, {mm2_##KIND##_2x2, 2}, {mm2_##KIND##_2x1, 1}}},       \
+    };
+
+MM2_DEF_BLK(q4_0, DX_Q4_0)
+MM2_DEF_BLK(q4_1, DX_Q4_1)
+MM2_DEF_BLK(q5_0, DX_Q5_0)
+MM2_DEF_BLK(q5_1, DX_Q5_1)
+MM2_DEF_BLK(iq4_nl, DX_IQ4_NL)
+
 /* The shapes, by token count MR (1..2): a wide tile, and a 1-row tile for the
  * rest. */
 #define MM2_DEF_TILE(KIND, MR, NR)                                                                 \
@@ -228,8 +435,9 @@ static void mm2_q8_block(const float *x, int8_t *q, int32_t *negcorr, float *dou
     _mm256_storeu_ps(dout, _mm256_set1_ps(dx_f16_to_f32(dx_f32_to_f16(d))));
 }
 
-static void mm2_q8_prep_row(const float *x, size_t n_in, uint8_t *row)
+static void mm2_q8_prep_row(const float *x, size_t n_in, void *out)
 {
+    uint8_t *row = out;
     for (size_t b = 0; b < n_in / DX_QK8_0; b++) {
         uint8_t *pair = row + (b / 2) * KERN__Q8_PAIR_BYTES;
         size_t h = b % 2;
@@ -239,13 +447,18 @@ static void mm2_q8_prep_row(const float *x, size_t n_in, uint8_t *row)
     kern__q8_clear_odd(row, n_in);
 }
 
-/* No bf16_prep: BF16 activations take the scalar conversion on this path. */
+/* No BF16 prep: BF16 activations take the scalar conversion on this path. */
 const kern_mm_isa kern_mm_isa_avx2 = {
     .mr = 2,
     .block_rows = 8,
-    .f32 = &mm2_f32_tiles,
-    .f16 = &mm2_f16_tiles,
-    .bf16 = &mm2_bf16_tiles,
-    .q8 = &mm2_q8_tiles,
-    .q8_prep = mm2_q8_prep_row,
+    .tiles = {[DX_F32] = &mm2_f32_tiles,
+              [DX_F16] = &mm2_f16_tiles,
+              [DX_BF16] = &mm2_bf16_tiles,
+              [DX_Q8_0] = &mm2_q8_tiles,
+              [DX_Q4_0] = &mm2_q4_0_tiles,
+              [DX_Q4_1] = &mm2_q4_1_tiles,
+              [DX_Q5_0] = &mm2_q5_0_tiles,
+              [DX_Q5_1] = &mm2_q5_1_tiles,
+              [DX_IQ4_NL] = &mm2_iq4_nl_tiles},
+    .prep = {[KERN_ACT_Q8] = mm2_q8_prep_row},
 };
