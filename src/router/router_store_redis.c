@@ -354,9 +354,14 @@ static void conn_start(router_store *s)
     }
     if (s->url.db) setup_cmd(s, 2, (const char *[]){"SELECT", db});
     setup_cmd(s, 3, (const char *[]){"SCRIPT", "LOAD", router_store_cas_lua});
-    /* the connect's own deadline: a peer that never answers the handshake */
+    /* the connect's own deadline: a peer that never answers the handshake,
+     * and a refused connect — hiredis' libuv adapter drops a poll error, so
+     * no callback says so and only this timer moves on.  Bounded apart from
+     * --state-timeout-ms: a long call deadline must not make the router wait
+     * that much longer for a Redis that is back. */
     uint64_t ms = (uint64_t)s->cfg.timeout_ms * 20;
-    uv_timer_start(&s->retry, on_retry, ms < 1000 ? 1000 : ms, 0);
+    ms = ms < 1000 ? 1000 : ms > 3000 ? 3000 : ms;
+    uv_timer_start(&s->retry, on_retry, ms, 0);
 }
 
 /* The backoff is over (no connection): connect.  Or the connection did

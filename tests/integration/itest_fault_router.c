@@ -133,6 +133,10 @@ static void router_up(tp_proc *R, const char *state, const char *const *extra)
         argv[n++] = C.rd.url;
         argv[n++] = "--state";
         argv[n++] = state;
+        /* a deadline a loaded machine does not miss by accident (50 ms
+         * did); test_redis_slow gives its own, later flags win */
+        argv[n++] = "--state-timeout-ms";
+        argv[n++] = "5000";
     } else {
         argv[n++] = "--prefill";
         argv[n++] = pl;

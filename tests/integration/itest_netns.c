@@ -485,8 +485,12 @@ static void shaped_conversation(const char *rate, const char *burst, int delayed
     tp_proc *P = &g_procs[0], *D = &g_procs[1], *R = &g_procs[2], *S = &g_procs[3];
     /* without delay the link's set-up is short, so tokens must be cheap for
      * a small delta to be worth recomputing; with it, dearer, so that a
-     * large delta is still worth pulling */
-    double tok_ms = delayed ? 0.1 : 0.015;
+     * large delta is still worth pulling.  Over 1 Gbit/s without delay a
+     * token costs 0.05 ms: a 384-token delta (19 ms) stays dearer than its
+     * pull even when a loaded machine slows the pull to 8 ms (seen, at
+     * 0.015 ms a token), a 32-token one (1.6 ms) cheaper than any pull's
+     * set-up; 100 Mbit/s keeps 0.015 ms, below a token's 41 us on the wire */
+    double tok_ms = delayed ? 0.1 : strcmp(rate, "1gbit") ? 0.015 : 0.05;
     char costs[96];
     snprintf(costs, sizeof costs, "{\"prefill_tok_s\":%g}", tok_ms * 1e-3);
     host_node_costs(P, NS_P, "prefill", P_HTTP, P_KV, D_KV, 1, costs);

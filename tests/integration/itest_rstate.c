@@ -246,8 +246,14 @@ static void nodes_stop(nodes4 *n)
 /* A router over them (decode nodes in the order given) sharing Redis. */
 static void router_state_start(tp_proc *R, nodes4 *n, int reversed, const char *url)
 {
+    /* a deadline no loaded machine misses: these tests are about shared
+     * state, not slow Redis (test_backend and itest_fault_router time out
+     * on purpose); a lookup past 50 ms on a busy 2-core machine routed a
+     * turn without its params once, and its history was tokenised from
+     * text */
     const char *ra[] = {
-        "--local-prefill-max-tokens", "0", "--state", url, "--state-prefix", "it:", NULL};
+        "--local-prefill-max-tokens", "0",    "--state", url, "--state-prefix", "it:",
+        "--state-timeout-ms",         "5000", NULL};
     tp_proc *pp[] = {&n->P0, &n->P1}, *dd[] = {&n->D0, &n->D1}, *dr[] = {&n->D1, &n->D0};
     router_start(R, pp, 2, reversed ? dr : dd, 2, ra);
 }
