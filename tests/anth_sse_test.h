@@ -15,7 +15,8 @@
  *
  * JSON is read with ANTH_SSE_JSON: a tool's input is the model's JSON as it
  * wrote it, whose integers may be past 64 bits (valid JSON, which clients
- * in JavaScript or Python read as numbers, and jansson only as reals). */
+ * in JavaScript or Python read as numbers, and jansson only as reals), and
+ * a text may hold the NUL a model wrote (\u0000). */
 #ifndef ANTH_SSE_TEST_H
 #define ANTH_SSE_TEST_H
 
@@ -26,7 +27,7 @@
 
 #include "base/dx_buf.h"
 
-#define ANTH_SSE_JSON JSON_DECODE_INT_AS_REAL
+#define ANTH_SSE_JSON (JSON_DECODE_INT_AS_REAL | JSON_ALLOW_NUL)
 
 static int anth_sse_why(char *why, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
@@ -211,7 +212,7 @@ static void anth_sse_concat(const json_t *content, const char *type, const char 
     }
 }
 
-static int anth_sse_same(const json_t *streamed, const json_t *whole, char *why)
+static inline int anth_sse_same(const json_t *streamed, const json_t *whole, char *why)
 {
     static const char *const fields[] = {"id",          "type",          "role", "model",
                                          "stop_reason", "stop_sequence", "usage"};

@@ -66,10 +66,12 @@ static int read_info(const json_t *root, const json_t *choice, oai_ans_info *inf
     return 0;
 }
 
+/* A model can emit NUL, which the chat door writes as \u0000: an answer
+ * holding one is still an answer (lengths are kept, never strlen). */
 static json_t *load(const char *p, size_t len)
 {
     json_error_t je;
-    return json_loadb(p, len, 0, &je);
+    return json_loadb(p, len, JSON_ALLOW_NUL, &je);
 }
 
 /* ---- a whole answer ----------------------------------------------------------- */

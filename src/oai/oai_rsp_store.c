@@ -138,7 +138,7 @@ int oai_rsp_store_messages(oai_rsp_store *s, const uint8_t *tenant, const char *
     size_t ml, rl;
     if (rc == 1 && (rc = oai_rsp_store_decode(copy.data, copy.len, &m, &ml, &r, &rl)) == 0) {
         json_error_t je;
-        *messages = json_loadb(m, ml, 0, &je);
+        *messages = json_loadb(m, ml, JSON_ALLOW_NUL, &je); /* an answer's NUL, as stored */
         rc = json_is_array(*messages)
                  ? 1
                  : dx_errf(DX_EFORMAT, "responses store: %s: a broken entry", id);

@@ -136,7 +136,7 @@ static int decode(const dx_buf *v, json_t **messages, char **response, size_t *l
     if (rc) return rc;
     if (messages) {
         json_error_t je;
-        *messages = json_loadb(m, ml, 0, &je);
+        *messages = json_loadb(m, ml, JSON_ALLOW_NUL, &je); /* an answer's NUL, as stored */
         if (!json_is_array(*messages)) {
             json_decref(*messages);
             *messages = NULL;

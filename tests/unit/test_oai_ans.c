@@ -77,6 +77,15 @@ static void test_full_round_trip(void **state)
     assert_null(got.reasoning);
     assert_int_equal(got.n_calls, 0);
     oai_tools_result_free(&got);
+    /* a NUL the model wrote (\u0000 in the answer) is kept, by length */
+    b.len = 0;
+    oai_choice z = {.text = "a\0b", .len = 3, .finish = "length"};
+    assert_int_equal(oai_resp_full(&b, &k_meta, &z, &u, NULL), 0);
+    assert_non_null(memmem(b.data, b.len, "\\u0000", 6));
+    assert_int_equal(oai_ans_full(b.data, b.len, &got, &info), 0);
+    assert_int_equal(got.content_len, 3);
+    assert_memory_equal(got.content, "a\0b", 3);
+    oai_tools_result_free(&got);
     oai_ans_info_free(&info);
     dx_buf_free(&raw);
     dx_buf_free(&b);
