@@ -205,7 +205,7 @@ static int parse_body(rt_req *q, const char *body, size_t len, oai_req *o, oai_e
     int rc = parse_front(q, body, len, o, err);
     if (rc == 0 || strcmp(err->param, "kv_transfer_params") != 0) return rc;
     json_error_t je;
-    json_t *root = json_loadb(body, len, 0, &je);
+    json_t *root = json_loadb(body, len, JSON_ALLOW_NUL, &je); /* as the first parse */
     dx_buf b;
     dx_buf_init(&b, 0);
     json_object_del(root, "kv_transfer_params");
