@@ -68,15 +68,17 @@ openssl rand -hex 32 >"$dir/internal.key"
 chmod 600 "$dir/kv.secret" "$dir/internal.key"
 export UCX_NET_DEVICES=dxbkv # UCX offers peers the KV link's address only
 
-# node NS ROLE HTTP_ADDR KV_ADDR PEER_KV LOG FLAGS...: starts a node, prints its port
-node() {
+# start_node NS ROLE HTTP_ADDR KV_ADDR PEER_KV LOG FLAGS...: starts a node,
+# prints its port; its pid goes to LOG.pid (the caller runs this in a
+# command substitution, a subshell: pids+= there would be lost)
+start_node() {
     local ns=$1 role=$2 http=$3 kv=$4 peer=$5 log=$6
     shift 6
     ip netns exec "$ns" "$BIN" serve --model "$MODEL" --role "$role" --host "$http" --port 0 \
         --kv-host "$kv" --kv-port 0 --kv-peers "$peer" --kv-secret-file "$dir/kv.secret" \
         --kv-transport-tls tcp --internal-key-file "$dir/internal.key" --insecure-no-auth \
         --threads "$THREADS" "$@" >"$log" 2>&1 &
-    pids+=($!)
+    echo $! >"$log.pid"
     local port=
     for _ in $(seq 1 600); do
         port=$(grep -o "address=http://$http:[0-9]*" "$log" | grep -o '[0-9]*$' || true)
@@ -101,11 +103,14 @@ run_mode() { # MODE OUT
     esac
     pids=()
     if [ "$mode" = colocated ]; then
-        d=$(node "$nsd" both 10.253.0.10 10.253.0.2 10.253.0.1 "$out/d.log")
+        d=$(start_node "$nsd" both 10.253.0.10 10.253.0.2 10.253.0.1 "$out/d.log")
+        pids+=("$(cat "$out/d.log.pid")")
         rargs=(--decode "http://10.253.0.10:$d")
     else
-        p=$(node "$nsp" prefill 10.253.0.6 10.253.0.1 10.253.0.2 "$out/p.log" --bidirectional-kv-xfer "${pf[@]}")
-        d=$(node "$nsd" decode 10.253.0.10 10.253.0.2 10.253.0.1 "$out/d.log" --bidirectional-kv-xfer "${df[@]}")
+        p=$(start_node "$nsp" prefill 10.253.0.6 10.253.0.1 10.253.0.2 "$out/p.log" --bidirectional-kv-xfer "${pf[@]}")
+        pids+=("$(cat "$out/p.log.pid")")
+        d=$(start_node "$nsd" decode 10.253.0.10 10.253.0.2 10.253.0.1 "$out/d.log" --bidirectional-kv-xfer "${df[@]}")
+        pids+=("$(cat "$out/d.log.pid")")
         rargs=(--prefill "http://10.253.0.6:$p" --decode "http://10.253.0.10:$d")
     fi
     "$BIN" router "${rargs[@]}" --port 0 --tokenizer "$MODEL" --internal-key-file "$dir/internal.key" \
