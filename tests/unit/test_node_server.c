@@ -1172,7 +1172,16 @@ static void test_oom_each_allocation(void **state)
     dx_buf want;
     dx_buf_init(&want, 0);
     ref_chat("al be", 6, &want);
-    for (size_t d = 0; d < DX_ARRAY_LEN(k_oom_doors); d++)
+#ifdef __SANITIZE_THREAD__
+    /* ThreadSanitizer: the chat door only.  The other doors add no thread
+     * (their translation runs on the same preparation and loop threads),
+     * and their ~1,600 requests took this test past a minute and a half
+     * under TSan; release and asan run every door. */
+    size_t n_doors = 1;
+#else
+    size_t n_doors = DX_ARRAY_LEN(k_oom_doors);
+#endif
+    for (size_t d = 0; d < n_doors; d++)
         for (int stream = 0; stream < 2; stream++) oom_door_case(&k_oom_doors[d], stream, &want);
     dx_buf_free(&want);
 }
