@@ -13,7 +13,8 @@
  * computes everything (prefix caching off); the prefill node pulled history
  * from the decode node; and the three doors, carrying the same
  * conversation, rendered the same prompts and gave the same answers. */
-/* duplex-test: tsan */
+/* Not in the tsan variant (no duplex-test mark): itest_fronts and itest_pd run the same doors and
+ * P/D paths under it; the npm clients under TSan took 2 minutes. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

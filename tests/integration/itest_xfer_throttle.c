@@ -22,7 +22,8 @@
  * namespaces (and with them the veth pair) are removed in the group
  * teardown whatever happened, and ones a killed earlier run left behind are
  * removed at start. */
-/* duplex-test: tsan */
+/* Not in the tsan variant (no duplex-test mark): itest_xfer runs the same transfers under it; its
+ * dead links wait out real timeouts (45 s). */
 #include <dirent.h>
 #include <errno.h>
 #include <setjmp.h>
