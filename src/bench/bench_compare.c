@@ -68,13 +68,14 @@ static int parse_entry(const char *p, size_t len, mode_entry *e)
     const char *at = memchr(p, '@', len);
     size_t ml = at ? (size_t)(at - p) : len;
     e->mode = mode_index(p, ml);
-    if (e->mode < 0)
-        return dx_errf(
-            DX_EINVAL,
-            "unknown mode '%.*s' (uni-nocache|uni|bidi|bidi-rt|bidi-auto|bidi-p-auto|bidi-64|"
-            "bidi-recompute|colocated, each "
-            "optionally @" ENGINE_KV_DTYPES ")",
-            (int)ml, p);
+    if (e->mode < 0) {
+        char names[256] = "";
+        for (size_t i = 0; i < DX_ARRAY_LEN(k_modes); i++) /* the table is the one list */
+            snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", i ? "|" : "",
+                     k_modes[i].name);
+        return dx_errf(DX_EINVAL, "unknown mode '%.*s' (%s, each optionally @" ENGINE_KV_DTYPES ")",
+                       (int)ml, p, names);
+    }
     if (len >= sizeof e->name) return dx_errf(DX_EINVAL, "mode '%.*s' is too long", (int)len, p);
     snprintf(e->name, sizeof e->name, "%.*s", (int)len, p);
     e->kv[0] = 0;

@@ -975,11 +975,6 @@ void oai_anth_err_from_chat(oai_err *err)
     memcpy(err->param, name, sizeof name);
 }
 
-static int dump_cb(const char *p, size_t n, void *b)
-{
-    return dx_buf_append(b, p, n) ? -1 : 0;
-}
-
 int oai_anth_req_parse(const char *body, size_t len, const oai_anth_opts *o,
                        const oai_parse_opts *po, oai_req *out, oai_anth_info *info, oai_err *err)
 {
@@ -990,13 +985,10 @@ int oai_anth_req_parse(const char *body, size_t len, const oai_anth_opts *o,
     if (rc < 0) return rc;
     dx_buf b;
     dx_buf_init(&b, 0);
-    /* jansson's dump ignores some of its callback's failures (a key's
-     * closing quote): an allocation that failed anywhere in it voids it */
-    size_t failed = dx_alloc_failed_count();
-    rc = json_dump_callback(doc, dump_cb, &b, JSON_COMPACT);
+    rc = oai_jv_dump(&b, doc, JSON_COMPACT);
     json_decref(doc);
     info->model = NULL;
-    if (rc < 0 || dx_alloc_failed_count() != failed) {
+    if (rc < 0) {
         dx_buf_free(&b);
         return oai_jv_oom(err, "reading the request");
     }

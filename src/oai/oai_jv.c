@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "base/dx_alloc.h"
 #include "base/dx_err.h"
 
 int oai_jv_fail(oai_err *err, const char *param, const char *fmt, ...)
@@ -83,5 +84,18 @@ int oai_jv_bool(const json_t *v, const char *name, int *out, oai_err *err)
 {
     if (!json_is_boolean(v)) return oai_jv_fail(err, name, "%s: expected true or false", name);
     *out = json_is_true(v);
+    return 0;
+}
+
+static int dump_cb(const char *p, size_t n, void *b)
+{
+    return dx_buf_append(b, p, n) ? -1 : 0; /* -1: jansson stops the dump */
+}
+
+int oai_jv_dump(dx_buf *b, const json_t *v, size_t flags)
+{
+    size_t failed = dx_alloc_failed_count();
+    if (json_dump_callback(v, dump_cb, b, flags) || dx_alloc_failed_count() != failed)
+        return dx_errf(DX_ENOMEM, "JSON of %zu bytes: out of memory", b->len);
     return 0;
 }

@@ -11,6 +11,7 @@
 #include <jansson.h>
 #include <stdint.h>
 
+#include "base/dx_buf.h"
 #include "oai/oai_req.h"
 
 /* A 400 for param (NULL: no single field) with the formatted message;
@@ -22,6 +23,11 @@ int oai_jv_failed(const oai_err *err);
 /* Out of memory while reading a request — the server's state, not the
  * client's: a 503 it may retry ("out of memory WHAT; try again"). */
 int oai_jv_oom(oai_err *err, const char *what);
+/* Appends v as JSON (json_dump_callback's `flags`) to b: 0, or DX_ENOMEM
+ * when b could not grow or any allocation failed meanwhile — jansson's
+ * dump ignores some of its callback's failures (a key's closing quote), so
+ * a dump that saw one is void. */
+int oai_jv_dump(dx_buf *b, const json_t *v, size_t flags);
 
 /* The member, or NULL when it is absent or null. */
 json_t *oai_jv_field(const json_t *obj, const char *name);

@@ -691,11 +691,6 @@ static json_t *given(const json_t *root, const char *name, json_t *dflt)
     return json_incref(v);
 }
 
-static int dump_cb(const char *p, size_t n, void *b)
-{
-    return dx_buf_append(b, p, n) ? -1 : 0;
-}
-
 static int build_echo(const json_t *root, oai_rsp_req *r, oai_err *err)
 {
     json_t *e = json_object(), *v, *t = oai_jv_field(root, "text"),
@@ -727,7 +722,7 @@ static int build_echo(const json_t *root, oai_rsp_req *r, oai_err *err)
     dx_buf b;
     dx_buf_init(&b, 0);
     /* 15 digits: a temperature of 0.7 reads back as 0.7 */
-    int rc = json_dump_callback(e, dump_cb, &b, JSON_COMPACT | JSON_REAL_PRECISION(15));
+    int rc = oai_jv_dump(&b, e, JSON_COMPACT | JSON_REAL_PRECISION(15));
     json_decref(e);
     if (rc || b.len < 2) {
         dx_buf_free(&b);
@@ -859,11 +854,8 @@ int oai_rsp_chat_parse(const json_t *chat, const oai_parse_opts *opts, oai_req *
 {
     dx_buf b;
     dx_buf_init(&b, 0);
-    /* jansson's default precision (17 digits) reads back every double
-     * exactly; its dump ignores some of its callback's failures, so an
-     * allocation that failed anywhere in it voids it */
-    size_t failed = dx_alloc_failed_count();
-    if (json_dump_callback(chat, dump_cb, &b, JSON_COMPACT) || dx_alloc_failed_count() != failed) {
+    /* jansson's default precision (17 digits) reads back every double exactly */
+    if (oai_jv_dump(&b, chat, JSON_COMPACT)) {
         dx_buf_free(&b);
         memset(out, 0, sizeof *out);
         return oai_jv_oom(err, "writing the chat request");

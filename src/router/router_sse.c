@@ -6,6 +6,7 @@
 
 #include "base/dx_alloc.h"
 #include "base/dx_err.h"
+#include "oai/oai_jv.h"
 
 void router_sse_init(router_sse *s, size_t max_event)
 {
@@ -152,20 +153,9 @@ int router_sse_data(const char *ev, size_t len, dx_buf *scratch, const char **da
 
 /* ---- inspection -------------------------------------------------------- */
 
-/* json_dump_callback's callback: 0, or -1 to stop the dump (jansson's
- * convention). */
-#define JSON_DUMP_STOP (-1)
-
-static int dump_cb(const char *p, size_t n, void *b)
-{
-    return dx_buf_append(b, p, n) == 0 ? 0 : JSON_DUMP_STOP;
-}
-
 int router_json_append(dx_buf *b, const json_t *v)
 {
-    return json_dump_callback(v, dump_cb, b, JSON_COMPACT | JSON_ENCODE_ANY) == 0
-               ? 0
-               : dx_errf(DX_ENOMEM, "JSON of %zu bytes", b->len);
+    return oai_jv_dump(b, v, JSON_COMPACT | JSON_ENCODE_ANY);
 }
 
 /* Appends the first choice's text (see router_sse_info). */
