@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include "base/dx_half.h"
+#include "base/dx_kquant.h"
 #include "base/dx_quant.h"
 
 enum dx_dtype {
@@ -26,7 +27,13 @@ enum dx_dtype {
     DX_Q5_0 = 6,
     DX_Q5_1 = 7,
     DX_Q8_0 = 8,
+    DX_Q2_K = 10,
+    DX_Q3_K = 11,
+    DX_Q4_K = 12,
+    DX_Q5_K = 13,
+    DX_Q6_K = 14,
     DX_IQ4_NL = 20,
+    DX_IQ4_XS = 23,
     DX_BF16 = 30,
 };
 
