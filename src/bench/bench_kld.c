@@ -195,7 +195,22 @@ int bench_kld_run(const bench_kld_config *cfg, const model *m, bench_kld_result 
                        cfg->n_tokens);
     int types[BENCH_ENGINE_MAX_KV], n_kv, rc = bench_engine_parse_kv(cfg->kv_dtype, types, &n_kv);
     if (rc) return rc;
-    if (n_kv < 2) return dx_errf(DX_EINVAL, "bench kld: compare two KV dtypes or more");
+    const model *models[BENCH_KLD_MAX_KV];
+    int is_base[BENCH_KLD_MAX_KV] = {0};
+    if (cfg->base) {
+        if (model_hp(cfg->base)->n_vocab != model_hp(m)->n_vocab)
+            return dx_errf(DX_EINVAL, "bench kld: the base model has %u tokens, the model %u",
+                           model_hp(cfg->base)->n_vocab, model_hp(m)->n_vocab);
+        if (n_kv >= BENCH_KLD_MAX_KV)
+            return dx_errf(DX_EINVAL, "bench kld: at most %d KV dtypes with a base model",
+                           BENCH_KLD_MAX_KV - 1);
+        memmove(types + 1, types, (size_t)n_kv * sizeof *types);
+        n_kv++;
+        is_base[0] = 1;
+    }
+    for (int k = 0; k < n_kv; k++) models[k] = is_base[k] ? cfg->base : m;
+    if (n_kv < 2)
+        return dx_errf(DX_EINVAL, "bench kld: compare two KV dtypes or more, or a base model");
     kld_job j = {.n_kv = n_kv, .V = model_hp(m)->n_vocab};
     for (int a = 0; a < n_kv; a++)
         for (int b = a + 1; b < n_kv; b++) j.pi[j.n_pairs] = a, j.pj[j.n_pairs++] = b;
@@ -211,7 +226,7 @@ int bench_kld_run(const bench_kld_config *cfg, const model *m, bench_kld_result 
         rc = dx_errf(DX_ENOMEM, "bench kld: figures of %u positions", ctx);
     if (!rc) rc = dx_tpool_create(threads < 1 ? 1 : threads, &tp);
     for (int k = 0; !rc && k < n_kv; k++)
-        rc = kld_run_create(m, tp, types[k], ctx, chunk, &j.runs[k]);
+        rc = kld_run_create(models[k], tp, types[k], ctx, chunk, &j.runs[k]);
     uint64_t t0 = dx_now_ns();
     for (uint32_t p = 0; !rc && p < ctx; p += chunk) {
         uint32_t n = ctx - p < chunk ? ctx - p : chunk;
@@ -222,6 +237,7 @@ int bench_kld_run(const bench_kld_config *cfg, const model *m, bench_kld_result 
         out->n_kv = n_kv;
         out->ctx = ctx;
         memcpy(out->kv_type, types, (size_t)n_kv * sizeof *types);
+        memcpy(out->is_base, is_base, sizeof is_base);
         report(&j, ctx, out, tmp);
         out->seconds = (double)(dx_now_ns() - t0) * 1e-9;
     }

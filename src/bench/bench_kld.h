@@ -1,7 +1,8 @@
-/* bench_kld: what a KV cache dtype changes in what a model predicts — the
- * KL divergence of the next-token distribution and how often the most
- * likely token stays the same, between KV dtypes, token by token over one
- * long window of real text.  The same measure as llama.cpp's
+/* bench_kld: what a KV cache dtype, or a model file's weight types, change
+ * in what a model predicts — the KL divergence of the next-token
+ * distribution and how often the most likely token stays the same, between
+ * KV dtypes (or against a base model, e.g. the F32 file a quantised one was
+ * made from), token by token over one long window of real text.  The same measure as llama.cpp's
  * `llama-perplexity --kl-divergence` (KL(base || test) over the whole
  * vocabulary, "same top p"), reported for the window's second half as it
  * does and by depth, so the two can be read side by side on one GGUF file.
@@ -33,6 +34,10 @@ typedef struct {
     /* KV dtypes, a comma list of two or more (ENGINE_KV_DTYPES): every
      * later one is compared with every earlier one */
     const char *kv_dtype;
+    /* a base model to compare against (NULL: none): it runs first, with the
+     * first KV dtype, and every run of the model is compared with it (and
+     * with each other); same vocabulary as the model */
+    const model *base;
     uint32_t chunk; /* tokens per step (0: BENCH_KLD_DEFAULT_CHUNK) */
     /* after each chunk (may be NULL) */
     void (*progress)(void *user, uint32_t done, uint32_t total);
@@ -50,8 +55,11 @@ typedef struct {
 } bench_kld_stat;
 
 typedef struct {
-    int kv_type[BENCH_KLD_MAX_KV]; /* enum dx_dtype, in the config's order */
-    int n_kv;
+    /* the runs: enum dx_dtype, in the config's order, after the base's
+     * (run 0) when there is one */
+    int kv_type[BENCH_KLD_MAX_KV];
+    int n_kv;                      /* runs */
+    int is_base[BENCH_KLD_MAX_KV]; /* 1: the run is the base model's */
     uint32_t ctx;
     /* [i][j] for i < j: dtype j against dtype i; [.][.][BENCH_KLD_HALF] the
      * window's second half, positions [ctx/2, ctx-1) as llama.cpp scores */

@@ -300,19 +300,20 @@ static void kld_progress(void *user, uint32_t done, uint32_t total)
 static void print_kld_stat(const char *pair, const char *range, const bench_kld_stat *st)
 {
     if (!st->n) return;
-    printf("%-14s %-16s %6llu  %10.3e  %10.3e  %10.3e  %10.3e  %7.3f%%  %8.5f\n", pair, range,
+    printf("%-18s %-16s %6llu  %10.3e  %10.3e  %10.3e  %10.3e  %7.3f%%  %8.5f\n", pair, range,
            (unsigned long long)st->n, st->kld_mean, st->kld_median, st->kld_p99, st->kld_max,
            100 * st->same_top, st->rms_dlogit);
 }
 
 static void print_kld(const bench_kld_result *r)
 {
-    printf("%-14s %-16s %6s  %10s  %10s  %10s  %10s  %8s  %8s\n", "test vs base", "positions", "n",
+    printf("%-18s %-16s %6s  %10s  %10s  %10s  %10s  %8s  %8s\n", "test vs base", "positions", "n",
            "KLD mean", "median", "p99", "max", "same top", "rms dlogit");
     for (int a = 0; a < r->n_kv; a++)
         for (int b = a + 1; b < r->n_kv; b++) {
             char pair[48], range[32];
-            snprintf(pair, sizeof pair, "%s vs %s", dx_dtype_name(r->kv_type[b]),
+            snprintf(pair, sizeof pair, "%s%s vs %s%s", r->is_base[b] ? "base " : "",
+                     dx_dtype_name(r->kv_type[b]), r->is_base[a] ? "base " : "",
                      dx_dtype_name(r->kv_type[a]));
             for (int d = 0; d < BENCH_KLD_N_DEPTHS; d++) {
                 if (d + 1 < BENCH_KLD_N_DEPTHS)
@@ -329,7 +330,7 @@ static void print_kld(const bench_kld_result *r)
 
 static int bench_kld(int argc, char **argv)
 {
-    const char *path = NULL, *file = NULL, *kv = "f32,f16,q8_0";
+    const char *path = NULL, *file = NULL, *kv = NULL, *base_path = NULL;
     long threads = 0, ctx = 4096, chunk = BENCH_KLD_DEFAULT_CHUNK;
     const cli_opt opts[] = {
         {"model", CLI_PATH, &path, 0, 0, "GGUF model file (required)"},
@@ -337,14 +338,20 @@ static int bench_kld(int argc, char **argv)
          "the text (required): its first --ctx tokens are the window"},
         {"ctx", CLI_INT, &ctx, 2, 1 << 20, "tokens of the window (default 4096)"},
         {"kv-dtype", CLI_STR, &kv, 0, 0,
-         "KV dtypes, each compared with those before it (default f32,f16,q8_0)"},
+         "KV dtypes, each compared with those before it (default f32,f16,q8_0; f16 with "
+         "--base)"},
+        {"base", CLI_PATH, &base_path, 0, 0,
+         "a base model (e.g. the F32 file a quantised one came from): the model's runs "
+         "against it, KL(base || model)"},
         {"chunk", CLI_INT, &chunk, 1, 4096,
          CLI_HELP_DEFAULT("tokens per forward step", BENCH_KLD_DEFAULT_CHUNK)},
         {"threads", CLI_INT, &threads, 0, 1024, "threads (default: cores)"},
     };
-    int rc = cli_parse("bench kld", "--model FILE --file TEXT [--ctx N] [--kv-dtype A,B,...]", argc,
-                       argv, opts, DX_ARRAY_LEN(opts), NULL, 0, NULL);
+    int rc = cli_parse("bench kld",
+                       "--model FILE --file TEXT [--ctx N] [--kv-dtype A,B,...] [--base FILE]",
+                       argc, argv, opts, DX_ARRAY_LEN(opts), NULL, 0, NULL);
     if (rc) return rc == 1 ? 0 : rc;
+    if (!kv) kv = base_path ? "f16" : "f32,f16,q8_0";
     if (!path) return cli_required("bench kld", "--model FILE");
     if (!file) return cli_required("bench kld", "--file TEXT");
     int types[BENCH_ENGINE_MAX_KV], n_kv;
@@ -353,16 +360,18 @@ static int bench_kld(int argc, char **argv)
     dx_buf_init(&text, 0);
     tok_ids ids;
     tok_ids_init(&ids);
-    model *m = NULL;
+    model *m = NULL, *base = NULL;
     bench_kld_result r;
     rc = tok_sample(file, 0, &text);
     if (!rc) rc = model_load(path, &m);
+    if (!rc && base_path) rc = model_load(base_path, &base);
     if (!rc) rc = tok_encode(model_tokenizer(m), text.data, text.len, TOK_ADD_SPECIAL, &ids);
     bench_kld_config c = {.n_threads = (int)threads,
                           .tokens = ids.ids,
                           .n_tokens = ids.n,
                           .ctx = (uint32_t)ctx,
                           .kv_dtype = kv,
+                          .base = base,
                           .chunk = (uint32_t)chunk,
                           .progress = kld_progress};
     if (!rc) rc = bench_kld_run(&c, m, &r);
@@ -372,9 +381,11 @@ static int bench_kld(int argc, char **argv)
                "in all); kv %s; %.0f s\n",
                model_name(m), hp->arch_name, hp->n_layer, hp->n_vocab,
                kern_isa_name(kern_get_isa()), r.ctx, file, ids.n, kv, r.seconds);
-        printf("mean entropy of the %s distributions %.3f nats (uniform over the vocabulary: "
+        if (base) printf("base model %s\n", base_path);
+        printf("mean entropy of the %s%s distributions %.3f nats (uniform over the vocabulary: "
                "%.3f)\n",
-               dx_dtype_name(r.kv_type[0]), r.mean_entropy, log((double)hp->n_vocab));
+               base ? "base " : "", dx_dtype_name(r.kv_type[0]), r.mean_entropy,
+               log((double)hp->n_vocab));
         print_kld(&r);
     } else {
         fprintf(stderr, "duplex bench kld: %s\n", dx_errmsg());
@@ -382,6 +393,7 @@ static int bench_kld(int argc, char **argv)
     tok_ids_free(&ids);
     dx_buf_free(&text);
     model_free(m);
+    model_free(base);
     return rc ? 1 : 0;
 }
 
