@@ -20,7 +20,9 @@
 # llama.cpp's side (greedy, its logits' top two per token).
 # Environment (defaults in brackets):
 #   MODELS   ARCH:PRESET:DTYPE[:LAYERS] files written by `duplex model synth`
-#            under models/ if missing ["qwen3moe:tiny-moe:f32
+#            under models/ if missing, or paths of GGUF files (any word
+#            ending in .gguf; scripts/bench/conformance.sh passes dense
+#            files of every weight type this way) ["qwen3moe:tiny-moe:f32
 #            qwen3moe:tiny-moe:bf16 qwen3moe:tiny-moe:q8_0 llama:tiny-moe:f32
 #            llama:tiny-moe:bf16 qwen3moe:qwen3-30b-a3b:bf16:4"]
 #   KV [f32]  the KV cache type of both.  f32 by default: with f16 K/V,
@@ -126,6 +128,7 @@ bad=0
 for spec in $MODELS; do
     IFS=: read -r arch preset dtype layers <<<"$spec"
     f=models/moe-$arch-$preset${layers:+-${layers}l}-$dtype.gguf
+    case $spec in *.gguf) f=$spec ;; esac
     if [ ! -f "$f" ]; then
         mkdir -p models
         "$BIN" model synth --arch "$arch" --preset "$preset" --dtype "$dtype" --seed "$SEED" \
