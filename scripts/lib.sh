@@ -135,6 +135,29 @@ test_summary() {
     [ "$failed" -eq 0 ] && [ ${#failures[@]} -eq 0 ]
 }
 
+# test_summary over the tallies test_job.sh left ($log_dir/tally/*.t:
+# "NAME SECONDS PASSED FAILED SKIPPED RC").
+# JOBS... are the job lists: a job that left no tally (killed, or its
+# runner failed) counts as a failure.
+test_summary_tallies() {
+    local v name rest sec p f s rc t
+    while read -r v name rest; do
+        t=$log_dir/tally/${name//\//_}.t
+        if [ ! -f "$t" ]; then
+            echo "FAIL $name: no result (its runner did not finish)"
+            failed=$((failed + 1))
+            failures+=("$name")
+            continue
+        fi
+        read -r name sec p f s rc <"$t"
+        passed=$((passed + p))
+        failed=$((failed + f))
+        skipped=$((skipped + s))
+        [ "$rc" -eq 0 ] || failures+=("$name")
+    done < <(cat "$@")
+    test_summary
+}
+
 # ThreadSanitizer (the tsan variant, `make test-tsan`).  It runs the tests
 # whose code runs on several threads: the engine thread and its thread pool
 # (scheduler, forward pass, KV pool), the node's event loop against the
@@ -147,6 +170,10 @@ test_summary() {
 # opening (before the first #include), so that a new threaded test is marked
 # where it is written rather than in a list kept here (docs/testing.md).
 TSAN_MARK='/* duplex-test: tsan */'
+# A test that must not run beside others (fixed ports, fixed network
+# namespace names) carries this line the same way; test.sh runs those one
+# at a time after the rest, which run TEST_JOBS at a time.
+ALONE_MARK='/* duplex-test: alone */'
 
 # test_source NAME: the source the test program NAME was built from (the
 # Makefile's rules: test_x ← tests/unit/test_x.c, itest_x ←
@@ -163,18 +190,26 @@ test_source() {
 # tsan_wanted NAME: whether the source of test program NAME carries
 # TSAN_MARK before its first #include.
 tsan_wanted() {
+    has_mark "$1" "$TSAN_MARK"
+}
+
+# has_mark NAME MARK: whether the source of test program NAME carries the
+# line MARK before its first #include.
+has_mark() {
     local src
     src=$(test_source "$1")
     [ -n "$src" ] && [ -f "$src" ] || return 1
-    awk -v m="$TSAN_MARK" '/^#include/ {exit} $0 == m {found = 1; exit} END {exit !found}' "$src"
+    awk -v m="$2" '/^#include/ {exit} $0 == m {found = 1; exit} END {exit !found}' "$src"
 }
 
 # The run-time settings of the tsan variant, for the tests and every
 # process they start.  Reports go to files (log_path), one per process, so
 # that a race in a server a test started fails that test even when the
 # test never looks at the server's exit status.
+# tsan_env [SUBDIR]: SUBDIR of the report folder, so that tests running at
+# the same time (test_job.sh) each read only their own processes' reports.
 tsan_env() {
-    tsan_dir=$PWD/$log_dir/tsan
+    tsan_dir=$PWD/$log_dir/tsan${1:+/$1}
     mkdir -p "$tsan_dir"
     export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 log_path=$tsan_dir/report suppressions=$PWD/tests/tsan.supp"
     # UCX patches mmap/munmap/brk (its memory hooks, by default by

@@ -2,7 +2,8 @@
 # `make test`: install what is missing, build the release, asan and tsan
 # variants (the tests, and `make bench`'s micro-benchmarks so that they
 # compile), run every unit test, fuzz-corpus replay and integration test
-# (under tsan only the threaded ones), then print one
+# (under tsan only the threaded ones; TEST_JOBS of them at a time, default
+# one per core, then those marked alone one by one), then print one
 # closing line "N passed, N failed" (", N skipped" when a test could not run
 # here and said so with cmocka's skip()).  Exits non-zero on any failure.
 # Each stage (deps, build, tests) ends with a line giving its time.
@@ -52,24 +53,52 @@ wanted() {
     [ "$1" != tsan ] || tsan_wanted "$(basename "$2")"
 }
 
+# Every test program of every variant is a job "VARIANT NAME CMD..."; they
+# run TEST_JOBS at a time (most tests wait on processes, sockets and timers
+# as much as they compute), longest first by the last run's times, then
+# the tests marked alone one by one.  Each job prints its block when it
+# ends (scripts/test_job.sh) and leaves its tallies for test_summary.
+jobs=$log_dir/jobs
+rm -rf "$log_dir/tally" "$log_dir/tsan"
+mkdir -p "$log_dir/tally"
+: >"$jobs.par"
+: >"$jobs.alone"
+add_job() { # VARIANT NAME CMD...
+    local q=par
+    has_mark "$(basename "$3")" "$ALONE_MARK" && q=alone
+    echo "$*" >>"$jobs.$q"
+}
 for v in $VARIANTS; do
-    echo "== tests ($v)"
-    start=$SECONDS
-    [ "$v" = tsan ] && tsan_env
     for t in build/"$v"/tests/test_*; do
-        wanted "$v" "$t" || continue
-        run_one "$v/$(basename "$t")" "$t"
+        wanted "$v" "$t" && add_job "$v" "$v/$(basename "$t")" "$t"
     done
     for f in build/"$v"/fuzz/fuzz_*; do
         wanted "$v" "$f" || continue
-        n=$(basename "$f"); corpus=tests/fuzz/corpus/${n#fuzz_}
-        run_one "$v/$n-replay" "$f" "$corpus"
+        n=$(basename "$f")
+        add_job "$v" "$v/$n-replay" "$f" "tests/fuzz/corpus/${n#fuzz_}"
     done
     for t in build/"$v"/tests/itest_*; do
-        wanted "$v" "$t" || continue
-        DUPLEX_BIN="build/$v/duplex" run_one "$v/$(basename "$t")" "$t"
+        wanted "$v" "$t" && add_job "$v" "$v/$(basename "$t")" "$t"
     done
-    stage_done "tests ($v)" "$start"
 done
+# longest first: the last run's seconds per test (unknown tests first)
+times=$log_dir/times
+touch "$times"
+order() {
+    awk 'FILENAME == ARGV[1] { t[$1] = $2; next } { print (($2 in t) ? t[$2] : 100000), $0 }' "$times" "$1" |
+        sort -s -rn -k1,1 | cut -d' ' -f2-
+}
+TEST_JOBS=${TEST_JOBS:-$(nproc)}
+start=$SECONDS
+echo "== tests ($VARIANTS: $(wc -l <"$jobs.par") programs, $TEST_JOBS at a time)"
+order "$jobs.par" | xargs -r -d '\n' -P "$TEST_JOBS" -n 1 scripts/test_job.sh
+stage_done "tests ($TEST_JOBS at a time)" "$start"
+if [ -s "$jobs.alone" ]; then
+    start=$SECONDS
+    echo "== tests that run alone ($(wc -l <"$jobs.alone"))"
+    xargs -r -d '\n' -n 1 scripts/test_job.sh <"$jobs.alone"
+    stage_done "tests that run alone" "$start"
+fi
+cat "$log_dir"/tally/*.t 2>/dev/null | awk '{ print $1, $2 }' >"$times.new" && mv "$times.new" "$times"
 
-test_summary
+test_summary_tallies "$jobs.par" "$jobs.alone"

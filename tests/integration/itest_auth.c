@@ -7,6 +7,7 @@
  * refused naming file, line or value; and `duplex up` with two API keys:
  * identical histories under the two keys never reuse each other's KV while
  * each key's own next turn does, every answer byte-identical to one node's. */
+/* duplex-test: alone */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

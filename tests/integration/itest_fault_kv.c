@@ -39,6 +39,7 @@
  * skipped, saying why.  The namespaces are removed in the group teardown
  * whatever happened; ones a killed earlier run left are removed at start. */
 /* duplex-test: tsan */
+/* duplex-test: alone */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>

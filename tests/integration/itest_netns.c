@@ -37,8 +37,9 @@
  * under `ip netns exec`.  The namespaces (and with them the veths) are
  * removed in the group teardown whatever happened, and ones that a killed
  * earlier run left behind are removed at start. */
-/* Not in the tsan variant (no duplex-test mark): itest_pd runs the same P/D paths under it; over
+/* Not in the tsan variant (no tsan mark): itest_pd runs the same P/D paths under it; over
  * UCX's TCP between namespaces it took 80 s. */
+/* duplex-test: alone */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>

@@ -7,6 +7,7 @@
  * test runs once, with the release binary (other variants report skipped).
  * The examples use fixed ports (8000, 8001, 8101, 8201, and 6390 for Redis):
  * they must be free. */
+/* duplex-test: alone */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

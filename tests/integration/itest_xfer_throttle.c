@@ -22,8 +22,9 @@
  * namespaces (and with them the veth pair) are removed in the group
  * teardown whatever happened, and ones a killed earlier run left behind are
  * removed at start. */
-/* Not in the tsan variant (no duplex-test mark): itest_xfer runs the same transfers under it; its
+/* Not in the tsan variant (no tsan mark): itest_xfer runs the same transfers under it; its
  * dead links wait out real timeouts (45 s). */
+/* duplex-test: alone */
 #include <dirent.h>
 #include <errno.h>
 #include <setjmp.h>
