@@ -29,10 +29,10 @@ static int cmd_synth(int argc, char **argv)
         {"layers", CLI_INT, &layers, 1, 1024,
          "layers instead of the preset's (the real per-layer shape in a smaller file)"},
         {"dtype", CLI_STR, &dtype, 0, 0,
-         "weight types: f32 | f16 | bf16 | q8_0 | q5_1 | q5_0 | q4_1 | q4_0 | iq4_nl (every "
-         "matrix), or llama-quantize's mixture of that name, each matrix the type "
-         "llama-quantize gives it: q6_k | q5_k_m | q5_k_s | q4_k_m | q4_k_s | iq4_xs | q3_k_l | "
-         "q3_k_m | q3_k_s | q2_k | q2_k_s (vectors and an MoE router stay f32; default f32)"},
+         "weight types: one for every matrix, f32 | f16 | bf16 | q8_0 | q5_1 | q5_0 | q4_1 | "
+         "q4_0 | iq4_nl, or a llama-quantize preset, each matrix of the type llama-quantize "
+         "gives it, q6_k | q5_k_m | q5_k_s | q4_k_m | q4_k_s | iq4_xs | q3_k_l | q3_k_m | "
+         "q3_k_s | q2_k | q2_k_s (vectors and an MoE router stay f32; default f32)"},
         {"dry-run", CLI_FLAG, &dry_run, 0, 0,
          "print each tensor's name, type and shape instead of writing a file (as "
          "llama-quantize --dry-run)"},
@@ -40,7 +40,7 @@ static int cmd_synth(int argc, char **argv)
         {"tokenizer", CLI_PATH, &tokenizer, 0, 0,
          "a Hugging Face tokenizer.json (or its directory; tokenizer_config.json beside it is "
          "read too) to use instead of the synthetic vocabulary"},
-        {"o", CLI_PATH, &out, 0, 0, "output file (required)"},
+        {"o", CLI_PATH, &out, 0, 0, "output file (required unless --dry-run)"},
         {"output", CLI_PATH, &out, 0, 0, "same as -o"},
     };
     const char *usage = "[--arch A] --preset P [--layers N] --dtype T [--tokenizer PATH] [--seed "

@@ -13,12 +13,15 @@
 #include <cmocka.h>
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "base/dx_alloc.h"
 #include "base/dx_buf.h"
 #include "base/dx_dtype.h"
 #include "base/dx_err.h"
+#include "model/model.h"
 #include "model/synth.h"
 
 /* The tables' one-letter types (below). */
@@ -424,6 +427,26 @@ static void test_dry_run(void **state)
     assert_int_equal(dx_alloc_live_bytes(), live);
 }
 
+/* tiny-k is a model the engine loads (here with a plain type). */
+static void test_tiny_k_loads(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/dx_test_synth_mix_XXXXXX", path[64];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/k.gguf", dir);
+    synth_config c = {.arch = MODEL_LLAMA, .preset = "tiny-k", .dtype = DX_Q8_0, .seed = 1};
+    assert_int_equal(synth_write(&c, path), 0);
+    model *m;
+    assert_int_equal(model_load(path, &m), 0);
+    assert_int_equal(model_hp(m)->n_embd, 256);
+    assert_int_equal(model_hp(m)->head_dim, 64);
+    assert_int_equal(model_hp(m)->n_ff, 512);
+    assert_int_equal(model_layer_at(m, 1)->w_down.type, DX_Q8_0);
+    model_free(m);
+    assert_int_equal(unlink(path), 0);
+    assert_int_equal(rmdir(dir), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -431,7 +454,7 @@ int main(void)
         cmocka_unit_test(test_qwen3_06b),     cmocka_unit_test(test_llama32_1b),
         cmocka_unit_test(test_tiny),          cmocka_unit_test(test_moe),
         cmocka_unit_test(test_70b),           cmocka_unit_test(test_fallback),
-        cmocka_unit_test(test_dry_run),
+        cmocka_unit_test(test_dry_run),       cmocka_unit_test(test_tiny_k_loads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
