@@ -18,30 +18,36 @@ static int cmd_synth(int argc, char **argv)
     const char *arch = NULL, *preset = "tiny", *dtype = "f32", *out = NULL, *tokenizer = NULL;
     uint64_t seed = SYNTH_SEED;
     long layers = 0; /* CLI_INT stores a long */
+    int dry_run = 0;
     const cli_opt opts[] = {
         {"arch", CLI_STR, &arch, 0, 0,
          "qwen3 | qwen2 | llama | qwen3moe (default: the preset's, else qwen3moe for a mixture "
          "of experts and qwen3)"},
         {"preset", CLI_STR, &preset, 0, 0,
-         "tiny | small | 0.6b | qwen3-0.6b | llama3.2-1b | tiny-moe | qwen3-30b-a3b (default "
-         "tiny)"},
+         "tiny | tiny-k | small | 0.6b | qwen3-0.6b | llama3.2-1b | tiny-moe | qwen3-30b-a3b "
+         "(default tiny)"},
         {"layers", CLI_INT, &layers, 1, 1024,
          "layers instead of the preset's (the real per-layer shape in a smaller file)"},
         {"dtype", CLI_STR, &dtype, 0, 0,
-         "weight types: f32 | f16 | bf16 | q8_0 | q5_1 | q5_0 | q4_1 | q4_0 | iq4_nl (every "
-         "matrix; vectors and an MoE router stay f32; default f32)"},
+         "weight types: one for every matrix, f32 | f16 | bf16 | q8_0 | q5_1 | q5_0 | q4_1 | "
+         "q4_0 | iq4_nl, or a llama-quantize preset, each matrix of the type llama-quantize "
+         "gives it, q6_k | q5_k_m | q5_k_s | q4_k_m | q4_k_s | iq4_xs | q3_k_l | q3_k_m | "
+         "q3_k_s | q2_k | q2_k_s (vectors and an MoE router stay f32; default f32)"},
+        {"dry-run", CLI_FLAG, &dry_run, 0, 0,
+         "print each tensor's name, type and shape instead of writing a file (as "
+         "llama-quantize --dry-run)"},
         {"seed", CLI_U64, &seed, 0, 0, CLI_HELP_DEFAULT("random seed", SYNTH_SEED)},
         {"tokenizer", CLI_PATH, &tokenizer, 0, 0,
          "a Hugging Face tokenizer.json (or its directory; tokenizer_config.json beside it is "
          "read too) to use instead of the synthetic vocabulary"},
-        {"o", CLI_PATH, &out, 0, 0, "output file (required)"},
+        {"o", CLI_PATH, &out, 0, 0, "output file (required unless --dry-run)"},
         {"output", CLI_PATH, &out, 0, 0, "same as -o"},
     };
-    const char *usage =
-        "[--arch A] --preset P [--layers N] --dtype T [--tokenizer PATH] [--seed N] -o FILE";
+    const char *usage = "[--arch A] --preset P [--layers N] --dtype T [--tokenizer PATH] [--seed "
+                        "N] (-o FILE | --dry-run)";
     int rc = cli_parse("model synth", usage, argc, argv, opts, DX_ARRAY_LEN(opts), NULL, 0, NULL);
     if (rc) return rc == 1 ? 0 : rc;
-    if (!out) return cli_required("model synth", "-o FILE");
+    if (!out && !dry_run) return cli_required("model synth", "-o FILE");
     synth_config cfg = {
         .preset = preset, .seed = seed, .tokenizer = tokenizer, .n_layer = (uint32_t)layers};
     if (synth_check_preset(preset)) return cli_bad_value("model synth", "--preset");
@@ -50,10 +56,17 @@ static int cmd_synth(int argc, char **argv)
     if (arch && synth_parse_arch(arch, &cfg.arch)) return cli_bad_value("model synth", "--arch");
     if (synth_check_wtypes(dtype)) return cli_bad_value("model synth", "--dtype");
     cfg.wtypes = synth_find_wtypes(dtype);
-    if ((rc = synth_write(&cfg, out))) {
+    dx_buf list;
+    dx_buf_init(&list, 0);
+    if (dry_run) cfg.list = &list;
+    rc = synth_write(&cfg, out);
+    if (!rc && dry_run) fputs(list.data, stdout);
+    dx_buf_free(&list);
+    if (rc) {
         fprintf(stderr, "duplex model synth: %s\n", dx_errmsg());
         return 1;
     }
+    if (dry_run) return 0;
     char lay[32] = "";
     if (layers) snprintf(lay, sizeof lay, ", %ld layers", layers);
     fprintf(stderr, "wrote %s (%s %s%s %s, seed %llu, %s vocabulary)\n", out,

@@ -9,7 +9,7 @@
  * Both vocabularies, the synthetic one and an imported one, go through one
  * hf_tok description, so padding, validation and the GGUF keys are written
  * by the same code. */
-#include "model/synth.h"
+#include "model/synth_priv.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -29,6 +29,9 @@
     .n_ctx = ctx
 static const synth_preset k_presets[] = {
     {.name = "tiny", SHAPE(128, 2, 4, 2, 32, 256, 4096), .n_merges = 600, .arch = -1},
+    /* tiny with every row (n_embd, n_head * head_dim, n_ff) a multiple of
+     * 256: the super-block types hold every matrix, no fallback */
+    {.name = "tiny-k", SHAPE(256, 2, 4, 2, 64, 512, 4096), .n_merges = 600, .arch = -1},
     {.name = "small",
      SHAPE(512, 8, 8, 4, 64, 1536, 32768),
      .n_merges = 3000,
@@ -94,7 +97,7 @@ const synth_preset *synth_find_preset(const char *name)
 
 const char *synth_preset_names(void)
 {
-    return "tiny|small|0.6b|qwen3-0.6b|llama3.2-1b|tiny-moe|qwen3-30b-a3b";
+    return "tiny|tiny-k|small|0.6b|qwen3-0.6b|llama3.2-1b|tiny-moe|qwen3-30b-a3b";
 }
 
 int synth_check_preset(const char *name)
@@ -126,11 +129,29 @@ void synth_llama3_rope_factors(const synth_rope_scaling *s, float base, uint32_t
     }
 }
 
-/* The plain schemes: every matrix one type. */
+/* The plain schemes, every matrix one type, then llama-quantize's K-quant
+ * presets (synth_mix.c), with llama.cpp's llama_ftype numbers. */
 static const synth_wtypes k_wtypes[] = {
-    {"f32", 0, DX_F32, NULL},   {"f16", 1, DX_F16, NULL},   {"bf16", 32, DX_BF16, NULL},
-    {"q8_0", 7, DX_Q8_0, NULL}, {"q5_1", 9, DX_Q5_1, NULL}, {"q5_0", 8, DX_Q5_0, NULL},
-    {"q4_1", 3, DX_Q4_1, NULL}, {"q4_0", 2, DX_Q4_0, NULL}, {"iq4_nl", 25, DX_IQ4_NL, NULL},
+    {"f32", 0, DX_F32, NULL},
+    {"f16", 1, DX_F16, NULL},
+    {"bf16", 32, DX_BF16, NULL},
+    {"q8_0", 7, DX_Q8_0, NULL},
+    {"q5_1", 9, DX_Q5_1, NULL},
+    {"q5_0", 8, DX_Q5_0, NULL},
+    {"q4_1", 3, DX_Q4_1, NULL},
+    {"q4_0", 2, DX_Q4_0, NULL},
+    {"iq4_nl", 25, DX_IQ4_NL, NULL},
+    {"q6_k", 18, DX_Q6_K, synth_mix_rule},
+    {"q5_k_m", 17, DX_Q5_K, synth_mix_rule},
+    {"q5_k_s", 16, DX_Q5_K, synth_mix_rule},
+    {"q4_k_m", 15, DX_Q4_K, synth_mix_rule},
+    {"q4_k_s", 14, DX_Q4_K, synth_mix_rule},
+    {"iq4_xs", 30, DX_IQ4_XS, synth_mix_rule},
+    {"q3_k_l", 13, DX_Q3_K, synth_mix_rule},
+    {"q3_k_m", 12, DX_Q3_K, synth_mix_rule},
+    {"q3_k_s", 11, DX_Q3_K, synth_mix_rule},
+    {"q2_k", 10, DX_Q2_K, synth_mix_rule},
+    {"q2_k_s", 21, DX_Q2_K, synth_mix_rule},
 };
 
 const synth_wtypes *synth_find_wtypes(const char *s)
@@ -142,7 +163,8 @@ const synth_wtypes *synth_find_wtypes(const char *s)
 
 const char *synth_wtypes_names(void)
 {
-    return "f32|f16|bf16|q8_0|q5_1|q5_0|q4_1|q4_0|iq4_nl";
+    return "f32|f16|bf16|q8_0|q5_1|q5_0|q4_1|q4_0|iq4_nl|q6_k|q5_k_m|q5_k_s|q4_k_m|q4_k_s|"
+           "iq4_xs|q3_k_l|q3_k_m|q3_k_s|q2_k|q2_k_s";
 }
 
 int synth_check_wtypes(const char *s)
@@ -151,9 +173,11 @@ int synth_check_wtypes(const char *s)
     return dx_errf(DX_EINVAL, "unknown dtype '%s' (want %s)", s ? s : "", synth_wtypes_names());
 }
 
-int synth_wtypes_type(const synth_wtypes *w, enum synth_role r, uint32_t il, uint32_t n_layer)
+int synth_wtypes_type(const synth_wtypes *w, const synth_shape *s, enum synth_role r, uint32_t il,
+                      uint64_t n_in)
 {
-    return w->rule ? w->rule(w, r, il, n_layer) : w->type;
+    if (r == SYNTH_FFN_GATE_INP) return DX_F32;
+    return w->rule ? synth_fallback_type(w->rule(w, s, r, il, n_in), n_in) : w->type;
 }
 
 /* A plain scheme for a type given by id (synth_config.dtype). */
@@ -188,6 +212,16 @@ static const char *arch_name(enum model_arch a)
 enum model_arch synth_default_arch(const synth_preset *p)
 {
     return p->arch >= 0 ? (enum model_arch)p->arch : p->n_expert ? MODEL_QWEN3MOE : MODEL_QWEN3;
+}
+
+synth_shape synth_shape_of(const synth_preset *p, enum model_arch a, uint32_t n_layer)
+{
+    return (synth_shape){.arch = a,
+                         .n_layer = n_layer ? n_layer : p->n_layer,
+                         .n_head = p->n_head,
+                         .n_kv_head = p->n_kv_head,
+                         .n_expert = p->n_expert,
+                         .tied = p->tied};
 }
 
 /* Uniform in [-1, 1). */
@@ -229,20 +263,60 @@ typedef struct {
     gguf_writer *w;
     const synth_config *cfg;
     const synth_wtypes *wt;
-    uint32_t n_layer;
+    synth_shape shape;
     fill_spec *specs;
     size_t n_specs, cap_specs;
+    size_t n_listed, n_fallback; /* the dry run's tensors, and matrices a mixture's type
+                                  * did not fit */
 } synth_ctx;
 
-/* A tensor of type `type` and shape ne[0 .. n_dims): a vector, a matrix
- * [ne1][ne0], or ne2 stacked such matrices. */
+/* 0 when synth can quantise to `type`, else DX_EUNSUPPORTED naming the
+ * tensor (fill_tensor asserts it can). */
+static int check_writable(const char *name, int type)
+{
+    static const float zero[DX_QK_K];
+    uint8_t block[512];
+    size_t be = dx_dtype_block_elems(type);
+    DX_ASSERT(be && be <= DX_ARRAY_LEN(zero) && dx_dtype_block_bytes(type) <= sizeof block);
+    if (dx_dtype_from_f32_row(type, zero, block, be) == 0) return 0;
+    return dx_errf(DX_EUNSUPPORTED, "%s: duplex cannot write type %s yet", name,
+                   dx_dtype_name(type));
+}
+
+/* The dry run's line for a tensor: "name type [ne0, ne1...]", and what a
+ * mixture wanted when the rows did not fit it. */
+static int list_tensor(synth_ctx *c, const char *name, uint32_t n_dims, const uint64_t *ne,
+                       int type, int wanted)
+{
+    dx_buf *b = c->cfg->list;
+    int rc = dx_buf_printf(b, "%-32s %-7s [", name, dx_dtype_name(type));
+    for (uint32_t d = 0; d < n_dims && !rc; d++)
+        rc = dx_buf_printf(b, "%s%llu", d ? ", " : "", (unsigned long long)ne[d]);
+    if (!rc) rc = dx_buf_puts(b, "]");
+    c->n_listed++;
+    if (!rc && wanted != type) {
+        c->n_fallback++;
+        rc = dx_buf_printf(b, " (%s wanted: rows of %llu are not a multiple of %zu)",
+                           dx_dtype_name(wanted), (unsigned long long)ne[0],
+                           dx_dtype_block_elems(wanted));
+    }
+    if (!rc) rc = dx_buf_puts(b, "\n");
+    return rc ? dx_errf(DX_ENOMEM, "out of memory listing the tensors") : 0;
+}
+
+/* A tensor of type `type` (for the dry run's list: the mixture wanted
+ * `wanted`) and shape ne[0 .. n_dims): a vector, a matrix [ne1][ne0], or
+ * ne2 stacked such matrices. */
 static int add_tensor_typed(synth_ctx *c, const char *name, uint32_t n_dims, const uint64_t *ne,
-                            int type, int is_norm, float amp)
+                            int type, int wanted, int is_norm, float amp)
 {
     if (c->n_specs == c->cap_specs) return dx_errf(DX_ENOMEM, "too many tensors");
     if (ne[0] % dx_dtype_block_elems(type))
         return dx_errf(DX_EINVAL, "%s: rows of %llu cannot be stored as %s (blocks of %zu)", name,
                        (unsigned long long)ne[0], dx_dtype_name(type), dx_dtype_block_elems(type));
+    int rc = c->cfg->list ? list_tensor(c, name, n_dims, ne, type, wanted)
+                          : check_writable(name, type);
+    if (rc) return rc;
     fill_spec *f = &c->specs[c->n_specs++];
     f->seed = c->cfg->seed ^ XXH3_64bits(name, strlen(name));
     f->type = type;
@@ -255,21 +329,31 @@ static int add_tensor_typed(synth_ctx *c, const char *name, uint32_t n_dims, con
     return gguf_w_add_tensor_fill(c->w, name, f->type, n_dims, ne, fill_tensor, f);
 }
 
-/* A matrix [rows][n_in] of role r in layer il, of the type the scheme
- * gives it. */
+/* A matrix of role r in layer il, ne[0] = n_in wide ([ne1][ne0], or ne2
+ * stacked experts), of the type the scheme gives it. */
+static int add_matrix(synth_ctx *c, const char *name, enum synth_role r, uint32_t il,
+                      uint32_t n_dims, const uint64_t *ne, float amp)
+{
+    int type = synth_wtypes_type(c->wt, &c->shape, r, il, ne[0]);
+    int wanted = c->wt->rule && r != SYNTH_FFN_GATE_INP
+                     ? c->wt->rule(c->wt, &c->shape, r, il, ne[0])
+                     : type;
+    return add_tensor_typed(c, name, n_dims, ne, type, wanted, 0, amp);
+}
+
+/* A matrix [rows][n_in]. */
 static int add_tensor(synth_ctx *c, const char *name, enum synth_role r, uint32_t il, uint64_t n_in,
-                      uint64_t rows, int is_norm, float amp)
+                      uint64_t rows, float amp)
 {
     const uint64_t ne[2] = {n_in, rows};
-    return add_tensor_typed(c, name, 2, ne, synth_wtypes_type(c->wt, r, il, c->n_layer), is_norm,
-                            amp);
+    return add_matrix(c, name, r, il, 2, ne, amp);
 }
 
 /* A vector: always f32, as llama.cpp writes them. */
 static int add_vector(synth_ctx *c, const char *name, uint64_t n, int is_norm, float amp)
 {
     const uint64_t ne[1] = {n};
-    return add_tensor_typed(c, name, 1, ne, DX_F32, is_norm, amp);
+    return add_tensor_typed(c, name, 1, ne, DX_F32, DX_F32, is_norm, amp);
 }
 
 /* An MoE layer's FFN: the router, f32 as llama.cpp's converter always
@@ -282,19 +366,18 @@ static int add_experts(synth_ctx *c, const synth_preset *p, uint32_t i)
         const char *suffix;
         uint32_t n_dims;
         uint64_t ne[3];
-        enum synth_role role; /* the experts' types: the dense FFN roles' */
+        enum synth_role role;
         float amp;
     } t[] = {
-        {"ffn_gate_inp.weight", 2, {e, x, 1}, SYNTH_FFN_GATE, a_e},
-        {"ffn_gate_exps.weight", 3, {e, ff, x}, SYNTH_FFN_GATE, a_e},
-        {"ffn_up_exps.weight", 3, {e, ff, x}, SYNTH_FFN_UP, a_e},
-        {"ffn_down_exps.weight", 3, {ff, e, x}, SYNTH_FFN_DOWN, a_ff},
+        {"ffn_gate_inp.weight", 2, {e, x, 1}, SYNTH_FFN_GATE_INP, a_e},
+        {"ffn_gate_exps.weight", 3, {e, ff, x}, SYNTH_FFN_GATE_EXPS, a_e},
+        {"ffn_up_exps.weight", 3, {e, ff, x}, SYNTH_FFN_UP_EXPS, a_e},
+        {"ffn_down_exps.weight", 3, {ff, e, x}, SYNTH_FFN_DOWN_EXPS, a_ff},
     };
     for (size_t k = 0; k < DX_ARRAY_LEN(t); k++) {
         char n[64];
         snprintf(n, sizeof n, "blk.%u.%s", i, t[k].suffix);
-        int type = k == 0 ? DX_F32 : synth_wtypes_type(c->wt, t[k].role, i, c->n_layer);
-        int rc = add_tensor_typed(c, n, t[k].n_dims, t[k].ne, type, 0, t[k].amp);
+        int rc = add_matrix(c, n, t[k].role, i, t[k].n_dims, t[k].ne, t[k].amp);
         if (rc) return rc;
     }
     return 0;
@@ -309,7 +392,9 @@ static int add_rope_freqs(synth_ctx *c, const synth_preset *p, const synth_rope_
     DX_ASSERT(p->head_dim / 2 <= DX_ARRAY_LEN(f));
     synth_llama3_rope_factors(rs, base, p->head_dim, f);
     uint64_t ne[1] = {p->head_dim / 2};
-    return gguf_w_add_tensor(c->w, "rope_freqs.weight", DX_F32, 1, ne, f);
+    const char *name = "rope_freqs.weight";
+    int rc = c->cfg->list ? list_tensor(c, name, 1, ne, DX_F32, DX_F32) : 0;
+    return rc ? rc : gguf_w_add_tensor(c->w, name, DX_F32, 1, ne, f);
 }
 
 static int add_weights(synth_ctx *c, const synth_preset *p, uint32_t n_vocab, uint32_t n_real,
@@ -320,7 +405,7 @@ static int add_weights(synth_ctx *c, const synth_preset *p, uint32_t n_vocab, ui
     float a_e = sqrtf(3.0f / (float)e), a_q = sqrtf(3.0f / (float)q),
           a_ff = sqrtf(3.0f / (float)ff);
     int rc;
-    if ((rc = add_tensor(c, "token_embd.weight", SYNTH_TOKEN_EMBD, 0, e, n_vocab, 0,
+    if ((rc = add_tensor(c, "token_embd.weight", SYNTH_TOKEN_EMBD, 0, e, n_vocab,
                          p->tied ? a_e : 1.7f)))
         return rc;
     c->specs[c->n_specs - 1].zero_from = n_real;
@@ -328,16 +413,16 @@ static int add_weights(synth_ctx *c, const synth_preset *p, uint32_t n_vocab, ui
     if (rs->original_context && (rc = add_rope_freqs(c, p, rs, rope_base))) return rc;
     for (uint32_t i = 0; i < p->n_layer; i++) {
         char n[64];
-#define T(suffix, role, nin, rows, norm, amp)                                                      \
+#define T(suffix, role, nin, rows, amp)                                                            \
     snprintf(n, sizeof n, "blk.%u.%s", i, suffix);                                                 \
-    if ((rc = add_tensor(c, n, role, i, nin, rows, norm, amp))) return rc;
+    if ((rc = add_tensor(c, n, role, i, nin, rows, amp))) return rc;
 #define V(suffix, nin, norm, amp)                                                                  \
     snprintf(n, sizeof n, "blk.%u.%s", i, suffix);                                                 \
     if ((rc = add_vector(c, n, nin, norm, amp))) return rc;
         V("attn_norm.weight", e, 1, 0);
-        T("attn_q.weight", SYNTH_ATTN_Q, e, q, 0, a_e);
-        T("attn_k.weight", SYNTH_ATTN_K, e, kv, 0, a_e);
-        T("attn_v.weight", SYNTH_ATTN_V, e, kv, 0, a_e);
+        T("attn_q.weight", SYNTH_ATTN_Q, e, q, a_e);
+        T("attn_k.weight", SYNTH_ATTN_K, e, kv, a_e);
+        T("attn_v.weight", SYNTH_ATTN_V, e, kv, a_e);
         if (c->cfg->arch == MODEL_QWEN2) {
             V("attn_q.bias", q, 0, 0.1f);
             V("attn_k.bias", kv, 0, 0.1f);
@@ -347,21 +432,21 @@ static int add_weights(synth_ctx *c, const synth_preset *p, uint32_t n_vocab, ui
             V("attn_q_norm.weight", p->head_dim, 1, 0);
             V("attn_k_norm.weight", p->head_dim, 1, 0);
         }
-        T("attn_output.weight", SYNTH_ATTN_OUTPUT, q, e, 0, a_q);
+        T("attn_output.weight", SYNTH_ATTN_OUTPUT, q, e, a_q);
         V("ffn_norm.weight", e, 1, 0);
         if (p->n_expert) {
             if ((rc = add_experts(c, p, i))) return rc;
             continue;
         }
-        T("ffn_gate.weight", SYNTH_FFN_GATE, e, ff, 0, a_e);
-        T("ffn_up.weight", SYNTH_FFN_UP, e, ff, 0, a_e);
-        T("ffn_down.weight", SYNTH_FFN_DOWN, ff, e, 0, a_ff);
+        T("ffn_gate.weight", SYNTH_FFN_GATE, e, ff, a_e);
+        T("ffn_up.weight", SYNTH_FFN_UP, e, ff, a_e);
+        T("ffn_down.weight", SYNTH_FFN_DOWN, ff, e, a_ff);
 #undef V
 #undef T
     }
     if ((rc = add_vector(c, "output_norm.weight", e, 1, 0))) return rc;
     if (!p->tied) {
-        if ((rc = add_tensor(c, "output.weight", SYNTH_OUTPUT, 0, e, n_vocab, 0, a_e))) return rc;
+        if ((rc = add_tensor(c, "output.weight", SYNTH_OUTPUT, 0, e, n_vocab, a_e))) return rc;
         c->specs[c->n_specs - 1].zero_from = n_real;
     }
     return 0;
@@ -560,8 +645,10 @@ int synth_write(const synth_config *cfg, const char *path)
     float rope_base = p->rope_base > 0           ? p->rope_base
                       : cfg->arch == MODEL_LLAMA ? 500000.0f
                                                  : 1000000.0f;
-    synth_ctx c = {
-        .cfg = cfg, .wt = wt, .n_layer = p->n_layer, .cap_specs = 8 + 16 * (size_t)p->n_layer};
+    synth_ctx c = {.cfg = cfg,
+                   .wt = wt,
+                   .shape = synth_shape_of(p, cfg->arch, 0),
+                   .cap_specs = 8 + 16 * (size_t)p->n_layer};
     c.w = gguf_writer_create();
     c.specs = dx_calloc(c.cap_specs, sizeof *c.specs);
     if (!c.w || !c.specs) {
@@ -571,7 +658,13 @@ int synth_write(const synth_config *cfg, const char *path)
     if ((rc = add_hparams(c.w, cfg, wt, p, n_vocab, rope_base)) || (rc = add_tokenizer(c.w, &h)) ||
         (rc = add_weights(&c, p, n_vocab, real_tokens(&h), rope_base)))
         goto out;
-    rc = gguf_w_write_file(c.w, path);
+    if (!cfg->list)
+        rc = gguf_w_write_file(c.w, path);
+    else if (dx_buf_printf(cfg->list,
+                           "%zu tensors, %zu of them fell back to another type; "
+                           "general.file_type %u\n",
+                           c.n_listed, c.n_fallback, wt->ftype))
+        rc = dx_errf(DX_ENOMEM, "out of memory listing the tensors");
 out:
     gguf_writer_destroy(c.w);
     dx_free(c.specs);

@@ -4,7 +4,9 @@
  * imported from a Hugging Face tokenizer.json), the chat template —
  * deterministic for a seed (same seed and inputs → byte-identical file).
  *
- * Presets: tiny (unit tests), small (the demo), 0.6b (Qwen3-0.6B's layers
+ * Presets: tiny (unit tests), tiny-k (tiny with every row a multiple of
+ * 256, so the super-block types of the llama-quantize mixtures need no
+ * fallback), small (the demo), 0.6b (Qwen3-0.6B's layers
  * with the small synthetic vocabulary), and two real shapes with their real
  * vocabulary sizes: qwen3-0.6b (151,936 embedding rows) and llama3.2-1b
  * (128,256 rows, Llama 3 rope scaling written as llama.cpp's rope_freqs
@@ -19,6 +21,7 @@
 
 #include <stdint.h>
 
+#include "base/dx_buf.h"
 #include "model/model.h"
 
 /* Llama 3 rope scaling (rope_scaling.rope_type "llama3" in config.json). */
@@ -40,7 +43,11 @@ typedef struct {
     uint32_t n_expert, n_expert_used, n_ff_exp; /* a mixture of experts; 0: dense */
 } synth_preset;
 
-/* The roles of a model's matrices, for choosing their types. */
+/* The roles of a model's matrices, for choosing their types: llama.cpp's
+ * tensor categories.  An expert tensor (ffn_*_exps) has the role of its
+ * dense counterpart in llama-quantize's rules, and its own one here so that
+ * a table can tell them apart; the MoE router (ffn_gate_inp) is always
+ * f32, as llama.cpp's converter writes it and llama-quantize keeps it. */
 enum synth_role {
     SYNTH_TOKEN_EMBD,
     SYNTH_OUTPUT,
@@ -51,36 +58,58 @@ enum synth_role {
     SYNTH_FFN_GATE,
     SYNTH_FFN_UP,
     SYNTH_FFN_DOWN,
+    SYNTH_FFN_GATE_INP,
+    SYNTH_FFN_GATE_EXPS,
+    SYNTH_FFN_UP_EXPS,
+    SYNTH_FFN_DOWN_EXPS,
+    SYNTH_N_ROLES
 };
 
+/* What a type rule knows of the model (llama-quantize's inputs). */
+typedef struct {
+    enum model_arch arch;
+    uint32_t n_layer, n_head, n_kv_head;
+    uint32_t n_expert; /* 0: dense */
+    int tied;          /* no output.weight: token_embd is the output head too */
+} synth_shape;
+
 /* What --dtype names: the weight types of a file.  A plain scheme gives
- * every matrix one type; a mixture (llama-quantize's q4_k_m and kin, a
- * later addition) has a rule picking a matrix's type from its role and
- * layer, as llama-quantize's own rules do.  Vectors (norms, biases, rope
- * frequencies) are always F32, as llama.cpp writes them. */
+ * every matrix one type; a mixture (llama-quantize's q4_k_m and kin) has a
+ * rule picking a matrix's type from its role, layer and row length, as
+ * llama-quantize's own rules do.  Vectors (norms, biases, rope
+ * frequencies) and an MoE router are always F32, as llama.cpp writes them. */
 typedef struct synth_wtypes {
     const char *name; /* as --dtype takes it */
     uint32_t ftype;   /* general.file_type (llama.cpp's llama_ftype) */
     int type;         /* every matrix's type, or a mixture's usual one */
-    /* A mixture's rule (NULL: `type` throughout): the type of the matrix of
-     * role r in layer il of n_layer (il = 0 for token_embd and output). */
-    int (*rule)(const struct synth_wtypes *w, enum synth_role r, uint32_t il, uint32_t n_layer);
+    /* A mixture's rule (NULL: `type` throughout): the type it wants for the
+     * matrix of role r in layer il (0 for token_embd and output) whose rows
+     * are n_in long (ggml's ne[0]), before synth_fallback_type. */
+    int (*rule)(const struct synth_wtypes *w, const synth_shape *s, enum synth_role r, uint32_t il,
+                uint64_t n_in);
 } synth_wtypes;
 
 /* The scheme named s, or NULL. */
 const synth_wtypes *synth_find_wtypes(const char *s);
 /* 0 for a known scheme, else DX_EINVAL naming s and the schemes. */
 int synth_check_wtypes(const char *s);
-/* "f32|f16|bf16|q8_0|..." */
+/* "f32|f16|bf16|q8_0|...|q4_k_m|..." */
 const char *synth_wtypes_names(void);
-/* The type synth gives the matrix of role r in layer il. */
-int synth_wtypes_type(const synth_wtypes *w, enum synth_role r, uint32_t il, uint32_t n_layer);
+/* The type synth gives the matrix of role r in layer il with rows of n_in:
+ * a mixture's rule, then synth_fallback_type. */
+int synth_wtypes_type(const synth_wtypes *w, const synth_shape *s, enum synth_role r, uint32_t il,
+                      uint64_t n_in);
+/* llama-quantize's fallback for a row length its type cannot hold (rows of
+ * the super-block types must be multiples of 256): iq4_xs -> iq4_nl,
+ * q2_K and q3_K -> q4_0, q4_K -> q5_0, q5_K -> q5_1, q6_K -> q8_0, and f16
+ * when that does not fit either; `type` itself when it fits. */
+int synth_fallback_type(int type, uint64_t n_in);
 
 typedef struct {
     enum model_arch arch;
-    const char
-        *preset; /* tiny | small | 0.6b | qwen3-0.6b | llama3.2-1b | tiny-moe | qwen3-30b-a3b */
-    uint32_t n_layer; /* layers instead of the preset's (0: the preset's) */
+    const char *preset; /* tiny | tiny-k | small | 0.6b | qwen3-0.6b | llama3.2-1b | tiny-moe |
+                           qwen3-30b-a3b */
+    uint32_t n_layer;   /* layers instead of the preset's (0: the preset's) */
     /* The weight types: a scheme (--dtype), or when NULL every matrix of
      * type `dtype` (any dx_dtype_supported() type); an MoE router is f32. */
     const synth_wtypes *wtypes;
@@ -90,6 +119,11 @@ typedef struct {
     /* Llama 3 rope scaling instead of the preset's (NULL: the preset's);
      * lets tests try scaling on a tiny shape. */
     const synth_rope_scaling *rope_scaling;
+    /* Non-NULL: a dry run.  Nothing is written (and no tensor quantised):
+     * a line per tensor, "name type [ne0, ne1...]" with what a mixture
+     * wanted where a row length made it fall back, is appended, then a
+     * summary line. */
+    dx_buf *list;
 } synth_config;
 
 const synth_preset *synth_find_preset(const char *name); /* NULL if unknown */
@@ -105,6 +139,9 @@ int synth_parse_arch(const char *s, enum model_arch *out);
 /* The architecture a preset gets without --arch: its own, else qwen3moe for
  * a mixture of experts and qwen3 for the rest. */
 enum model_arch synth_default_arch(const synth_preset *p);
+/* What a type rule sees of preset p written as architecture a with n_layer
+ * layers (0: the preset's). */
+synth_shape synth_shape_of(const synth_preset *p, enum model_arch a, uint32_t n_layer);
 int synth_write(const synth_config *cfg, const char *path);
 
 #endif

@@ -208,6 +208,11 @@ static void test_moe_user_path(void **state)
            "preset tiny-moe is a mixture of experts: its architecture is qwen3moe or llama, "
            "not qwen2",
            "model synth --arch qwen2 --preset tiny-moe -o /tmp/x%s", "");
+    /* a llama-quantize preset's types, listed without writing (no -o) */
+    expect(0, "blk.1.ffn_down.weight            q6_K    [256, 128]\n",
+           "model synth --preset tiny --dtype q4_k_m --dry-run%s", "");
+    expect(0, "\n25 tensors, 13 of them fell back to another type; general.file_type 15\n",
+           "model synth --preset tiny --dtype q4_k_m --dry-run%s", "");
 }
 
 static void test_bad_flags(void **state)
@@ -219,7 +224,7 @@ static void test_bad_flags(void **state)
     expect(2, "unknown option '--bogus'", "model synth --bogus 1 -o /tmp/x%s", "");
     expect(2,
            "--preset: unknown preset '7b' (want "
-           "tiny|small|0.6b|qwen3-0.6b|llama3.2-1b|tiny-moe|qwen3-30b-a3b)",
+           "tiny|tiny-k|small|0.6b|qwen3-0.6b|llama3.2-1b|tiny-moe|qwen3-30b-a3b)",
            "model synth --preset 7b -o /tmp/x%s", "");
     expect(2, "unknown architecture 'gpt2'", "model synth --arch gpt2 -o /tmp/x%s", "");
     expect(2, "unknown dtype 'int4'", "model synth --dtype int4 -o /tmp/x%s", "");
@@ -365,13 +370,14 @@ static void test_specific_messages(void **state)
          "duplex bench gram: give one of --model FILE and --tokenizer FILE"},
         {"model synth --preset huge -o /tmp/x",
          "duplex model synth: --preset: unknown preset 'huge' (want "
-         "tiny|small|0.6b|qwen3-0.6b|llama3.2-1b|tiny-moe|qwen3-30b-a3b)"},
+         "tiny|tiny-k|small|0.6b|qwen3-0.6b|llama3.2-1b|tiny-moe|qwen3-30b-a3b)"},
         {"model synth --arch gpt2 -o /tmp/x",
          "duplex model synth: --arch: unknown architecture 'gpt2' (want "
          "qwen3|qwen2|llama|qwen3moe)"},
         {"model synth --dtype int4 -o /tmp/x",
          "duplex model synth: --dtype: unknown dtype 'int4' (want "
-         "f32|f16|bf16|q8_0|q5_1|q5_0|q4_1|q4_0|iq4_nl)"},
+         "f32|f16|bf16|q8_0|q5_1|q5_0|q4_1|q4_0|iq4_nl|q6_k|q5_k_m|q5_k_s|q4_k_m|q4_k_s|iq4_xs|"
+         "q3_k_l|q3_k_m|q3_k_s|q2_k|q2_k_s)"},
         {"model info", "duplex model info: a GGUF file (duplex model info FILE) is required"},
         {"serve --model /tmp/x --log-level loud",
          "duplex serve: --log-level: unknown log level 'loud' (want error|warn|info|debug)"},

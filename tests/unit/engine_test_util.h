@@ -50,11 +50,12 @@ static inline model *etu_model_p(enum model_arch arch, const char *preset, int d
  * with attn_v q4_1 in layer 0 (its QKV group shares one activation prep),
  * layer 1's QKV group of bf16, q4_0 and f16 (three preps), attn_output
  * q5_0, ffn_down q8_0, an iq4_nl embedding and a q5_1 output head. */
-static inline int etu_mix_rule(const synth_wtypes *w, enum synth_role r, uint32_t il,
-                               uint32_t n_layer)
+static inline int etu_mix_rule(const synth_wtypes *w, const synth_shape *s, enum synth_role r,
+                               uint32_t il, uint64_t n_in)
 {
     (void)w;
-    (void)n_layer;
+    (void)s;
+    (void)n_in;
     switch (r) {
     case SYNTH_ATTN_Q:
         return il == 1 ? DX_BF16 : DX_Q4_0;

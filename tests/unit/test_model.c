@@ -273,10 +273,12 @@ static void test_bad_models(void **state)
 }
 
 /* A mixture, as llama-quantize writes them: each matrix its own type. */
-static int mix_rule(const synth_wtypes *w, enum synth_role r, uint32_t il, uint32_t n_layer)
+static int mix_rule(const synth_wtypes *w, const synth_shape *s, enum synth_role r, uint32_t il,
+                    uint64_t n_in)
 {
     (void)w;
-    (void)n_layer;
+    (void)s;
+    (void)n_in;
     switch (r) {
     case SYNTH_ATTN_V:
         return il ? DX_Q5_0 : DX_Q4_1;
