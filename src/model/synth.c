@@ -73,6 +73,15 @@ static const synth_preset k_presets[] = {
      .n_expert = 8,
      .n_expert_used = 2,
      .n_ff_exp = 96},
+    /* tiny-moe with every row a multiple of 256 (tiny-k's layers), so the
+     * experts of a K-quant mixture are K-quants too */
+    {.name = "tiny-moe-k",
+     SHAPE(256, 2, 4, 2, 64, 512, 4096),
+     .n_merges = 600,
+     .arch = -1,
+     .n_expert = 8,
+     .n_expert_used = 2,
+     .n_ff_exp = 256},
     /* Qwen/Qwen3-30B-A3B's config.json: 128 experts, 8 per token,
      * moe_intermediate_size 768, norm_topk_prob, untied output */
     {.name = "qwen3-30b-a3b",
@@ -97,7 +106,7 @@ const synth_preset *synth_find_preset(const char *name)
 
 const char *synth_preset_names(void)
 {
-    return "tiny|tiny-k|small|0.6b|qwen3-0.6b|llama3.2-1b|tiny-moe|qwen3-30b-a3b";
+    return "tiny|tiny-k|small|0.6b|qwen3-0.6b|llama3.2-1b|tiny-moe|tiny-moe-k|qwen3-30b-a3b";
 }
 
 int synth_check_preset(const char *name)
@@ -614,7 +623,7 @@ static int check_arch(const synth_config *cfg, const synth_preset *p)
     if (!p->n_expert && cfg->arch == MODEL_QWEN3MOE)
         return dx_errf(DX_EINVAL,
                        "qwen3moe needs a mixture-of-experts preset (tiny-moe|"
-                       "qwen3-30b-a3b), not %s",
+                       "tiny-moe-k|qwen3-30b-a3b), not %s",
                        p->name);
     return 0;
 }

@@ -202,7 +202,7 @@ static void test_moe_user_path(void **state)
     assert_int_equal(run(out, sizeof out, "generate --model %s/lmoe.gguf --chat hi -n 4", g_dir),
                      0);
     assert_non_null(strstr(out, "generated: 4 tokens"));
-    expect(1, "qwen3moe needs a mixture-of-experts preset (tiny-moe|qwen3-30b-a3b), not tiny",
+    expect(1, "qwen3moe needs a mixture-of-experts preset (tiny-moe|tiny-moe-k|qwen3-30b-a3b), not tiny",
            "model synth --arch qwen3moe --preset tiny -o /tmp/x%s", "");
     expect(1,
            "preset tiny-moe is a mixture of experts: its architecture is qwen3moe or llama, "
@@ -224,7 +224,7 @@ static void test_bad_flags(void **state)
     expect(2, "unknown option '--bogus'", "model synth --bogus 1 -o /tmp/x%s", "");
     expect(2,
            "--preset: unknown preset '7b' (want "
-           "tiny|tiny-k|small|0.6b|qwen3-0.6b|llama3.2-1b|tiny-moe|qwen3-30b-a3b)",
+           "tiny|tiny-k|small|0.6b|qwen3-0.6b|llama3.2-1b|tiny-moe|tiny-moe-k|qwen3-30b-a3b)",
            "model synth --preset 7b -o /tmp/x%s", "");
     expect(2, "unknown architecture 'gpt2'", "model synth --arch gpt2 -o /tmp/x%s", "");
     expect(2, "unknown dtype 'int4'", "model synth --dtype int4 -o /tmp/x%s", "");
@@ -370,7 +370,7 @@ static void test_specific_messages(void **state)
          "duplex bench gram: give one of --model FILE and --tokenizer FILE"},
         {"model synth --preset huge -o /tmp/x",
          "duplex model synth: --preset: unknown preset 'huge' (want "
-         "tiny|tiny-k|small|0.6b|qwen3-0.6b|llama3.2-1b|tiny-moe|qwen3-30b-a3b)"},
+         "tiny|tiny-k|small|0.6b|qwen3-0.6b|llama3.2-1b|tiny-moe|tiny-moe-k|qwen3-30b-a3b)"},
         {"model synth --arch gpt2 -o /tmp/x",
          "duplex model synth: --arch: unknown architecture 'gpt2' (want "
          "qwen3|qwen2|llama|qwen3moe)"},
