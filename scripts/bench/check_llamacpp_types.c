@@ -121,7 +121,9 @@ static float rnd(void)
 /* The rows quantised: "mixed" uniform blocks of 7 widths with outliers;
  * "normal" weight-like bell-shaped values (a sum of four uniforms) with a
  * scale per 256; "edges" sub-blocks of 16 that are zero, constant, all
- * positive, all negative, tiny (1e-20) or one spike, among normal ones. */
+ * positive, all negative, tiny (1e-20) or one spike, among normal ones,
+ * and whole super-blocks of 256 that are zero, constant, tiny, or whose
+ * sub-blocks' magnitudes differ by 1e6 (scales that round to 0). */
 static void fill_mixed(float *x, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
@@ -144,13 +146,46 @@ static void fill_edges(float *x, size_t n)
     for (size_t s = 0; s < n / 16; s++) {
         float *b = x + 16 * s, c = rnd();
         switch ((s * 7 + s / 16) % 11) {
-        case 0: memset(b, 0, 16 * sizeof *b); break;
-        case 1: for (int j = 0; j < 16; j++) b[j] = c; break;
-        case 2: for (int j = 0; j < 16; j++) b[j] = fabsf(b[j]) + 0.5f; break;
-        case 3: for (int j = 0; j < 16; j++) b[j] = -fabsf(b[j]) - 0.25f; break;
-        case 4: for (int j = 0; j < 16; j++) b[j] *= 1e-20f; break;
-        case 5: memset(b, 0, 16 * sizeof *b); b[(s / 11) % 16] = 3.0f * c; break;
-        default: break;
+        case 0:
+            memset(b, 0, 16 * sizeof *b);
+            break;
+        case 1:
+            for (int j = 0; j < 16; j++) b[j] = c;
+            break;
+        case 2:
+            for (int j = 0; j < 16; j++) b[j] = fabsf(b[j]) + 0.5f;
+            break;
+        case 3:
+            for (int j = 0; j < 16; j++) b[j] = -fabsf(b[j]) - 0.25f;
+            break;
+        case 4:
+            for (int j = 0; j < 16; j++) b[j] *= 1e-20f;
+            break;
+        case 5:
+            memset(b, 0, 16 * sizeof *b);
+            b[(s / 11) % 16] = 3.0f * c;
+            break;
+        default:
+            break;
+        }
+    }
+    for (size_t s = 0; s < n / 256; s++) {
+        float *b = x + 256 * s, c = rnd();
+        switch (s % 13) {
+        case 0:
+            memset(b, 0, 256 * sizeof *b);
+            break;
+        case 1:
+            for (int j = 0; j < 256; j++) b[j] = c;
+            break;
+        case 2:
+            for (int j = 0; j < 256; j++) b[j] *= 1e-20f;
+            break;
+        case 3:
+            for (int j = 0; j < 256; j++) b[j] *= (j / 16) % 2 ? 1e3f : 1e-3f;
+            break;
+        default:
+            break;
         }
     }
 }
@@ -200,8 +235,8 @@ static int check_quant_type(int t, const char *set, const float *x, size_t rows,
            same, blocks, same_rows, rows);
     if (same != blocks)
         printf(" (max |ggml - duplex| of the values %.3g)", max_abs_diff(gg, dd, n));
-    printf("; relative RMS error ggml %.5f duplex %.5f; dequantised by both: %s\n", rel_rms(x, gg, n),
-           rel_rms(x, dd, n), d1 + d2 ? "DIFFER" : "bit-identical");
+    printf("; relative RMS error ggml %.5f duplex %.5f; dequantised by both: %s\n",
+           rel_rms(x, gg, n), rel_rms(x, dd, n), d1 + d2 ? "DIFFER" : "bit-identical");
     free(qg);
     free(qd);
     free(gg);
