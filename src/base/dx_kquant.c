@@ -161,7 +161,7 @@ static float signed_amax(const float *x, int n, float *amax)
     return max;
 }
 
-/* The element with the scale of largest magnitude (the first on ties). */
+/* The value of largest magnitude among n (the first on ties). */
 static float signed_max_of(const float *v, int n)
 {
     float amax;
@@ -244,7 +244,7 @@ static float qkx_quants(const float *x, const float *w, int n, int nmax, const q
     qkx_grid(x, n, nmax, iscale, min, L);
     float best = qkx_error(x, w, L, n, scale, min, p->mad);
     for (int is = 0; is <= p->nstep; is++) {
-        uint8_t aux[32];
+        uint8_t aux[32]; /* n is 16 or 32 */
         float s, m;
         iscale = (p->rmin + p->rdelta * (float)is + (float)nmax) / (max - min);
         qkx_grid(x, n, nmax, iscale, min, aux);
