@@ -118,50 +118,147 @@ static float rnd(void)
     return (float)((double)(rng >> 11) / 9007199254740992.0 * 2.0 - 1.0);
 }
 
-static int check_quant(void)
+/* The rows quantised: "mixed" uniform blocks of 7 widths with outliers;
+ * "normal" weight-like bell-shaped values (a sum of four uniforms) with a
+ * scale per 256; "edges" sub-blocks of 16 that are zero, constant, all
+ * positive, all negative, tiny (1e-20) or one spike, among normal ones,
+ * and whole super-blocks of 256 that are zero, constant, tiny, or whose
+ * sub-blocks' magnitudes differ by 1e6 (scales that round to 0). */
+static void fill_mixed(float *x, size_t n)
 {
-    static const int types[] = {DX_Q8_0, DX_Q4_0, DX_Q4_1, DX_Q5_0, DX_Q5_1, DX_IQ4_NL};
-    const size_t n_per_row = 1024, rows = 256, n = n_per_row * rows;
-    float *x = malloc(n * 4), *yg = malloc(n * 4), *yd = malloc(n * 4);
     for (size_t i = 0; i < n; i++) {
         x[i] = rnd() * (1.0f + (float)((i / 32) % 7));
         if (i % 101 == 0) x[i] *= 10.0f;
     }
-    int bad = 0;
-    for (size_t k = 0; k < sizeof types / sizeof *types; k++) {
-        int t = types[k];
-        size_t rb = dx_dtype_row_bytes(t, n_per_row), bb = dx_dtype_block_bytes(t);
-        unsigned char *qg = malloc(rb * rows), *qd = malloc(rb * rows);
-        ggml_quantize_chunk((enum ggml_type)t, x, qg, 0, (int64_t)rows, (int64_t)n_per_row, NULL);
-        dx_dtype_from_f32_row(t, x, qd, n);
-        size_t same = 0, blocks = n / 32;
-        for (size_t b = 0; b < blocks; b++) same += !memcmp(qg + b * bb, qd + b * bb, bb);
-        /* each side's dequantisation of the other's bytes */
-        const struct ggml_type_traits *tr = ggml_get_type_traits((enum ggml_type)t);
-        tr->to_float(qd, yg, (int64_t)n);
-        dx_dtype_to_f32_row(t, qd, yd, n);
-        size_t first = 0, d1 = count_diff(yg, yd, n, &first);
-        tr->to_float(qg, yg, (int64_t)n);
-        dx_dtype_to_f32_row(t, qg, yd, n);
-        size_t d2 = count_diff(yg, yd, n, &first);
-        double se_g = 0, se_d = 0, sx = 0;
-        dx_dtype_to_f32_row(t, qd, yd, n);
-        for (size_t i = 0; i < n; i++) {
-            se_g += ((double)x[i] - yg[i]) * ((double)x[i] - yg[i]);
-            se_d += ((double)x[i] - yd[i]) * ((double)x[i] - yd[i]);
-            sx += (double)x[i] * x[i];
+}
+
+static void fill_normal(float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        float scale = 0.01f + 0.05f * (float)((i / 256) % 9);
+        x[i] = scale * (rnd() + rnd() + rnd() + rnd());
+    }
+}
+
+static void fill_edges(float *x, size_t n)
+{
+    fill_normal(x, n);
+    for (size_t s = 0; s < n / 16; s++) {
+        float *b = x + 16 * s, c = rnd();
+        switch ((s * 7 + s / 16) % 11) {
+        case 0:
+            memset(b, 0, 16 * sizeof *b);
+            break;
+        case 1:
+            for (int j = 0; j < 16; j++) b[j] = c;
+            break;
+        case 2:
+            for (int j = 0; j < 16; j++) b[j] = fabsf(b[j]) + 0.5f;
+            break;
+        case 3:
+            for (int j = 0; j < 16; j++) b[j] = -fabsf(b[j]) - 0.25f;
+            break;
+        case 4:
+            for (int j = 0; j < 16; j++) b[j] *= 1e-20f;
+            break;
+        case 5:
+            memset(b, 0, 16 * sizeof *b);
+            b[(s / 11) % 16] = 3.0f * c;
+            break;
+        default:
+            break;
         }
-        printf("%-7s quantised: %zu of %zu blocks byte-identical to ggml_quantize_chunk; relative "
-               "RMS error ggml %.5f duplex %.5f; dequantised by both: %s\n",
-               dx_dtype_name(t), same, blocks, sqrt(se_g / sx), sqrt(se_d / sx),
-               d1 + d2 ? "DIFFER" : "bit-identical");
-        bad |= d1 + d2 != 0;
-        free(qg);
-        free(qd);
+    }
+    for (size_t s = 0; s < n / 256; s++) {
+        float *b = x + 256 * s, c = rnd();
+        switch (s % 13) {
+        case 0:
+            memset(b, 0, 256 * sizeof *b);
+            break;
+        case 1:
+            for (int j = 0; j < 256; j++) b[j] = c;
+            break;
+        case 2:
+            for (int j = 0; j < 256; j++) b[j] *= 1e-20f;
+            break;
+        case 3:
+            for (int j = 0; j < 256; j++) b[j] *= (j / 16) % 2 ? 1e3f : 1e-3f;
+            break;
+        default:
+            break;
+        }
+    }
+}
+
+static const struct {
+    const char *name;
+    void (*fill)(float *, size_t);
+} k_sets[] = {{"mixed", fill_mixed}, {"normal", fill_normal}, {"edges", fill_edges}};
+
+static double max_abs_diff(const float *a, const float *b, size_t n)
+{
+    double m = 0;
+    for (size_t i = 0; i < n; i++) m = fmax(m, fabs((double)a[i] - b[i]));
+    return m;
+}
+
+static double rel_rms(const float *x, const float *y, size_t n)
+{
+    double se = 0, sx = 0;
+    for (size_t i = 0; i < n; i++) {
+        se += ((double)x[i] - y[i]) * ((double)x[i] - y[i]);
+        sx += (double)x[i] * x[i];
+    }
+    return sqrt(se / sx);
+}
+
+/* One type on one set of rows; 1 on a dequantisation difference. */
+static int check_quant_type(int t, const char *set, const float *x, size_t rows, size_t n_per_row)
+{
+    size_t n = rows * n_per_row, rb = dx_dtype_row_bytes(t, n_per_row);
+    size_t bb = dx_dtype_block_bytes(t), blocks = n / dx_dtype_block_elems(t);
+    unsigned char *qg = malloc(rb * rows), *qd = malloc(rb * rows);
+    float *gg = malloc(n * 4), *gd = malloc(n * 4), *dg = malloc(n * 4), *dd = malloc(n * 4);
+    ggml_quantize_chunk((enum ggml_type)t, x, qg, 0, (int64_t)rows, (int64_t)n_per_row, NULL);
+    dx_dtype_from_f32_row(t, x, qd, n);
+    size_t same = 0, same_rows = 0;
+    for (size_t b = 0; b < blocks; b++) same += !memcmp(qg + b * bb, qd + b * bb, bb);
+    for (size_t r = 0; r < rows; r++) same_rows += !memcmp(qg + r * rb, qd + r * rb, rb);
+    /* xy: x's dequantisation of y's bytes (g ggml, d duplex) */
+    const struct ggml_type_traits *tr = ggml_get_type_traits((enum ggml_type)t);
+    tr->to_float(qg, gg, (int64_t)n);
+    tr->to_float(qd, gd, (int64_t)n);
+    dx_dtype_to_f32_row(t, qg, dg, n);
+    dx_dtype_to_f32_row(t, qd, dd, n);
+    size_t first = 0, d1 = count_diff(gg, dg, n, &first), d2 = count_diff(gd, dd, n, &first);
+    printf("%-7s %-6s %zu of %zu blocks, %zu of %zu rows byte-identical", dx_dtype_name(t), set,
+           same, blocks, same_rows, rows);
+    if (same != blocks)
+        printf(" (max |ggml - duplex| of the values %.3g)", max_abs_diff(gg, dd, n));
+    printf("; relative RMS error ggml %.5f duplex %.5f; dequantised by both: %s\n",
+           rel_rms(x, gg, n), rel_rms(x, dd, n), d1 + d2 ? "DIFFER" : "bit-identical");
+    free(qg);
+    free(qd);
+    free(gg);
+    free(gd);
+    free(dg);
+    free(dd);
+    return d1 + d2 != 0;
+}
+
+static int check_quant(void)
+{
+    static const int types[] = {DX_Q8_0, DX_Q4_0, DX_Q4_1, DX_Q5_0, DX_Q5_1, DX_IQ4_NL,
+                                DX_Q6_K, DX_Q5_K, DX_Q4_K, DX_Q3_K, DX_Q2_K, DX_IQ4_XS};
+    const size_t n_per_row = 1024, rows = 512, n = n_per_row * rows;
+    float *x = malloc(n * 4);
+    int bad = 0;
+    for (size_t s = 0; s < sizeof k_sets / sizeof *k_sets; s++) {
+        k_sets[s].fill(x, n);
+        for (size_t k = 0; k < sizeof types / sizeof *types; k++)
+            bad |= check_quant_type(types[k], k_sets[s].name, x, rows, n_per_row);
     }
     free(x);
-    free(yg);
-    free(yd);
     return bad;
 }
 

@@ -24,7 +24,8 @@ static void f32_from(const float *s, void *d, size_t n)
     memcpy(d, s, n * sizeof(float));
 }
 
-/* dx_half / dx_quant's typed rows behind the table's untyped signature. */
+/* dx_half / dx_quant / dx_kquant's typed rows behind the table's untyped
+ * signature. */
 #define ROW_FNS(T, TO, FROM)                                                                       \
     static void T##_to(const void *s, float *d, size_t n)                                          \
     {                                                                                              \
@@ -42,6 +43,12 @@ ROW_FNS(q4_1, dx_q4_1_to_f32_row, dx_f32_to_q4_1_row)
 ROW_FNS(q5_0, dx_q5_0_to_f32_row, dx_f32_to_q5_0_row)
 ROW_FNS(q5_1, dx_q5_1_to_f32_row, dx_f32_to_q5_1_row)
 ROW_FNS(iq4_nl, dx_iq4_nl_to_f32_row, dx_f32_to_iq4_nl_row)
+ROW_FNS(q2_k, dx_q2_k_to_f32_row, dx_f32_to_q2_k_row)
+ROW_FNS(q3_k, dx_q3_k_to_f32_row, dx_f32_to_q3_k_row)
+ROW_FNS(q4_k, dx_q4_k_to_f32_row, dx_f32_to_q4_k_row)
+ROW_FNS(q5_k, dx_q5_k_to_f32_row, dx_f32_to_q5_k_row)
+ROW_FNS(q6_k, dx_q6_k_to_f32_row, dx_f32_to_q6_k_row)
+ROW_FNS(iq4_xs, dx_iq4_xs_to_f32_row, dx_f32_to_iq4_xs_row)
 #undef ROW_FNS
 
 #define RUNS(T) T##_to, T##_from
@@ -52,13 +59,13 @@ static const dtype_info k_types[DX_DTYPE_ID_MAX] = {
     [2] = {"q4_0", 32, 18, RUNS(q4_0)},      [3] = {"q4_1", 32, 20, RUNS(q4_1)},
     [6] = {"q5_0", 32, 22, RUNS(q5_0)},      [7] = {"q5_1", 32, 24, RUNS(q5_1)},
     [8] = {"q8_0", 32, 34, RUNS(q8_0)},      [9] = {"q8_1", 32, 36, NULL, NULL},
-    [10] = {"q2_K", 256, 84, NULL, NULL},    [11] = {"q3_K", 256, 110, NULL, NULL},
-    [12] = {"q4_K", 256, 144, NULL, NULL},   [13] = {"q5_K", 256, 176, NULL, NULL},
-    [14] = {"q6_K", 256, 210, NULL, NULL},   [15] = {"q8_K", 256, 292, NULL, NULL},
+    [10] = {"q2_K", 256, 84, RUNS(q2_k)},    [11] = {"q3_K", 256, 110, RUNS(q3_k)},
+    [12] = {"q4_K", 256, 144, RUNS(q4_k)},   [13] = {"q5_K", 256, 176, RUNS(q5_k)},
+    [14] = {"q6_K", 256, 210, RUNS(q6_k)},   [15] = {"q8_K", 256, 292, NULL, NULL},
     [16] = {"iq2_xxs", 256, 66, NULL, NULL}, [17] = {"iq2_xs", 256, 74, NULL, NULL},
     [18] = {"iq3_xxs", 256, 98, NULL, NULL}, [19] = {"iq1_s", 256, 50, NULL, NULL},
     [20] = {"iq4_nl", 32, 18, RUNS(iq4_nl)}, [21] = {"iq3_s", 256, 110, NULL, NULL},
-    [22] = {"iq2_s", 256, 82, NULL, NULL},   [23] = {"iq4_xs", 256, 136, NULL, NULL},
+    [22] = {"iq2_s", 256, 82, NULL, NULL},   [23] = {"iq4_xs", 256, 136, RUNS(iq4_xs)},
     [24] = {"i8", 1, 1, NULL, NULL},         [25] = {"i16", 1, 2, NULL, NULL},
     [26] = {"i32", 1, 4, NULL, NULL},        [27] = {"i64", 1, 8, NULL, NULL},
     [28] = {"f64", 1, 8, NULL, NULL},        [29] = {"iq1_m", 256, 56, NULL, NULL},
@@ -70,10 +77,12 @@ static const dtype_info k_types[DX_DTYPE_ID_MAX] = {
 #undef RUNS
 
 /* The supported ids in the order people read them (floats, then by bits). */
-static const enum dx_dtype k_supported[] = {DX_F32,  DX_F16,  DX_BF16, DX_Q8_0,  DX_Q5_1,
-                                            DX_Q5_0, DX_Q4_1, DX_Q4_0, DX_IQ4_NL};
+static const enum dx_dtype k_supported[] = {DX_F32,  DX_F16,    DX_BF16,   DX_Q8_0, DX_Q6_K,
+                                            DX_Q5_K, DX_Q5_1,   DX_Q5_0,   DX_Q4_K, DX_Q4_1,
+                                            DX_Q4_0, DX_IQ4_NL, DX_IQ4_XS, DX_Q3_K, DX_Q2_K};
 /* Kept in step with k_supported (test_quant checks it). */
-static const char k_supported_names[] = "f32, f16, bf16, q8_0, q5_1, q5_0, q4_1, q4_0, iq4_nl";
+static const char k_supported_names[] = "f32, f16, bf16, q8_0, q6_K, q5_K, q5_1, q5_0, q4_K, "
+                                        "q4_1, q4_0, iq4_nl, iq4_xs, q3_K, q2_K";
 
 static const dtype_info *info(int type)
 {

@@ -7,8 +7,10 @@
  * parses); dx_dtype_supported() says which ones the engine runs:
  *   F32, F16, BF16                      plain floats (dx_half.h)
  *   Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL blocks of 32 (dx_quant.h)
- * Adding a type: its block layout, dequantiser and quantiser in dx_quant,
- * one line of the table in dx_dtype.c, and its kernels (kern_mm_priv.h). */
+ *   Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS super-blocks of 256 (dx_kquant.h)
+ * Adding a type: its block layout, dequantiser and quantiser in dx_quant
+ * (dx_kquant for super-blocks), one line of the table in dx_dtype.c, and
+ * its kernels (kern_mm_priv.h). */
 #ifndef DX_DTYPE_H
 #define DX_DTYPE_H
 
@@ -61,7 +63,7 @@ size_t dx_dtype_row_bytes(int type, size_t n);
  * DX_EUNSUPPORTED / DX_EINVAL otherwise. */
 int dx_dtype_to_f32_row(int type, const void *src, float *dst, size_t n);
 /* Quantise (convert) an f32 row into a supported type with the reference
- * rules (dx_quant.h); same errors. */
+ * rules (dx_quant.h, dx_kquant.h); same errors. */
 int dx_dtype_from_f32_row(int type, const float *src, void *dst, size_t n);
 
 #endif

@@ -44,7 +44,38 @@
  *
  * A dequantised value is computed in f32 as written: the sub-block's scale
  * (and minimum) products first, each rounded, then times q (minus the
- * minimum, rounded again), which is what ggml's dequantize_row_* compute. */
+ * minimum, rounded again), which is what ggml's dequantize_row_* compute.
+ *
+ * Quantisers (n a multiple of 256; inputs finite), llama.cpp's _ref rules,
+ * which `llama-quantize` without an importance matrix runs.  Each finds a
+ * float scale (and minimum) per sub-block, stores those as integer
+ * multiples of the super-block's f16 d (and dmin), then requantises every
+ * element on the grid actually stored (a sub-block whose stored scale is 0
+ * keeps its first quants):
+ *   Q2_K / Q4_K / Q5_K: per sub-block x ~ scale * q - min, q in 0..nmax (3,
+ *     15, 31), min >= 0: the min-max grid, then trial grids (nmax + rmin +
+ *     0.1 k) / (max - min), k = 0..15 (Q4_K: 0..20), each refitted by
+ *     weighted least squares, kept when the weighted error (Q2_K: |e| with
+ *     weights |x|; Q4_K, Q5_K: e^2 with weights rms + |x|) drops; rmin
+ *     -0.5 (Q4_K -1).  d = S / 15 (Q4_K, Q5_K: / 63) for S the largest
+ *     scale, dmin likewise from the largest minimum; each sub-block's
+ *     scale round(15 * scale / S) in 4 bits (63 *, 6 bits), minimum alike.
+ *   Q3_K: per 16, q in -4..3 on the grid -M/4 (M the element of largest
+ *     magnitude), then up to 5 passes moving single elements while the fit
+ *     sumlx^2 / suml2 (weights x^2) improves; d = -S/32 (S the sub-block
+ *     scale of largest magnitude), scales in -32..31.
+ *   Q6_K: per 16, q in -32..31: least squares (weights x^2) on the grid
+ *     -M/32, then on -(32 + 0.1 k)/M, k = -9..9 but 0, kept when better;
+ *     d = -S/128, int8 scales round(scale / d) capped at 127.
+ *   IQ4_XS: per 32, IQ4_NL's search (dx_quant.h); d = -S/32, 6-bit scales
+ *     -32..31, then each element the nearest codebook entry for its
+ *     scale; an all-zero super-block gets d = -0 as in llama.cpp.
+ * Rounding is llama.cpp's nearest_int (half to even), its divisions stay
+ * divisions, and all arithmetic is plain f32 in llama.cpp's order with no
+ * contraction, so the bytes are ggml_quantize_chunk's as an x86-64
+ * ggml-base (no FMA) writes them.  A ggml built to contract a * b + c into
+ * FMA (gcc's default in GNU C where the target has FMA: -march=native,
+ * arm64) differs in a few to a third of the super-blocks. */
 #ifndef DX_KQUANT_H
 #define DX_KQUANT_H
 

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "dx_half.h"
+#include "dx_quant_priv.h"
 
 const int8_t dx_iq4nl_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                     1,    13,   25,  38,  53,  69,  89,  113};
@@ -215,9 +216,7 @@ void dx_iq4_nl_to_f32_row(const dx_block_iq4_nl *src, float *dst, size_t n)
     }
 }
 
-/* The codebook entry nearest to v; a tie goes to the upper one, as in
- * llama.cpp. */
-static int iq4nl_nearest(float v)
+int dx_iq4nl_nearest(float v)
 {
     const int8_t *val = dx_iq4nl_values;
     if (v <= (float)val[0]) return 0;
@@ -238,7 +237,7 @@ static void iq4nl_sums(const float *x, float id, float *sqx, float *sq2)
 {
     float a = 0.0f, b = 0.0f;
     for (int j = 0; j < DX_QK; j++) {
-        float q = (float)dx_iq4nl_values[iq4nl_nearest(id * x[j])], w = x[j] * x[j];
+        float q = (float)dx_iq4nl_values[dx_iq4nl_nearest(id * x[j])], w = x[j] * x[j];
         a += w * q * x[j];
         b += w * q * q;
     }
@@ -246,9 +245,9 @@ static void iq4nl_sums(const float *x, float id, float *sqx, float *sq2)
     *sq2 = b;
 }
 
-/* The block's scale: least squares on the grid -M/127, then on each trial
- * grid, kept when its weighted error is lower. */
-static float iq4nl_scale(const float *x)
+/* Least squares on the grid -M/127, then on each trial grid, kept when its
+ * weighted error is lower. */
+float dx_iq4nl_block_scale(const float *x)
 {
     float max = signed_max(x);
     if (fabsf(max) < 1e-15f) return 0.0f;
@@ -269,9 +268,9 @@ void dx_f32_to_iq4_nl_row(const float *src, dx_block_iq4_nl *dst, size_t n)
 {
     for (size_t b = 0; b < n / DX_QK; b++) {
         const float *x = src + b * DX_QK;
-        float d = iq4nl_scale(x), id = d != 0.0f ? 1.0f / d : 0.0f;
+        float d = dx_iq4nl_block_scale(x), id = d != 0.0f ? 1.0f / d : 0.0f;
         uint8_t q[DX_QK];
-        for (int j = 0; j < DX_QK; j++) q[j] = (uint8_t)iq4nl_nearest(id * x[j]);
+        for (int j = 0; j < DX_QK; j++) q[j] = (uint8_t)dx_iq4nl_nearest(id * x[j]);
         dst[b].d = dx_f32_to_f16(d);
         pack_nibbles(q, dst[b].qs);
     }

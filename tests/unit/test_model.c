@@ -264,7 +264,8 @@ static void test_bad_models(void **state)
     assert_int_equal(model_load(bad, &mb), DX_EUNSUPPORTED);
     assert_null(mb);
     const char *want = "tensor 'blk.1.attn_k.weight' has type i32 (id 26), which duplex cannot "
-                       "run (supported: f32, f16, bf16, q8_0, q5_1, q5_0, q4_1, q4_0, iq4_nl)";
+                       "run (supported: f32, f16, bf16, q8_0, q6_K, q5_K, q5_1, q5_0, q4_K, q4_1, "
+                       "q4_0, iq4_nl, iq4_xs, q3_K, q2_K)";
     if (!strstr(dx_errmsg(), want)) fail_msg("message '%s' lacks '%s'", dx_errmsg(), want);
     assert_int_equal(dx_alloc_live_bytes(), live);
     model *m;
