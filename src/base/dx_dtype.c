@@ -43,8 +43,23 @@ ROW_FNS(q5_0, dx_q5_0_to_f32_row, dx_f32_to_q5_0_row)
 ROW_FNS(q5_1, dx_q5_1_to_f32_row, dx_f32_to_q5_1_row)
 ROW_FNS(iq4_nl, dx_iq4_nl_to_f32_row, dx_f32_to_iq4_nl_row)
 #undef ROW_FNS
+/* The super-block formats (dx_kquant.h) dequantise; their quantisers are
+ * not wired yet, so dx_dtype_from_f32_row refuses them. */
+#define TO_FN(T, TO)                                                                               \
+    static void T##_to(const void *s, float *d, size_t n)                                          \
+    {                                                                                              \
+        TO(s, d, n);                                                                               \
+    }
+TO_FN(q2_k, dx_q2_k_to_f32_row)
+TO_FN(q3_k, dx_q3_k_to_f32_row)
+TO_FN(q4_k, dx_q4_k_to_f32_row)
+TO_FN(q5_k, dx_q5_k_to_f32_row)
+TO_FN(q6_k, dx_q6_k_to_f32_row)
+TO_FN(iq4_xs, dx_iq4_xs_to_f32_row)
+#undef TO_FN
 
 #define RUNS(T) T##_to, T##_from
+#define DEQ(T)  T##_to, NULL /* dequantisation only */
 /* GGML's type traits (ggml.c): every id a GGUF file may hold.  Retired ids
  * (4, 5, the 31-33 and 36-38 repacked layouts) are left out. */
 static const dtype_info k_types[DX_DTYPE_ID_MAX] = {
@@ -52,13 +67,13 @@ static const dtype_info k_types[DX_DTYPE_ID_MAX] = {
     [2] = {"q4_0", 32, 18, RUNS(q4_0)},      [3] = {"q4_1", 32, 20, RUNS(q4_1)},
     [6] = {"q5_0", 32, 22, RUNS(q5_0)},      [7] = {"q5_1", 32, 24, RUNS(q5_1)},
     [8] = {"q8_0", 32, 34, RUNS(q8_0)},      [9] = {"q8_1", 32, 36, NULL, NULL},
-    [10] = {"q2_K", 256, 84, NULL, NULL},    [11] = {"q3_K", 256, 110, NULL, NULL},
-    [12] = {"q4_K", 256, 144, NULL, NULL},   [13] = {"q5_K", 256, 176, NULL, NULL},
-    [14] = {"q6_K", 256, 210, NULL, NULL},   [15] = {"q8_K", 256, 292, NULL, NULL},
+    [10] = {"q2_K", 256, 84, DEQ(q2_k)},     [11] = {"q3_K", 256, 110, DEQ(q3_k)},
+    [12] = {"q4_K", 256, 144, DEQ(q4_k)},    [13] = {"q5_K", 256, 176, DEQ(q5_k)},
+    [14] = {"q6_K", 256, 210, DEQ(q6_k)},    [15] = {"q8_K", 256, 292, NULL, NULL},
     [16] = {"iq2_xxs", 256, 66, NULL, NULL}, [17] = {"iq2_xs", 256, 74, NULL, NULL},
     [18] = {"iq3_xxs", 256, 98, NULL, NULL}, [19] = {"iq1_s", 256, 50, NULL, NULL},
     [20] = {"iq4_nl", 32, 18, RUNS(iq4_nl)}, [21] = {"iq3_s", 256, 110, NULL, NULL},
-    [22] = {"iq2_s", 256, 82, NULL, NULL},   [23] = {"iq4_xs", 256, 136, NULL, NULL},
+    [22] = {"iq2_s", 256, 82, NULL, NULL},   [23] = {"iq4_xs", 256, 136, DEQ(iq4_xs)},
     [24] = {"i8", 1, 1, NULL, NULL},         [25] = {"i16", 1, 2, NULL, NULL},
     [26] = {"i32", 1, 4, NULL, NULL},        [27] = {"i64", 1, 8, NULL, NULL},
     [28] = {"f64", 1, 8, NULL, NULL},        [29] = {"iq1_m", 256, 56, NULL, NULL},
@@ -68,12 +83,15 @@ static const dtype_info k_types[DX_DTYPE_ID_MAX] = {
     [42] = {"q2_0", 64, 18, NULL, NULL},
 };
 #undef RUNS
+#undef DEQ
 
 /* The supported ids in the order people read them (floats, then by bits). */
-static const enum dx_dtype k_supported[] = {DX_F32,  DX_F16,  DX_BF16, DX_Q8_0,  DX_Q5_1,
-                                            DX_Q5_0, DX_Q4_1, DX_Q4_0, DX_IQ4_NL};
+static const enum dx_dtype k_supported[] = {DX_F32,  DX_F16,  DX_BF16, DX_Q8_0,   DX_Q5_1,
+                                            DX_Q5_0, DX_Q4_1, DX_Q4_0, DX_IQ4_NL, DX_Q6_K,
+                                            DX_Q5_K, DX_Q4_K, DX_Q3_K, DX_Q2_K,   DX_IQ4_XS};
 /* Kept in step with k_supported (test_quant checks it). */
-static const char k_supported_names[] = "f32, f16, bf16, q8_0, q5_1, q5_0, q4_1, q4_0, iq4_nl";
+static const char k_supported_names[] =
+    "f32, f16, bf16, q8_0, q5_1, q5_0, q4_1, q4_0, iq4_nl, q6_K, q5_K, q4_K, q3_K, q2_K, iq4_xs";
 
 static const dtype_info *info(int type)
 {
@@ -155,6 +173,7 @@ int dx_dtype_from_f32_row(int type, const float *src, void *dst, size_t n)
     const dtype_info *t;
     int rc = row_check(type, n, &t);
     if (rc) return rc;
+    if (!t->from_f32) return dx_errf(DX_EUNSUPPORTED, "no quantiser for %s rows yet", t->name);
     t->from_f32(src, dst, n);
     return 0;
 }

@@ -7,6 +7,7 @@
  * parses); dx_dtype_supported() says which ones the engine runs:
  *   F32, F16, BF16                      plain floats (dx_half.h)
  *   Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL blocks of 32 (dx_quant.h)
+ *   Q2_K..Q6_K, IQ4_XS                  super-blocks of 256 (dx_kquant.h)
  * Adding a type: its block layout, dequantiser and quantiser in dx_quant,
  * one line of the table in dx_dtype.c, and its kernels (kern_mm_priv.h). */
 #ifndef DX_DTYPE_H

@@ -52,9 +52,9 @@ static void test_table(void **state)
     } want[] = {
         {0, "f32", 1, 4, 1},       {1, "f16", 1, 2, 1},       {2, "q4_0", 32, 18, 1},
         {3, "q4_1", 32, 20, 1},    {6, "q5_0", 32, 22, 1},    {7, "q5_1", 32, 24, 1},
-        {8, "q8_0", 32, 34, 1},    {9, "q8_1", 32, 36, 0},    {12, "q4_K", 256, 144, 0},
-        {14, "q6_K", 256, 210, 0}, {20, "iq4_nl", 32, 18, 1}, {23, "iq4_xs", 256, 136, 0},
-        {30, "bf16", 1, 2, 1},     {39, "mxfp4", 32, 17, 0},
+        {8, "q8_0", 32, 34, 1},    {9, "q8_1", 32, 36, 0},    {12, "q4_K", 256, 144, 1},
+        {14, "q6_K", 256, 210, 1}, {20, "iq4_nl", 32, 18, 1}, {23, "iq4_xs", 256, 136, 1},
+        {15, "q8_K", 256, 292, 0}, {30, "bf16", 1, 2, 1},     {39, "mxfp4", 32, 17, 0},
     };
     for (size_t i = 0; i < DX_ARRAY_LEN(want); i++) {
         assert_string_equal(dx_dtype_name(want[i].id), want[i].name);
@@ -85,16 +85,16 @@ static void test_table(void **state)
     size_t supported = 0;
     for (int t = 0; t < DX_DTYPE_ID_MAX; t++) supported += (size_t)dx_dtype_supported(t);
     assert_int_equal(n, supported);
-    assert_int_equal(n, 9);
+    assert_int_equal(n, 15);
     enum dx_dtype t;
     assert_int_equal(dx_dtype_parse("iq4_nl", &t), 0);
     assert_int_equal(t, DX_IQ4_NL);
-    assert_int_equal(dx_dtype_parse("q6_K", &t), DX_EINVAL);
-    assert_non_null(strstr(dx_errmsg(), "unknown dtype 'q6_K' (want one of f32, f16, bf16"));
+    assert_int_equal(dx_dtype_parse("q8_K", &t), DX_EINVAL);
+    assert_non_null(strstr(dx_errmsg(), "unknown dtype 'q8_K' (want one of f32, f16, bf16"));
     float f[32];
     uint8_t blk[64] = {0};
-    assert_int_equal(dx_dtype_to_f32_row(12, blk, f, 256), DX_EUNSUPPORTED);
-    assert_non_null(strstr(dx_errmsg(), "tensor type 12 (q4_K) is not supported (supported: f32"));
+    assert_int_equal(dx_dtype_to_f32_row(15, blk, f, 256), DX_EUNSUPPORTED);
+    assert_non_null(strstr(dx_errmsg(), "tensor type 15 (q8_K) is not supported (supported: f32"));
     assert_int_equal(dx_dtype_to_f32_row(DX_Q4_0, blk, f, 16), DX_EINVAL);
     assert_int_equal(dx_dtype_from_f32_row(DX_Q5_0, f, blk, 8), DX_EINVAL);
     assert_int_equal(dx_dtype_from_f32_row(99, f, blk, 32), DX_EUNSUPPORTED);
