@@ -164,6 +164,7 @@ int dx_dtype_from_f32_row(int type, const float *src, void *dst, size_t n)
     const dtype_info *t;
     int rc = row_check(type, n, &t);
     if (rc) return rc;
+    if (!t->from_f32) return dx_errf(DX_EUNSUPPORTED, "no quantiser for %s rows yet", t->name);
     t->from_f32(src, dst, n);
     return 0;
 }

@@ -1,9 +1,12 @@
 /* Unit tests for the matmul kernels (kern_act_prep / kern_matmul):
  *  - every ISA this CPU supports against kern_matmul_scalar and against an
  *    exact (double) sum, on odd shapes;
- *  - the block formats other than Q8_0 (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL):
- *    every ISA's tiles bit-equal (memcmp) to the scalar twin for every n_tok
- *    1..40, odd numbers of blocks and splits of [0, n_out);
+ *  - the block formats other than Q8_0 (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL) and
+ *    the super-block formats (Q2_K..Q6_K, IQ4_XS): every ISA's tiles
+ *    bit-equal (memcmp) to the scalar twin for every n_tok 1..40, odd
+ *    numbers of blocks and splits of [0, n_out);
+ *  - the super-block twins' decoding against dx_kquant's dequantisation,
+ *    element by element (one-hot activations);
  *  - bit-exact batch invariance with memcmp, per ISA and weight type: tokens
  *    all at once vs one at a time vs in chunks of 7; any split of [0, n_out)
  *    into task ranges; a token alone vs batched among random tokens;
@@ -37,14 +40,23 @@
 
 #define REL_TOL 2e-5
 
-static const int wtypes[] = {DX_F32,  DX_F16,  DX_BF16, DX_Q8_0,  DX_Q4_0,
-                             DX_Q4_1, DX_Q5_0, DX_Q5_1, DX_IQ4_NL};
+static const int wtypes[] = {DX_F32,  DX_F16,  DX_BF16, DX_Q8_0,   DX_Q4_0,
+                             DX_Q4_1, DX_Q5_0, DX_Q5_1, DX_IQ4_NL, DX_Q2_K,
+                             DX_Q3_K, DX_Q4_K, DX_Q5_K, DX_Q6_K,   DX_IQ4_XS};
 /* The formats whose tiles reproduce the scalar twin bit for bit. */
-static const int blk_types[] = {DX_Q4_0, DX_Q4_1, DX_Q5_0, DX_Q5_1, DX_IQ4_NL};
+static const int blk_types[] = {DX_Q4_0, DX_Q4_1, DX_Q5_0, DX_Q5_1, DX_IQ4_NL, DX_Q2_K,
+                                DX_Q3_K, DX_Q4_K, DX_Q5_K, DX_Q6_K, DX_IQ4_XS};
+/* The super-block formats (n_in % 256 == 0). */
+static const int kq_types[] = {DX_Q2_K, DX_Q3_K, DX_Q4_K, DX_Q5_K, DX_Q6_K, DX_IQ4_XS};
+
+static int is_kq(int wtype)
+{
+    return dx_dtype_block_elems(wtype) == DX_QK_K;
+}
 
 static int is_q8_act(int wtype)
 {
-    return dx_dtype_block_elems(wtype) == 32;
+    return dx_dtype_block_elems(wtype) == 32 || is_kq(wtype);
 }
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
@@ -68,6 +80,33 @@ static void fill_random(float *v, size_t n)
     }
 }
 
+/* An f16 of random sign and magnitude 2^-12 .. 2^-6, at p. */
+static void put_rand_f16(uint8_t *p)
+{
+    float v = ldexpf(1.0f + (float)(rng_u32() % 1024) / 1024.0f, -12 + (int)(rng_u32() % 6));
+    uint16_t h = dx_f32_to_f16(rng_u32() & 1 ? -v : v);
+    memcpy(p, &h, 2);
+}
+
+/* Random valid super-blocks: every bit pattern of the quants and packed
+ * scales is a valid block, so random bytes with sane f16 d (and dmin)
+ * (until the quantisers come, this is how the super-block weights are
+ * made). */
+static void random_kq_row(int wtype, uint8_t *row, size_t n_in)
+{
+    size_t bb = dx_dtype_block_bytes(wtype);
+    for (size_t i = 0; i < bb * (n_in / DX_QK_K); i++) row[i] = (uint8_t)rng_u32();
+    size_t d = wtype == DX_Q2_K   ? offsetof(dx_block_q2_k, d)
+               : wtype == DX_Q3_K ? offsetof(dx_block_q3_k, d)
+               : wtype == DX_Q6_K ? offsetof(dx_block_q6_k, d)
+                                  : 0; /* Q4_K, Q5_K, IQ4_XS */
+    int has_dmin = wtype == DX_Q2_K || wtype == DX_Q4_K || wtype == DX_Q5_K;
+    for (size_t b = 0; b < n_in / DX_QK_K; b++) {
+        put_rand_f16(row + b * bb + d);
+        if (has_dmin) put_rand_f16(row + b * bb + d + 2);
+    }
+}
+
 /* Random weight matrix of type wtype, [n_out][n_in]. */
 static void *make_weights(int wtype, size_t n_out, size_t n_in)
 {
@@ -76,6 +115,10 @@ static void *make_weights(int wtype, size_t n_out, size_t n_in)
     float *row = dx_malloc(n_in * sizeof(float));
     assert_non_null(w);
     for (size_t o = 0; o < n_out; o++) {
+        if (is_kq(wtype)) {
+            random_kq_row(wtype, w + o * rb, n_in);
+            continue;
+        }
         fill_random(row, n_in);
         assert_int_equal(dx_dtype_from_f32_row(wtype, row, w + o * rb, n_in), 0);
     }
@@ -163,14 +206,19 @@ static void test_mm_matches_scalar(void **state)
     enum kern_isa isa = kti_use(state);
     static const size_t n_ins[] = {32, 64, 96, 1024, 2080, 1, 3, 17, 33, 100};
     static const size_t n_toks[] = {1, 2, 3, 5, 7, 16, 33};
+    static const size_t kq_n_ins[] = {256, 512, 1024, 2816};
     static const size_t n_outs[] = {1, 3, 5, 17, 64};
     size_t c = 0;
-    for (size_t d = 0; d < DX_ARRAY_LEN(wtypes); d++)
-        for (size_t i = 0; i < DX_ARRAY_LEN(n_ins); i++) {
-            if (is_q8_act(wtypes[d]) && n_ins[i] % 32) continue;
+    for (size_t d = 0; d < DX_ARRAY_LEN(wtypes); d++) {
+        int kq = is_kq(wtypes[d]);
+        size_t n_n = kq ? DX_ARRAY_LEN(kq_n_ins) : DX_ARRAY_LEN(n_ins);
+        for (size_t i = 0; i < n_n; i++) {
+            size_t n_in = kq ? kq_n_ins[i] : n_ins[i];
+            if (is_q8_act(wtypes[d]) && n_in % 32) continue;
             for (size_t t = 0; t < DX_ARRAY_LEN(n_toks); t++, c++)
-                check_shape(isa, wtypes[d], n_toks[t], n_ins[i], n_outs[c % DX_ARRAY_LEN(n_outs)]);
+                check_shape(isa, wtypes[d], n_toks[t], n_in, n_outs[c % DX_ARRAY_LEN(n_outs)]);
         }
+    }
 }
 
 /* ---- bit-exact invariance ---- */
@@ -304,9 +352,9 @@ static void test_mm_invariance(void **state)
 {
     enum kern_isa isa = kti_use(state);
     for (size_t d = 0; d < DX_ARRAY_LEN(wtypes); d++) {
-        int q8 = is_q8_act(wtypes[d]);
-        check_invariance(isa, wtypes[d], q8 ? 96 : 100, 37);
-        check_invariance(isa, wtypes[d], q8 ? 1024 : 33, 21);
+        int q8 = is_q8_act(wtypes[d]), kq = is_kq(wtypes[d]);
+        check_invariance(isa, wtypes[d], kq ? 256 : q8 ? 96 : 100, 37);
+        check_invariance(isa, wtypes[d], kq ? 2816 : q8 ? 1024 : 33, 21);
     }
 }
 
@@ -324,6 +372,7 @@ static void test_prep_bits(void **state)
     for (size_t k = 96; k < 128; k++) x[k] = (float)((int)k - 112) * 0.5f; /* q8 ties */
     for (size_t d = 0; d < DX_ARRAY_LEN(wtypes); d++) {
         int wt = wtypes[d];
+        if (is_kq(wt)) continue;          /* Q8_0's kind; 160 is not a whole super-block */
         if (is_q8_act(wt)) x[72] = 0.25f; /* NaN is not quantised meaningfully */
         assert_int_equal(kern_set_isa(KERN_SCALAR), 0);
         void *ref = prep(wt, x, n_tok, n_in);
@@ -422,8 +471,13 @@ static void test_isa_tables(void **state)
     assert_non_null(kern_mm_isa_avx512.prep[KERN_ACT_BF16]);
     assert_int_equal(kern_act_kind(DX_Q4_0), kern_act_kind(DX_Q8_0));
     assert_int_equal(kern_act_kind(DX_IQ4_NL), kern_act_kind(DX_Q5_1));
-    assert_int_equal(kern_act_kind(12), DX_NONE); /* q4_K: no kernels yet */
-    assert_int_equal(kern_act_bytes(12, 1, 256), 0);
+    assert_int_equal(kern_act_kind(DX_Q4_K), kern_act_kind(DX_Q8_0));
+    assert_int_equal(kern_act_kind(15), DX_NONE); /* q8_K: no kernels */
+    assert_int_equal(kern_act_bytes(15, 1, 256), 0);
+    /* the super-block formats take whole super-blocks */
+    assert_int_equal(kern_act_bytes(DX_Q6_K, 2, 512), 2 * 8 * 192);
+    assert_int_equal(kern_act_bytes(DX_Q4_K, 1, 96), 0);
+    assert_int_equal(kern_act_bytes(DX_IQ4_XS, 1, 288), 0);
     assert_int_equal(kern_act_bytes_max(3, 96), 3 * 96 * 4);
 }
 
@@ -464,15 +518,65 @@ static void check_blk_bits(enum kern_isa isa, int wtype, size_t n_tok, size_t n_
 static void test_blk_bit_exact(void **state)
 {
     enum kern_isa isa = kti_use(state);
-    static const size_t n_ins[] = {32, 96, 160, 352, 1056};
+    static const size_t blk_n_ins[] = {32, 96, 160, 352, 1056};
+    static const size_t kq_n_ins[] = {256, 512, 768, 1024, 2816};
     static const size_t one[] = {SIZE_MAX / 2}, odd[] = {3, 5, 7, 1, 13}, tiles[] = {16, 32, 4};
     for (size_t d = 0; d < DX_ARRAY_LEN(blk_types); d++) {
+        int kq = is_kq(blk_types[d]);
+        const size_t *n_ins = kq ? kq_n_ins : blk_n_ins;
         for (size_t n_tok = 1; n_tok <= 40; n_tok++)
             check_blk_bits(isa, blk_types[d], n_tok, n_ins[n_tok % 5], 37, one, 1);
-        check_blk_bits(isa, blk_types[d], 13, 160, 53, odd, DX_ARRAY_LEN(odd));
-        check_blk_bits(isa, blk_types[d], 6, 96, 70, tiles, DX_ARRAY_LEN(tiles));
-        check_blk_bits(isa, blk_types[d], 1, 1056, 70, odd, DX_ARRAY_LEN(odd));
+        check_blk_bits(isa, blk_types[d], 13, n_ins[2], 53, odd, DX_ARRAY_LEN(odd));
+        check_blk_bits(isa, blk_types[d], 6, n_ins[1], 70, tiles, DX_ARRAY_LEN(tiles));
+        check_blk_bits(isa, blk_types[d], 1, n_ins[4], 70, odd, DX_ARRAY_LEN(odd));
+        check_blk_bits(isa, blk_types[d], 2, n_ins[3], 45, odd, DX_ARRAY_LEN(odd));
     }
+}
+
+/* ---- the super-block twins' own decoding against dx_kquant's ----
+ * An activation row with one quant 1 at element e (its group's negcorr
+ * -128) and every scale 1 picks out one weight: the arithmetic reduces to
+ * round(w_e * S) (minus M, rounded again, for the formats with a
+ * minimum) and sums of zeros, which is the dequantised value exactly. */
+
+static void one_hot_act(uint8_t *act, size_t n_in, size_t e)
+{
+    memset(act, 0, kern_act_bytes(DX_Q4_K, 1, n_in));
+    for (size_t b = 0; b < n_in / 32; b++)
+        for (int j = 0; j < 8; j++) {
+            float one = 1.0f;
+            memcpy((uint8_t *)kern__q8_d(act, b) + 4 * j, &one, 4);
+        }
+    ((int8_t *)kern__q8_qs(act, e / 32))[e % 32] = 1;
+    int32_t nc = -128;
+    memcpy((uint8_t *)kern__q8_nc(act, e / 32) + 4 * ((e % 32) / 4), &nc, 4);
+}
+
+static void test_kq_twin_layout(void **state)
+{
+    enum kern_isa isa = kti_use(state);
+    const size_t n_in = 512, n_out = 3; /* two super-blocks a row */
+    uint8_t *act = dx_aligned_alloc(64, kern_act_bytes(DX_Q4_K, 1, n_in));
+    float *deq = dx_malloc(n_out * n_in * sizeof(float));
+    for (size_t d = 0; d < DX_ARRAY_LEN(kq_types); d++) {
+        int wt = kq_types[d];
+        uint8_t *w = make_weights(wt, n_out, n_in);
+        size_t rb = dx_dtype_row_bytes(wt, n_in);
+        for (size_t o = 0; o < n_out; o++)
+            assert_int_equal(dx_dtype_to_f32_row(wt, w + o * rb, deq + o * n_in, n_in), 0);
+        for (size_t e = 0; e < n_in; e++) {
+            one_hot_act(act, n_in, e);
+            float y[3];
+            kern_matmul(wt, w, n_in, 0, n_out, act, 1, y, n_out);
+            for (size_t o = 0; o < n_out; o++)
+                if (!(y[o] == deq[o * n_in + e]))
+                    fail_msg("%s %s row %zu element %zu: kernel %.9g, dequantised %.9g",
+                             kern_isa_name(isa), dx_dtype_name(wt), o, e, y[o], deq[o * n_in + e]);
+        }
+        dx_free(w);
+    }
+    dx_free(deq);
+    dx_aligned_free(act);
 }
 
 int main(void)
@@ -481,7 +585,7 @@ int main(void)
         cmocka_unit_test(test_isa_select), cmocka_unit_test(test_prep_layout),
         cmocka_unit_test(test_isa_tables), KTI_FAST(test_prep_bits),
         KTI_ALL(test_mm_invariance),       KTI_FAST(test_mm_matches_scalar),
-        KTI_FAST(test_blk_bit_exact),
+        KTI_FAST(test_blk_bit_exact),      KTI_ALL(test_kq_twin_layout),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

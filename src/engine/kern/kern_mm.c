@@ -6,7 +6,8 @@
  * sequential f32 sum over k of w*x in the consumed precision (bf16 x bf16
  * products are exact in f32; Q8_0 sums each block's integer dot exactly and
  * adds d_w*d_x*dot block by block; the other block formats follow the
- * arithmetic of kern_mm_priv.h, in kern_mm_blk.c).  It is also the
+ * arithmetic of kern_mm_priv.h, in kern_mm_blk.c, and the super-block
+ * formats theirs, in kern_mm_kq.c).  It is also the
  * KERN_SCALAR engine path, so it too is batch invariant: each element's
  * arithmetic depends on nothing but its own row and token. */
 #include <string.h>
@@ -43,6 +44,12 @@ static const wtype_kern k_wtypes[DX_DTYPE_ID_MAX] = {
     [DX_Q5_0] = {KERN_ACT_Q8 + 1, kern__dot_q5_0},
     [DX_Q5_1] = {KERN_ACT_Q8 + 1, kern__dot_q5_1},
     [DX_IQ4_NL] = {KERN_ACT_Q8 + 1, kern__dot_iq4_nl},
+    [DX_Q2_K] = {KERN_ACT_Q8 + 1, kern__dot_q2_k},
+    [DX_Q3_K] = {KERN_ACT_Q8 + 1, kern__dot_q3_k},
+    [DX_Q4_K] = {KERN_ACT_Q8 + 1, kern__dot_q4_k},
+    [DX_Q5_K] = {KERN_ACT_Q8 + 1, kern__dot_q5_k},
+    [DX_Q6_K] = {KERN_ACT_Q8 + 1, kern__dot_q6_k},
+    [DX_IQ4_XS] = {KERN_ACT_Q8 + 1, kern__dot_iq4_xs},
 };
 
 int kern_act_kind(int wtype)
@@ -66,8 +73,11 @@ static size_t kind_row_bytes(int kind, size_t n_in)
     return 0;
 }
 
+/* A super-block format (256 elements a block) takes whole super-blocks. */
 static size_t act_row_bytes(int wtype, size_t n_in)
 {
+    size_t be = dx_dtype_block_elems(wtype);
+    if (be > 1 && n_in % be) return 0;
     return kind_row_bytes(kern_act_kind(wtype), n_in);
 }
 

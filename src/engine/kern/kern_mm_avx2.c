@@ -384,6 +384,247 @@ MM2_DEF_BLK(q5_0, DX_Q5_0)
 MM2_DEF_BLK(q5_1, DX_Q5_1)
 MM2_DEF_BLK(iq4_nl, DX_IQ4_NL)
 
+/* ---- the super-block formats (the second arithmetic of kern_mm_priv.h) ----
+ * Two ymm per output element: lane g of the first holds p[g] (the even
+ * blocks' group g), of the second p[8 + g] (the odd blocks'); the tile adds
+ * them (p[i] + p[i+8], the tree's first step) and mm2_reduce8 does the
+ * rest (+4, +2, +1).  A block's 32 weights unpacked into element order
+ * times its quants (vpmaddubsw: unsigned weights of at most 63 times
+ * signed quants, 2 * 63 * 127 < 32768, no saturation), widened by
+ * vpmaddwd, leave group g's integer sum in lane g; the offset of a weight
+ * stored unsigned (Q3_K, Q6_K) is added back from negcorr, and IQ4_XS's
+ * signed codebook values take the sign trick (|w| <= 127).  As on
+ * AVX-512, a row's scales are decoded once per super-block and the tokens'
+ * corrections once per super-block for all rows. */
+
+#define MM2_KQ_PF 512 /* decode prefetch distance, bytes (see the AVX-512 tiles) */
+
+/* The tokens' side of one super-block, block j, token t. */
+typedef struct {
+    __m256i corr[8][2];
+    __m256 dxs[8][2];
+} mm2_kq_act;
+
+/* Block j of a super-block's activations, token 0: quants, negcorr at +64,
+ * scales at +128. */
+MM2_INLINE const uint8_t *mm2_kq_xb(const uint8_t *xs, const int j)
+{
+    return xs + (j / 2) * KERN__Q8_PAIR_BYTES + (j % 2) * 32;
+}
+
+MM2_INLINE void mm2_kq_prep(mm2_kq_act *a, const uint8_t *xs, size_t xrow, const int T,
+                            const int MR)
+{
+    const int sh = kern__kq_corr_shift(T);
+    MM2_UNROLL
+    for (int j = 0; j < 8; j++) {
+        MM2_UNROLL
+        for (int t = 0; t < MR; t++) {
+            const uint8_t *xb = mm2_kq_xb(xs + t * xrow, j);
+            __m256i nc = _mm256_load_si256((const __m256i *)(xb + 64));
+            a->corr[j][t] = sh > 0 ? _mm256_srai_epi32(nc, sh) : _mm256_setzero_si256();
+            if (kern__kq_has_min(T)) {
+                __m256i sum = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_srai_epi32(nc, 7));
+                a->dxs[j][t] = _mm256_mul_ps(_mm256_load_ps((const float *)(xb + 128)),
+                                             _mm256_cvtepi32_ps(sum));
+            }
+        }
+    }
+}
+
+/* The f16 at b, in every lane. */
+MM2_INLINE __m256 mm2_f16_bcast(const uint8_t *b)
+{
+    uint16_t h;
+    memcpy(&h, b, 2);
+    return _mm256_cvtph_ps(_mm_set1_epi16((short)h));
+}
+
+/* Bytes 0-7 (high: 8-15) of c as f32, unsigned or signed. */
+MM2_INLINE __m256 mm2_u8_ps(__m128i c, const int high, const int sign)
+{
+    if (high) c = _mm_srli_si128(c, 8);
+    return _mm256_cvtepi32_ps(sign ? _mm256_cvtepi8_epi32(c) : _mm256_cvtepu8_epi32(c));
+}
+
+/* A row's scales for one super-block, by sub-block: sv[0] lanes the S of
+ * sub-blocks 0-7, sv[1] of 8-15 (the 16-element formats), mv likewise the
+ * M (Q2_K; Q4_K / Q5_K: mv[0]). */
+MM2_INLINE void mm2_kq_scales(const uint8_t *b, const int T, __m256 *sv, __m256 *mv)
+{
+    if (T == DX_Q2_K) {
+        __m128i c = _mm_loadu_si128((const __m128i *)b), m4 = _mm_set1_epi8(15);
+        __m128i sc = _mm_and_si128(c, m4), mn = _mm_and_si128(_mm_srli_epi16(c, 4), m4);
+        __m256 d = mm2_f16_bcast(b + offsetof(dx_block_q2_k, d));
+        __m256 dm = mm2_f16_bcast(b + offsetof(dx_block_q2_k, dmin));
+        for (int i = 0; i < 2; i++) {
+            sv[i] = _mm256_mul_ps(mm2_u8_ps(sc, i, 0), d);
+            mv[i] = _mm256_mul_ps(mm2_u8_ps(mn, i, 0), dm);
+        }
+    } else if (T == DX_Q3_K) {
+        __m128i c = _mm_sub_epi8(kern__q3k_scales_v(b), _mm_set1_epi8(32));
+        __m256 d = mm2_f16_bcast(b + offsetof(dx_block_q3_k, d));
+        for (int i = 0; i < 2; i++) sv[i] = _mm256_mul_ps(mm2_u8_ps(c, i, 1), d);
+    } else if (T == DX_Q4_K || T == DX_Q5_K) {
+        __m128i c = kern__k4_scales_v(b);
+        sv[0] = _mm256_mul_ps(mm2_u8_ps(c, 0, 0), mm2_f16_bcast(b));
+        mv[0] = _mm256_mul_ps(mm2_u8_ps(c, 1, 0), mm2_f16_bcast(b + 2));
+    } else if (T == DX_Q6_K) {
+        __m128i c = _mm_loadu_si128((const __m128i *)(b + offsetof(dx_block_q6_k, scales)));
+        __m256 d = mm2_f16_bcast(b + offsetof(dx_block_q6_k, d));
+        for (int i = 0; i < 2; i++) sv[i] = _mm256_mul_ps(mm2_u8_ps(c, i, 1), d);
+    } else {
+        sv[0] = _mm256_mul_ps(_mm256_cvtepi32_ps(kern__iq4xs_scales_v(b)), mm2_f16_bcast(b));
+    }
+}
+
+/* Block j's lanes of a by-sub-block pair of vectors: sub-blocks 2j (lanes
+ * 0-3) and 2j + 1 (4-7) of 16 elements, or sub-block j of 32. */
+MM2_INLINE __m256 mm2_kq_lanes(const __m256 *v, const int j, const int T)
+{
+    if (!kern__kq_sub16(T)) return _mm256_permutevar8x32_ps(v[0], _mm256_set1_epi32(j));
+    const int a = 2 * (j % 4);
+    return _mm256_permutevar8x32_ps(v[j / 4],
+                                    _mm256_setr_epi32(a, a, a, a, a + 1, a + 1, a + 1, a + 1));
+}
+
+/* v's bytes shifted so that bit `from` of each lands on bit `to`. */
+MM2_INLINE __m256i mm2_bit_to(__m256i v, const int from, const int to)
+{
+    return from >= to ? _mm256_srli_epi16(v, from - to) : _mm256_slli_epi16(v, to - from);
+}
+
+/* Block j's 32 weights of a row in element order (the layouts of
+ * dx_kquant.h): unsigned, but IQ4_XS's signed codebook values; hb: the
+ * row's high bits (Q3_K hmask, Q5_K qh). */
+MM2_INLINE __m256i mm2_kq_weights(const uint8_t *b, const int j, __m256i hb, const int T)
+{
+    const int n = j / 4, k = j % 4; /* half of the super-block, quarter of the half */
+    const __m256i m4 = _mm256_set1_epi8(15);
+    if (T == DX_Q2_K || T == DX_Q3_K) {
+        /* element 32k + i of half n: bits 2k of qs[32n + i]; Q3_K adds 4
+         * where bit 4n + k of hmask[i] is set */
+        const size_t qs = T == DX_Q2_K ? offsetof(dx_block_q2_k, qs) : offsetof(dx_block_q3_k, qs);
+        __m256i q = _mm256_loadu_si256((const __m256i *)(b + qs + 32 * n));
+        __m256i v = _mm256_and_si256(_mm256_srli_epi16(q, 2 * k), _mm256_set1_epi8(3));
+        if (T == DX_Q3_K)
+            v = _mm256_or_si256(
+                v, _mm256_and_si256(mm2_bit_to(hb, 4 * n + k, 2), _mm256_set1_epi8(4)));
+        return v;
+    }
+    if (T == DX_Q4_K || T == DX_Q5_K) {
+        /* chunk j / 2: the low (even j) or high nibbles of qs[32(j/2)..];
+         * Q5_K's bit 4 is bit j of qh[i] */
+        const size_t qs = T == DX_Q4_K ? offsetof(dx_block_q4_k, qs) : offsetof(dx_block_q5_k, qs);
+        __m256i q = _mm256_loadu_si256((const __m256i *)(b + qs + 32 * (j / 2)));
+        __m256i v = _mm256_and_si256(j % 2 ? _mm256_srli_epi16(q, 4) : q, m4);
+        if (T == DX_Q5_K)
+            v = _mm256_or_si256(v, _mm256_and_si256(mm2_bit_to(hb, j, 4), _mm256_set1_epi8(16)));
+        return v;
+    }
+    if (T == DX_Q6_K) {
+        /* quarter k of half n: ql[64n + 32(k % 2)..]'s low (k < 2) or high
+         * nibbles, under bits 2k, 2k + 1 of qh[32n + i] as bits 4-5 */
+        __m256i l = _mm256_loadu_si256((const __m256i *)(b + 64 * n + 32 * (k % 2)));
+        __m256i h = _mm256_loadu_si256((const __m256i *)(b + offsetof(dx_block_q6_k, qh) + 32 * n));
+        l = _mm256_and_si256(k < 2 ? l : _mm256_srli_epi16(l, 4), m4);
+        return _mm256_or_si256(l,
+                               _mm256_and_si256(mm2_bit_to(h, 2 * k, 4), _mm256_set1_epi8(0x30)));
+    }
+    /* IQ4_XS: sub-block j is qs[16j..16j+15], low nibbles then high ones */
+    __m256i v = _mm256_broadcastsi128_si256(
+        _mm_loadu_si128((const __m128i *)(b + offsetof(dx_block_iq4_xs, qs) + 16 * j)));
+    v = _mm256_and_si256(_mm256_srlv_epi64(v, _mm256_setr_epi64x(0, 0, 4, 4)), m4);
+    return _mm256_shuffle_epi8(
+        _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)dx_iq4nl_values)), v);
+}
+
+/* One row's super-block b into acc[2 * t * NR + h] (t < MR, h the block's
+ * parity); xs: the super-block's activations of token 0. */
+MM2_INLINE void mm2_kq_row(__m256 *acc, const uint8_t *b, const uint8_t *xs, size_t xrow,
+                           const mm2_kq_act *a, const int T, const int MR, const int NR)
+{
+    __m256 sv[2], mv[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    mm2_kq_scales(b, T, sv, mv);
+    __m256i hb =
+        T == DX_Q3_K   ? _mm256_loadu_si256((const __m256i *)(b + offsetof(dx_block_q3_k, hmask)))
+        : T == DX_Q5_K ? _mm256_loadu_si256((const __m256i *)(b + offsetof(dx_block_q5_k, qh)))
+                       : _mm256_setzero_si256();
+    const __m256i ones = _mm256_set1_epi16(1);
+    MM2_UNROLL
+    for (int j = 0; j < 8; j++) {
+        __m256i wv = mm2_kq_weights(b, j, hb, T);
+        __m256i aw = T == DX_IQ4_XS ? _mm256_sign_epi8(wv, wv) : wv;
+        __m256 s = mm2_kq_lanes(sv, j, T), m = _mm256_setzero_ps();
+        if (kern__kq_has_min(T)) m = mm2_kq_lanes(mv, j, T);
+        MM2_UNROLL
+        for (int t = 0; t < MR; t++) {
+            const uint8_t *xb = mm2_kq_xb(xs + t * xrow, j);
+            __m256i xq = _mm256_load_si256((const __m256i *)xb);
+            if (T == DX_IQ4_XS) xq = _mm256_sign_epi8(xq, wv);
+            __m256i is = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, xq), ones);
+            if (kern__kq_corr_shift(T) > 0) is = _mm256_add_epi32(is, a->corr[j][t]);
+            __m256 *y = &acc[2 * t * NR + j % 2];
+            *y = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is),
+                                 _mm256_mul_ps(s, _mm256_load_ps((const float *)(xb + 128))), *y);
+            if (kern__kq_has_min(T)) *y = _mm256_fnmadd_ps(a->dxs[j][t], m, *y);
+        }
+    }
+}
+
+MM2_INLINE void mm2_kq_tile(KERN_MM_TILE_ARGS, const int T, const int MR, const int NR)
+{
+    const size_t bb = kern__kq_bytes(T), nsb = n_in / DX_QK_K;
+    __m256 acc[8];
+    MM2_UNROLL
+    for (int i = 0; i < 2 * MR * NR; i++) acc[i] = _mm256_setzero_ps();
+    const int pf = MR == 1 && NR == 4, lines = (int)((bb + 63) / 64);
+    if (pf)
+        for (int r = NR; r < 2 * NR; r++)
+            for (int l = 0; l < 2; l++)
+                _mm_prefetch((const char *)w + (size_t)r * wrow + 64 * l, _MM_HINT_T0);
+    for (size_t s = 0; s < nsb; s++, w += bb, x += 4 * KERN__Q8_PAIR_BYTES) {
+        mm2_kq_act a;
+        mm2_kq_prep(&a, x, xrow, T, MR);
+        if (pf) {
+            MM2_UNROLL
+            for (int o = 0; o < NR; o++)
+                for (int l = 0; l < lines; l++)
+                    _mm_prefetch((const char *)w + o * wrow + MM2_KQ_PF + 64 * l, _MM_HINT_T0);
+        }
+        MM2_UNROLL
+        for (int o = 0; o < NR; o++) mm2_kq_row(acc + 2 * o, w + o * wrow, x, xrow, &a, T, MR, NR);
+    }
+    __m256 r[4]; /* p[i] + p[i+8], output t * NR + o */
+    MM2_UNROLL
+    for (int i = 0; i < MR * NR; i++) r[i] = _mm256_add_ps(acc[2 * i], acc[2 * i + 1]);
+    mm2_store_tile(r, MR, NR, y, ldy);
+}
+
+/* Shapes by token count: 4 rows (8 accumulators), a row pair, one row. */
+#define MM2_DEF_KQ_TILE(KIND, T, MR, NR)                                                           \
+    static void mm2_##KIND##_##MR##x##NR(KERN_MM_TILE_ARGS)                                        \
+    {                                                                                              \
+        mm2_kq_tile(w, wrow, x, xrow, n_in, y, ldy, T, MR, NR);                                    \
+    }
+#define MM2_DEF_KQ(KIND, T)                                                                        \
+    MM2_DEF_KQ_TILE(KIND, T, 1, 4)                                                                 \
+    MM2_DEF_KQ_TILE(KIND, T, 1, 2)                                                                 \
+    MM2_DEF_KQ_TILE(KIND, T, 1, 1)                                                                 \
+    MM2_DEF_KQ_TILE(KIND, T, 2, 2)                                                                 \
+    MM2_DEF_KQ_TILE(KIND, T, 2, 1)                                                                 \
+    static const kern_mm_tiles mm2_##KIND##_tiles = {                                              \
+        .by = {[1] = {{mm2_##KIND##_1x4, 4}, {mm2_##KIND##_1x2, 2}, {mm2_##KIND##_1x1, 1}},        \
+               [2] = {{mm2_##KIND##_2x2, 2}, {mm2_##KIND##_2x1, 1}}},                              \
+    };
+
+MM2_DEF_KQ(q2_k, DX_Q2_K)
+MM2_DEF_KQ(q3_k, DX_Q3_K)
+MM2_DEF_KQ(q4_k, DX_Q4_K)
+MM2_DEF_KQ(q5_k, DX_Q5_K)
+MM2_DEF_KQ(q6_k, DX_Q6_K)
+MM2_DEF_KQ(iq4_xs, DX_IQ4_XS)
+
 /* The shapes, by token count MR (1..2): a wide tile, and a 1-row tile for the
  * rest. */
 #define MM2_DEF_TILE(KIND, MR, NR)                                                                 \
@@ -459,6 +700,12 @@ const kern_mm_isa kern_mm_isa_avx2 = {
               [DX_Q4_1] = &mm2_q4_1_tiles,
               [DX_Q5_0] = &mm2_q5_0_tiles,
               [DX_Q5_1] = &mm2_q5_1_tiles,
-              [DX_IQ4_NL] = &mm2_iq4_nl_tiles},
+              [DX_IQ4_NL] = &mm2_iq4_nl_tiles,
+              [DX_Q2_K] = &mm2_q2_k_tiles,
+              [DX_Q3_K] = &mm2_q3_k_tiles,
+              [DX_Q4_K] = &mm2_q4_k_tiles,
+              [DX_Q5_K] = &mm2_q5_k_tiles,
+              [DX_Q6_K] = &mm2_q6_k_tiles,
+              [DX_IQ4_XS] = &mm2_iq4_xs_tiles},
     .prep = {[KERN_ACT_Q8] = mm2_q8_prep_row},
 };

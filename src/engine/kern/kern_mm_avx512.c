@@ -1,6 +1,6 @@
 /* kern_mm_avx512: AVX-512 matmul tiles (BF16 via vdpbf16ps, F16 via
- * vcvtph2ps + FMA, F32 FMA, Q8_0 and the other 32-block formats via
- * vpdpbusd) and the activation preps that feed them, for the driver in
+ * vcvtph2ps + FMA, F32 FMA, Q8_0, the other 32-block formats and the
+ * super-block formats via vpdpbusd) and the activation preps that feed them, for the driver in
  * kern_mm.c (kern_mm_isa_avx512).
  *
  * Batch invariance by construction: every output element (token t, row o)
@@ -422,6 +422,255 @@ MM_DEF_BLK(q5_0, DX_Q5_0)
 MM_DEF_BLK(q5_1, DX_Q5_1)
 MM_DEF_BLK(iq4_nl, DX_IQ4_NL)
 
+/* ---- the super-block formats (the second arithmetic of kern_mm_priv.h) ----
+ * One zmm per output element holds its 16 partials: lane l of a pair of
+ * activation blocks is the pair's 4-byte group l (block h = l / 8, group
+ * l % 8), so a pair's 64 weights unpacked into element order and one
+ * vpdpbusd against the pair's quants leave every group's integer sum in
+ * its lane, and mm_store_tile's mm_reduce16 (lane i + lane i+8, +4, +2,
+ * +1) is the definition's tree.  A tile walks its rows a super-block (4
+ * pairs) at a time: the tokens' corrections and d_x * s are made once per
+ * super-block for all its rows; a row's packed scales are decoded and
+ * converted once per super-block into f32 vectors by sub-block, which a
+ * permute spreads over each pair's lanes; each pair's weights are unpacked
+ * once for all the tile's tokens. */
+
+/* Prefetch distance of the decode tiles, in bytes ahead of the super-block
+ * being read (a few super-blocks: each row is one short stream). */
+#define MM_KQ_PF 512
+
+/* The tokens' side of one super-block, pair P, token t: where vpdpbusd
+ * starts (negcorr shifted for an unsigned-stored weight, kern_mm_priv.h)
+ * and, for the formats with a minimum, d_x * s per lane. */
+typedef struct {
+    __m512i corr[4][KERN_MM_MR_MAX];
+    __m512 dxs[4][KERN_MM_MR_MAX];
+} mm_kq_act;
+
+MM_INLINE void mm_kq_prep(mm_kq_act *a, const uint8_t *xs, size_t xrow, const int T, const int MR)
+{
+    const int sh = kern__kq_corr_shift(T);
+    MM_UNROLL
+    for (int p = 0; p < 4; p++) {
+        MM_UNROLL
+        for (int t = 0; t < MR; t++) {
+            const uint8_t *xp = xs + t * xrow + p * KERN__Q8_PAIR_BYTES;
+            __m512i nc = _mm512_load_si512(xp + 64);
+            a->corr[p][t] = sh < 0 ? _mm512_setzero_si512() : _mm512_srai_epi32(nc, sh);
+            if (kern__kq_has_min(T)) {
+                __m512i sum = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_srai_epi32(nc, 7));
+                a->dxs[p][t] = _mm512_mul_ps(_mm512_load_ps(xp + 128), _mm512_cvtepi32_ps(sum));
+            }
+        }
+    }
+}
+
+/* The f16 at b, in every lane. */
+MM_INLINE __m512 mm_f16_bcast(const uint8_t *b)
+{
+    return _mm512_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(mm_load_u16(b))));
+}
+
+/* A row's scales for one super-block, by sub-block: sv lane s is the S of
+ * sub-block s (16-element sub-blocks, IQ4_XS lanes 0-7), mv lane s Q2_K's
+ * M; Q4_K / Q5_K: sv lanes 0-7 S, lanes 8-15 M. */
+MM_INLINE void mm_kq_scales(const uint8_t *b, const int T, __m512 *sv, __m512 *mv)
+{
+    if (T == DX_Q2_K) {
+        __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)b));
+        *sv = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_and_si512(c, _mm512_set1_epi32(15))),
+                            mm_f16_bcast(b + offsetof(dx_block_q2_k, d)));
+        *mv = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(c, 4)),
+                            mm_f16_bcast(b + offsetof(dx_block_q2_k, dmin)));
+    } else if (T == DX_Q3_K) {
+        __m512i c =
+            _mm512_sub_epi32(_mm512_cvtepu8_epi32(kern__q3k_scales_v(b)), _mm512_set1_epi32(32));
+        *sv = _mm512_mul_ps(_mm512_cvtepi32_ps(c), mm_f16_bcast(b + offsetof(dx_block_q3_k, d)));
+    } else if (T == DX_Q4_K || T == DX_Q5_K) {
+        /* [d dmin ...] -> d in lanes 0-7, dmin in 8-15 */
+        __m512 dm = _mm512_castps128_ps512(_mm_cvtph_ps(_mm_loadu_si128((const __m128i *)b)));
+        dm = _mm512_permutexvar_ps(
+            _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1), dm);
+        *sv = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(kern__k4_scales_v(b))), dm);
+    } else if (T == DX_Q6_K) {
+        __m128i c = _mm_loadu_si128((const __m128i *)(b + offsetof(dx_block_q6_k, scales)));
+        *sv = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(c)),
+                            mm_f16_bcast(b + offsetof(dx_block_q6_k, d)));
+    } else {
+        __m256 c = _mm256_cvtepi32_ps(kern__iq4xs_scales_v(b));
+        *sv = _mm512_mul_ps(_mm512_castps256_ps512(c), mm_f16_bcast(b));
+    }
+}
+
+/* Pair p's lanes of a by-sub-block vector: sub-block 4p + l / 4 (16
+ * elements), 2p + l / 8 (32), plus `off`. */
+MM_INLINE __m512 mm_kq_lanes(__m512 v, const int p, const int T, const int off)
+{
+    const int a = kern__kq_sub16(T) ? 4 * p + off : 2 * p + off;
+    __m512i idx = kern__kq_sub16(T)
+                      ? _mm512_setr_epi32(a, a, a, a, a + 1, a + 1, a + 1, a + 1, a + 2, a + 2,
+                                          a + 2, a + 2, a + 3, a + 3, a + 3, a + 3)
+                      : _mm512_setr_epi32(a, a, a, a, a, a, a, a, a + 1, a + 1, a + 1, a + 1, a + 1,
+                                          a + 1, a + 1, a + 1);
+    return _mm512_permutexvar_ps(idx, v);
+}
+
+/* 32 bytes at b in both halves of a zmm. */
+MM_INLINE __m512i mm_bcast32(const uint8_t *b)
+{
+    return _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)b));
+}
+
+/* Bytes where bit lo (low half) / bit hi (high half) of v's bytes is set. */
+MM_INLINE __mmask64 mm_bit_mask(__m512i v, const int lo, const int hi)
+{
+    const __m512i sel =
+        _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << lo)), _mm256_set1_epi8((char)(1 << hi)), 1);
+    return _mm512_test_epi8_mask(v, sel);
+}
+
+/* Pair p's 64 weights of a row, unsigned, in element order (the layouts
+ * of dx_kquant.h); hb: the row's high bits (Q3_K hmask, Q5_K qh) in both
+ * halves. */
+MM_INLINE __m512i mm_kq_weights(const uint8_t *b, const int p, __m512i hb, const int T)
+{
+    const int n = p / 2, e = p % 2; /* half of the super-block; which pair in it */
+    if (T == DX_Q2_K || T == DX_Q3_K) {
+        /* element 32k + j of half n: bits 2k of qs[32n + j]; k = 2e, 2e + 1 */
+        const size_t qs = T == DX_Q2_K ? offsetof(dx_block_q2_k, qs) : offsetof(dx_block_q3_k, qs);
+        __m512i sh = _mm512_setr_epi64(4 * e, 4 * e, 4 * e, 4 * e, 4 * e + 2, 4 * e + 2, 4 * e + 2,
+                                       4 * e + 2);
+        __m512i v = _mm512_and_si512(_mm512_srlv_epi64(mm_bcast32(b + qs + 32 * n), sh),
+                                     _mm512_set1_epi8(3));
+        if (T == DX_Q3_K) /* q2 + 4 hbit, hbit = bit 4n + k of hmask[j] */
+            v = _mm512_mask_add_epi8(v, mm_bit_mask(hb, 4 * n + 2 * e, 4 * n + 2 * e + 1), v,
+                                     _mm512_set1_epi8(4));
+        return v;
+    }
+    if (T == DX_Q4_K || T == DX_Q5_K) {
+        /* chunk p: low nibbles of qs[32p..], then the high ones; Q5_K's
+         * bit 4 is bit 2p (low half) or 2p + 1 (high) of qh[j] */
+        const size_t qs = T == DX_Q4_K ? offsetof(dx_block_q4_k, qs) : offsetof(dx_block_q5_k, qs);
+        __m512i v = _mm512_and_si512(_mm512_srlv_epi64(mm_bcast32(b + qs + 32 * p),
+                                                       _mm512_setr_epi64(0, 0, 0, 0, 4, 4, 4, 4)),
+                                     _mm512_set1_epi8(15));
+        if (T == DX_Q5_K)
+            v = _mm512_mask_add_epi8(v, mm_bit_mask(hb, 2 * p, 2 * p + 1), v, _mm512_set1_epi8(16));
+        return v;
+    }
+    if (T == DX_Q6_K) {
+        /* quarters 2e, 2e + 1 of half n: ql[64n..64n+63]'s low (e = 0) or
+         * high nibbles, under bits 4e, 4e + 2 of qh[32n + j] rotated to
+         * bits 4-5 (within each byte) */
+        __m512i l = _mm512_loadu_si512(b + 64 * n);
+        if (e) l = _mm512_srli_epi16(l, 4);
+        __m512i r = e ? _mm512_setr_epi64(0, 0, 0, 0, 62, 62, 62, 62)
+                      : _mm512_setr_epi64(4, 4, 4, 4, 2, 2, 2, 2);
+        __m512i h = _mm512_rolv_epi64(mm_bcast32(b + offsetof(dx_block_q6_k, qh) + 32 * n), r);
+        return _mm512_or_si512(_mm512_and_si512(l, _mm512_set1_epi8(15)),
+                               _mm512_and_si512(h, _mm512_set1_epi8(0x30)));
+    }
+    /* IQ4_XS: sub-blocks 2p, 2p + 1 are qs[32p..32p+15], [32p+16..]: each
+     * chunk's low nibbles, then its high ones, looked up as value + 128 */
+    static const uint8_t nl_u8[16] = {1,   24,  45,  63,  79,  93,  106, 118,
+                                      129, 141, 153, 166, 181, 197, 217, 241};
+    __m512i v = _mm512_castsi256_si512(
+        _mm256_loadu_si256((const __m256i *)(b + offsetof(dx_block_iq4_xs, qs) + 32 * p)));
+    v = _mm512_shuffle_i64x2(v, v, 0x50); /* chunks 0 0 1 1 */
+    v = _mm512_and_si512(_mm512_srlv_epi64(v, _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4)),
+                         _mm512_set1_epi8(15));
+    return _mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)nl_u8)), v);
+}
+
+/* One row's super-block b into acc[t * NR] (t < MR); xs: the super-block's
+ * activations of token 0. */
+MM_INLINE void mm_kq_row(__m512 *acc, const uint8_t *b, const uint8_t *xs, size_t xrow,
+                         const mm_kq_act *a, const int T, const int MR, const int NR)
+{
+    __m512 sv, mv = _mm512_setzero_ps();
+    mm_kq_scales(b, T, &sv, &mv);
+    __m512i hb = T == DX_Q3_K   ? mm_bcast32(b + offsetof(dx_block_q3_k, hmask))
+                 : T == DX_Q5_K ? mm_bcast32(b + offsetof(dx_block_q5_k, qh))
+                                : _mm512_setzero_si512();
+    MM_UNROLL
+    for (int p = 0; p < 4; p++) {
+        __m512i wv = mm_kq_weights(b, p, hb, T);
+        __m512 s = mm_kq_lanes(sv, p, T, 0), m = _mm512_setzero_ps();
+        if (kern__kq_has_min(T))
+            m = T == DX_Q2_K ? mm_kq_lanes(mv, p, T, 0) : mm_kq_lanes(sv, p, T, 8);
+        MM_UNROLL
+        for (int t = 0; t < MR; t++) {
+            const uint8_t *xp = xs + t * xrow + p * KERN__Q8_PAIR_BYTES;
+            __m512i is = _mm512_dpbusd_epi32(a->corr[p][t], wv, _mm512_load_si512(xp));
+            __m512 *y = &acc[t * NR];
+            *y = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(s, _mm512_load_ps(xp + 128)),
+                                 *y);
+            if (kern__kq_has_min(T)) *y = _mm512_fnmadd_ps(a->dxs[p][t], m, *y);
+        }
+    }
+}
+
+MM_INLINE void mm_kq_tile(KERN_MM_TILE_ARGS, const int T, const int MR, const int NR)
+{
+    const size_t bb = kern__kq_bytes(T), nsb = n_in / DX_QK_K;
+    __m512 acc[16];
+    MM_UNROLL
+    for (int i = 0; i < MR * NR; i++) acc[i] = _mm512_setzero_ps();
+    /* decode reads each row once, 16 short streams at a time: fetch the
+     * next tile's first lines now and each row's lines MM_KQ_PF ahead (as
+     * the 32-block tiles do) */
+    const int pf = MR == 1 && NR == 16, lines = (int)((bb + 63) / 64);
+    if (pf)
+        for (int r = NR; r < 2 * NR; r++)
+            for (int l = 0; l < 2; l++)
+                _mm_prefetch((const char *)w + (size_t)r * wrow + 64 * l, _MM_HINT_T0);
+    for (size_t s = 0; s < nsb; s++, w += bb, x += 4 * KERN__Q8_PAIR_BYTES) {
+        mm_kq_act a;
+        mm_kq_prep(&a, x, xrow, T, MR);
+        if (pf) {
+            MM_UNROLL
+            for (int o = 0; o < NR; o++)
+                for (int l = 0; l < lines; l++)
+                    _mm_prefetch((const char *)w + o * wrow + MM_KQ_PF + 64 * l, _MM_HINT_T0);
+        }
+        MM_UNROLL
+        for (int o = 0; o < NR; o++) mm_kq_row(acc + o, w + o * wrow, x, xrow, &a, T, MR, NR);
+    }
+    mm_store_tile(acc, MR, NR, y, ldy);
+}
+
+/* Shapes by token count: a wide tile (16 rows for decode), a quad of rows
+ * and a single row; at most 16 accumulators. */
+#define MM_DEF_KQ_TILE(KIND, T, MR, NR)                                                            \
+    static void mm_##KIND##_##MR##x##NR(KERN_MM_TILE_ARGS)                                         \
+    {                                                                                              \
+        mm_kq_tile(w, wrow, x, xrow, n_in, y, ldy, T, MR, NR);                                     \
+    }
+#define MM_DEF_KQ(KIND, T)                                                                         \
+    MM_DEF_KQ_TILE(KIND, T, 1, 16)                                                                 \
+    MM_DEF_KQ_TILE(KIND, T, 1, 4)                                                                  \
+    MM_DEF_KQ_TILE(KIND, T, 1, 1)                                                                  \
+    MM_DEF_KQ_TILE(KIND, T, 2, 8)                                                                  \
+    MM_DEF_KQ_TILE(KIND, T, 2, 4)                                                                  \
+    MM_DEF_KQ_TILE(KIND, T, 2, 1)                                                                  \
+    MM_DEF_KQ_TILE(KIND, T, 3, 4)                                                                  \
+    MM_DEF_KQ_TILE(KIND, T, 3, 1)                                                                  \
+    MM_DEF_KQ_TILE(KIND, T, 4, 4)                                                                  \
+    MM_DEF_KQ_TILE(KIND, T, 4, 1)                                                                  \
+    static const kern_mm_tiles mm_##KIND##_tiles = {                                               \
+        .by = {[1] = {{mm_##KIND##_1x16, 16}, {mm_##KIND##_1x4, 4}, {mm_##KIND##_1x1, 1}},         \
+               [2] = {{mm_##KIND##_2x8, 8}, {mm_##KIND##_2x4, 4}, {mm_##KIND##_2x1, 1}},           \
+               [3] = {{mm_##KIND##_3x4, 4}, {mm_##KIND##_3x1, 1}},                                 \
+               [4] = {{mm_##KIND##_4x4, 4}, {mm_##KIND##_4x1, 1}}},                                \
+    };
+
+MM_DEF_KQ(q2_k, DX_Q2_K)
+MM_DEF_KQ(q3_k, DX_Q3_K)
+MM_DEF_KQ(q4_k, DX_Q4_K)
+MM_DEF_KQ(q5_k, DX_Q5_K)
+MM_DEF_KQ(q6_k, DX_Q6_K)
+MM_DEF_KQ(iq4_xs, DX_IQ4_XS)
+
 /* ---- activation preps: bit-identical to the scalar conversions ---- */
 
 /* f32 -> bf16 with dx_f32_to_bf16's integer RNE, so denormals round exactly
@@ -494,6 +743,12 @@ const kern_mm_isa kern_mm_isa_avx512 = {
               [DX_Q4_1] = &mm_q4_1_tiles,
               [DX_Q5_0] = &mm_q5_0_tiles,
               [DX_Q5_1] = &mm_q5_1_tiles,
-              [DX_IQ4_NL] = &mm_iq4_nl_tiles},
+              [DX_IQ4_NL] = &mm_iq4_nl_tiles,
+              [DX_Q2_K] = &mm_q2_k_tiles,
+              [DX_Q3_K] = &mm_q3_k_tiles,
+              [DX_Q4_K] = &mm_q4_k_tiles,
+              [DX_Q5_K] = &mm_q5_k_tiles,
+              [DX_Q6_K] = &mm_q6_k_tiles,
+              [DX_IQ4_XS] = &mm_iq4_xs_tiles},
     .prep = {[KERN_ACT_BF16] = mm_bf16_prep_row, [KERN_ACT_Q8] = mm_q8_prep_row},
 };

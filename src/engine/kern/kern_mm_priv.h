@@ -1,6 +1,7 @@
 /* kern_mm_priv: what kern_mm.c (entry points, the blocking driver, the
  * scalar reference) shares with the per-ISA matmul files and the scalar
- * twins of the block formats (kern_mm_blk.c).
+ * twins of the block formats (kern_mm_blk.c) and of the super-block formats
+ * (kern_mm_kq.c).
  *
  * The driver owns the loops (a block of weight rows sized for L2, swept by
  * every tile of up to `mr` tokens, whose activations stay in L1 while the
@@ -20,7 +21,8 @@
  * by activation kind:
  *   KERN_ACT_F32 (F32/F16 weights):  f32[kern__act_k(n_in)]   (n_in rounded up to 32)
  *   KERN_ACT_BF16 (BF16 weights):    bf16[kern__act_k(n_in)]
- *   KERN_ACT_Q8 (every 32-block format: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL):
+ *   KERN_ACT_Q8 (every 32-block format: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL,
+ *                and the super-block formats Q2_K..Q6_K, IQ4_XS, n_in % 256 == 0):
  *                    per pair of 32-blocks p (n_in/64 rounded up), 192 bytes:
  *                    int8 q[64], int32 negcorr[16], f32 d[16]
  *     q: the two blocks' quants as dx_f32_to_q8_0_row computes them;
@@ -47,12 +49,39 @@
  * so scalar, AVX2 and AVX-512 give identical bits (a vector lane holds one
  * p[g]).  The groups follow the packing: a 16-byte load of qs splits into
  * its low and high nibbles, and the integer sums of both halves meet in
- * one lane. */
+ * one lane.
+ *
+ * The super-block formats (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS; dx_kquant.h;
+ * n_in % 256 == 0) consume the same KERN_ACT_Q8 rows and share a second
+ * arithmetic, defined by their scalar twins (kern_mm_kq.c) and reproduced
+ * bit for bit by every ISA's tiles.  For an output element, sixteen f32
+ * partials p[0..15] start at +0.  For each 32-element block b of the row in
+ * order (h = b % 2) and group g = 0..7 (elements 4g..4g+3 of the block, in
+ * element order), lane l = 8h + g:
+ *     i    = sum over the group of w * x                  (int32, exact)
+ *     p[l] = fma((float)i, S * d_x, p[l])
+ *   and for the formats with a minimum (Q2_K, Q4_K, Q5_K), s the group's
+ *   sum of x:
+ *     p[l] = fma(d_x * (float)s, -M, p[l])
+ * with w the weight's integer value (Q2_K q 0..3; Q3_K q2 - (hbit ? 0 : 4);
+ * Q4_K q 0..15; Q5_K q 0..31; Q6_K q - 32; IQ4_XS dx_iq4nl_values[q]), x the
+ * activation quants of block b, d_x its scale, and S and M the f32 scale
+ * and minimum of the group's sub-block as dequantisation computes them
+ * (Q2_K d*(sc & 15), dmin*(sc >> 4); Q3_K d*(sc - 32); Q4_K / Q5_K d*sc,
+ * dmin*m; Q6_K d*sc; IQ4_XS d*(ls - 32)); every product is rounded to f32
+ * before it enters the fma.  A group never straddles a sub-block (of 16 or
+ * 32 elements).  The element is the tree r[i] = p[i] + p[i+8] (i < 8), then
+ * r[i] + r[i+4] (i < 4), r[i] + r[i+2] (i < 2), r[0] + r[1].  The lanes are
+ * the 16 4-byte groups of one activation pair, so a vector path unpacks a
+ * pair's 64 weights into element order and one integer dot per pair (or
+ * one per block) leaves every group's i in its lane; the tree is the one
+ * the ISA files' 16-lane reductions apply. */
 #ifndef KERN_MM_PRIV_H
 #define KERN_MM_PRIV_H
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "base/dx_dtype.h"
 
@@ -147,6 +176,97 @@ static inline int kern__blk_5bit(int T)
     return T == DX_Q5_0 || T == DX_Q5_1;
 }
 
+/* ---- the super-block formats (dx_kquant.h) ----
+ * Which they are and where their parts lie, for the twins and the tiles:
+ * the block bytes, whether the format has a minimum, whether its
+ * sub-blocks are 16 elements (else 32), and the shift of negcorr (-128 s)
+ * that gives the vpdpbusd correction of a weight stored unsigned: Q6_K q
+ * (0..63, w = q - 32) starts from -32 s, Q3_K q2 + 4 hbit (0..7, w = that
+ * - 4) from -4 s, IQ4_XS codebook value + 128 from -128 s (as IQ4_NL);
+ * -1: none (the weights are their own unsigned values). */
+static inline int kern__kq_type(int T)
+{
+    return T == DX_Q2_K || T == DX_Q3_K || T == DX_Q4_K || T == DX_Q5_K || T == DX_Q6_K ||
+           T == DX_IQ4_XS;
+}
+static inline size_t kern__kq_bytes(int T)
+{
+    return T == DX_Q2_K   ? sizeof(dx_block_q2_k)
+           : T == DX_Q3_K ? sizeof(dx_block_q3_k)
+           : T == DX_Q4_K ? sizeof(dx_block_q4_k)
+           : T == DX_Q5_K ? sizeof(dx_block_q5_k)
+           : T == DX_Q6_K ? sizeof(dx_block_q6_k)
+                          : sizeof(dx_block_iq4_xs);
+}
+static inline int kern__kq_has_min(int T)
+{
+    return T == DX_Q2_K || T == DX_Q4_K || T == DX_Q5_K;
+}
+static inline int kern__kq_sub16(int T)
+{
+    return T == DX_Q2_K || T == DX_Q3_K || T == DX_Q6_K;
+}
+static inline int kern__kq_corr_shift(int T)
+{
+    return T == DX_Q6_K ? 2 : T == DX_Q3_K ? 5 : T == DX_IQ4_XS ? 0 : -1;
+}
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+
+/* Vector decoders of the packed sub-block scales, shared by the AVX2 and
+ * AVX-512 tiles (the twins decode them their own way, so the tests compare
+ * the two).  b points at the super-block. */
+
+/* Q4_K / Q5_K: bytes 0-7 the 6-bit scales of sub-blocks 0-7, bytes 8-15
+ * their minimums.  scales[12] is three words u0 u1 u2 (after d, dmin):
+ * scales 0-3 are u0's low 6 bits a byte, 4-7 u2's low nibbles under u0's
+ * top 2 bits; minimums 0-3 u1's low 6 bits, 4-7 u2's high nibbles under
+ * u1's top 2 bits. */
+static inline __m128i kern__k4_scales_v(const uint8_t *b)
+{
+    __m128i x = _mm_loadu_si128((const __m128i *)b); /* [d dmin | u0 | u1 | u2] */
+    __m128i a = _mm_shuffle_epi32(x, 0xed);          /* [u0 u2 u1 u2] */
+    __m128i c = _mm_shuffle_epi32(x, 0xa5);          /* [u0 u0 u1 u1] */
+    __m128i lo = _mm_and_si128(_mm_srlv_epi32(a, _mm_setr_epi32(0, 0, 0, 4)),
+                               _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f));
+    __m128i hi = _mm_and_si128(_mm_srli_epi32(c, 2), _mm_setr_epi32(0, 0x30303030, 0, 0x30303030));
+    return _mm_or_si128(lo, hi);
+}
+
+/* Q3_K: the 16 6-bit scales (0..63, before the -32).  The 16 bytes end at
+ * d (the block's last bytes), so q[i] = scales[i] is byte 2 + i; low
+ * nibbles: q[0..7] low then high nibbles; high 2 bits: bits 2(s/4) of
+ * q[8 + s%4]. */
+static inline __m128i kern__q3k_scales_v(const uint8_t *b)
+{
+    __m128i x = _mm_loadu_si128((const __m128i *)(b + offsetof(dx_block_q3_k, scales) - 2));
+    __m128i v = _mm_shuffle_epi8(x, _mm_setr_epi8(2, 3, 4, 5, 6, 7, 8, 9, 2, 3, 4, 5, 6, 7, 8, 9));
+    __m128i lo = _mm_and_si128(_mm_srlv_epi64(v, _mm_set_epi64x(4, 0)), _mm_set1_epi8(15));
+    __m128i h = _mm_shuffle_epi8(
+        x, _mm_setr_epi8(10, 11, 12, 13, 10, 11, 12, 13, 10, 11, 12, 13, 10, 11, 12, 13));
+    h = _mm_and_si128(_mm_srlv_epi32(h, _mm_setr_epi32(0, 2, 4, 6)), _mm_set1_epi8(3));
+    return _mm_or_si128(lo, _mm_slli_epi32(h, 4));
+}
+
+/* IQ4_XS: the 8 scales ls - 32 as int32 (ls: a nibble of scales_l under 2
+ * bits of scales_h). */
+static inline __m256i kern__iq4xs_scales_v(const uint8_t *b)
+{
+    uint16_t sh;
+    uint32_t sl;
+    memcpy(&sh, b + 2, 2);
+    memcpy(&sl, b + 4, 4);
+    __m256i l = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)sl),
+                                                   _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
+                                 _mm256_set1_epi32(15));
+    __m256i h = _mm256_and_si256(
+        _mm256_srlv_epi32(_mm256_set1_epi32(sh), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)),
+        _mm256_set1_epi32(3));
+    return _mm256_sub_epi32(_mm256_or_si256(l, _mm256_slli_epi32(h, 4)), _mm256_set1_epi32(32));
+}
+#endif
+
 /* Scalar twins of the block formats (the arithmetic above): one output
  * element, weight row w (n_in elements) against a KERN_ACT_Q8 row x. */
 float kern__dot_q4_0(const uint8_t *w, const uint8_t *x, size_t n_in);
@@ -154,5 +274,11 @@ float kern__dot_q4_1(const uint8_t *w, const uint8_t *x, size_t n_in);
 float kern__dot_q5_0(const uint8_t *w, const uint8_t *x, size_t n_in);
 float kern__dot_q5_1(const uint8_t *w, const uint8_t *x, size_t n_in);
 float kern__dot_iq4_nl(const uint8_t *w, const uint8_t *x, size_t n_in);
+float kern__dot_q2_k(const uint8_t *w, const uint8_t *x, size_t n_in);
+float kern__dot_q3_k(const uint8_t *w, const uint8_t *x, size_t n_in);
+float kern__dot_q4_k(const uint8_t *w, const uint8_t *x, size_t n_in);
+float kern__dot_q5_k(const uint8_t *w, const uint8_t *x, size_t n_in);
+float kern__dot_q6_k(const uint8_t *w, const uint8_t *x, size_t n_in);
+float kern__dot_iq4_xs(const uint8_t *w, const uint8_t *x, size_t n_in);
 
 #endif
