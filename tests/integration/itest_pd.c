@@ -106,17 +106,16 @@ static void test_bidirectional_q4_0(void **state)
     G.model_name = "duplex-synth-qwen3-tiny-f32";
 }
 
-/* The same flow on a mixture of experts (tiny-moe, qwen3moe): the KV the
- * prefill node computes with grouped experts, the decode node's
- * continuation, the history pulled back — every answer equals one node's
- * byte for byte, and from turn 2 the history is pulled, not computed. */
-static void test_bidirectional_moe(void **state)
+/* The same flow on a mixture of experts (qwen3moe): the KV the prefill
+ * node computes with grouped experts, the decode node's continuation, the
+ * history pulled back — every answer equals one node's byte for byte, and
+ * from turn 2 the history is pulled, not computed.  sc's file, served as
+ * `name`. */
+static void moe_flow(const synth_config *sc, const char *name)
 {
-    (void)state;
     char moe[160];
     snprintf(moe, sizeof moe, "%s/moe.gguf", G.dir);
-    synth_config sc = {.arch = MODEL_QWEN3MOE, .preset = "tiny-moe", .dtype = DX_BF16, .seed = 5};
-    assert_int_equal(synth_write(&sc, moe), 0);
+    assert_int_equal(synth_write(sc, moe), 0);
     const char *pa[] = {"--role",
                         "prefill",
                         "--bidirectional-kv-xfer",
@@ -131,7 +130,7 @@ static void test_bidirectional_moe(void **state)
         moe,      NULL};
     const char *sa[] = {"--no-enable-prefix-caching", "--model", moe, NULL};
     const char *dense = G.model_name;
-    G.model_name = "duplex-synth-qwen3moe-tiny-moe-bf16";
+    G.model_name = name;
     tp_proc P, D, S;
     node_start(&P, "p", pa);
     node_start(&D, "d", da);
@@ -157,6 +156,19 @@ static void test_bidirectional_moe(void **state)
     stop_ok(&P);
     stop_ok(&D);
     stop_ok(&S);
+}
+
+/* tiny-moe in BF16, and tiny-moe-k at Q4_K_M (K-quant experts). */
+static void test_bidirectional_moe(void **state)
+{
+    (void)state;
+    synth_config sc = {.arch = MODEL_QWEN3MOE, .preset = "tiny-moe", .dtype = DX_BF16, .seed = 5};
+    moe_flow(&sc, "duplex-synth-qwen3moe-tiny-moe-bf16");
+    synth_config kc = {.arch = MODEL_QWEN3MOE,
+                       .preset = "tiny-moe-k",
+                       .wtypes = synth_find_wtypes("q4_k_m"),
+                       .seed = 5};
+    moe_flow(&kc, "duplex-synth-qwen3moe-tiny-moe-k-q4_k_m");
 }
 
 /* One-way P→D: a prefill node without --bidirectional-kv-xfer recomputes

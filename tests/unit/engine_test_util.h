@@ -92,6 +92,26 @@ static inline model *etu_model_mix(enum model_arch arch)
     return m;
 }
 
+/* Synthesises (once per name) and loads a preset with the weight types of
+ * a `--dtype` scheme (a llama-quantize preset such as "q4_k_m"). */
+static inline model *etu_model_scheme(enum model_arch arch, const char *preset, const char *scheme)
+{
+    const synth_wtypes *wt = synth_find_wtypes(scheme);
+    if (!wt) return NULL;
+    char path[256];
+    snprintf(path, sizeof path, "%s/%s-%d-%s.gguf", etu_dir, preset, (int)arch, scheme);
+    if (access(path, F_OK) != 0) {
+        synth_config c = {.arch = arch, .preset = preset, .wtypes = wt, .seed = 42};
+        if (synth_write(&c, path)) {
+            fprintf(stderr, "synth: %s\n", dx_errmsg());
+            return NULL;
+        }
+    }
+    model *m = NULL;
+    if (model_load(path, &m)) fprintf(stderr, "load: %s\n", dx_errmsg());
+    return m;
+}
+
 /* The tiny preset. */
 static inline model *etu_model(enum model_arch arch, int dtype)
 {

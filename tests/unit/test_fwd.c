@@ -481,21 +481,34 @@ static void check_invariance(const model *m, int threads, int kv_dtype)
     rig_free(&r);
 }
 
+static void check_model_invariance(model *m, int q8_kv)
+{
+    assert_non_null(m);
+    uint32_t V = model_hp(m)->n_vocab;
+    etu_tokens(g_toks, NP, V, 11);
+    etu_tokens(g_other1, 30, V, 12);
+    etu_tokens(g_other2, 17, V, 13);
+    for (int th = 1; th <= 2; th++) check_invariance(m, th, DX_F16);
+    if (q8_kv) check_invariance(m, 2, DX_Q8_0); /* quantised once, when stored: the same bits */
+    model_free(m);
+}
+
 static void test_batch_invariance(void **state)
 {
-    kti_use(state);
+    enum kern_isa isa = kti_use(state);
     const int dtypes[] = {DX_F32, DX_F16, DX_BF16, DX_Q8_0, DX_Q4_0, DX_IQ4_NL, -1 /* mixture */};
-    for (size_t d = 0; d < DX_ARRAY_LEN(dtypes); d++) {
-        model *m = dtypes[d] < 0 ? etu_model_mix(MODEL_QWEN3) : etu_model(MODEL_QWEN3, dtypes[d]);
-        assert_non_null(m);
-        uint32_t V = model_hp(m)->n_vocab;
-        etu_tokens(g_toks, NP, V, 11);
-        etu_tokens(g_other1, 30, V, 12);
-        etu_tokens(g_other2, 17, V, 13);
-        for (int th = 1; th <= 2; th++) check_invariance(m, th, DX_F16);
-        check_invariance(m, 2, DX_Q8_0); /* quantised once, when stored: the same bits */
-        model_free(m);
-    }
+    for (size_t d = 0; d < DX_ARRAY_LEN(dtypes); d++)
+        check_model_invariance(
+            dtypes[d] < 0 ? etu_model_mix(MODEL_QWEN3) : etu_model(MODEL_QWEN3, dtypes[d]), 1);
+    /* the super-block formats, on tiny-k (every row a multiple of 256):
+     * Q4_K_M (q4_K with q6_K attn_v / ffn_down / output), Q3_K_M (q3_K,
+     * q4_K, q5_K), Q2_K (q2_K, q3_K, q4_K) and IQ4_XS; the scalar kernels
+     * (test_kern_mm holds them to the vector ones bit for bit) on Q4_K_M
+     * alone, as they take seconds per model */
+    const char *schemes[] = {"q4_k_m", "q3_k_m", "q2_k", "iq4_xs"};
+    size_t n_schemes = isa == KERN_SCALAR ? 1 : DX_ARRAY_LEN(schemes);
+    for (size_t d = 0; d < n_schemes; d++)
+        check_model_invariance(etu_model_scheme(MODEL_QWEN3, "tiny-k", schemes[d]), d == 0);
 }
 
 /* Same logits and KV with 1, 2 and 3 threads, for the KV dtypes of kvs[0 ..
@@ -548,7 +561,7 @@ static void test_thread_count_invariance(void **state)
  * prefix reuse; 1 and 2 threads) on the tiny MoE models: qwen3moe's in
  * F32, BF16, Q8_0 and Q4_1 (a block format's experts sliced from the
  * stacked tensor; the grouping is the same for every type; F16's kernels
- * are the dense test's), llama's in BF16. */
+ * are the dense test's), llama's in BF16; tiny-moe-k at Q4_K_M. */
 static void test_moe_batch_invariance(void **state)
 {
     kti_use(state);
@@ -566,6 +579,9 @@ static void test_moe_batch_invariance(void **state)
             for (int th = 1; th <= 2; th++) check_invariance(m, th, DX_F16);
             model_free(m);
         }
+    /* K-quant experts: tiny-moe-k at Q4_K_M (q4_K experts, q6_K ffn_down_exps
+     * in some layers, q8_0 attn_k / attn_v for 8 experts) */
+    check_model_invariance(etu_model_scheme(MODEL_QWEN3MOE, "tiny-moe-k", "q4_k_m"), 0);
 }
 
 #define NCAND 160 /* candidate tokens, each a one-token sequence at position 0 */
