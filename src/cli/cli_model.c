@@ -24,7 +24,8 @@ static int cmd_synth(int argc, char **argv)
          "qwen3 | qwen2 | llama | qwen3moe (default: the preset's, else qwen3moe for a mixture "
          "of experts and qwen3)"},
         {"preset", CLI_STR, &preset, 0, 0,
-         "tiny | tiny-k | small | 0.6b | qwen3-0.6b | llama3.2-1b | tiny-moe | tiny-moe-k | qwen3-30b-a3b "
+         "tiny | tiny-k | small | 0.6b | qwen3-0.6b | llama3.2-1b | tiny-moe | tiny-moe-k | "
+         "qwen3-30b-a3b "
          "(default tiny)"},
         {"layers", CLI_INT, &layers, 1, 1024,
          "layers instead of the preset's (the real per-layer shape in a smaller file)"},

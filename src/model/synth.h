@@ -13,8 +13,8 @@
  * tensor).  Embedding rows past the tokenizer's tokens are padding, as in
  * the real checkpoints: "[PAD<id>]" UNUSED tokens with all-zero rows.
  * Mixtures of experts: tiny-moe (the tests; qwen3moe, or llama as Mixtral
- * is), tiny-moe-k (its experts 256 wide, for the K-quants) and qwen3-30b-a3b (Qwen3-30B-A3B's shape, 151,936 rows; with
- * synth_config.n_layer fewer than its 48 layers keep the real per-layer
+ * is), tiny-moe-k (its experts 256 wide, for the K-quants) and qwen3-30b-a3b (Qwen3-30B-A3B's
+ * shape, 151,936 rows; with synth_config.n_layer fewer than its 48 layers keep the real per-layer
  * shape in a file that fits a small machine). */
 #ifndef SYNTH_H
 #define SYNTH_H
@@ -107,8 +107,8 @@ int synth_fallback_type(int type, uint64_t n_in);
 
 typedef struct {
     enum model_arch arch;
-    const char *preset; /* tiny | tiny-k | small | 0.6b | qwen3-0.6b | llama3.2-1b | tiny-moe | tiny-moe-k |
-                           qwen3-30b-a3b */
+    const char *preset; /* tiny | tiny-k | small | 0.6b | qwen3-0.6b | llama3.2-1b | tiny-moe |
+                           tiny-moe-k | qwen3-30b-a3b */
     uint32_t n_layer;   /* layers instead of the preset's (0: the preset's) */
     /* The weight types: a scheme (--dtype), or when NULL every matrix of
      * type `dtype` (any dx_dtype_supported() type); an MoE router is f32. */
