@@ -561,7 +561,7 @@ static void test_thread_count_invariance(void **state)
  * prefix reuse; 1 and 2 threads) on the tiny MoE models: qwen3moe's in
  * F32, BF16, Q8_0 and Q4_1 (a block format's experts sliced from the
  * stacked tensor; the grouping is the same for every type; F16's kernels
- * are the dense test's), llama's in BF16; tiny-moe-k at Q4_K_M. */
+ * are the dense test's), llama's in BF16; tiny-moe-k at Q4_K_M as both. */
 static void test_moe_batch_invariance(void **state)
 {
     kti_use(state);
@@ -580,8 +580,10 @@ static void test_moe_batch_invariance(void **state)
             model_free(m);
         }
     /* K-quant experts: tiny-moe-k at Q4_K_M (q4_K experts, q6_K ffn_down_exps
-     * in some layers, q8_0 attn_k / attn_v for 8 experts) */
-    check_model_invariance(etu_model_scheme(MODEL_QWEN3MOE, "tiny-moe-k", "q4_k_m"), 0);
+     * in some layers, q8_0 attn_k / attn_v for 8 experts), as qwen3moe and
+     * as Mixtral-style llama */
+    for (size_t a = 0; a < 2; a++)
+        check_model_invariance(etu_model_scheme(archs[a], "tiny-moe-k", "q4_k_m"), 0);
 }
 
 #define NCAND 160 /* candidate tokens, each a one-token sequence at position 0 */
