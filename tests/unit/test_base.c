@@ -250,7 +250,7 @@ static void test_q8_0(void **state)
     assert_int_equal(t, DX_BF16);
     assert_int_equal(dx_dtype_parse("q4_0", &t), 0);
     assert_int_equal(t, DX_Q4_0);
-    assert_int_equal(dx_dtype_parse("q4_K", &t), DX_EINVAL); /* known to GGUF, not run here */
+    assert_int_equal(dx_dtype_parse("q8_K", &t), DX_EINVAL); /* known to GGUF, not run here */
 }
 
 static void test_utf8(void **state)
