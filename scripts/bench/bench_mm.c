@@ -1,13 +1,17 @@
 /* bench_mm: GFLOP/s of kern_matmul per weight type, shape and thread count.
  * Build and run from the repository root (docs/bench.md):
  *   make bench && build/release/bench/bench_mm
- * Options: bench_mm [seconds per point (0.3)] [dtype filter] [n_tok filter].
+ * Options: bench_mm [seconds per point (0.3)] [dtype filter] [n_tok] [n_out x n_in]
+ * (n_tok: only that token count, any value; the shape, e.g. 4096x4096,
+ * instead of the three defaults).
  * DUPLEX_KERNELS=avx2|scalar selects a slower path; BENCH_CHUNK=rows sets
  * the task size (default: 64 rows for decode, ~4 tasks per thread for prefill).  Decode (n_tok = 1)
  * rotates over enough copies of the weights (>= 256 MB) that they come from
- * memory, as in a real decode step; prefill reuses one copy.  Figures are the
+ * memory, as in a real decode step (BENCH_HOT=1: one copy, from cache, to
+ * see the kernel's compute rate); prefill reuses one copy.  Figures are the
  * median of 5 timed batches of runs; prep (activation conversion) is timed
  * separately and not included in GFLOP/s. */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,6 +43,24 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+/* The super-block formats have no quantiser yet: random bytes (every bit
+ * pattern is a valid block) under f16 scales of a sane size. */
+static void random_kq_row(int wtype, uint8_t *row, size_t n_in)
+{
+    size_t bb = dx_dtype_block_bytes(wtype), nb = n_in / DX_QK_K;
+    size_t d = wtype == DX_Q2_K   ? offsetof(dx_block_q2_k, d)
+               : wtype == DX_Q3_K ? offsetof(dx_block_q3_k, d)
+               : wtype == DX_Q6_K ? offsetof(dx_block_q6_k, d)
+                                  : 0;
+    for (size_t i = 0; i < bb * nb; i++) row[i] = (uint8_t)rand();
+    uint16_t h = dx_f32_to_f16(1.0f / 512);
+    for (size_t b = 0; b < nb; b++) {
+        memcpy(row + b * bb + d, &h, 2);
+        if (wtype == DX_Q2_K || wtype == DX_Q4_K || wtype == DX_Q5_K)
+            memcpy(row + b * bb + d + 2, &h, 2);
+    }
+}
+
 static void *random_weights(int wtype, size_t n_out, size_t n_in)
 {
     size_t rb = dx_dtype_row_bytes(wtype, n_in);
@@ -46,7 +68,10 @@ static void *random_weights(int wtype, size_t n_out, size_t n_in)
     float *row = dx_malloc(n_in * sizeof(float));
     for (size_t o = 0; o < n_out; o++) {
         for (size_t k = 0; k < n_in; k++) row[k] = (float)rand() / RAND_MAX - 0.5f;
-        dx_dtype_from_f32_row(wtype, row, w + o * rb, n_in);
+        if (dx_dtype_block_elems(wtype) == DX_QK_K)
+            random_kq_row(wtype, w + o * rb, n_in);
+        else
+            dx_dtype_from_f32_row(wtype, row, w + o * rb, n_in);
     }
     dx_free(row);
     return w;
@@ -82,7 +107,7 @@ static void bench_point(dx_tpool *pool, int wtype, size_t n_out, size_t n_in, si
                         double secs)
 {
     size_t wbytes = dx_dtype_row_bytes(wtype, n_in) * n_out;
-    size_t n_w = n_tok == 1 ? (256u << 20) / wbytes + 1 : 1;
+    size_t n_w = n_tok == 1 && !getenv("BENCH_HOT") ? (256u << 20) / wbytes + 1 : 1;
     void **ws = dx_calloc(n_w, sizeof(void *));
     for (size_t i = 0; i < n_w; i++)
         ws[i] = i ? dx_memdup(ws[0], wbytes) : random_weights(wtype, n_out, n_in);
@@ -126,24 +151,28 @@ static void bench_point(dx_tpool *pool, int wtype, size_t n_out, size_t n_in, si
 
 int main(int argc, char **argv)
 {
+
     double secs = argc > 1 ? atof(argv[1]) : 0.3;
     const char *dt_filter = argc > 2 ? argv[2] : NULL;
     long tok_filter = argc > 3 ? atol(argv[3]) : 0;
     printf("kernels: %s\n", kern_isa_name(kern_get_isa()));
-    static const int wtypes[] = {DX_BF16, DX_Q8_0, DX_F16,  DX_F32,   DX_Q4_0,
-                                 DX_Q4_1, DX_Q5_0, DX_Q5_1, DX_IQ4_NL};
-    static const size_t shapes[][2] = {{1024, 1024}, {3072, 1024}, {1024, 3072}};
-    static const size_t toks[] = {1, 512};
+    static const int wtypes[] = {DX_BF16, DX_Q8_0, DX_F16,  DX_F32,    DX_Q4_0,
+                                 DX_Q4_1, DX_Q5_0, DX_Q5_1, DX_IQ4_NL, DX_Q2_K,
+                                 DX_Q3_K, DX_Q4_K, DX_Q5_K, DX_Q6_K,   DX_IQ4_XS};
+    size_t shapes[3][2] = {{1024, 1024}, {3072, 1024}, {1024, 3072}}, n_shapes = 3;
+    size_t toks[2] = {1, 512}, n_toks = 2;
+    if (tok_filter > 0) toks[0] = (size_t)tok_filter, n_toks = 1;
+    if (argc > 4 && sscanf(argv[4], "%zux%zu", &shapes[0][0], &shapes[0][1]) == 2) n_shapes = 1;
     for (int nth = 1; nth <= 2; nth++) {
         dx_tpool *pool = NULL;
         if (dx_tpool_create(nth, &pool) != 0) return 1;
         for (size_t d = 0; d < sizeof wtypes / sizeof *wtypes; d++) {
             if (dt_filter && strcmp(dt_filter, dx_dtype_name(wtypes[d])) != 0) continue;
-            for (size_t tk = 0; tk < 2; tk++) {
-                if (tok_filter && (size_t)tok_filter != toks[tk]) continue;
-                for (size_t s = 0; s < 3; s++)
+            for (size_t tk = 0; tk < n_toks; tk++)
+                for (size_t s = 0; s < n_shapes; s++) {
+                    if (!dx_dtype_row_bytes(wtypes[d], shapes[s][1])) continue;
                     bench_point(pool, wtypes[d], shapes[s][0], shapes[s][1], toks[tk], secs);
-            }
+                }
         }
         dx_tpool_destroy(pool);
     }

@@ -8,9 +8,9 @@
  * threads, or which task computes it.  Tail tiles use the same per-element
  * arithmetic as full tiles.  So a token's K/V and logits are bit-identical
  * alone, batched, chunked, or after a reused prefix.  Different ISAs may
- * differ in the last bits (not the 4- and 5-bit block formats, whose every
- * ISA computes the scalar twin's bits: kern_mm_priv.h); one process uses
- * one ISA throughout.
+ * differ in the last bits (not the 4- and 5-bit block formats and the
+ * super-block formats, whose every ISA computes the scalar twin's bits:
+ * kern_mm_priv.h); one process uses one ISA throughout.
  *
  * Layouts: a weight matrix W is GGUF's [n_out][n_in] (row o holds n_in
  * elements of its dtype, rows contiguous); activations are row-major
@@ -36,10 +36,11 @@ const char *kern_isa_name(enum kern_isa isa);
 
 /* ---- matmul: y[t*ldy + o] = sum_k W[o][k] * x[t][k] ----
  * Weight types: every one dx_dtype_supported() lists (F32, F16, BF16, Q8_0,
- * Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL).
+ * Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS).
  * Step 1, once per matmul: convert the activations into what the weight
  * type's kernel consumes (F32/F16 weights: f32 as is; BF16: bf16 rows; the
- * 32-block formats: q8_0 blocks with their sums, n_in % 32 == 0).  act must
+ * 32-block formats: q8_0 blocks with their sums, n_in % 32 == 0; the
+ * super-block formats the same, n_in % 256 == 0).  act must
  * hold kern_act_bytes() bytes, 64-byte aligned.  Weight types of the same
  * kern_act_kind() consume the same prepared activations, so one prep serves
  * them all. */

@@ -1,7 +1,7 @@
 /* kern_mm_avx2: AVX2+FMA matmul tiles for CPUs without AVX-512 (BF16 widened
- * by shifting into f32, F16 via vcvtph2ps, F32, Q8_0 and the other 32-block
- * formats via vpmaddubsw/vpmaddwd) and the Q8_0 activation prep, for the
- * driver in kern_mm.c (kern_mm_isa_avx2).
+ * by shifting into f32, F16 via vcvtph2ps, F32, Q8_0, the other 32-block
+ * formats and the super-block formats via vpmaddubsw/vpmaddwd) and the
+ * Q8_0 activation prep, for the driver in kern_mm.c (kern_mm_isa_avx2).
  *
  * Same batch-invariance construction as the AVX-512 path: one ymm
  * accumulator per output element, a fixed K order (full vectors, then the
@@ -394,15 +394,20 @@ MM2_DEF_BLK(iq4_nl, DX_IQ4_NL)
  * vpmaddwd, leave group g's integer sum in lane g; the offset of a weight
  * stored unsigned (Q3_K, Q6_K) is added back from negcorr, and IQ4_XS's
  * signed codebook values take the sign trick (|w| <= 127).  As on
- * AVX-512, a row's scales are decoded once per super-block and the tokens'
- * corrections once per super-block for all rows. */
-
-#define MM2_KQ_PF 512 /* decode prefetch distance, bytes (see the AVX-512 tiles) */
+ * AVX-512, the tokens' corrections and d_x * s are made once per
+ * super-block for all the tile's rows, and each row's scales decoded once
+ * per super-block into its factors S * d_x (and M) by sub-block, stored
+ * for the blocks to broadcast (32-element sub-blocks: vbroadcastss is a
+ * load) or permute (16: two values a block); the rows are then walked
+ * block by block across the tile, so that consecutive FMAs feed different
+ * accumulators (measured ~25% faster than row by row, whose one chain of
+ * FMAs an element bounds it). */
 
 /* The tokens' side of one super-block, block j, token t. */
 typedef struct {
-    __m256i corr[8][2];
-    __m256 dxs[8][2];
+    __m256i corr[8][2]; /* Q3_K, Q6_K: -4 s, -32 s */
+    __m256 dxs[8][2];   /* the formats with a minimum: d_x * s */
+    __m256 dx[2][2];    /* d_x by sub-block: of blocks 0-7, or of sub-blocks 0-7, 8-15 (16) */
 } mm2_kq_act;
 
 /* Block j of a super-block's activations, token 0: quants, negcorr at +64,
@@ -412,15 +417,30 @@ MM2_INLINE const uint8_t *mm2_kq_xb(const uint8_t *xs, const int j)
     return xs + (j / 2) * KERN__Q8_PAIR_BYTES + (j % 2) * 32;
 }
 
+MM2_INLINE float mm2_kq_dx(const uint8_t *xs, const int j)
+{
+    return *(const float *)(mm2_kq_xb(xs, j) + 128);
+}
+
 MM2_INLINE void mm2_kq_prep(mm2_kq_act *a, const uint8_t *xs, size_t xrow, const int T,
                             const int MR)
 {
     const int sh = kern__kq_corr_shift(T);
     MM2_UNROLL
-    for (int j = 0; j < 8; j++) {
+    for (int t = 0; t < MR; t++) {
+        const uint8_t *xt = xs + t * xrow;
+        __m256 d8 =
+            _mm256_setr_ps(mm2_kq_dx(xt, 0), mm2_kq_dx(xt, 1), mm2_kq_dx(xt, 2), mm2_kq_dx(xt, 3),
+                           mm2_kq_dx(xt, 4), mm2_kq_dx(xt, 5), mm2_kq_dx(xt, 6), mm2_kq_dx(xt, 7));
+        if (kern__kq_sub16(T)) { /* sub-block s lies in block s / 2 */
+            a->dx[t][0] = _mm256_permutevar8x32_ps(d8, _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3));
+            a->dx[t][1] = _mm256_permutevar8x32_ps(d8, _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7));
+        } else {
+            a->dx[t][0] = d8;
+        }
         MM2_UNROLL
-        for (int t = 0; t < MR; t++) {
-            const uint8_t *xb = mm2_kq_xb(xs + t * xrow, j);
+        for (int j = 0; j < 8; j++) {
+            const uint8_t *xb = mm2_kq_xb(xt, j);
             __m256i nc = _mm256_load_si256((const __m256i *)(xb + 64));
             a->corr[j][t] = sh > 0 ? _mm256_srai_epi32(nc, sh) : _mm256_setzero_si256();
             if (kern__kq_has_min(T)) {
@@ -432,7 +452,6 @@ MM2_INLINE void mm2_kq_prep(mm2_kq_act *a, const uint8_t *xs, size_t xrow, const
     }
 }
 
-/* The f16 at b, in every lane. */
 MM2_INLINE __m256 mm2_f16_bcast(const uint8_t *b)
 {
     uint16_t h;
@@ -476,16 +495,6 @@ MM2_INLINE void mm2_kq_scales(const uint8_t *b, const int T, __m256 *sv, __m256 
     } else {
         sv[0] = _mm256_mul_ps(_mm256_cvtepi32_ps(kern__iq4xs_scales_v(b)), mm2_f16_bcast(b));
     }
-}
-
-/* Block j's lanes of a by-sub-block pair of vectors: sub-blocks 2j (lanes
- * 0-3) and 2j + 1 (4-7) of 16 elements, or sub-block j of 32. */
-MM2_INLINE __m256 mm2_kq_lanes(const __m256 *v, const int j, const int T)
-{
-    if (!kern__kq_sub16(T)) return _mm256_permutevar8x32_ps(v[0], _mm256_set1_epi32(j));
-    const int a = 2 * (j % 4);
-    return _mm256_permutevar8x32_ps(v[j / 4],
-                                    _mm256_setr_epi32(a, a, a, a, a + 1, a + 1, a + 1, a + 1));
 }
 
 /* v's bytes shifted so that bit `from` of each lands on bit `to`. */
@@ -539,36 +548,61 @@ MM2_INLINE __m256i mm2_kq_weights(const uint8_t *b, const int j, __m256i hb, con
         _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)dx_iq4nl_values)), v);
 }
 
-/* One row's super-block b into acc[2 * t * NR + h] (t < MR, h the block's
- * parity); xs: the super-block's activations of token 0. */
-MM2_INLINE void mm2_kq_row(__m256 *acc, const uint8_t *b, const uint8_t *xs, size_t xrow,
-                           const mm2_kq_act *a, const int T, const int MR, const int NR)
+/* A row's factors of one super-block by sub-block, in memory, where the
+ * blocks broadcast (32-element sub-blocks: one value a block) or permute
+ * (16: two) them: S * d_x for each token, and M. */
+typedef struct {
+    _Alignas(32) float sd[2][16];
+    _Alignas(32) float mn[16];
+} mm2_kq_fac;
+
+MM2_INLINE void mm2_kq_factors(mm2_kq_fac *f, const uint8_t *b, const mm2_kq_act *a, const int T,
+                               const int MR)
 {
     __m256 sv[2], mv[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
     mm2_kq_scales(b, T, sv, mv);
+    const int nv = kern__kq_sub16(T) ? 2 : 1;
+    MM2_UNROLL
+    for (int i = 0; i < nv; i++) {
+        MM2_UNROLL
+        for (int t = 0; t < MR; t++)
+            _mm256_store_ps(f->sd[t] + 8 * i, _mm256_mul_ps(sv[i], a->dx[t][i]));
+        if (kern__kq_has_min(T)) _mm256_store_ps(f->mn + 8 * i, mv[i]);
+    }
+}
+
+/* Block j's lanes of a by-sub-block array: sub-block j (32 elements), or
+ * 2j (lanes 0-3) and 2j + 1 (4-7). */
+MM2_INLINE __m256 mm2_kq_lanes(const float *v, const int j, const int T)
+{
+    if (!kern__kq_sub16(T)) return _mm256_broadcast_ss(v + j);
+    const int a = 2 * (j % 4);
+    return _mm256_permutevar8x32_ps(_mm256_load_ps(v + 8 * (j / 4)),
+                                    _mm256_setr_epi32(a, a, a, a, a + 1, a + 1, a + 1, a + 1));
+}
+
+/* Block j of one row (b: its super-block) into acc[2 * t * NR + j % 2]. */
+MM2_INLINE void mm2_kq_block(__m256 *acc, const uint8_t *b, const int j, const uint8_t *xs,
+                             size_t xrow, const mm2_kq_act *a, const mm2_kq_fac *f, const int T,
+                             const int MR, const int NR)
+{
     __m256i hb =
         T == DX_Q3_K   ? _mm256_loadu_si256((const __m256i *)(b + offsetof(dx_block_q3_k, hmask)))
         : T == DX_Q5_K ? _mm256_loadu_si256((const __m256i *)(b + offsetof(dx_block_q5_k, qh)))
                        : _mm256_setzero_si256();
+    __m256i wv = mm2_kq_weights(b, j, hb, T);
+    __m256i aw = T == DX_IQ4_XS ? _mm256_sign_epi8(wv, wv) : wv;
+    __m256 m = kern__kq_has_min(T) ? mm2_kq_lanes(f->mn, j, T) : _mm256_setzero_ps();
     const __m256i ones = _mm256_set1_epi16(1);
     MM2_UNROLL
-    for (int j = 0; j < 8; j++) {
-        __m256i wv = mm2_kq_weights(b, j, hb, T);
-        __m256i aw = T == DX_IQ4_XS ? _mm256_sign_epi8(wv, wv) : wv;
-        __m256 s = mm2_kq_lanes(sv, j, T), m = _mm256_setzero_ps();
-        if (kern__kq_has_min(T)) m = mm2_kq_lanes(mv, j, T);
-        MM2_UNROLL
-        for (int t = 0; t < MR; t++) {
-            const uint8_t *xb = mm2_kq_xb(xs + t * xrow, j);
-            __m256i xq = _mm256_load_si256((const __m256i *)xb);
-            if (T == DX_IQ4_XS) xq = _mm256_sign_epi8(xq, wv);
-            __m256i is = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, xq), ones);
-            if (kern__kq_corr_shift(T) > 0) is = _mm256_add_epi32(is, a->corr[j][t]);
-            __m256 *y = &acc[2 * t * NR + j % 2];
-            *y = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is),
-                                 _mm256_mul_ps(s, _mm256_load_ps((const float *)(xb + 128))), *y);
-            if (kern__kq_has_min(T)) *y = _mm256_fnmadd_ps(a->dxs[j][t], m, *y);
-        }
+    for (int t = 0; t < MR; t++) {
+        __m256i xq = _mm256_load_si256((const __m256i *)mm2_kq_xb(xs + t * xrow, j));
+        if (T == DX_IQ4_XS) xq = _mm256_sign_epi8(xq, wv);
+        __m256i is = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, xq), ones);
+        if (kern__kq_corr_shift(T) > 0) is = _mm256_add_epi32(is, a->corr[j][t]);
+        __m256 *y = &acc[2 * t * NR + j % 2];
+        *y = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), mm2_kq_lanes(f->sd[t], j, T), *y);
+        if (kern__kq_has_min(T)) *y = _mm256_fnmadd_ps(a->dxs[j][t], m, *y);
     }
 }
 
@@ -578,22 +612,30 @@ MM2_INLINE void mm2_kq_tile(KERN_MM_TILE_ARGS, const int T, const int MR, const 
     __m256 acc[8];
     MM2_UNROLL
     for (int i = 0; i < 2 * MR * NR; i++) acc[i] = _mm256_setzero_ps();
+    /* decode: each step first touches the lines it will read in every row
+     * (as the AVX-512 tiles) */
     const int pf = MR == 1 && NR == 4, lines = (int)((bb + 63) / 64);
-    if (pf)
-        for (int r = NR; r < 2 * NR; r++)
-            for (int l = 0; l < 2; l++)
-                _mm_prefetch((const char *)w + (size_t)r * wrow + 64 * l, _MM_HINT_T0);
     for (size_t s = 0; s < nsb; s++, w += bb, x += 4 * KERN__Q8_PAIR_BYTES) {
-        mm2_kq_act a;
-        mm2_kq_prep(&a, x, xrow, T, MR);
         if (pf) {
             MM2_UNROLL
             for (int o = 0; o < NR; o++)
                 for (int l = 0; l < lines; l++)
-                    _mm_prefetch((const char *)w + o * wrow + MM2_KQ_PF + 64 * l, _MM_HINT_T0);
+                    _mm_prefetch((const char *)w + o * wrow + 64 * l, _MM_HINT_T0);
         }
+        mm2_kq_act a;
+        mm2_kq_prep(&a, x, xrow, T, MR);
+        /* all rows' factors, then block by block across the rows, so that
+         * one element's chain of FMAs overlaps the others' */
+        mm2_kq_fac f[4];
         MM2_UNROLL
-        for (int o = 0; o < NR; o++) mm2_kq_row(acc + 2 * o, w + o * wrow, x, xrow, &a, T, MR, NR);
+        for (int o = 0; o < NR; o++) mm2_kq_factors(&f[o], w + o * wrow, &a, T, MR);
+        __asm__ volatile("" : : "r"(f) : "memory"); /* keep them in memory */
+        MM2_UNROLL
+        for (int j = 0; j < 8; j++) {
+            MM2_UNROLL
+            for (int o = 0; o < NR; o++)
+                mm2_kq_block(acc + 2 * o, w + o * wrow, j, x, xrow, &a, &f[o], T, MR, NR);
+        }
     }
     __m256 r[4]; /* p[i] + p[i+8], output t * NR + o */
     MM2_UNROLL

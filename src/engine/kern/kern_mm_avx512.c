@@ -433,11 +433,9 @@ MM_DEF_BLK(iq4_nl, DX_IQ4_NL)
  * super-block for all its rows; a row's packed scales are decoded and
  * converted once per super-block into f32 vectors by sub-block, which a
  * permute spreads over each pair's lanes; each pair's weights are unpacked
- * once for all the tile's tokens. */
-
-/* Prefetch distance of the decode tiles, in bytes ahead of the super-block
- * being read (a few super-blocks: each row is one short stream). */
-#define MM_KQ_PF 512
+ * once for all the tile's tokens.  These tiles run every token count of
+ * the 16-element sub-block formats (Q2_K, Q3_K, Q6_K) and prefill (3-4
+ * tokens) of the others, whose decode has the ymm tiles below. */
 
 /* The tokens' side of one super-block, pair P, token t: where vpdpbusd
  * starts (negcorr shifted for an unsigned-stored weight, kern_mm_priv.h)
@@ -445,11 +443,28 @@ MM_DEF_BLK(iq4_nl, DX_IQ4_NL)
 typedef struct {
     __m512i corr[4][KERN_MM_MR_MAX];
     __m512 dxs[4][KERN_MM_MR_MAX];
+    __m512 dxl; /* one token, 16-element sub-blocks: d_x by sub-block */
 } mm_kq_act;
+
+/* d_x by sub-block (lane s: block s / 2, the 16-element sub-block
+ * formats) from the 4 pairs' scale vectors (d of block 2p in lanes 0-7 of
+ * dp[p], of block 2p + 1 in lanes 8-15). */
+MM_INLINE __m512 mm_kq_dx_lanes(const __m512 *dp)
+{
+    const __m512i i = _mm512_setr_epi32(0, 0, 8, 8, 16, 16, 24, 24, 0, 0, 0, 0, 0, 0, 0, 0);
+    __m512 a = _mm512_permutex2var_ps(dp[0], i, dp[1]), b = _mm512_permutex2var_ps(dp[2], i, dp[3]);
+    return _mm512_shuffle_f32x4(a, b, 0x44);
+}
 
 MM_INLINE void mm_kq_prep(mm_kq_act *a, const uint8_t *xs, size_t xrow, const int T, const int MR)
 {
     const int sh = kern__kq_corr_shift(T);
+    if (MR == 1 && kern__kq_sub16(T)) { /* mm_kq_factors' S * d_x */
+        __m512 dp[4];
+        MM_UNROLL
+        for (int p = 0; p < 4; p++) dp[p] = _mm512_load_ps(xs + p * KERN__Q8_PAIR_BYTES + 128);
+        a->dxl = mm_kq_dx_lanes(dp);
+    }
     MM_UNROLL
     for (int p = 0; p < 4; p++) {
         MM_UNROLL
@@ -582,31 +597,43 @@ MM_INLINE __m512i mm_kq_weights(const uint8_t *b, const int p, __m512i hb, const
     return _mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)nl_u8)), v);
 }
 
-/* One row's super-block b into acc[t * NR] (t < MR); xs: the super-block's
- * activations of token 0. */
-MM_INLINE void mm_kq_row(__m512 *acc, const uint8_t *b, const uint8_t *xs, size_t xrow,
-                         const mm_kq_act *a, const int T, const int MR, const int NR)
+/* A row's scale vectors of one super-block (by sub-block; s times the
+ * token's d_x when the tile has one token). */
+typedef struct {
+    __m512 s, m;
+} mm_kq_fac;
+
+MM_INLINE void mm_kq_factors(mm_kq_fac *f, const uint8_t *b, const mm_kq_act *a, const int T,
+                             const int MR)
 {
     __m512 sv, mv = _mm512_setzero_ps();
     mm_kq_scales(b, T, &sv, &mv);
+    /* one token: S * d_x once per sub-block, spread over the lanes after
+     * (the same products as lane by lane); more: S spread, then per token */
+    f->s = MR == 1 && kern__kq_sub16(T) ? _mm512_mul_ps(sv, a->dxl) : sv;
+    f->m = mv;
+}
+
+/* Pair p of one row (b: its super-block) into acc[t * NR]. */
+MM_INLINE void mm_kq_pair(__m512 *acc, const uint8_t *b, const int p, const uint8_t *xs,
+                          size_t xrow, const mm_kq_act *a, const mm_kq_fac *f, const int T,
+                          const int MR, const int NR)
+{
     __m512i hb = T == DX_Q3_K   ? mm_bcast32(b + offsetof(dx_block_q3_k, hmask))
                  : T == DX_Q5_K ? mm_bcast32(b + offsetof(dx_block_q5_k, qh))
                                 : _mm512_setzero_si512();
+    __m512i wv = mm_kq_weights(b, p, hb, T);
+    __m512 s = mm_kq_lanes(f->s, p, T, 0), m = _mm512_setzero_ps();
+    if (kern__kq_has_min(T)) /* Q4_K / Q5_K: M in the upper lanes of s (mm_kq_scales) */
+        m = T == DX_Q2_K ? mm_kq_lanes(f->m, p, T, 0) : mm_kq_lanes(f->s, p, T, 8);
     MM_UNROLL
-    for (int p = 0; p < 4; p++) {
-        __m512i wv = mm_kq_weights(b, p, hb, T);
-        __m512 s = mm_kq_lanes(sv, p, T, 0), m = _mm512_setzero_ps();
-        if (kern__kq_has_min(T))
-            m = T == DX_Q2_K ? mm_kq_lanes(mv, p, T, 0) : mm_kq_lanes(sv, p, T, 8);
-        MM_UNROLL
-        for (int t = 0; t < MR; t++) {
-            const uint8_t *xp = xs + t * xrow + p * KERN__Q8_PAIR_BYTES;
-            __m512i is = _mm512_dpbusd_epi32(a->corr[p][t], wv, _mm512_load_si512(xp));
-            __m512 *y = &acc[t * NR];
-            *y = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(s, _mm512_load_ps(xp + 128)),
-                                 *y);
-            if (kern__kq_has_min(T)) *y = _mm512_fnmadd_ps(a->dxs[p][t], m, *y);
-        }
+    for (int t = 0; t < MR; t++) {
+        const uint8_t *xp = xs + t * xrow + p * KERN__Q8_PAIR_BYTES;
+        __m512i is = _mm512_dpbusd_epi32(a->corr[p][t], wv, _mm512_load_si512(xp));
+        __m512 *y = &acc[t * NR];
+        __m512 sdx = MR == 1 && kern__kq_sub16(T) ? s : _mm512_mul_ps(s, _mm512_load_ps(xp + 128));
+        *y = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), sdx, *y);
+        if (kern__kq_has_min(T)) *y = _mm512_fnmadd_ps(a->dxs[p][t], m, *y);
     }
 }
 
@@ -616,25 +643,29 @@ MM_INLINE void mm_kq_tile(KERN_MM_TILE_ARGS, const int T, const int MR, const in
     __m512 acc[16];
     MM_UNROLL
     for (int i = 0; i < MR * NR; i++) acc[i] = _mm512_setzero_ps();
-    /* decode reads each row once, 16 short streams at a time: fetch the
-     * next tile's first lines now and each row's lines MM_KQ_PF ahead (as
-     * the 32-block tiles do) */
+    /* decode: each super-block step first touches the lines it will read
+     * in every row, so that all rows' misses are in flight together
+     * (measured: better than fetching further ahead, or not at all) */
     const int pf = MR == 1 && NR == 16, lines = (int)((bb + 63) / 64);
-    if (pf)
-        for (int r = NR; r < 2 * NR; r++)
-            for (int l = 0; l < 2; l++)
-                _mm_prefetch((const char *)w + (size_t)r * wrow + 64 * l, _MM_HINT_T0);
     for (size_t s = 0; s < nsb; s++, w += bb, x += 4 * KERN__Q8_PAIR_BYTES) {
-        mm_kq_act a;
-        mm_kq_prep(&a, x, xrow, T, MR);
         if (pf) {
             MM_UNROLL
             for (int o = 0; o < NR; o++)
                 for (int l = 0; l < lines; l++)
-                    _mm_prefetch((const char *)w + o * wrow + MM_KQ_PF + 64 * l, _MM_HINT_T0);
+                    _mm_prefetch((const char *)w + o * wrow + 64 * l, _MM_HINT_T0);
         }
+        mm_kq_act a;
+        mm_kq_prep(&a, x, xrow, T, MR);
+        /* row by row (measured: a little faster here than pair by pair
+         * across the rows, which the ymm tiles below gain from) */
         MM_UNROLL
-        for (int o = 0; o < NR; o++) mm_kq_row(acc + o, w + o * wrow, x, xrow, &a, T, MR, NR);
+        for (int o = 0; o < NR; o++) {
+            mm_kq_fac f;
+            mm_kq_factors(&f, w + o * wrow, &a, T, MR);
+            MM_UNROLL
+            for (int p = 0; p < 4; p++)
+                mm_kq_pair(acc + o, w + o * wrow, p, x, xrow, &a, &f, T, MR, NR);
+        }
     }
     mm_store_tile(acc, MR, NR, y, ldy);
 }
@@ -664,12 +695,201 @@ MM_INLINE void mm_kq_tile(KERN_MM_TILE_ARGS, const int T, const int MR, const in
                [4] = {{mm_##KIND##_4x4, 4}, {mm_##KIND##_4x1, 1}}},                                \
     };
 
+/* ---- decode (1-2 tokens) of the formats whose sub-blocks are the
+ * 32-blocks (Q4_K, Q5_K, IQ4_XS) ----
+ * Their S * d_x and M are one value a block, so here each output element
+ * has two ymm accumulators (the even blocks' partials p[0..7], the odd
+ * blocks' p[8..15]) and a block's factors come from memory by embedded
+ * broadcast ({1to8}) into the FMAs, with no lane shuffles, and the rows
+ * are walked block by block across the tile so that consecutive FMAs feed
+ * different accumulators (row by row, one element's chain of FMAs bounds
+ * the zmm tiles' decode).  Measured on this machine's EPYC: ~1.35x the
+ * zmm tiles' decode rate from cache; at 3-4 tokens the zmm tiles, which
+ * decode each row's scales once for more tokens, are faster.  At the end
+ * [even | odd] makes a zmm whose mm_reduce16 is the tree (its first step
+ * adds lane i + 8). */
+
+typedef struct {
+    __m256 dxs[8][KERN_MM_MR_MAX]; /* d_x * s, block j, token t */
+    __m256 dx8[KERN_MM_MR_MAX];    /* d_x of blocks 0-7 */
+} mm_kq32_act;
+
+/* Block j of a super-block's activations (token 0): quants, negcorr at
+ * +64, scales at +128. */
+MM_INLINE const uint8_t *mm_kq_xb(const uint8_t *xs, const int j)
+{
+    return xs + (j / 2) * KERN__Q8_PAIR_BYTES + (j % 2) * 32;
+}
+
+MM_INLINE void mm_kq32_prep(mm_kq32_act *a, const uint8_t *xs, size_t xrow, const int T,
+                            const int MR)
+{
+    MM_UNROLL
+    for (int t = 0; t < MR; t++) {
+        const uint8_t *xt = xs + t * xrow;
+        a->dx8[t] = _mm256_setr_ps(
+            *(const float *)(mm_kq_xb(xt, 0) + 128), *(const float *)(mm_kq_xb(xt, 1) + 128),
+            *(const float *)(mm_kq_xb(xt, 2) + 128), *(const float *)(mm_kq_xb(xt, 3) + 128),
+            *(const float *)(mm_kq_xb(xt, 4) + 128), *(const float *)(mm_kq_xb(xt, 5) + 128),
+            *(const float *)(mm_kq_xb(xt, 6) + 128), *(const float *)(mm_kq_xb(xt, 7) + 128));
+        if (!kern__kq_has_min(T)) continue;
+        MM_UNROLL
+        for (int j = 0; j < 8; j++) {
+            const uint8_t *xb = mm_kq_xb(xt, j);
+            __m256i sum = _mm256_sub_epi32(
+                _mm256_setzero_si256(),
+                _mm256_srai_epi32(_mm256_load_si256((const __m256i *)(xb + 64)), 7));
+            a->dxs[j][t] =
+                _mm256_mul_ps(_mm256_load_ps((const float *)(xb + 128)), _mm256_cvtepi32_ps(sum));
+        }
+    }
+}
+
+/* Block j's 32 weights of a row, unsigned, in element order; hb: Q5_K's qh. */
+MM_INLINE __m256i mm_kq32_weights(const uint8_t *b, const int j, __m256i hb, const int T)
+{
+    const __m256i m4 = _mm256_set1_epi8(15);
+    if (T == DX_IQ4_XS) { /* qs[16j..16j+15], low nibbles then high ones, as value + 128 */
+        static const uint8_t nl_u8[16] = {1,   24,  45,  63,  79,  93,  106, 118,
+                                          129, 141, 153, 166, 181, 197, 217, 241};
+        __m256i v = _mm256_broadcastsi128_si256(
+            _mm_loadu_si128((const __m128i *)(b + offsetof(dx_block_iq4_xs, qs) + 16 * j)));
+        v = _mm256_and_si256(_mm256_srlv_epi64(v, _mm256_setr_epi64x(0, 0, 4, 4)), m4);
+        return _mm256_shuffle_epi8(
+            _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)nl_u8)), v);
+    }
+    /* chunk j / 2: the low (even j) or high nibbles of qs[32(j/2)..];
+     * Q5_K's bit 4 is bit j of qh[i] */
+    const size_t qs = T == DX_Q4_K ? offsetof(dx_block_q4_k, qs) : offsetof(dx_block_q5_k, qs);
+    __m256i q = _mm256_loadu_si256((const __m256i *)(b + qs + 32 * (j / 2)));
+    __m256i v = _mm256_and_si256(j % 2 ? _mm256_srli_epi16(q, 4) : q, m4);
+    if (T == DX_Q5_K)
+        v = _mm256_mask_add_epi8(v, _mm256_test_epi8_mask(hb, _mm256_set1_epi8((char)(1 << j))), v,
+                                 _mm256_set1_epi8(16));
+    return v;
+}
+
+/* A row's S (and M) of sub-blocks 0-7. */
+MM_INLINE void mm_kq32_scales(const uint8_t *b, const int T, __m256 *s8, __m256 *m8)
+{
+    __m256 d = _mm256_cvtph_ps(_mm_set1_epi16((short)mm_load_u16(b)));
+    if (T == DX_IQ4_XS) {
+        *s8 = _mm256_mul_ps(_mm256_cvtepi32_ps(kern__iq4xs_scales_v(b)), d);
+        return;
+    }
+    __m128i c = kern__k4_scales_v(b);
+    *s8 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(c)), d);
+    *m8 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(c, 8))),
+                        _mm256_cvtph_ps(_mm_set1_epi16((short)mm_load_u16(b + 2))));
+}
+
+/* A row's per-block factors of one super-block, in memory so that the FMAs
+ * broadcast them as they load: S * d_x of block j for token t, and M. */
+typedef struct {
+    _Alignas(32) float sd[KERN_MM_MR_MAX][8];
+    _Alignas(32) float mn[8];
+} mm_kq32_fac;
+
+MM_INLINE void mm_kq32_factors(mm_kq32_fac *f, const uint8_t *b, const mm_kq32_act *a, const int T,
+                               const int MR)
+{
+    __m256 s8, m8 = _mm256_setzero_ps();
+    mm_kq32_scales(b, T, &s8, &m8);
+    MM_UNROLL
+    for (int t = 0; t < MR; t++) _mm256_store_ps(f->sd[t], _mm256_mul_ps(s8, a->dx8[t]));
+    if (kern__kq_has_min(T)) _mm256_store_ps(f->mn, m8);
+}
+
+/* Block j of one row (b: its super-block) into acc[2 * t * NR + j % 2]. */
+MM_INLINE void mm_kq32_block(__m256 *acc, const uint8_t *b, const int j, const uint8_t *xs,
+                             size_t xrow, const mm_kq32_act *a, const mm_kq32_fac *f, const int T,
+                             const int MR, const int NR)
+{
+    __m256i hb = T == DX_Q5_K
+                     ? _mm256_loadu_si256((const __m256i *)(b + offsetof(dx_block_q5_k, qh)))
+                     : _mm256_setzero_si256();
+    __m256i wv = mm_kq32_weights(b, j, hb, T);
+    MM_UNROLL
+    for (int t = 0; t < MR; t++) {
+        const uint8_t *xb = mm_kq_xb(xs + t * xrow, j);
+        __m256i c0 =
+            T == DX_IQ4_XS ? _mm256_load_si256((const __m256i *)(xb + 64)) : _mm256_setzero_si256();
+        __m256i is = _mm256_dpbusd_epi32(c0, wv, _mm256_load_si256((const __m256i *)xb));
+        __m256 *y = &acc[2 * t * NR + j % 2];
+        *y = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_set1_ps(f->sd[t][j]), *y);
+        if (kern__kq_has_min(T)) *y = _mm256_fnmadd_ps(a->dxs[j][t], _mm256_set1_ps(f->mn[j]), *y);
+    }
+}
+
+MM_INLINE void mm_kq32_tile(KERN_MM_TILE_ARGS, const int T, const int MR, const int NR)
+{
+    const size_t bb = kern__kq_bytes(T), nsb = n_in / DX_QK_K;
+    __m256 acc[16];
+    MM_UNROLL
+    for (int i = 0; i < 2 * MR * NR; i++) acc[i] = _mm256_setzero_ps();
+    /* decode: each super-block step first touches the lines it will read
+     * in every row, so that all rows' misses are in flight together
+     * (measured: better than fetching further ahead, or not at all) */
+    const int pf = MR == 1 && NR == 8, lines = (int)((bb + 63) / 64);
+    for (size_t s = 0; s < nsb; s++, w += bb, x += 4 * KERN__Q8_PAIR_BYTES) {
+        if (pf) {
+            MM_UNROLL
+            for (int o = 0; o < NR; o++)
+                for (int l = 0; l < lines; l++)
+                    _mm_prefetch((const char *)w + o * wrow + 64 * l, _MM_HINT_T0);
+        }
+        mm_kq32_act a;
+        mm_kq32_prep(&a, x, xrow, T, MR);
+        /* all rows' factors first, then block by block across the rows:
+         * each FMA's neighbours feed other accumulators, so the chains of
+         * one element's FMAs overlap (row by row, their latency bound) */
+        mm_kq32_fac f[8];
+        MM_UNROLL
+        for (int o = 0; o < NR; o++) mm_kq32_factors(&f[o], w + o * wrow, &a, T, MR);
+        __asm__ volatile("" : : "r"(f) : "memory"); /* keep them in memory */
+        MM_UNROLL
+        for (int j = 0; j < 8; j++) {
+            MM_UNROLL
+            for (int o = 0; o < NR; o++)
+                mm_kq32_block(acc + 2 * o, w + o * wrow, j, x, xrow, &a, &f[o], T, MR, NR);
+        }
+    }
+    __m512 z[8];
+    MM_UNROLL
+    for (int i = 0; i < MR * NR; i++)
+        z[i] = _mm512_insertf32x8(_mm512_castps256_ps512(acc[2 * i]), acc[2 * i + 1], 1);
+    mm_store_tile(z, MR, NR, y, ldy);
+}
+
+/* Shapes: at most 8 output elements (16 accumulators). */
+#define MM_DEF_KQ32_TILE(KIND, T, MR, NR)                                                          \
+    static void mm_##KIND##_##MR##x##NR(KERN_MM_TILE_ARGS)                                         \
+    {                                                                                              \
+        mm_kq32_tile(w, wrow, x, xrow, n_in, y, ldy, T, MR, NR);                                   \
+    }
+#define MM_DEF_KQ32(KIND, T)                                                                       \
+    MM_DEF_KQ32_TILE(KIND, T, 1, 8)                                                                \
+    MM_DEF_KQ32_TILE(KIND, T, 1, 4)                                                                \
+    MM_DEF_KQ32_TILE(KIND, T, 1, 1)                                                                \
+    MM_DEF_KQ32_TILE(KIND, T, 2, 4)                                                                \
+    MM_DEF_KQ32_TILE(KIND, T, 2, 1)                                                                \
+    MM_DEF_KQ_TILE(KIND, T, 3, 4)                                                                  \
+    MM_DEF_KQ_TILE(KIND, T, 3, 1)                                                                  \
+    MM_DEF_KQ_TILE(KIND, T, 4, 4)                                                                  \
+    MM_DEF_KQ_TILE(KIND, T, 4, 1)                                                                  \
+    static const kern_mm_tiles mm_##KIND##_tiles = {                                               \
+        .by = {[1] = {{mm_##KIND##_1x8, 8}, {mm_##KIND##_1x4, 4}, {mm_##KIND##_1x1, 1}},           \
+               [2] = {{mm_##KIND##_2x4, 4}, {mm_##KIND##_2x1, 1}},                                 \
+               [3] = {{mm_##KIND##_3x4, 4}, {mm_##KIND##_3x1, 1}},                                 \
+               [4] = {{mm_##KIND##_4x4, 4}, {mm_##KIND##_4x1, 1}}},                                \
+    };
+
 MM_DEF_KQ(q2_k, DX_Q2_K)
 MM_DEF_KQ(q3_k, DX_Q3_K)
-MM_DEF_KQ(q4_k, DX_Q4_K)
-MM_DEF_KQ(q5_k, DX_Q5_K)
+MM_DEF_KQ32(q4_k, DX_Q4_K)
+MM_DEF_KQ32(q5_k, DX_Q5_K)
 MM_DEF_KQ(q6_k, DX_Q6_K)
-MM_DEF_KQ(iq4_xs, DX_IQ4_XS)
+MM_DEF_KQ32(iq4_xs, DX_IQ4_XS)
 
 /* ---- activation preps: bit-identical to the scalar conversions ---- */
 
