@@ -184,11 +184,6 @@ static inline int kern__blk_5bit(int T)
  * (0..63, w = q - 32) starts from -32 s, Q3_K q2 + 4 hbit (0..7, w = that
  * - 4) from -4 s, IQ4_XS codebook value + 128 from -128 s (as IQ4_NL);
  * -1: none (the weights are their own unsigned values). */
-static inline int kern__kq_type(int T)
-{
-    return T == DX_Q2_K || T == DX_Q3_K || T == DX_Q4_K || T == DX_Q5_K || T == DX_Q6_K ||
-           T == DX_IQ4_XS;
-}
 static inline size_t kern__kq_bytes(int T)
 {
     return T == DX_Q2_K   ? sizeof(dx_block_q2_k)
