@@ -220,10 +220,21 @@ static void on_get_reply(router_store *s, router_store_op *op, const redisReply 
     router_store_cb cb = op->cb;
     void *user = op->user;
     size_t n = op->n;
+    uint64_t now = dx_now_ns(), deadline = op->deadline_ns;
     dx_list_remove(&op->link);
     dx_free(op);
-    if (rep && !s->destroying) s->last_answer_ns = dx_now_ns(); /* late is not stalled */
+    if (rep && !s->destroying) s->last_answer_ns = now; /* late is not stalled */
     if (s->destroying || !was_live || !cb) return; /* timed out or canceled: done with */
+    if (now > deadline) {
+        /* past its deadline, though the timer has not run yet (a loop held
+         * up, with the reply and the timer due together): late all the
+         * same, so the rule does not depend on which callback runs first */
+        rstore_count_error(s, 1);
+        mark_error(s, "no answer within %d ms (--state-timeout-ms)", s->cfg.timeout_ms);
+        arm(s);
+        cb(user, DX_ETIMEDOUT, NULL);
+        return;
+    }
     if (!rep || rep->type != REDIS_REPLY_ARRAY || rep->elements != n) {
         rstore_count_error(s, 1);
         mark_error(s, "lookup: %s",
