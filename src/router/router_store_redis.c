@@ -224,7 +224,7 @@ static void on_get_reply(router_store *s, router_store_op *op, const redisReply 
     dx_list_remove(&op->link);
     dx_free(op);
     if (rep && !s->destroying) s->last_answer_ns = now; /* late is not stalled */
-    if (s->destroying || !was_live || !cb) return; /* timed out or canceled: done with */
+    if (s->destroying || !was_live || !cb) return;      /* timed out or canceled: done with */
     if (now > deadline) {
         /* past its deadline, though the timer has not run yet (a loop held
          * up, with the reply and the timer due together): late all the
