@@ -29,21 +29,26 @@ static inline void etu_teardown(void)
     if (system(cmd)) fprintf(stderr, "cleanup of %s failed\n", etu_dir);
 }
 
+/* Writes c's model to path unless it is there, then loads it (NULL, with
+ * the reason on stderr, on failure). */
+static inline model *etu_load_synth(const synth_config *c, const char *path)
+{
+    if (access(path, F_OK) != 0 && synth_write(c, path)) {
+        fprintf(stderr, "synth: %s\n", dx_errmsg());
+        return NULL;
+    }
+    model *m = NULL;
+    if (model_load(path, &m)) fprintf(stderr, "load: %s\n", dx_errmsg());
+    return m;
+}
+
 /* Synthesises (once per name) and loads a model of a small preset (seed 42). */
 static inline model *etu_model_p(enum model_arch arch, const char *preset, int dtype)
 {
     char path[256];
     snprintf(path, sizeof path, "%s/%s-%d-%d.gguf", etu_dir, preset, (int)arch, dtype);
-    if (access(path, F_OK) != 0) {
-        synth_config c = {.arch = arch, .preset = preset, .dtype = dtype, .seed = 42};
-        if (synth_write(&c, path)) {
-            fprintf(stderr, "synth: %s\n", dx_errmsg());
-            return NULL;
-        }
-    }
-    model *m = NULL;
-    if (model_load(path, &m)) fprintf(stderr, "load: %s\n", dx_errmsg());
-    return m;
+    synth_config c = {.arch = arch, .preset = preset, .dtype = dtype, .seed = 42};
+    return etu_load_synth(&c, path);
 }
 
 /* A mixture of weight types, as llama-quantize writes them and more: q4_0
@@ -80,16 +85,8 @@ static inline model *etu_model_mix(enum model_arch arch)
     static const synth_wtypes mix = {"test-mix", 2, DX_Q4_0, etu_mix_rule};
     char path[256];
     snprintf(path, sizeof path, "%s/tiny-%d-mix.gguf", etu_dir, (int)arch);
-    if (access(path, F_OK) != 0) {
-        synth_config c = {.arch = arch, .preset = "tiny", .wtypes = &mix, .seed = 42};
-        if (synth_write(&c, path)) {
-            fprintf(stderr, "synth: %s\n", dx_errmsg());
-            return NULL;
-        }
-    }
-    model *m = NULL;
-    if (model_load(path, &m)) fprintf(stderr, "load: %s\n", dx_errmsg());
-    return m;
+    synth_config c = {.arch = arch, .preset = "tiny", .wtypes = &mix, .seed = 42};
+    return etu_load_synth(&c, path);
 }
 
 /* Synthesises (once per name) and loads a preset with the weight types of
@@ -100,16 +97,8 @@ static inline model *etu_model_scheme(enum model_arch arch, const char *preset, 
     if (!wt) return NULL;
     char path[256];
     snprintf(path, sizeof path, "%s/%s-%d-%s.gguf", etu_dir, preset, (int)arch, scheme);
-    if (access(path, F_OK) != 0) {
-        synth_config c = {.arch = arch, .preset = preset, .wtypes = wt, .seed = 42};
-        if (synth_write(&c, path)) {
-            fprintf(stderr, "synth: %s\n", dx_errmsg());
-            return NULL;
-        }
-    }
-    model *m = NULL;
-    if (model_load(path, &m)) fprintf(stderr, "load: %s\n", dx_errmsg());
-    return m;
+    synth_config c = {.arch = arch, .preset = preset, .wtypes = wt, .seed = 42};
+    return etu_load_synth(&c, path);
 }
 
 /* The tiny preset. */
