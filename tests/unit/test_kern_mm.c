@@ -150,6 +150,14 @@ static void consumed_x(int wtype, const float *x, size_t n_in, float *out)
 {
     if (wtype == DX_BF16) {
         for (size_t k = 0; k < n_in; k++) out[k] = dx_bf16_to_f32(dx_f32_to_bf16(x[k]));
+    } else if (is_kq(wtype)) { /* q8_K: one f32 scale a super-block */
+        for (size_t sb = 0; sb < n_in / DX_QK_K; sb++) {
+            const float *xs = x + sb * DX_QK_K;
+            float amax = 0.0f;
+            for (int i = 0; i < DX_QK_K; i++) amax = fmaxf(amax, fabsf(xs[i]));
+            float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+            for (int i = 0; i < DX_QK_K; i++) out[sb * DX_QK_K + i] = d * (float)lrintf(xs[i] * id);
+        }
     } else if (is_q8_act(wtype)) {
         dx_block_q8_0 *q = dx_malloc(n_in / 32 * sizeof(*q));
         dx_f32_to_q8_0_row(x, q, n_in);
@@ -360,6 +368,18 @@ static void test_mm_invariance(void **state)
 
 /* ---- activation preps ---- */
 
+/* The ISA's prep of x gives the scalar prep's bytes. */
+static void check_prep_same(enum kern_isa isa, int wt, const float *x, size_t n_tok, size_t n_in)
+{
+    assert_int_equal(kern_set_isa(KERN_SCALAR), 0);
+    void *ref = prep(wt, x, n_tok, n_in);
+    assert_int_equal(kern_set_isa(isa), 0);
+    void *a = prep(wt, x, n_tok, n_in);
+    assert_memory_equal(a, ref, kern_act_bytes(wt, n_tok, n_in));
+    dx_aligned_free(a);
+    dx_aligned_free(ref);
+}
+
 static void test_prep_bits(void **state)
 {
     enum kern_isa isa = kti_use(state);
@@ -374,15 +394,24 @@ static void test_prep_bits(void **state)
         int wt = wtypes[d];
         if (is_kq(wt)) continue;          /* Q8_0's kind; 160 is not a whole super-block */
         if (is_q8_act(wt)) x[72] = 0.25f; /* NaN is not quantised meaningfully */
-        assert_int_equal(kern_set_isa(KERN_SCALAR), 0);
-        void *ref = prep(wt, x, n_tok, n_in);
-        assert_int_equal(kern_set_isa(isa), 0);
-        void *a = prep(wt, x, n_tok, n_in);
-        assert_memory_equal(a, ref, kern_act_bytes(wt, n_tok, n_in));
-        dx_aligned_free(a);
-        dx_aligned_free(ref);
+        check_prep_same(isa, wt, x, n_tok, n_in);
         x[72] = NAN;
     }
+}
+
+/* The q8_K prep (the super-block formats' kind) on whole super-blocks: an
+ * all-zero one (d = 0), denormals, quant ties, an outlier. */
+static void test_prep_bits_q8k(void **state)
+{
+    enum kern_isa isa = kti_use(state);
+    const size_t n_in = 768, n_tok = 3;
+    float *x = dx_malloc(n_tok * n_in * sizeof(float));
+    fill_random(x, n_tok * n_in);
+    for (size_t k = 256; k < 512; k++) x[k] = 0.0f;
+    x[770] = 1e-40f, x[771] = -3e-39f, x[773] = -0.0f, x[900] = 300.0f;
+    for (size_t k = 1024; k < 1280; k++) x[k] = (float)((int)k - 1152) * 0.5f;
+    check_prep_same(isa, DX_Q4_K, x, n_tok, n_in);
+    dx_free(x);
 }
 
 /* Scalar prep of bf16 follows dx_f32_to_bf16 and q8_0 dx_f32_to_q8_0_row. */
@@ -412,6 +441,31 @@ static void test_prep_layout(void **state)
     assert_int_equal(kern_act_bytes(DX_F32, 3, 33), 3 * 64 * 4);
     assert_int_equal(kern_act_bytes(77, 3, 33), 0);
     dx_aligned_free(q);
+    /* q8_K: quants as dx_f32_to_q8_0_row computes them with the super-block's
+     * scale, their sums by 16, the scale in f32 */
+    float xk[512];
+    fill_random(xk, 512);
+    const uint8_t *k = prep(DX_Q6_K, xk, 1, 512);
+    for (int sb = 0; sb < 2; sb++) {
+        const uint8_t *p = k + sb * 320;
+        float amax = 0.0f, d;
+        for (int i = 0; i < 256; i++) amax = fmaxf(amax, fabsf(xk[256 * sb + i]));
+        memcpy(&d, p + 288, 4);
+        assert_true(d == amax / 127.0f);
+        for (int j = 0; j < 16; j++) {
+            int sum = 0;
+            for (int i = 0; i < 16; i++) {
+                int qv = (int8_t)p[16 * j + i];
+                assert_int_equal(qv, (int)lrintf(xk[256 * sb + 16 * j + i] * (1.0f / d)));
+                sum += qv;
+            }
+            int16_t bs;
+            memcpy(&bs, p + 256 + 2 * j, 2);
+            assert_int_equal(bs, sum);
+        }
+        for (int i = 292; i < 320; i++) assert_int_equal(p[i], 0);
+    }
+    dx_aligned_free((void *)k);
 }
 
 static void test_isa_select(void **state)
@@ -439,6 +493,7 @@ static void check_isa_table(const kern_mm_isa *isa)
     assert_true(isa->mr >= 1 && isa->mr <= KERN_MM_MR_MAX);
     assert_true(isa->block_rows >= 1 && (isa->block_rows & (isa->block_rows - 1)) == 0);
     assert_non_null(isa->prep[KERN_ACT_Q8]);
+    assert_non_null(isa->prep[KERN_ACT_Q8K]);
     size_t n_supported = 0;
     for (int t = 0; t < DX_DTYPE_ID_MAX; t++) {
         if (!dx_dtype_supported(t)) {
@@ -449,7 +504,8 @@ static void check_isa_table(const kern_mm_isa *isa)
         assert_true(kern_act_kind(t) >= 0 && kern_act_kind(t) < KERN_ACT_KINDS);
         const kern_mm_tiles *T = isa->tiles[t];
         if (!T) fail_msg("no tiles for %s", dx_dtype_name(t));
-        for (int m = 1; m <= isa->mr; m++) {
+        assert_true(T->mr >= 0 && T->mr <= KERN_MM_MR_MAX);
+        for (int m = 1; m <= (T->mr ? T->mr : isa->mr); m++) {
             const kern_mm_tile *sh = T->by[m];
             int i = 0;
             for (; i < KERN_MM_SHAPES && sh[i].fn; i++)
@@ -471,11 +527,12 @@ static void test_isa_tables(void **state)
     assert_non_null(kern_mm_isa_avx512.prep[KERN_ACT_BF16]);
     assert_int_equal(kern_act_kind(DX_Q4_0), kern_act_kind(DX_Q8_0));
     assert_int_equal(kern_act_kind(DX_IQ4_NL), kern_act_kind(DX_Q5_1));
-    assert_int_equal(kern_act_kind(DX_Q4_K), kern_act_kind(DX_Q8_0));
-    assert_int_equal(kern_act_kind(15), DX_NONE); /* q8_K: no kernels */
+    assert_int_equal(kern_act_kind(DX_Q4_K), kern_act_kind(DX_IQ4_XS));
+    assert_int_not_equal(kern_act_kind(DX_Q4_K), kern_act_kind(DX_Q8_0));
+    assert_int_equal(kern_act_kind(15), DX_NONE); /* q8_K weights: no kernels */
     assert_int_equal(kern_act_bytes(15, 1, 256), 0);
-    /* the super-block formats take whole super-blocks */
-    assert_int_equal(kern_act_bytes(DX_Q6_K, 2, 512), 2 * 8 * 192);
+    /* the super-block formats take whole super-blocks, 320 bytes each */
+    assert_int_equal(kern_act_bytes(DX_Q6_K, 2, 512), 2 * 2 * 320);
     assert_int_equal(kern_act_bytes(DX_Q4_K, 1, 96), 0);
     assert_int_equal(kern_act_bytes(DX_IQ4_XS, 1, 288), 0);
     assert_int_equal(kern_act_bytes_max(3, 96), 3 * 96 * 4);
@@ -534,22 +591,38 @@ static void test_blk_bit_exact(void **state)
 }
 
 /* ---- the super-block twins' own decoding against dx_kquant's ----
- * An activation row with one quant 1 at element e (its group's negcorr
- * -128) and every scale 1 picks out one weight: the arithmetic reduces to
- * round(w_e * S) (minus M, rounded again, for the formats with a
- * minimum) and sums of zeros, which is the dequantised value exactly. */
+ * With the weights' d (and dmin) set to 1, every dequantised value is a
+ * small integer, sc * v (- m), and so is the kernel's output for an
+ * activation row with one quant 1 at element e (its bsum 1) and scale 1:
+ * both exact, so they must be equal wherever the decoding of either puts
+ * each weight, scale and minimum. */
 
 static void one_hot_act(uint8_t *act, size_t n_in, size_t e)
 {
     memset(act, 0, kern_act_bytes(DX_Q4_K, 1, n_in));
-    for (size_t b = 0; b < n_in / 32; b++)
-        for (int j = 0; j < 8; j++) {
-            float one = 1.0f;
-            memcpy((uint8_t *)kern__q8_d(act, b) + 4 * j, &one, 4);
-        }
-    ((int8_t *)kern__q8_qs(act, e / 32))[e % 32] = 1;
-    int32_t nc = -128;
-    memcpy((uint8_t *)kern__q8_nc(act, e / 32) + 4 * ((e % 32) / 4), &nc, 4);
+    for (size_t sb = 0; sb < n_in / DX_QK_K; sb++) {
+        float one = 1.0f;
+        memcpy(act + sb * KERN__Q8K_BYTES + 288, &one, 4);
+    }
+    uint8_t *p = act + (e / DX_QK_K) * KERN__Q8K_BYTES;
+    p[e % DX_QK_K] = 1;
+    int16_t bs = 1;
+    memcpy(p + 256 + 2 * ((e % DX_QK_K) / 16), &bs, 2);
+}
+
+/* d (and dmin) of every super-block of a row set to 1. */
+static void unit_factors(int wt, uint8_t *row, size_t n_in)
+{
+    size_t bb = dx_dtype_block_bytes(wt);
+    size_t d = wt == DX_Q2_K   ? offsetof(dx_block_q2_k, d)
+               : wt == DX_Q3_K ? offsetof(dx_block_q3_k, d)
+               : wt == DX_Q6_K ? offsetof(dx_block_q6_k, d)
+                               : 0;
+    uint16_t one = dx_f32_to_f16(1.0f);
+    for (size_t b = 0; b < n_in / DX_QK_K; b++) {
+        memcpy(row + b * bb + d, &one, 2);
+        if (wt == DX_Q2_K || wt == DX_Q4_K || wt == DX_Q5_K) memcpy(row + b * bb + d + 2, &one, 2);
+    }
 }
 
 static void test_kq_twin_layout(void **state)
@@ -562,8 +635,10 @@ static void test_kq_twin_layout(void **state)
         int wt = kq_types[d];
         uint8_t *w = make_weights(wt, n_out, n_in);
         size_t rb = dx_dtype_row_bytes(wt, n_in);
-        for (size_t o = 0; o < n_out; o++)
+        for (size_t o = 0; o < n_out; o++) {
+            unit_factors(wt, w + o * rb, n_in);
             assert_int_equal(dx_dtype_to_f32_row(wt, w + o * rb, deq + o * n_in, n_in), 0);
+        }
         for (size_t e = 0; e < n_in; e++) {
             one_hot_act(act, n_in, e);
             float y[3];
@@ -584,8 +659,9 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_isa_select), cmocka_unit_test(test_prep_layout),
         cmocka_unit_test(test_isa_tables), KTI_FAST(test_prep_bits),
-        KTI_ALL(test_mm_invariance),       KTI_FAST(test_mm_matches_scalar),
-        KTI_FAST(test_blk_bit_exact),      KTI_ALL(test_kq_twin_layout),
+        KTI_FAST(test_prep_bits_q8k),      KTI_ALL(test_mm_invariance),
+        KTI_FAST(test_mm_matches_scalar),  KTI_FAST(test_blk_bit_exact),
+        KTI_ALL(test_kq_twin_layout),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

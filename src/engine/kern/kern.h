@@ -40,7 +40,8 @@ const char *kern_isa_name(enum kern_isa isa);
  * Step 1, once per matmul: convert the activations into what the weight
  * type's kernel consumes (F32/F16 weights: f32 as is; BF16: bf16 rows; the
  * 32-block formats: q8_0 blocks with their sums, n_in % 32 == 0; the
- * super-block formats the same, n_in % 256 == 0).  act must
+ * super-block formats: q8_K super-blocks with their sums, n_in % 256 ==
+ * 0).  act must
  * hold kern_act_bytes() bytes, 64-byte aligned.  Weight types of the same
  * kern_act_kind() consume the same prepared activations, so one prep serves
  * them all. */

@@ -44,12 +44,12 @@ static const wtype_kern k_wtypes[DX_DTYPE_ID_MAX] = {
     [DX_Q5_0] = {KERN_ACT_Q8 + 1, kern__dot_q5_0},
     [DX_Q5_1] = {KERN_ACT_Q8 + 1, kern__dot_q5_1},
     [DX_IQ4_NL] = {KERN_ACT_Q8 + 1, kern__dot_iq4_nl},
-    [DX_Q2_K] = {KERN_ACT_Q8 + 1, kern__dot_q2_k},
-    [DX_Q3_K] = {KERN_ACT_Q8 + 1, kern__dot_q3_k},
-    [DX_Q4_K] = {KERN_ACT_Q8 + 1, kern__dot_q4_k},
-    [DX_Q5_K] = {KERN_ACT_Q8 + 1, kern__dot_q5_k},
-    [DX_Q6_K] = {KERN_ACT_Q8 + 1, kern__dot_q6_k},
-    [DX_IQ4_XS] = {KERN_ACT_Q8 + 1, kern__dot_iq4_xs},
+    [DX_Q2_K] = {KERN_ACT_Q8K + 1, kern__dot_q2_k},
+    [DX_Q3_K] = {KERN_ACT_Q8K + 1, kern__dot_q3_k},
+    [DX_Q4_K] = {KERN_ACT_Q8K + 1, kern__dot_q4_k},
+    [DX_Q5_K] = {KERN_ACT_Q8K + 1, kern__dot_q5_k},
+    [DX_Q6_K] = {KERN_ACT_Q8K + 1, kern__dot_q6_k},
+    [DX_IQ4_XS] = {KERN_ACT_Q8K + 1, kern__dot_iq4_xs},
 };
 
 int kern_act_kind(int wtype)
@@ -69,6 +69,8 @@ static size_t kind_row_bytes(int kind, size_t n_in)
         return kern__act_k(n_in) * sizeof(uint16_t);
     case KERN_ACT_Q8:
         return n_in % 32 ? 0 : kern__q8_pairs(n_in) * KERN__Q8_PAIR_BYTES;
+    case KERN_ACT_Q8K:
+        return n_in % DX_QK_K ? 0 : n_in / DX_QK_K * KERN__Q8K_BYTES;
     }
     return 0;
 }
@@ -149,6 +151,7 @@ static const kern_mm_prep_fn k_scalar_prep[KERN_ACT_KINDS] = {
     [KERN_ACT_F32] = f32_prep_row,
     [KERN_ACT_BF16] = bf16_prep_row_scalar,
     [KERN_ACT_Q8] = q8_prep_row_scalar,
+    [KERN_ACT_Q8K] = kern__q8k_prep_scalar,
 };
 
 void kern_act_prep(int wtype, const float *x, size_t n_tok, size_t n_in, void *act)
@@ -186,7 +189,7 @@ static void mm_drive(const kern_mm_isa *isa, int wtype, const void *w, size_t n_
     const kern_mm_tiles *T = wtype >= 0 && wtype < DX_DTYPE_ID_MAX ? isa->tiles[wtype] : NULL;
     size_t wrow = dx_dtype_row_bytes(wtype, n_in), xrow = act_row_bytes(wtype, n_in);
     DX_ASSERT(T && wrow && xrow);
-    size_t br = (size_t)isa->block_rows, mr = (size_t)isa->mr;
+    size_t br = (size_t)isa->block_rows, mr = (size_t)(T->mr ? T->mr : isa->mr);
     size_t rb = (L2_BLOCK_BYTES / wrow) & ~(br - 1);
     if (rb < br) rb = br;
     for (size_t ob = o0; ob < o1; ob += rb) {

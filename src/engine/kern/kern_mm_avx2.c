@@ -384,116 +384,57 @@ MM2_DEF_BLK(q5_0, DX_Q5_0)
 MM2_DEF_BLK(q5_1, DX_Q5_1)
 MM2_DEF_BLK(iq4_nl, DX_IQ4_NL)
 
-/* ---- the super-block formats (the second arithmetic of kern_mm_priv.h) ----
- * Two ymm per output element: lane g of the first holds p[g] (the even
- * blocks' group g), of the second p[8 + g] (the odd blocks'); the tile adds
- * them (p[i] + p[i+8], the tree's first step) and mm2_reduce8 does the
- * rest (+4, +2, +1).  A block's 32 weights unpacked into element order
- * times its quants (vpmaddubsw: unsigned weights of at most 63 times
- * signed quants, 2 * 63 * 127 < 32768, no saturation), widened by
- * vpmaddwd, leave group g's integer sum in lane g; the offset of a weight
- * stored unsigned (Q3_K, Q6_K) is added back from negcorr, and IQ4_XS's
- * signed codebook values take the sign trick (|w| <= 127).  As on
- * AVX-512, the tokens' corrections and d_x * s are made once per
- * super-block for all the tile's rows, and each row's scales decoded once
- * per super-block into its factors S * d_x (and M) by sub-block, stored
- * for the blocks to broadcast (32-element sub-blocks: vbroadcastss is a
- * load) or permute (16: two values a block); the rows are then walked
- * block by block across the tile, so that consecutive FMAs feed different
- * accumulators (measured ~25% faster than row by row, whose one chain of
- * FMAs an element bounds it). */
+/* ---- the super-block formats (kern_mm_priv.h: integer sums a super-block) ----
+ * A tile of MR tokens x NR rows (MR * NR <= 8) keeps one int32 ymm per
+ * element.  For each 32-element chunk j of a super-block, a row's 32
+ * weights unpacked into element order (unsigned; IQ4_XS's signed codebook
+ * values take the sign trick, |v| <= 127) times a token's quants give 16
+ * int16 pair sums (vpmaddubsw: 2 * 63 * 127 and 2 * 127 * 127 < 32768, no
+ * saturation), which vpmaddwd multiplies by the chunk's sub-block scales
+ * (lanes 0-7 of a chunk are its elements 0-15, lanes 8-15 elements 16-31:
+ * one scale a 128-bit half, so one vpshufb picks a chunk's scales for any
+ * format) and adds into the element's accumulator.  After the eighth chunk
+ * the weights' offset (Q3_K, Q6_K) and the minimums come from the tokens'
+ * bsums by one vpmaddwd each, the tile's accumulators are summed across
+ * their lanes all at once (vphaddd: exact), and the float steps run for
+ * the whole tile in one vector, lane t * NR + o. */
 
-/* The tokens' side of one super-block, block j, token t. */
+/* A row's scales for one super-block: sc in vpshufb-pick order (16-element
+ * sub-blocks: the even ones' in the low lane, the odd ones' in the high;
+ * 32-element: all 8 in both), s16 the scale of each 16-element group in
+ * order (the offset's sum of sc * bs), mn the minimum of each 16-element
+ * group in order (Q4_K / Q5_K: each sub-block's twice). */
 typedef struct {
-    __m256i corr[8][2]; /* Q3_K, Q6_K: -4 s, -32 s */
-    __m256 dxs[8][2];   /* the formats with a minimum: d_x * s */
-    __m256 dx[2][2];    /* d_x by sub-block: of blocks 0-7, or of sub-blocks 0-7, 8-15 (16) */
-} mm2_kq_act;
+    __m256i sc, s16, mn;
+} mm2_kq_sc;
 
-/* Block j of a super-block's activations, token 0: quants, negcorr at +64,
- * scales at +128. */
-MM2_INLINE const uint8_t *mm2_kq_xb(const uint8_t *xs, const int j)
+/* 16 byte scales, 16-element sub-blocks, into pick order. */
+MM2_INLINE __m256i mm2_kq_pick16(__m128i c, const int sign)
 {
-    return xs + (j / 2) * KERN__Q8_PAIR_BYTES + (j % 2) * 32;
+    __m128i eo =
+        _mm_shuffle_epi8(c, _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15));
+    return sign ? _mm256_cvtepi8_epi16(eo) : _mm256_cvtepu8_epi16(eo);
 }
 
-MM2_INLINE float mm2_kq_dx(const uint8_t *xs, const int j)
-{
-    return *(const float *)(mm2_kq_xb(xs, j) + 128);
-}
-
-MM2_INLINE void mm2_kq_prep(mm2_kq_act *a, const uint8_t *xs, size_t xrow, const int T,
-                            const int MR)
-{
-    const int sh = kern__kq_corr_shift(T);
-    MM2_UNROLL
-    for (int t = 0; t < MR; t++) {
-        const uint8_t *xt = xs + t * xrow;
-        __m256 d8 =
-            _mm256_setr_ps(mm2_kq_dx(xt, 0), mm2_kq_dx(xt, 1), mm2_kq_dx(xt, 2), mm2_kq_dx(xt, 3),
-                           mm2_kq_dx(xt, 4), mm2_kq_dx(xt, 5), mm2_kq_dx(xt, 6), mm2_kq_dx(xt, 7));
-        if (kern__kq_sub16(T)) { /* sub-block s lies in block s / 2 */
-            a->dx[t][0] = _mm256_permutevar8x32_ps(d8, _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3));
-            a->dx[t][1] = _mm256_permutevar8x32_ps(d8, _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7));
-        } else {
-            a->dx[t][0] = d8;
-        }
-        MM2_UNROLL
-        for (int j = 0; j < 8; j++) {
-            const uint8_t *xb = mm2_kq_xb(xt, j);
-            __m256i nc = _mm256_load_si256((const __m256i *)(xb + 64));
-            a->corr[j][t] = sh > 0 ? _mm256_srai_epi32(nc, sh) : _mm256_setzero_si256();
-            if (kern__kq_has_min(T)) {
-                __m256i sum = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_srai_epi32(nc, 7));
-                a->dxs[j][t] = _mm256_mul_ps(_mm256_load_ps((const float *)(xb + 128)),
-                                             _mm256_cvtepi32_ps(sum));
-            }
-        }
-    }
-}
-
-MM2_INLINE __m256 mm2_f16_bcast(const uint8_t *b)
-{
-    uint16_t h;
-    memcpy(&h, b, 2);
-    return _mm256_cvtph_ps(_mm_set1_epi16((short)h));
-}
-
-/* Bytes 0-7 (high: 8-15) of c as f32, unsigned or signed. */
-MM2_INLINE __m256 mm2_u8_ps(__m128i c, const int high, const int sign)
-{
-    if (high) c = _mm_srli_si128(c, 8);
-    return _mm256_cvtepi32_ps(sign ? _mm256_cvtepi8_epi32(c) : _mm256_cvtepu8_epi32(c));
-}
-
-/* A row's scales for one super-block, by sub-block: sv[0] lanes the S of
- * sub-blocks 0-7, sv[1] of 8-15 (the 16-element formats), mv likewise the
- * M (Q2_K; Q4_K / Q5_K: mv[0]). */
-MM2_INLINE void mm2_kq_scales(const uint8_t *b, const int T, __m256 *sv, __m256 *mv)
+MM2_INLINE void mm2_kq_decode(mm2_kq_sc *r, const uint8_t *b, const int T)
 {
     if (T == DX_Q2_K) {
         __m128i c = _mm_loadu_si128((const __m128i *)b), m4 = _mm_set1_epi8(15);
-        __m128i sc = _mm_and_si128(c, m4), mn = _mm_and_si128(_mm_srli_epi16(c, 4), m4);
-        __m256 d = mm2_f16_bcast(b + offsetof(dx_block_q2_k, d));
-        __m256 dm = mm2_f16_bcast(b + offsetof(dx_block_q2_k, dmin));
-        for (int i = 0; i < 2; i++) {
-            sv[i] = _mm256_mul_ps(mm2_u8_ps(sc, i, 0), d);
-            mv[i] = _mm256_mul_ps(mm2_u8_ps(mn, i, 0), dm);
-        }
-    } else if (T == DX_Q3_K) {
-        __m128i c = _mm_sub_epi8(kern__q3k_scales_v(b), _mm_set1_epi8(32));
-        __m256 d = mm2_f16_bcast(b + offsetof(dx_block_q3_k, d));
-        for (int i = 0; i < 2; i++) sv[i] = _mm256_mul_ps(mm2_u8_ps(c, i, 1), d);
+        r->sc = mm2_kq_pick16(_mm_and_si128(c, m4), 0);
+        r->mn = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(c, 4), m4));
+    } else if (T == DX_Q3_K || T == DX_Q6_K) {
+        __m128i c = T == DX_Q3_K
+                        ? _mm_sub_epi8(kern__q3k_scales_v(b), _mm_set1_epi8(32))
+                        : _mm_loadu_si128((const __m128i *)(b + offsetof(dx_block_q6_k, scales)));
+        r->sc = mm2_kq_pick16(c, 1);
+        r->s16 = _mm256_cvtepi8_epi16(c);
     } else if (T == DX_Q4_K || T == DX_Q5_K) {
         __m128i c = kern__k4_scales_v(b);
-        sv[0] = _mm256_mul_ps(mm2_u8_ps(c, 0, 0), mm2_f16_bcast(b));
-        mv[0] = _mm256_mul_ps(mm2_u8_ps(c, 1, 0), mm2_f16_bcast(b + 2));
-    } else if (T == DX_Q6_K) {
-        __m128i c = _mm_loadu_si128((const __m128i *)(b + offsetof(dx_block_q6_k, scales)));
-        __m256 d = mm2_f16_bcast(b + offsetof(dx_block_q6_k, d));
-        for (int i = 0; i < 2; i++) sv[i] = _mm256_mul_ps(mm2_u8_ps(c, i, 1), d);
-    } else {
-        sv[0] = _mm256_mul_ps(_mm256_cvtepi32_ps(kern__iq4xs_scales_v(b)), mm2_f16_bcast(b));
+        r->sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(c));
+        r->mn = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(c, c));
+    } else { /* IQ4_XS: 8 int32 scales to int16, both lanes */
+        __m256i v = kern__iq4xs_scales_v(b);
+        r->sc = _mm256_permute4x64_epi64(_mm256_packs_epi32(v, v), 0xd8);
     }
 }
 
@@ -548,102 +489,120 @@ MM2_INLINE __m256i mm2_kq_weights(const uint8_t *b, const int j, __m256i hb, con
         _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)dx_iq4nl_values)), v);
 }
 
-/* A row's factors of one super-block by sub-block, in memory, where the
- * blocks broadcast (32-element sub-blocks: one value a block) or permute
- * (16: two) them: S * d_x for each token, and M. */
-typedef struct {
-    _Alignas(32) float sd[2][16];
-    _Alignas(32) float mn[16];
-} mm2_kq_fac;
-
-MM2_INLINE void mm2_kq_factors(mm2_kq_fac *f, const uint8_t *b, const mm2_kq_act *a, const int T,
-                               const int MR)
+/* Lane i of the result: the sum of a[i]'s lanes (exact). */
+MM2_INLINE __m256i mm2_hsum8i(const __m256i *a)
 {
-    __m256 sv[2], mv[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-    mm2_kq_scales(b, T, sv, mv);
-    const int nv = kern__kq_sub16(T) ? 2 : 1;
+    __m256i q0 = _mm256_hadd_epi32(_mm256_hadd_epi32(a[0], a[1]), _mm256_hadd_epi32(a[2], a[3]));
+    __m256i q1 = _mm256_hadd_epi32(_mm256_hadd_epi32(a[4], a[5]), _mm256_hadd_epi32(a[6], a[7]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(q0, q1, 0x20),
+                            _mm256_permute2x128_si256(q0, q1, 0x31));
+}
+
+MM2_INLINE uint16_t mm2_u16_at(const uint8_t *p)
+{
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return h;
+}
+
+/* Lane t * NR + o: row o's f16 at offset off of its super-block b[o]. */
+MM2_INLINE __m256 mm2_kq_rows_f16(const uint8_t *w, size_t wrow, size_t off, const int MR,
+                                  const int NR)
+{
+    uint16_t h[8] = {0};
     MM2_UNROLL
-    for (int i = 0; i < nv; i++) {
-        MM2_UNROLL
-        for (int t = 0; t < MR; t++)
-            _mm256_store_ps(f->sd[t] + 8 * i, _mm256_mul_ps(sv[i], a->dx[t][i]));
-        if (kern__kq_has_min(T)) _mm256_store_ps(f->mn + 8 * i, mv[i]);
-    }
+    for (int i = 0; i < MR * NR; i++) h[i] = mm2_u16_at(w + (size_t)(i % NR) * wrow + off);
+    return _mm256_cvtph_ps(_mm_setr_epi16((short)h[0], (short)h[1], (short)h[2], (short)h[3],
+                                          (short)h[4], (short)h[5], (short)h[6], (short)h[7]));
 }
 
-/* Block j's lanes of a by-sub-block array: sub-block j (32 elements), or
- * 2j (lanes 0-3) and 2j + 1 (4-7). */
-MM2_INLINE __m256 mm2_kq_lanes(const float *v, const int j, const int T)
-{
-    if (!kern__kq_sub16(T)) return _mm256_broadcast_ss(v + j);
-    const int a = 2 * (j % 4);
-    return _mm256_permutevar8x32_ps(_mm256_load_ps(v + 8 * (j / 4)),
-                                    _mm256_setr_epi32(a, a, a, a, a + 1, a + 1, a + 1, a + 1));
-}
-
-/* Block j of one row (b: its super-block) into acc[2 * t * NR + j % 2]. */
-MM2_INLINE void mm2_kq_block(__m256 *acc, const uint8_t *b, const int j, const uint8_t *xs,
-                             size_t xrow, const mm2_kq_act *a, const mm2_kq_fac *f, const int T,
-                             const int MR, const int NR)
-{
-    __m256i hb =
-        T == DX_Q3_K   ? _mm256_loadu_si256((const __m256i *)(b + offsetof(dx_block_q3_k, hmask)))
-        : T == DX_Q5_K ? _mm256_loadu_si256((const __m256i *)(b + offsetof(dx_block_q5_k, qh)))
-                       : _mm256_setzero_si256();
-    __m256i wv = mm2_kq_weights(b, j, hb, T);
-    __m256i aw = T == DX_IQ4_XS ? _mm256_sign_epi8(wv, wv) : wv;
-    __m256 m = kern__kq_has_min(T) ? mm2_kq_lanes(f->mn, j, T) : _mm256_setzero_ps();
-    const __m256i ones = _mm256_set1_epi16(1);
-    MM2_UNROLL
-    for (int t = 0; t < MR; t++) {
-        __m256i xq = _mm256_load_si256((const __m256i *)mm2_kq_xb(xs + t * xrow, j));
-        if (T == DX_IQ4_XS) xq = _mm256_sign_epi8(xq, wv);
-        __m256i is = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, xq), ones);
-        if (kern__kq_corr_shift(T) > 0) is = _mm256_add_epi32(is, a->corr[j][t]);
-        __m256 *y = &acc[2 * t * NR + j % 2];
-        *y = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), mm2_kq_lanes(f->sd[t], j, T), *y);
-        if (kern__kq_has_min(T)) *y = _mm256_fnmadd_ps(a->dxs[j][t], m, *y);
-    }
-}
-
+#ifndef PF_TILES
+#define PF_TILES 1
+#endif
 MM2_INLINE void mm2_kq_tile(KERN_MM_TILE_ARGS, const int T, const int MR, const int NR)
 {
     const size_t bb = kern__kq_bytes(T), nsb = n_in / DX_QK_K;
-    __m256 acc[8];
-    MM2_UNROLL
-    for (int i = 0; i < 2 * MR * NR; i++) acc[i] = _mm256_setzero_ps();
-    /* decode: each step first touches the lines it will read in every row
-     * (as the AVX-512 tiles) */
-    const int pf = MR == 1 && NR == 4, lines = (int)((bb + 63) / 64);
-    for (size_t s = 0; s < nsb; s++, w += bb, x += 4 * KERN__Q8_PAIR_BYTES) {
-        if (pf) {
+    const size_t doff = T == DX_Q2_K   ? offsetof(dx_block_q2_k, d)
+                        : T == DX_Q3_K ? offsetof(dx_block_q3_k, d)
+                        : T == DX_Q6_K ? offsetof(dx_block_q6_k, d)
+                                       : 0;
+    const int off = kern__kq_offset(T), has_m = kern__kq_has_min(T);
+    const int lines = (int)((bb + 63) / 64);
+    __m256 sum = _mm256_setzero_ps(); /* lane t * NR + o */
+    for (size_t s = 0; s < nsb; s++, w += bb, x += KERN__Q8K_BYTES) {
+        if (MR == 1) { /* decode: this super-block's lines of the next tile's rows */
+            const char *nx = (const char *)w + (size_t)(PF_TILES * NR) * wrow;
             MM2_UNROLL
             for (int o = 0; o < NR; o++)
-                for (int l = 0; l < lines; l++)
-                    _mm_prefetch((const char *)w + o * wrow + 64 * l, _MM_HINT_T0);
+                for (int l = 0; l < lines; l++) _mm_prefetch(nx + o * wrow + 64 * l, _MM_HINT_T0);
         }
-        mm2_kq_act a;
-        mm2_kq_prep(&a, x, xrow, T, MR);
-        /* all rows' factors, then block by block across the rows, so that
-         * one element's chain of FMAs overlaps the others' */
-        mm2_kq_fac f[4];
+        mm2_kq_sc sc[4];
         MM2_UNROLL
-        for (int o = 0; o < NR; o++) mm2_kq_factors(&f[o], w + o * wrow, &a, T, MR);
-        __asm__ volatile("" : : "r"(f) : "memory"); /* keep them in memory */
+        for (int o = 0; o < NR; o++) mm2_kq_decode(&sc[o], w + o * wrow, T);
+        __m256i acc[8];
+        MM2_UNROLL
+        for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_si256();
         MM2_UNROLL
         for (int j = 0; j < 8; j++) {
+            const __m256i pick = _mm256_set1_epi16((short)((2 * j + 1) << 8 | 2 * j));
             MM2_UNROLL
-            for (int o = 0; o < NR; o++)
-                mm2_kq_block(acc + 2 * o, w + o * wrow, j, x, xrow, &a, &f[o], T, MR, NR);
+            for (int o = 0; o < NR; o++) {
+                const uint8_t *b = w + o * wrow;
+                __m256i hb =
+                    T == DX_Q3_K
+                        ? _mm256_loadu_si256((const __m256i *)(b + offsetof(dx_block_q3_k, hmask)))
+                    : T == DX_Q5_K
+                        ? _mm256_loadu_si256((const __m256i *)(b + offsetof(dx_block_q5_k, qh)))
+                        : _mm256_setzero_si256();
+                __m256i wv = mm2_kq_weights(b, j, hb, T);
+                __m256i aw = T == DX_IQ4_XS ? _mm256_sign_epi8(wv, wv) : wv;
+                __m256i scj = _mm256_shuffle_epi8(sc[o].sc, pick);
+                MM2_UNROLL
+                for (int t = 0; t < MR; t++) {
+                    __m256i xq = _mm256_load_si256((const __m256i *)(x + t * xrow + 32 * j));
+                    if (T == DX_IQ4_XS) xq = _mm256_sign_epi8(xq, wv);
+                    acc[t * NR + o] = _mm256_add_epi32(
+                        acc[t * NR + o], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, xq), scj));
+                }
+            }
+        }
+        __m256i mins[8] = {0};
+        MM2_UNROLL
+        for (int t = 0; t < MR; t++) {
+            __m256i bs = _mm256_load_si256((const __m256i *)(x + t * xrow + 256));
+            MM2_UNROLL
+            for (int o = 0; o < NR; o++) {
+                const int i = t * NR + o;
+                if (off) /* v = u - off: minus off * sum of sc * bs */
+                    acc[i] =
+                        _mm256_sub_epi32(acc[i], _mm256_slli_epi32(_mm256_madd_epi16(bs, sc[o].s16),
+                                                                   off == 32 ? 5 : 2));
+                if (has_m) mins[i] = _mm256_madd_epi16(bs, sc[o].mn);
+            }
+        }
+        float dx[4];
+        MM2_UNROLL
+        for (int t = 0; t < MR; t++) dx[t] = kern__q8k_d(x + t * xrow, 0);
+        __m256 dxv = MR == 1
+                         ? _mm256_set1_ps(dx[0])
+                         : _mm256_setr_ps(dx[0], dx[(1 / NR) % MR], dx[(2 / NR) % MR],
+                                          dx[(3 / NR) % MR], dx[(4 / NR) % MR], dx[(5 / NR) % MR],
+                                          dx[(6 / NR) % MR], dx[(7 / NR) % MR]);
+        __m256 dd = _mm256_mul_ps(mm2_kq_rows_f16(w, wrow, doff, MR, NR), dxv);
+        sum = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mm2_hsum8i(acc)), dd, sum);
+        if (has_m) {
+            __m256 dm = _mm256_mul_ps(mm2_kq_rows_f16(w, wrow, doff + 2, MR, NR), dxv);
+            sum = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mm2_hsum8i(mins)), dm, sum);
         }
     }
-    __m256 r[4]; /* p[i] + p[i+8], output t * NR + o */
+    float r[8];
+    _mm256_storeu_ps(r, sum);
     MM2_UNROLL
-    for (int i = 0; i < MR * NR; i++) r[i] = _mm256_add_ps(acc[2 * i], acc[2 * i + 1]);
-    mm2_store_tile(r, MR, NR, y, ldy);
+    for (int i = 0; i < MR * NR; i++) y[(size_t)(i / NR) * ldy + (size_t)(i % NR)] = r[i];
 }
 
-/* Shapes by token count: 4 rows (8 accumulators), a row pair, one row. */
+/* Shapes by token count: 8 elements a tile where the rows allow, then
+ * fewer rows, down to one. */
 #define MM2_DEF_KQ_TILE(KIND, T, MR, NR)                                                           \
     static void mm2_##KIND##_##MR##x##NR(KERN_MM_TILE_ARGS)                                        \
     {                                                                                              \
@@ -653,11 +612,19 @@ MM2_INLINE void mm2_kq_tile(KERN_MM_TILE_ARGS, const int T, const int MR, const 
     MM2_DEF_KQ_TILE(KIND, T, 1, 4)                                                                 \
     MM2_DEF_KQ_TILE(KIND, T, 1, 2)                                                                 \
     MM2_DEF_KQ_TILE(KIND, T, 1, 1)                                                                 \
+    MM2_DEF_KQ_TILE(KIND, T, 2, 4)                                                                 \
     MM2_DEF_KQ_TILE(KIND, T, 2, 2)                                                                 \
     MM2_DEF_KQ_TILE(KIND, T, 2, 1)                                                                 \
-    static const kern_mm_tiles mm2_##KIND##_tiles = {                                              \
+    MM2_DEF_KQ_TILE(KIND, T, 3, 2)                                                                 \
+    MM2_DEF_KQ_TILE(KIND, T, 3, 1)                                                                 \
+    MM2_DEF_KQ_TILE(KIND, T, 4, 2)                                                                 \
+    MM2_DEF_KQ_TILE(KIND, T, 4, 1)                                                                 \
+    const kern_mm_tiles kern__avx2_##KIND##_tiles = {                                              \
         .by = {[1] = {{mm2_##KIND##_1x4, 4}, {mm2_##KIND##_1x2, 2}, {mm2_##KIND##_1x1, 1}},        \
-               [2] = {{mm2_##KIND##_2x2, 2}, {mm2_##KIND##_2x1, 1}}},                              \
+               [2] = {{mm2_##KIND##_2x4, 4}, {mm2_##KIND##_2x2, 2}, {mm2_##KIND##_2x1, 1}},        \
+               [3] = {{mm2_##KIND##_3x2, 2}, {mm2_##KIND##_3x1, 1}},                               \
+               [4] = {{mm2_##KIND##_4x2, 2}, {mm2_##KIND##_4x1, 1}}},                              \
+        .mr = 4,                                                                                   \
     };
 
 MM2_DEF_KQ(q2_k, DX_Q2_K)
@@ -730,6 +697,49 @@ static void mm2_q8_prep_row(const float *x, size_t n_in, void *out)
     kern__q8_clear_odd(row, n_in);
 }
 
+/* ---- q8_K activation prep, bit-identical to kern__q8k_prep_scalar ---- */
+
+void kern__avx2_q8k_prep(const float *x, size_t n_in, void *out)
+{
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    for (size_t sb = 0; sb < n_in / DX_QK_K; sb++, x += DX_QK_K) {
+        uint8_t *o = (uint8_t *)out + sb * KERN__Q8K_BYTES;
+        __m256 m = _mm256_setzero_ps();
+        for (int i = 0; i < 32; i++)
+            m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(x + 8 * i), absmask));
+        float l[8], amax = 0.0f;
+        _mm256_storeu_ps(l, m);
+        for (int i = 0; i < 8; i++) amax = l[i] > amax ? l[i] : amax;
+        float d = amax / 127.0f;
+        __m256 id = _mm256_set1_ps(d != 0.0f ? 1.0f / d : 0.0f);
+        __m256i s4[8]; /* chunk j's sums of 4 */
+        for (int j = 0; j < 8; j++) {
+            __m256i qi[4];
+            for (int i = 0; i < 4; i++)
+                qi[i] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 32 * j + 8 * i), id));
+            /* packs interleave 128-bit lanes; the permute puts the 4-byte groups back in order */
+            __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]),
+                                           _mm256_packs_epi32(qi[2], qi[3]));
+            p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            _mm256_store_si256((__m256i *)(o + 32 * j), p);
+            s4[j] = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), p),
+                                      _mm256_set1_epi16(1));
+        }
+        /* [bs0 bs2 bs4 bs6 | bs1 bs3 bs5 bs7] and [bs8 .. | bs9 ..], to int16 in order */
+        __m256i q0 =
+            _mm256_hadd_epi32(_mm256_hadd_epi32(s4[0], s4[1]), _mm256_hadd_epi32(s4[2], s4[3]));
+        __m256i q1 =
+            _mm256_hadd_epi32(_mm256_hadd_epi32(s4[4], s4[5]), _mm256_hadd_epi32(s4[6], s4[7]));
+        __m256i bs = _mm256_permute4x64_epi64(_mm256_packs_epi32(q0, q1), 0xd8);
+        bs = _mm256_shuffle_epi8(bs, _mm256_setr_epi8(0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7,
+                                                      14, 15, 0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12,
+                                                      13, 6, 7, 14, 15));
+        _mm256_store_si256((__m256i *)(o + 256), bs);
+        memset(o + 288, 0, KERN__Q8K_BYTES - 288);
+        memcpy(o + 288, &d, 4);
+    }
+}
+
 /* No BF16 prep: BF16 activations take the scalar conversion on this path. */
 const kern_mm_isa kern_mm_isa_avx2 = {
     .mr = 2,
@@ -743,11 +753,6 @@ const kern_mm_isa kern_mm_isa_avx2 = {
               [DX_Q5_0] = &mm2_q5_0_tiles,
               [DX_Q5_1] = &mm2_q5_1_tiles,
               [DX_IQ4_NL] = &mm2_iq4_nl_tiles,
-              [DX_Q2_K] = &mm2_q2_k_tiles,
-              [DX_Q3_K] = &mm2_q3_k_tiles,
-              [DX_Q4_K] = &mm2_q4_k_tiles,
-              [DX_Q5_K] = &mm2_q5_k_tiles,
-              [DX_Q6_K] = &mm2_q6_k_tiles,
-              [DX_IQ4_XS] = &mm2_iq4_xs_tiles},
-    .prep = {[KERN_ACT_Q8] = mm2_q8_prep_row},
+              KERN__AVX2_KQ_TILES},
+    .prep = {[KERN_ACT_Q8] = mm2_q8_prep_row, [KERN_ACT_Q8K] = kern__avx2_q8k_prep},
 };

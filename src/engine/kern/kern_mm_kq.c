@@ -1,10 +1,10 @@
 /* kern_mm_kq: scalar twins of the super-block matmuls (Q2_K, Q3_K, Q4_K,
- * Q5_K, Q6_K, IQ4_XS against q8 activations) — the definition of their
+ * Q5_K, Q6_K, IQ4_XS against q8_K activations) — the definition of their
  * arithmetic (kern_mm_priv.h), which every ISA's tiles reproduce bit for
- * bit, and the KERN_SCALAR engine path.
+ * bit — the KERN_ACT_Q8K prep, and the KERN_SCALAR engine path.
  *
  * A super-block is decoded here into its 256 integer weights and its
- * sub-blocks' f32 scales and minimums, walking the bytes the way GGML's
+ * sub-blocks' integer scales and minimums, walking the bytes the way GGML's
  * kernels do (a byte at a time into the elements it feeds, the packed
  * scales through 32-bit words) rather than dx_kquant's element-by-element
  * formulas, so that the tests comparing the two catch a layout slip in
@@ -16,10 +16,12 @@
 #include "base/dx_err.h"
 #include "engine/kern/kern_mm_priv.h"
 
-/* A super-block as integers: element i is v[i] * s[i / sub] (- m[i / sub]). */
+/* A super-block as integers: element i is d * sc[i / sub] * v[i]
+ * (- dmin * mn[i / sub]). */
 typedef struct {
     int v[DX_QK_K];
-    float s[16], m[16];
+    int sc[16], mn[16];
+    float d, dmin;
     int sub; /* elements per sub-block: 16 or 32 */
 } kq_ints;
 
@@ -42,12 +44,12 @@ static void crumbs(const uint8_t *qs, int *v)
 static void dec_q2_k(const uint8_t *b, kq_ints *o)
 {
     const dx_block_q2_k *x = (const dx_block_q2_k *)b;
-    float d = f16_at(b + offsetof(dx_block_q2_k, d)),
-          dm = f16_at(b + offsetof(dx_block_q2_k, dmin));
+    o->d = f16_at(b + offsetof(dx_block_q2_k, d));
+    o->dmin = f16_at(b + offsetof(dx_block_q2_k, dmin));
     crumbs(x->qs, o->v);
     for (int s = 0; s < 16; s++) {
-        o->s[s] = d * (float)(x->scales[s] & 15);
-        o->m[s] = dm * (float)(x->scales[s] >> 4);
+        o->sc[s] = x->scales[s] & 15;
+        o->mn[s] = x->scales[s] >> 4;
     }
     o->sub = 16;
 }
@@ -70,21 +72,20 @@ static void q3k_scales(const uint8_t *q, int *sc)
 static void dec_q3_k(const uint8_t *b, kq_ints *o)
 {
     const dx_block_q3_k *x = (const dx_block_q3_k *)b;
-    float d = f16_at(b + offsetof(dx_block_q3_k, d));
+    o->d = f16_at(b + offsetof(dx_block_q3_k, d));
     crumbs(x->qs, o->v);
     for (int n = 0; n < 2; n++) /* the high bit: bit 4n + k of hmask[j] */
         for (int k = 0; k < 4; k++)
             for (int j = 0; j < 32; j++)
                 o->v[128 * n + 32 * k + j] -= (x->hmask[j] >> (4 * n + k)) & 1 ? 0 : 4;
-    int sc[16];
-    q3k_scales(x->scales, sc);
-    for (int s = 0; s < 16; s++) o->s[s] = d * (float)(sc[s] - 32);
+    q3k_scales(x->scales, o->sc);
+    for (int s = 0; s < 16; s++) o->sc[s] -= 32;
     o->sub = 16;
 }
 
 /* Q4_K / Q5_K: d, dmin, then the 6-bit scales and minimums of the 8
  * sub-blocks as GGML's kernels unpack scales[12] through 32-bit words. */
-static void k4_scales(const uint8_t *b, float *s, float *m)
+static void k4_scales(const uint8_t *b, kq_ints *o)
 {
     uint32_t u[4];
     memcpy(u, b + 4, 12);
@@ -95,10 +96,11 @@ static void k4_scales(const uint8_t *b, float *s, float *m)
     u[0] &= 0x3f3f3f3fu;
     uint8_t sm[16];
     memcpy(sm, u, 16);
-    float d = f16_at(b), dm = f16_at(b + 2);
+    o->d = f16_at(b);
+    o->dmin = f16_at(b + 2);
     for (int i = 0; i < 8; i++) {
-        s[i] = d * (float)sm[i];
-        m[i] = dm * (float)sm[8 + i];
+        o->sc[i] = sm[i];
+        o->mn[i] = sm[8 + i];
     }
 }
 
@@ -116,7 +118,7 @@ static void dec_k45(const uint8_t *b, const uint8_t *qs, const uint8_t *qh, kq_i
             o->v[64 * c + j] = lo;
             o->v[64 * c + 32 + j] = hi;
         }
-    k4_scales(b, o->s, o->m);
+    k4_scales(b, o);
     o->sub = 32;
 }
 
@@ -146,18 +148,18 @@ static void dec_q6_k(const uint8_t *b, kq_ints *o)
             v[l + 96] = ((ql[l + 32] >> 4) | ((qh[l] >> 6) & 3) << 4) - 32;
         }
     }
-    float d = f16_at(b + offsetof(dx_block_q6_k, d));
-    for (int s = 0; s < 16; s++) o->s[s] = d * (float)x->scales[s];
+    o->d = f16_at(b + offsetof(dx_block_q6_k, d));
+    for (int s = 0; s < 16; s++) o->sc[s] = x->scales[s];
     o->sub = 16;
 }
 
 static void dec_iq4_xs(const uint8_t *b, kq_ints *o)
 {
     const dx_block_iq4_xs *x = (const dx_block_iq4_xs *)b;
-    float d = f16_at(b);
+    o->d = f16_at(b);
     for (int s = 0; s < 8; s++) {
         int ls = ((x->scales_l[s / 2] >> (4 * (s % 2))) & 15) | ((x->scales_h >> (2 * s)) & 3) << 4;
-        o->s[s] = d * (float)(ls - 32);
+        o->sc[s] = ls - 32;
         for (int j = 0; j < 16; j++) {
             o->v[32 * s + j] = dx_iq4nl_values[x->qs[16 * s + j] & 15];
             o->v[32 * s + 16 + j] = dx_iq4nl_values[x->qs[16 * s + j] >> 4];
@@ -192,39 +194,46 @@ static void decode(int type, const uint8_t *b, kq_ints *o)
     }
 }
 
-/* One 32-block of the super-block (bi = 0..7, global block b) into p. */
-static void block_into(const kq_ints *k, int bi, size_t b, const uint8_t *x, int has_m, float *p)
-{
-    const int8_t *xq = kern__q8_qs(x, b);
-    float dx = *kern__q8_d(x, b);
-    for (int g = 0; g < 8; g++) {
-        const int *v = k->v + 32 * bi + 4 * g;
-        int sub = (32 * bi + 4 * g) / k->sub, l = 8 * (int)(b % 2) + g;
-        int32_t ig = 0, sg = 0;
-        for (int e = 0; e < 4; e++) {
-            ig += v[e] * xq[4 * g + e];
-            sg += xq[4 * g + e];
-        }
-        p[l] = fmaf((float)ig, k->s[sub] * dx, p[l]);
-        if (has_m) p[l] = fmaf(dx * (float)sg, -k->m[sub], p[l]);
-    }
-}
-
 static float dot_kq(int type, const uint8_t *w, const uint8_t *x, size_t n_in)
 {
     size_t bb = kern__kq_bytes(type);
     int has_m = kern__kq_has_min(type);
-    float p[16] = {0};
+    float y = 0.0f;
     for (size_t sb = 0; sb < n_in / DX_QK_K; sb++) {
-        kq_ints k;
+        kq_ints k = {.dmin = 0.0f};
         decode(type, w + sb * bb, &k);
-        for (int bi = 0; bi < 8; bi++) block_into(&k, bi, 8 * sb + (size_t)bi, x, has_m, p);
+        const int8_t *q = kern__q8k_qs(x, sb);
+        const int16_t *bs = kern__q8k_bs(x, sb);
+        float dx = kern__q8k_d(x, sb);
+        int32_t a = 0, m = 0;
+        for (int i = 0; i < DX_QK_K; i++) a += k.sc[i / k.sub] * k.v[i] * q[i];
+        for (int j = 0; j < 16; j++) m += k.mn[16 * j / k.sub] * bs[j];
+        y = fmaf((float)a, k.d * dx, y);
+        if (has_m) y = fmaf((float)m, -(k.dmin * dx), y);
     }
-    float r[8];
-    for (int i = 0; i < 8; i++) r[i] = p[i] + p[i + 8];
-    for (int i = 0; i < 4; i++) r[i] = r[i] + r[i + 4];
-    for (int i = 0; i < 2; i++) r[i] = r[i] + r[i + 2];
-    return r[0] + r[1];
+    return y;
+}
+
+/* KERN_ACT_Q8K: the super-blocks of one activation row (kern_mm_priv.h). */
+void kern__q8k_prep_scalar(const float *x, size_t n_in, void *row)
+{
+    for (size_t sb = 0; sb < n_in / DX_QK_K; sb++) {
+        const float *xs = x + sb * DX_QK_K;
+        uint8_t *o = (uint8_t *)row + sb * KERN__Q8K_BYTES;
+        float amax = 0.0f;
+        for (int i = 0; i < DX_QK_K; i++) amax = fmaxf(amax, fabsf(xs[i]));
+        float d = amax / 127.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        int8_t *q = (int8_t *)o;
+        for (int i = 0; i < DX_QK_K; i++) q[i] = (int8_t)lrintf(xs[i] * id);
+        for (int j = 0; j < 16; j++) {
+            int16_t s = 0;
+            for (int i = 0; i < 16; i++) s = (int16_t)(s + q[16 * j + i]);
+            memcpy(o + 256 + 2 * j, &s, 2);
+        }
+        memcpy(o + 288, &d, 4);
+        memset(o + 292, 0, KERN__Q8K_BYTES - 292);
+    }
 }
 
 float kern__dot_q2_k(const uint8_t *w, const uint8_t *x, size_t n_in)

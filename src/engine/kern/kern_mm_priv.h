@@ -21,8 +21,7 @@
  * by activation kind:
  *   KERN_ACT_F32 (F32/F16 weights):  f32[kern__act_k(n_in)]   (n_in rounded up to 32)
  *   KERN_ACT_BF16 (BF16 weights):    bf16[kern__act_k(n_in)]
- *   KERN_ACT_Q8 (every 32-block format: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL,
- *                and the super-block formats Q2_K..Q6_K, IQ4_XS, n_in % 256 == 0):
+ *   KERN_ACT_Q8 (every 32-block format: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL):
  *                    per pair of 32-blocks p (n_in/64 rounded up), 192 bytes:
  *                    int8 q[64], int32 negcorr[16], f32 d[16]
  *     q: the two blocks' quants as dx_f32_to_q8_0_row computes them;
@@ -52,30 +51,34 @@
  * one lane.
  *
  * The super-block formats (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS; dx_kquant.h;
- * n_in % 256 == 0) consume the same KERN_ACT_Q8 rows and share a second
- * arithmetic, defined by their scalar twins (kern_mm_kq.c) and reproduced
- * bit for bit by every ISA's tiles.  For an output element, sixteen f32
- * partials p[0..15] start at +0.  For each 32-element block b of the row in
- * order (h = b % 2) and group g = 0..7 (elements 4g..4g+3 of the block, in
- * element order), lane l = 8h + g:
- *     i    = sum over the group of w * x                  (int32, exact)
- *     p[l] = fma((float)i, S * d_x, p[l])
- *   and for the formats with a minimum (Q2_K, Q4_K, Q5_K), s the group's
- *   sum of x:
- *     p[l] = fma(d_x * (float)s, -M, p[l])
- * with w the weight's integer value (Q2_K q 0..3; Q3_K q2 - (hbit ? 0 : 4);
- * Q4_K q 0..15; Q5_K q 0..31; Q6_K q - 32; IQ4_XS dx_iq4nl_values[q]), x the
- * activation quants of block b, d_x its scale, and S and M the f32 scale
- * and minimum of the group's sub-block as dequantisation computes them
- * (Q2_K d*(sc & 15), dmin*(sc >> 4); Q3_K d*(sc - 32); Q4_K / Q5_K d*sc,
- * dmin*m; Q6_K d*sc; IQ4_XS d*(ls - 32)); every product is rounded to f32
- * before it enters the fma.  A group never straddles a sub-block (of 16 or
- * 32 elements).  The element is the tree r[i] = p[i] + p[i+8] (i < 8), then
- * r[i] + r[i+4] (i < 4), r[i] + r[i+2] (i < 2), r[0] + r[1].  The lanes are
- * the 16 4-byte groups of one activation pair, so a vector path unpacks a
- * pair's 64 weights into element order and one integer dot per pair (or
- * one per block) leaves every group's i in its lane; the tree is the one
- * the ISA files' 16-lane reductions apply. */
+ * n_in % 256 == 0) consume KERN_ACT_Q8K rows, one 320-byte piece per
+ * 256-element super-block (as GGML's q8_K, so one integer sum covers a
+ * whole weight super-block):
+ *   int8 q[256], int16 bsums[16], f32 d, 28 zero bytes
+ *     d = amax / 127 over the super-block's 256 values (f32, not rounded to
+ *     f16), q = lrint(x / d) as dx_f32_to_q8_0_row computes it (x * (1/d));
+ *     bsums[j] = q[16j] + .. + q[16j + 15].
+ * Their arithmetic is defined by their scalar twins (kern_mm_kq.c) and
+ * reproduced bit for bit by every ISA's tiles.  For an output element, one
+ * f32 y starts at +0; for each super-block in order, with v the weights'
+ * integer values (Q2_K q 0..3; Q3_K q2 - (hbit ? 0 : 4); Q4_K q 0..15;
+ * Q5_K q 0..31; Q6_K q - 32; IQ4_XS dx_iq4nl_values[q]), sc and m the
+ * integer scale and minimum of each sub-block (Q2_K sc & 15, sc >> 4; Q3_K
+ * sc - 32; Q4_K / Q5_K the 6-bit sc and m; Q6_K the int8 scale; IQ4_XS
+ * ls - 32), x the activation quants, bs the sums of x over each sub-block
+ * (bsums, two of them for a 32-element sub-block), and d, dmin the
+ * super-block's f16 factors widened:
+ *     A = sum over elements of sc * v * x                 (int32, exact)
+ *     y = fma((float)A, d * d_x, y)
+ *   and for the formats with a minimum (Q2_K, Q4_K, Q5_K):
+ *     B = sum over sub-blocks of m * bs                    (int32, exact)
+ *     y = fma((float)B, -(dmin * d_x), y)
+ * (each product rounded to f32 before it enters the fma).  Integer sums
+ * have no order, so a vector path may sum in any lanes it likes (an
+ * offset stored in the weights, Q3_K's 4 and Q6_K's 32, comes back as the
+ * exact integer offset * sum of sc * bs); only these float steps are
+ * fixed, and they are the same on every path.  |A| < 2^28 for every
+ * format (Q6_K: 16 sub-blocks * 128 * 32 * 127 * 16), so int32 holds it. */
 #ifndef KERN_MM_PRIV_H
 #define KERN_MM_PRIV_H
 
@@ -86,9 +89,10 @@
 #include "base/dx_dtype.h"
 
 #define KERN__Q8_PAIR_BYTES 192
+#define KERN__Q8K_BYTES     320 /* one super-block of a KERN_ACT_Q8K row */
 
 /* Activation layouts (above). */
-enum { KERN_ACT_F32, KERN_ACT_BF16, KERN_ACT_Q8, KERN_ACT_KINDS };
+enum { KERN_ACT_F32, KERN_ACT_BF16, KERN_ACT_Q8, KERN_ACT_Q8K, KERN_ACT_KINDS };
 
 static inline size_t kern__act_k(size_t n_in)
 {
@@ -111,6 +115,21 @@ static inline const int32_t *kern__q8_nc(const uint8_t *row, size_t b)
 static inline const float *kern__q8_d(const uint8_t *row, size_t b)
 {
     return (const float *)(row + (b / 2) * KERN__Q8_PAIR_BYTES + 128 + (b % 2) * 32);
+}
+/* Super-block sb of a KERN_ACT_Q8K row: its quants, bsums, scale. */
+static inline const int8_t *kern__q8k_qs(const uint8_t *row, size_t sb)
+{
+    return (const int8_t *)(row + sb * KERN__Q8K_BYTES);
+}
+static inline const int16_t *kern__q8k_bs(const uint8_t *row, size_t sb)
+{
+    return (const int16_t *)(row + sb * KERN__Q8K_BYTES + 256);
+}
+static inline float kern__q8k_d(const uint8_t *row, size_t sb)
+{
+    float d;
+    memcpy(&d, row + sb * KERN__Q8K_BYTES + 288, 4);
+    return d;
 }
 /* Zeroes the missing second block of the last pair when n_in/32 is odd. */
 static inline void kern__q8_clear_odd(uint8_t *row, size_t n_in)
@@ -135,11 +154,12 @@ typedef struct {
     int nr;             /* weight rows per call */
 } kern_mm_tile;
 
-/* One weight type's tiles: by[mr] for a tile of mr tokens (1..isa mr), the
- * shapes the driver runs along a block's rows, widest first, the last one a
- * single row (so every row is covered). */
+/* One weight type's tiles: by[m] for a tile of m tokens (1..mr, or 1..the
+ * ISA's mr where mr is 0), the shapes the driver runs along a block's rows,
+ * widest first, the last one a single row (so every row is covered). */
 typedef struct {
     kern_mm_tile by[KERN_MM_MR_MAX + 1][KERN_MM_SHAPES];
+    int mr;
 } kern_mm_tiles;
 
 /* One token row of activations into its kind's layout, bit-identical to the
@@ -155,6 +175,17 @@ typedef struct {
 
 extern const kern_mm_isa kern_mm_isa_avx2;
 extern const kern_mm_isa kern_mm_isa_avx512;
+
+/* The super-block formats' tiles and KERN_ACT_Q8K prep (kern_mm_avx2.c),
+ * which the AVX-512 table uses too: their arithmetic is integer up to one
+ * float step a super-block, so 256-bit vectors leave little on the table. */
+extern const kern_mm_tiles kern__avx2_q2_k_tiles, kern__avx2_q3_k_tiles, kern__avx2_q4_k_tiles,
+    kern__avx2_q5_k_tiles, kern__avx2_q6_k_tiles, kern__avx2_iq4_xs_tiles;
+void kern__avx2_q8k_prep(const float *x, size_t n_in, void *row);
+#define KERN__AVX2_KQ_TILES                                                                        \
+    [DX_Q2_K] = &kern__avx2_q2_k_tiles, [DX_Q3_K] = &kern__avx2_q3_k_tiles,                        \
+    [DX_Q4_K] = &kern__avx2_q4_k_tiles, [DX_Q5_K] = &kern__avx2_q5_k_tiles,                        \
+    [DX_Q6_K] = &kern__avx2_q6_k_tiles, [DX_IQ4_XS] = &kern__avx2_iq4_xs_tiles
 
 /* Where a block format's parts lie (GGML's layouts, dx_quant.h): block
  * bytes, the offset of qs, whether it has m (the _1 formats) and qh (the
@@ -179,11 +210,10 @@ static inline int kern__blk_5bit(int T)
 /* ---- the super-block formats (dx_kquant.h) ----
  * Which they are and where their parts lie, for the twins and the tiles:
  * the block bytes, whether the format has a minimum, whether its
- * sub-blocks are 16 elements (else 32), and the shift of negcorr (-128 s)
- * that gives the vpdpbusd correction of a weight stored unsigned: Q6_K q
- * (0..63, w = q - 32) starts from -32 s, Q3_K q2 + 4 hbit (0..7, w = that
- * - 4) from -4 s, IQ4_XS codebook value + 128 from -128 s (as IQ4_NL);
- * -1: none (the weights are their own unsigned values). */
+ * sub-blocks are 16 elements (else 32), and the offset of a weight the
+ * tiles read unsigned (vpmaddubsw's unsigned operand): Q6_K q (0..63,
+ * v = q - 32), Q3_K q2 + 4 hbit (0..7, v = that - 4); 0: none (the
+ * weights are their own unsigned values, or IQ4_XS's signed ones). */
 static inline size_t kern__kq_bytes(int T)
 {
     return T == DX_Q2_K   ? sizeof(dx_block_q2_k)
@@ -201,9 +231,9 @@ static inline int kern__kq_sub16(int T)
 {
     return T == DX_Q2_K || T == DX_Q3_K || T == DX_Q6_K;
 }
-static inline int kern__kq_corr_shift(int T)
+static inline int kern__kq_offset(int T)
 {
-    return T == DX_Q6_K ? 2 : T == DX_Q3_K ? 5 : T == DX_IQ4_XS ? 0 : -1;
+    return T == DX_Q6_K ? 32 : T == DX_Q3_K ? 4 : 0;
 }
 
 #if defined(__AVX2__)
@@ -262,8 +292,9 @@ static inline __m256i kern__iq4xs_scales_v(const uint8_t *b)
 }
 #endif
 
-/* Scalar twins of the block formats (the arithmetic above): one output
- * element, weight row w (n_in elements) against a KERN_ACT_Q8 row x. */
+/* Scalar twins of the block and super-block formats (the arithmetic
+ * above): one output element, weight row w (n_in elements) against a
+ * KERN_ACT_Q8 (KERN_ACT_Q8K) row x. */
 float kern__dot_q4_0(const uint8_t *w, const uint8_t *x, size_t n_in);
 float kern__dot_q4_1(const uint8_t *w, const uint8_t *x, size_t n_in);
 float kern__dot_q5_0(const uint8_t *w, const uint8_t *x, size_t n_in);
@@ -275,5 +306,7 @@ float kern__dot_q4_k(const uint8_t *w, const uint8_t *x, size_t n_in);
 float kern__dot_q5_k(const uint8_t *w, const uint8_t *x, size_t n_in);
 float kern__dot_q6_k(const uint8_t *w, const uint8_t *x, size_t n_in);
 float kern__dot_iq4_xs(const uint8_t *w, const uint8_t *x, size_t n_in);
+/* The scalar KERN_ACT_Q8K prep: n_in % 256 == 0. */
+void kern__q8k_prep_scalar(const float *x, size_t n_in, void *row);
 
 #endif
