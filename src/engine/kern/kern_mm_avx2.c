@@ -399,43 +399,42 @@ MM2_DEF_BLK(iq4_nl, DX_IQ4_NL)
  * their lanes all at once (vphaddd: exact), and the float steps run for
  * the whole tile in one vector, lane t * NR + o. */
 
-/* A row's scales for one super-block: sc in vpshufb-pick order (16-element
- * sub-blocks: the even ones' in the low lane, the odd ones' in the high;
- * 32-element: all 8 in both), s16 the scale of each 16-element group in
- * order (the offset's sum of sc * bs), mn the minimum of each 16-element
- * group in order (Q4_K / Q5_K: each sub-block's twice). */
-typedef struct {
-    __m256i sc, s16, mn;
-} mm2_kq_sc;
-
-/* 16 byte scales, 16-element sub-blocks, into pick order. */
-MM2_INLINE __m256i mm2_kq_pick16(__m128i c, const int sign)
+/* Q3_K's and Q6_K's 16 signed scales, in order. */
+MM2_INLINE __m128i mm2_kq_s8(const uint8_t *b, const int T)
 {
-    __m128i eo =
-        _mm_shuffle_epi8(c, _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15));
-    return sign ? _mm256_cvtepi8_epi16(eo) : _mm256_cvtepu8_epi16(eo);
+    return T == DX_Q3_K ? _mm_sub_epi8(kern__q3k_scales_v(b), _mm_set1_epi8(32))
+                        : _mm_loadu_si128((const __m128i *)(b + offsetof(dx_block_q6_k, scales)));
 }
 
-MM2_INLINE void mm2_kq_decode(mm2_kq_sc *r, const uint8_t *b, const int T)
+/* A row's scales for one super-block in vpshufb-pick order: 16-element
+ * sub-blocks, the even ones' in the low lane and the odd ones' in the
+ * high; 32-element, all 8 in both. */
+MM2_INLINE __m256i mm2_kq_scales(const uint8_t *b, const int T)
 {
-    if (T == DX_Q2_K) {
-        __m128i c = _mm_loadu_si128((const __m128i *)b), m4 = _mm_set1_epi8(15);
-        r->sc = mm2_kq_pick16(_mm_and_si128(c, m4), 0);
-        r->mn = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(c, 4), m4));
-    } else if (T == DX_Q3_K || T == DX_Q6_K) {
-        __m128i c = T == DX_Q3_K
-                        ? _mm_sub_epi8(kern__q3k_scales_v(b), _mm_set1_epi8(32))
-                        : _mm_loadu_si128((const __m128i *)(b + offsetof(dx_block_q6_k, scales)));
-        r->sc = mm2_kq_pick16(c, 1);
-        r->s16 = _mm256_cvtepi8_epi16(c);
-    } else if (T == DX_Q4_K || T == DX_Q5_K) {
-        __m128i c = kern__k4_scales_v(b);
-        r->sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(c));
-        r->mn = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(c, c));
-    } else { /* IQ4_XS: 8 int32 scales to int16, both lanes */
-        __m256i v = kern__iq4xs_scales_v(b);
-        r->sc = _mm256_permute4x64_epi64(_mm256_packs_epi32(v, v), 0xd8);
-    }
+    static const int8_t eo[16] = {0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15};
+    const __m128i even_odd = _mm_loadu_si128((const __m128i *)eo);
+    if (T == DX_Q2_K)
+        return _mm256_cvtepu8_epi16(_mm_shuffle_epi8(
+            _mm_and_si128(_mm_loadu_si128((const __m128i *)b), _mm_set1_epi8(15)), even_odd));
+    if (T == DX_Q3_K || T == DX_Q6_K)
+        return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(mm2_kq_s8(b, T), even_odd));
+    if (T == DX_Q4_K || T == DX_Q5_K)
+        return _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(kern__k4_scales_v(b)));
+    __m256i v = kern__iq4xs_scales_v(b); /* IQ4_XS: 8 int32 to int16, both lanes */
+    return _mm256_permute4x64_epi64(_mm256_packs_epi32(v, v), 0xd8);
+}
+
+/* What the bsums multiply, by 16-element group in order: Q3_K / Q6_K the
+ * scales (the offset's sum of sc * bs), Q2_K the minimums, Q4_K / Q5_K
+ * each sub-block's minimum twice. */
+MM2_INLINE __m256i mm2_kq_bs_factors(const uint8_t *b, const int T)
+{
+    if (T == DX_Q2_K)
+        return _mm256_cvtepu8_epi16(_mm_and_si128(
+            _mm_srli_epi16(_mm_loadu_si128((const __m128i *)b), 4), _mm_set1_epi8(15)));
+    if (T == DX_Q3_K || T == DX_Q6_K) return _mm256_cvtepi8_epi16(mm2_kq_s8(b, T));
+    __m128i c = kern__k4_scales_v(b);
+    return _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(c, c));
 }
 
 /* v's bytes shifted so that bit `from` of each lands on bit `to`. */
@@ -536,9 +535,9 @@ MM2_INLINE void mm2_kq_tile(KERN_MM_TILE_ARGS, const int T, const int MR, const 
             for (int o = 0; o < NR; o++)
                 for (int l = 0; l < lines; l++) _mm_prefetch(nx + o * wrow + 64 * l, _MM_HINT_T0);
         }
-        mm2_kq_sc sc[4];
+        __m256i sc[4];
         MM2_UNROLL
-        for (int o = 0; o < NR; o++) mm2_kq_decode(&sc[o], w + o * wrow, T);
+        for (int o = 0; o < NR; o++) sc[o] = mm2_kq_scales(w + o * wrow, T);
         __m256i acc[8];
         MM2_UNROLL
         for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_si256();
@@ -556,7 +555,7 @@ MM2_INLINE void mm2_kq_tile(KERN_MM_TILE_ARGS, const int T, const int MR, const 
                         : _mm256_setzero_si256();
                 __m256i wv = mm2_kq_weights(b, j, hb, T);
                 __m256i aw = T == DX_IQ4_XS ? _mm256_sign_epi8(wv, wv) : wv;
-                __m256i scj = _mm256_shuffle_epi8(sc[o].sc, pick);
+                __m256i scj = _mm256_shuffle_epi8(sc[o], pick);
                 MM2_UNROLL
                 for (int t = 0; t < MR; t++) {
                     __m256i xq = _mm256_load_si256((const __m256i *)(x + t * xrow + 32 * j));
@@ -566,18 +565,21 @@ MM2_INLINE void mm2_kq_tile(KERN_MM_TILE_ARGS, const int T, const int MR, const 
                 }
             }
         }
+        /* the offsets and minimums, from the rows' bytes again (in L1) */
         __m256i mins[8] = {0};
         MM2_UNROLL
-        for (int t = 0; t < MR; t++) {
-            __m256i bs = _mm256_load_si256((const __m256i *)(x + t * xrow + 256));
+        for (int o = 0; o < NR; o++) {
+            if (!off && !has_m) break;
+            __m256i fo = mm2_kq_bs_factors(w + o * wrow, T);
             MM2_UNROLL
-            for (int o = 0; o < NR; o++) {
+            for (int t = 0; t < MR; t++) {
                 const int i = t * NR + o;
+                __m256i m =
+                    _mm256_madd_epi16(_mm256_load_si256((const __m256i *)(x + t * xrow + 256)), fo);
                 if (off) /* v = u - off: minus off * sum of sc * bs */
-                    acc[i] =
-                        _mm256_sub_epi32(acc[i], _mm256_slli_epi32(_mm256_madd_epi16(bs, sc[o].s16),
-                                                                   off == 32 ? 5 : 2));
-                if (has_m) mins[i] = _mm256_madd_epi16(bs, sc[o].mn);
+                    acc[i] = _mm256_sub_epi32(acc[i], _mm256_slli_epi32(m, off == 32 ? 5 : 2));
+                else
+                    mins[i] = m;
             }
         }
         float dx[4];
