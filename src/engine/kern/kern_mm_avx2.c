@@ -515,9 +515,18 @@ MM2_INLINE __m256 mm2_kq_rows_f16(const uint8_t *w, size_t wrow, size_t off, con
                                           (short)h[4], (short)h[5], (short)h[6], (short)h[7]));
 }
 
-#ifndef PF_TILES
-#define PF_TILES 1
-#endif
+/* A tile of at most 4 elements (lane t * NR + o): lanes 0-3 row o's d, lanes
+ * 4-7 its dmin (the f16 pair at off). */
+MM2_INLINE __m256 mm2_kq_rows_dm(const uint8_t *w, size_t wrow, size_t off, const int MR,
+                                 const int NR)
+{
+    uint32_t u[4] = {0};
+    MM2_UNROLL
+    for (int i = 0; i < MR * NR; i++) memcpy(&u[i], w + (size_t)(i % NR) * wrow + off, 4);
+    __m256 v = _mm256_cvtph_ps(_mm_setr_epi32((int)u[0], (int)u[1], (int)u[2], (int)u[3]));
+    return _mm256_permutevar8x32_ps(v, _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7));
+}
+
 MM2_INLINE void mm2_kq_tile(KERN_MM_TILE_ARGS, const int T, const int MR, const int NR)
 {
     const size_t bb = kern__kq_bytes(T), nsb = n_in / DX_QK_K;
@@ -530,7 +539,7 @@ MM2_INLINE void mm2_kq_tile(KERN_MM_TILE_ARGS, const int T, const int MR, const 
     __m256 sum = _mm256_setzero_ps(); /* lane t * NR + o */
     for (size_t s = 0; s < nsb; s++, w += bb, x += KERN__Q8K_BYTES) {
         if (MR == 1) { /* decode: this super-block's lines of the next tile's rows */
-            const char *nx = (const char *)w + (size_t)(PF_TILES * NR) * wrow;
+            const char *nx = (const char *)w + (size_t)NR * wrow;
             MM2_UNROLL
             for (int o = 0; o < NR; o++)
                 for (int l = 0; l < lines; l++) _mm_prefetch(nx + o * wrow + 64 * l, _MM_HINT_T0);
@@ -590,6 +599,20 @@ MM2_INLINE void mm2_kq_tile(KERN_MM_TILE_ARGS, const int T, const int MR, const 
                          : _mm256_setr_ps(dx[0], dx[(1 / NR) % MR], dx[(2 / NR) % MR],
                                           dx[(3 / NR) % MR], dx[(4 / NR) % MR], dx[(5 / NR) % MR],
                                           dx[(6 / NR) % MR], dx[(7 / NR) % MR]);
+        if (has_m && MR * NR <= 4) {
+            /* a small tile sums A and B in one pass: lanes 0-3 the A of
+             * its elements, 4-7 their B, and the factors likewise */
+            MM2_UNROLL
+            for (int i = 0; i < 4; i++) acc[4 + i] = mins[i];
+            __m256 ab = _mm256_cvtepi32_ps(mm2_hsum8i(acc));
+            __m256 f = _mm256_mul_ps(mm2_kq_rows_dm(w, wrow, doff, MR, NR),
+                                     _mm256_permute2f128_ps(dxv, dxv, 0x00));
+            __m128 lo = _mm_fmadd_ps(_mm256_castps256_ps128(ab), _mm256_castps256_ps128(f),
+                                     _mm256_castps256_ps128(sum));
+            lo = _mm_fnmadd_ps(_mm256_extractf128_ps(ab, 1), _mm256_extractf128_ps(f, 1), lo);
+            sum = _mm256_castps128_ps256(lo);
+            continue;
+        }
         __m256 dd = _mm256_mul_ps(mm2_kq_rows_f16(w, wrow, doff, MR, NR), dxv);
         sum = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mm2_hsum8i(acc)), dd, sum);
         if (has_m) {
