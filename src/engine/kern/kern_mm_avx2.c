@@ -399,6 +399,57 @@ MM2_DEF_BLK(iq4_nl, DX_IQ4_NL)
  * their lanes all at once (vphaddd: exact), and the float steps run for
  * the whole tile in one vector, lane t * NR + o. */
 
+/* Vector decoders of the packed sub-block scales (the twins decode them
+ * their own way, so the tests compare the two).  b points at the super-block. */
+
+/* Q4_K / Q5_K: bytes 0-7 the 6-bit scales of sub-blocks 0-7, bytes 8-15
+ * their minimums.  scales[12] is three words u0 u1 u2 (after d, dmin):
+ * scales 0-3 are u0's low 6 bits a byte, 4-7 u2's low nibbles under u0's
+ * top 2 bits; minimums 0-3 u1's low 6 bits, 4-7 u2's high nibbles under
+ * u1's top 2 bits. */
+static inline __m128i kern__k4_scales_v(const uint8_t *b)
+{
+    __m128i x = _mm_loadu_si128((const __m128i *)b); /* [d dmin | u0 | u1 | u2] */
+    __m128i a = _mm_shuffle_epi32(x, 0xed);          /* [u0 u2 u1 u2] */
+    __m128i c = _mm_shuffle_epi32(x, 0xa5);          /* [u0 u0 u1 u1] */
+    __m128i lo = _mm_and_si128(_mm_srlv_epi32(a, _mm_setr_epi32(0, 0, 0, 4)),
+                               _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f));
+    __m128i hi = _mm_and_si128(_mm_srli_epi32(c, 2), _mm_setr_epi32(0, 0x30303030, 0, 0x30303030));
+    return _mm_or_si128(lo, hi);
+}
+
+/* Q3_K: the 16 6-bit scales (0..63, before the -32).  The 16 bytes end at
+ * d (the block's last bytes), so q[i] = scales[i] is byte 2 + i; low
+ * nibbles: q[0..7] low then high nibbles; high 2 bits: bits 2(s/4) of
+ * q[8 + s%4]. */
+static inline __m128i kern__q3k_scales_v(const uint8_t *b)
+{
+    __m128i x = _mm_loadu_si128((const __m128i *)(b + offsetof(dx_block_q3_k, scales) - 2));
+    __m128i v = _mm_shuffle_epi8(x, _mm_setr_epi8(2, 3, 4, 5, 6, 7, 8, 9, 2, 3, 4, 5, 6, 7, 8, 9));
+    __m128i lo = _mm_and_si128(_mm_srlv_epi64(v, _mm_set_epi64x(4, 0)), _mm_set1_epi8(15));
+    __m128i h = _mm_shuffle_epi8(
+        x, _mm_setr_epi8(10, 11, 12, 13, 10, 11, 12, 13, 10, 11, 12, 13, 10, 11, 12, 13));
+    h = _mm_and_si128(_mm_srlv_epi32(h, _mm_setr_epi32(0, 2, 4, 6)), _mm_set1_epi8(3));
+    return _mm_or_si128(lo, _mm_slli_epi32(h, 4));
+}
+
+/* IQ4_XS: the 8 scales ls - 32 as int32 (ls: a nibble of scales_l under 2
+ * bits of scales_h). */
+static inline __m256i kern__iq4xs_scales_v(const uint8_t *b)
+{
+    uint16_t sh;
+    uint32_t sl;
+    memcpy(&sh, b + 2, 2);
+    memcpy(&sl, b + 4, 4);
+    __m256i l = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)sl),
+                                                   _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
+                                 _mm256_set1_epi32(15));
+    __m256i h = _mm256_and_si256(
+        _mm256_srlv_epi32(_mm256_set1_epi32(sh), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)),
+        _mm256_set1_epi32(3));
+    return _mm256_sub_epi32(_mm256_or_si256(l, _mm256_slli_epi32(h, 4)), _mm256_set1_epi32(32));
+}
+
 /* Q3_K's and Q6_K's 16 signed scales, in order. */
 MM2_INLINE __m128i mm2_kq_s8(const uint8_t *b, const int T)
 {
@@ -515,18 +566,6 @@ MM2_INLINE __m256 mm2_kq_rows_f16(const uint8_t *w, size_t wrow, size_t off, con
                                           (short)h[4], (short)h[5], (short)h[6], (short)h[7]));
 }
 
-/* A tile of at most 4 elements (lane t * NR + o): lanes 0-3 row o's d, lanes
- * 4-7 its dmin (the f16 pair at off). */
-MM2_INLINE __m256 mm2_kq_rows_dm(const uint8_t *w, size_t wrow, size_t off, const int MR,
-                                 const int NR)
-{
-    uint32_t u[4] = {0};
-    MM2_UNROLL
-    for (int i = 0; i < MR * NR; i++) memcpy(&u[i], w + (size_t)(i % NR) * wrow + off, 4);
-    __m256 v = _mm256_cvtph_ps(_mm_setr_epi32((int)u[0], (int)u[1], (int)u[2], (int)u[3]));
-    return _mm256_permutevar8x32_ps(v, _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7));
-}
-
 MM2_INLINE void mm2_kq_tile(KERN_MM_TILE_ARGS, const int T, const int MR, const int NR)
 {
     const size_t bb = kern__kq_bytes(T), nsb = n_in / DX_QK_K;
@@ -599,20 +638,6 @@ MM2_INLINE void mm2_kq_tile(KERN_MM_TILE_ARGS, const int T, const int MR, const 
                          : _mm256_setr_ps(dx[0], dx[(1 / NR) % MR], dx[(2 / NR) % MR],
                                           dx[(3 / NR) % MR], dx[(4 / NR) % MR], dx[(5 / NR) % MR],
                                           dx[(6 / NR) % MR], dx[(7 / NR) % MR]);
-        if (has_m && MR * NR <= 4) {
-            /* a small tile sums A and B in one pass: lanes 0-3 the A of
-             * its elements, 4-7 their B, and the factors likewise */
-            MM2_UNROLL
-            for (int i = 0; i < 4; i++) acc[4 + i] = mins[i];
-            __m256 ab = _mm256_cvtepi32_ps(mm2_hsum8i(acc));
-            __m256 f = _mm256_mul_ps(mm2_kq_rows_dm(w, wrow, doff, MR, NR),
-                                     _mm256_permute2f128_ps(dxv, dxv, 0x00));
-            __m128 lo = _mm_fmadd_ps(_mm256_castps256_ps128(ab), _mm256_castps256_ps128(f),
-                                     _mm256_castps256_ps128(sum));
-            lo = _mm_fnmadd_ps(_mm256_extractf128_ps(ab, 1), _mm256_extractf128_ps(f, 1), lo);
-            sum = _mm256_castps128_ps256(lo);
-            continue;
-        }
         __m256 dd = _mm256_mul_ps(mm2_kq_rows_f16(w, wrow, doff, MR, NR), dxv);
         sum = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mm2_hsum8i(acc)), dd, sum);
         if (has_m) {

@@ -108,10 +108,6 @@ static inline const int8_t *kern__q8_qs(const uint8_t *row, size_t b)
 {
     return (const int8_t *)(row + (b / 2) * KERN__Q8_PAIR_BYTES + (b % 2) * 32);
 }
-static inline const int32_t *kern__q8_nc(const uint8_t *row, size_t b)
-{
-    return (const int32_t *)(row + (b / 2) * KERN__Q8_PAIR_BYTES + 64 + (b % 2) * 32);
-}
 static inline const float *kern__q8_d(const uint8_t *row, size_t b)
 {
     return (const float *)(row + (b / 2) * KERN__Q8_PAIR_BYTES + 128 + (b % 2) * 32);
@@ -209,8 +205,7 @@ static inline int kern__blk_5bit(int T)
 
 /* ---- the super-block formats (dx_kquant.h) ----
  * Which they are and where their parts lie, for the twins and the tiles:
- * the block bytes, whether the format has a minimum, whether its
- * sub-blocks are 16 elements (else 32), and the offset of a weight the
+ * the block bytes, whether the format has a minimum, and the offset of a weight the
  * tiles read unsigned (vpmaddubsw's unsigned operand): Q6_K q (0..63,
  * v = q - 32), Q3_K q2 + 4 hbit (0..7, v = that - 4); 0: none (the
  * weights are their own unsigned values, or IQ4_XS's signed ones). */
@@ -227,70 +222,10 @@ static inline int kern__kq_has_min(int T)
 {
     return T == DX_Q2_K || T == DX_Q4_K || T == DX_Q5_K;
 }
-static inline int kern__kq_sub16(int T)
-{
-    return T == DX_Q2_K || T == DX_Q3_K || T == DX_Q6_K;
-}
 static inline int kern__kq_offset(int T)
 {
     return T == DX_Q6_K ? 32 : T == DX_Q3_K ? 4 : 0;
 }
-
-#if defined(__AVX2__)
-#include <immintrin.h>
-
-/* Vector decoders of the packed sub-block scales, shared by the AVX2 and
- * AVX-512 tiles (the twins decode them their own way, so the tests compare
- * the two).  b points at the super-block. */
-
-/* Q4_K / Q5_K: bytes 0-7 the 6-bit scales of sub-blocks 0-7, bytes 8-15
- * their minimums.  scales[12] is three words u0 u1 u2 (after d, dmin):
- * scales 0-3 are u0's low 6 bits a byte, 4-7 u2's low nibbles under u0's
- * top 2 bits; minimums 0-3 u1's low 6 bits, 4-7 u2's high nibbles under
- * u1's top 2 bits. */
-static inline __m128i kern__k4_scales_v(const uint8_t *b)
-{
-    __m128i x = _mm_loadu_si128((const __m128i *)b); /* [d dmin | u0 | u1 | u2] */
-    __m128i a = _mm_shuffle_epi32(x, 0xed);          /* [u0 u2 u1 u2] */
-    __m128i c = _mm_shuffle_epi32(x, 0xa5);          /* [u0 u0 u1 u1] */
-    __m128i lo = _mm_and_si128(_mm_srlv_epi32(a, _mm_setr_epi32(0, 0, 0, 4)),
-                               _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f));
-    __m128i hi = _mm_and_si128(_mm_srli_epi32(c, 2), _mm_setr_epi32(0, 0x30303030, 0, 0x30303030));
-    return _mm_or_si128(lo, hi);
-}
-
-/* Q3_K: the 16 6-bit scales (0..63, before the -32).  The 16 bytes end at
- * d (the block's last bytes), so q[i] = scales[i] is byte 2 + i; low
- * nibbles: q[0..7] low then high nibbles; high 2 bits: bits 2(s/4) of
- * q[8 + s%4]. */
-static inline __m128i kern__q3k_scales_v(const uint8_t *b)
-{
-    __m128i x = _mm_loadu_si128((const __m128i *)(b + offsetof(dx_block_q3_k, scales) - 2));
-    __m128i v = _mm_shuffle_epi8(x, _mm_setr_epi8(2, 3, 4, 5, 6, 7, 8, 9, 2, 3, 4, 5, 6, 7, 8, 9));
-    __m128i lo = _mm_and_si128(_mm_srlv_epi64(v, _mm_set_epi64x(4, 0)), _mm_set1_epi8(15));
-    __m128i h = _mm_shuffle_epi8(
-        x, _mm_setr_epi8(10, 11, 12, 13, 10, 11, 12, 13, 10, 11, 12, 13, 10, 11, 12, 13));
-    h = _mm_and_si128(_mm_srlv_epi32(h, _mm_setr_epi32(0, 2, 4, 6)), _mm_set1_epi8(3));
-    return _mm_or_si128(lo, _mm_slli_epi32(h, 4));
-}
-
-/* IQ4_XS: the 8 scales ls - 32 as int32 (ls: a nibble of scales_l under 2
- * bits of scales_h). */
-static inline __m256i kern__iq4xs_scales_v(const uint8_t *b)
-{
-    uint16_t sh;
-    uint32_t sl;
-    memcpy(&sh, b + 2, 2);
-    memcpy(&sl, b + 4, 4);
-    __m256i l = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)sl),
-                                                   _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
-                                 _mm256_set1_epi32(15));
-    __m256i h = _mm256_and_si256(
-        _mm256_srlv_epi32(_mm256_set1_epi32(sh), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)),
-        _mm256_set1_epi32(3));
-    return _mm256_sub_epi32(_mm256_or_si256(l, _mm256_slli_epi32(h, 4)), _mm256_set1_epi32(32));
-}
-#endif
 
 /* Scalar twins of the block and super-block formats (the arithmetic
  * above): one output element, weight row w (n_in elements) against a
