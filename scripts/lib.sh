@@ -115,6 +115,13 @@ run_one() {
     failed=$((failed + f))
     if [ $rc -ne 0 ]; then
         failures+=("$name")
+        # cmocka's failure lines first: a sanitizer's leak report at exit
+        # (what a failed assertion's longjmp leaves) can fill the tail
+        if grep -qE '^\[ +(ERROR|LINE|FAILED) +\] ' "$log"; then
+            echo "    -- cmocka's failures, with the lines before them:"
+            grep -B12 -E '^\[ +(ERROR|LINE) +\] ' "$log" | head -n 80 | sed 's/^/    /'
+            echo "    -- the end of the log:"
+        fi
         tail -n 60 "$log" | sed 's/^/    /'
         echo "FAIL $name (rc=$rc, $((SECONDS - start))s) — the end of $log above"
     else

@@ -391,7 +391,10 @@ static void test_redis_slow(void **state)
     char url[160];
     snprintf(url, sizeof url, "redis://:%s@127.0.0.1:%ld", C.rd.password, fx.st->port);
     tp_proc R;
-    const char *extra[] = {"--state-timeout-ms", "50", NULL};
+    /* 300 ms: a lookup under ASan on a loaded 2-core machine can take
+     * longer than 50 ms (CI saw turn 2 routed without affinity), so the
+     * deadline sits well above a normal answer and far below the delay */
+    const char *extra[] = {"--state-timeout-ms", "300", NULL};
     router_up(&R, url, extra);
     conv a, ra;
     C.seed += 100;
@@ -412,10 +415,10 @@ static void test_redis_slow(void **state)
     assert_string_not_equal(now, before);
     dx_free(now);
     dx_free(before);
-    /* every Redis reply from the next lookup on comes 300 ms late — on
+    /* every Redis reply from the next lookup on comes 1500 ms late — on
      * every connection: a router that waited 2 s for a late answer (a slow
      * turn under ASan) reconnects, and that connection must be slow too */
-    fp_arm(&fx, (fp_rule){.fault = FP_DELAY, .match = "MGET", .ms = 300, .n = 0});
+    fp_arm(&fx, (fp_rule){.fault = FP_DELAY, .match = "MGET", .ms = 1500, .n = 0});
     long errs = metric(&R, "duplex_router_state_errors_total{op=\"get\"}");
     for (int t = 3; t <= 4; t++) {
         long got = turn_checked(&a, &ra, &R, "slow", t);
