@@ -17,6 +17,10 @@
 
 #define MM2_INLINE static inline __attribute__((always_inline))
 #define MM2_UNROLL _Pragma("GCC unroll 16")
+/* v as it stands, in a register: keeps GCC from re-associating a chain of
+ * integer adds into a tree whose temporaries spill (the unrolled
+ * super-block loops had a store and a reload per product). */
+#define MM2_KEEP(v) __asm__("" : "+x"(v))
 
 /* Sums of 8 vectors: lane 4L+m of the result is the sum of a[2m+L]. */
 MM2_INLINE __m256 mm2_reduce8(const __m256 *a)
@@ -638,6 +642,7 @@ MM2_INLINE void mm2_kq_tile(KERN_MM_TILE_ARGS, const int T, const int MR, const 
                     if (T == DX_IQ4_XS) xq = _mm256_sign_epi8(xq, wv);
                     acc[t * NR + o] = _mm256_add_epi32(
                         acc[t * NR + o], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, xq), scj));
+                    MM2_KEEP(acc[t * NR + o]);
                 }
             }
         }
