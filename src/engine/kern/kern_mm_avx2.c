@@ -276,8 +276,8 @@ MM2_INLINE void mm2_blk_step(__m256 *acc, const uint8_t *const *pb, size_t wrow,
                              size_t xrow, const int T, const int MR, const int NR)
 {
     const int NP = NR == 1 ? 1 : NR / 2;
-    __m256i xlo[2], xhi[2], corr[2];
-    __m256 dx[2], sd[2];
+    __m256i xlo[4], xhi[4], corr[4];
+    __m256 dx[4], sd[4];
     MM2_UNROLL
     for (int t = 0; t < MR; t++) {
         const uint8_t *xr = xb + t * xrow; /* quants, then negcorr at +64, scales at +128 */
@@ -397,28 +397,48 @@ MM2_INLINE void mm2_blk_tile(KERN_MM_TILE_ARGS, const int T, const int MR, const
     mm2_blk_store(acc, MR, NR, y, ldy);
 }
 
-/* Shapes by token count: a wide tile, a row pair and a single row. */
+/* Shapes by token count: a wide tile, a row pair and a single row.  The
+ * 5-bit formats tile up to 4 tokens (their qh unpack is paid once per
+ * row for more tokens); the 4-bit ones 2, whose 2x8 tile already keeps
+ * 8 accumulators busy (bench_mm, 64 tokens: 2x8 1.1-1.4x the 2x4 tile;
+ * 4x4 no better for them, 1.1-1.2x for Q5_0 / Q5_1). */
 #define MM2_DEF_BLK_TILE(KIND, T, MR, NR)                                                          \
     static void mm2_##KIND##_##MR##x##NR(KERN_MM_TILE_ARGS)                                        \
     {                                                                                              \
         mm2_blk_tile(w, wrow, x, xrow, n_in, y, ldy, T, MR, NR);                                   \
     }
-#define MM2_DEF_BLK(KIND, T)                                                                       \
+#define MM2_DEF_BLK_1_2(KIND, T)                                                                   \
     MM2_DEF_BLK_TILE(KIND, T, 1, 8)                                                                \
     MM2_DEF_BLK_TILE(KIND, T, 1, 2)                                                                \
     MM2_DEF_BLK_TILE(KIND, T, 1, 1)                                                                \
-    MM2_DEF_BLK_TILE(KIND, T, 2, 4)                                                                \
+    MM2_DEF_BLK_TILE(KIND, T, 2, 8)                                                                \
     MM2_DEF_BLK_TILE(KIND, T, 2, 2)                                                                \
-    MM2_DEF_BLK_TILE(KIND, T, 2, 1)                                                                \
+    MM2_DEF_BLK_TILE(KIND, T, 2, 1)
+#define MM2_BLK_BY_1_2(KIND)                                                                       \
+    [1] = {{mm2_##KIND##_1x8, 8}, {mm2_##KIND##_1x2, 2}, {mm2_##KIND##_1x1, 1}},                   \
+    [2] = {{mm2_##KIND##_2x8, 8}, {mm2_##KIND##_2x2, 2}, {mm2_##KIND##_2x1, 1}}
+#define MM2_DEF_BLK(KIND, T)                                                                       \
+    MM2_DEF_BLK_1_2(KIND, T)                                                                       \
+    static const kern_mm_tiles mm2_##KIND##_tiles = {.by = {MM2_BLK_BY_1_2(KIND)}, .mr = 2};
+#define MM2_DEF_BLK4(KIND, T)                                                                      \
+    MM2_DEF_BLK_1_2(KIND, T)                                                                       \
+    MM2_DEF_BLK_TILE(KIND, T, 3, 4)                                                                \
+    MM2_DEF_BLK_TILE(KIND, T, 3, 2)                                                                \
+    MM2_DEF_BLK_TILE(KIND, T, 3, 1)                                                                \
+    MM2_DEF_BLK_TILE(KIND, T, 4, 4)                                                                \
+    MM2_DEF_BLK_TILE(KIND, T, 4, 2)                                                                \
+    MM2_DEF_BLK_TILE(KIND, T, 4, 1)                                                                \
     static const kern_mm_tiles mm2_##KIND##_tiles = {                                              \
-        .by = {[1] = {{mm2_##KIND##_1x8, 8}, {mm2_##KIND##_1x2, 2}, {mm2_##KIND##_1x1, 1}},        \
-               [2] = {{mm2_##KIND##_2x4, 4}, {mm2_##KIND##_2x2, 2}, {mm2_##KIND##_2x1, 1}}},       \
+        .by = {MM2_BLK_BY_1_2(KIND),                                                               \
+               [3] = {{mm2_##KIND##_3x4, 4}, {mm2_##KIND##_3x2, 2}, {mm2_##KIND##_3x1, 1}},        \
+               [4] = {{mm2_##KIND##_4x4, 4}, {mm2_##KIND##_4x2, 2}, {mm2_##KIND##_4x1, 1}}},       \
+        .mr = 4,                                                                                   \
     };
 
 MM2_DEF_BLK(q4_0, DX_Q4_0)
 MM2_DEF_BLK(q4_1, DX_Q4_1)
-MM2_DEF_BLK(q5_0, DX_Q5_0)
-MM2_DEF_BLK(q5_1, DX_Q5_1)
+MM2_DEF_BLK4(q5_0, DX_Q5_0)
+MM2_DEF_BLK4(q5_1, DX_Q5_1)
 MM2_DEF_BLK(iq4_nl, DX_IQ4_NL)
 
 /* ---- the super-block formats (kern_mm_priv.h: integer sums a super-block) ----
@@ -717,25 +737,40 @@ MM2_DEF_KQ(q5_k, DX_Q5_K)
 MM2_DEF_KQ(q6_k, DX_Q6_K)
 MM2_DEF_KQ(iq4_xs, DX_IQ4_XS)
 
-/* The shapes, by token count MR (1..2): a wide tile, and a 1-row tile for the
- * rest. */
+/* The shapes, by token count: a wide tile, and a 1-row tile for the rest.
+ * F16 tiles up to 4 tokens, so a converted weight vector (vcvtph2ps, two
+ * uops here) serves 4 (bench_mm, 64 tokens: 1.25x); for BF16, F32 and
+ * Q8_0 a 4x2 tile was no faster (BF16's widened activations spill). */
 #define MM2_DEF_TILE(KIND, MR, NR)                                                                 \
     static void mm2_##KIND##_##MR##x##NR(KERN_MM_TILE_ARGS)                                        \
     {                                                                                              \
         mm2_##KIND##_tile(w, wrow, x, xrow, n_in, y, ldy, MR, NR);                                 \
     }
-#define MM2_DEF_KIND(KIND)                                                                         \
+#define MM2_DEF_KIND_1_2(KIND)                                                                     \
     MM2_DEF_TILE(KIND, 1, 8)                                                                       \
     MM2_DEF_TILE(KIND, 1, 1)                                                                       \
     MM2_DEF_TILE(KIND, 2, 4)                                                                       \
-    MM2_DEF_TILE(KIND, 2, 1)                                                                       \
+    MM2_DEF_TILE(KIND, 2, 1)
+#define MM2_KIND_BY_1_2(KIND)                                                                      \
+    [1] = {{mm2_##KIND##_1x8, 8}, {mm2_##KIND##_1x1, 1}}, [2] = {{mm2_##KIND##_2x4, 4},            \
+                                                                 {mm2_##KIND##_2x1, 1}}
+#define MM2_DEF_KIND(KIND)                                                                         \
+    MM2_DEF_KIND_1_2(KIND)                                                                         \
+    static const kern_mm_tiles mm2_##KIND##_tiles = {.by = {MM2_KIND_BY_1_2(KIND)}, .mr = 2};
+#define MM2_DEF_KIND4(KIND)                                                                        \
+    MM2_DEF_KIND_1_2(KIND)                                                                         \
+    MM2_DEF_TILE(KIND, 3, 2)                                                                       \
+    MM2_DEF_TILE(KIND, 3, 1)                                                                       \
+    MM2_DEF_TILE(KIND, 4, 2)                                                                       \
+    MM2_DEF_TILE(KIND, 4, 1)                                                                       \
     static const kern_mm_tiles mm2_##KIND##_tiles = {                                              \
-        .by = {[1] = {{mm2_##KIND##_1x8, 8}, {mm2_##KIND##_1x1, 1}},                               \
-               [2] = {{mm2_##KIND##_2x4, 4}, {mm2_##KIND##_2x1, 1}}},                              \
+        .by = {MM2_KIND_BY_1_2(KIND), [3] = {{mm2_##KIND##_3x2, 2}, {mm2_##KIND##_3x1, 1}},        \
+               [4] = {{mm2_##KIND##_4x2, 2}, {mm2_##KIND##_4x1, 1}}},                              \
+        .mr = 4,                                                                                   \
     };
 
 MM2_DEF_KIND(bf16)
-MM2_DEF_KIND(f16)
+MM2_DEF_KIND4(f16)
 MM2_DEF_KIND(f32)
 MM2_DEF_KIND(q8)
 
