@@ -34,6 +34,12 @@
 #   FA       llama.cpp flash attention on|off [off: its faster setting here]
 #   MAX_STALL  percent of a run's time others may keep a CPU waiting [2]
 #   DUPLEX_BIN [build/release/duplex]
+#   IK_BUILD_DIR  an ik_llama.cpp build (bin/llama-bench inside, made as
+#            above from its public source): a third engine in the same
+#            rounds, the order rotating among the three; its llama-bench has
+#            no depth, so it runs the tests at depth 0 only
+#   IK_ARGS  ik_llama.cpp's settings ["-fa 1 -rtr 1": flash attention and its
+#            run-time repacking of the weights, its fastest on this kind of CPU]
 set -euo pipefail
 [ $# -eq 1 ] || { sed -n '2,/^set -e/p' "$0" | sed 's/^# \{0,1\}//; /^set -e/d'; exit 2; }
 LLAMA_BENCH=$1/bin/llama-bench
@@ -48,6 +54,11 @@ KV=${KV:-f16}
 FA=${FA:-off}
 MAX_STALL=${MAX_STALL:-2}
 [ -x "$LLAMA_BENCH" ] || { echo "vs_llamacpp: no llama-bench at $LLAMA_BENCH" >&2; exit 1; }
+IK_BUILD_DIR=${IK_BUILD_DIR:-}
+IK_ARGS=${IK_ARGS:-"-fa 1 -rtr 1"}
+IK_BENCH=${IK_BUILD_DIR:+$IK_BUILD_DIR/bin/llama-bench}
+[ -z "$IK_BENCH" ] || [ -x "$IK_BENCH" ] ||
+    { echo "vs_llamacpp: no llama-bench at $IK_BENCH (IK_BUILD_DIR)" >&2; exit 1; }
 [ -x "$BIN" ] || make -s -j"$(nproc)"
 dir=$(mktemp -d /tmp/duplex-vs-llamacpp.XXXXXX)
 trap '[ -n "${KEEP:-}" ] && echo "vs_llamacpp: logs in $dir" || rm -rf "$dir"' EXIT
@@ -111,6 +122,14 @@ run_duplex() { # dtype P G D test
                           print t, test, "duplex", "tg_limit", v } }' >>"$dir/results"
 }
 
+# llama-bench's CSV on stdin as result lines of engine $3.
+bench_csv() { # dtype test engine
+    awk -F, -v t="$1" -v test="$2" -v e="$3" '
+        NR == 1 { for (i = 1; i <= NF; i++) { gsub(/"/, "", $i); col[$i] = i }; next }
+        { gsub(/"/, ""); kind = $col["n_prompt"] > 0 ? "pp" : "tg"
+          print t, test, e, kind, $col["avg_ts"] }' >>"$dir/results"
+}
+
 # One llama-bench run (pp and tg tests of the same depth; it keeps the depth's
 # state between them).
 run_llama() { # dtype P G D test
@@ -119,35 +138,41 @@ run_llama() { # dtype P G D test
     local out
     args+=(-p "$2" -n "$3")
     quiet_run "$LLAMA_BENCH" "${args[@]}" 2>>"$dir/llama.err"
-    echo "$out" | tee -a "$dir/llama.log" |
-        awk -F, -v t="$1" -v test="$5" '
-        NR == 1 { for (i = 1; i <= NF; i++) { gsub(/"/, "", $i); col[$i] = i }; next }
-        { gsub(/"/, ""); kind = $col["n_prompt"] > 0 ? "pp" : "tg"
-          print t, test, "llama", kind, $col["avg_ts"] }' >>"$dir/results"
+    echo "$out" | tee -a "$dir/llama.log" | bench_csv "$1" "$5" llama
+}
+
+# One ik_llama.cpp llama-bench run, depth 0 only (its llama-bench has no -d).
+run_ik() { # dtype P G D test
+    [ -n "$IK_BENCH" ] && [ "$4" -eq 0 ] || return 0
+    local out
+    # shellcheck disable=SC2086 # IK_ARGS is a list of flags
+    quiet_run "$IK_BENCH" -m "models/$tag-$1.gguf" -t "$THREADS" -r "$REPS" $IK_ARGS \
+        -ctk "$KV" -ctv "$KV" -o csv -p "$2" -n "$3" 2>>"$dir/ik.err"
+    echo "$out" | tee -a "$dir/ik.log" | bench_csv "$1" "$5" ik
 }
 
 : >"$dir/results"
 echo "vs_llamacpp: $tag $DTYPES; tests $TESTS; $ROUNDS rounds; $THREADS threads; KV $KV;" \
-    "llama.cpp flash attention $FA"
+    "llama.cpp flash attention $FA${IK_BENCH:+; ik_llama.cpp $IK_ARGS}"
+engines=(run_duplex run_llama)
+[ -z "$IK_BENCH" ] || engines+=(run_ik)
 for r in $(seq 1 "$ROUNDS"); do
     for t in $DTYPES; do
         for test in $TESTS; do
             pg=${test%@*} d=${test#*@}
             p=${pg%/*} g=${pg#*/}
-            if [ $((r % 2)) -eq 1 ]; then
-                run_duplex "$t" "$p" "$g" "$d" "$test"
-                run_llama "$t" "$p" "$g" "$d" "$test"
-            else
-                run_llama "$t" "$p" "$g" "$d" "$test"
-                run_duplex "$t" "$p" "$g" "$d" "$test"
-            fi
+            # the order rotates: each engine runs first, and after each other, in turn
+            n=${#engines[@]}
+            for i in $(seq 0 $((n - 1))); do
+                "${engines[$(((i + r - 1) % n))]}" "$t" "$p" "$g" "$d" "$test"
+            done
             echo "  round $r: $t $test done"
         done
     done
 done
 
 # Medians over the rounds, then the table.
-awk -v dtypes="$DTYPES" -v tests="$TESTS" '
+awk -v dtypes="$DTYPES" -v tests="$TESTS" -v ik="${IK_BENCH:+1}" '
 { k = $1 SUBSEP $2 SUBSEP $3 SUBSEP $4; n[k]++; v[k, n[k]] = $5 }
 function median(k,   i, j, a, c, tmp) {
     c = n[k]; if (!c) return -1
@@ -160,8 +185,9 @@ function range(k,   i, lo, hi) {
 function m(t, test, e, what) { return median(t SUBSEP test SUBSEP e SUBSEP what) }
 END {
     nt = split(dtypes, T, " "); ns = split(tests, S, " ")
-    print "\n| weights | test | ratio | duplex tok/s | llama.cpp tok/s | duplex attention | duplex range | llama.cpp range |"
-    print "| --- | --- | --- | --- | --- | --- | --- | --- |"
+    printf "\n| weights | test | ratio | duplex tok/s | llama.cpp tok/s | duplex attention | duplex range | llama.cpp range |%s\n",
+        ik ? " ik_llama.cpp tok/s | duplex / ik_llama.cpp | ik_llama.cpp range |" : ""
+    printf "| --- | --- | --- | --- | --- | --- | --- | --- |%s\n", ik ? " --- | --- | --- |" : ""
     for (i = 1; i <= nt; i++) for (j = 1; j <= ns; j++) {
         split(S[j], pg, "@"); split(pg[1], x, "/")
         for (w = 1; w <= 2; w++) {
@@ -176,9 +202,15 @@ END {
                 note = sprintf("%.0f%% of the time, %.1f GB/s KV; %.0f%% of the memory limit",
                                m(T[i], S[j], "duplex", "tg_attn"), m(T[i], S[j], "duplex", "tg_gbs"),
                                m(T[i], S[j], "duplex", "tg_limit"))
-            printf "| %s | %s%d @ d%d | %s | %.1f | %.1f | %s | %s | %s |\n", toupper(T[i]), kind, cnt, pg[2],
+            extra = ""
+            if (ik) {
+                q = m(T[i], S[j], "ik", kind)
+                extra = q > 0 ? sprintf(" %.1f | %.2f× | %s |", q, d / q, range(T[i] SUBSEP S[j] SUBSEP "ik" SUBSEP kind)) \
+                              : " - | - | - |"
+            }
+            printf "| %s | %s%d @ d%d | %s | %.1f | %.1f | %s | %s | %s |%s\n", toupper(T[i]), kind, cnt, pg[2],
                 (l > 0 ? sprintf("%.2f×", d / l) : "-"), d, l, note,
-                range(T[i] SUBSEP S[j] SUBSEP "duplex" SUBSEP kind), range(T[i] SUBSEP S[j] SUBSEP "llama" SUBSEP kind)
+                range(T[i] SUBSEP S[j] SUBSEP "duplex" SUBSEP kind), range(T[i] SUBSEP S[j] SUBSEP "llama" SUBSEP kind), extra
         }
     }
 }' "$dir/results"
