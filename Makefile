@@ -66,6 +66,7 @@ LIBS := $(PKG_LIBS) -lm
 AVX2_ISA := -mavx2 -mfma -mf16c
 AVX2_FLAGS := $(AVX2_ISA) -mno-avx512f
 AVX512_FLAGS := $(AVX2_ISA) -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512bf16 -mavx512vnni
+AMX_FLAGS := $(AVX512_FLAGS) -mavx512vbmi -mamx-tile -mamx-int8
 
 # Every folder of src/ but cli/ is the library (the folders and their order:
 # scripts/check_layers.sh, docs/architecture.md).
@@ -119,6 +120,11 @@ $(BUILD)/obj/%_avx512.o: %_avx512.c
 	@mkdir -p $(dir $@)
 	$(call say,CC,$<)
 	$(Q)$(CC) $(CFLAGS_ALL) $(AVX512_FLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/obj/%_amx.o: %_amx.c
+	@mkdir -p $(dir $@)
+	$(call say,CC,$<)
+	$(Q)$(CC) $(CFLAGS_ALL) $(AMX_FLAGS) -MMD -MP -c $< -o $@
 
 # Test objects are intermediate files to make: keep them, so that a change
 # to the library relinks the tests instead of recompiling every one.

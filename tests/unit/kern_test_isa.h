@@ -7,7 +7,7 @@
 
 #include "engine/kern/kern.h"
 
-static const enum kern_isa kti_isas[] = {KERN_SCALAR, KERN_AVX2, KERN_AVX512};
+static const enum kern_isa kti_isas[] = {KERN_SCALAR, KERN_AVX2, KERN_AVX512, KERN_AMX};
 
 /* The case's ISA, made active; skips the case on a CPU without it. */
 static inline enum kern_isa kti_use(void **state)
@@ -47,5 +47,8 @@ static inline int kti_restore(void **state)
 #define KTI_FAST(f) KTI_CASE(f, KERN_AVX2, "avx2"), KTI_CASE(f, KERN_AVX512, "avx512")
 /* f once per ISA, scalar included. */
 #define KTI_ALL(f) KTI_CASE(f, KERN_SCALAR, "scalar"), KTI_FAST(f)
+/* f on AMX too, for the matmul tests: the AVX-512 path with the AMX
+ * kernels (kern_mm_amx.c) on the groups of 16 tokens x 16 rows they take. */
+#define KTI_AMX(f) KTI_CASE(f, KERN_AMX, "amx")
 
 #endif

@@ -660,8 +660,9 @@ int main(void)
         cmocka_unit_test(test_isa_select), cmocka_unit_test(test_prep_layout),
         cmocka_unit_test(test_isa_tables), KTI_FAST(test_prep_bits),
         KTI_FAST(test_prep_bits_q8k),      KTI_ALL(test_mm_invariance),
-        KTI_FAST(test_mm_matches_scalar),  KTI_FAST(test_blk_bit_exact),
-        KTI_ALL(test_kq_twin_layout),
+        KTI_AMX(test_mm_invariance),       KTI_FAST(test_mm_matches_scalar),
+        KTI_AMX(test_mm_matches_scalar),   KTI_FAST(test_blk_bit_exact),
+        KTI_AMX(test_blk_bit_exact),       KTI_ALL(test_kq_twin_layout),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

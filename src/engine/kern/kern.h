@@ -23,11 +23,16 @@
 
 #include "base/dx_dtype.h"
 
-enum kern_isa { KERN_SCALAR = 0, KERN_AVX2 = 1, KERN_AVX512 = 2 };
+/* KERN_AMX is the AVX-512 path whose prefill matmuls of the formats with an
+ * AMX kernel (Q4_K) run on the AMX tile unit (kern_mm_amx.c); everything
+ * else, and every batch under 16 tokens, is the AVX-512 path's, so its bits
+ * are the AVX-512 path's too. */
+enum kern_isa { KERN_SCALAR = 0, KERN_AVX2 = 1, KERN_AVX512 = 2, KERN_AMX = 3 };
 
-/* Best ISA this CPU supports. */
+/* Best ISA this CPU (and, for AMX, the kernel: the tile state needs its
+ * permission) supports. */
 enum kern_isa kern_isa_detect(void);
-/* The active ISA: default kern_isa_detect(), or DUPLEX_KERNELS=scalar|avx2|avx512
+/* The active ISA: default kern_isa_detect(), or DUPLEX_KERNELS=scalar|avx2|avx512|amx
  * (the first call reads it).  kern_set_isa fails with DX_EUNSUPPORTED if the
  * CPU lacks it. */
 enum kern_isa kern_get_isa(void);

@@ -60,6 +60,7 @@ static const kern_attn_isa *attn_pick(const kern_attn_layout *L)
 {
     const kern_attn_isa *isa = NULL;
     switch (kern_get_isa()) {
+    case KERN_AMX:
     case KERN_AVX512:
         isa = &kern_attn_isa_avx512;
         break;

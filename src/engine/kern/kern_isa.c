@@ -1,6 +1,7 @@
 /* kern_isa: which instruction set the kernels use.  Detected once from the
  * CPU (the AVX-512 path needs BF16 and VNNI too, so older AVX-512 parts run
- * the AVX2 path), overridable with DUPLEX_KERNELS=scalar|avx2|avx512 for
+ * the AVX2 path; AMX needs AMX-TILE and AMX-INT8 and the kernel's leave to
+ * use the 8 KiB tile state), overridable with DUPLEX_KERNELS=scalar|avx2|avx512|amx for
  * comparisons and with kern_set_isa() in tests.  One process should keep one
  * ISA while it computes results that must match bit for bit. */
 #include "engine/kern/kern.h"
@@ -8,11 +9,39 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__x86_64__) && defined(__linux__)
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #include "base/dx_err.h"
 #include "base/dx_log.h"
 
 static atomic_int kern_isa_active = -1; /* -1: not chosen yet */
+
+/* AMX: the CPU's AMX-TILE (CPUID.7.0:EDX bit 24) and AMX-INT8 (bit 25)
+ * with AVX512-VBMI (ECX bit 1; the weight unpacking's byte permutes), and
+ * Linux's leave for this process to use the tile data state (XTILEDATA,
+ * xfeature 18), which it grants once per process to every thread.  Asked
+ * once; a kernel that says no (older than 5.16, or a VM without it) leaves
+ * the AVX-512 path. */
+static int amx_usable(void)
+{
+#if defined(__x86_64__) && defined(__linux__)
+    static atomic_int known = -1;
+    int k = atomic_load(&known);
+    if (k >= 0) return k;
+    unsigned a, b, c, d;
+    int ok = 0;
+    if (__get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 24 & 1) && (d >> 25 & 1) && (c >> 1 & 1))
+        ok = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18) == 0;
+    atomic_store(&known, ok);
+    return ok;
+#else
+    return 0;
+#endif
+}
 
 enum kern_isa kern_isa_detect(void)
 {
@@ -23,7 +52,7 @@ enum kern_isa kern_isa_detect(void)
     int avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                  __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
                  __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512vnni");
-    if (avx512) return KERN_AVX512;
+    if (avx512) return amx_usable() ? KERN_AMX : KERN_AVX512;
     if (avx2) return KERN_AVX2;
 #endif
     return KERN_SCALAR;
@@ -38,6 +67,8 @@ const char *kern_isa_name(enum kern_isa isa)
         return "avx2";
     case KERN_AVX512:
         return "avx512";
+    case KERN_AMX:
+        return "amx";
     }
     return "unknown";
 }
@@ -48,13 +79,13 @@ static enum kern_isa kern_isa_from_env(void)
     enum kern_isa best = kern_isa_detect();
     const char *s = getenv("DUPLEX_KERNELS");
     if (!s || !*s) return best;
-    for (int i = KERN_SCALAR; i <= KERN_AVX512; i++) {
+    for (int i = KERN_SCALAR; i <= KERN_AMX; i++) {
         if (strcmp(s, kern_isa_name((enum kern_isa)i)) != 0) continue;
         if (i <= (int)best) return (enum kern_isa)i;
         DX_LOGW("DUPLEX_KERNELS=%s: this CPU lacks it, using %s", s, kern_isa_name(best));
         return best;
     }
-    DX_LOGW("DUPLEX_KERNELS=%s: unknown (want scalar|avx2|avx512), using %s", s,
+    DX_LOGW("DUPLEX_KERNELS=%s: unknown (want scalar|avx2|avx512|amx), using %s", s,
             kern_isa_name(best));
     return best;
 }
@@ -71,7 +102,7 @@ enum kern_isa kern_get_isa(void)
 
 int kern_set_isa(enum kern_isa isa)
 {
-    if ((int)isa < KERN_SCALAR || (int)isa > KERN_AVX512)
+    if ((int)isa < KERN_SCALAR || (int)isa > KERN_AMX)
         return dx_errf(DX_EINVAL, "kern_set_isa: unknown ISA %d", (int)isa);
     if ((int)isa > (int)kern_isa_detect())
         return dx_errf(DX_EUNSUPPORTED, "kern_set_isa: this CPU does not support %s",

@@ -104,6 +104,7 @@ size_t kern_act_bytes_max(size_t n_tok, size_t n_in)
 static const kern_mm_isa *mm_isa(void)
 {
     switch (kern_get_isa()) {
+    case KERN_AMX: /* the AVX-512 tiles, and the AMX kernels by mm_drive */
     case KERN_AVX512:
         return &kern_mm_isa_avx512;
     case KERN_AVX2:
@@ -183,12 +184,10 @@ static void mm_rows(const kern_mm_tile *sh, const uint8_t *w, size_t wrow, const
             sh[i].fn(w + o * wrow, wrow, x, xrow, n_in, y + o, ldy);
 }
 
-static void mm_drive(const kern_mm_isa *isa, int wtype, const void *w, size_t n_in, size_t o0,
-                     size_t o1, const void *act, size_t n_tok, float *y, size_t ldy)
+static void mm_tiles(const kern_mm_isa *isa, const kern_mm_tiles *T, const uint8_t *w, size_t wrow,
+                     size_t n_in, size_t o0, size_t o1, const uint8_t *act, size_t xrow,
+                     size_t n_tok, float *y, size_t ldy)
 {
-    const kern_mm_tiles *T = wtype >= 0 && wtype < DX_DTYPE_ID_MAX ? isa->tiles[wtype] : NULL;
-    size_t wrow = dx_dtype_row_bytes(wtype, n_in), xrow = act_row_bytes(wtype, n_in);
-    DX_ASSERT(T && wrow && xrow);
     size_t br = (size_t)isa->block_rows, mr = (size_t)(T->mr ? T->mr : isa->mr);
     size_t rb = (L2_BLOCK_BYTES / wrow) & ~(br - 1);
     if (rb < br) rb = br;
@@ -196,10 +195,29 @@ static void mm_drive(const kern_mm_isa *isa, int wtype, const void *w, size_t n_
         size_t oe = o1 - ob < rb ? o1 : ob + rb;
         for (size_t t = 0; t < n_tok; t += mr) {
             size_t m = n_tok - t < mr ? n_tok - t : mr;
-            mm_rows(T->by[m], w, wrow, (const uint8_t *)act + t * xrow, xrow, n_in, ob, oe,
-                    y + t * ldy, ldy);
+            mm_rows(T->by[m], w, wrow, act + t * xrow, xrow, n_in, ob, oe, y + t * ldy, ldy);
         }
     }
+}
+
+static void mm_drive(const kern_mm_isa *isa, int wtype, const void *w, size_t n_in, size_t o0,
+                     size_t o1, const void *act, size_t n_tok, float *y, size_t ldy)
+{
+    const kern_mm_tiles *T = wtype >= 0 && wtype < DX_DTYPE_ID_MAX ? isa->tiles[wtype] : NULL;
+    size_t wrow = dx_dtype_row_bytes(wtype, n_in), xrow = act_row_bytes(wtype, n_in);
+    DX_ASSERT(T && wrow && xrow);
+    const uint8_t *a = act;
+    /* AMX takes whole groups of 16 tokens x 16 rows; the tiles the rest
+     * (the rows past the last group for those tokens, then the last tokens) */
+    size_t nt = n_tok & ~(size_t)15, og = o0 + ((o1 - o0) & ~(size_t)15);
+    if (kern_get_isa() == KERN_AMX && kern__amx_has(wtype) && nt && og > o0) {
+        kern__amx_matmul(wtype, (const uint8_t *)w + o0 * wrow, wrow, a, xrow, n_in, og - o0, nt,
+                         y + o0, ldy);
+        mm_tiles(isa, T, w, wrow, n_in, og, o1, a, xrow, nt, y, ldy);
+        mm_tiles(isa, T, w, wrow, n_in, o0, o1, a + nt * xrow, xrow, n_tok - nt, y + nt * ldy, ldy);
+        return;
+    }
+    mm_tiles(isa, T, w, wrow, n_in, o0, o1, a, xrow, n_tok, y, ldy);
 }
 
 void kern_matmul(int wtype, const void *w, size_t n_in, size_t o0, size_t o1, const void *act,

@@ -183,6 +183,17 @@ void kern__avx2_q8k_prep(const float *x, size_t n_in, void *row);
     [DX_Q4_K] = &kern__avx2_q4_k_tiles, [DX_Q5_K] = &kern__avx2_q5_k_tiles,                        \
     [DX_Q6_K] = &kern__avx2_q6_k_tiles, [DX_IQ4_XS] = &kern__avx2_iq4_xs_tiles
 
+/* The AMX kernels (kern_mm_amx.c), for KERN_AMX: whether wtype has one,
+ * and the matmul of whole groups, n_rows (a multiple of 16) weight rows
+ * from w against n_tok (a multiple of 16) prepared token rows from act,
+ * into y[t*ldy + o] for o < n_rows: the bits the tiles give. */
+static inline int kern__amx_has(int wtype)
+{
+    return wtype == DX_Q4_K;
+}
+void kern__amx_matmul(int wtype, const uint8_t *w, size_t wrow, const uint8_t *act, size_t xrow,
+                      size_t n_in, size_t n_rows, size_t n_tok, float *y, size_t ldy);
+
 /* Where a block format's parts lie (GGML's layouts, dx_quant.h): block
  * bytes, the offset of qs, whether it has m (the _1 formats) and qh (the
  * 5-bit ones, 4 bytes before qs).  Constants once inlined with T known. */

@@ -24,6 +24,7 @@ static void ops_rmsnorm_scalar(const float *x, const float *w, float eps, size_t
 void kern_rmsnorm(const float *x, const float *w, float eps, size_t n, float *y)
 {
     switch (kern_get_isa()) {
+    case KERN_AMX:
     case KERN_AVX512:
         kern_rmsnorm_avx512(x, w, eps, n, y);
         return;
@@ -58,6 +59,7 @@ static void ops_swiglu_scalar(float *g, const float *u, size_t n)
 void kern_swiglu(float *g, const float *u, size_t n)
 {
     switch (kern_get_isa()) {
+    case KERN_AMX:
     case KERN_AVX512:
         kern_swiglu_avx512(g, u, n);
         return;
@@ -98,6 +100,7 @@ void kern_q8_quant_scalar(const float *x, size_t n, int8_t *qs, uint16_t *d)
 void kern_q8_quant(const float *x, size_t n, int8_t *qs, uint16_t *d)
 {
     switch (kern_get_isa()) {
+    case KERN_AMX:
     case KERN_AVX512:
         kern_q8_quant_avx512(x, n, qs, d);
         return;
