@@ -511,6 +511,15 @@ static void test_batch_invariance(void **state)
         check_model_invariance(etu_model_scheme(MODEL_QWEN3, "tiny-k", schemes[d]), d == 0);
 }
 
+/* KERN_AMX: its kernels take Q4_K's groups of 16 tokens x 16 rows (the
+ * prefill chunks here), the tiles the rest; the invariance again on the
+ * mixture whose Q4_K tensors they compute. */
+static void test_batch_invariance_amx(void **state)
+{
+    kti_use(state);
+    check_model_invariance(etu_model_scheme(MODEL_QWEN3, "tiny-k", "q4_k_m"), 1);
+}
+
 /* Same logits and KV with 1, 2 and 3 threads, for the KV dtypes of kvs[0 ..
  * n_kv_types). */
 static void check_thread_counts(int dtype, int n_kv_types)
@@ -913,6 +922,7 @@ int main(void)
         KTI_ALL(test_moe_shared_experts),
         cmocka_unit_test(test_llama3_rope_scaling),
         KTI_ALL(test_batch_invariance),
+        KTI_AMX(test_batch_invariance_amx),
         cmocka_unit_test(test_thread_count_invariance),
         cmocka_unit_test(test_long_depth_invariance),
         KTI_ALL(test_q8_kv_close),
