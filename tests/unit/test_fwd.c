@@ -755,8 +755,11 @@ static void long_rig_init(long_rig *r, const model *m, int kv_dtype)
     const model_hparams *hp = model_hp(m);
     r->V = hp->n_vocab;
     r->nb = (LH + LT + BS - 1) / BS;
-    kv_pool_config pc = {.n_layer = hp->n_layer, .n_kv_head = hp->n_kv_head,
-                         .head_dim = hp->head_dim, .block_size = BS, .dtype = kv_dtype,
+    kv_pool_config pc = {.n_layer = hp->n_layer,
+                         .n_kv_head = hp->n_kv_head,
+                         .head_dim = hp->head_dim,
+                         .block_size = BS,
+                         .dtype = kv_dtype,
                          .n_blocks = (uint32_t)r->nb + 8};
     assert_int_equal(kv_pool_create(&pc, &r->pool), 0);
     for (int i = 0; i < 2; i++) {

@@ -1,16 +1,19 @@
-/* kern_mm_amx: Q4_K prefill matmuls on the AMX tile unit (TDPBSUD: 16x16
- * int32 sums of 64 int8 x uint8 products a row), for the driver in
- * kern_mm.c, which hands it whole groups of 16 tokens x 16 weight rows and
- * runs the rest through the AVX-512 tiles.
+/* kern_mm_amx: the prefill matmuls of Q4_K, Q5_K and Q6_K on the AMX tile
+ * unit (TDPBSUD / TDPBSSD: 16x16 int32 sums of 64 int8 products a row), for
+ * the driver in kern_mm.c, which hands it whole groups of 16 tokens x 16
+ * weight rows and runs the rest through the AVX-512 tiles.
  *
  * The arithmetic is the super-block formats' of kern_mm_priv.h, bit for bit:
  * per super-block the integer sums A = sum sc * v * x and B = sum m * bs are
  * exact whatever unit adds them, and the two float steps per element are
- * the scalar twin's.  A tile multiplies bytes, and sc * v (a 6-bit scale
- * times a 4-bit weight) does not fit one, so the scale goes in as two
- * digits: sc = 8 sh + sl with sh, sl in 0..7, and A = C_lo + 8 C_hi where
- * C_lo sums (sl * v) * x and C_hi (sh * v) * x (each product at most 105).
- * B is a third tile product: weights that are the sub-block's minimum
+ * the scalar twin's.  A tile multiplies bytes, and sc * v does not fit one,
+ * so the scale goes in as digits, each digit's products a tile product of
+ * their own, and A = sum_i base^i C_i:
+ *   Q4_K, Q5_K: sc (0..63) = 8 sh + sl, digits 0..7, times v (0..15, 0..31):
+ *     at most 217, unsigned (TDPBSUD);
+ *   Q6_K: sc (-128..127) = 64 s3 + 16 s2 + 4 s1 + s0, s0..s2 in 0..3 and s3
+ *     in -2..1, times v = q - 32 (-32..31): within -96..96, signed (TDPBSSD).
+ * B is one more tile product: weights that are the sub-block's minimum
  * itself, m at every element, give sum m * x = sum m * bs.
  *
  * The tiles: A operands are 16 tokens' activation quants, 64 a row, loaded
@@ -18,9 +21,9 @@
  * B operands are 16 weight rows' 64 elements in the tile unit's layout (row
  * k of the tile holds elements 4k..4k+3 of every weight row, 4 bytes a
  * row).  Those are prepared once per 16 weight rows and AMX_SB super-blocks
- * and then serve every group of 16 tokens: the raw 4-bit fields are
- * transposed 4 bytes at a time, the nibbles split, and each digit's
- * product looked up (vpermi2b over a 128-byte table of s * v).
+ * and then serve every group of 16 tokens: the packed fields are transposed
+ * 4 bytes at a time, unpacked into the weights in the transposed layout, and
+ * multiplied by each digit, byte by byte.
  *
  * Tile state is per thread: each thread loads the configuration the first
  * time it runs here and keeps it (nothing else in the process uses the
@@ -34,18 +37,29 @@
 #include "engine/kern/kern_mm_x86.h"
 
 #define AMX_INLINE static inline __attribute__((always_inline))
-#define AMX_SB     2 /* super-blocks a prepared slice: 24 KiB, within L1 with the tokens' */
+#define AMX_SB     2 /* super-blocks a prepared slice: 32 KiB, within L1 with the tokens' */
+#define AMX_SETS   4 /* most tile products a super-block (Q6_K's four digits) */
 
-/* One super-block of 16 weight rows, ready for the tiles: for each 64-element
- * chunk c, the B operands of the low digit, the high digit and the
- * minimum; the rows' d and dmin widened. */
+/* One super-block of 16 weight rows, ready for the tiles: for each tile
+ * product i and 64-element chunk c, its B operand; the rows' d and dmin
+ * widened. */
 typedef struct {
-    uint8_t lo[4][1024], hi[4][1024], mn[4][1024];
+    uint8_t b[AMX_SETS][4][1024];
     float d[16], dmin[16];
 } amx_sb;
 
-/* Palette 1: tiles 0-2 the sums (16 tokens x 16 rows of int32), 3 the
- * tokens' quants, 4-6 the weights; all 16 rows of 64 bytes. */
+/* Digits of the scale (products 0..n-1), and whether the minimum follows. */
+AMX_INLINE int amx_digits(const int T)
+{
+    return T == DX_Q6_K ? 4 : 2;
+}
+AMX_INLINE int amx_sets(const int T)
+{
+    return amx_digits(T) + kern__kq_has_min(T);
+}
+
+/* Palette 1, all eight tiles 16 rows of 64 bytes (amx_run says which
+ * holds what). */
 typedef struct {
     uint8_t palette, start_row, reserved[14];
     uint16_t colsb[16];
@@ -59,7 +73,7 @@ static void amx_configure(void)
     amx_cfg c;
     memset(&c, 0, sizeof(c));
     c.palette = 1;
-    for (int i = 0; i < 7; i++) c.colsb[i] = 64, c.rows[i] = 16;
+    for (int i = 0; i < 8; i++) c.colsb[i] = 64, c.rows[i] = 16;
     _tile_loadconfig(&c);
     amx_configured = 1;
 }
@@ -102,96 +116,181 @@ AMX_INLINE __m512i amx_spread(const __m512i *st, int j)
     return _mm512_mask_blend_epi8(0xffffffff00000000ull, a, b);
 }
 
-/* Super-block s of the 16 rows at w (wrow apart) into P. */
-static void amx_prep_q4k(const uint8_t *w, size_t wrow, size_t s, amx_sb *P)
+/* Byte by byte a * b, the product's low 8 bits (the product itself where it
+ * fits a byte, signed or unsigned). */
+AMX_INLINE __m512i amx_mul8(__m512i a, __m512i b)
 {
+    const __m512i lo8 = _mm512_set1_epi16(0x00ff);
+    __m512i even = _mm512_and_si512(_mm512_mullo_epi16(a, b), lo8);
+    __m512i odd = _mm512_mullo_epi16(_mm512_srli_epi16(a, 8), _mm512_andnot_si512(lo8, b));
+    return _mm512_or_si512(even, odd);
+}
+
+/* v's bytes shifted right by n within each byte. */
+AMX_INLINE __m512i amx_srl8(__m512i v, int n, int mask)
+{
+    return _mm512_and_si512(_mm512_srli_epi16(v, n), _mm512_set1_epi8((char)mask));
+}
+
+/* The 32 bytes at off of the 16 rows b[] transposed: lane o of out[k] is
+ * row o's dword k. */
+AMX_INLINE void amx_rows_t(const uint8_t *const *b, size_t off, __m512i *out)
+{
+    __m512i raw[8];
+    for (int p = 0; p < 8; p++)
+        raw[p] = _mm512_inserti64x4(
+            _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(b[p] + off))),
+            _mm256_loadu_si256((const __m256i *)(b[p + 8] + off)), 1);
+    amx_transpose16x8(raw, out);
+}
+
+/* Chunk c (elements 64c..64c+63) of the 16 rows' weights in the tile
+ * layout: v[k] holds elements 4k..4k+3 of row o in lane o; hb: Q5_K's qh
+ * transposed.  The element orders are dx_kquant.h's (the AVX2 tiles' chunk
+ * j is elements 32j..32j+31, so this chunk is their 2c and 2c+1). */
+AMX_INLINE void amx_weights(const uint8_t *const *b, int c, const __m512i *hb, __m512i *v,
+                            const int T)
+{
+    __m512i r[8], h[8];
+    if (T == DX_Q6_K) {
+        /* elements e: ql[64(c/2) + e]'s low (c even) or high nibble, under
+         * bits 4(c%2) + 2(e/32) of qh[32(c/2) + e%32] */
+        const int n = c / 2, ns = 4 * (c % 2);
+        amx_rows_t(b, offsetof(dx_block_q6_k, qh) + 32 * (size_t)n, h);
+        for (int half = 0; half < 2; half++) {
+            amx_rows_t(b, offsetof(dx_block_q6_k, ql) + 64 * (size_t)n + 32 * (size_t)half, r);
+            for (int k = 0; k < 8; k++) {
+                __m512i q = _mm512_or_si512(amx_srl8(r[k], ns, 15),
+                                            _mm512_slli_epi16(amx_srl8(h[k], ns + 2 * half, 3), 4));
+                v[8 * half + k] = _mm512_sub_epi8(q, _mm512_set1_epi8(32));
+            }
+        }
+        return;
+    }
+    /* Q4_K / Q5_K: qs[32c + e%32]'s low (e < 32) or high nibble; Q5_K's
+     * bit 4 is bit 2c + e/32 of qh[e%32] */
+    const size_t qs = T == DX_Q4_K ? offsetof(dx_block_q4_k, qs) : offsetof(dx_block_q5_k, qs);
+    amx_rows_t(b, qs + 32 * (size_t)c, r);
+    for (int half = 0; half < 2; half++)
+        for (int k = 0; k < 8; k++) {
+            __m512i q = amx_srl8(r[k], 4 * half, 15);
+            if (T == DX_Q5_K)
+                q = _mm512_or_si512(q, _mm512_slli_epi16(amx_srl8(hb[k], 2 * c + half, 1), 4));
+            v[8 * half + k] = q;
+        }
+}
+
+/* Super-block s of the 16 rows at w (wrow apart) into P. */
+AMX_INLINE void amx_prep(const uint8_t *w, size_t wrow, size_t s, amx_sb *P, const int T)
+{
+    const size_t bb = kern__kq_bytes(T);
+    const size_t doff = T == DX_Q6_K ? offsetof(dx_block_q6_k, d) : 0;
     const uint8_t *b[16];
-    for (int o = 0; o < 16; o++) b[o] = w + (size_t)o * wrow + s * sizeof(dx_block_q4_k);
-    /* scales and minimums, row o in bytes 16o..16o+15 (sc 0-7, m 0-7) */
+    for (int o = 0; o < 16; o++) b[o] = w + (size_t)o * wrow + s * bb;
+    /* row o's 16 scale bytes at 16o: Q6_K its int8 scales, else sc 0-7, m 0-7 */
     _Alignas(64) uint8_t st8[256];
-    uint16_t dh[16], mh[16];
+    uint16_t dh[16], mh[16] = {0};
     for (int o = 0; o < 16; o++) {
-        _mm_store_si128((__m128i *)(st8 + 16 * o), kern__k4_scales_v(b[o]));
-        memcpy(&dh[o], b[o] + offsetof(dx_block_q4_k, d), 2);
-        memcpy(&mh[o], b[o] + offsetof(dx_block_q4_k, dmin), 2);
+        __m128i sc =
+            T == DX_Q6_K
+                ? _mm_loadu_si128((const __m128i *)(b[o] + offsetof(dx_block_q6_k, scales)))
+                : kern__k4_scales_v(b[o]);
+        _mm_store_si128((__m128i *)(st8 + 16 * o), sc);
+        memcpy(&dh[o], b[o] + doff, 2);
+        if (kern__kq_has_min(T)) memcpy(&mh[o], b[o] + 2, 2);
     }
     _mm512_storeu_ps(P->d, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)dh)));
     _mm512_storeu_ps(P->dmin, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)mh)));
-    __m512i st[4];
+    __m512i st[4], hb[8];
     for (int i = 0; i < 4; i++) st[i] = _mm512_load_si512(st8 + 64 * i);
-    /* prod[16 s + v] = s * v for the digits s 0..7 and the weights v 0..15 */
-    _Alignas(64) uint8_t prod[128];
-    for (int i = 0; i < 128; i++) prod[i] = (uint8_t)((i >> 4) * (i & 15));
-    const __m512i p0 = _mm512_load_si512(prod), p1 = _mm512_load_si512(prod + 64);
-    const __m512i m4 = _mm512_set1_epi8(15), m3 = _mm512_set1_epi8(7);
-    const __m512i hi4 = _mm512_set1_epi8((char)0xf0);
+    if (T == DX_Q5_K) amx_rows_t(b, offsetof(dx_block_q5_k, qh), hb);
+    const int nd = amx_digits(T), sub = T == DX_Q6_K ? 4 : 8; /* rows k of a sub-block */
     for (int c = 0; c < 4; c++) {
-        __m512i raw[8], r[8];
-        for (int p = 0; p < 8; p++)
-            raw[p] = _mm512_inserti64x4(
-                _mm512_castsi256_si512(_mm256_loadu_si256(
-                    (const __m256i *)(b[p] + offsetof(dx_block_q4_k, qs) + 32 * c))),
-                _mm256_loadu_si256(
-                    (const __m256i *)(b[p + 8] + offsetof(dx_block_q4_k, qs) + 32 * c)),
-                1);
-        amx_transpose16x8(raw, r);
-        for (int h = 0; h < 2; h++) { /* sub-block 2c + h: the low nibbles, then the high */
-            __m512i sc = amx_spread(st, 2 * c + h), mn = amx_spread(st, 8 + 2 * c + h);
-            __m512i sl = _mm512_and_si512(_mm512_slli_epi16(sc, 4), hi4);
-            __m512i sh = _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(sc, 3), m3), 4);
-            for (int k = 0; k < 8; k++) {
-                __m512i v = _mm512_and_si512(h ? _mm512_srli_epi16(r[k], 4) : r[k], m4);
-                size_t row = 64 * (size_t)(8 * h + k);
-                _mm512_store_si512(P->lo[c] + row,
-                                   _mm512_permutex2var_epi8(p0, _mm512_or_si512(v, sl), p1));
-                _mm512_store_si512(P->hi[c] + row,
-                                   _mm512_permutex2var_epi8(p0, _mm512_or_si512(v, sh), p1));
-                _mm512_store_si512(P->mn[c] + row, mn);
+        __m512i v[16], dg[AMX_SETS];
+        amx_weights(b, c, hb, v, T);
+        for (int k = 0; k < 16; k++) {
+            if (k % sub == 0) { /* a new sub-block: its digits of every row */
+                int j = T == DX_Q6_K ? 4 * c + k / 4 : 2 * c + k / 8;
+                __m512i sc = amx_spread(st, j);
+                if (T == DX_Q6_K) {
+                    for (int i = 0; i < 3; i++) dg[i] = amx_srl8(sc, 2 * i, 3);
+                    dg[3] =
+                        _mm512_sub_epi8(_mm512_xor_si512(amx_srl8(sc, 6, 3), _mm512_set1_epi8(2)),
+                                        _mm512_set1_epi8(2)); /* the top digit signed */
+                } else {
+                    dg[0] = amx_srl8(sc, 0, 7);
+                    dg[1] = amx_srl8(sc, 3, 7);
+                    dg[2] = amx_spread(st, 8 + j); /* the minimum */
+                }
             }
+            for (int i = 0; i < nd; i++)
+                _mm512_store_si512(P->b[i][c] + 64 * k, amx_mul8(v[k], dg[i]));
+            if (kern__kq_has_min(T)) _mm512_store_si512(P->b[nd][c] + 64 * k, dg[nd]);
         }
     }
 }
 
+/* One tile product into sums tile C: B operand tile B loaded from p. */
+#define AMX_DP(C, B, p, T)                                                                         \
+    do {                                                                                           \
+        _tile_loadd(B, p, 64);                                                                     \
+        if (T == DX_Q6_K)                                                                          \
+            _tile_dpbssd(C, 4, B);                                                                 \
+        else                                                                                       \
+            _tile_dpbsud(C, 4, B);                                                                 \
+    } while (0)
+
 /* 16 tokens (act, xrow apart) against the prepared super-blocks P[0..ns)
- * (super-blocks s0.. of the rows), added to acc[t] (row o in lane o). */
-static void amx_run(const amx_sb *P, size_t ns, size_t s0, const uint8_t *act, size_t xrow,
-                    __m512 *acc)
+ * (super-blocks s0.. of the rows), added to acc[t] (row o in lane o).
+ * Tiles 0-3 the sums, 4 the tokens' quants, 5-7 the weights. */
+AMX_INLINE void amx_run(const amx_sb *P, size_t ns, size_t s0, const uint8_t *act, size_t xrow,
+                        __m512 *acc, const int T)
 {
-    _Alignas(64) int32_t c0[256], c1[256], c2[256];
+    _Alignas(64) int32_t cs[AMX_SETS][256];
+    const int nset = amx_sets(T);
     for (size_t i = 0; i < ns; i++) {
         size_t s = s0 + i;
         const uint8_t *xq = (const uint8_t *)kern__q8k_qs(act, s);
         _tile_zero(0);
         _tile_zero(1);
         _tile_zero(2);
+        if (nset > 3) _tile_zero(3);
         for (int c = 0; c < 4; c++) {
-            _tile_loadd(3, xq + 64 * c, xrow);
-            _tile_loadd(4, P[i].lo[c], 64);
-            _tile_dpbsud(0, 3, 4);
-            _tile_loadd(5, P[i].hi[c], 64);
-            _tile_dpbsud(1, 3, 5);
-            _tile_loadd(6, P[i].mn[c], 64);
-            _tile_dpbsud(2, 3, 6);
+            _tile_loadd(4, xq + 64 * c, xrow);
+            AMX_DP(0, 5, P[i].b[0][c], T);
+            AMX_DP(1, 6, P[i].b[1][c], T);
+            AMX_DP(2, 7, P[i].b[2][c], T);
+            if (nset > 3) AMX_DP(3, 5, P[i].b[3][c], T);
         }
-        _tile_stored(0, c0, 64);
-        _tile_stored(1, c1, 64);
-        _tile_stored(2, c2, 64);
+        _tile_stored(0, cs[0], 64);
+        _tile_stored(1, cs[1], 64);
+        _tile_stored(2, cs[2], 64);
+        if (nset > 3) _tile_stored(3, cs[3], 64);
         const __m512 d = _mm512_loadu_ps(P[i].d), dm = _mm512_loadu_ps(P[i].dmin);
         for (int t = 0; t < 16; t++) {
             __m512 dx = _mm512_set1_ps(kern__q8k_d(act + (size_t)t * xrow, s));
-            __m512i a = _mm512_add_epi32(_mm512_load_si512(c0 + 16 * t),
-                                         _mm512_slli_epi32(_mm512_load_si512(c1 + 16 * t), 3));
+            __m512i a;
+            if (T == DX_Q6_K)
+                a = _mm512_add_epi32(
+                    _mm512_add_epi32(_mm512_load_si512(cs[0] + 16 * t),
+                                     _mm512_slli_epi32(_mm512_load_si512(cs[1] + 16 * t), 2)),
+                    _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(cs[2] + 16 * t), 4),
+                                     _mm512_slli_epi32(_mm512_load_si512(cs[3] + 16 * t), 6)));
+            else
+                a = _mm512_add_epi32(_mm512_load_si512(cs[0] + 16 * t),
+                                     _mm512_slli_epi32(_mm512_load_si512(cs[1] + 16 * t), 3));
             acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), _mm512_mul_ps(d, dx), acc[t]);
-            acc[t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c2 + 16 * t)),
-                                      _mm512_mul_ps(dm, dx), acc[t]);
+            if (kern__kq_has_min(T))
+                acc[t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(cs[2] + 16 * t)),
+                                          _mm512_mul_ps(dm, dx), acc[t]);
         }
     }
 }
 
-void kern__amx_matmul(int wtype, const uint8_t *w, size_t wrow, const uint8_t *act, size_t xrow,
-                      size_t n_in, size_t n_rows, size_t n_tok, float *y, size_t ldy)
+AMX_INLINE void amx_matmul(const uint8_t *w, size_t wrow, const uint8_t *act, size_t xrow,
+                           size_t n_in, size_t n_rows, size_t n_tok, float *y, size_t ldy,
+                           const int T)
 {
-    DX_ASSERT(wtype == DX_Q4_K && n_rows % 16 == 0 && n_tok % 16 == 0);
     if (!amx_configured) amx_configure();
     const size_t nsb = n_in / DX_QK_K;
     _Alignas(64) amx_sb P[AMX_SB];
@@ -199,15 +298,27 @@ void kern__amx_matmul(int wtype, const uint8_t *w, size_t wrow, const uint8_t *a
         const uint8_t *wo = w + o * wrow;
         for (size_t s0 = 0; s0 < nsb; s0 += AMX_SB) {
             size_t ns = nsb - s0 < AMX_SB ? nsb - s0 : AMX_SB;
-            for (size_t i = 0; i < ns; i++) amx_prep_q4k(wo, wrow, s0 + i, &P[i]);
+            for (size_t i = 0; i < ns; i++) amx_prep(wo, wrow, s0 + i, &P[i], T);
             for (size_t t0 = 0; t0 < n_tok; t0 += 16) {
                 float *yt = y + t0 * ldy + o;
                 __m512 acc[16];
                 for (int t = 0; t < 16; t++)
                     acc[t] = s0 ? _mm512_loadu_ps(yt + t * ldy) : _mm512_setzero_ps();
-                amx_run(P, ns, s0, act + t0 * xrow, xrow, acc);
+                amx_run(P, ns, s0, act + t0 * xrow, xrow, acc, T);
                 for (int t = 0; t < 16; t++) _mm512_storeu_ps(yt + t * ldy, acc[t]);
             }
         }
     }
+}
+
+void kern__amx_matmul(int wtype, const uint8_t *w, size_t wrow, const uint8_t *act, size_t xrow,
+                      size_t n_in, size_t n_rows, size_t n_tok, float *y, size_t ldy)
+{
+    DX_ASSERT(kern__amx_has(wtype) && n_rows % 16 == 0 && n_tok % 16 == 0);
+    if (wtype == DX_Q4_K)
+        amx_matmul(w, wrow, act, xrow, n_in, n_rows, n_tok, y, ldy, DX_Q4_K);
+    else if (wtype == DX_Q5_K)
+        amx_matmul(w, wrow, act, xrow, n_in, n_rows, n_tok, y, ldy, DX_Q5_K);
+    else
+        amx_matmul(w, wrow, act, xrow, n_in, n_rows, n_tok, y, ldy, DX_Q6_K);
 }
