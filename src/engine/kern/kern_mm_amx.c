@@ -1,4 +1,4 @@
-/* kern_mm_amx: the prefill matmuls of Q4_K, Q5_K and Q6_K on the AMX tile
+/* kern_mm_amx: the prefill matmuls of Q4_K, Q5_K, Q6_K and IQ4_XS on the AMX tile
  * unit (TDPBSUD / TDPBSSD: 16x16 int32 sums of 64 int8 products a row), for
  * the driver in kern_mm.c, which hands it whole groups of 16 tokens x 16
  * weight rows and runs the rest through the AVX-512 tiles.
@@ -12,7 +12,10 @@
  *   Q4_K, Q5_K: sc (0..63) = 8 sh + sl, digits 0..7, times v (0..15, 0..31):
  *     at most 217, unsigned (TDPBSUD);
  *   Q6_K: sc (-128..127) = 64 s3 + 16 s2 + 4 s1 + s0, s0..s2 in 0..3 and s3
- *     in -2..1, times v = q - 32 (-32..31): within -96..96, signed (TDPBSSD).
+ *     in -2..1, times v = q - 32 (-32..31): within -96..96, signed (TDPBSSD);
+ *   IQ4_XS: sc = ls - 32 with ls (0..63) in binary digits, times the
+ *     codebook values (-127..113), signed, and the -32 a seventh product
+ *     against v itself.
  * B is one more tile product: weights that are the sub-block's minimum
  * itself, m at every element, give sum m * x = sum m * bs.
  *
@@ -20,7 +23,7 @@
  * straight from the KERN_ACT_Q8K rows (the row pitch is the tile's stride);
  * B operands are 16 weight rows' 64 elements in the tile unit's layout (row
  * k of the tile holds elements 4k..4k+3 of every weight row, 4 bytes a
- * row).  Those are prepared once per 16 weight rows and AMX_SB super-blocks
+ * row).  Those are prepared once per 16 weight rows and 1-2 super-blocks
  * and then serve every group of 16 tokens: the packed fields are transposed
  * 4 bytes at a time, unpacked into the weights in the transposed layout, and
  * multiplied by each digit, byte by byte.
@@ -37,8 +40,7 @@
 #include "engine/kern/kern_mm_x86.h"
 
 #define AMX_INLINE static inline __attribute__((always_inline))
-#define AMX_SB     2 /* super-blocks a prepared slice: 32 KiB, within L1 with the tokens' */
-#define AMX_SETS   4 /* most tile products a super-block (Q6_K's four digits) */
+#define AMX_SETS   7 /* most tile products a super-block (IQ4_XS's) */
 
 /* One super-block of 16 weight rows, ready for the tiles: for each tile
  * product i and 64-element chunk c, its B operand; the rows' d and dmin
@@ -48,14 +50,20 @@ typedef struct {
     float d[16], dmin[16];
 } amx_sb;
 
-/* Digits of the scale (products 0..n-1), and whether the minimum follows. */
+/* Digits of the scale (products 0..n-1), then the minimum's product or
+ * IQ4_XS's offset's. */
 AMX_INLINE int amx_digits(const int T)
 {
-    return T == DX_Q6_K ? 4 : 2;
+    return T == DX_Q6_K ? 4 : T == DX_IQ4_XS ? 6 : 2;
 }
 AMX_INLINE int amx_sets(const int T)
 {
-    return amx_digits(T) + kern__kq_has_min(T);
+    return amx_digits(T) + (kern__kq_has_min(T) || T == DX_IQ4_XS);
+}
+/* Super-blocks a prepared slice: 24-28 KiB, within L1 with the tokens'. */
+AMX_INLINE size_t amx_slice(const int T)
+{
+    return amx_sets(T) > 4 ? 1 : 2;
 }
 
 /* Palette 1, all eight tiles 16 rows of 64 bytes (amx_run says which
@@ -152,6 +160,18 @@ AMX_INLINE void amx_weights(const uint8_t *const *b, int c, const __m512i *hb, _
                             const int T)
 {
     __m512i r[8], h[8];
+    if (T == DX_IQ4_XS) {
+        /* sub-block 2c + e/32 is qs[32c + 16(e/32)..]: its bytes' low
+         * nibbles are elements 0-15, the high ones 16-31, codebook indices */
+        const __m512i book =
+            _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)dx_iq4nl_values));
+        amx_rows_t(b, offsetof(dx_block_iq4_xs, qs) + 32 * (size_t)c, r);
+        for (int k = 0; k < 16; k++) {
+            int half = k / 8, q = k % 8;
+            v[k] = _mm512_shuffle_epi8(book, amx_srl8(r[4 * half + q % 4], 4 * (q / 4), 15));
+        }
+        return;
+    }
     if (T == DX_Q6_K) {
         /* elements e: ql[64(c/2) + e]'s low (c even) or high nibble, under
          * bits 4(c%2) + 2(e/32) of qh[32(c/2) + e%32] */
@@ -184,18 +204,26 @@ AMX_INLINE void amx_weights(const uint8_t *const *b, int c, const __m512i *hb, _
 AMX_INLINE void amx_prep(const uint8_t *w, size_t wrow, size_t s, amx_sb *P, const int T)
 {
     const size_t bb = kern__kq_bytes(T);
-    const size_t doff = T == DX_Q6_K ? offsetof(dx_block_q6_k, d) : 0;
+    const size_t doff = T == DX_Q6_K ? offsetof(dx_block_q6_k, d) : 0; /* IQ4_XS too: 0 */
     const uint8_t *b[16];
     for (int o = 0; o < 16; o++) b[o] = w + (size_t)o * wrow + s * bb;
-    /* row o's 16 scale bytes at 16o: Q6_K its int8 scales, else sc 0-7, m 0-7 */
+    /* row o's 16 scale bytes at 16o: Q6_K its int8 scales, IQ4_XS ls 0-7,
+     * else sc 0-7, m 0-7 */
     _Alignas(64) uint8_t st8[256];
     uint16_t dh[16], mh[16] = {0};
     for (int o = 0; o < 16; o++) {
-        __m128i sc =
-            T == DX_Q6_K
-                ? _mm_loadu_si128((const __m128i *)(b[o] + offsetof(dx_block_q6_k, scales)))
-                : kern__k4_scales_v(b[o]);
-        _mm_store_si128((__m128i *)(st8 + 16 * o), sc);
+        if (T == DX_IQ4_XS) {
+            const dx_block_iq4_xs *x = (const dx_block_iq4_xs *)b[o];
+            for (int j = 0; j < 8; j++)
+                st8[16 * o + j] = (uint8_t)(((x->scales_l[j / 2] >> (4 * (j % 2))) & 15) |
+                                            (((x->scales_h >> (2 * j)) & 3) << 4));
+        } else {
+            __m128i sc =
+                T == DX_Q6_K
+                    ? _mm_loadu_si128((const __m128i *)(b[o] + offsetof(dx_block_q6_k, scales)))
+                    : kern__k4_scales_v(b[o]);
+            _mm_store_si128((__m128i *)(st8 + 16 * o), sc);
+        }
         memcpy(&dh[o], b[o] + doff, 2);
         if (kern__kq_has_min(T)) memcpy(&mh[o], b[o] + 2, 2);
     }
@@ -212,7 +240,11 @@ AMX_INLINE void amx_prep(const uint8_t *w, size_t wrow, size_t s, amx_sb *P, con
             if (k % sub == 0) { /* a new sub-block: its digits of every row */
                 int j = T == DX_Q6_K ? 4 * c + k / 4 : 2 * c + k / 8;
                 __m512i sc = amx_spread(st, j);
-                if (T == DX_Q6_K) {
+                if (T == DX_IQ4_XS) {
+                    for (int i = 0; i < 6; i++) /* v where bit i of ls is set */
+                        dg[i] = _mm512_movm_epi8(
+                            _mm512_test_epi8_mask(sc, _mm512_set1_epi8((char)(1 << i))));
+                } else if (T == DX_Q6_K) {
                     for (int i = 0; i < 3; i++) dg[i] = amx_srl8(sc, 2 * i, 3);
                     dg[3] =
                         _mm512_sub_epi8(_mm512_xor_si512(amx_srl8(sc, 6, 3), _mm512_set1_epi8(2)),
@@ -224,8 +256,11 @@ AMX_INLINE void amx_prep(const uint8_t *w, size_t wrow, size_t s, amx_sb *P, con
                 }
             }
             for (int i = 0; i < nd; i++)
-                _mm512_store_si512(P->b[i][c] + 64 * k, amx_mul8(v[k], dg[i]));
+                _mm512_store_si512(P->b[i][c] + 64 * k, T == DX_IQ4_XS
+                                                            ? _mm512_and_si512(v[k], dg[i])
+                                                            : amx_mul8(v[k], dg[i]));
             if (kern__kq_has_min(T)) _mm512_store_si512(P->b[nd][c] + 64 * k, dg[nd]);
+            if (T == DX_IQ4_XS) _mm512_store_si512(P->b[nd][c] + 64 * k, v[k]);
         }
     }
 }
@@ -234,15 +269,54 @@ AMX_INLINE void amx_prep(const uint8_t *w, size_t wrow, size_t s, amx_sb *P, con
 #define AMX_DP(C, B, p, T)                                                                         \
     do {                                                                                           \
         _tile_loadd(B, p, 64);                                                                     \
-        if (T == DX_Q6_K)                                                                          \
-            _tile_dpbssd(C, 4, B);                                                                 \
-        else                                                                                       \
+        if (T == DX_Q4_K || T == DX_Q5_K)                                                          \
             _tile_dpbsud(C, 4, B);                                                                 \
+        else                                                                                       \
+            _tile_dpbssd(C, 4, B);                                                                 \
     } while (0)
 
+/* Tile products first..first+n-1 (n <= 4) of one super-block, their sums
+ * into cs[first..]: tiles 0-3 the sums, 4 the tokens' quants (xq, rows
+ * xrow apart), 5-7 the weights. */
+AMX_INLINE void amx_pass(const amx_sb *P, const int first, const int n, const uint8_t *xq,
+                         size_t xrow, int32_t (*cs)[256], const int T)
+{
+    _tile_zero(0);
+    if (n > 1) _tile_zero(1);
+    if (n > 2) _tile_zero(2);
+    if (n > 3) _tile_zero(3);
+    for (int c = 0; c < 4; c++) {
+        _tile_loadd(4, xq + 64 * c, xrow);
+        AMX_DP(0, 5, P->b[first][c], T);
+        if (n > 1) AMX_DP(1, 6, P->b[first + 1][c], T);
+        if (n > 2) AMX_DP(2, 7, P->b[first + 2][c], T);
+        if (n > 3) AMX_DP(3, 5, P->b[first + 3][c], T);
+    }
+    _tile_stored(0, cs[first], 64);
+    if (n > 1) _tile_stored(1, cs[first + 1], 64);
+    if (n > 2) _tile_stored(2, cs[first + 2], 64);
+    if (n > 3) _tile_stored(3, cs[first + 3], 64);
+}
+
+/* Token t's A (row o in lane o) from the sums: the digits' place values,
+ * and IQ4_XS's -32 times sum v * x. */
+AMX_INLINE __m512i amx_a(int32_t (*cs)[256], int t, const int T)
+{
+#define AMX_C(i) _mm512_load_si512(cs[i] + 16 * t)
+    if (T == DX_Q4_K || T == DX_Q5_K)
+        return _mm512_add_epi32(AMX_C(0), _mm512_slli_epi32(AMX_C(1), 3));
+    if (T == DX_Q6_K)
+        return _mm512_add_epi32(
+            _mm512_add_epi32(AMX_C(0), _mm512_slli_epi32(AMX_C(1), 2)),
+            _mm512_add_epi32(_mm512_slli_epi32(AMX_C(2), 4), _mm512_slli_epi32(AMX_C(3), 6)));
+    __m512i a = _mm512_sub_epi32(AMX_C(0), _mm512_slli_epi32(AMX_C(6), 5));
+    for (int i = 1; i < 6; i++) a = _mm512_add_epi32(a, _mm512_slli_epi32(AMX_C(i), i));
+    return a;
+#undef AMX_C
+}
+
 /* 16 tokens (act, xrow apart) against the prepared super-blocks P[0..ns)
- * (super-blocks s0.. of the rows), added to acc[t] (row o in lane o).
- * Tiles 0-3 the sums, 4 the tokens' quants, 5-7 the weights. */
+ * (super-blocks s0.. of the rows), added to acc[t] (row o in lane o). */
 AMX_INLINE void amx_run(const amx_sb *P, size_t ns, size_t s0, const uint8_t *act, size_t xrow,
                         __m512 *acc, const int T)
 {
@@ -251,35 +325,13 @@ AMX_INLINE void amx_run(const amx_sb *P, size_t ns, size_t s0, const uint8_t *ac
     for (size_t i = 0; i < ns; i++) {
         size_t s = s0 + i;
         const uint8_t *xq = (const uint8_t *)kern__q8k_qs(act, s);
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_zero(2);
-        if (nset > 3) _tile_zero(3);
-        for (int c = 0; c < 4; c++) {
-            _tile_loadd(4, xq + 64 * c, xrow);
-            AMX_DP(0, 5, P[i].b[0][c], T);
-            AMX_DP(1, 6, P[i].b[1][c], T);
-            AMX_DP(2, 7, P[i].b[2][c], T);
-            if (nset > 3) AMX_DP(3, 5, P[i].b[3][c], T);
-        }
-        _tile_stored(0, cs[0], 64);
-        _tile_stored(1, cs[1], 64);
-        _tile_stored(2, cs[2], 64);
-        if (nset > 3) _tile_stored(3, cs[3], 64);
+        amx_pass(&P[i], 0, nset < 4 ? nset : 4, xq, xrow, cs, T);
+        if (nset > 4) amx_pass(&P[i], 4, nset - 4, xq, xrow, cs, T);
         const __m512 d = _mm512_loadu_ps(P[i].d), dm = _mm512_loadu_ps(P[i].dmin);
         for (int t = 0; t < 16; t++) {
             __m512 dx = _mm512_set1_ps(kern__q8k_d(act + (size_t)t * xrow, s));
-            __m512i a;
-            if (T == DX_Q6_K)
-                a = _mm512_add_epi32(
-                    _mm512_add_epi32(_mm512_load_si512(cs[0] + 16 * t),
-                                     _mm512_slli_epi32(_mm512_load_si512(cs[1] + 16 * t), 2)),
-                    _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(cs[2] + 16 * t), 4),
-                                     _mm512_slli_epi32(_mm512_load_si512(cs[3] + 16 * t), 6)));
-            else
-                a = _mm512_add_epi32(_mm512_load_si512(cs[0] + 16 * t),
-                                     _mm512_slli_epi32(_mm512_load_si512(cs[1] + 16 * t), 3));
-            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), _mm512_mul_ps(d, dx), acc[t]);
+            acc[t] =
+                _mm512_fmadd_ps(_mm512_cvtepi32_ps(amx_a(cs, t, T)), _mm512_mul_ps(d, dx), acc[t]);
             if (kern__kq_has_min(T))
                 acc[t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(cs[2] + 16 * t)),
                                           _mm512_mul_ps(dm, dx), acc[t]);
@@ -292,12 +344,12 @@ AMX_INLINE void amx_matmul(const uint8_t *w, size_t wrow, const uint8_t *act, si
                            const int T)
 {
     if (!amx_configured) amx_configure();
-    const size_t nsb = n_in / DX_QK_K;
-    _Alignas(64) amx_sb P[AMX_SB];
+    const size_t nsb = n_in / DX_QK_K, sl = amx_slice(T);
+    _Alignas(64) amx_sb P[2];
     for (size_t o = 0; o < n_rows; o += 16) {
         const uint8_t *wo = w + o * wrow;
-        for (size_t s0 = 0; s0 < nsb; s0 += AMX_SB) {
-            size_t ns = nsb - s0 < AMX_SB ? nsb - s0 : AMX_SB;
+        for (size_t s0 = 0; s0 < nsb; s0 += sl) {
+            size_t ns = nsb - s0 < sl ? nsb - s0 : sl;
             for (size_t i = 0; i < ns; i++) amx_prep(wo, wrow, s0 + i, &P[i], T);
             for (size_t t0 = 0; t0 < n_tok; t0 += 16) {
                 float *yt = y + t0 * ldy + o;
@@ -319,6 +371,8 @@ void kern__amx_matmul(int wtype, const uint8_t *w, size_t wrow, const uint8_t *a
         amx_matmul(w, wrow, act, xrow, n_in, n_rows, n_tok, y, ldy, DX_Q4_K);
     else if (wtype == DX_Q5_K)
         amx_matmul(w, wrow, act, xrow, n_in, n_rows, n_tok, y, ldy, DX_Q5_K);
-    else
+    else if (wtype == DX_Q6_K)
         amx_matmul(w, wrow, act, xrow, n_in, n_rows, n_tok, y, ldy, DX_Q6_K);
+    else
+        amx_matmul(w, wrow, act, xrow, n_in, n_rows, n_tok, y, ldy, DX_IQ4_XS);
 }
