@@ -173,55 +173,15 @@ MM2_INLINE void mm2_q8_step(__m256 *acc, const uint8_t *w, size_t wrow, const ui
     }
 }
 
-/* Decode reads a tile's NR rows once: NR streams, each a row.  The next
- * tile's rows are the NR * wrow bytes after this tile's, and each of a
- * tile's `steps` steps prefetches a slice of them, so that by the last
- * step the whole next tile is on its way.  A row shorter than 2 KiB (a
- * 1024-element Q8_0 row is 17 lines, a Q4_K one 9) ends before the
- * hardware prefetchers have learnt its stream: there the slices go in
- * address order, row after row (bench_mm: 1.4-1.9x the rate on
- * 1024-element Q8_0, Q4_0 and Q6_K rows).  Longer rows take a slice of
- * each row at the step's own offset, one tile ahead of what the step
- * reads, and leave the rest to the hardware. */
-typedef struct {
-    const char *p;   /* where the next slice starts (of row 0, for a slice of each row) */
-    const char *end; /* the end of the next tile: address order stops there */
-    size_t per;      /* bytes a step: whole lines in address order, else of each row */
-    size_t wrow;     /* 0: address order; else the row pitch of a slice of each row */
-} mm2_pf;
-
-MM2_INLINE mm2_pf mm2_pf_next_tile(const uint8_t *w, size_t wrow, int NR, size_t steps)
-{
-    size_t span = (size_t)NR * wrow;
-    steps = steps ? steps : 1;
-    mm2_pf f = {(const char *)w + span, (const char *)w + 2 * span, 0, wrow < 2048 ? 0 : wrow};
-    f.per = f.wrow ? (wrow + steps - 1) / steps : ((span + steps - 1) / steps + 63) & ~(size_t)63;
-    return f;
-}
-
-/* One step's slice (MR = 1 tiles only: a prefill tile reuses its rows). */
-MM2_INLINE void mm2_pf_step(mm2_pf *f, const int NR)
-{
-    if (!f->wrow) {
-        for (size_t i = 0; i < f->per && f->p < f->end; i += 64, f->p += 64)
-            _mm_prefetch(f->p, _MM_HINT_T0);
-        return;
-    }
-    for (int o = 0; o < NR; o++) /* the step's bytes may straddle one more line */
-        for (size_t i = 0; i < f->per + 64; i += 64)
-            _mm_prefetch(f->p + (size_t)o * f->wrow + i, _MM_HINT_T0);
-    f->p += f->per;
-}
-
 MM2_INLINE void mm2_q8_tile(KERN_MM_TILE_ARGS, const int MR, const int NR)
 {
     __m256 acc[8];
     MM2_UNROLL
     for (int i = 0; i < MR * NR; i++) acc[i] = _mm256_setzero_ps();
     size_t nb = n_in / DX_QK8_0;
-    mm2_pf pf = mm2_pf_next_tile(w, wrow, NR, nb);
+    kern__pf pf = kern__pf_next_tile(w, wrow, NR, nb);
     for (size_t b = 0; b < nb; b++) {
-        if (MR == 1) mm2_pf_step(&pf, NR);
+        if (MR == 1) kern__pf_step(&pf, NR);
         mm2_q8_step(acc, w, wrow, x, xrow, b, MR, NR);
     }
     mm2_store_tile(acc, MR, NR, y, ldy);
@@ -384,10 +344,10 @@ MM2_INLINE void mm2_blk_tile(KERN_MM_TILE_ARGS, const int T, const int MR, const
     const uint8_t *pb[4];
     MM2_UNROLL
     for (int p = 0; p < NP; p++) pb[p] = w + (size_t)(2 * p) * wrow;
-    mm2_pf pf = mm2_pf_next_tile(w, wrow, NR, nb / 2);
+    kern__pf pf = kern__pf_next_tile(w, wrow, NR, nb / 2);
     /* blocks in pairs, as the activations hold them (the second at +32) */
     for (size_t q = 0; q < nb / 2; q++, x += KERN__Q8_PAIR_BYTES) {
-        if (MR == 1) mm2_pf_step(&pf, NR);
+        if (MR == 1) kern__pf_step(&pf, NR);
         for (int h = 0; h < 2; h++) {
             mm2_blk_step(acc, pb, wrow, x + 32 * h, xrow, T, MR, NR);
             MM2_UNROLL
@@ -617,9 +577,9 @@ MM2_INLINE void mm2_kq_tile(KERN_MM_TILE_ARGS, const int T, const int MR, const 
                                        : 0;
     const int off = kern__kq_offset(T), has_m = kern__kq_has_min(T);
     __m256 sum = _mm256_setzero_ps(); /* lane t * NR + o */
-    mm2_pf pf = mm2_pf_next_tile(w, wrow, NR, nsb);
+    kern__pf pf = kern__pf_next_tile(w, wrow, NR, nsb);
     for (size_t s = 0; s < nsb; s++, w += bb, x += KERN__Q8K_BYTES) {
-        if (MR == 1) mm2_pf_step(&pf, NR);
+        if (MR == 1) kern__pf_step(&pf, NR);
         __m256i sc[4];
         MM2_UNROLL
         for (int o = 0; o < NR; o++) sc[o] = mm2_kq_scales(w + o * wrow, T);

@@ -20,6 +20,7 @@
 
 #include "base/dx_dtype.h"
 #include "engine/kern/kern_mm_priv.h"
+#include "engine/kern/kern_mm_x86.h"
 
 #define MM_INLINE static inline __attribute__((always_inline))
 /* Tile loops must unroll fully so that accumulators live in registers. */
@@ -184,7 +185,11 @@ MM_INLINE void mm_q8_tile(KERN_MM_TILE_ARGS, const int MR, const int NR)
     MM_UNROLL
     for (int i = 0; i < MR * NR; i++) acc[i] = _mm512_setzero_ps();
     size_t np = n_in / 64;
-    for (size_t p = 0; p < np; p++) mm_q8_step(acc, w, wrow, x, xrow, p, 1, MR, NR);
+    kern__pf pf = kern__pf_next_tile(w, wrow, NR, np); /* decode: kern_mm_x86.h */
+    for (size_t p = 0; p < np; p++) {
+        if (MR == 1) kern__pf_step(&pf, NR);
+        mm_q8_step(acc, w, wrow, x, xrow, p, 1, MR, NR);
+    }
     if ((n_in / 32) & 1) mm_q8_step(acc, w, wrow, x, xrow, np, 0, MR, NR);
     mm_store_tile(acc, MR, NR, y, ldy);
 }
@@ -361,25 +366,11 @@ MM_INLINE void mm_blk_tile(KERN_MM_TILE_ARGS, const int T, const int MR, const i
     const uint8_t *qb[4];
     MM_UNROLL
     for (int q = 0; q < NQ; q++) qb[q] = w + (size_t)(4 * q) * wrow;
-    /* Decode reads each row once, 16 short streams at a time: fetch the
-     * next tile's first lines now and each row 256 bytes ahead (measured:
-     * ~25% faster from memory on this machine's EPYC) */
-    const int pf = MR == 1 && NR == 16;
-    if (pf)
-        for (int r = NR; r < 2 * NR; r++)
-            for (int l = 0; l < 2; l++)
-                _mm_prefetch((const char *)w + (size_t)r * wrow + 64 * l, _MM_HINT_T0);
+    /* decode: the whole next tile, a slice a step (kern_mm_x86.h) */
+    kern__pf pf = kern__pf_next_tile(w, wrow, NR, nb / 2);
     /* blocks in pairs, as the activations hold them (the second at +32) */
     for (size_t p = 0; p < nb / 2; p++, x += KERN__Q8_PAIR_BYTES) {
-        if (pf) {
-            MM_UNROLL
-            for (int q = 0; q < NQ; q++) {
-                _mm_prefetch((const char *)qb[q] + 256, _MM_HINT_T0);
-                _mm_prefetch((const char *)qb[q] + wrow + 256, _MM_HINT_T0);
-                _mm_prefetch((const char *)qb[q] + 2 * wrow + 256, _MM_HINT_T0);
-                _mm_prefetch((const char *)qb[q] + w3 + 256, _MM_HINT_T0);
-            }
-        }
+        if (MR == 1) kern__pf_step(&pf, NR);
         for (int h = 0; h < 2; h++) {
             mm_blk_step(acc, qb, wrow, w3, x + 32 * h, xrow, T, MR, NR);
             MM_UNROLL
