@@ -41,7 +41,8 @@ typedef struct {
     size_t wrow;     /* 0: address order; else the row pitch of a slice of each row */
 } kern__pf;
 
-static inline __attribute__((always_inline)) kern__pf kern__pf_next_tile(const uint8_t *w, size_t wrow, int NR, size_t steps)
+static inline __attribute__((always_inline)) kern__pf
+kern__pf_next_tile(const uint8_t *w, size_t wrow, int NR, size_t steps)
 {
     size_t span = (size_t)NR * wrow;
     steps = steps ? steps : 1;
