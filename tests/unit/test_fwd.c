@@ -511,15 +511,17 @@ static void test_batch_invariance(void **state)
         check_model_invariance(etu_model_scheme(MODEL_QWEN3, "tiny-k", schemes[d]), d == 0);
 }
 
-/* KERN_AMX: its kernels take the groups of 16 tokens x 16 rows of Q4_K,
- * Q5_K, Q6_K and IQ4_XS (the prefill chunks here), the tiles the rest; the
- * invariance again on the mixtures of those. */
+/* KERN_AMX: its kernels take the super-block formats' groups of 16 tokens
+ * x 16 rows (the prefill chunks here), the tiles the rest; the invariance
+ * again on mixtures holding every one of them. */
 static void test_batch_invariance_amx(void **state)
 {
     kti_use(state);
     check_model_invariance(etu_model_scheme(MODEL_QWEN3, "tiny-k", "q4_k_m"), 1);
     check_model_invariance(etu_model_scheme(MODEL_QWEN3, "tiny-k", "q5_k_m"), 0);
     check_model_invariance(etu_model_scheme(MODEL_QWEN3, "tiny-k", "iq4_xs"), 0);
+    check_model_invariance(etu_model_scheme(MODEL_QWEN3, "tiny-k", "q3_k_m"), 0);
+    check_model_invariance(etu_model_scheme(MODEL_QWEN3, "tiny-k", "q2_k"), 0);
 }
 
 /* Same logits and KV with 1, 2 and 3 threads, for the KV dtypes of kvs[0 ..

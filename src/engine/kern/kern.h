@@ -23,9 +23,9 @@
 
 #include "base/dx_dtype.h"
 
-/* KERN_AMX is the AVX-512 path whose prefill matmuls of the formats with an
- * AMX kernel (Q4_K, Q5_K, Q6_K, IQ4_XS) run on the AMX tile unit
- * (kern_mm_amx.c); everything
+/* KERN_AMX is the AVX-512 path whose prefill matmuls of the super-block
+ * formats (Q2_K..Q6_K, IQ4_XS) run on the AMX tile unit (kern_mm_amx.c);
+ * everything
  * else, and every batch under 16 tokens, is the AVX-512 path's, so its bits
  * are the AVX-512 path's too. */
 enum kern_isa { KERN_SCALAR = 0, KERN_AVX2 = 1, KERN_AVX512 = 2, KERN_AMX = 3 };

@@ -1,4 +1,5 @@
-/* kern_mm_amx: the prefill matmuls of Q4_K, Q5_K, Q6_K and IQ4_XS on the AMX tile
+/* kern_mm_amx: the prefill matmuls of the super-block formats (Q2_K, Q3_K,
+ * Q4_K, Q5_K, Q6_K, IQ4_XS) on the AMX tile
  * unit (TDPBSUD / TDPBSSD: 16x16 int32 sums of 64 int8 products a row), for
  * the driver in kern_mm.c, which hands it whole groups of 16 tokens x 16
  * weight rows and runs the rest through the AVX-512 tiles.
@@ -9,8 +10,11 @@
  * the scalar twin's.  A tile multiplies bytes, and sc * v does not fit one,
  * so the scale goes in as digits, each digit's products a tile product of
  * their own, and A = sum_i base^i C_i:
+ *   Q2_K: sc (0..15) times v (0..3) fits as it is, unsigned (TDPBSUD);
+ *   Q3_K: sc (-32..31) = 2 sh + sl, sh in -16..15 and sl in 0..1, times v
+ *     (-4..3): within -64..64, signed (TDPBSSD);
  *   Q4_K, Q5_K: sc (0..63) = 8 sh + sl, digits 0..7, times v (0..15, 0..31):
- *     at most 217, unsigned (TDPBSUD);
+ *     at most 217, unsigned;
  *   Q6_K: sc (-128..127) = 64 s3 + 16 s2 + 4 s1 + s0, s0..s2 in 0..3 and s3
  *     in -2..1, times v = q - 32 (-32..31): within -96..96, signed (TDPBSSD);
  *   IQ4_XS: sc = ls - 32 with ls (0..63) in binary digits, times the
@@ -54,7 +58,12 @@ typedef struct {
  * IQ4_XS's offset's. */
 AMX_INLINE int amx_digits(const int T)
 {
-    return T == DX_Q6_K ? 4 : T == DX_IQ4_XS ? 6 : 2;
+    return T == DX_Q2_K ? 1 : T == DX_Q6_K ? 4 : T == DX_IQ4_XS ? 6 : 2;
+}
+/* Whether the weights' products are unsigned (TDPBSUD), else signed. */
+AMX_INLINE int amx_unsigned(const int T)
+{
+    return T == DX_Q2_K || T == DX_Q4_K || T == DX_Q5_K;
 }
 AMX_INLINE int amx_sets(const int T)
 {
@@ -154,12 +163,29 @@ AMX_INLINE void amx_rows_t(const uint8_t *const *b, size_t off, __m512i *out)
 
 /* Chunk c (elements 64c..64c+63) of the 16 rows' weights in the tile
  * layout: v[k] holds elements 4k..4k+3 of row o in lane o; hb: Q5_K's qh
- * transposed.  The element orders are dx_kquant.h's (the AVX2 tiles' chunk
+ * or Q3_K's hmask transposed.  The element orders are dx_kquant.h's (the AVX2 tiles' chunk
  * j is elements 32j..32j+31, so this chunk is their 2c and 2c+1). */
 AMX_INLINE void amx_weights(const uint8_t *const *b, int c, const __m512i *hb, __m512i *v,
                             const int T)
 {
     __m512i r[8], h[8];
+    if (T == DX_Q2_K || T == DX_Q3_K) {
+        /* element e: bits 4(c%2) + 2(e/32) of qs[32(c/2) + e%32]; Q3_K
+         * takes 4 off where bit 4(c/2) + 2(c%2) + e/32 of hmask[e%32] is clear */
+        const size_t qs = T == DX_Q2_K ? offsetof(dx_block_q2_k, qs) : offsetof(dx_block_q3_k, qs);
+        const int n = c / 2, ks = 2 * (c % 2);
+        amx_rows_t(b, qs + 32 * (size_t)n, r);
+        for (int k = 0; k < 16; k++) {
+            __m512i q = amx_srl8(r[k % 8], 2 * (ks + k / 8), 3);
+            if (T == DX_Q3_K)
+                q = _mm512_sub_epi8(
+                    _mm512_add_epi8(
+                        q, _mm512_slli_epi16(amx_srl8(hb[k % 8], 4 * n + ks + k / 8, 1), 2)),
+                    _mm512_set1_epi8(4));
+            v[k] = q;
+        }
+        return;
+    }
     if (T == DX_IQ4_XS) {
         /* sub-block 2c + e/32 is qs[32c + 16(e/32)..]: its bytes' low
          * nibbles are elements 0-15, the high ones 16-31, codebook indices */
@@ -204,11 +230,14 @@ AMX_INLINE void amx_weights(const uint8_t *const *b, int c, const __m512i *hb, _
 AMX_INLINE void amx_prep(const uint8_t *w, size_t wrow, size_t s, amx_sb *P, const int T)
 {
     const size_t bb = kern__kq_bytes(T);
-    const size_t doff = T == DX_Q6_K ? offsetof(dx_block_q6_k, d) : 0; /* IQ4_XS too: 0 */
+    const size_t doff = T == DX_Q2_K   ? offsetof(dx_block_q2_k, d)
+                        : T == DX_Q3_K ? offsetof(dx_block_q3_k, d)
+                        : T == DX_Q6_K ? offsetof(dx_block_q6_k, d)
+                                       : 0; /* Q4_K, Q5_K, IQ4_XS; dmin follows d */
     const uint8_t *b[16];
     for (int o = 0; o < 16; o++) b[o] = w + (size_t)o * wrow + s * bb;
-    /* row o's 16 scale bytes at 16o: Q6_K its int8 scales, IQ4_XS ls 0-7,
-     * else sc 0-7, m 0-7 */
+    /* row o's 16 scale bytes at 16o: Q2_K its scales (sc | m << 4), Q3_K
+     * sc + 32, Q6_K its int8 scales, IQ4_XS ls 0-7, else sc 0-7, m 0-7 */
     _Alignas(64) uint8_t st8[256];
     uint16_t dh[16], mh[16] = {0};
     for (int o = 0; o < 16; o++) {
@@ -219,28 +248,39 @@ AMX_INLINE void amx_prep(const uint8_t *w, size_t wrow, size_t s, amx_sb *P, con
                                             (((x->scales_h >> (2 * j)) & 3) << 4));
         } else {
             __m128i sc =
-                T == DX_Q6_K
+                T == DX_Q2_K   ? _mm_loadu_si128((const __m128i *)b[o])
+                : T == DX_Q3_K ? kern__q3k_scales_v(b[o])
+                : T == DX_Q6_K
                     ? _mm_loadu_si128((const __m128i *)(b[o] + offsetof(dx_block_q6_k, scales)))
                     : kern__k4_scales_v(b[o]);
             _mm_store_si128((__m128i *)(st8 + 16 * o), sc);
         }
         memcpy(&dh[o], b[o] + doff, 2);
-        if (kern__kq_has_min(T)) memcpy(&mh[o], b[o] + 2, 2);
+        if (kern__kq_has_min(T)) memcpy(&mh[o], b[o] + doff + 2, 2);
     }
     _mm512_storeu_ps(P->d, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)dh)));
     _mm512_storeu_ps(P->dmin, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)mh)));
     __m512i st[4], hb[8];
     for (int i = 0; i < 4; i++) st[i] = _mm512_load_si512(st8 + 64 * i);
     if (T == DX_Q5_K) amx_rows_t(b, offsetof(dx_block_q5_k, qh), hb);
-    const int nd = amx_digits(T), sub = T == DX_Q6_K ? 4 : 8; /* rows k of a sub-block */
+    if (T == DX_Q3_K) amx_rows_t(b, offsetof(dx_block_q3_k, hmask), hb);
+    /* rows k of a sub-block: 4 where it is 16 elements, else 8 */
+    const int nd = amx_digits(T), sub = T == DX_Q2_K || T == DX_Q3_K || T == DX_Q6_K ? 4 : 8;
     for (int c = 0; c < 4; c++) {
         __m512i v[16], dg[AMX_SETS];
+        for (int i = 0; i < AMX_SETS; i++) dg[i] = _mm512_setzero_si512(); /* set at k = 0 */
         amx_weights(b, c, hb, v, T);
         for (int k = 0; k < 16; k++) {
             if (k % sub == 0) { /* a new sub-block: its digits of every row */
-                int j = T == DX_Q6_K ? 4 * c + k / 4 : 2 * c + k / 8;
+                int j = sub == 4 ? 4 * c + k / 4 : 2 * c + k / 8;
                 __m512i sc = amx_spread(st, j);
-                if (T == DX_IQ4_XS) {
+                if (T == DX_Q2_K) {
+                    dg[0] = amx_srl8(sc, 0, 15);
+                    dg[1] = amx_srl8(sc, 4, 15); /* the minimum */
+                } else if (T == DX_Q3_K) {       /* sc + 32 = 2 (sh + 16) + sl */
+                    dg[0] = amx_srl8(sc, 0, 1);
+                    dg[1] = _mm512_sub_epi8(amx_srl8(sc, 1, 31), _mm512_set1_epi8(16));
+                } else if (T == DX_IQ4_XS) {
                     for (int i = 0; i < 6; i++) /* v where bit i of ls is set */
                         dg[i] = _mm512_movm_epi8(
                             _mm512_test_epi8_mask(sc, _mm512_set1_epi8((char)(1 << i))));
@@ -269,7 +309,7 @@ AMX_INLINE void amx_prep(const uint8_t *w, size_t wrow, size_t s, amx_sb *P, con
 #define AMX_DP(C, B, p, T)                                                                         \
     do {                                                                                           \
         _tile_loadd(B, p, 64);                                                                     \
-        if (T == DX_Q4_K || T == DX_Q5_K)                                                          \
+        if (amx_unsigned(T))                                                                       \
             _tile_dpbsud(C, 4, B);                                                                 \
         else                                                                                       \
             _tile_dpbssd(C, 4, B);                                                                 \
@@ -303,6 +343,8 @@ AMX_INLINE void amx_pass(const amx_sb *P, const int first, const int n, const ui
 AMX_INLINE __m512i amx_a(int32_t (*cs)[256], int t, const int T)
 {
 #define AMX_C(i) _mm512_load_si512(cs[i] + 16 * t)
+    if (T == DX_Q2_K) return AMX_C(0);
+    if (T == DX_Q3_K) return _mm512_add_epi32(AMX_C(0), _mm512_slli_epi32(AMX_C(1), 1));
     if (T == DX_Q4_K || T == DX_Q5_K)
         return _mm512_add_epi32(AMX_C(0), _mm512_slli_epi32(AMX_C(1), 3));
     if (T == DX_Q6_K)
@@ -321,7 +363,7 @@ AMX_INLINE void amx_run(const amx_sb *P, size_t ns, size_t s0, const uint8_t *ac
                         __m512 *acc, const int T)
 {
     _Alignas(64) int32_t cs[AMX_SETS][256];
-    const int nset = amx_sets(T);
+    const int nset = amx_sets(T), nd = amx_digits(T);
     for (size_t i = 0; i < ns; i++) {
         size_t s = s0 + i;
         const uint8_t *xq = (const uint8_t *)kern__q8k_qs(act, s);
@@ -333,7 +375,7 @@ AMX_INLINE void amx_run(const amx_sb *P, size_t ns, size_t s0, const uint8_t *ac
             acc[t] =
                 _mm512_fmadd_ps(_mm512_cvtepi32_ps(amx_a(cs, t, T)), _mm512_mul_ps(d, dx), acc[t]);
             if (kern__kq_has_min(T))
-                acc[t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(cs[2] + 16 * t)),
+                acc[t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(cs[nd] + 16 * t)),
                                           _mm512_mul_ps(dm, dx), acc[t]);
         }
     }
@@ -367,7 +409,11 @@ void kern__amx_matmul(int wtype, const uint8_t *w, size_t wrow, const uint8_t *a
                       size_t n_in, size_t n_rows, size_t n_tok, float *y, size_t ldy)
 {
     DX_ASSERT(kern__amx_has(wtype) && n_rows % 16 == 0 && n_tok % 16 == 0);
-    if (wtype == DX_Q4_K)
+    if (wtype == DX_Q2_K)
+        amx_matmul(w, wrow, act, xrow, n_in, n_rows, n_tok, y, ldy, DX_Q2_K);
+    else if (wtype == DX_Q3_K)
+        amx_matmul(w, wrow, act, xrow, n_in, n_rows, n_tok, y, ldy, DX_Q3_K);
+    else if (wtype == DX_Q4_K)
         amx_matmul(w, wrow, act, xrow, n_in, n_rows, n_tok, y, ldy, DX_Q4_K);
     else if (wtype == DX_Q5_K)
         amx_matmul(w, wrow, act, xrow, n_in, n_rows, n_tok, y, ldy, DX_Q5_K);

@@ -420,21 +420,6 @@ MM2_DEF_BLK(iq4_nl, DX_IQ4_NL)
 /* Vector decoders of the packed sub-block scales (the twins decode them
  * their own way, so the tests compare the two).  b points at the super-block. */
 
-/* Q3_K: the 16 6-bit scales (0..63, before the -32).  The 16 bytes end at
- * d (the block's last bytes), so q[i] = scales[i] is byte 2 + i; low
- * nibbles: q[0..7] low then high nibbles; high 2 bits: bits 2(s/4) of
- * q[8 + s%4]. */
-static inline __m128i kern__q3k_scales_v(const uint8_t *b)
-{
-    __m128i x = _mm_loadu_si128((const __m128i *)(b + offsetof(dx_block_q3_k, scales) - 2));
-    __m128i v = _mm_shuffle_epi8(x, _mm_setr_epi8(2, 3, 4, 5, 6, 7, 8, 9, 2, 3, 4, 5, 6, 7, 8, 9));
-    __m128i lo = _mm_and_si128(_mm_srlv_epi64(v, _mm_set_epi64x(4, 0)), _mm_set1_epi8(15));
-    __m128i h = _mm_shuffle_epi8(
-        x, _mm_setr_epi8(10, 11, 12, 13, 10, 11, 12, 13, 10, 11, 12, 13, 10, 11, 12, 13));
-    h = _mm_and_si128(_mm_srlv_epi32(h, _mm_setr_epi32(0, 2, 4, 6)), _mm_set1_epi8(3));
-    return _mm_or_si128(lo, _mm_slli_epi32(h, 4));
-}
-
 /* IQ4_XS: the 8 scales ls - 32 as int32 (ls: a nibble of scales_l under 2
  * bits of scales_h). */
 static inline __m256i kern__iq4xs_scales_v(const uint8_t *b)

@@ -189,7 +189,7 @@ void kern__avx2_q8k_prep(const float *x, size_t n_in, void *row);
  * into y[t*ldy + o] for o < n_rows: the bits the tiles give. */
 static inline int kern__amx_has(int wtype)
 {
-    return wtype == DX_Q4_K || wtype == DX_Q5_K || wtype == DX_Q6_K || wtype == DX_IQ4_XS;
+    return dx_dtype_block_elems(wtype) == DX_QK_K; /* every super-block format */
 }
 void kern__amx_matmul(int wtype, const uint8_t *w, size_t wrow, const uint8_t *act, size_t xrow,
                       size_t n_in, size_t n_rows, size_t n_tok, float *y, size_t ldy);

@@ -8,6 +8,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/dx_kquant.h"
+
 /* Q4_K / Q5_K: bytes 0-7 the 6-bit scales of sub-blocks 0-7, bytes 8-15
  * their minimums.  scales[12] is three words u0 u1 u2 (after d, dmin):
  * scales 0-3 are u0's low 6 bits a byte, 4-7 u2's low nibbles under u0's
@@ -22,6 +24,21 @@ static inline __m128i kern__k4_scales_v(const uint8_t *b)
                                _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f));
     __m128i hi = _mm_and_si128(_mm_srli_epi32(c, 2), _mm_setr_epi32(0, 0x30303030, 0, 0x30303030));
     return _mm_or_si128(lo, hi);
+}
+
+/* Q3_K: the 16 6-bit scales (0..63, before the -32).  The 16 bytes end at
+ * d (the block's last bytes), so q[i] = scales[i] is byte 2 + i; low
+ * nibbles: q[0..7] low then high nibbles; high 2 bits: bits 2(s/4) of
+ * q[8 + s%4]. */
+static inline __m128i kern__q3k_scales_v(const uint8_t *b)
+{
+    __m128i x = _mm_loadu_si128((const __m128i *)(b + offsetof(dx_block_q3_k, scales) - 2));
+    __m128i v = _mm_shuffle_epi8(x, _mm_setr_epi8(2, 3, 4, 5, 6, 7, 8, 9, 2, 3, 4, 5, 6, 7, 8, 9));
+    __m128i lo = _mm_and_si128(_mm_srlv_epi64(v, _mm_set_epi64x(4, 0)), _mm_set1_epi8(15));
+    __m128i h = _mm_shuffle_epi8(
+        x, _mm_setr_epi8(10, 11, 12, 13, 10, 11, 12, 13, 10, 11, 12, 13, 10, 11, 12, 13));
+    h = _mm_and_si128(_mm_srlv_epi32(h, _mm_setr_epi32(0, 2, 4, 6)), _mm_set1_epi8(3));
+    return _mm_or_si128(lo, _mm_slli_epi32(h, 4));
 }
 
 /* Decode reads a tile's NR rows once: NR streams, each a row.  The next
