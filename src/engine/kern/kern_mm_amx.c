@@ -1,15 +1,15 @@
 /* kern_mm_amx: the prefill matmuls of the super-block formats (Q2_K, Q3_K,
- * Q4_K, Q5_K, Q6_K, IQ4_XS) on the AMX tile
- * unit (TDPBSUD / TDPBSSD: 16x16 int32 sums of 64 int8 products a row), for
+ * Q4_K, Q5_K, Q6_K, IQ4_XS) on the AMX tile unit (TDPBSUD / TDPBSSD: 16x16
+ * int32 sums of 64 int8 products a row), for
  * the driver in kern_mm.c, which hands it whole groups of 16 tokens x 16
  * weight rows and runs the rest through the AVX-512 tiles.
  *
  * The arithmetic is the super-block formats' of kern_mm_priv.h, bit for bit:
  * per super-block the integer sums A = sum sc * v * x and B = sum m * bs are
  * exact whatever unit adds them, and the two float steps per element are
- * the scalar twin's.  A tile multiplies bytes, and sc * v does not fit one,
- * so the scale goes in as digits, each digit's products a tile product of
- * their own, and A = sum_i base^i C_i:
+ * the scalar twin's.  A tile multiplies bytes, and sc * v does not fit one
+ * but for Q2_K, so the scale goes in as digits, each digit's products a
+ * tile product of their own, and A = sum_i base^i C_i:
  *   Q2_K: sc (0..15) times v (0..3) fits as it is, unsigned (TDPBSUD);
  *   Q3_K: sc (-32..31) = 2 sh + sl, sh in -16..15 and sl in 0..1, times v
  *     (-4..3): within -64..64, signed (TDPBSSD);
