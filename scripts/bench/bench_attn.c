@@ -167,7 +167,8 @@ int main(int argc, char **argv)
     printf("attention: %zu queries after %zu tokens, %d/%d heads, head_dim %d, %s KV, "
            "%zu-layer blocks, %.2f GFLOP and %.1f MB of KV per layer\n",
            n_q, depth, N_HEAD, N_KV, D, dx_dtype_name(kv), layers, flops * 1e-9, kv_bytes * 1e-6);
-    for (int isa = KERN_AVX2; isa <= (int)kern_isa_detect(); isa++) {
+    /* up to AVX-512: KERN_AMX's attention is the AVX-512 path's */
+    for (int isa = KERN_AVX2; isa <= (int)kern_isa_detect() && isa <= KERN_AVX512; isa++) {
         kern_set_isa((enum kern_isa)isa);
         for (int n_thr = 1; n_thr <= 2; n_thr++) {
             double s = bench_run(&j, n_thr, reps);

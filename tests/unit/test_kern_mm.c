@@ -474,11 +474,13 @@ static void test_isa_select(void **state)
     assert_string_equal(kern_isa_name(KERN_SCALAR), "scalar");
     assert_string_equal(kern_isa_name(KERN_AVX2), "avx2");
     assert_string_equal(kern_isa_name(KERN_AVX512), "avx512");
+    assert_string_equal(kern_isa_name(KERN_AMX), "amx");
     assert_int_equal(kern_set_isa((enum kern_isa)7), DX_EINVAL);
     enum kern_isa best = kern_isa_detect();
     assert_int_equal(kern_set_isa(best), 0);
     assert_int_equal(kern_get_isa(), best);
     if (best < KERN_AVX512) assert_int_equal(kern_set_isa(KERN_AVX512), DX_EUNSUPPORTED);
+    if (best < KERN_AMX) assert_int_equal(kern_set_isa(KERN_AMX), DX_EUNSUPPORTED);
     assert_int_equal(kern_set_isa(KERN_SCALAR), 0);
     assert_int_equal(kern_get_isa(), KERN_SCALAR);
     assert_int_equal(kern_set_isa(best), 0);
