@@ -1,8 +1,8 @@
 /* kern_mm_amx: the prefill matmuls of the super-block formats (Q2_K, Q3_K,
  * Q4_K, Q5_K, Q6_K, IQ4_XS) on the AMX tile unit (TDPBSUD / TDPBSSD: 16x16
- * int32 sums of 64 int8 products a row), for
- * the driver in kern_mm.c, which hands it whole groups of 16 tokens x 16
- * weight rows and runs the rest through the AVX-512 tiles.
+ * int32 sums of 64 int8 products a row), for the driver in kern_mm.c,
+ * which hands it whole groups of 16 tokens x 16 weight rows and runs the
+ * rest through the AVX-512 tiles.
  *
  * The arithmetic is the super-block formats' of kern_mm_priv.h, bit for bit:
  * per super-block the integer sums A = sum sc * v * x and B = sum m * bs are
