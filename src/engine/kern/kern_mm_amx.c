@@ -230,10 +230,7 @@ AMX_INLINE void amx_weights(const uint8_t *const *b, int c, const __m512i *hb, _
 AMX_INLINE void amx_prep(const uint8_t *w, size_t wrow, size_t s, amx_sb *P, const int T)
 {
     const size_t bb = kern__kq_bytes(T);
-    const size_t doff = T == DX_Q2_K   ? offsetof(dx_block_q2_k, d)
-                        : T == DX_Q3_K ? offsetof(dx_block_q3_k, d)
-                        : T == DX_Q6_K ? offsetof(dx_block_q6_k, d)
-                                       : 0; /* Q4_K, Q5_K, IQ4_XS; dmin follows d */
+    const size_t doff = kern__kq_d_offset(T);
     const uint8_t *b[16];
     for (int o = 0; o < 16; o++) b[o] = w + (size_t)o * wrow + s * bb;
     /* row o's 16 scale bytes at 16o: Q2_K its scales (sc | m << 4), Q3_K
@@ -241,11 +238,10 @@ AMX_INLINE void amx_prep(const uint8_t *w, size_t wrow, size_t s, amx_sb *P, con
     _Alignas(64) uint8_t st8[256];
     uint16_t dh[16], mh[16] = {0};
     for (int o = 0; o < 16; o++) {
-        if (T == DX_IQ4_XS) {
-            const dx_block_iq4_xs *x = (const dx_block_iq4_xs *)b[o];
-            for (int j = 0; j < 8; j++)
-                st8[16 * o + j] = (uint8_t)(((x->scales_l[j / 2] >> (4 * (j % 2))) & 15) |
-                                            (((x->scales_h >> (2 * j)) & 3) << 4));
+        if (T == DX_IQ4_XS) { /* ls = sc + 32, 8 bytes */
+            _mm_storel_epi64((__m128i *)(st8 + 16 * o),
+                             _mm256_cvtepi32_epi8(_mm256_add_epi32(kern__iq4xs_scales_v(b[o]),
+                                                                   _mm256_set1_epi32(32))));
         } else {
             __m128i sc =
                 T == DX_Q2_K   ? _mm_loadu_si128((const __m128i *)b[o])

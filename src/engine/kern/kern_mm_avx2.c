@@ -420,23 +420,6 @@ MM2_DEF_BLK(iq4_nl, DX_IQ4_NL)
 /* Vector decoders of the packed sub-block scales (the twins decode them
  * their own way, so the tests compare the two).  b points at the super-block. */
 
-/* IQ4_XS: the 8 scales ls - 32 as int32 (ls: a nibble of scales_l under 2
- * bits of scales_h). */
-static inline __m256i kern__iq4xs_scales_v(const uint8_t *b)
-{
-    uint16_t sh;
-    uint32_t sl;
-    memcpy(&sh, b + 2, 2);
-    memcpy(&sl, b + 4, 4);
-    __m256i l = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)sl),
-                                                   _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
-                                 _mm256_set1_epi32(15));
-    __m256i h = _mm256_and_si256(
-        _mm256_srlv_epi32(_mm256_set1_epi32(sh), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)),
-        _mm256_set1_epi32(3));
-    return _mm256_sub_epi32(_mm256_or_si256(l, _mm256_slli_epi32(h, 4)), _mm256_set1_epi32(32));
-}
-
 /* Q3_K's and Q6_K's 16 signed scales, in order. */
 MM2_INLINE __m128i mm2_kq_s8(const uint8_t *b, const int T)
 {
@@ -556,10 +539,7 @@ MM2_INLINE __m256 mm2_kq_rows_f16(const uint8_t *w, size_t wrow, size_t off, con
 MM2_INLINE void mm2_kq_tile(KERN_MM_TILE_ARGS, const int T, const int MR, const int NR)
 {
     const size_t bb = kern__kq_bytes(T), nsb = n_in / DX_QK_K;
-    const size_t doff = T == DX_Q2_K   ? offsetof(dx_block_q2_k, d)
-                        : T == DX_Q3_K ? offsetof(dx_block_q3_k, d)
-                        : T == DX_Q6_K ? offsetof(dx_block_q6_k, d)
-                                       : 0;
+    const size_t doff = kern__kq_d_offset(T);
     const int off = kern__kq_offset(T), has_m = kern__kq_has_min(T);
     __m256 sum = _mm256_setzero_ps(); /* lane t * NR + o */
     kern__pf pf = kern__pf_next_tile(w, wrow, NR, nsb);

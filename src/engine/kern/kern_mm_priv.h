@@ -237,6 +237,14 @@ static inline int kern__kq_offset(int T)
 {
     return T == DX_Q6_K ? 32 : T == DX_Q3_K ? 4 : 0;
 }
+/* Where a super-block's f16 d lies (dmin, where there is one, follows it). */
+static inline size_t kern__kq_d_offset(int T)
+{
+    return T == DX_Q2_K   ? offsetof(dx_block_q2_k, d)
+           : T == DX_Q3_K ? offsetof(dx_block_q3_k, d)
+           : T == DX_Q6_K ? offsetof(dx_block_q6_k, d)
+                          : 0; /* Q4_K, Q5_K, IQ4_XS */
+}
 
 /* Scalar twins of the block and super-block formats (the arithmetic
  * above): one output element, weight row w (n_in elements) against a

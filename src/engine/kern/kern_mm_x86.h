@@ -7,6 +7,7 @@
 #include <immintrin.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "base/dx_kquant.h"
 
@@ -39,6 +40,23 @@ static inline __m128i kern__q3k_scales_v(const uint8_t *b)
         x, _mm_setr_epi8(10, 11, 12, 13, 10, 11, 12, 13, 10, 11, 12, 13, 10, 11, 12, 13));
     h = _mm_and_si128(_mm_srlv_epi32(h, _mm_setr_epi32(0, 2, 4, 6)), _mm_set1_epi8(3));
     return _mm_or_si128(lo, _mm_slli_epi32(h, 4));
+}
+
+/* IQ4_XS: the 8 scales ls - 32 as int32 (ls: a nibble of scales_l under 2
+ * bits of scales_h). */
+static inline __m256i kern__iq4xs_scales_v(const uint8_t *b)
+{
+    uint16_t sh;
+    uint32_t sl;
+    memcpy(&sh, b + 2, 2);
+    memcpy(&sl, b + 4, 4);
+    __m256i l = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)sl),
+                                                   _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
+                                 _mm256_set1_epi32(15));
+    __m256i h = _mm256_and_si256(
+        _mm256_srlv_epi32(_mm256_set1_epi32(sh), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)),
+        _mm256_set1_epi32(3));
+    return _mm256_sub_epi32(_mm256_or_si256(l, _mm256_slli_epi32(h, 4)), _mm256_set1_epi32(32));
 }
 
 /* Decode reads a tile's NR rows once: NR streams, each a row.  The next
