@@ -207,12 +207,23 @@ static void mm_drive(const kern_mm_isa *isa, int wtype, const void *w, size_t n_
     size_t wrow = dx_dtype_row_bytes(wtype, n_in), xrow = act_row_bytes(wtype, n_in);
     DX_ASSERT(T && wrow && xrow);
     const uint8_t *a = act;
-    /* AMX takes whole groups of 16 tokens x 16 rows; the tiles the rest
-     * (the rows past the last group for those tokens, then the last tokens) */
-    size_t nt = n_tok & ~(size_t)15, og = o0 + ((o1 - o0) & ~(size_t)15);
-    if (kern_get_isa() == KERN_AMX && kern__amx_has(wtype) && nt && og > o0) {
+    /* The super-block formats' prefill takes whole groups of 16 rows: AMX
+     * groups of 16 tokens, then AVX-512 VNNI the tokens left (from
+     * KERN__KQ512_MIN_TOK); the tiles the rest (the rows past the last
+     * group for those tokens, then the last tokens) */
+    enum kern_isa k = kern_get_isa();
+    size_t og = o0 + ((o1 - o0) & ~(size_t)15), nt = 0;
+    int kq = dx_dtype_block_elems(wtype) == DX_QK_K && og > o0;
+    if (kq && k == KERN_AMX && kern__amx_has(wtype)) nt = n_tok & ~(size_t)15;
+    if (nt)
         kern__amx_matmul(wtype, (const uint8_t *)w + o0 * wrow, wrow, a, xrow, n_in, og - o0, nt,
                          y + o0, ldy);
+    if (kq && (k == KERN_AMX || k == KERN_AVX512) && n_tok - nt >= KERN__KQ512_MIN_TOK) {
+        kern__kq512_matmul(wtype, (const uint8_t *)w + o0 * wrow, wrow, a + nt * xrow, xrow, n_in,
+                           og - o0, n_tok - nt, y + nt * ldy + o0, ldy);
+        nt = n_tok;
+    }
+    if (nt) {
         mm_tiles(isa, T, w, wrow, n_in, og, o1, a, xrow, nt, y, ldy);
         mm_tiles(isa, T, w, wrow, n_in, o0, o1, a + nt * xrow, xrow, n_tok - nt, y + nt * ldy, ldy);
         return;

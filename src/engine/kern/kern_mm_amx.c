@@ -41,6 +41,7 @@
 #include "base/dx_dtype.h"
 #include "base/dx_err.h"
 #include "engine/kern/kern_mm_priv.h"
+#include "engine/kern/kern_mm_t16.h"
 #include "engine/kern/kern_mm_x86.h"
 
 #define AMX_INLINE static inline __attribute__((always_inline))
@@ -95,31 +96,6 @@ static void amx_configure(void)
     amx_configured = 1;
 }
 
-/* in[p] holds rows p and p + 8 (their 8 dwords each, one per 256-bit
- * half); out[k] gets dword k of every row, row o in lane o. */
-AMX_INLINE void amx_transpose16x8(const __m512i *in, __m512i *out)
-{
-    __m512i t[8], u[8];
-    for (int i = 0; i < 4; i++) {
-        t[2 * i] = _mm512_unpacklo_epi32(in[2 * i], in[2 * i + 1]);
-        t[2 * i + 1] = _mm512_unpackhi_epi32(in[2 * i], in[2 * i + 1]);
-    }
-    for (int h = 0; h < 2; h++) { /* rows 0-3 (and 8-11), then 4-7 (and 12-15) */
-        __m512i *a = t + 4 * h, *b = u + 4 * h;
-        b[0] = _mm512_unpacklo_epi64(a[0], a[2]);
-        b[1] = _mm512_unpackhi_epi64(a[0], a[2]);
-        b[2] = _mm512_unpacklo_epi64(a[1], a[3]);
-        b[3] = _mm512_unpackhi_epi64(a[1], a[3]);
-    }
-    /* u[d] lane L holds rows 0-3's dword d + 4L' (L = 2 half + L'), u[d + 4] rows 4-7's */
-    const __m512i lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
-    const __m512i hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
-    for (int d = 0; d < 4; d++) {
-        out[d] = _mm512_permutex2var_epi64(u[d], lo, u[d + 4]);
-        out[d + 4] = _mm512_permutex2var_epi64(u[d], hi, u[d + 4]);
-    }
-}
-
 /* Byte 4o + i of the result: byte j of row o's 16 (st, 16 rows of 16). */
 AMX_INLINE __m512i amx_spread(const __m512i *st, int j)
 {
@@ -141,89 +117,6 @@ AMX_INLINE __m512i amx_mul8(__m512i a, __m512i b)
     __m512i even = _mm512_and_si512(_mm512_mullo_epi16(a, b), lo8);
     __m512i odd = _mm512_mullo_epi16(_mm512_srli_epi16(a, 8), _mm512_andnot_si512(lo8, b));
     return _mm512_or_si512(even, odd);
-}
-
-/* v's bytes shifted right by n within each byte. */
-AMX_INLINE __m512i amx_srl8(__m512i v, int n, int mask)
-{
-    return _mm512_and_si512(_mm512_srli_epi16(v, n), _mm512_set1_epi8((char)mask));
-}
-
-/* The 32 bytes at off of the 16 rows b[] transposed: lane o of out[k] is
- * row o's dword k. */
-AMX_INLINE void amx_rows_t(const uint8_t *const *b, size_t off, __m512i *out)
-{
-    __m512i raw[8];
-    for (int p = 0; p < 8; p++)
-        raw[p] = _mm512_inserti64x4(
-            _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(b[p] + off))),
-            _mm256_loadu_si256((const __m256i *)(b[p + 8] + off)), 1);
-    amx_transpose16x8(raw, out);
-}
-
-/* Chunk c (elements 64c..64c+63) of the 16 rows' weights in the tile
- * layout: v[k] holds elements 4k..4k+3 of row o in lane o; hb: Q5_K's qh
- * or Q3_K's hmask transposed.  The element orders are dx_kquant.h's (the AVX2 tiles' chunk
- * j is elements 32j..32j+31, so this chunk is their 2c and 2c+1). */
-AMX_INLINE void amx_weights(const uint8_t *const *b, int c, const __m512i *hb, __m512i *v,
-                            const int T)
-{
-    __m512i r[8], h[8];
-    if (T == DX_Q2_K || T == DX_Q3_K) {
-        /* element e: bits 4(c%2) + 2(e/32) of qs[32(c/2) + e%32]; Q3_K
-         * takes 4 off where bit 4(c/2) + 2(c%2) + e/32 of hmask[e%32] is clear */
-        const size_t qs = T == DX_Q2_K ? offsetof(dx_block_q2_k, qs) : offsetof(dx_block_q3_k, qs);
-        const int n = c / 2, ks = 2 * (c % 2);
-        amx_rows_t(b, qs + 32 * (size_t)n, r);
-        for (int k = 0; k < 16; k++) {
-            __m512i q = amx_srl8(r[k % 8], 2 * (ks + k / 8), 3);
-            if (T == DX_Q3_K)
-                q = _mm512_sub_epi8(
-                    _mm512_add_epi8(
-                        q, _mm512_slli_epi16(amx_srl8(hb[k % 8], 4 * n + ks + k / 8, 1), 2)),
-                    _mm512_set1_epi8(4));
-            v[k] = q;
-        }
-        return;
-    }
-    if (T == DX_IQ4_XS) {
-        /* sub-block 2c + e/32 is qs[32c + 16(e/32)..]: its bytes' low
-         * nibbles are elements 0-15, the high ones 16-31, codebook indices */
-        const __m512i book =
-            _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)dx_iq4nl_values));
-        amx_rows_t(b, offsetof(dx_block_iq4_xs, qs) + 32 * (size_t)c, r);
-        for (int k = 0; k < 16; k++) {
-            int half = k / 8, q = k % 8;
-            v[k] = _mm512_shuffle_epi8(book, amx_srl8(r[4 * half + q % 4], 4 * (q / 4), 15));
-        }
-        return;
-    }
-    if (T == DX_Q6_K) {
-        /* elements e: ql[64(c/2) + e]'s low (c even) or high nibble, under
-         * bits 4(c%2) + 2(e/32) of qh[32(c/2) + e%32] */
-        const int n = c / 2, ns = 4 * (c % 2);
-        amx_rows_t(b, offsetof(dx_block_q6_k, qh) + 32 * (size_t)n, h);
-        for (int half = 0; half < 2; half++) {
-            amx_rows_t(b, offsetof(dx_block_q6_k, ql) + 64 * (size_t)n + 32 * (size_t)half, r);
-            for (int k = 0; k < 8; k++) {
-                __m512i q = _mm512_or_si512(amx_srl8(r[k], ns, 15),
-                                            _mm512_slli_epi16(amx_srl8(h[k], ns + 2 * half, 3), 4));
-                v[8 * half + k] = _mm512_sub_epi8(q, _mm512_set1_epi8(32));
-            }
-        }
-        return;
-    }
-    /* Q4_K / Q5_K: qs[32c + e%32]'s low (e < 32) or high nibble; Q5_K's
-     * bit 4 is bit 2c + e/32 of qh[e%32] */
-    const size_t qs = T == DX_Q4_K ? offsetof(dx_block_q4_k, qs) : offsetof(dx_block_q5_k, qs);
-    amx_rows_t(b, qs + 32 * (size_t)c, r);
-    for (int half = 0; half < 2; half++)
-        for (int k = 0; k < 8; k++) {
-            __m512i q = amx_srl8(r[k], 4 * half, 15);
-            if (T == DX_Q5_K)
-                q = _mm512_or_si512(q, _mm512_slli_epi16(amx_srl8(hb[k], 2 * c + half, 1), 4));
-            v[8 * half + k] = q;
-        }
 }
 
 /* Super-block s of the 16 rows at w (wrow apart) into P. */
@@ -258,36 +151,36 @@ AMX_INLINE void amx_prep(const uint8_t *w, size_t wrow, size_t s, amx_sb *P, con
     _mm512_storeu_ps(P->dmin, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)mh)));
     __m512i st[4], hb[8];
     for (int i = 0; i < 4; i++) st[i] = _mm512_load_si512(st8 + 64 * i);
-    if (T == DX_Q5_K) amx_rows_t(b, offsetof(dx_block_q5_k, qh), hb);
-    if (T == DX_Q3_K) amx_rows_t(b, offsetof(dx_block_q3_k, hmask), hb);
+    if (T == DX_Q5_K) kern__t16_rows(b, offsetof(dx_block_q5_k, qh), hb);
+    if (T == DX_Q3_K) kern__t16_rows(b, offsetof(dx_block_q3_k, hmask), hb);
     /* rows k of a sub-block: 4 where it is 16 elements, else 8 */
     const int nd = amx_digits(T), sub = T == DX_Q2_K || T == DX_Q3_K || T == DX_Q6_K ? 4 : 8;
     for (int c = 0; c < 4; c++) {
         __m512i v[16], dg[AMX_SETS];
         for (int i = 0; i < AMX_SETS; i++) dg[i] = _mm512_setzero_si512(); /* set at k = 0 */
-        amx_weights(b, c, hb, v, T);
+        kern__t16_weights(b, c, hb, v, T);
         for (int k = 0; k < 16; k++) {
             if (k % sub == 0) { /* a new sub-block: its digits of every row */
                 int j = sub == 4 ? 4 * c + k / 4 : 2 * c + k / 8;
                 __m512i sc = amx_spread(st, j);
                 if (T == DX_Q2_K) {
-                    dg[0] = amx_srl8(sc, 0, 15);
-                    dg[1] = amx_srl8(sc, 4, 15); /* the minimum */
-                } else if (T == DX_Q3_K) {       /* sc + 32 = 2 (sh + 16) + sl */
-                    dg[0] = amx_srl8(sc, 0, 1);
-                    dg[1] = _mm512_sub_epi8(amx_srl8(sc, 1, 31), _mm512_set1_epi8(16));
+                    dg[0] = kern__t16_srl8(sc, 0, 15);
+                    dg[1] = kern__t16_srl8(sc, 4, 15); /* the minimum */
+                } else if (T == DX_Q3_K) {             /* sc + 32 = 2 (sh + 16) + sl */
+                    dg[0] = kern__t16_srl8(sc, 0, 1);
+                    dg[1] = _mm512_sub_epi8(kern__t16_srl8(sc, 1, 31), _mm512_set1_epi8(16));
                 } else if (T == DX_IQ4_XS) {
                     for (int i = 0; i < 6; i++) /* v where bit i of ls is set */
                         dg[i] = _mm512_movm_epi8(
                             _mm512_test_epi8_mask(sc, _mm512_set1_epi8((char)(1 << i))));
                 } else if (T == DX_Q6_K) {
-                    for (int i = 0; i < 3; i++) dg[i] = amx_srl8(sc, 2 * i, 3);
-                    dg[3] =
-                        _mm512_sub_epi8(_mm512_xor_si512(amx_srl8(sc, 6, 3), _mm512_set1_epi8(2)),
-                                        _mm512_set1_epi8(2)); /* the top digit signed */
+                    for (int i = 0; i < 3; i++) dg[i] = kern__t16_srl8(sc, 2 * i, 3);
+                    dg[3] = _mm512_sub_epi8(
+                        _mm512_xor_si512(kern__t16_srl8(sc, 6, 3), _mm512_set1_epi8(2)),
+                        _mm512_set1_epi8(2)); /* the top digit signed */
                 } else {
-                    dg[0] = amx_srl8(sc, 0, 7);
-                    dg[1] = amx_srl8(sc, 3, 7);
+                    dg[0] = kern__t16_srl8(sc, 0, 7);
+                    dg[1] = kern__t16_srl8(sc, 3, 7);
                     dg[2] = amx_spread(st, 8 + j); /* the minimum */
                 }
             }

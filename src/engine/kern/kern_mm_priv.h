@@ -194,6 +194,16 @@ static inline int kern__amx_has(int wtype)
 void kern__amx_matmul(int wtype, const uint8_t *w, size_t wrow, const uint8_t *act, size_t xrow,
                       size_t n_in, size_t n_rows, size_t n_tok, float *y, size_t ldy);
 
+/* The AVX-512 VNNI prefill kernels of the super-block formats
+ * (kern_mm_kq_avx512.c), for KERN_AVX512 and KERN_AMX: n_rows (a multiple
+ * of 16) weight rows from w against any n_tok prepared token rows from act,
+ * into y[t*ldy + o] for o < n_rows: the bits the tiles give.  Worth it from
+ * KERN__KQ512_MIN_TOK tokens (a super-block of 16 rows is transposed once
+ * for all of them); decode keeps the tiles. */
+#define KERN__KQ512_MIN_TOK 8
+void kern__kq512_matmul(int wtype, const uint8_t *w, size_t wrow, const uint8_t *act, size_t xrow,
+                        size_t n_in, size_t n_rows, size_t n_tok, float *y, size_t ldy);
+
 /* Where a block format's parts lie (GGML's layouts, dx_quant.h): block
  * bytes, the offset of qs, whether it has m (the _1 formats) and qh (the
  * 5-bit ones, 4 bytes before qs).  Constants once inlined with T known. */
