@@ -65,7 +65,7 @@ LIBS := $(PKG_LIBS) -lm
 # AVX2-only CPU runs, and the tests exercise them as such.
 AVX2_ISA := -mavx2 -mfma -mf16c
 AVX2_FLAGS := $(AVX2_ISA) -mno-avx512f
-AVX512_FLAGS := $(AVX2_ISA) -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512bf16 -mavx512vnni
+AVX512_FLAGS := $(AVX2_ISA) -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni
 AMX_FLAGS := $(AVX512_FLAGS) -mavx512vbmi -mamx-tile -mamx-int8
 
 # Every folder of src/ but cli/ is the library (the folders and their order:

@@ -19,7 +19,7 @@ PKGS="libpcre2-8 libxxhash jansson libuv ucx libutf8proc libsodium hiredis"
 FLAGS="-std=c11 -D_GNU_SOURCE -O1 -g -Isrc -ffp-contract=off $(pkg-config --cflags $PKGS)"
 LIBS="$(pkg-config --libs $PKGS libcurl) -lhttp_parser -lm -pthread"
 AVX2="-mavx2 -mfma -mf16c"
-AVX512="$AVX2 -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512bf16 -mavx512vnni"
+AVX512="$AVX2 -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni"
 
 # obj SRC: compiles SRC for libFuzzer (coverage without libFuzzer's main)
 # unless its object is newer than it and every header.

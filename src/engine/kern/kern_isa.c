@@ -1,7 +1,7 @@
 /* kern_isa: which instruction set the kernels use.  Detected once from the
- * CPU (the AVX-512 path needs BF16 and VNNI too, so older AVX-512 parts run
- * the AVX2 path; AMX needs AMX-TILE and AMX-INT8 and the kernel's leave to
- * use the 8 KiB tile state), overridable with DUPLEX_KERNELS=scalar|avx2|avx512|amx for
+ * CPU (the AVX-512 path needs F, BW, VL, DQ and VNNI: Ice Lake, Sapphire
+ * Rapids, Zen 4; Skylake-X runs the AVX2 path; AMX needs AMX-TILE and AMX-INT8 and the kernel's
+ * leave to use the 8 KiB tile state), overridable with DUPLEX_KERNELS=scalar|avx2|avx512|amx for
  * comparisons and with kern_set_isa() in tests.  One process should keep one
  * ISA while it computes results that must match bit for bit. */
 #include "engine/kern/kern.h"
@@ -51,7 +51,7 @@ enum kern_isa kern_isa_detect(void)
     /* f16c has no __builtin_cpu_supports name in every gcc; every AVX2 CPU has it. */
     int avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                  __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-                 __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512vnni");
+                 __builtin_cpu_supports("avx512vnni"); /* no BF16 instructions: Ice Lake too */
     if (avx512) return amx_usable() ? KERN_AMX : KERN_AVX512;
     if (avx2) return KERN_AVX2;
 #endif

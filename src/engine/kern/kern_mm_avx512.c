@@ -1,8 +1,8 @@
-/* kern_mm_avx512: AVX-512 matmul tiles (BF16 via vdpbf16ps, F16 via
+/* kern_mm_avx512: AVX-512 matmul tiles (BF16 split into f32 halves + FMA, F16 via
  * vcvtph2ps + FMA, F32 FMA, Q8_0 and the other 32-block formats via
  * vpdpbusd) and the activation preps that feed them, for the driver in
  * kern_mm.c (kern_mm_isa_avx512).  The super-block formats run the AVX2
- * tiles (kern_mm_priv.h).
+ * tiles for decode and kern_mm_kq_avx512.c's kernels for prefill.
  *
  * Batch invariance by construction: every output element (token t, row o)
  * owns one zmm accumulator that walks K in the same fixed steps (a full
@@ -59,17 +59,34 @@ MM_INLINE void mm_store_tile(const __m512 *acc, const int MR, const int NR, floa
         y[(size_t)(i / NR) * ldy + (size_t)(i % NR)] = r[4 * (i % 4) + i / 4];
 }
 
+/* bf16 to f32 is exact and costs one op a vector: a dword's high half is
+ * its odd element as an f32 already (masked), its low half the even one
+ * (shifted up).  Each element's lane then takes two FMAs a step, even
+ * then odd.  This is faster than vdpbf16ps here: on Intel's Golden Cove
+ * cores one vdpbf16ps (32 products) issues every ~2 cycles, an FMA (16)
+ * twice a cycle (bench_mm bf16 512 tokens: 66 -> see docs/models.md). */
+MM_INLINE void mm_bf16_split(__m512i v, __m512 *even, __m512 *odd)
+{
+    *even = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+    *odd = _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32((int)0xffff0000u)));
+}
+
 MM_INLINE void mm_bf16_step(__m512 *acc, const uint8_t *w, size_t wrow, const uint8_t *x,
                             size_t xrow, size_t k, __mmask32 m, const int MR, const int NR)
 {
-    __m512bh xv[4];
+    __m512 xe[4], xo[4];
     MM_UNROLL
-    for (int t = 0; t < MR; t++) xv[t] = (__m512bh)_mm512_load_si512(x + t * xrow + 2 * k);
+    for (int t = 0; t < MR; t++)
+        mm_bf16_split(_mm512_load_si512(x + t * xrow + 2 * k), &xe[t], &xo[t]);
     MM_UNROLL
     for (int o = 0; o < NR; o++) {
-        __m512bh wv = (__m512bh)_mm512_maskz_loadu_epi16(m, w + o * wrow + 2 * k);
+        __m512 we, wo;
+        mm_bf16_split(_mm512_maskz_loadu_epi16(m, w + o * wrow + 2 * k), &we, &wo);
         MM_UNROLL
-        for (int t = 0; t < MR; t++) acc[t * NR + o] = _mm512_dpbf16_ps(acc[t * NR + o], wv, xv[t]);
+        for (int t = 0; t < MR; t++) {
+            acc[t * NR + o] = _mm512_fmadd_ps(we, xe[t], acc[t * NR + o]);
+            acc[t * NR + o] = _mm512_fmadd_ps(wo, xo[t], acc[t * NR + o]);
+        }
     }
 }
 
@@ -220,6 +237,7 @@ MM_INLINE void mm_q8_tile(KERN_MM_TILE_ARGS, const int MR, const int NR)
     };
 
 MM_DEF_KIND(bf16)
+
 MM_DEF_KIND(f16)
 MM_DEF_KIND(f32)
 MM_DEF_KIND(q8)
