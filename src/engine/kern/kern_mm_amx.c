@@ -298,16 +298,5 @@ void kern__amx_matmul(int wtype, const uint8_t *w, size_t wrow, const uint8_t *a
                       size_t n_in, size_t n_rows, size_t n_tok, float *y, size_t ldy)
 {
     DX_ASSERT(kern__amx_has(wtype) && n_rows % 16 == 0 && n_tok % 16 == 0);
-    if (wtype == DX_Q2_K)
-        amx_matmul(w, wrow, act, xrow, n_in, n_rows, n_tok, y, ldy, DX_Q2_K);
-    else if (wtype == DX_Q3_K)
-        amx_matmul(w, wrow, act, xrow, n_in, n_rows, n_tok, y, ldy, DX_Q3_K);
-    else if (wtype == DX_Q4_K)
-        amx_matmul(w, wrow, act, xrow, n_in, n_rows, n_tok, y, ldy, DX_Q4_K);
-    else if (wtype == DX_Q5_K)
-        amx_matmul(w, wrow, act, xrow, n_in, n_rows, n_tok, y, ldy, DX_Q5_K);
-    else if (wtype == DX_Q6_K)
-        amx_matmul(w, wrow, act, xrow, n_in, n_rows, n_tok, y, ldy, DX_Q6_K);
-    else
-        amx_matmul(w, wrow, act, xrow, n_in, n_rows, n_tok, y, ldy, DX_IQ4_XS);
+    KERN__KQ_DISPATCH(wtype, amx_matmul, w, wrow, act, xrow, n_in, n_rows, n_tok, y, ldy);
 }

@@ -258,16 +258,5 @@ void kern__kq512_matmul(int wtype, const uint8_t *w, size_t wrow, const uint8_t 
                         size_t n_in, size_t n_rows, size_t n_tok, float *y, size_t ldy)
 {
     DX_ASSERT(dx_dtype_block_elems(wtype) == DX_QK_K && n_rows % 16 == 0);
-    if (wtype == DX_Q2_K)
-        kq_matmul(w, wrow, act, xrow, n_in, n_rows, n_tok, y, ldy, DX_Q2_K);
-    else if (wtype == DX_Q3_K)
-        kq_matmul(w, wrow, act, xrow, n_in, n_rows, n_tok, y, ldy, DX_Q3_K);
-    else if (wtype == DX_Q4_K)
-        kq_matmul(w, wrow, act, xrow, n_in, n_rows, n_tok, y, ldy, DX_Q4_K);
-    else if (wtype == DX_Q5_K)
-        kq_matmul(w, wrow, act, xrow, n_in, n_rows, n_tok, y, ldy, DX_Q5_K);
-    else if (wtype == DX_Q6_K)
-        kq_matmul(w, wrow, act, xrow, n_in, n_rows, n_tok, y, ldy, DX_Q6_K);
-    else
-        kq_matmul(w, wrow, act, xrow, n_in, n_rows, n_tok, y, ldy, DX_IQ4_XS);
+    KERN__KQ_DISPATCH(wtype, kq_matmul, w, wrow, act, xrow, n_in, n_rows, n_tok, y, ldy);
 }

@@ -194,6 +194,33 @@ static inline int kern__amx_has(int wtype)
 void kern__amx_matmul(int wtype, const uint8_t *w, size_t wrow, const uint8_t *act, size_t xrow,
                       size_t n_in, size_t n_rows, size_t n_tok, float *y, size_t ldy);
 
+/* FN(..., T) with T the super-block format wtype is as a constant, so that
+ * a kernel written for all six is compiled once per format with its layout
+ * known (the AMX and AVX-512 prefill kernels). */
+#define KERN__KQ_DISPATCH(wtype, FN, ...)                                                          \
+    do {                                                                                           \
+        switch (wtype) {                                                                           \
+        case DX_Q2_K:                                                                              \
+            FN(__VA_ARGS__, DX_Q2_K);                                                              \
+            break;                                                                                 \
+        case DX_Q3_K:                                                                              \
+            FN(__VA_ARGS__, DX_Q3_K);                                                              \
+            break;                                                                                 \
+        case DX_Q4_K:                                                                              \
+            FN(__VA_ARGS__, DX_Q4_K);                                                              \
+            break;                                                                                 \
+        case DX_Q5_K:                                                                              \
+            FN(__VA_ARGS__, DX_Q5_K);                                                              \
+            break;                                                                                 \
+        case DX_Q6_K:                                                                              \
+            FN(__VA_ARGS__, DX_Q6_K);                                                              \
+            break;                                                                                 \
+        default:                                                                                   \
+            FN(__VA_ARGS__, DX_IQ4_XS);                                                            \
+            break;                                                                                 \
+        }                                                                                          \
+    } while (0)
+
 /* The AVX-512 VNNI prefill kernels of the super-block formats
  * (kern_mm_kq_avx512.c), for KERN_AVX512 and KERN_AMX: n_rows (a multiple
  * of 16) weight rows from w against any n_tok prepared token rows from act,
