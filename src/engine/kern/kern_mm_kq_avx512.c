@@ -16,12 +16,15 @@
  * holds 4 consecutive weights of row o, unsigned (Q3_K, Q6_K and IQ4_XS
  * shifted up by 4, 32 and 128); then for every token, one vpdpbusd against
  * the token's 4 quants at that place, broadcast, adds 64 products into the
- * 16 rows' sums, no lane crossing.  A sub-block's sum p is multiplied by its
- * scale (vpmulld: p does not fit 16 bits) into A; the minimums, and the
- * offsets of the shifted formats (-4, -32, -128 times sum sc * bs), come
- * from the token's bsums, one vpdpwssd per pair of them.  The transposed
- * super-block (5.5 KiB) stays in L1 while every token passes over it, four
- * at a time, so each weight vector loaded serves four tokens. */
+ * 16 rows' sums, no lane crossing.  A chain's sum is multiplied by its
+ * sub-block's scale into A (vpdpwssd where it fits 16 bits, else vpmulld:
+ * kq_short); the minimums, and the offsets of the shifted formats (-4,
+ * -32, -128 times sum sc * bs), come from the token's bsums, one vpdpwssd
+ * per pair of them.  The transposed super-block (5.5 KiB) stays in L1
+ * while every token passes over it, eight at a time with two chains each
+ * (16 independent sums cover vpdpbusd's latency), so each weight vector
+ * loaded serves eight tokens.  Decode (under KERN__KQ512_MIN_TOK tokens)
+ * keeps the tiles: transposing costs more than one token's products. */
 #include <immintrin.h>
 #include <string.h>
 
