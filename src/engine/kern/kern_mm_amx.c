@@ -123,32 +123,13 @@ AMX_INLINE __m512i amx_mul8(__m512i a, __m512i b)
 AMX_INLINE void amx_prep(const uint8_t *w, size_t wrow, size_t s, amx_sb *P, const int T)
 {
     const size_t bb = kern__kq_bytes(T);
-    const size_t doff = kern__kq_d_offset(T);
     const uint8_t *b[16];
     for (int o = 0; o < 16; o++) b[o] = w + (size_t)o * wrow + s * bb;
-    /* row o's 16 scale bytes at 16o: Q2_K its scales (sc | m << 4), Q3_K
-     * sc + 32, Q6_K its int8 scales, IQ4_XS ls 0-7, else sc 0-7, m 0-7 */
-    _Alignas(64) uint8_t st8[256];
-    uint16_t dh[16], mh[16] = {0};
-    for (int o = 0; o < 16; o++) {
-        if (T == DX_IQ4_XS) { /* ls = sc + 32, 8 bytes */
-            _mm_storel_epi64((__m128i *)(st8 + 16 * o),
-                             _mm256_cvtepi32_epi8(_mm256_add_epi32(kern__iq4xs_scales_v(b[o]),
-                                                                   _mm256_set1_epi32(32))));
-        } else {
-            __m128i sc =
-                T == DX_Q2_K   ? _mm_loadu_si128((const __m128i *)b[o])
-                : T == DX_Q3_K ? kern__q3k_scales_v(b[o])
-                : T == DX_Q6_K
-                    ? _mm_loadu_si128((const __m128i *)(b[o] + offsetof(dx_block_q6_k, scales)))
-                    : kern__k4_scales_v(b[o]);
-            _mm_store_si128((__m128i *)(st8 + 16 * o), sc);
-        }
-        memcpy(&dh[o], b[o] + doff, 2);
-        if (kern__kq_has_min(T)) memcpy(&mh[o], b[o] + doff + 2, 2);
-    }
-    _mm512_storeu_ps(P->d, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)dh)));
-    _mm512_storeu_ps(P->dmin, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)mh)));
+    _Alignas(64) uint8_t st8[256]; /* row o's 16 scale bytes at 16o (kern__t16_scales) */
+    __m512 d, dmin;
+    kern__t16_scales(b, st8, 16, &d, &dmin, T);
+    _mm512_storeu_ps(P->d, d);
+    _mm512_storeu_ps(P->dmin, dmin);
     __m512i st[4], hb[8];
     for (int i = 0; i < 4; i++) st[i] = _mm512_load_si512(st8 + 64 * i);
     if (T == DX_Q5_K) kern__t16_rows(b, offsetof(dx_block_q5_k, qh), hb);

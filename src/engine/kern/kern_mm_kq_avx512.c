@@ -84,32 +84,11 @@ KQ_INLINE __m512i kq_pair(__m512i lo, __m512i hi)
 /* Super-block s of the 16 rows at w (wrow apart) into P. */
 KQ_INLINE void kq_prep(const uint8_t *w, size_t wrow, size_t s, kq_sb *P, const int T)
 {
-    const size_t bb = kern__kq_bytes(T), doff = kern__kq_d_offset(T);
-    const uint8_t *b[16];
-    for (int o = 0; o < 16; o++) b[o] = w + (size_t)o * wrow + s * bb;
-    /* row o's scale bytes at st8[o]: Q2_K its scales (sc | m << 4), Q3_K
-     * sc + 32, Q6_K its int8 scales, IQ4_XS ls 0-7, else sc 0-7, m 0-7 */
-    _Alignas(64) uint8_t st8[16][32];
-    const uint8_t *sp[16];
-    uint16_t dh[16], mh[16] = {0};
-    for (int o = 0; o < 16; o++) {
-        __m128i sc;
-        if (T == DX_IQ4_XS)
-            sc = _mm256_cvtepi32_epi8(
-                _mm256_add_epi32(kern__iq4xs_scales_v(b[o]), _mm256_set1_epi32(32)));
-        else
-            sc = T == DX_Q2_K   ? _mm_loadu_si128((const __m128i *)b[o])
-                 : T == DX_Q3_K ? kern__q3k_scales_v(b[o])
-                 : T == DX_Q6_K
-                     ? _mm_loadu_si128((const __m128i *)(b[o] + offsetof(dx_block_q6_k, scales)))
-                     : kern__k4_scales_v(b[o]);
-        _mm256_store_si256((__m256i *)st8[o], _mm256_castsi128_si256(sc));
-        sp[o] = st8[o];
-        memcpy(&dh[o], b[o] + doff, 2);
-        if (kern__kq_has_min(T)) memcpy(&mh[o], b[o] + doff + 2, 2);
-    }
-    P->d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)dh));
-    P->dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)mh));
+    const size_t bb = kern__kq_bytes(T);
+    const uint8_t *b[16], *sp[16];
+    _Alignas(64) uint8_t st8[16][32]; /* row o's scale bytes, 32 apart for kern__t16_rows */
+    for (int o = 0; o < 16; o++) b[o] = w + (size_t)o * wrow + s * bb, sp[o] = st8[o];
+    kern__t16_scales(b, &st8[0][0], 32, &P->d, &P->dmin, T);
     __m512i st[8];
     kern__t16_rows(sp, 0, st); /* st[k] lane o: row o's scale bytes 4k..4k+3 */
     const int nsub = kq_sub16(T) ? 16 : 8;
@@ -127,22 +106,15 @@ KQ_INLINE void kq_prep(const uint8_t *w, size_t wrow, size_t s, kq_sb *P, const 
         P->sc[j] = v;
     }
     /* the bsums' factors: the minimums, or minus the shift times the scale */
-    for (int i = 0; i < 8; i++) {
-        if (T == DX_Q2_K)
-            P->f[i] = kq_pair(mn[2 * i], mn[2 * i + 1]);
-        else if (T == DX_Q4_K || T == DX_Q5_K)
-            P->f[i] = kq_pair(mn[i], mn[i]);
-        else if (T == DX_IQ4_XS)
-            P->f[i] =
-                kq_pair(_mm512_slli_epi32(_mm512_sub_epi32(_mm512_setzero_si512(), P->sc[i]), 7),
-                        _mm512_slli_epi32(_mm512_sub_epi32(_mm512_setzero_si512(), P->sc[i]), 7));
-        else {
-            const int sh = T == DX_Q6_K ? 5 : 2;
-            P->f[i] = kq_pair(
-                _mm512_slli_epi32(_mm512_sub_epi32(_mm512_setzero_si512(), P->sc[2 * i]), sh),
-                _mm512_slli_epi32(_mm512_sub_epi32(_mm512_setzero_si512(), P->sc[2 * i + 1]), sh));
-        }
-    }
+    const int sh = T == DX_IQ4_XS ? 7 : T == DX_Q6_K ? 5 : 2;
+    __m512i ns[16]; /* -(sc << sh) */
+    for (int j = 0; j < nsub && !kern__kq_has_min(T); j++)
+        ns[j] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(P->sc[j], sh));
+    for (int i = 0; i < 8; i++)
+        P->f[i] = T == DX_Q2_K                   ? kq_pair(mn[2 * i], mn[2 * i + 1])
+                  : T == DX_Q4_K || T == DX_Q5_K ? kq_pair(mn[i], mn[i])
+                  : T == DX_IQ4_XS               ? kq_pair(ns[i], ns[i])
+                                                 : kq_pair(ns[2 * i], ns[2 * i + 1]);
     if (kq_short(T)) /* vpdpwssd's int16 pair: the scale, then 0 */
         for (int j = 0; j < nsub; j++)
             P->sc[j] = _mm512_and_si512(P->sc[j], _mm512_set1_epi32(0xffff));

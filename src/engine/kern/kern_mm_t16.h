@@ -11,8 +11,11 @@
 #include <immintrin.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "base/dx_kquant.h"
+#include "engine/kern/kern_mm_priv.h"
+#include "engine/kern/kern_mm_x86.h"
 
 #define T16_INLINE static inline __attribute__((always_inline))
 
@@ -124,6 +127,32 @@ T16_INLINE void kern__t16_weights(const uint8_t *const *b, int c, const __m512i 
                                     _mm512_slli_epi16(kern__t16_srl8(hb[k], 2 * c + half, 1), 4));
             v[8 * half + k] = q;
         }
+}
+
+/* The 16 rows' sub-block scales as bytes, row o's 16 at out + o * pitch
+ * (Q2_K its scales, sc | m << 4; Q3_K sc + 32; Q6_K its int8 scales;
+ * IQ4_XS ls 0-7; Q4_K / Q5_K sc 0-7, then m 0-7), and the rows' d and dmin
+ * widened (dmin 0 where the format has none). */
+T16_INLINE void kern__t16_scales(const uint8_t *const *b, uint8_t *out, size_t pitch, __m512 *d,
+                                 __m512 *dmin, const int T)
+{
+    const size_t doff = kern__kq_d_offset(T);
+    uint16_t dh[16], mh[16] = {0};
+    for (int o = 0; o < 16; o++) {
+        __m128i sc =
+            T == DX_IQ4_XS ? _mm256_cvtepi32_epi8(_mm256_add_epi32(kern__iq4xs_scales_v(b[o]),
+                                                                   _mm256_set1_epi32(32)))
+            : T == DX_Q2_K ? _mm_loadu_si128((const __m128i *)b[o])
+            : T == DX_Q3_K ? kern__q3k_scales_v(b[o])
+            : T == DX_Q6_K
+                ? _mm_loadu_si128((const __m128i *)(b[o] + offsetof(dx_block_q6_k, scales)))
+                : kern__k4_scales_v(b[o]);
+        _mm_storeu_si128((__m128i *)(out + (size_t)o * pitch), sc);
+        memcpy(&dh[o], b[o] + doff, 2);
+        if (kern__kq_has_min(T)) memcpy(&mh[o], b[o] + doff + 2, 2);
+    }
+    *d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)dh));
+    *dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)mh));
 }
 
 #endif
