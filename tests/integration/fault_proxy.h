@@ -110,8 +110,14 @@ typedef struct {
     long after_left;   /* server bytes still to forward before the fault */
     int held;          /* FP_REORDER: waiting to be connected upstream */
     int64_t held_at;   /* when it was accepted (ns) */
-    int64_t until;     /* FP_STALL: its end; FP_DRIP: the next byte; FP_DELAY: chunk ready */
-    char tail[40];     /* the client's last bytes, for a match across reads */
+    int64_t until;     /* FP_STALL: its end; FP_DRIP: the next byte */
+    /* FP_DELAY: the server's chunks waiting in buf[1], each held `ms` from
+     * its own arrival (a reply that follows a held one is not released
+     * with it: a slow server is slow on every reply) */
+    int64_t dl_at[16]; /* when chunk i may go */
+    size_t dl_end[16]; /* where chunk i ends in buf[1] */
+    int dl_n;
+    char tail[40]; /* the client's last bytes, for a match across reads */
     size_t tail_len;
     /* KV-port frames followed per direction */
     uint8_t hdr[2][12];
@@ -193,6 +199,19 @@ static inline void fp_connect_up(fp_child *x, fp_conn *c)
     if (!c->connecting) fp_add(&x->st->connected, 1);
 }
 
+/* FP_DELAY: the server's bytes up to buf[1] + end arrived now. */
+static inline void fp_delay_mark(const fp_child *x, fp_conn *c, size_t end)
+{
+    int64_t at = fp_now() + (int64_t)x->rule.ms * 1000000;
+    if (c->dl_n == 16) { /* full: the newest joins the last, which waits for it */
+        c->dl_end[15] = end;
+        c->dl_at[15] = at;
+        return;
+    }
+    c->dl_at[c->dl_n] = at;
+    c->dl_end[c->dl_n++] = end;
+}
+
 /* The fault of c's rule begins. */
 static inline void fp_fire(fp_child *x, fp_conn *c)
 {
@@ -200,8 +219,9 @@ static inline void fp_fire(fp_child *x, fp_conn *c)
     fp_add(&x->st->fired, 1);
     int64_t now = fp_now();
     if (c->fault == FP_RESET && x->rule.ms <= 0) fp_close_conn(x, c, 1);
-    if (c->fault == FP_STALL || c->fault == FP_RESET || c->fault == FP_DELAY)
+    if (c->fault == FP_STALL || c->fault == FP_RESET)
         c->until = now + (int64_t)x->rule.ms * 1000000; /* what waits now waits that long */
+    if (c->fault == FP_DELAY && c->len[1]) fp_delay_mark(x, c, c->len[1]);
     if (c->fault == FP_DRIP) c->until = now;
 }
 
@@ -319,8 +339,12 @@ static inline size_t fp_may_send(const fp_child *x, const fp_conn *c, int dir, i
         return now >= c->until ? n : 0;
     case FP_DRIP:
         return now >= c->until && n ? 1 : 0;
-    case FP_DELAY:
-        return dir == 0 || now >= c->until ? n : 0;
+    case FP_DELAY: {
+        if (dir == 0) return n;
+        size_t k = 0;
+        for (int i = 0; i < c->dl_n && c->dl_at[i] <= now; i++) k = c->dl_end[i];
+        return k;
+    }
     default:
         return n;
     }
@@ -348,6 +372,15 @@ static inline int fp_flush(fp_child *x, fp_conn *c, int dir)
     memmove(c->buf[dir], c->buf[dir] + w, c->len[dir] - (size_t)w);
     c->len[dir] -= (size_t)w;
     fp_add(dir ? &x->st->s2c : &x->st->c2s, w);
+    if (dir == 1 && c->dl_n) { /* the sent chunks leave the delay marks */
+        int keep = 0;
+        for (int i = 0; i < c->dl_n; i++)
+            if (c->dl_end[i] > (size_t)w) {
+                c->dl_at[keep] = c->dl_at[i];
+                c->dl_end[keep++] = c->dl_end[i] - (size_t)w;
+            }
+        c->dl_n = keep;
+    }
     if (dir == 1 && c->caught && !c->fired && c->after_left > 0 && !x->rule.kv_type) {
         c->after_left -= w;
         if (c->after_left == 0) fp_fire(x, c);
@@ -391,10 +424,9 @@ static inline int fp_fill(fp_child *x, fp_conn *c, int dir)
     }
     if (fp_holds(c) && c->fault == FP_BLACKHOLE) return 0; /* read and dropped */
     if (dir == 0 && fp_match(x, c, d, (size_t)r)) return 0;
-    if (dir == 1 && c->fired && c->fault == FP_DELAY && !c->len[1])
-        c->until = fp_now() + (int64_t)x->rule.ms * 1000000; /* this chunk is held */
     size_t at = fp_kv_scan(x, c, dir, d, (size_t)r);
     c->len[dir] += (size_t)r;
+    if (dir == 1 && c->fired && c->fault == FP_DELAY) fp_delay_mark(x, c, c->len[1]);
     if (!at) return 0;
     /* the frame that triggers the fault ends inside this read: it reaches
      * the client whole (waiting for the socket if need be), and what came
@@ -437,9 +469,10 @@ static inline int64_t fp_wake(const fp_child *x, const fp_conn *c, int64_t wake)
         t = c->held_at + (int64_t)x->rule.ms * 1000000;
     else if (c->fired && c->fault == FP_RESET)
         t = c->until;
-    else if (c->fired && (c->fault == FP_STALL || c->fault == FP_DRIP || c->fault == FP_DELAY) &&
-             (c->len[0] || c->len[1]))
+    else if (c->fired && (c->fault == FP_STALL || c->fault == FP_DRIP) && (c->len[0] || c->len[1]))
         t = c->until;
+    else if (c->fired && c->fault == FP_DELAY && c->dl_n)
+        t = c->dl_at[0];
     return t && (!wake || t < wake) ? t : wake;
 }
 

@@ -17,7 +17,8 @@
  *  - Redis answering slower than --state-timeout-ms (a fault proxy in
  *    front of it delays every reply): requests go on without affinity,
  *    answered right and counted (duplex_router_state_errors_total); once
- *    Redis is fast again, reuse resumes.
+ *    Redis is fast again, reuse resumes;
+ *  - the proxy's delay itself: each reply held from its own arrival.
  *
  * Every answer equals the oracle's byte for byte; every node is at rest
  * when it is stopped (stop_ok).  One set of nodes serves every case. */
@@ -445,6 +446,56 @@ static void test_redis_slow(void **state)
 }
 
 /* Last: the nodes at rest, then a clean stop. */
+/* ---- the fault proxy's delay itself ----------------------------------------- */
+
+static int64_t ms_now(void)
+{
+    return fp_now() / 1000000;
+}
+
+/* Reads one "+PONG\r\n" (or what comes) from fd within 5 s; the time it
+ * arrived, or -1. */
+static int64_t read_reply(int fd)
+{
+    char b[64];
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    if (poll(&p, 1, 5000) != 1) return -1;
+    ssize_t r = read(fd, b, 7);
+    return r > 0 ? ms_now() : -1;
+}
+
+/* FP_DELAY holds every reply `ms` from its own arrival: a reply that
+ * comes while an earlier one is held is not released with it.  CI saw a
+ * lookup answered early because of that (turn 4 of test_redis_slow
+ * arrived just before turn 3's held reply went). */
+static void test_delay_each_reply(void **state)
+{
+    (void)state;
+    fp_proxy fx;
+    fp_start(&fx, "127.0.0.1", "127.0.0.1", C.rd.port);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)fx.st->port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    char auth[128];
+    int n = snprintf(auth, sizeof auth, "AUTH %s\r\n", C.rd.password);
+    assert_int_equal(write(fd, auth, (size_t)n), n);
+    char ok[8];
+    assert_int_equal(read(fd, ok, 5), 5); /* "+OK\r\n", not delayed */
+    fp_arm(&fx, (fp_rule){.fault = FP_DELAY, .match = "PING", .ms = 600, .n = 0});
+    int64_t t0 = ms_now();
+    assert_int_equal(write(fd, "PING\r\n", 6), 6);
+    tp_sleep_ms(300);
+    int64_t t1 = ms_now();
+    assert_int_equal(write(fd, "PING\r\n", 6), 6);
+    int64_t r0 = read_reply(fd), r1 = read_reply(fd);
+    printf("delay 600 ms: replies after %lld and %lld ms\n", (long long)(r0 - t0),
+           (long long)(r1 - t1));
+    assert_true(r0 >= t0 + 590 && r1 >= t1 + 590);
+    close(fd);
+    fp_stop(&fx);
+}
+
 static void test_at_rest(void **state)
 {
     (void)state;
@@ -463,6 +514,7 @@ int main(void)
         cmocka_unit_test(test_router_killed_state_in_redis),
         cmocka_unit_test(test_redis_restarted_empty),
         cmocka_unit_test(test_redis_slow),
+        cmocka_unit_test(test_delay_each_reply),
         cmocka_unit_test(test_at_rest), /* last */
     };
     return cmocka_run_group_tests_name("the router and its state, broken", tests, cluster_up,
