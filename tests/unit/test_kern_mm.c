@@ -468,6 +468,13 @@ static void test_prep_layout(void **state)
     dx_aligned_free((void *)k);
 }
 
+static size_t count_diff(const float *a, const float *b, size_t n)
+{
+    size_t d = 0;
+    for (size_t i = 0; i < n; i++) d += memcmp(&a[i], &b[i], sizeof(float)) != 0;
+    return d;
+}
+
 static void test_isa_select(void **state)
 {
     (void)state;
@@ -484,6 +491,62 @@ static void test_isa_select(void **state)
     assert_int_equal(kern_set_isa(KERN_SCALAR), 0);
     assert_int_equal(kern_get_isa(), KERN_SCALAR);
     assert_int_equal(kern_set_isa(best), 0);
+}
+
+/* The two ways of multiplying BF16 on AVX-512: the choice, its errors, and
+ * the vdpbf16ps tiles checked as test_mm_matches_scalar and
+ * test_mm_invariance check the FMA ones (a CPU without AVX512-BF16
+ * reports that case skipped). */
+static void test_bf16_dot_select(void **state)
+{
+    (void)state;
+    assert_string_equal(kern_bf16_dot_name(KERN_BF16_FMA), "fma");
+    assert_string_equal(kern_bf16_dot_name(KERN_BF16_DPBF16), "dpbf16");
+    assert_int_equal(kern_set_bf16_dot((enum kern_bf16_dot)5), DX_EINVAL);
+    enum kern_bf16_dot best = kern_bf16_dot_detect();
+    assert_int_equal(kern_set_bf16_dot(KERN_BF16_FMA), 0);
+    assert_int_equal(kern_get_bf16_dot(), KERN_BF16_FMA);
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx512bf16")) {
+        assert_int_equal(best, KERN_BF16_FMA);
+        assert_int_equal(kern_set_bf16_dot(KERN_BF16_DPBF16), DX_EUNSUPPORTED);
+    }
+    assert_int_equal(kern_set_bf16_dot(best), 0);
+}
+
+static void test_bf16_dpbf16(void **state)
+{
+    (void)state;
+    __builtin_cpu_init();
+    if (kern_isa_detect() < KERN_AVX512 || !__builtin_cpu_supports("avx512bf16")) {
+        print_message("this CPU lacks AVX512-BF16: the vdpbf16ps tiles are not checked here\n");
+        skip();
+    }
+    enum kern_bf16_dot was = kern_get_bf16_dot();
+    assert_int_equal(kern_set_bf16_dot(KERN_BF16_DPBF16), 0);
+    static const size_t n_ins[] = {32, 64, 96, 1024, 2080, 1, 3, 17, 33, 100};
+    static const size_t n_toks[] = {1, 2, 3, 5, 7, 16, 33};
+    static const size_t n_outs[] = {1, 3, 5, 17, 64};
+    size_t c = 0;
+    for (size_t i = 0; i < DX_ARRAY_LEN(n_ins); i++)
+        for (size_t t = 0; t < DX_ARRAY_LEN(n_toks); t++, c++)
+            check_shape(KERN_AVX512, DX_BF16, n_toks[t], n_ins[i],
+                        n_outs[c % DX_ARRAY_LEN(n_outs)]);
+    check_invariance(KERN_AVX512, DX_BF16, 100, 37);
+    check_invariance(KERN_AVX512, DX_BF16, 33, 21);
+    check_invariance(KERN_AVX512, DX_BF16, 1024, 19);
+    /* the two ways do round differently: the choice is one process's */
+    inv_case a;
+    assert_int_equal(kern_set_bf16_dot(KERN_BF16_FMA), 0);
+    inv_setup(&a, DX_BF16, 1024, 64, 33);
+    assert_int_equal(kern_set_bf16_dot(KERN_BF16_DPBF16), 0);
+    float *y = dx_malloc(33 * 64 * sizeof(float));
+    matmul_all(DX_BF16, a.w, a.x, 33, 1024, 64, y);
+    print_message("fma and dpbf16 equal on %d of %d outputs\n",
+                  (int)(33 * 64) - (int)count_diff(y, a.ref, 33 * 64), 33 * 64);
+    dx_free(y);
+    inv_free(&a);
+    assert_int_equal(kern_set_bf16_dot(was), 0);
 }
 
 /* What the driver relies on: every token count up to mr has shapes, widest
@@ -659,12 +722,13 @@ static void test_kq_twin_layout(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_isa_select), cmocka_unit_test(test_prep_layout),
-        cmocka_unit_test(test_isa_tables), KTI_FAST(test_prep_bits),
-        KTI_FAST(test_prep_bits_q8k),      KTI_ALL(test_mm_invariance),
-        KTI_AMX(test_mm_invariance),       KTI_FAST(test_mm_matches_scalar),
-        KTI_AMX(test_mm_matches_scalar),   KTI_FAST(test_blk_bit_exact),
-        KTI_AMX(test_blk_bit_exact),       KTI_ALL(test_kq_twin_layout),
+        cmocka_unit_test(test_isa_select),  cmocka_unit_test(test_prep_layout),
+        cmocka_unit_test(test_isa_tables),  cmocka_unit_test(test_bf16_dot_select),
+        cmocka_unit_test(test_bf16_dpbf16), KTI_FAST(test_prep_bits),
+        KTI_FAST(test_prep_bits_q8k),       KTI_ALL(test_mm_invariance),
+        KTI_AMX(test_mm_invariance),        KTI_FAST(test_mm_matches_scalar),
+        KTI_AMX(test_mm_matches_scalar),    KTI_FAST(test_blk_bit_exact),
+        KTI_AMX(test_blk_bit_exact),        KTI_ALL(test_kq_twin_layout),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -40,6 +40,22 @@ enum kern_isa kern_get_isa(void);
 int kern_set_isa(enum kern_isa isa);
 const char *kern_isa_name(enum kern_isa isa);
 
+/* How the AVX-512 path multiplies BF16 weights.  KERN_BF16_FMA splits each
+ * pair of bf16 into exact f32 halves for two FMAs (every AVX-512 CPU; the
+ * faster way on Intel's cores, where vdpbf16ps issues every ~2 cycles);
+ * KERN_BF16_DPBF16 issues vdpbf16ps (AVX512-BF16; AMD's Zen 4 runs it as
+ * fast as an FMA, for twice the products).  Default: DPBF16 on an AMD CPU
+ * with AVX512-BF16, FMA elsewhere, or DUPLEX_BF16_DOT=fma|dpbf16 (read by
+ * the first call).  Both are batch invariant; they round differently (the
+ * instruction adds the odd product first), so, as with the ISA, one
+ * process keeps one.  kern_set_bf16_dot fails with DX_EUNSUPPORTED if the
+ * CPU lacks AVX512-BF16. */
+enum kern_bf16_dot { KERN_BF16_FMA = 0, KERN_BF16_DPBF16 = 1 };
+enum kern_bf16_dot kern_bf16_dot_detect(void);
+enum kern_bf16_dot kern_get_bf16_dot(void);
+int kern_set_bf16_dot(enum kern_bf16_dot d);
+const char *kern_bf16_dot_name(enum kern_bf16_dot d);
+
 /* ---- matmul: y[t*ldy + o] = sum_k W[o][k] * x[t][k] ----
  * Weight types: every one dx_dtype_supported() lists (F32, F16, BF16, Q8_0,
  * Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS).

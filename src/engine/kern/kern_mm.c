@@ -204,6 +204,8 @@ static void mm_drive(const kern_mm_isa *isa, int wtype, const void *w, size_t n_
                      size_t o1, const void *act, size_t n_tok, float *y, size_t ldy)
 {
     const kern_mm_tiles *T = wtype >= 0 && wtype < DX_DTYPE_ID_MAX ? isa->tiles[wtype] : NULL;
+    if (wtype == DX_BF16 && isa == &kern_mm_isa_avx512 && kern_get_bf16_dot() == KERN_BF16_DPBF16)
+        T = kern__avx512_bf16dp_tiles;
     size_t wrow = dx_dtype_row_bytes(wtype, n_in), xrow = act_row_bytes(wtype, n_in);
     DX_ASSERT(T && wrow && xrow);
     const uint8_t *a = act;

@@ -59,13 +59,16 @@ MM_INLINE void mm_store_tile(const __m512 *acc, const int MR, const int NR, floa
         y[(size_t)(i / NR) * ldy + (size_t)(i % NR)] = r[4 * (i % 4) + i / 4];
 }
 
-/* bf16 to f32 is exact and costs one op a vector: a dword's high half is
- * its odd element as an f32 already (masked), its low half the even one
- * (shifted up).  Each element's lane then takes two FMAs a step, even
- * then odd.  This is faster than vdpbf16ps here: on Intel's Golden Cove
- * cores one vdpbf16ps (32 products) issues every ~2 cycles, an FMA (16)
- * twice a cycle (bench_mm bf16 512 tokens, one thread: 66-71 -> 83-108
- * GFLOP/s). */
+/* BF16, two ways (kern_get_bf16_dot).  KERN_BF16_FMA: bf16 to f32 is
+ * exact and costs one op a vector: a dword's high half is its odd element
+ * as an f32 already (masked), its low half the even one (shifted up).
+ * Each element's lane then takes two FMAs a step, even then odd.  This is
+ * faster than vdpbf16ps on Intel's Golden Cove cores, where one vdpbf16ps
+ * (32 products) issues every ~2 cycles and an FMA (16) twice a cycle
+ * (bench_mm bf16 512 tokens, one thread: 66-71 -> 83-108 GFLOP/s).
+ * KERN_BF16_DPBF16 (below, AVX512-BF16 only): one vdpbf16ps a step, which
+ * adds the odd product first.  AMD's Zen 4 issues it as often as an FMA,
+ * for twice the products. */
 MM_INLINE void mm_bf16_split(__m512i v, __m512 *even, __m512 *odd)
 {
     *even = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
@@ -91,17 +94,23 @@ MM_INLINE void mm_bf16_step(__m512 *acc, const uint8_t *w, size_t wrow, const ui
     }
 }
 
+/* A BF16 tile's walk over K with STEP (either way): 32 elements a step,
+ * then one masked step. */
+#define MM_BF16_TILE(STEP)                                                                         \
+    do {                                                                                           \
+        __m512 acc[16];                                                                            \
+        MM_UNROLL                                                                                  \
+        for (int i = 0; i < MR * NR; i++) acc[i] = _mm512_setzero_ps();                            \
+        size_t kf = n_in & ~(size_t)31;                                                            \
+        for (size_t k = 0; k < kf; k += 32) STEP(acc, w, wrow, x, xrow, k, ~(__mmask32)0, MR, NR); \
+        if (kf < n_in)                                                                             \
+            STEP(acc, w, wrow, x, xrow, kf, (__mmask32)((1u << (n_in - kf)) - 1), MR, NR);         \
+        mm_store_tile(acc, MR, NR, y, ldy);                                                        \
+    } while (0)
+
 MM_INLINE void mm_bf16_tile(KERN_MM_TILE_ARGS, const int MR, const int NR)
 {
-    __m512 acc[16];
-    MM_UNROLL
-    for (int i = 0; i < MR * NR; i++) acc[i] = _mm512_setzero_ps();
-    size_t kf = n_in & ~(size_t)31;
-    for (size_t k = 0; k < kf; k += 32)
-        mm_bf16_step(acc, w, wrow, x, xrow, k, ~(__mmask32)0, MR, NR);
-    if (kf < n_in)
-        mm_bf16_step(acc, w, wrow, x, xrow, kf, (__mmask32)((1u << (n_in - kf)) - 1), MR, NR);
-    mm_store_tile(acc, MR, NR, y, ldy);
+    MM_BF16_TILE(mm_bf16_step);
 }
 
 MM_INLINE void mm_f16_step(__m512 *acc, const uint8_t *w, size_t wrow, const uint8_t *x,
@@ -238,10 +247,45 @@ MM_INLINE void mm_q8_tile(KERN_MM_TILE_ARGS, const int MR, const int NR)
     };
 
 MM_DEF_KIND(bf16)
-
 MM_DEF_KIND(f16)
 MM_DEF_KIND(f32)
 MM_DEF_KIND(q8)
+
+/* KERN_BF16_DPBF16: the same tiles on vdpbf16ps, compiled for AVX512-BF16
+ * alone (the rest of the file runs on CPUs without it). */
+#ifdef __clang__
+#pragma clang attribute push(__attribute__((target("avx512bf16"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx512bf16")
+#endif
+MM_INLINE void mm_bf16dp_step(__m512 *acc, const uint8_t *w, size_t wrow, const uint8_t *x,
+                              size_t xrow, size_t k, __mmask32 m, const int MR, const int NR)
+{
+    __m512bh xv[4];
+    MM_UNROLL
+    for (int t = 0; t < MR; t++) xv[t] = (__m512bh)_mm512_load_si512(x + t * xrow + 2 * k);
+    MM_UNROLL
+    for (int o = 0; o < NR; o++) {
+        __m512bh wv = (__m512bh)_mm512_maskz_loadu_epi16(m, w + o * wrow + 2 * k);
+        MM_UNROLL
+        for (int t = 0; t < MR; t++) acc[t * NR + o] = _mm512_dpbf16_ps(acc[t * NR + o], wv, xv[t]);
+    }
+}
+
+MM_INLINE void mm_bf16dp_tile(KERN_MM_TILE_ARGS, const int MR, const int NR)
+{
+    MM_BF16_TILE(mm_bf16dp_step);
+}
+
+MM_DEF_KIND(bf16dp)
+#ifdef __clang__
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+
+const kern_mm_tiles *const kern__avx512_bf16dp_tiles = &mm_bf16dp_tiles;
 
 /* ---- the other 32-block formats (the arithmetic of kern_mm_priv.h) ----
  * One zmm holds four output elements of one token: 128-bit chunk r holds

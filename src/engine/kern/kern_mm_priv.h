@@ -171,6 +171,9 @@ typedef struct {
 
 extern const kern_mm_isa kern_mm_isa_avx2;
 extern const kern_mm_isa kern_mm_isa_avx512;
+/* The AVX-512 BF16 tiles on vdpbf16ps (KERN_BF16_DPBF16: the table's own
+ * are KERN_BF16_FMA's). */
+extern const kern_mm_tiles *const kern__avx512_bf16dp_tiles;
 
 /* The super-block formats' tiles and KERN_ACT_Q8K prep (kern_mm_avx2.c),
  * which the AVX-512 table uses too: their arithmetic is integer up to one
