@@ -209,24 +209,30 @@ static void check_shape(enum kern_isa isa, int wtype, size_t n_tok, size_t n_in,
     dx_free(y);
 }
 
-static void test_mm_matches_scalar(void **state)
+/* wtype's shapes (n_in by kind x n_tok), the row counts cycling with c
+ * across calls; the next c. */
+static size_t check_shapes(enum kern_isa isa, int wtype, size_t c)
 {
-    enum kern_isa isa = kti_use(state);
     static const size_t n_ins[] = {32, 64, 96, 1024, 2080, 1, 3, 17, 33, 100};
     static const size_t n_toks[] = {1, 2, 3, 5, 7, 16, 33};
     static const size_t kq_n_ins[] = {256, 512, 1024, 2816};
     static const size_t n_outs[] = {1, 3, 5, 17, 64};
-    size_t c = 0;
-    for (size_t d = 0; d < DX_ARRAY_LEN(wtypes); d++) {
-        int kq = is_kq(wtypes[d]);
-        size_t n_n = kq ? DX_ARRAY_LEN(kq_n_ins) : DX_ARRAY_LEN(n_ins);
-        for (size_t i = 0; i < n_n; i++) {
-            size_t n_in = kq ? kq_n_ins[i] : n_ins[i];
-            if (is_q8_act(wtypes[d]) && n_in % 32) continue;
-            for (size_t t = 0; t < DX_ARRAY_LEN(n_toks); t++, c++)
-                check_shape(isa, wtypes[d], n_toks[t], n_in, n_outs[c % DX_ARRAY_LEN(n_outs)]);
-        }
+    int kq = is_kq(wtype);
+    size_t n_n = kq ? DX_ARRAY_LEN(kq_n_ins) : DX_ARRAY_LEN(n_ins);
+    for (size_t i = 0; i < n_n; i++) {
+        size_t n_in = kq ? kq_n_ins[i] : n_ins[i];
+        if (is_q8_act(wtype) && n_in % 32) continue;
+        for (size_t t = 0; t < DX_ARRAY_LEN(n_toks); t++, c++)
+            check_shape(isa, wtype, n_toks[t], n_in, n_outs[c % DX_ARRAY_LEN(n_outs)]);
     }
+    return c;
+}
+
+static void test_mm_matches_scalar(void **state)
+{
+    enum kern_isa isa = kti_use(state);
+    size_t c = 0;
+    for (size_t d = 0; d < DX_ARRAY_LEN(wtypes); d++) c = check_shapes(isa, wtypes[d], c);
 }
 
 /* ---- bit-exact invariance ---- */
@@ -524,14 +530,7 @@ static void test_bf16_dpbf16(void **state)
     }
     enum kern_bf16_dot was = kern_get_bf16_dot();
     assert_int_equal(kern_set_bf16_dot(KERN_BF16_DPBF16), 0);
-    static const size_t n_ins[] = {32, 64, 96, 1024, 2080, 1, 3, 17, 33, 100};
-    static const size_t n_toks[] = {1, 2, 3, 5, 7, 16, 33};
-    static const size_t n_outs[] = {1, 3, 5, 17, 64};
-    size_t c = 0;
-    for (size_t i = 0; i < DX_ARRAY_LEN(n_ins); i++)
-        for (size_t t = 0; t < DX_ARRAY_LEN(n_toks); t++, c++)
-            check_shape(KERN_AVX512, DX_BF16, n_toks[t], n_ins[i],
-                        n_outs[c % DX_ARRAY_LEN(n_outs)]);
+    check_shapes(KERN_AVX512, DX_BF16, 0);
     check_invariance(KERN_AVX512, DX_BF16, 100, 37);
     check_invariance(KERN_AVX512, DX_BF16, 33, 21);
     check_invariance(KERN_AVX512, DX_BF16, 1024, 19);

@@ -90,14 +90,25 @@ static enum kern_isa kern_isa_from_env(void)
     return best;
 }
 
+/* *slot, chosen by pick() on the first call (-1: not yet). */
+static int kern_choose_once(atomic_int *slot, int (*pick)(void))
+{
+    int v = atomic_load_explicit(slot, memory_order_relaxed);
+    if (v >= 0) return v;
+    int want = pick(), expected = -1;
+    /* Racing first callers agree: the first to store wins, the rest load it. */
+    if (!atomic_compare_exchange_strong(slot, &expected, want)) return expected;
+    return want;
+}
+
+static int isa_pick(void)
+{
+    return (int)kern_isa_from_env();
+}
+
 enum kern_isa kern_get_isa(void)
 {
-    int isa = atomic_load_explicit(&kern_isa_active, memory_order_relaxed);
-    if (isa >= 0) return (enum kern_isa)isa;
-    int want = (int)kern_isa_from_env(), expected = -1;
-    /* Racing first callers agree: the first to store wins, the rest load it. */
-    if (!atomic_compare_exchange_strong(&kern_isa_active, &expected, want)) return expected;
-    return (enum kern_isa)want;
+    return (enum kern_isa)kern_choose_once(&kern_isa_active, isa_pick);
 }
 
 int kern_set_isa(enum kern_isa isa)
@@ -156,13 +167,14 @@ static enum kern_bf16_dot kern_bf16_dot_from_env(void)
     return best;
 }
 
+static int bf16_dot_pick(void)
+{
+    return (int)kern_bf16_dot_from_env();
+}
+
 enum kern_bf16_dot kern_get_bf16_dot(void)
 {
-    int d = atomic_load_explicit(&kern_bf16_dot_active, memory_order_relaxed);
-    if (d >= 0) return (enum kern_bf16_dot)d;
-    int want = (int)kern_bf16_dot_from_env(), expected = -1;
-    if (!atomic_compare_exchange_strong(&kern_bf16_dot_active, &expected, want)) return expected;
-    return (enum kern_bf16_dot)want;
+    return (enum kern_bf16_dot)kern_choose_once(&kern_bf16_dot_active, bf16_dot_pick);
 }
 
 int kern_set_bf16_dot(enum kern_bf16_dot d)
