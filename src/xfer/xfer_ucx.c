@@ -214,7 +214,12 @@ int xfer_agent_create(const xfer_agent_config *cfg, xfer_agent **out)
     return 0;
 }
 
-void xfer_agent_destroy(xfer_agent *a)
+/* Over TCP a peer's READ is a request that this worker answers by copying
+ * from the region: one that arrives after the region is unmapped (a reader
+ * whose request sat in a dead link's retransmit queue, say) would fault.  So
+ * the worker goes first — its thread stopped, its connections closed — and
+ * the region (the context's) may be released after it. */
+void xfer_agent_quiesce(xfer_agent *a)
 {
     if (!a) return;
     if (a->has_thread) {
@@ -223,10 +228,22 @@ void xfer_agent_destroy(xfer_agent *a)
         ucp_worker_signal(a->worker);
         pthread_mutex_unlock(&a->mu);
         pthread_join(a->thread, NULL);
+        a->has_thread = 0;
     }
-    if (a->memh) xfer_agent_release(a, a->base, a->length);
+    pthread_mutex_lock(&a->mu);
     if (a->addr) ucp_worker_release_address(a->worker, a->addr);
     if (a->worker) ucp_worker_destroy(a->worker);
+    a->addr = NULL;
+    a->addr_len = 0;
+    a->worker = NULL;
+    pthread_mutex_unlock(&a->mu);
+}
+
+void xfer_agent_destroy(xfer_agent *a)
+{
+    if (!a) return;
+    xfer_agent_quiesce(a);
+    if (a->memh) xfer_agent_release(a, a->base, a->length);
     if (a->ctx) ucp_cleanup(a->ctx);
     pthread_mutex_destroy(&a->mu);
     dx_free(a);
@@ -325,7 +342,7 @@ int xfer_peer_connect(xfer_agent *a, const uint8_t *worker_addr, size_t addr_len
                           .err_mode = UCP_ERR_HANDLING_MODE_PEER,
                           .err_handler = {.cb = on_ep_error, .arg = p}};
     pthread_mutex_lock(&a->mu);
-    ucs_status_t st = ucp_ep_create(a->worker, &ep, &p->ep);
+    ucs_status_t st = a->worker ? ucp_ep_create(a->worker, &ep, &p->ep) : UCS_ERR_NOT_CONNECTED;
     if (st == UCS_OK) st = ucp_ep_rkey_unpack(p->ep, rkey, &p->rkey);
     pthread_mutex_unlock(&a->mu);
     if (st != UCS_OK) {

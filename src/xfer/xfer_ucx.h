@@ -55,8 +55,14 @@ typedef struct {
 } xfer_read_op;
 
 int xfer_agent_create(const xfer_agent_config *cfg, xfer_agent **out);
-/* Stops the progress thread and closes the worker; the region must have been
- * released already (kv_pool_destroy calls xfer_agent_release). */
+/* Stops serving peers: the progress thread stops and the worker closes, so
+ * no peer's READ reaches the region any more (their reads fail).  Call it
+ * after this agent's own peers are destroyed and before the region is
+ * released (kv_pool_destroy calls xfer_agent_release): over TCP a READ that
+ * arrived after the release would copy from unmapped memory.  Idempotent;
+ * xfer_agent_describe and xfer_peer_connect have no worker after it. */
+void xfer_agent_quiesce(xfer_agent *a);
+/* xfer_agent_quiesce, then the region if still held, then the context. */
 void xfer_agent_destroy(xfer_agent *a);
 
 /* kv_pool_config.alloc / .release hooks; user = the agent.  One region per
