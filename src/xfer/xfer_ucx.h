@@ -70,7 +70,8 @@ void xfer_agent_destroy(xfer_agent *a);
 void *xfer_agent_alloc(void *user, size_t bytes);
 void xfer_agent_release(void *user, void *p, size_t bytes);
 
-/* Pointers stay valid until the agent is destroyed (or the region released). */
+/* The worker address stays valid until xfer_agent_quiesce, the rkey until
+ * the region is released. */
 void xfer_agent_describe(xfer_agent *a, xfer_desc *out);
 /* The transport list the agent was configured with ("default" when UCX
  * chooses); UCX_LOG_LEVEL=info shows what each endpoint actually uses. */
