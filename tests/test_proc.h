@@ -348,16 +348,22 @@ static inline void tp_at_rest(tp_proc *p)
     tp_rest_check(&p->node, p->http, p->log);
 }
 
-/* SIGTERM, and a clean exit 0 within 30 s (a node checked at rest first):
- * 0, or -1 after printing the status and the log's tail. */
-static inline int tp_stop_clean(tp_proc *p)
+/* SIGTERM, and a clean exit 0 within timeout_s (a node checked at rest
+ * first): 0, or -1 after printing the status and the log's tail (where a
+ * sanitizer's report or a shutdown error is). */
+static inline int tp_stop_clean_in(tp_proc *p, int timeout_s)
 {
     tp_at_rest(p);
-    int st = tp_stop(p, SIGTERM, 30);
+    int st = tp_stop(p, SIGTERM, timeout_s);
     if (st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0) return 0;
     fprintf(stderr, "%s: exited with status %d\n", p->log, st);
-    tp_log_tail(p, 30);
+    tp_log_tail(p, 60);
     return -1;
+}
+
+static inline int tp_stop_clean(tp_proc *p)
+{
+    return tp_stop_clean_in(p, 30);
 }
 
 /* The nodes a `duplex up` started (its summary lines "duplex up: NAME pid

@@ -54,7 +54,6 @@ static int side_open(kv_side *s, const char *tls, int thread, size_t block_bytes
 
 static void side_close(kv_side *s)
 {
-    xfer_agent_quiesce(s->agent); /* no peer's READ reaches the pool once it is gone */
     kv_pool_destroy(s->pool);
     xfer_agent_destroy(s->agent);
 }

@@ -129,8 +129,6 @@ void node_kv_drop_leases(node_kv *k)
     k->client = NULL;
     xfer_leases *L = __atomic_exchange_n(&k->leases, NULL, __ATOMIC_ACQ_REL);
     xfer_leases_destroy(L);
-    /* no peer's READ after this: the pool may go (xfer_agent_quiesce) */
-    xfer_agent_quiesce(k->agent);
 }
 
 void node_kv_destroy(node_kv *k)

@@ -13,9 +13,7 @@
  *   ...
  *   node_kv_close_port    no more pins (its connections' pins are released)
  *   engine_stop           no more events (the engine leases nothing after it)
- *   node_kv_drop_leases   every lease's block references; the client's
- *                         connections, then the agent's worker: no peer
- *                         reads the pool after it
+ *   node_kv_drop_leases   every lease's block references
  *   engine_destroy        the pool
  *   node_kv_destroy       the agent that allocated the pool
  *

@@ -214,14 +214,10 @@ int xfer_agent_create(const xfer_agent_config *cfg, xfer_agent **out)
     return 0;
 }
 
-/* Over TCP a peer's READ is a request that this worker answers by copying
- * from the region: one that arrives after the region is unmapped (a reader
- * whose request sat in a dead link's retransmit queue, say) would fault.  So
- * the worker goes first — its thread stopped, its connections closed — and
- * the region (the context's) may be released after it. */
-void xfer_agent_quiesce(xfer_agent *a)
+/* Stops serving peers: the progress thread stops and the worker closes
+ * (idempotent).  Called without mu. */
+static void agent_quiesce(xfer_agent *a)
 {
-    if (!a) return;
     if (a->has_thread) {
         atomic_store(&a->stop, 1);
         pthread_mutex_lock(&a->mu);
@@ -242,7 +238,7 @@ void xfer_agent_quiesce(xfer_agent *a)
 void xfer_agent_destroy(xfer_agent *a)
 {
     if (!a) return;
-    xfer_agent_quiesce(a);
+    agent_quiesce(a);
     if (a->memh) xfer_agent_release(a, a->base, a->length);
     if (a->ctx) ucp_cleanup(a->ctx);
     pthread_mutex_destroy(&a->mu);
@@ -292,9 +288,14 @@ void *xfer_agent_alloc(void *user, size_t bytes)
     return a->base;
 }
 
+/* Over TCP a peer's READ is a request that this worker answers by copying
+ * from the region: one that arrived after the region is unmapped (a
+ * reader's request that sat in a dead link's retransmit queue, say) would
+ * fault.  So the worker goes first, and the region (the context's) after. */
 void xfer_agent_release(void *user, void *p, size_t bytes)
 {
     xfer_agent *a = user;
+    if (a->memh && p == a->base) agent_quiesce(a);
     pthread_mutex_lock(&a->mu);
     if (a->memh && p == a->base) {
         ucp_rkey_buffer_release(a->rkey_buf);

@@ -55,23 +55,20 @@ typedef struct {
 } xfer_read_op;
 
 int xfer_agent_create(const xfer_agent_config *cfg, xfer_agent **out);
-/* Stops serving peers: the progress thread stops and the worker closes, so
- * no peer's READ reaches the region any more (their reads fail).  Call it
- * after this agent's own peers are destroyed and before the region is
- * released (kv_pool_destroy calls xfer_agent_release): over TCP a READ that
- * arrived after the release would copy from unmapped memory.  Idempotent;
- * xfer_agent_describe and xfer_peer_connect have no worker after it. */
-void xfer_agent_quiesce(xfer_agent *a);
-/* xfer_agent_quiesce, then the region if still held, then the context. */
+/* Stops the progress thread, closes the worker, releases the region if it
+ * is still held (kv_pool_destroy releases it), frees the context. */
 void xfer_agent_destroy(xfer_agent *a);
 
 /* kv_pool_config.alloc / .release hooks; user = the agent.  One region per
- * agent (the KV pool); a second alloc fails. */
+ * agent (the KV pool); a second alloc fails.  Release stops serving peers
+ * first (the progress thread stops, the worker closes), so no peer's READ
+ * reaches the region once it is unmapped: their reads fail instead.  The
+ * agent's own peers must be destroyed before; after it the agent has no
+ * worker (xfer_agent_describe gives no address, xfer_peer_connect fails). */
 void *xfer_agent_alloc(void *user, size_t bytes);
 void xfer_agent_release(void *user, void *p, size_t bytes);
 
-/* The worker address stays valid until xfer_agent_quiesce, the rkey until
- * the region is released. */
+/* Pointers stay valid until the region is released (or the agent destroyed). */
 void xfer_agent_describe(xfer_agent *a, xfer_desc *out);
 /* The transport list the agent was configured with ("default" when UCX
  * chooses); UCX_LOG_LEVEL=info shows what each endpoint actually uses. */

@@ -148,7 +148,6 @@ static void reader_init(reader *r, const model *m, const uint8_t fp[16], const c
 static void reader_free(reader *r)
 {
     xfer_client_destroy(r->client);
-    xfer_agent_quiesce(r->agent);
     kv_pool_destroy(r->pool);
     xfer_agent_destroy(r->agent);
     kvport_secret_destroy(r->secret);

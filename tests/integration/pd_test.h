@@ -58,12 +58,7 @@ static inline void node_start(tp_proc *p, const char *tag, const char *const *ex
  * error); a node is checked at rest first (tp_at_rest). */
 static inline void stop_ok(tp_proc *p)
 {
-    tp_at_rest(p);
-    int st = tp_stop(p, SIGTERM, 60);
-    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-        tp_log_tail(p, 60); /* the end says why: a sanitizer's report, a shutdown error */
-        fail_msg("%s did not exit cleanly (status %d)", p->log, st);
-    }
+    if (tp_stop_clean_in(p, 60)) fail_msg("%s did not exit cleanly", p->log);
 }
 
 /* The last request line ("POST /v1/chat/completions ...") of p's log in

@@ -3,7 +3,7 @@
  * copy from its region.  A READ that arrives after the region is released
  * must not reach it (it would copy from unmapped memory and kill the
  * holder: a prefill node at shutdown, with a reader's request late off a
- * link that had been down): xfer_agent_quiesce closes the worker first, and
+ * link that had been down): xfer_agent_release closes the worker first, and
  * the reader's next READ fails instead.  Two agents in one process, over
  * loopback TCP. */
 #include <setjmp.h>
@@ -69,28 +69,29 @@ static void test_read_after_release_fails(void **state)
     assert_int_equal(read_all(&t, 10), 0);
     for (size_t i = 0; i < REGION; i++)
         if (t.buf[i] != (uint8_t)i) fail_msg("byte %zu: %u, want %u", i, t.buf[i], (uint8_t)i);
-    /* the node's order at shutdown: the worker, then the pool */
-    xfer_agent_quiesce(t.holder);
-    xfer_agent_release(t.holder, t.region, REGION);
+    xfer_agent_release(t.holder, t.region, REGION); /* what kv_pool_destroy does */
     uint64_t t0 = dx_now_ns();
     int rc = read_all(&t, 10);
     double waited = (double)(dx_now_ns() - t0) * 1e-9;
     if (rc != DX_ETRANSPORT && rc != DX_ETIMEDOUT)
-        fail_msg("a READ of a quiesced holder: rc %d (%s)", rc, rc ? dx_errmsg() : "succeeded");
+        fail_msg("a READ after the holder released its region: rc %d (%s)", rc,
+                 rc ? dx_errmsg() : "succeeded");
     print_message("the READ failed in %.2f s: %s\n", waited, dx_errmsg());
     assert_true(xfer_peer_failed(t.peer) || rc == DX_ETIMEDOUT);
     pair_close(&t);
 }
 
-static void test_quiesced_agent_refuses_peers(void **state)
+/* An agent whose region is released serves and connects nothing. */
+static void test_released_agent_refuses_peers(void **state)
 {
     (void)state;
     pair t;
     pair_open(&t);
     xfer_peer_destroy(t.peer);
     t.peer = NULL;
-    xfer_agent_quiesce(t.reader);
-    xfer_agent_quiesce(t.reader); /* idempotent */
+    uint8_t *mine = xfer_agent_alloc(t.reader, 4096);
+    assert_non_null(mine);
+    xfer_agent_release(t.reader, mine, 4096);
     xfer_peer *p = NULL;
     int rc = xfer_peer_connect(t.reader, t.d.worker_addr, t.d.worker_addr_len, t.d.rkey,
                                t.d.rkey_len, t.d.base, t.d.length, &p);
@@ -101,14 +102,14 @@ static void test_quiesced_agent_refuses_peers(void **state)
     xfer_agent_describe(t.reader, &d);
     assert_null(d.worker_addr);
     assert_int_equal(d.worker_addr_len, 0);
-    pair_close(&t); /* destroy after quiesce: the rest goes */
+    pair_close(&t); /* destroy after release: the rest goes */
 }
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_read_after_release_fails),
-        cmocka_unit_test(test_quiesced_agent_refuses_peers),
+        cmocka_unit_test(test_released_agent_refuses_peers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
