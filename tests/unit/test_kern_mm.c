@@ -552,6 +552,16 @@ static void test_bf16_dpbf16(void **state)
  * first, the last one row (so no row is left out); a block of rows is masked
  * to a multiple of block_rows, which must be a power of two.  Data only, so
  * it is checked whatever the CPU runs. */
+/* A list of row-tile shapes: widest first, the last a single row. */
+static void check_tile_shapes(const kern_mm_tile *sh)
+{
+    int i = 0;
+    for (; i < KERN_MM_SHAPES && sh[i].fn; i++)
+        if (i > 0) assert_true(sh[i].nr < sh[i - 1].nr);
+    assert_true(i > 0);
+    assert_int_equal(sh[i - 1].nr, 1);
+}
+
 static void check_isa_table(const kern_mm_isa *isa)
 {
     assert_true(isa->mr >= 1 && isa->mr <= KERN_MM_MR_MAX);
@@ -569,14 +579,13 @@ static void check_isa_table(const kern_mm_isa *isa)
         const kern_mm_tiles *T = isa->tiles[t];
         if (!T) fail_msg("no tiles for %s", dx_dtype_name(t));
         assert_true(T->mr >= 0 && T->mr <= KERN_MM_MR_MAX);
-        for (int m = 1; m <= (T->mr ? T->mr : isa->mr); m++) {
-            const kern_mm_tile *sh = T->by[m];
-            int i = 0;
-            for (; i < KERN_MM_SHAPES && sh[i].fn; i++)
-                if (i > 0) assert_true(sh[i].nr < sh[i - 1].nr);
-            assert_true(i > 0);
-            assert_int_equal(sh[i - 1].nr, 1);
-        }
+        for (int m = 1; m <= (T->mr ? T->mr : isa->mr); m++) check_tile_shapes(T->by[m]);
+    }
+    /* a lone token's own tiles, only for a type that has tiles */
+    for (int t = 0; t < DX_DTYPE_ID_MAX; t++) {
+        if (!isa->decode[t]) continue;
+        assert_non_null(isa->tiles[t]);
+        check_tile_shapes(isa->decode[t]->by[1]);
     }
     assert_int_equal(n_supported, DX_ARRAY_LEN(wtypes)); /* every supported type is tested */
 }
@@ -692,7 +701,8 @@ static void unit_factors(int wt, uint8_t *row, size_t n_in)
 static void test_kq_twin_layout(void **state)
 {
     enum kern_isa isa = kti_use(state);
-    const size_t n_in = 512, n_out = 3; /* two super-blocks a row */
+    /* two super-blocks a row; 13 rows: every decode tile shape (8, 4, 1) */
+    const size_t n_in = 512, n_out = 13;
     uint8_t *act = dx_aligned_alloc(64, kern_act_bytes(DX_Q4_K, 1, n_in));
     float *deq = dx_malloc(n_out * n_in * sizeof(float));
     for (size_t d = 0; d < DX_ARRAY_LEN(kq_types); d++) {
@@ -705,7 +715,7 @@ static void test_kq_twin_layout(void **state)
         }
         for (size_t e = 0; e < n_in; e++) {
             one_hot_act(act, n_in, e);
-            float y[3];
+            float y[13];
             kern_matmul(wt, w, n_in, 0, n_out, act, 1, y, n_out);
             for (size_t o = 0; o < n_out; o++)
                 if (!(y[o] == deq[o * n_in + e]))

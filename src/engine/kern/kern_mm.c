@@ -184,9 +184,9 @@ static void mm_rows(const kern_mm_tile *sh, const uint8_t *w, size_t wrow, const
             sh[i].fn(w + o * wrow, wrow, x, xrow, n_in, y + o, ldy);
 }
 
-static void mm_tiles(const kern_mm_isa *isa, const kern_mm_tiles *T, const uint8_t *w, size_t wrow,
-                     size_t n_in, size_t o0, size_t o1, const uint8_t *act, size_t xrow,
-                     size_t n_tok, float *y, size_t ldy)
+static void mm_tiles(const kern_mm_isa *isa, const kern_mm_tiles *T, const kern_mm_tiles *D,
+                     const uint8_t *w, size_t wrow, size_t n_in, size_t o0, size_t o1,
+                     const uint8_t *act, size_t xrow, size_t n_tok, float *y, size_t ldy)
 {
     size_t br = (size_t)isa->block_rows, mr = (size_t)(T->mr ? T->mr : isa->mr);
     size_t rb = (L2_BLOCK_BYTES / wrow) & ~(br - 1);
@@ -195,7 +195,8 @@ static void mm_tiles(const kern_mm_isa *isa, const kern_mm_tiles *T, const uint8
         size_t oe = o1 - ob < rb ? o1 : ob + rb;
         for (size_t t = 0; t < n_tok; t += mr) {
             size_t m = n_tok - t < mr ? n_tok - t : mr;
-            mm_rows(T->by[m], w, wrow, act + t * xrow, xrow, n_in, ob, oe, y + t * ldy, ldy);
+            mm_rows(m == 1 && D ? D->by[1] : T->by[m], w, wrow, act + t * xrow, xrow, n_in, ob, oe,
+                    y + t * ldy, ldy);
         }
     }
 }
@@ -204,6 +205,7 @@ static void mm_drive(const kern_mm_isa *isa, int wtype, const void *w, size_t n_
                      size_t o1, const void *act, size_t n_tok, float *y, size_t ldy)
 {
     const kern_mm_tiles *T = wtype >= 0 && wtype < DX_DTYPE_ID_MAX ? isa->tiles[wtype] : NULL;
+    const kern_mm_tiles *D = T ? isa->decode[wtype] : NULL; /* one token's, if its own */
     if (wtype == DX_BF16 && isa == &kern_mm_isa_avx512 && kern_get_bf16_dot() == KERN_BF16_DPBF16)
         T = kern__avx512_bf16dp_tiles;
     size_t wrow = dx_dtype_row_bytes(wtype, n_in), xrow = act_row_bytes(wtype, n_in);
@@ -226,11 +228,12 @@ static void mm_drive(const kern_mm_isa *isa, int wtype, const void *w, size_t n_
         nt = n_tok;
     }
     if (nt) {
-        mm_tiles(isa, T, w, wrow, n_in, og, o1, a, xrow, nt, y, ldy);
-        mm_tiles(isa, T, w, wrow, n_in, o0, o1, a + nt * xrow, xrow, n_tok - nt, y + nt * ldy, ldy);
+        mm_tiles(isa, T, D, w, wrow, n_in, og, o1, a, xrow, nt, y, ldy);
+        mm_tiles(isa, T, D, w, wrow, n_in, o0, o1, a + nt * xrow, xrow, n_tok - nt, y + nt * ldy,
+                 ldy);
         return;
     }
-    mm_tiles(isa, T, w, wrow, n_in, o0, o1, a, xrow, n_tok, y, ldy);
+    mm_tiles(isa, T, D, w, wrow, n_in, o0, o1, a, xrow, n_tok, y, ldy);
 }
 
 void kern_matmul(int wtype, const void *w, size_t n_in, size_t o0, size_t o1, const void *act,

@@ -1,7 +1,8 @@
 /* kern_mm_kq_avx512: the prefill matmuls of the super-block formats (Q2_K,
  * Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS) on AVX-512 VNNI, for the driver in
  * kern_mm.c, which hands it groups of 16 weight rows and any number of
- * tokens (the AVX2 tiles keep decode and the last rows; with AMX, the
+ * tokens (decode has tiles of its own, kern_mm_kqd_avx512.c, and the AVX2
+ * tiles keep 2-7 tokens and the last rows; with AMX, this file takes the
  * tokens past its groups of 16).
  *
  * The arithmetic is the super-block formats' of kern_mm_priv.h, bit for
@@ -23,8 +24,8 @@
  * per pair of them.  The transposed super-block (5.5 KiB) stays in L1
  * while every token passes over it, eight at a time with two chains each
  * (16 independent sums cover vpdpbusd's latency), so each weight vector
- * loaded serves eight tokens.  Decode (under KERN__KQ512_MIN_TOK tokens)
- * keeps the tiles: transposing costs more than one token's products. */
+ * loaded serves eight tokens.  Under KERN__KQ512_MIN_TOK tokens the tiles
+ * run instead: transposing costs more than a few tokens' products. */
 #include <immintrin.h>
 #include <string.h>
 

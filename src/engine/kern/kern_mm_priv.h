@@ -166,7 +166,9 @@ typedef struct {
     int mr;         /* tokens per tile, at most KERN_MM_MR_MAX */
     int block_rows; /* a block of weight rows is a multiple of this (a power of two) */
     const kern_mm_tiles *tiles[DX_DTYPE_ID_MAX]; /* by weight type */
-    kern_mm_prep_fn prep[KERN_ACT_KINDS];        /* by activation kind; NULL: the scalar one */
+    /* a lone token's tiles (decode: their by[1]) where they are not tiles[]'s */
+    const kern_mm_tiles *decode[DX_DTYPE_ID_MAX];
+    kern_mm_prep_fn prep[KERN_ACT_KINDS]; /* by activation kind; NULL: the scalar one */
 } kern_mm_isa;
 
 extern const kern_mm_isa kern_mm_isa_avx2;
@@ -176,11 +178,17 @@ extern const kern_mm_isa kern_mm_isa_avx512;
 extern const kern_mm_tiles *const kern__avx512_bf16dp_tiles;
 
 /* The super-block formats' tiles and KERN_ACT_Q8K prep (kern_mm_avx2.c),
- * which the AVX-512 table uses too: their arithmetic is integer up to one
- * float step a super-block, so 256-bit vectors leave little on the table. */
+ * which the AVX-512 table uses too, for 2-7 tokens (one token has the
+ * decode tiles below, 8 and more kern__kq512_matmul). */
 extern const kern_mm_tiles kern__avx2_q2_k_tiles, kern__avx2_q3_k_tiles, kern__avx2_q4_k_tiles,
     kern__avx2_q5_k_tiles, kern__avx2_q6_k_tiles, kern__avx2_iq4_xs_tiles;
 void kern__avx2_q8k_prep(const float *x, size_t n_in, void *row);
+
+/* The AVX-512 decode tiles of the super-block formats
+ * (kern_mm_kqd_avx512.c): one token, 8, 4 or 1 rows. */
+extern const kern_mm_tiles kern__avx512_q2_k_decode, kern__avx512_q3_k_decode,
+    kern__avx512_q4_k_decode, kern__avx512_q5_k_decode, kern__avx512_q6_k_decode,
+    kern__avx512_iq4_xs_decode;
 #define KERN__AVX2_KQ_TILES                                                                        \
     [DX_Q2_K] = &kern__avx2_q2_k_tiles, [DX_Q3_K] = &kern__avx2_q3_k_tiles,                        \
     [DX_Q4_K] = &kern__avx2_q4_k_tiles, [DX_Q5_K] = &kern__avx2_q5_k_tiles,                        \
@@ -229,7 +237,7 @@ void kern__amx_matmul(int wtype, const uint8_t *w, size_t wrow, const uint8_t *a
  * of 16) weight rows from w against any n_tok prepared token rows from act,
  * into y[t*ldy + o] for o < n_rows: the bits the tiles give.  Worth it from
  * KERN__KQ512_MIN_TOK tokens (a super-block of 16 rows is transposed once
- * for all of them); decode keeps the tiles. */
+ * for all of them); below that, the tiles. */
 #define KERN__KQ512_MIN_TOK 8
 void kern__kq512_matmul(int wtype, const uint8_t *w, size_t wrow, const uint8_t *act, size_t xrow,
                         size_t n_in, size_t n_rows, size_t n_tok, float *y, size_t ldy);
