@@ -518,24 +518,6 @@ MM2_INLINE __m256i mm2_hsum8i(const __m256i *a)
                             _mm256_permute2x128_si256(q0, q1, 0x31));
 }
 
-MM2_INLINE uint16_t mm2_u16_at(const uint8_t *p)
-{
-    uint16_t h;
-    memcpy(&h, p, 2);
-    return h;
-}
-
-/* Lane t * NR + o: row o's f16 at offset off of its super-block b[o]. */
-MM2_INLINE __m256 mm2_kq_rows_f16(const uint8_t *w, size_t wrow, size_t off, const int MR,
-                                  const int NR)
-{
-    uint16_t h[8] = {0};
-    MM2_UNROLL
-    for (int i = 0; i < MR * NR; i++) h[i] = mm2_u16_at(w + (size_t)(i % NR) * wrow + off);
-    return _mm256_cvtph_ps(_mm_setr_epi16((short)h[0], (short)h[1], (short)h[2], (short)h[3],
-                                          (short)h[4], (short)h[5], (short)h[6], (short)h[7]));
-}
-
 MM2_INLINE void mm2_kq_tile(KERN_MM_TILE_ARGS, const int T, const int MR, const int NR)
 {
     const size_t bb = kern__kq_bytes(T), nsb = n_in / DX_QK_K;
@@ -601,10 +583,10 @@ MM2_INLINE void mm2_kq_tile(KERN_MM_TILE_ARGS, const int T, const int MR, const 
                          : _mm256_setr_ps(dx[0], dx[(1 / NR) % MR], dx[(2 / NR) % MR],
                                           dx[(3 / NR) % MR], dx[(4 / NR) % MR], dx[(5 / NR) % MR],
                                           dx[(6 / NR) % MR], dx[(7 / NR) % MR]);
-        __m256 dd = _mm256_mul_ps(mm2_kq_rows_f16(w, wrow, doff, MR, NR), dxv);
+        __m256 dd = _mm256_mul_ps(kern__kq_rows_f16(w, wrow, doff, MR, NR), dxv);
         sum = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mm2_hsum8i(acc)), dd, sum);
         if (has_m) {
-            __m256 dm = _mm256_mul_ps(mm2_kq_rows_f16(w, wrow, doff + 2, MR, NR), dxv);
+            __m256 dm = _mm256_mul_ps(kern__kq_rows_f16(w, wrow, doff + 2, MR, NR), dxv);
             sum = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mm2_hsum8i(mins)), dm, sum);
         }
     }

@@ -139,15 +139,6 @@ KD_INLINE __m256i kd_hsum_lanes(const __m512i *b, const int NR)
         _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 0, 0, 0, 0, 0, 0, 0, 0), t));
 }
 
-/* Lane o: row o's f16 at off, widened (o < NR). */
-KD_INLINE __m256 kd_rows_f16(const uint8_t *w, size_t wrow, size_t off, const int NR)
-{
-    uint16_t h[8] = {0};
-    KD_UNROLL
-    for (int o = 0; o < NR; o++) memcpy(&h[o], w + (size_t)o * wrow + off, 2);
-    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
-}
-
 /* A ternary-logic immediate: a | (b & c). */
 #define KD_OR_AND 0xf8
 
@@ -169,6 +160,14 @@ KD_INLINE __m512i kd_pick16(__m512i s, int a, int b, int c)
                           0x10001 * (a + c), 0x10001 * (a + b + c), 0x10001 * (a + b + c),
                           0x10001 * (a + b + c), 0x10001 * (a + b + c)),
         s);
+}
+
+/* acc minus (1 << sh) * sum sc * bs (a weight stored with that offset:
+ * Q6_K 32, Q3_K 4), s16 the row's 16 scales, exact. */
+KD_INLINE __m512i kd_minus_offset(__m512i acc, __m256i s16, const int sh, __m512i bs16)
+{
+    __m256i fo = _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(s16, sh));
+    return _mm512_dpwssd_epi32(acc, _mm512_zextsi256_si512(fo), bs16);
 }
 
 /* Q4_K / Q5_K: vector c = 2h + n is nibble n of qs[64h..64h+63], sub-blocks
@@ -229,8 +228,7 @@ KD_INLINE __m512i kd_row_q6k(const uint8_t *b, const __m512i *X, __m512i bs16)
                 _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(v, X[c]), kd_pick16(sz, 4 * c, 1, 2));
         }
     }
-    __m256i fo = _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(s16, 5));
-    return _mm512_dpwssd_epi32(acc, _mm512_zextsi256_si512(fo), bs16);
+    return kd_minus_offset(acc, s16, 5, bs16);
 }
 
 /* Q2_K / Q3_K: crumb k of qs[0..63] is element 32k + i of half 0 (low
@@ -265,8 +263,7 @@ KD_INLINE __m512i kd_row_q23(const uint8_t *b, const __m512i *X, __m512i bs16, _
         *mb = _mm512_zextsi256_si512(_mm256_madd_epi16(m16, _mm512_castsi512_si256(bs16)));
         return acc;
     }
-    __m256i fo = _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(s16, 2));
-    return _mm512_dpwssd_epi32(acc, _mm512_zextsi256_si512(fo), bs16);
+    return kd_minus_offset(acc, s16, 2, bs16);
 }
 
 /* IQ4_XS: lane L of qs[64h..64h+63] is sub-block 4h + L, its low nibbles
@@ -351,9 +348,9 @@ KD_INLINE void kd_tile(KERN_MM_TILE_ARGS, const int T, const int NR)
             d = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(dd));
             dmin = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(_mm256_srli_epi32(dd, 16)));
         } else {
-            d = kd_rows_f16(w, wrow, doff, NR);
+            d = kern__kq_rows_f16(w, wrow, doff, 1, NR);
             if (T == DX_Q2_K) {
-                dmin = kd_rows_f16(w, wrow, doff + 2, NR);
+                dmin = kern__kq_rows_f16(w, wrow, doff + 2, 1, NR);
                 mins = kd_hsum(mb, NR);
             }
         }

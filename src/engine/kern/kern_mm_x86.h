@@ -59,6 +59,18 @@ static inline __m256i kern__iq4xs_scales_v(const uint8_t *b)
     return _mm256_sub_epi32(_mm256_or_si256(l, _mm256_slli_epi32(h, 4)), _mm256_set1_epi32(32));
 }
 
+/* Lane t * NR + o (t < MR, o < NR; MR * NR <= 8): row o's f16 at offset
+ * off, widened; the super-block tiles' d and dmin. */
+static inline __attribute__((always_inline)) __m256
+kern__kq_rows_f16(const uint8_t *w, size_t wrow, size_t off, const int MR, const int NR)
+{
+    uint16_t h[8] = {0};
+#pragma GCC unroll 8
+    for (int i = 0; i < MR * NR; i++) memcpy(&h[i], w + (size_t)(i % NR) * wrow + off, 2);
+    return _mm256_cvtph_ps(_mm_setr_epi16((short)h[0], (short)h[1], (short)h[2], (short)h[3],
+                                          (short)h[4], (short)h[5], (short)h[6], (short)h[7]));
+}
+
 /* Decode reads a tile's NR rows once: NR streams, each a row.  The next
  * tile's rows are the NR * wrow bytes after this tile's, and each of a
  * tile's `steps` steps prefetches a slice of them, so that by the last
@@ -68,8 +80,9 @@ static inline __m256i kern__iq4xs_scales_v(const uint8_t *b)
  * address order, row after row (bench_mm: 1.4-1.9x the rate on
  * 1024-element Q8_0, Q4_0 and Q6_K rows).  Longer rows take a slice of
  * each row at the step's own offset, one tile ahead of what the step
- * reads, and leave the rest to the hardware. */
-/* The slices go to L2 (T1), not L1: a T0 prefetch that misses holds one of
+ * reads, and leave the rest to the hardware.
+ *
+ * The slices go to L2 (T1), not L1: a T0 prefetch that misses holds one of
  * the core's few L1 fill buffers for the whole trip to memory, so the
  * tile's own loads queue behind them; from L2 the tile's loads still hit
  * within a dozen cycles (Intel Xeon with AMX, qwen3-0.6b tg64: Q4_K_M
