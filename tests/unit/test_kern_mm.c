@@ -548,6 +548,78 @@ static void test_bf16_dpbf16(void **state)
     assert_int_equal(kern_set_bf16_dot(was), 0);
 }
 
+/* The two ways a lone token walks the streamed types' rows: the choice,
+ * its errors, and on every ISA the one-row walk (KERN_DECODE_ROWS) giving
+ * the bits of the wide tiles (KERN_DECODE_TILES), token by token against
+ * the whole batch, in odd row ranges and on a 2-thread pool, for every
+ * type the ISA's table walks by rows (with both BF16 dots on AVX-512). */
+static void test_decode_select(void **state)
+{
+    (void)state;
+    assert_string_equal(kern_decode_name(KERN_DECODE_TILES), "tiles");
+    assert_string_equal(kern_decode_name(KERN_DECODE_ROWS), "rows");
+    assert_string_equal(kern_decode_name((enum kern_decode)9), "unknown");
+    assert_int_equal(kern_set_decode((enum kern_decode)9), DX_EINVAL);
+    enum kern_decode best = kern_decode_detect();
+    __builtin_cpu_init();
+    if (!__builtin_cpu_is("amd") || kern_isa_detect() < KERN_AVX512)
+        assert_int_equal(best, KERN_DECODE_TILES);
+    else
+        assert_int_equal(best, KERN_DECODE_ROWS);
+    assert_int_equal(kern_set_decode(KERN_DECODE_ROWS), 0);
+    assert_int_equal(kern_get_decode(), KERN_DECODE_ROWS);
+    assert_int_equal(kern_set_decode(KERN_DECODE_TILES), 0);
+    assert_int_equal(kern_get_decode(), KERN_DECODE_TILES);
+    assert_int_equal(kern_set_decode(best), 0);
+}
+
+/* wtype's reference batch with tiles, then every lone-token path by rows. */
+static void check_decode_rows(enum kern_isa isa, int wtype, size_t n_in, size_t n_out)
+{
+    assert_int_equal(kern_set_isa(isa), 0);
+    assert_int_equal(kern_set_decode(KERN_DECODE_TILES), 0);
+    inv_case c;
+    inv_setup(&c, wtype, n_in, n_out, 33);
+    inv_chunks(&c, 1); /* tiles, as test_mm_invariance */
+    assert_int_equal(kern_set_decode(KERN_DECODE_ROWS), 0);
+    inv_chunks(&c, 1);
+    inv_chunks(&c, 5);
+    static const size_t odd[] = {3, 5, 7, 1, 13}, wide[] = {16, 32, 4};
+    inv_splits(&c, odd, DX_ARRAY_LEN(odd));
+    inv_splits(&c, wide, DX_ARRAY_LEN(wide));
+    inv_batched(&c, 17, 1, 0);
+    inv_pool(&c);
+    inv_free(&c);
+}
+
+static void test_decode_rows(void **state)
+{
+    enum kern_isa isa = kti_use(state);
+    const kern_mm_isa *T = isa == KERN_AVX2 ? &kern_mm_isa_avx2 : &kern_mm_isa_avx512;
+    enum kern_decode was = kern_get_decode();
+    enum kern_bf16_dot dot = kern_get_bf16_dot();
+    int n_rows = 0;
+    for (size_t d = 0; d < DX_ARRAY_LEN(wtypes); d++) {
+        int t = wtypes[d];
+        if (!T->decode_rows[t]) continue;
+        n_rows++;
+        for (int way = 0; way < 2; way++) {
+            if (way == 1) { /* the other BF16 dot, where the CPU has it */
+                if (t != DX_BF16 || isa == KERN_AVX2 || !__builtin_cpu_supports("avx512bf16"))
+                    continue;
+                assert_int_equal(
+                    kern_set_bf16_dot(dot == KERN_BF16_FMA ? KERN_BF16_DPBF16 : KERN_BF16_FMA), 0);
+            }
+            check_decode_rows(isa, t, 1024, 37); /* 16 + 16 + 4 + 1 rows as tiles */
+            check_decode_rows(isa, t, 100, 21);  /* a K remainder */
+            check_decode_rows(isa, t, 33, 3);
+            assert_int_equal(kern_set_bf16_dot(dot), 0);
+        }
+    }
+    assert_int_equal(n_rows, 3); /* F32, F16, BF16 */
+    assert_int_equal(kern_set_decode(was), 0);
+}
+
 /* What the driver relies on: every token count up to mr has shapes, widest
  * first, the last one row (so no row is left out); a block of rows is masked
  * to a multiple of block_rows, which must be a power of two.  Data only, so
@@ -586,6 +658,12 @@ static void check_isa_table(const kern_mm_isa *isa)
         if (!isa->decode[t]) continue;
         assert_non_null(isa->tiles[t]);
         check_tile_shapes(isa->decode[t]->by[1]);
+    }
+    /* a one-row decode only where the type has tiles and no decode tiles */
+    for (int t = 0; t < DX_DTYPE_ID_MAX; t++) {
+        if (!isa->decode_rows[t]) continue;
+        assert_non_null(isa->tiles[t]);
+        assert_null(isa->decode[t]);
     }
     assert_int_equal(n_supported, DX_ARRAY_LEN(wtypes)); /* every supported type is tested */
 }
@@ -733,7 +811,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_isa_select),  cmocka_unit_test(test_prep_layout),
         cmocka_unit_test(test_isa_tables),  cmocka_unit_test(test_bf16_dot_select),
-        cmocka_unit_test(test_bf16_dpbf16), KTI_FAST(test_prep_bits),
+        cmocka_unit_test(test_bf16_dpbf16), cmocka_unit_test(test_decode_select),
+        KTI_FAST(test_decode_rows),         KTI_FAST(test_prep_bits),
         KTI_FAST(test_prep_bits_q8k),       KTI_ALL(test_mm_invariance),
         KTI_AMX(test_mm_invariance),        KTI_FAST(test_mm_matches_scalar),
         KTI_AMX(test_mm_matches_scalar),    KTI_FAST(test_blk_bit_exact),

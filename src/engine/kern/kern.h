@@ -56,6 +56,23 @@ enum kern_bf16_dot kern_get_bf16_dot(void);
 int kern_set_bf16_dot(enum kern_bf16_dot d);
 const char *kern_bf16_dot_name(enum kern_bf16_dot d);
 
+/* How a lone token (decode) walks the rows of the streamed weight types
+ * (each ISA's table says which: F16, F32 and, on AVX-512, BF16), whose
+ * matmuls read every byte from memory once.  KERN_DECODE_TILES runs the
+ * widest tile, 8 or 16 rows side by side; KERN_DECODE_ROWS one row at a
+ * time, a single sequential stream per thread.  AMD's cores fetch one
+ * stream well and many side by side badly (Zen 4, 2 threads streaming
+ * 512 MB: 26-33 GB/s as one stream, 16-20 GB/s as 2 to 16 rows at a time;
+ * BF16 decode 20 -> 25 tok/s), Intel's follow the 16 (BF16 decode at 90%
+ * of the memory limit).  Default: ROWS on an AMD CPU, TILES elsewhere, or
+ * DUPLEX_DECODE=tiles|rows (read by the first call).  A row's element gets
+ * the same instructions either way, so the two give the same bits. */
+enum kern_decode { KERN_DECODE_TILES = 0, KERN_DECODE_ROWS = 1 };
+enum kern_decode kern_decode_detect(void);
+enum kern_decode kern_get_decode(void);
+int kern_set_decode(enum kern_decode d);
+const char *kern_decode_name(enum kern_decode d);
+
 /* ---- matmul: y[t*ldy + o] = sum_k W[o][k] * x[t][k] ----
  * Weight types: every one dx_dtype_supported() lists (F32, F16, BF16, Q8_0,
  * Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS).

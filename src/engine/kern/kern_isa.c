@@ -186,3 +186,48 @@ int kern_set_bf16_dot(enum kern_bf16_dot d)
     atomic_store(&kern_bf16_dot_active, (int)d);
     return 0;
 }
+
+/* ---- how a lone token walks the streamed weight types ---------------------------- */
+
+static atomic_int kern_decode_active = -1; /* -1: not chosen yet */
+
+enum kern_decode kern_decode_detect(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    /* AVX-512 AMD (Zen 4 on): measured.  Zen 2/3 run the AVX2 path, whose
+     * single row is one chain of FMAs at ~4 bytes a cycle, near what a
+     * core streams: unmeasured there, so opt-in (DUPLEX_DECODE=rows) */
+    __builtin_cpu_init();
+    if (__builtin_cpu_is("amd") && kern_isa_detect() >= KERN_AVX512) return KERN_DECODE_ROWS;
+#endif
+    return KERN_DECODE_TILES;
+}
+
+const char *kern_decode_name(enum kern_decode d)
+{
+    return d == KERN_DECODE_ROWS ? "rows" : d == KERN_DECODE_TILES ? "tiles" : "unknown";
+}
+
+static int decode_pick(void)
+{
+    enum kern_decode best = kern_decode_detect();
+    const char *s = getenv("DUPLEX_DECODE");
+    if (!s || !*s) return (int)best;
+    if (!strcmp(s, "tiles")) return KERN_DECODE_TILES;
+    if (!strcmp(s, "rows")) return KERN_DECODE_ROWS;
+    DX_LOGW("DUPLEX_DECODE=%s: unknown (want tiles|rows), using %s", s, kern_decode_name(best));
+    return (int)best;
+}
+
+enum kern_decode kern_get_decode(void)
+{
+    return (enum kern_decode)kern_choose_once(&kern_decode_active, decode_pick);
+}
+
+int kern_set_decode(enum kern_decode d)
+{
+    if ((int)d != KERN_DECODE_TILES && (int)d != KERN_DECODE_ROWS)
+        return dx_errf(DX_EINVAL, "kern_set_decode: unknown way %d", (int)d);
+    atomic_store(&kern_decode_active, (int)d);
+    return 0;
+}

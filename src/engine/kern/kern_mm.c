@@ -184,7 +184,8 @@ static void mm_rows(const kern_mm_tile *sh, const uint8_t *w, size_t wrow, const
             sh[i].fn(w + o * wrow, wrow, x, xrow, n_in, y + o, ldy);
 }
 
-static void mm_tiles(const kern_mm_isa *isa, const kern_mm_tiles *T, const kern_mm_tiles *D,
+/* T's tiles, with `one` the shapes of a lone token. */
+static void mm_tiles(const kern_mm_isa *isa, const kern_mm_tiles *T, const kern_mm_tile *one,
                      const uint8_t *w, size_t wrow, size_t n_in, size_t o0, size_t o1,
                      const uint8_t *act, size_t xrow, size_t n_tok, float *y, size_t ldy)
 {
@@ -195,7 +196,7 @@ static void mm_tiles(const kern_mm_isa *isa, const kern_mm_tiles *T, const kern_
         size_t oe = o1 - ob < rb ? o1 : ob + rb;
         for (size_t t = 0; t < n_tok; t += mr) {
             size_t m = n_tok - t < mr ? n_tok - t : mr;
-            mm_rows(m == 1 && D ? D->by[1] : T->by[m], w, wrow, act + t * xrow, xrow, n_in, ob, oe,
+            mm_rows(m == 1 ? one : T->by[m], w, wrow, act + t * xrow, xrow, n_in, ob, oe,
                     y + t * ldy, ldy);
         }
     }
@@ -210,6 +211,16 @@ static void mm_drive(const kern_mm_isa *isa, int wtype, const void *w, size_t n_
         T = kern__avx512_bf16dp_tiles;
     size_t wrow = dx_dtype_row_bytes(wtype, n_in), xrow = act_row_bytes(wtype, n_in);
     DX_ASSERT(T && wrow && xrow);
+    /* a lone token: its own tiles, or under KERN_DECODE_ROWS the last shape
+     * (the single row, which check_tile_shapes in the tests guarantees) alone */
+    const kern_mm_tile *one = D ? D->by[1] : T->by[1];
+    kern_mm_tile row1[2] = {{0}};
+    if (isa->decode_rows[wtype] && kern_get_decode() == KERN_DECODE_ROWS) {
+        int last = 0;
+        while (last + 1 < KERN_MM_SHAPES && one[last + 1].fn) last++;
+        row1[0] = one[last];
+        one = row1;
+    }
     const uint8_t *a = act;
     /* The super-block formats' prefill takes whole groups of 16 rows: AMX
      * groups of 16 tokens, then AVX-512 VNNI the tokens left (from
@@ -228,12 +239,12 @@ static void mm_drive(const kern_mm_isa *isa, int wtype, const void *w, size_t n_
         nt = n_tok;
     }
     if (nt) {
-        mm_tiles(isa, T, D, w, wrow, n_in, og, o1, a, xrow, nt, y, ldy);
-        mm_tiles(isa, T, D, w, wrow, n_in, o0, o1, a + nt * xrow, xrow, n_tok - nt, y + nt * ldy,
+        mm_tiles(isa, T, one, w, wrow, n_in, og, o1, a, xrow, nt, y, ldy);
+        mm_tiles(isa, T, one, w, wrow, n_in, o0, o1, a + nt * xrow, xrow, n_tok - nt, y + nt * ldy,
                  ldy);
         return;
     }
-    mm_tiles(isa, T, D, w, wrow, n_in, o0, o1, a, xrow, n_tok, y, ldy);
+    mm_tiles(isa, T, one, w, wrow, n_in, o0, o1, a, xrow, n_tok, y, ldy);
 }
 
 void kern_matmul(int wtype, const void *w, size_t n_in, size_t o0, size_t o1, const void *act,

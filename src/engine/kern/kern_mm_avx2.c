@@ -40,6 +40,11 @@ MM2_INLINE __m256 mm2_reduce8(const __m256 *a)
 
 MM2_INLINE void mm2_store_tile(const __m256 *acc, const int MR, const int NR, float *y, size_t ldy)
 {
+    if (MR * NR == 1) { /* mm2_reduce8's tree for one vector, without the 7 zero ones */
+        y[0] = kern__hsum4(
+            _mm_add_ps(_mm256_castps256_ps128(acc[0]), _mm256_extractf128_ps(acc[0], 1)));
+        return;
+    }
     __m256 v[8];
     MM2_UNROLL
     for (int i = 0; i < 8; i++) v[i] = i < MR * NR ? acc[i] : _mm256_setzero_ps();
@@ -764,5 +769,6 @@ const kern_mm_isa kern_mm_isa_avx2 = {
               [DX_Q5_1] = &mm2_q5_1_tiles,
               [DX_IQ4_NL] = &mm2_iq4_nl_tiles,
               KERN__AVX2_KQ_TILES},
+    .decode_rows = {[DX_F32] = 1, [DX_F16] = 1, [DX_BF16] = 1},
     .prep = {[KERN_ACT_Q8] = mm2_q8_prep_row, [KERN_ACT_Q8K] = kern__avx2_q8k_prep},
 };

@@ -49,6 +49,11 @@ MM_INLINE __m512 mm_reduce16(const __m512 *a)
 /* acc[t*NR + o] holds y[t][o] in 16 lanes. */
 MM_INLINE void mm_store_tile(const __m512 *acc, const int MR, const int NR, float *y, size_t ldy)
 {
+    if (MR * NR == 1) { /* mm_reduce16's tree for one vector, without the 15 zero ones */
+        __m256 h = _mm256_add_ps(_mm512_castps512_ps256(acc[0]), _mm512_extractf32x8_ps(acc[0], 1));
+        y[0] = kern__hsum4(_mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
+        return;
+    }
     __m512 v[16];
     MM_UNROLL
     for (int i = 0; i < 16; i++) v[i] = i < MR * NR ? acc[i] : _mm512_setzero_ps();
@@ -557,6 +562,7 @@ const kern_mm_isa kern_mm_isa_avx512 = {
                [DX_Q5_K] = &kern__avx512_q5_k_decode,
                [DX_Q6_K] = &kern__avx512_q6_k_decode,
                [DX_IQ4_XS] = &kern__avx512_iq4_xs_decode},
+    .decode_rows = {[DX_F32] = 1, [DX_F16] = 1, [DX_BF16] = 1},
     .prep = {[KERN_ACT_BF16] = mm_bf16_prep_row,
              [KERN_ACT_Q8] = mm_q8_prep_row,
              [KERN_ACT_Q8K] = kern__avx2_q8k_prep},

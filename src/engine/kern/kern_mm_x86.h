@@ -71,6 +71,15 @@ kern__kq_rows_f16(const uint8_t *w, size_t wrow, size_t off, const int MR, const
                                           (short)h[4], (short)h[5], (short)h[6], (short)h[7]));
 }
 
+/* (q0 + q2) + (q1 + q3): the last two levels of both ISAs' tile
+ * reductions (mm_reduce16, mm2_reduce8) for one vector's four partial sums,
+ * so a single-row tile stores the bits the wide tiles do. */
+static inline float kern__hsum4(__m128 q)
+{
+    q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+    return _mm_cvtss_f32(_mm_add_ss(q, _mm_shuffle_ps(q, q, 1)));
+}
+
 /* Decode reads a tile's NR rows once: NR streams, each a row.  The next
  * tile's rows are the NR * wrow bytes after this tile's, and each of a
  * tile's `steps` steps prefetches a slice of them, so that by the last
