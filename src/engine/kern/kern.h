@@ -57,14 +57,15 @@ int kern_set_bf16_dot(enum kern_bf16_dot d);
 const char *kern_bf16_dot_name(enum kern_bf16_dot d);
 
 /* How a lone token (decode) walks the rows of the streamed weight types
- * (each ISA's table says which: F16, F32 and, on AVX-512, BF16), whose
+ * (each ISA's table says which: F16, BF16 and F32), whose
  * matmuls read every byte from memory once.  KERN_DECODE_TILES runs the
  * widest tile, 8 or 16 rows side by side; KERN_DECODE_ROWS one row at a
  * time, a single sequential stream per thread.  AMD's cores fetch one
  * stream well and many side by side badly (Zen 4, 2 threads streaming
  * 512 MB: 26-33 GB/s as one stream, 16-20 GB/s as 2 to 16 rows at a time;
  * BF16 decode 20 -> 25 tok/s), Intel's follow the 16 (BF16 decode at 90%
- * of the memory limit).  Default: ROWS on an AMD CPU, TILES elsewhere, or
+ * of the memory limit).  Default: ROWS on an AMD CPU with AVX-512 (Zen 4
+ * on; Zen 2/3's AVX2 rows are unmeasured), TILES elsewhere, or
  * DUPLEX_DECODE=tiles|rows (read by the first call).  A row's element gets
  * the same instructions either way, so the two give the same bits. */
 enum kern_decode { KERN_DECODE_TILES = 0, KERN_DECODE_ROWS = 1 };
