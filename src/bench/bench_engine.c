@@ -314,6 +314,7 @@ int bench_engine_run(const bench_engine_config *cfg_in, const model *m, bench_en
         for (int k = 0; !rc && k < n_kv; k++) rc = run_once(&cfg, &c[k], r);
     if (!rc) {
         out->isa = kern_isa_name(kern_get_isa());
+        out->decode = kern_decode_name(kern_get_decode());
         out->n_threads = cfg.n_threads;
         out->n_kv = n_kv;
         for (int k = 0; k < n_kv; k++) {

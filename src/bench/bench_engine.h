@@ -57,6 +57,7 @@ typedef struct {
     int n_kv;
     double mem_gb_s; /* read rate of a large buffer on n_threads threads */
     const char *isa;
+    const char *decode; /* how a lone token walks F16/BF16/F32 rows (kern_get_decode) */
     int n_threads;
 } bench_engine_result;
 

@@ -123,8 +123,8 @@ static int bench_engine(int argc, char **argv)
         return 1;
     }
     const model_hparams *hp = model_hp(m);
-    printf("model %s (%s, %u layers, embd %u), kernels %s, threads %d, kv %s%s\n", model_name(m),
-           hp->arch_name, hp->n_layer, hp->n_embd, r.isa, r.n_threads, kv,
+    printf("model %s (%s, %u layers, embd %u), kernels %s (decode by %s), threads %d, kv %s%s\n",
+           model_name(m), hp->arch_name, hp->n_layer, hp->n_embd, r.isa, r.decode, r.n_threads, kv,
            synthetic ? " (depth synthetic)" : "");
     for (int i = 0; i < r.n_kv; i++) {
         char tag[32] = "";

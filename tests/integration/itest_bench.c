@@ -260,6 +260,8 @@ static void test_xfer_and_engine_smoke(void **state)
     number_after(g_out, "holder CPU over 2 timed pulls of ");
     run(0, "%s bench engine --model %s --prompt-tokens 32 --gen-tokens 8 --threads 1 --reps 1",
         G.bin, G.model);
+    /* the kernels and the decode walk the figures were taken with */
+    assert_true(strstr(g_out, "(decode by rows)") || strstr(g_out, "(decode by tiles)"));
     number_after(g_out, "pp32 @ d0:"); /* prefill tokens/s */
     number_after(g_out, "tg8 @ d0:");  /* decode tokens/s */
     run(0, "%s bench tok --model %s --jsonl tests/data/tok/corpus.jsonl --mb 0.05 --reps 2", G.bin,
