@@ -552,7 +552,7 @@ static void test_bf16_dpbf16(void **state)
  * its errors, and on every ISA the one-row walk (KERN_DECODE_ROWS) giving
  * the bits of the wide tiles (KERN_DECODE_TILES), token by token against
  * the whole batch, in odd row ranges and on a 2-thread pool, for every
- * type the ISA's table walks by rows (with both BF16 dots on AVX-512). */
+ * streamed type (with both BF16 dots on AVX-512). */
 static void test_decode_select(void **state)
 {
     (void)state;
@@ -595,14 +595,11 @@ static void check_decode_rows(enum kern_isa isa, int wtype, size_t n_in, size_t 
 static void test_decode_rows(void **state)
 {
     enum kern_isa isa = kti_use(state);
-    const kern_mm_isa *T = isa == KERN_AVX2 ? &kern_mm_isa_avx2 : &kern_mm_isa_avx512;
     enum kern_decode was = kern_get_decode();
     enum kern_bf16_dot dot = kern_get_bf16_dot();
-    int n_rows = 0;
-    for (size_t d = 0; d < DX_ARRAY_LEN(wtypes); d++) {
-        int t = wtypes[d];
-        if (!T->decode_rows[t]) continue;
-        n_rows++;
+    static const int streamed[] = {DX_F32, DX_F16, DX_BF16};
+    for (size_t d = 0; d < DX_ARRAY_LEN(streamed); d++) {
+        int t = streamed[d];
         for (int way = 0; way < 2; way++) {
             if (way == 1) { /* the other BF16 dot, where the CPU has it */
                 if (t != DX_BF16 || isa == KERN_AVX2 || !__builtin_cpu_supports("avx512bf16"))
@@ -616,7 +613,6 @@ static void test_decode_rows(void **state)
             assert_int_equal(kern_set_bf16_dot(dot), 0);
         }
     }
-    assert_int_equal(n_rows, 3); /* F32, F16, BF16 */
     assert_int_equal(kern_set_decode(was), 0);
 }
 
@@ -659,12 +655,10 @@ static void check_isa_table(const kern_mm_isa *isa)
         assert_non_null(isa->tiles[t]);
         check_tile_shapes(isa->decode[t]->by[1]);
     }
-    /* a one-row decode only where the type has tiles and no decode tiles */
-    for (int t = 0; t < DX_DTYPE_ID_MAX; t++) {
-        if (!isa->decode_rows[t]) continue;
-        assert_non_null(isa->tiles[t]);
-        assert_null(isa->decode[t]);
-    }
+    /* the streamed types walk by rows with tiles[]'s shapes: no decode tiles */
+    assert_null(isa->decode[DX_F32]);
+    assert_null(isa->decode[DX_F16]);
+    assert_null(isa->decode[DX_BF16]);
     assert_int_equal(n_supported, DX_ARRAY_LEN(wtypes)); /* every supported type is tested */
 }
 

@@ -57,7 +57,7 @@ int kern_set_bf16_dot(enum kern_bf16_dot d);
 const char *kern_bf16_dot_name(enum kern_bf16_dot d);
 
 /* How a lone token (decode) walks the rows of the streamed weight types
- * (each ISA's table says which: F16, BF16 and F32), whose
+ * (the unquantised ones: F16, BF16 and F32), whose
  * matmuls read every byte from memory once.  KERN_DECODE_TILES runs the
  * widest tile, 8 or 16 rows side by side; KERN_DECODE_ROWS one row at a
  * time, a single sequential stream per thread.  AMD's cores fetch one

@@ -7,6 +7,7 @@
 #include "engine/kern/kern.h"
 
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #if defined(__x86_64__) && defined(__linux__)
@@ -58,35 +59,45 @@ enum kern_isa kern_isa_detect(void)
     return KERN_SCALAR;
 }
 
+/* Each knob's choices by value, for its _name() and its variable. */
+static const char *const k_isa_names[] = {"scalar", "avx2", "avx512", "amx"};
+static const char *const k_bf16_dot_names[] = {"fma", "dpbf16"};
+static const char *const k_decode_names[] = {"tiles", "rows"};
+_Static_assert(KERN_AMX == 3 && KERN_BF16_DPBF16 == 1 && KERN_DECODE_ROWS == 1,
+               "the names follow the enums' values");
+
+static const char *choice_name(const char *const *names, int n, int v)
+{
+    return v >= 0 && v < n ? names[v] : "unknown";
+}
+
+/* The choice environment variable `var` names (its index in names), or
+ * `best` when it is unset, or, with a warning, when it names none. */
+static int env_choice(const char *var, const char *const *names, int n, int best)
+{
+    const char *s = getenv(var);
+    if (!s || !*s) return best;
+    char want[64] = "";
+    for (int i = 0; i < n; i++) {
+        if (!strcmp(s, names[i])) return i;
+        snprintf(want + strlen(want), sizeof want - strlen(want), "%s%s", i ? "|" : "", names[i]);
+    }
+    DX_LOGW("%s=%s: unknown (want %s), using %s", var, s, want, names[best]);
+    return best;
+}
+
 const char *kern_isa_name(enum kern_isa isa)
 {
-    switch (isa) {
-    case KERN_SCALAR:
-        return "scalar";
-    case KERN_AVX2:
-        return "avx2";
-    case KERN_AVX512:
-        return "avx512";
-    case KERN_AMX:
-        return "amx";
-    }
-    return "unknown";
+    return choice_name(k_isa_names, (int)DX_ARRAY_LEN(k_isa_names), (int)isa);
 }
 
 /* DUPLEX_KERNELS, clamped to what the CPU has. */
 static enum kern_isa kern_isa_from_env(void)
 {
     enum kern_isa best = kern_isa_detect();
-    const char *s = getenv("DUPLEX_KERNELS");
-    if (!s || !*s) return best;
-    for (int i = KERN_SCALAR; i <= KERN_AMX; i++) {
-        if (strcmp(s, kern_isa_name((enum kern_isa)i)) != 0) continue;
-        if (i <= (int)best) return (enum kern_isa)i;
-        DX_LOGW("DUPLEX_KERNELS=%s: this CPU lacks it, using %s", s, kern_isa_name(best));
-        return best;
-    }
-    DX_LOGW("DUPLEX_KERNELS=%s: unknown (want scalar|avx2|avx512|amx), using %s", s,
-            kern_isa_name(best));
+    int i = env_choice("DUPLEX_KERNELS", k_isa_names, (int)DX_ARRAY_LEN(k_isa_names), (int)best);
+    if (i <= (int)best) return (enum kern_isa)i;
+    DX_LOGW("DUPLEX_KERNELS=%s: this CPU lacks it, using %s", k_isa_names[i], kern_isa_name(best));
     return best;
 }
 
@@ -148,23 +159,17 @@ enum kern_bf16_dot kern_bf16_dot_detect(void)
 
 const char *kern_bf16_dot_name(enum kern_bf16_dot d)
 {
-    return d == KERN_BF16_DPBF16 ? "dpbf16" : d == KERN_BF16_FMA ? "fma" : "unknown";
+    return choice_name(k_bf16_dot_names, (int)DX_ARRAY_LEN(k_bf16_dot_names), (int)d);
 }
 
 /* DUPLEX_BF16_DOT, where the CPU has it. */
 static enum kern_bf16_dot kern_bf16_dot_from_env(void)
 {
-    enum kern_bf16_dot best = kern_bf16_dot_detect();
-    const char *s = getenv("DUPLEX_BF16_DOT");
-    if (!s || !*s) return best;
-    if (!strcmp(s, "fma")) return KERN_BF16_FMA;
-    if (!strcmp(s, "dpbf16")) {
-        if (bf16_dp_usable()) return KERN_BF16_DPBF16;
-        DX_LOGW("DUPLEX_BF16_DOT=dpbf16: this CPU lacks AVX512-BF16, using fma");
-        return KERN_BF16_FMA;
-    }
-    DX_LOGW("DUPLEX_BF16_DOT=%s: unknown (want fma|dpbf16), using %s", s, kern_bf16_dot_name(best));
-    return best;
+    int d = env_choice("DUPLEX_BF16_DOT", k_bf16_dot_names, (int)DX_ARRAY_LEN(k_bf16_dot_names),
+                       (int)kern_bf16_dot_detect());
+    if (d != KERN_BF16_DPBF16 || bf16_dp_usable()) return (enum kern_bf16_dot)d;
+    DX_LOGW("DUPLEX_BF16_DOT=dpbf16: this CPU lacks AVX512-BF16, using fma");
+    return KERN_BF16_FMA;
 }
 
 static int bf16_dot_pick(void)
@@ -205,18 +210,13 @@ enum kern_decode kern_decode_detect(void)
 
 const char *kern_decode_name(enum kern_decode d)
 {
-    return d == KERN_DECODE_ROWS ? "rows" : d == KERN_DECODE_TILES ? "tiles" : "unknown";
+    return choice_name(k_decode_names, (int)DX_ARRAY_LEN(k_decode_names), (int)d);
 }
 
 static int decode_pick(void)
 {
-    enum kern_decode best = kern_decode_detect();
-    const char *s = getenv("DUPLEX_DECODE");
-    if (!s || !*s) return (int)best;
-    if (!strcmp(s, "tiles")) return KERN_DECODE_TILES;
-    if (!strcmp(s, "rows")) return KERN_DECODE_ROWS;
-    DX_LOGW("DUPLEX_DECODE=%s: unknown (want tiles|rows), using %s", s, kern_decode_name(best));
-    return (int)best;
+    return env_choice("DUPLEX_DECODE", k_decode_names, (int)DX_ARRAY_LEN(k_decode_names),
+                      (int)kern_decode_detect());
 }
 
 enum kern_decode kern_get_decode(void)

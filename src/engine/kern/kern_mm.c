@@ -211,11 +211,13 @@ static void mm_drive(const kern_mm_isa *isa, int wtype, const void *w, size_t n_
         T = kern__avx512_bf16dp_tiles;
     size_t wrow = dx_dtype_row_bytes(wtype, n_in), xrow = act_row_bytes(wtype, n_in);
     DX_ASSERT(T && wrow && xrow);
-    /* a lone token: its own tiles, or under KERN_DECODE_ROWS the last shape
-     * (the single row, which check_tile_shapes in the tests guarantees) alone */
+    /* a lone token: its own tiles, or for the streamed types (unquantised
+     * weights, F32/F16/BF16) under KERN_DECODE_ROWS the last shape (the
+     * single row, which check_tile_shapes in the tests guarantees) alone */
     const kern_mm_tile *one = D ? D->by[1] : T->by[1];
     kern_mm_tile row1[2] = {{0}};
-    if (isa->decode_rows[wtype] && kern_get_decode() == KERN_DECODE_ROWS) {
+    int kind = kern_act_kind(wtype), streamed = kind == KERN_ACT_F32 || kind == KERN_ACT_BF16;
+    if (streamed && kern_get_decode() == KERN_DECODE_ROWS) {
         int last = 0;
         while (last + 1 < KERN_MM_SHAPES && one[last + 1].fn) last++;
         row1[0] = one[last];

@@ -769,6 +769,5 @@ const kern_mm_isa kern_mm_isa_avx2 = {
               [DX_Q5_1] = &mm2_q5_1_tiles,
               [DX_IQ4_NL] = &mm2_iq4_nl_tiles,
               KERN__AVX2_KQ_TILES},
-    .decode_rows = {[DX_F32] = 1, [DX_F16] = 1, [DX_BF16] = 1},
     .prep = {[KERN_ACT_Q8] = mm2_q8_prep_row, [KERN_ACT_Q8K] = kern__avx2_q8k_prep},
 };

@@ -562,7 +562,6 @@ const kern_mm_isa kern_mm_isa_avx512 = {
                [DX_Q5_K] = &kern__avx512_q5_k_decode,
                [DX_Q6_K] = &kern__avx512_q6_k_decode,
                [DX_IQ4_XS] = &kern__avx512_iq4_xs_decode},
-    .decode_rows = {[DX_F32] = 1, [DX_F16] = 1, [DX_BF16] = 1},
     .prep = {[KERN_ACT_BF16] = mm_bf16_prep_row,
              [KERN_ACT_Q8] = mm_q8_prep_row,
              [KERN_ACT_Q8K] = kern__avx2_q8k_prep},

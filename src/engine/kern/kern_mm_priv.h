@@ -168,9 +168,6 @@ typedef struct {
     const kern_mm_tiles *tiles[DX_DTYPE_ID_MAX]; /* by weight type */
     /* a lone token's tiles (decode: their by[1]) where they are not tiles[]'s */
     const kern_mm_tiles *decode[DX_DTYPE_ID_MAX];
-    /* 1 for the streamed types whose lone token runs tiles[]'s single-row
-     * tile alone under KERN_DECODE_ROWS (kern.h) */
-    unsigned char decode_rows[DX_DTYPE_ID_MAX];
     kern_mm_prep_fn prep[KERN_ACT_KINDS]; /* by activation kind; NULL: the scalar one */
 } kern_mm_isa;
 
