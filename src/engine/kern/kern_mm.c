@@ -5,11 +5,12 @@
  * The scalar reference is the plain definition: for each output element, a
  * sequential f32 sum over k of w*x in the consumed precision (bf16 x bf16
  * products are exact in f32; Q8_0 sums each block's integer dot exactly and
- * adds d_w*d_x*dot block by block; the other block formats follow the
+ * fmas it times d_w*d_x into the sum block by block; the other block formats follow the
  * arithmetic of kern_mm_priv.h, in kern_mm_blk.c, and the super-block
  * formats theirs, in kern_mm_kq.c).  It is also the
  * KERN_SCALAR engine path, so it too is batch invariant: each element's
  * arithmetic depends on nothing but its own row and token. */
+#include <math.h>
 #include <string.h>
 
 #include "base/dx_alloc.h"
@@ -68,7 +69,7 @@ static size_t kind_row_bytes(int kind, size_t n_in)
     case KERN_ACT_BF16:
         return kern__act_k(n_in) * sizeof(uint16_t);
     case KERN_ACT_Q8:
-        return n_in % 32 ? 0 : kern__q8_pairs(n_in) * KERN__Q8_PAIR_BYTES;
+        return n_in % 32 ? 0 : kern__q8_row_bytes(n_in);
     case KERN_ACT_Q8K:
         return n_in % DX_QK_K ? 0 : n_in / DX_QK_K * KERN__Q8K_BYTES;
     }
@@ -148,6 +149,24 @@ static void q8_prep_row_scalar(const float *x, size_t n_in, void *out)
     }
 }
 
+/* A KERN_ACT_Q8 row's tail from its pairs (kern_mm_priv.h): one pass for
+ * every ISA's prep, whose pairs are the scalar prep's bits. */
+static void q8_fill_tail(uint8_t *row, size_t n_in)
+{
+    uint8_t *tail = row + kern__q8_tail_off(n_in);
+    memset(tail, 0, kern__q8_row_bytes(n_in) - kern__q8_tail_off(n_in));
+    for (size_t b = 0; b < n_in / DX_QK8_0; b++) {
+        const uint8_t *pair = row + (b / 2) * KERN__Q8_PAIR_BYTES;
+        int32_t corr = 0, nc;
+        for (int j = 0; j < 8; j++) {
+            memcpy(&nc, pair + 64 + ((b % 2) * 8 + (size_t)j) * 4, 4);
+            corr += nc;
+        }
+        memcpy(tail + 8 * b, &corr, 4);
+        memcpy(tail + 8 * b + 4, kern__q8_d(row, b), 4);
+    }
+}
+
 static const kern_mm_prep_fn k_scalar_prep[KERN_ACT_KINDS] = {
     [KERN_ACT_F32] = f32_prep_row,
     [KERN_ACT_BF16] = bf16_prep_row_scalar,
@@ -162,7 +181,11 @@ void kern_act_prep(int wtype, const float *x, size_t n_tok, size_t n_in, void *a
     DX_ASSERT(rb != 0); /* type and n_in were validated when the model loaded */
     const kern_mm_isa *isa = mm_isa();
     kern_mm_prep_fn prep = isa && isa->prep[kind] ? isa->prep[kind] : k_scalar_prep[kind];
-    for (size_t t = 0; t < n_tok; t++) prep(x + t * n_in, n_in, (uint8_t *)act + t * rb);
+    for (size_t t = 0; t < n_tok; t++) {
+        uint8_t *row = (uint8_t *)act + t * rb;
+        prep(x + t * n_in, n_in, row);
+        if (kind == KERN_ACT_Q8) q8_fill_tail(row, n_in);
+    }
 }
 
 size_t kern_matmul_tile(int wtype)
@@ -240,6 +263,12 @@ static void mm_drive(const kern_mm_isa *isa, int wtype, const void *w, size_t n_
                            og - o0, n_tok - nt, y + nt * ldy + o0, ldy);
         nt = n_tok;
     }
+    /* Q8_0 on AVX-512: every token count in groups of 16 rows */
+    if (wtype == DX_Q8_0 && og > o0 && (k == KERN_AMX || k == KERN_AVX512)) {
+        kern__q8512_matmul((const uint8_t *)w + o0 * wrow, wrow, a, xrow, n_in, og - o0, n_tok,
+                           y + o0, ldy);
+        nt = n_tok;
+    }
     if (nt) {
         mm_tiles(isa, T, one, w, wrow, n_in, og, o1, a, xrow, nt, y, ldy);
         mm_tiles(isa, T, one, w, wrow, n_in, o0, o1, a + nt * xrow, xrow, n_tok - nt, y + nt * ldy,
@@ -302,7 +331,7 @@ static float dot_q8_0(const uint8_t *w8, const uint8_t *xrow, size_t n)
         float dx = *kern__q8_d(xrow, b);
         int32_t isum = 0;
         for (int j = 0; j < DX_QK8_0; j++) isum += (int32_t)w[b].qs[j] * xq[j];
-        s += (dx_f16_to_f32(w[b].d) * dx) * (float)isum;
+        s = fmaf((float)isum, dx_f16_to_f32(w[b].d) * dx, s);
     }
     return s;
 }

@@ -1,8 +1,10 @@
 /* kern_mm_avx512: AVX-512 matmul tiles (BF16 split into f32 halves + FMA, F16 via
- * vcvtph2ps + FMA, F32 FMA, Q8_0 and the other 32-block formats via
- * vpdpbusd) and the activation preps that feed them, for the driver in
- * kern_mm.c (kern_mm_isa_avx512).  The super-block formats run the AVX2
- * tiles for decode and kern_mm_kq_avx512.c's kernels for prefill.
+ * vcvtph2ps + FMA, F32 FMA, the 32-block formats via vpdpbusd) and the
+ * activation preps that feed them, for the driver in kern_mm.c
+ * (kern_mm_isa_avx512).  The super-block formats run the AVX2 tiles for
+ * 2-7 tokens, kern_mm_kqd_avx512.c's for decode and kern_mm_kq_avx512.c's
+ * kernels for prefill; Q8_0 runs kern_mm_q8_avx512.c's for every token
+ * count, and its tiles here only the rows past that kernel's groups of 16.
  *
  * Batch invariance by construction: every output element (token t, row o)
  * owns one zmm accumulator that walks K in the same fixed steps (a full
@@ -177,54 +179,56 @@ MM_INLINE uint16_t mm_load_u16(const uint8_t *p)
     return v;
 }
 
-/* One pair of Q8_0 blocks (64 quants); `two` is 0 for a lone last block. */
-MM_INLINE void mm_q8_step(__m512 *acc, const uint8_t *w, size_t wrow, const uint8_t *x, size_t xrow,
-                          size_t p, int two, const int MR, const int NR)
+/* Q8_0's tiles, for the rows past kern__q8512_matmul's groups of 16: one
+ * row against MR tokens with Q8_0's arithmetic (kern_mm_priv.h), a block's
+ * exact dot (vpdpbusd, summed across lanes, plus the tail's corr) and one
+ * fma, so a row gets the bits it would get in a group. */
+MM_INLINE void mm_q8_row(KERN_MM_TILE_ARGS, const int MR)
 {
-    __m512i xq[4], nc[4];
-    __m512 dx[4];
+    const size_t tail = kern__q8_tail_off(n_in);
+    __m128 acc[KERN_MM_MR_MAX];
     MM_UNROLL
-    for (int t = 0; t < MR; t++) {
-        const uint8_t *xp = x + t * xrow + p * KERN__Q8_PAIR_BYTES;
-        xq[t] = _mm512_load_si512(xp);
-        nc[t] = _mm512_load_si512(xp + 64);
-        dx[t] = _mm512_load_ps(xp + 128);
-    }
-    MM_UNROLL
-    for (int o = 0; o < NR; o++) {
-        const uint8_t *wb = w + o * wrow + p * 2 * sizeof(dx_block_q8_0);
-        __m256i lo = _mm256_loadu_si256((const __m256i *)(wb + 2));
-        __m256i hi = two ? _mm256_loadu_si256((const __m256i *)(wb + 36)) : _mm256_setzero_si256();
-        __m512i wu = _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1),
-                                      _mm512_set1_epi8((char)0x80));
-        uint16_t d1 = two ? mm_load_u16(wb + 34) : 0;
-        __m256i ds =
-            _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16((short)mm_load_u16(wb))),
-                                    _mm_set1_epi16((short)d1), 1);
-        __m512 dw = _mm512_cvtph_ps(ds);
+    for (int t = 0; t < MR; t++) acc[t] = _mm_setzero_ps();
+    for (size_t b = 0; b < n_in / 32; b++) {
+        const uint8_t *wb = w + b * sizeof(dx_block_q8_0);
+        __m256i wu = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(wb + 2)),
+                                      _mm256_set1_epi8((char)0x80));
+        float dw = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(mm_load_u16(wb))));
         MM_UNROLL
         for (int t = 0; t < MR; t++) {
-            __m512i is = _mm512_dpbusd_epi32(nc[t], wu, xq[t]);
-            acc[t * NR + o] =
-                _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(dw, dx[t]), acc[t * NR + o]);
+            const uint8_t *xr = x + t * xrow;
+            int32_t corr;
+            float dx;
+            memcpy(&corr, xr + tail + 8 * b, 4);
+            memcpy(&dx, xr + tail + 8 * b + 4, 4);
+            __m256i is = _mm256_dpbusd_epi32(
+                _mm256_setzero_si256(), wu, _mm256_load_si256((const __m256i *)kern__q8_qs(xr, b)));
+            __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(is), _mm256_extracti128_si256(is, 1));
+            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+            int32_t dot = _mm_cvtsi128_si32(s4) + corr;
+            acc[t] = _mm_fmadd_ss(_mm_set_ss((float)dot), _mm_set_ss(dw * dx), acc[t]);
         }
     }
+    MM_UNROLL
+    for (int t = 0; t < MR; t++) y[t * ldy] = _mm_cvtss_f32(acc[t]);
 }
 
-MM_INLINE void mm_q8_tile(KERN_MM_TILE_ARGS, const int MR, const int NR)
-{
-    __m512 acc[16];
-    MM_UNROLL
-    for (int i = 0; i < MR * NR; i++) acc[i] = _mm512_setzero_ps();
-    size_t np = n_in / 64;
-    kern__pf pf = kern__pf_next_tile(w, wrow, NR, np); /* decode: kern_mm_x86.h */
-    for (size_t p = 0; p < np; p++) {
-        if (MR == 1) kern__pf_step(&pf, NR);
-        mm_q8_step(acc, w, wrow, x, xrow, p, 1, MR, NR);
+#define MM_DEF_Q8_ROW(MR)                                                                          \
+    static void mm_q8_row##MR(KERN_MM_TILE_ARGS)                                                   \
+    {                                                                                              \
+        mm_q8_row(w, wrow, x, xrow, n_in, y, ldy, MR);                                             \
     }
-    if ((n_in / 32) & 1) mm_q8_step(acc, w, wrow, x, xrow, np, 0, MR, NR);
-    mm_store_tile(acc, MR, NR, y, ldy);
-}
+MM_DEF_Q8_ROW(1)
+MM_DEF_Q8_ROW(2)
+MM_DEF_Q8_ROW(3)
+MM_DEF_Q8_ROW(4)
+static const kern_mm_tiles mm_q8_tiles = {
+    .by = {[1] = {{mm_q8_row1, 1}},
+           [2] = {{mm_q8_row2, 1}},
+           [3] = {{mm_q8_row3, 1}},
+           [4] = {{mm_q8_row4, 1}}},
+};
 
 /* The shapes, by token count MR (1..4): a wide main tile, a 4-row tile and
  * a 1-row tile for the row remainder (at MR 3 and 4 the main tile is 4 rows). */
@@ -254,7 +258,6 @@ MM_INLINE void mm_q8_tile(KERN_MM_TILE_ARGS, const int MR, const int NR)
 MM_DEF_KIND(bf16)
 MM_DEF_KIND(f16)
 MM_DEF_KIND(f32)
-MM_DEF_KIND(q8)
 
 /* KERN_BF16_DPBF16: the same tiles on vdpbf16ps, compiled for AVX512-BF16
  * alone (the rest of the file runs on CPUs without it). */

@@ -133,21 +133,6 @@ KQ_INLINE void kq_prep(const uint8_t *w, size_t wrow, size_t s, kq_sb *P, const 
     }
 }
 
-/* acc + vpdpbusd(w, the dword at p broadcast), or vpdpwssd, with the
- * broadcast folded into the instruction's memory operand ({1to16}).  GCC 12
- * emits a separate vpbroadcastd instead, which takes port 5 from the second
- * vpdpbusd pipe: 1.4x the rate of the chains here. */
-KQ_INLINE __m512i kq_dpbusd_b(__m512i acc, __m512i w, const uint8_t *p)
-{
-    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*(const int32_t *)p));
-    return acc;
-}
-KQ_INLINE __m512i kq_dpwssd_b(__m512i acc, __m512i w, const uint8_t *p)
-{
-    __asm__("vpdpwssd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*(const int32_t *)p));
-    return acc;
-}
-
 /* MR tokens (act, xrow apart; super-block s) against P, added to y[t]
  * (16 rows, row o at y[t] + o).  Two chains run side by side for each
  * token, 2 * MR independent sums, so that vpdpbusd's latency is covered. */
@@ -177,7 +162,7 @@ KQ_INLINE void kq_run(const kq_sb *P, size_t s, const uint8_t *act, size_t xrow,
                 KQ_UNROLL
                 for (int t = 0; t < MR; t++) {
                     const uint8_t *xp = xq[t] + 4 * (size_t)(ch * kpc + h * kpc + k);
-                    p[h][t] = kq_dpbusd_b(k ? p[h][t] : _mm512_setzero_si512(), wv, xp);
+                    p[h][t] = kern__dpbusd_b(k ? p[h][t] : _mm512_setzero_si512(), wv, xp);
                 }
             }
         }
@@ -194,7 +179,7 @@ KQ_INLINE void kq_run(const kq_sb *P, size_t s, const uint8_t *act, size_t xrow,
     for (int i = 0; i < 8; i++) {
         __m512i f = _mm512_load_si512(&P->f[i]);
         KQ_UNROLL
-        for (int t = 0; t < MR; t++) m[t] = kq_dpwssd_b(m[t], f, xq[t] + 256 + 4 * i);
+        for (int t = 0; t < MR; t++) m[t] = kern__dpwssd_b(m[t], f, xq[t] + 256 + 4 * i);
     }
     KQ_UNROLL
     for (int t = 0; t < MR; t++) {

@@ -30,7 +30,19 @@
  *       formats shift it (-8 or -16 times the group's sum) and the _1 ones
  *       recover the group sums from it;
  *     d[0..7] = scale of block 2p, d[8..15] = scale of block 2p+1 (f16 value
- *       widened); a missing odd block has zero quants, corrections, scales.
+ *       widened); a missing odd block has zero quants, corrections, scales;
+ *   then, after the pairs, 8 bytes for each block b (zero-padded to a
+ *   multiple of 64): int32 corr = -128 * (q[0] + .. + q[31]) and its f32
+ *   scale d again, the whole-block terms the AVX-512 Q8_0 kernels read
+ *   (kern_mm_q8_avx512.c) without touching the pair's other two lines.
+ *
+ * Q8_0's arithmetic (its scalar twin in kern_mm.c, and the AVX-512 paths bit
+ * for bit): one f32 y starts at +0; for each block b in order, with i the
+ * exact integer dot of the weight quants with the activation's and d_w the
+ * weight block's f16 scale widened,
+ *     y = fma((float)i, d_w * d_x, y).
+ * The AVX2 tiles keep a lane per group of 4 quants instead (an f32 partial
+ * per lane, summed by their tree at the end), within 2e-5 of it.
  *
  * The block formats other than Q8_0 share one arithmetic, defined by their
  * scalar twins (kern_mm_blk.c) and reproduced bit for bit by every ISA's
@@ -126,6 +138,16 @@ static inline float kern__q8k_d(const uint8_t *row, size_t sb)
     float d;
     memcpy(&d, row + sb * KERN__Q8K_BYTES + 288, 4);
     return d;
+}
+/* A KERN_ACT_Q8 row's per-block tail (above): where it starts, and the
+ * whole row's bytes. */
+static inline size_t kern__q8_tail_off(size_t n_in)
+{
+    return kern__q8_pairs(n_in) * KERN__Q8_PAIR_BYTES;
+}
+static inline size_t kern__q8_row_bytes(size_t n_in)
+{
+    return kern__q8_tail_off(n_in) + ((n_in / 32 * 8 + 63) & ~(size_t)63);
 }
 /* Zeroes the missing second block of the last pair when n_in/32 is odd. */
 static inline void kern__q8_clear_odd(uint8_t *row, size_t n_in)
@@ -241,6 +263,14 @@ void kern__amx_matmul(int wtype, const uint8_t *w, size_t wrow, const uint8_t *a
 #define KERN__KQ512_MIN_TOK 8
 void kern__kq512_matmul(int wtype, const uint8_t *w, size_t wrow, const uint8_t *act, size_t xrow,
                         size_t n_in, size_t n_rows, size_t n_tok, float *y, size_t ldy);
+
+/* The AVX-512 VNNI matmul of Q8_0 (kern_mm_q8_avx512.c), for KERN_AVX512
+ * and KERN_AMX, every token count (a lone token too): n_rows (a multiple of
+ * 16) weight rows from w against n_tok prepared token rows from act, into
+ * y[t*ldy + o] for o < n_rows, with Q8_0's arithmetic above; the AVX-512
+ * Q8_0 tiles take the rows past the last group of 16, with the same bits. */
+void kern__q8512_matmul(const uint8_t *w, size_t wrow, const uint8_t *act, size_t xrow, size_t n_in,
+                        size_t n_rows, size_t n_tok, float *y, size_t ldy);
 
 /* Where a block format's parts lie (GGML's layouts, dx_quant.h): block
  * bytes, the offset of qs, whether it has m (the _1 formats) and qh (the

@@ -1,8 +1,9 @@
 /* kern_mm_t16: the super-block formats' weights of 16 rows transposed into
  * 4-byte lanes (lane o of a vector holds 4 consecutive elements of row o),
  * the layout both the AMX tiles' B operand and the AVX-512 VNNI prefill
- * kernel (kern_mm_kq_avx512.c) multiply against a token's quants, for the
- * files built with AVX-512 (F, BW) only.  The weights come out as the
+ * kernel (kern_mm_kq_avx512.c) multiply against a token's quants, and the
+ * transpose Q8_0's AVX-512 kernel (kern_mm_q8_avx512.c) uses too, for the
+ * files built with AVX-512 (F, BW, VNNI) only.  The weights come out as the
  * formats' integer values v (kern_mm_priv.h): unsigned for Q2_K, Q4_K and
  * Q5_K, signed for Q3_K, Q6_K and IQ4_XS. */
 #ifndef KERN_MM_T16_H
@@ -18,6 +19,21 @@
 #include "engine/kern/kern_mm_x86.h"
 
 #define T16_INLINE static inline __attribute__((always_inline))
+
+/* acc + vpdpbusd(w, the dword at p broadcast), or vpdpwssd, with the
+ * broadcast folded into the instruction's memory operand ({1to16}).  GCC 12
+ * emits a separate vpbroadcastd instead, which takes port 5 from the second
+ * vpdpbusd pipe: 1.4x the rate of the super-block kernel's chains. */
+T16_INLINE __m512i kern__dpbusd_b(__m512i acc, __m512i w, const uint8_t *p)
+{
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*(const int32_t *)p));
+    return acc;
+}
+T16_INLINE __m512i kern__dpwssd_b(__m512i acc, __m512i w, const uint8_t *p)
+{
+    __asm__("vpdpwssd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*(const int32_t *)p));
+    return acc;
+}
 
 /* in[p] holds rows p and p + 8 (their 8 dwords each, one per 256-bit
  * half); out[k] gets dword k of every row, row o in lane o. */

@@ -101,6 +101,7 @@ static inline float kern__hsum4(__m128 q)
 typedef struct {
     const char *p;   /* where the next slice starts (of row 0, for a slice of each row) */
     const char *end; /* the end of the next tile: address order stops there */
+    const char *q;   /* a slice of each row: row 0's first byte not yet asked for */
     size_t per;      /* bytes a step: whole lines in address order, else of each row */
     size_t wrow;     /* 0: address order; else the row pitch of a slice of each row */
 } kern__pf;
@@ -110,7 +111,8 @@ kern__pf_next_tile(const uint8_t *w, size_t wrow, int NR, size_t steps)
 {
     size_t span = (size_t)NR * wrow;
     steps = steps ? steps : 1;
-    kern__pf f = {(const char *)w + span, (const char *)w + 2 * span, 0, wrow < 2048 ? 0 : wrow};
+    kern__pf f = {(const char *)w + span, (const char *)w + 2 * span, (const char *)w + span, 0,
+                  wrow < 2048 ? 0 : wrow};
     f.per = f.wrow ? (wrow + steps - 1) / steps : ((span + steps - 1) / steps + 63) & ~(size_t)63;
     return f;
 }
@@ -123,10 +125,11 @@ static inline __attribute__((always_inline)) void kern__pf_step(kern__pf *f, con
             _mm_prefetch(f->p, KERN_PF_HINT);
         return;
     }
-    for (int o = 0; o < NR; o++) /* the step's bytes may straddle one more line */
-        for (size_t i = 0; i < f->per + 64; i += 64)
-            _mm_prefetch(f->p + (size_t)o * f->wrow + i, KERN_PF_HINT);
+    /* each line once: a row's addresses 64 apart from where the last step
+     * stopped, up to the slice's end (a line or two a row) */
     f->p += f->per;
+    for (; f->q < f->p; f->q += 64)
+        for (int o = 0; o < NR; o++) _mm_prefetch(f->q + (size_t)o * f->wrow, KERN_PF_HINT);
 }
 
 #endif
