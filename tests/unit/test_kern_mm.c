@@ -1,8 +1,8 @@
 /* Unit tests for the matmul kernels (kern_act_prep / kern_matmul):
  *  - every ISA this CPU supports against kern_matmul_scalar and against an
  *    exact (double) sum, on odd shapes;
- *  - the block formats (Q8_0 on AVX-512 only; Q4_0, Q4_1, Q5_0, Q5_1,
- *    IQ4_NL) and the super-block formats (Q2_K..Q6_K, IQ4_XS): every ISA's
+ *  - the block formats (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL) and the
+ *    super-block formats (Q2_K..Q6_K, IQ4_XS): every ISA's
  *    kernels bit-equal (memcmp) to the scalar twin for every n_tok 1..40,
  *    odd numbers of blocks and splits of [0, n_out);
  *  - the super-block twins' decoding against dx_kquant's dequantisation,
@@ -43,8 +43,7 @@
 static const int wtypes[] = {DX_F32,  DX_F16,  DX_BF16, DX_Q8_0,   DX_Q4_0,
                              DX_Q4_1, DX_Q5_0, DX_Q5_1, DX_IQ4_NL, DX_Q2_K,
                              DX_Q3_K, DX_Q4_K, DX_Q5_K, DX_Q6_K,   DX_IQ4_XS};
-/* The formats whose tiles reproduce the scalar twin bit for bit (Q8_0's
- * on AVX-512 only). */
+/* The formats whose kernels reproduce the scalar twin bit for bit. */
 static const int blk_types[] = {DX_Q8_0, DX_Q4_0, DX_Q4_1, DX_Q5_0, DX_Q5_1, DX_IQ4_NL,
                                 DX_Q2_K, DX_Q3_K, DX_Q4_K, DX_Q5_K, DX_Q6_K, DX_IQ4_XS};
 /* The super-block formats (n_in % 256 == 0). */
@@ -738,7 +737,6 @@ static void test_blk_bit_exact(void **state)
     static const size_t kq_n_ins[] = {256, 512, 768, 1024, 2816};
     static const size_t one[] = {SIZE_MAX / 2}, odd[] = {3, 5, 7, 1, 13}, tiles[] = {16, 32, 4};
     for (size_t d = 0; d < DX_ARRAY_LEN(blk_types); d++) {
-        if (blk_types[d] == DX_Q8_0 && isa == KERN_AVX2) continue; /* a lane per group of 4 */
         int kq = is_kq(blk_types[d]);
         const size_t *n_ins = kq ? kq_n_ins : blk_n_ins;
         for (size_t n_tok = 1; n_tok <= 40; n_tok++)

@@ -263,11 +263,17 @@ static void mm_drive(const kern_mm_isa *isa, int wtype, const void *w, size_t n_
                            og - o0, n_tok - nt, y + nt * ldy + o0, ldy);
         nt = n_tok;
     }
-    /* Q8_0 on AVX-512: every token count in groups of 16 rows */
-    if (wtype == DX_Q8_0 && og > o0 && (k == KERN_AMX || k == KERN_AVX512)) {
-        kern__q8512_matmul((const uint8_t *)w + o0 * wrow, wrow, a, xrow, n_in, og - o0, n_tok,
-                           y + o0, ldy);
-        nt = n_tok;
+    /* Q8_0: every token count in groups of rows, 16 on AVX-512, 8 on AVX2;
+     * the tiles the rows past the last group */
+    if (wtype == DX_Q8_0) {
+        size_t g = k == KERN_AVX2 ? 8 : 16, oq = o0 + ((o1 - o0) & ~(g - 1));
+        const uint8_t *wq = (const uint8_t *)w + o0 * wrow;
+        if (oq > o0 && k == KERN_AVX2)
+            kern__q8avx2_matmul(wq, wrow, a, xrow, n_in, oq - o0, n_tok, y + o0, ldy);
+        else if (oq > o0)
+            kern__q8512_matmul(wq, wrow, a, xrow, n_in, oq - o0, n_tok, y + o0, ldy);
+        mm_tiles(isa, T, one, w, wrow, n_in, oq, o1, a, xrow, n_tok, y, ldy);
+        return;
     }
     if (nt) {
         mm_tiles(isa, T, one, w, wrow, n_in, og, o1, a, xrow, nt, y, ldy);

@@ -1,7 +1,9 @@
 /* kern_mm_avx2: AVX2+FMA matmul tiles for CPUs without AVX-512 (BF16 widened
- * by shifting into f32, F16 via vcvtph2ps, F32, Q8_0, the other 32-block
- * formats and the super-block formats via vpmaddubsw/vpmaddwd) and the
- * Q8_0 activation prep, for the driver in kern_mm.c (kern_mm_isa_avx2).
+ * by shifting into f32, F16 via vcvtph2ps, F32, the 32-block formats and
+ * the super-block formats via vpmaddubsw/vpmaddwd) and the Q8_0
+ * activation prep, for the driver in kern_mm.c (kern_mm_isa_avx2).  Q8_0
+ * runs kern_mm_q8_avx2.c's kernel, its tiles here only the rows past that
+ * kernel's groups of 8.
  *
  * Same batch-invariance construction as the AVX-512 path: one ymm
  * accumulator per output element, a fixed K order (full vectors, then the
@@ -146,51 +148,53 @@ MM2_INLINE void mm2_f32_tile(KERN_MM_TILE_ARGS, const int MR, const int NR)
     mm2_fx_tile(w, wrow, x, xrow, n_in, y, ldy, 1, MR, NR);
 }
 
-/* One Q8_0 block b: |w| times sign(w)*x with vpmaddubsw (no saturation:
- * 2*128*127 < 32768), widened with vpmaddwd, scaled by d_w*d_x. */
-MM2_INLINE void mm2_q8_step(__m256 *acc, const uint8_t *w, size_t wrow, const uint8_t *x,
-                            size_t xrow, size_t b, const int MR, const int NR)
+/* Q8_0's tiles, for the rows past kern__q8avx2_matmul's groups of 8: one
+ * row against MR tokens with Q8_0's arithmetic (kern_mm_priv.h), a block's
+ * exact dot (|w| times sign(w)*x with vpmaddubsw, no saturation: 2*128*127
+ * < 32768; widened by vpmaddwd, summed across lanes) and one fma, so a row
+ * gets the bits it would get in a group. */
+MM2_INLINE void mm2_q8_row(KERN_MM_TILE_ARGS, const int MR)
 {
-    __m256i xq[4];
-    __m256 dx[4];
-    size_t xo = (b / 2) * KERN__Q8_PAIR_BYTES + (b % 2) * 32;
-    MM2_UNROLL
-    for (int t = 0; t < MR; t++) {
-        xq[t] = _mm256_load_si256((const __m256i *)(x + t * xrow + xo));
-        dx[t] = _mm256_load_ps((const float *)(x + t * xrow + xo + 128));
-    }
+    const size_t tail = kern__q8_tail_off(n_in);
     const __m256i ones = _mm256_set1_epi16(1);
+    __m128 acc[2];
     MM2_UNROLL
-    for (int o = 0; o < NR; o++) {
-        const uint8_t *wb = w + o * wrow + b * sizeof(dx_block_q8_0);
-        __m256i wq = _mm256_loadu_si256((const __m256i *)(wb + 2));
-        __m256i aw = _mm256_sign_epi8(wq, wq);
+    for (int t = 0; t < MR; t++) acc[t] = _mm_setzero_ps();
+    for (size_t b = 0; b < n_in / DX_QK8_0; b++) {
+        const uint8_t *wb = w + b * sizeof(dx_block_q8_0);
+        __m256i wq = _mm256_loadu_si256((const __m256i *)(wb + 2)), aw = _mm256_sign_epi8(wq, wq);
         uint16_t dh;
         memcpy(&dh, wb, 2);
-        __m256 dw = _mm256_cvtph_ps(_mm_set1_epi16((short)dh));
+        float dw = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(dh)));
         MM2_UNROLL
         for (int t = 0; t < MR; t++) {
-            __m256i p16 = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(xq[t], wq));
-            __m256i p32 = _mm256_madd_epi16(p16, ones);
-            acc[t * NR + o] =
-                _mm256_fmadd_ps(_mm256_cvtepi32_ps(p32), _mm256_mul_ps(dw, dx[t]), acc[t * NR + o]);
+            const uint8_t *xr = x + t * xrow;
+            __m256i xq = _mm256_load_si256((const __m256i *)kern__q8_qs(xr, b));
+            __m256i v = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(xq, wq)), ones);
+            __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+            float dx;
+            memcpy(&dx, xr + tail + 8 * b + 4, 4);
+            acc[t] = _mm_fmadd_ss(_mm_set_ss((float)_mm_cvtsi128_si32(s4)), _mm_set_ss(dw * dx),
+                                  acc[t]);
         }
     }
-}
-
-MM2_INLINE void mm2_q8_tile(KERN_MM_TILE_ARGS, const int MR, const int NR)
-{
-    __m256 acc[8];
     MM2_UNROLL
-    for (int i = 0; i < MR * NR; i++) acc[i] = _mm256_setzero_ps();
-    size_t nb = n_in / DX_QK8_0;
-    kern__pf pf = kern__pf_next_tile(w, wrow, NR, nb);
-    for (size_t b = 0; b < nb; b++) {
-        if (MR == 1) kern__pf_step(&pf, NR);
-        mm2_q8_step(acc, w, wrow, x, xrow, b, MR, NR);
-    }
-    mm2_store_tile(acc, MR, NR, y, ldy);
+    for (int t = 0; t < MR; t++) y[t * ldy] = _mm_cvtss_f32(acc[t]);
 }
+static void mm2_q8_row1(KERN_MM_TILE_ARGS)
+{
+    mm2_q8_row(w, wrow, x, xrow, n_in, y, ldy, 1);
+}
+static void mm2_q8_row2(KERN_MM_TILE_ARGS)
+{
+    mm2_q8_row(w, wrow, x, xrow, n_in, y, ldy, 2);
+}
+static const kern_mm_tiles mm2_q8_tiles = {
+    .by = {[1] = {{mm2_q8_row1, 1}}, [2] = {{mm2_q8_row2, 1}}},
+    .mr = 2,
+};
 
 /* ---- the other 32-block formats (the arithmetic of kern_mm_priv.h) ----
  * One ymm holds two output elements of one token: lanes 0-3 the partials
@@ -636,8 +640,8 @@ MM2_DEF_KQ(iq4_xs, DX_IQ4_XS)
 
 /* The shapes, by token count: a wide tile, and a 1-row tile for the rest.
  * F16 tiles up to 4 tokens, so a converted weight vector (vcvtph2ps, two
- * uops here) serves 4 (bench_mm, 64 tokens: 1.25x); for BF16, F32 and
- * Q8_0 a 4x2 tile was no faster (BF16's widened activations spill). */
+ * uops here) serves 4 (bench_mm, 64 tokens: 1.25x); for BF16 and F32
+ * a 4x2 tile was no faster (BF16's widened activations spill). */
 #define MM2_DEF_TILE(KIND, MR, NR)                                                                 \
     static void mm2_##KIND##_##MR##x##NR(KERN_MM_TILE_ARGS)                                        \
     {                                                                                              \
@@ -669,7 +673,6 @@ MM2_DEF_KQ(iq4_xs, DX_IQ4_XS)
 MM2_DEF_KIND(bf16)
 MM2_DEF_KIND4(f16)
 MM2_DEF_KIND(f32)
-MM2_DEF_KIND(q8)
 
 /* ---- Q8_0 activation prep, bit-identical to dx_f32_to_q8_0_row ---- */
 

@@ -33,16 +33,15 @@
  *       widened); a missing odd block has zero quants, corrections, scales;
  *   then, after the pairs, 8 bytes for each block b (zero-padded to a
  *   multiple of 64): int32 corr = -128 * (q[0] + .. + q[31]) and its f32
- *   scale d again, the whole-block terms the AVX-512 Q8_0 kernels read
- *   (kern_mm_q8_avx512.c) without touching the pair's other two lines.
+ *   scale d again, the whole-block terms the Q8_0 kernels read
+ *   (kern_mm_q8_avx512.c, kern_mm_q8_avx2.c) without touching the pair's
+ *   other two lines.
  *
- * Q8_0's arithmetic (its scalar twin in kern_mm.c, and the AVX-512 paths bit
- * for bit): one f32 y starts at +0; for each block b in order, with i the
- * exact integer dot of the weight quants with the activation's and d_w the
- * weight block's f16 scale widened,
+ * Q8_0's arithmetic (its scalar twin in kern_mm.c, and every ISA's kernels
+ * bit for bit): one f32 y starts at +0; for each block b in order, with i
+ * the exact integer dot of the weight quants with the activation's and d_w
+ * the weight block's f16 scale widened,
  *     y = fma((float)i, d_w * d_x, y).
- * The AVX2 tiles keep a lane per group of 4 quants instead (an f32 partial
- * per lane, summed by their tree at the end), within 2e-5 of it.
  *
  * The block formats other than Q8_0 share one arithmetic, defined by their
  * scalar twins (kern_mm_blk.c) and reproduced bit for bit by every ISA's
@@ -267,10 +266,14 @@ void kern__kq512_matmul(int wtype, const uint8_t *w, size_t wrow, const uint8_t 
 /* The AVX-512 VNNI matmul of Q8_0 (kern_mm_q8_avx512.c), for KERN_AVX512
  * and KERN_AMX, every token count (a lone token too): n_rows (a multiple of
  * 16) weight rows from w against n_tok prepared token rows from act, into
- * y[t*ldy + o] for o < n_rows, with Q8_0's arithmetic above; the AVX-512
- * Q8_0 tiles take the rows past the last group of 16, with the same bits. */
+ * y[t*ldy + o] for o < n_rows, with Q8_0's arithmetic above; the Q8_0
+ * tiles take the rows past the last group, with the same bits. */
 void kern__q8512_matmul(const uint8_t *w, size_t wrow, const uint8_t *act, size_t xrow, size_t n_in,
                         size_t n_rows, size_t n_tok, float *y, size_t ldy);
+/* The same on AVX2 (kern_mm_q8_avx2.c), for KERN_AVX2: n_rows a multiple
+ * of 8, the same bits. */
+void kern__q8avx2_matmul(const uint8_t *w, size_t wrow, const uint8_t *act, size_t xrow,
+                         size_t n_in, size_t n_rows, size_t n_tok, float *y, size_t ldy);
 
 /* Where a block format's parts lie (GGML's layouts, dx_quant.h): block
  * bytes, the offset of qs, whether it has m (the _1 formats) and qh (the
