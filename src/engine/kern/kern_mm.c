@@ -4,10 +4,10 @@
  *
  * The scalar reference is the plain definition: for each output element, a
  * sequential f32 sum over k of w*x in the consumed precision (bf16 x bf16
- * products are exact in f32; Q8_0 sums each block's integer dot exactly and
- * fmas it times d_w*d_x into the sum block by block; the other block formats follow the
- * arithmetic of kern_mm_priv.h, in kern_mm_blk.c, and the super-block
- * formats theirs, in kern_mm_kq.c).  It is also the
+ * products are exact in f32; Q8_0 sums each block's integer dot exactly
+ * and fmas it times d_w*d_x into the sum block by block; the other block
+ * formats follow the arithmetic of kern_mm_priv.h, in kern_mm_blk.c, and
+ * the super-block formats theirs, in kern_mm_kq.c).  It is also the
  * KERN_SCALAR engine path, so it too is batch invariant: each element's
  * arithmetic depends on nothing but its own row and token. */
 #include <math.h>

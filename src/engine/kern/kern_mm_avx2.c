@@ -176,8 +176,8 @@ MM2_INLINE void mm2_q8_row(KERN_MM_TILE_ARGS, const int MR)
             s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
             float dx;
             memcpy(&dx, xr + tail + 8 * b + 4, 4);
-            acc[t] = _mm_fmadd_ss(_mm_set_ss((float)_mm_cvtsi128_si32(s4)), _mm_set_ss(dw * dx),
-                                  acc[t]);
+            acc[t] =
+                _mm_fmadd_ss(_mm_set_ss((float)_mm_cvtsi128_si32(s4)), _mm_set_ss(dw * dx), acc[t]);
         }
     }
     MM2_UNROLL

@@ -118,8 +118,8 @@ Q8A_INLINE void q8a_run(const q8a_panel *P, size_t b0, size_t nb, const uint8_t 
                 int32_t q;
                 memcpy(&q, q8a_xq(act + (size_t)t * xrow, b) + 4 * k, 4);
                 __m256i sx = _mm256_sign_epi8(_mm256_set1_epi32(q), ws);
-                acc[t] = _mm256_add_epi32(
-                    acc[t], _mm256_madd_epi16(_mm256_maddubs_epi16(wa, sx), ones));
+                acc[t] =
+                    _mm256_add_epi32(acc[t], _mm256_madd_epi16(_mm256_maddubs_epi16(wa, sx), ones));
             }
         }
         Q8A_UNROLL
@@ -158,7 +158,8 @@ Q8A_INLINE void q8a_dec_step(const uint8_t *w0, size_t wrow, const uint8_t *x, s
             memcpy(&h0, r, 4);
             dl[2 * i + h] = _mm_cvtsi32_si128(h0);
         }
-        a[i] = _mm256_add_epi32(_mm256_unpacklo_epi32(v[0], v[1]), _mm256_unpackhi_epi32(v[0], v[1]));
+        a[i] =
+            _mm256_add_epi32(_mm256_unpacklo_epi32(v[0], v[1]), _mm256_unpackhi_epi32(v[0], v[1]));
         dp[i] = _mm_unpacklo_epi16(dl[2 * i], dl[2 * i + 1]);
     }
     Q8A_UNROLL
@@ -167,15 +168,16 @@ Q8A_INLINE void q8a_dec_step(const uint8_t *w0, size_t wrow, const uint8_t *x, s
                                 _mm256_unpackhi_epi64(a[2 * i], a[2 * i + 1]));
     __m256i s = _mm256_add_epi32(_mm256_permute2x128_si256(c[0], c[1], 0x20),
                                  _mm256_permute2x128_si256(c[0], c[1], 0x31));
-    __m128i d8 = _mm_unpacklo_epi64(_mm_unpacklo_epi32(dp[0], dp[1]), _mm_unpacklo_epi32(dp[2], dp[3]));
+    __m128i d8 =
+        _mm_unpacklo_epi64(_mm_unpacklo_epi32(dp[0], dp[1]), _mm_unpacklo_epi32(dp[2], dp[3]));
     float dx;
     memcpy(&dx, x + tail_off + 8 * b + 4, 4);
-    *f = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(_mm256_cvtph_ps(d8), _mm256_set1_ps(dx)),
-                         *f);
+    *f = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s),
+                         _mm256_mul_ps(_mm256_cvtph_ps(d8), _mm256_set1_ps(dx)), *f);
 }
 
-static void q8a_dec8(const uint8_t *w0, size_t wrow, const uint8_t *x, size_t n_in,
-                     size_t tail_off, float *y)
+static void q8a_dec8(const uint8_t *w0, size_t wrow, const uint8_t *x, size_t n_in, size_t tail_off,
+                     float *y)
 {
     const size_t nb = n_in / 32;
     __m256 f = _mm256_setzero_ps();
@@ -191,7 +193,8 @@ void kern__q8avx2_matmul(const uint8_t *w, size_t wrow, const uint8_t *act, size
                          size_t n_in, size_t n_rows, size_t n_tok, float *y, size_t ldy)
 {
     DX_ASSERT(n_rows % 8 == 0 && n_in % 32 == 0);
-    const size_t nb = n_in / 32, np = (nb + Q8A_NB - 1) / Q8A_NB, tail_off = kern__q8_tail_off(n_in);
+    const size_t nb = n_in / 32, np = (nb + Q8A_NB - 1) / Q8A_NB,
+                 tail_off = kern__q8_tail_off(n_in);
     _Alignas(32) q8a_panel P;
     for (size_t o = 0; o < n_rows; o += 8) {
         const uint8_t *w0 = w + o * wrow;
